@@ -1,0 +1,29 @@
+// lt2: train, distill, evaluate and serve looped transformers with linear-time mixers.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "lt2/util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"lt2: looped transformers with linear-time attention (train, generate, inspect)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "lt2 0.1.0");
+  lt2::cli::add_info_command(app);
+  lt2::cli::add_train_command(app);
+  lt2::cli::add_generate_command(app);
+  lt2::cli::add_tokenizer_command(app);
+  lt2::cli::add_data_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const lt2::Error& e) {
+    std::fprintf(stderr, "lt2: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lt2: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,12 @@
+// Host-side queries about the CUDA kernels compiled into this build.
+#include "lt2/kernels/kernels.h"
+
+namespace lt2::kernels {
+bool compiled_with_cuda() {
+#ifdef LT2_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace lt2::kernels
