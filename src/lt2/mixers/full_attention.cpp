@@ -1,0 +1,92 @@
+#include "lt2/mixers/full_attention.h"
+
+#include <ATen/ATen.h>
+
+#include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
+#include "lt2/model/rope.h"
+
+namespace lt2 {
+
+int64_t KVCache::bytes() const { return k.nbytes() + v.nbytes(); }
+
+std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, const Tensor& v_new) {
+  const int64_t T = k_new.size(1), end = cache.length + T;
+  LT2_CHECK(end <= cache.capacity(), "KV cache overflow: ", end, " tokens for a cache of ",
+            cache.capacity(), " (raise max_len when making the state)");
+  cache.k.narrow(2, cache.length, T).copy_(k_new.transpose(1, 2));
+  cache.v.narrow(2, cache.length, T).copy_(v_new.transpose(1, 2));
+  cache.length = end;
+  return {cache.k.narrow(2, 0, end), cache.v.narrow(2, 0, end)};
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past) {
+  const int64_t T = q.size(2), L = k.size(2);
+  const bool gqa = q.size(1) != k.size(1);
+  Tensor o;
+  if (past == 0) {
+    o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, {}, gqa);
+  } else if (T == 1) {  // one new token sees every cached key
+    o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, {}, gqa);
+  } else {  // query i (absolute past + i) sees keys j <= past + i
+    auto qi = torch::arange(past, past + T, torch::TensorOptions().device(q.device()).dtype(torch::kLong));
+    auto kj = torch::arange(L, torch::TensorOptions().device(q.device()).dtype(torch::kLong));
+    auto mask = kj.unsqueeze(0) <= qi.unsqueeze(1);  // [T, L] bool, true = attend
+    o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, {}, gqa);
+  }
+  return o.transpose(1, 2);  // [B, T, H, D]
+}
+
+FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
+    : n_heads(cfg.n_heads),
+      n_kv_heads(cfg.kv_heads()),
+      head_dim(cfg.dim_head()),
+      rope_theta(cfg.rope_theta),
+      rope_style(cfg.rope_style) {
+  const int64_t d = cfg.d_model;
+  const double std = cfg.init_scale();
+  wq = register_module("wq", make_linear(d, n_heads * head_dim, std));
+  wk = register_module("wk", make_linear(d, n_kv_heads * head_dim, std));
+  wv = register_module("wv", make_linear(d, n_kv_heads * head_dim, std));
+  wo = register_module("wo", make_linear(n_heads * head_dim, d,
+                                         1.0 / std::sqrt(static_cast<double>(n_heads * head_dim))));
+  if (cfg.attn_output_gate) wgate = register_module("wgate", make_linear(d, n_heads * head_dim, 0.0));
+}
+
+Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = apply_rope(wq(x).view({B, T, n_heads, head_dim}), pos.start, rope_theta, rope_style);
+  auto k = apply_rope(wk(x).view({B, T, n_kv_heads, head_dim}), pos.start, rope_theta, rope_style);
+  auto v = wv(x).view({B, T, n_kv_heads, head_dim});
+  Tensor o;  // [B, T, H, D]
+  if (state) {
+    auto& cache = dynamic_cast<KVCache&>(*state);
+    LT2_CHECK(cache.length == pos.start, "attention state holds ", cache.length,
+              " tokens but the call starts at position ", pos.start);
+    auto [kc, vc] = kv_cache_append(cache, k.to(cache.k.scalar_type()), v.to(cache.v.scalar_type()));
+    o = causal_attention(q.transpose(1, 2), kc.to(q.scalar_type()), vc.to(q.scalar_type()), pos.start);
+  } else {
+    o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0);
+  }
+  auto y = o.reshape({B, T, n_heads * head_dim});
+  if (wgate) y = y * torch::sigmoid(wgate(x));
+  return wo(y);
+}
+
+std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,
+                                                          torch::TensorOptions opts) const {
+  auto s = std::make_unique<KVCache>();
+  s->k = torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts);
+  s->v = torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts);
+  return s;
+}
+
+MixerInfo full_attention_info() {
+  return {"full", "causal softmax attention (MHA/GQA), RoPE, optional SDPA output gate; KV cache",
+          [](const ModelConfig& cfg, int64_t) -> Mixer {
+            json_reject_unknown(cfg.options_for("full"), {}, "mixer.full");
+            return std::make_shared<FullAttentionImpl>(cfg);
+          }};
+}
+
+}  // namespace lt2

@@ -1,0 +1,44 @@
+// Full causal softmax attention (MHA / GQA) with RoPE and the optional SDPA output gate
+// (spec/models.md §1, "SDPA output gate"):
+//   q = RoPE(x W_q), k = RoPE(x W_k), v = x W_v          per head
+//   o = SDPA(q, k, v) (causal)                            [B, T, H, D]
+//   out = W_o( concat_heads(o) * sigmoid(x W_gate) )      W_gate zero-initialised (gate optional)
+// Decode state: a preallocated KV cache [B, H_kv, max_len, D] in the model dtype.
+#pragma once
+#include "lt2/config/model_config.h"
+#include "lt2/mixers/mixer.h"
+
+namespace lt2 {
+
+struct KVCache : MixerState {
+  Tensor k, v;  // [B, H_kv, max_len, D]
+  int64_t bytes() const override;
+  void reset() override { length = 0; }
+  int64_t capacity() const { return k.size(2); }
+};
+
+// Writes k_new/v_new ([B, T, H_kv, D]) at positions [length, length + T) of the cache, advances
+// length, and returns views of every cached key and value ([B, H_kv, length, D]).
+std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, const Tensor& v_new);
+
+// Causal attention of q ([B, H, T, D]) at absolute positions past..past+T-1 over keys/values
+// ([B, H_kv, L, D], key j at absolute position j, L = past + T). Returns [B, T, H, D].
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past);
+
+class FullAttentionImpl : public MixerImpl {
+ public:
+  explicit FullAttentionImpl(const ModelConfig& cfg);
+  Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
+  std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
+                                         torch::TensorOptions opts) const override;
+  std::string kind() const override { return "full"; }
+  bool is_attention() const override { return true; }
+
+  int64_t n_heads, n_kv_heads, head_dim;
+  double rope_theta;
+  RopeStyle rope_style;
+  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  torch::nn::Linear wgate{nullptr};  // null when the output gate is off
+};
+
+}  // namespace lt2

@@ -1,0 +1,41 @@
+// Building blocks shared by mixers and blocks: initialised linear layers, RMSNorm (fp32), SwiGLU.
+#pragma once
+#include <torch/torch.h>
+
+#include "lt2/config/model_config.h"
+
+namespace lt2 {
+
+using torch::Tensor;
+
+// Truncated normal N(0, std) cut at +-3 std, in place (LT2/Lingua initialisation).
+void trunc_normal_(Tensor w, double std);
+
+// A bias-free linear layer initialised with trunc_normal_(std); std 0 means zero-initialised
+// (SDPA output gate, rho).
+torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias = false);
+
+// RMSNorm computed in fp32 whatever the input dtype: y = w * x / sqrt(mean(x^2) + eps).
+// Output has the input's dtype. Weight init ones (Ouro's convention: w * x_hat, no 1 + w).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  Tensor forward(const Tensor& x);  // x: [..., dim]
+  Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// Functional RMSNorm over the last dim in fp32 (weight may be undefined for no affine).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+
+// SwiGLU FFN: w2(silu(w1 x) * w3 x). Names follow Lingua (w1 gate, w3 up, w2 down).
+class SwiGLUImpl : public torch::nn::Module {
+ public:
+  SwiGLUImpl(int64_t dim, int64_t hidden, double std);
+  Tensor forward(const Tensor& x);  // [..., dim] -> [..., dim]
+  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+TORCH_MODULE(SwiGLU);
+
+}  // namespace lt2
