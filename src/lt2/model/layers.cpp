@@ -28,9 +28,9 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
-  auto xf = x.to(torch::kFloat32);
+  auto xf = x.to(accum_dtype(x));
   auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  if (weight.defined()) y = y * weight.to(torch::kFloat32);
+  if (weight.defined()) y = y * weight.to(xf.scalar_type());
   return y.to(x.scalar_type());
 }
 

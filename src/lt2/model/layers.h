@@ -8,6 +8,12 @@ namespace lt2 {
 
 using torch::Tensor;
 
+// The dtype for numerically sensitive math (norms, gates, cumulative sums, RoPE angles): fp32 for
+// low-precision inputs, float64 kept as is (so float64 tests check the exact math).
+inline torch::ScalarType accum_dtype(const Tensor& x) {
+  return x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
 // Truncated normal N(0, std) cut at +-3 std, in place (LT2/Lingua initialisation).
 void trunc_normal_(Tensor w, double std);
 

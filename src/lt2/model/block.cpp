@@ -1,0 +1,28 @@
+#include "lt2/model/block.h"
+
+#include "lt2/mixers/registry.h"
+
+namespace lt2 {
+
+BlockImpl::BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& mixer_name) {
+  mixer = register_module("mixer", make_mixer(mixer_name, cfg, layer));
+  ffn = register_module("ffn", SwiGLU(cfg.d_model, cfg.ffn_dim(), cfg.init_scale()));
+  mixer_norm = register_module("mixer_norm", RMSNorm(cfg.d_model, cfg.norm_eps));
+  ffn_norm = register_module("ffn_norm", RMSNorm(cfg.d_model, cfg.norm_eps));
+  if (cfg.form == ModelForm::Ouro) {
+    mixer_post_norm = register_module("mixer_post_norm", RMSNorm(cfg.d_model, cfg.norm_eps));
+    ffn_post_norm = register_module("ffn_post_norm", RMSNorm(cfg.d_model, cfg.norm_eps));
+  }
+}
+
+Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+  auto xin = mixer_norm(x);
+  Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer->forward(xin, pos, state);
+  if (mixer_post_norm) m = mixer_post_norm(m);
+  auto h = x + m;
+  auto f = ffn(ffn_norm(h));
+  if (ffn_post_norm) f = ffn_post_norm(f);
+  return h + f;
+}
+
+}  // namespace lt2

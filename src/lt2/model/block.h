@@ -1,0 +1,25 @@
+// One transformer block = token mixer + SwiGLU FFN.
+//   pre-norm (LT2):       h = x + Mixer(mixer_norm(x));  out = h + FFN(ffn_norm(h))
+//   sandwich (Ouro):      h = x + mixer_post_norm(Mixer(mixer_norm(x)));
+//                         out = h + ffn_post_norm(FFN(ffn_norm(h)))
+#pragma once
+#include "lt2/config/model_config.h"
+#include "lt2/mixers/mixer.h"
+#include "lt2/model/layers.h"
+
+namespace lt2 {
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& mixer_name);
+  // x: [B, T, d]. With a state, runs the mixer's step (T == 1) or continues its forward.
+  Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr);
+
+  Mixer mixer;
+  SwiGLU ffn{nullptr};
+  RMSNorm mixer_norm{nullptr}, ffn_norm{nullptr};
+  RMSNorm mixer_post_norm{nullptr}, ffn_post_norm{nullptr};  // sandwich norm only
+};
+TORCH_MODULE(Block);
+
+}  // namespace lt2

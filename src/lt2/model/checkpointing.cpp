@@ -1,0 +1,57 @@
+#include "lt2/model/checkpointing.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace lt2 {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct FnHolder : torch::CustomClassHolder {
+  std::function<torch::Tensor(const torch::Tensor&)> fn;
+  bool autocast_cuda = false;
+  at::ScalarType autocast_dtype = at::kBFloat16;
+};
+
+class Checkpoint : public torch::autograd::Function<Checkpoint> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, c10::intrusive_ptr<FnHolder> holder) {
+    holder->autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+    holder->autocast_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    ctx->save_for_backward({x});
+    ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
+    torch::NoGradGuard no_grad;
+    return holder->fn(x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    auto holder = c10::static_intrusive_pointer_cast<FnHolder>(ctx->saved_data["fn"].toCapsule());
+    // The backward runs on autograd's own thread: restore the forward's autocast state there.
+    const bool prev_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+    const auto prev_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    at::autocast::set_autocast_enabled(at::kCUDA, holder->autocast_cuda);
+    at::autocast::set_autocast_dtype(at::kCUDA, holder->autocast_dtype);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode enable(true);
+      y = holder->fn(x);
+    }
+    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled);
+    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype);
+    torch::autograd::backward({y}, {grad_out[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tensor&)> fn, const torch::Tensor& x) {
+  auto holder = c10::make_intrusive<FnHolder>();
+  holder->fn = std::move(fn);
+  return Checkpoint::apply(x, holder);
+}
+
+}  // namespace lt2

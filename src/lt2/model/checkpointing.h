@@ -1,0 +1,13 @@
+// Activation checkpointing: run fn(x) without storing its activations and recompute it in the
+// backward pass (libtorch's C++ API has no torch.utils.checkpoint). Gradients of parameters used by
+// fn are accumulated into their .grad during backward, as PyTorch's reentrant checkpoint does.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+
+namespace lt2 {
+
+torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tensor&)> fn, const torch::Tensor& x);
+
+}  // namespace lt2

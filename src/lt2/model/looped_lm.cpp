@@ -1,0 +1,155 @@
+#include "lt2/model/looped_lm.h"
+
+#include <cmath>
+
+#include "lt2/model/checkpointing.h"
+#include "lt2/model/layers.h"
+#include "lt2/model/pattern.h"
+
+namespace lt2 {
+
+int64_t ModelState::bytes() const {
+  int64_t n = 0;
+  for (const auto& m : mixers) n += m->bytes();
+  return n;
+}
+
+void ModelState::reset() {
+  for (auto& m : mixers) {
+    m->reset();
+    m->length = 0;
+  }
+  length = 0;
+}
+
+Tensor exit_distribution(const Tensor& gate_logits) {
+  auto lambda = torch::sigmoid(gate_logits.to(accum_dtype(gate_logits)));  // [..., T]
+  const int64_t T = lambda.size(-1);
+  // survive_t = prod_{j<t} (1 - lambda_j), survive_0 = 1
+  auto log_keep = torch::log1p(-lambda.narrow(-1, 0, T - 1).clamp_max(1.0 - 1e-7));
+  auto survive = torch::cat({torch::ones_like(lambda.narrow(-1, 0, 1)),
+                             torch::exp(torch::cumsum(log_keep, -1))}, -1);
+  auto p = survive * lambda;
+  // The last loop takes all the remaining mass.
+  return torch::cat({p.narrow(-1, 0, T - 1), survive.narrow(-1, T - 1, 1)}, -1);
+}
+
+LoopedLMImpl::LoopedLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  layer_mixers_ = resolve_pattern(cfg_);
+  const int64_t d = cfg_.d_model;
+  tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(cfg_.vocab_size, d));
+  trunc_normal_(tok_embeddings->weight, cfg_.init_scale());
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg_.n_layers; ++i) {
+    blocks_.push_back(Block(cfg_, i, layer_mixers_[i]));
+    layers->push_back(blocks_.back());
+  }
+  norm = register_module("norm", RMSNorm(d, cfg_.norm_eps));
+  if (!cfg_.tie_embeddings) output = register_module("output", make_linear(d, cfg_.vocab_size, cfg_.init_scale()));
+  if (cfg_.form == ModelForm::LT2 && cfg_.loop_gate)
+    rho = register_parameter("rho", torch::zeros({cfg_.n_loops, d}));
+  if (cfg_.exit_gate) {
+    exit_gate = register_module("exit_gate", make_linear(d, 1, cfg_.init_scale(), /*bias=*/true));
+  }
+}
+
+Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state) {
+  Positions pos{start, loop};
+  Tensor x = h;
+  const int64_t N = cfg_.n_layers;
+  for (int64_t l = 0; l < N; ++l)
+    x = blocks_[l]->forward(x, pos, state ? state->mixers[loop * N + l].get() : nullptr);
+  return x;
+}
+
+Tensor LoopedLMImpl::head(const Tensor& normed_hidden) {
+  return output ? output(normed_hidden) : torch::matmul(normed_hidden, tok_embeddings->weight.t());
+}
+
+ModelOutput LoopedLMImpl::forward(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
+  LT2_CHECK(tokens.dim() == 2, "tokens must be [B, T], found ", tokens.dim(), " dims");
+  const int64_t start = state ? state->length : 0;
+  const int64_t T = cfg_.n_loops;
+  if (state) {
+    LT2_CHECK(tokens.size(0) == state->batch, "state was made for batch ", state->batch,
+              ", tokens have batch ", tokens.size(0));
+    LT2_CHECK(start + tokens.size(1) <= state->max_len, "state holds at most ", state->max_len,
+              " tokens; ", start, " + ", tokens.size(1), " requested");
+  }
+  const bool ouro = cfg_.form == ModelForm::Ouro;
+  const bool recompute = opts.checkpoint_loops && !state && torch::GradMode::is_enabled();
+  ModelOutput out;
+  std::vector<Tensor> exits;  // Ouro: normed hidden of each loop
+  Tensor h = tok_embeddings(tokens);
+  for (int64_t loop = 0; loop < T; ++loop) {
+    auto one_loop = [this, loop, start, state, ouro](const Tensor& prev) {
+      Tensor next = run_stack(prev, loop, start, state);
+      if (ouro) return norm(next);
+      if (rho.defined()) next = next + rho[loop] * prev;
+      return next;
+    };
+    h = recompute ? checkpointed(one_loop, h) : one_loop(h);
+    if (ouro) exits.push_back(h);
+    if (opts.loop_logits && opts.compute_logits) out.loop_logits.push_back(head(ouro ? h : norm(h)));
+  }
+  if (state) {
+    state->length = start + tokens.size(1);
+    for (auto& m : state->mixers) m->length = state->length;
+  }
+  out.hidden = ouro ? h : norm(h);
+  if (!opts.compute_logits) return out;
+  if (!ouro || !exit_gate) {
+    out.logits = opts.loop_logits ? out.loop_logits.back() : head(out.hidden);
+    return out;
+  }
+  // Ouro exit distribution and the exit loop of each token.
+  std::vector<Tensor> gate_logits;
+  for (auto& e : exits) gate_logits.push_back(exit_gate(e).squeeze(-1));
+  out.exit_probs = exit_distribution(torch::stack(gate_logits, -1));  // [B, T, n_loops]
+  if (opts.exit_at_loop > 0) {
+    LT2_CHECK(opts.exit_at_loop <= T, "exit_at_loop ", opts.exit_at_loop, " > n_loops ", T);
+    out.exit_loop = torch::full({tokens.size(0), tokens.size(1)}, opts.exit_at_loop,
+                                tokens.options().dtype(torch::kLong));
+  } else {
+    const double q = opts.exit_threshold > 0 ? opts.exit_threshold : cfg_.early_exit_threshold;
+    if (q >= 1.0) {
+      out.exit_loop = torch::full({tokens.size(0), tokens.size(1)}, T, tokens.options().dtype(torch::kLong));
+    } else {
+      auto reached = torch::cumsum(out.exit_probs, -1) >= q;  // [B, T, n_loops]
+      reached.select(-1, T - 1).fill_(true);
+      out.exit_loop = reached.to(torch::kLong).argmax(-1) + 1;
+    }
+  }
+  // Logits: every token takes the logits of its exit loop.
+  if (opts.exit_at_loop > 0 || (out.exit_loop == T).all().item<bool>()) {
+    int64_t l = opts.exit_at_loop > 0 ? opts.exit_at_loop : T;
+    out.logits = opts.loop_logits ? out.loop_logits[l - 1] : head(exits[l - 1]);
+  } else {
+    auto stacked = torch::stack(exits, 2);  // [B, T, n_loops, d]
+    auto idx = (out.exit_loop - 1).unsqueeze(-1).unsqueeze(-1).expand({-1, -1, 1, cfg_.d_model});
+    out.logits = head(stacked.gather(2, idx).squeeze(2));
+  }
+  return out;
+}
+
+std::unique_ptr<ModelState> LoopedLMImpl::make_state(int64_t batch, int64_t max_len,
+                                                     torch::TensorOptions opts) const {
+  LT2_CHECK(batch > 0 && max_len > 0, "make_state: batch and max_len must be > 0");
+  auto s = std::make_unique<ModelState>();
+  s->batch = batch;
+  s->max_len = max_len;
+  for (int64_t loop = 0; loop < cfg_.n_loops; ++loop)
+    for (int64_t l = 0; l < cfg_.n_layers; ++l)
+      s->mixers.push_back(blocks_[l]->mixer->make_state(batch, max_len, opts));
+  return s;
+}
+
+int64_t LoopedLMImpl::num_parameters(bool exclude_embeddings) const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  if (exclude_embeddings) n -= tok_embeddings->weight.numel();
+  return n;
+}
+
+}  // namespace lt2

@@ -1,0 +1,77 @@
+// LoopedLM = embedding -> T loops over N weight-shared blocks -> final norm -> LM head
+// (DESIGN.md "The looped model", spec/models.md §1 and §3).
+//   LT2:  h_0 = Emb(x); h_tau = F(h_{tau-1}) + rho_tau * h_{tau-1}; logits = W_out(norm(h_T))
+//   Ouro: h = Emb(x); per loop: h = norm(F(h)); exit_t = h; logits_t = lm_head(exit_t);
+//         lambda_t = sigmoid(exit_gate(exit_t)); p_t = lambda_t prod_{j<t}(1 - lambda_j), p_T = rest
+// Weights are shared across loops; state is not: each (loop, layer) pair has its own mixer state.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "lt2/config/model_config.h"
+#include "lt2/mixers/mixer.h"
+#include "lt2/model/block.h"
+
+namespace lt2 {
+
+// Decode state of a whole model: one mixer state per (loop, layer), index loop * N + layer.
+struct ModelState {
+  std::vector<std::unique_ptr<MixerState>> mixers;
+  int64_t length = 0;  // tokens consumed
+  int64_t batch = 0, max_len = 0;
+  int64_t bytes() const;
+  void reset();
+};
+
+struct ForwardOptions {
+  bool loop_logits = false;       // also return every loop's logits (Ouro objective, per-loop KD)
+  bool checkpoint_loops = false;  // recompute each loop in backward instead of storing activations
+  int64_t exit_at_loop = -1;      // Ouro inference: take logits of this loop (1-based); -1 = use threshold
+  double exit_threshold = -1;     // Ouro inference: exit at first cumulative p >= q; -1 = config value
+  bool compute_logits = true;     // false: return only hidden states (distillation of hidden states)
+};
+
+struct ModelOutput {
+  Tensor logits;                   // [B, T, V] of the chosen exit (LT2: last loop)
+  std::vector<Tensor> loop_logits; // T x [B, T, V] when requested
+  Tensor hidden;                   // [B, T, d] final normed hidden state (of the last loop)
+  Tensor exit_probs;               // [B, T, n_loops] Ouro exit distribution p_t (sums to 1)
+  Tensor exit_loop;                // [B, T] int64, 1-based loop each token exited at (Ouro)
+};
+
+class LoopedLMImpl : public torch::nn::Module {
+ public:
+  explicit LoopedLMImpl(const ModelConfig& cfg);
+  // tokens: [B, T] int64. With a state, continues from it (prefill chunk or decode step) and
+  // advances it; without, runs the whole sequence from position 0.
+  ModelOutput forward(const Tensor& tokens, ModelState* state = nullptr,
+                      const ForwardOptions& opts = {});
+  std::unique_ptr<ModelState> make_state(int64_t batch, int64_t max_len,
+                                         torch::TensorOptions opts = {}) const;
+  // The stack F applied once (loop index `loop`, 0-based) to h: [B, T, d].
+  Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state);
+  Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
+
+  int64_t num_parameters(bool exclude_embeddings = false) const;
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<std::string>& layer_mixers() const { return layer_mixers_; }
+
+  torch::nn::Embedding tok_embeddings{nullptr};
+  torch::nn::ModuleList layers;
+  RMSNorm norm{nullptr};
+  torch::nn::Linear output{nullptr};  // null when tied to tok_embeddings
+  Tensor rho;                          // [n_loops, d] LT2 loop residual gate (zero-init)
+  torch::nn::Linear exit_gate{nullptr};// Ouro: Linear(d, 1) with bias
+
+ private:
+  ModelConfig cfg_;
+  std::vector<std::string> layer_mixers_;
+  std::vector<Block> blocks_;
+};
+TORCH_MODULE(LoopedLM);
+
+// Ouro exit distribution from per-loop gate logits [..., T]: p_t = lambda_t prod_{j<t}(1-lambda_j)
+// for t < T and p_T = prod_{j<T}(1 - lambda_j). Computed in accum_dtype (fp32; float64 stays float64).
+Tensor exit_distribution(const Tensor& gate_logits);
+
+}  // namespace lt2

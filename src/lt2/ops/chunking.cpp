@@ -1,0 +1,79 @@
+#include "lt2/ops/chunking.h"
+
+#include "lt2/util/error.h"
+
+namespace lt2::ops {
+
+torch::ScalarType compute_dtype(const Tensor& x) {
+  return x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt) {
+  LT2_CHECK(chunk > 0, "chunk size must be > 0, found ", chunk);
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  const int64_t N = (T + chunk - 1) / chunk;
+  auto y = x.to(dt);
+  if (N * chunk != T) y = torch::constant_pad_nd(y, {0, 0, 0, 0, 0, N * chunk - T});
+  return y.view({B, N, chunk, H, D}).permute({0, 3, 1, 2, 4});  // [B, H, N, C, D]
+}
+
+Tensor from_chunks(const Tensor& y, int64_t T) {
+  const int64_t B = y.size(0), H = y.size(1), N = y.size(2), C = y.size(3), D = y.size(4);
+  return y.permute({0, 2, 3, 1, 4}).reshape({B, N * C, H, D}).narrow(1, 0, T);
+}
+
+Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, int64_t chunk,
+                             torch::ScalarType dt, const torch::Device& device) {
+  const int64_t N = (T + chunk - 1) / chunk;
+  if (!g.defined()) return torch::zeros({B, H, N, chunk, 1}, torch::TensorOptions().dtype(dt).device(device));
+  LT2_CHECK(g.dim() == 3 || g.dim() == 4, "log-gate must be [B, T, H] or [B, T, H, K], found ",
+            g.sizes());
+  auto g4 = g.dim() == 3 ? g.unsqueeze(-1) : g;  // [B, T, H, 1 or K]
+  return to_chunks(g4, chunk, dt).cumsum(-2);   // [B, H, N, C, 1 or K]
+}
+
+Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+  const int64_t C = a.size(-2);
+  auto ones = torch::ones({C, C}, torch::TensorOptions().dtype(torch::kBool).device(a.device()));
+  auto keep = inclusive ? ones.tril() : ones.tril(-1);  // [C, C]: j <= i (or j < i)
+  const auto neg_inf = -std::numeric_limits<double>::infinity();
+  if (G.size(-1) == 1) {
+    auto Gi = G;                                             // [..., C, 1]
+    auto rel = Gi - Gi.transpose(-1, -2);                    // [..., C, C]: G_i - G_j
+    auto decay = rel.masked_fill(keep.logical_not(), neg_inf).exp();
+    return torch::matmul(a, b.transpose(-1, -2)) * decay;    // [..., C, C]
+  }
+  auto rel = G.unsqueeze(-2) - G.unsqueeze(-3);              // [..., C, C, K]: G_i[d] - G_j[d]
+  auto decay = rel.masked_fill(keep.logical_not().unsqueeze(-1), neg_inf).exp();
+  return (a.unsqueeze(-2) * b.unsqueeze(-3) * decay).sum(-1);  // [..., C, C]
+}
+
+Tensor state_decay(const Tensor& g, torch::ScalarType dt) {
+  return (g.dim() == 2 ? g.unsqueeze(-1) : g).unsqueeze(-1).to(dt);  // [B, H, 1 or K, 1]
+}
+
+}  // namespace lt2::ops
+
+namespace lt2::ops {
+
+void check_recurrence_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                             const char* op) {
+  LT2_CHECK(q.dim() == 4 && k.sizes() == q.sizes(), op, ": q and k must be [B, T, H, K], found ",
+            q.sizes(), " and ", k.sizes());
+  LT2_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+            op, ": v must be [B, T, H, V] matching q ", q.sizes(), ", found ", v.sizes());
+  LT2_CHECK(!g.defined() || g.sizes() == q.sizes().slice(0, 3) || g.sizes() == q.sizes(), op,
+            ": g must be [B, T, H] or [B, T, H, K], found ", g.sizes());
+}
+
+Tensor initial_or_zero_state(const Tensor& initial_state, int64_t B, int64_t H, int64_t K,
+                             int64_t V, torch::ScalarType dt, const torch::Device& device) {
+  if (!initial_state.defined())
+    return torch::zeros({B, H, K, V}, torch::TensorOptions().dtype(dt).device(device));
+  LT2_CHECK(initial_state.sizes() == torch::IntArrayRef({B, H, K, V}),
+            "initial state must be [B, H, K, V] = [", B, ", ", H, ", ", K, ", ", V, "], found ",
+            initial_state.sizes());
+  return initial_state.to(dt);
+}
+
+}  // namespace lt2::ops

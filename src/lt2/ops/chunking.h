@@ -1,0 +1,54 @@
+// Helpers shared by the chunked forms of the linear-recurrence ops (delta_rule, gated_linear):
+// splitting [B, T, H, D] sequences into chunks, chunk-local cumulative log-gates, and decayed
+// score matrices built from relative exponents only.
+#pragma once
+#include <torch/torch.h>
+
+namespace lt2::ops {
+
+using torch::Tensor;
+
+// The dtype the recurrences compute in: fp64 for fp64 inputs, fp32 for everything else
+// (bf16/fp16/fp32). Gates, cumulative sums, solves and states all use it.
+torch::ScalarType compute_dtype(const Tensor& x);
+
+// x: [B, T, H, D] -> [B, H, N, C, D] in dtype `dt`, N = ceil(T / C), the tail zero-padded.
+Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt);
+// y: [B, H, N, C, D] -> [B, T, H, D] (drops the padded tail).
+Tensor from_chunks(const Tensor& y, int64_t T);
+
+// Chunk-local inclusive cumulative log-gate, always with a trailing channel axis:
+//   g undefined      -> zeros [B, H, N, C, 1]      (no decay)
+//   g [B, T, H]      -> [B, H, N, C, 1]            (one decay per head)
+//   g [B, T, H, K]   -> [B, H, N, C, K]            (one decay per key channel)
+// Padded tail tokens get log-gate 0 (no decay), so they leave the state unchanged.
+Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, int64_t chunk,
+                             torch::ScalarType dt, const torch::Device& device);
+
+// Decayed scores within each chunk:
+//   S[i, j] = sum_d a_i[d] b_j[d] exp(G_i[d] - G_j[d])   for j < i (strict) or j <= i (inclusive)
+//   S[i, j] = 0                                          otherwise.
+// a, b: [..., C, K]; G: [..., C, 1] (per-head decay) or [..., C, K] (per-channel decay).
+// Only relative exponents G_i - G_j <= 0 are exponentiated; the upper triangle is masked before
+// the exp, so nothing overflows and no 0 * inf appears in either pass.
+Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive);
+
+// Per-token log-gate in the layout the step functions use: [B, H, 1, 1] or [B, H, K, 1] (it
+// multiplies a [B, H, K, V] state), from g [B, H] or [B, H, K].
+Tensor state_decay(const Tensor& g, torch::ScalarType dt);
+
+}  // namespace lt2::ops
+
+namespace lt2::ops {
+
+// Throws unless q, k are [B, T, H, K], v is [B, T, H, V] and g is undefined, [B, T, H] or
+// [B, T, H, K]. `op` names the op in the message.
+void check_recurrence_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                             const char* op);
+
+// The state a recurrence starts from: initial_state ([B, H, K, V], checked) in dtype `dt`, or
+// zeros when it is undefined.
+Tensor initial_or_zero_state(const Tensor& initial_state, int64_t B, int64_t H, int64_t K,
+                             int64_t V, torch::ScalarType dt, const torch::Device& device);
+
+}  // namespace lt2::ops

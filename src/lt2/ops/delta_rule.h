@@ -1,0 +1,44 @@
+// The gated delta rule family (spec/mixers.md §1.2-1.4, §2.2-2.4), state S [B, H, K, V]:
+//   S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * S_t^T q_t
+// with the log-gate g_t (<= 0):
+//   undefined     DeltaNet (no decay)
+//   [B, T, H]     Gated DeltaNet (one decay per head)
+//   [B, T, H, K]  KDA (one decay per key channel)
+// Layout [B, T, H, D] as in flash-linear-attention; q/k/v share the head count (the mixer expands
+// grouped value heads before calling). Everything runs in fp32 (fp64 for fp64 inputs); the
+// output has v's dtype, the final state the compute dtype.
+#pragma once
+#include <torch/torch.h>
+
+namespace lt2::ops {
+
+using torch::Tensor;
+
+struct RecurrenceResult {
+  Tensor o;            // [B, T, H, V]
+  Tensor final_state;  // [B, H, K, V]
+};
+
+// Naive token-by-token recurrence: the reference. initial_state [B, H, K, V] or undefined (zeros).
+RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& beta, const Tensor& g, double scale,
+                                      const Tensor& initial_state);
+
+// Chunked parallel form (UT/WY transform): within a chunk of C tokens, with G the chunk-local
+// cumulative log-gate and S the state at the chunk start,
+//   L = StrictTril(diag(beta) (K K^T decayed by exp(G_i - G_j)))
+//   [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))]      (triangular solve)
+//   V_new = U - W S
+//   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed) V_new)
+//   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new
+// Any T (the tail chunk is padded internally). Differentiable through autograd.
+RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& beta, const Tensor& g, double scale,
+                                    const Tensor& initial_state, int64_t chunk_size);
+
+// One decode token: q, k [B, H, K], v [B, H, V], beta [B, H], g undefined / [B, H] / [B, H, K].
+// Updates `state` ([B, H, K, V]) in place and returns o [B, H, V] in v's dtype.
+Tensor delta_rule_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                       const Tensor& g, double scale, Tensor& state);
+
+}  // namespace lt2::ops

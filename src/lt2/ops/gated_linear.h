@@ -1,0 +1,34 @@
+// The additive (gated linear attention) family, state S [B, H, K, V]:
+//   S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T,   o_t = scale * S_t^T q_t
+// with the log-gate g_t (<= 0):
+//   undefined     linear attention (no decay)
+//   [B, T, H]     one decay per head: Mamba2/SSD (q = C, k = B, v = dt x, g = dt A, scale 1),
+//                 RetNet (g = log gamma_h, constant), simple GLA
+//   [B, T, H, K]  one decay per key channel: GLA, HGRN2 (k = 1 - exp(g))
+// Layout [B, T, H, D] as in flash-linear-attention; q/k/v share the head count (the mixer
+// broadcasts shared or grouped heads before calling). Computes in fp32 (fp64 for fp64 inputs);
+// the output has v's dtype, the final state the compute dtype.
+#pragma once
+#include "lt2/ops/delta_rule.h"  // RecurrenceResult
+
+namespace lt2::ops {
+
+// Naive token-by-token recurrence: the reference. initial_state [B, H, K, V] or undefined (zeros).
+RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& g, double scale, const Tensor& initial_state);
+
+// Chunked form (SSD block decomposition / gated chunk form): within a chunk of C tokens, with G
+// the chunk-local cumulative log-gate and S the state at the chunk start,
+//   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed by exp(G_i - G_j)) V)
+//   S <- exp(G_C) S + (K * exp(G_C - G))^T V
+// The intra-chunk part is parallel over chunks; only the state pass walks the chunks in order.
+RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& g, double scale, const Tensor& initial_state,
+                                      int64_t chunk_size);
+
+// One decode token: q, k [B, H, K], v [B, H, V], g undefined / [B, H] / [B, H, K]. Updates
+// `state` ([B, H, K, V]) in place and returns o [B, H, V] in v's dtype.
+Tensor gated_linear_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         double scale, Tensor& state);
+
+}  // namespace lt2::ops

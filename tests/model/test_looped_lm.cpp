@@ -1,0 +1,215 @@
+// Model invariants (DESIGN.md): decode == full forward, split prefill == whole, rho = 0 gives the
+// plain loop, Ouro exit distribution sums to 1, float64 gradients match finite differences.
+#include <gtest/gtest.h>
+
+#include "common/testing.h"
+#include "lt2/mixers/registry.h"
+#include "lt2/model/pattern.h"
+#include "lt2/model/looped_lm.h"
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using lt2::testing::tiny_config;
+
+namespace {
+
+LoopedLM make_model(const ModelConfig& cfg, uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  LoopedLM m(cfg);
+  m->to(torch::kFloat64);
+  // Give the zero-initialised gates (rho, SDPA gate) non-trivial values so tests exercise them.
+  torch::NoGradGuard ng;
+  for (auto& p : m->named_parameters())
+    if (p.key() == "rho" || p.key().find("wgate") != std::string::npos) p.value().normal_(0, 0.3);
+  return m;
+}
+
+torch::Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  return torch::randint(V, {B, T}, torch::kLong);
+}
+
+}  // namespace
+
+class ModelInvariants : public ::testing::TestWithParam<std::pair<std::string, ModelForm>> {};
+
+TEST_P(ModelInvariants, DecodeEqualsForward) {
+  auto [pattern, form] = GetParam();
+  auto cfg = tiny_config(pattern, form);
+  auto m = make_model(cfg);
+  torch::NoGradGuard ng;
+  auto tok = random_tokens(2, 11, cfg.vocab_size);
+  ForwardOptions all;
+  all.loop_logits = true;
+  auto full = m->forward(tok, nullptr, all);
+  auto state = m->make_state(2, 16, torch::TensorOptions().dtype(torch::kFloat64));
+  for (int64_t t = 0; t < tok.size(1); ++t) {
+    auto o = m->forward(tok.narrow(1, t, 1), state.get(), all);
+    for (int64_t l = 0; l < cfg.n_loops; ++l)
+      EXPECT_LT(rel_err(o.loop_logits[l], full.loop_logits[l].narrow(1, t, 1)), 1e-10)
+          << "token " << t << " loop " << l;
+    EXPECT_LT(rel_err(o.logits, full.logits.narrow(1, t, 1)), 1e-10);
+  }
+  EXPECT_EQ(state->length, tok.size(1));
+}
+
+TEST_P(ModelInvariants, SplitPrefillEqualsWhole) {
+  auto [pattern, form] = GetParam();
+  auto cfg = tiny_config(pattern, form);
+  auto m = make_model(cfg);
+  torch::NoGradGuard ng;
+  auto tok = random_tokens(2, 13, cfg.vocab_size);
+  auto full = m->forward(tok).logits;
+  for (int64_t a : {1, 5, 12}) {
+    auto state = m->make_state(2, 20, torch::TensorOptions().dtype(torch::kFloat64));
+    auto first = m->forward(tok.narrow(1, 0, a), state.get()).logits;
+    auto second = m->forward(tok.narrow(1, a, 13 - a), state.get()).logits;
+    EXPECT_LT(rel_err(torch::cat({first, second}, 1), full), 1e-10) << "split at " << a;
+    // After reset the state behaves as new.
+    state->reset();
+    EXPECT_LT(rel_err(m->forward(tok, state.get()).logits, full), 1e-10);
+  }
+}
+
+TEST_P(ModelInvariants, GradientsMatchFiniteDifferences) {
+  auto [pattern, form] = GetParam();
+  auto cfg = tiny_config(pattern, form);
+  cfg.n_loops = 2;
+  auto m = make_model(cfg);
+  auto tok = random_tokens(1, 6, cfg.vocab_size);
+  std::vector<torch::Tensor> params;
+  for (auto& p : m->parameters()) params.push_back(p);
+  auto loss = [&] {
+    auto logits = m->forward(tok).logits;
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, cfg.vocab_size}), tok.reshape({-1}));
+  };
+  EXPECT_LT(lt2::testing::gradcheck_directional(loss, params), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Patterns, ModelInvariants,
+                         ::testing::Values(std::make_pair(std::string("full"), ModelForm::LT2),
+                                           std::make_pair(std::string("full"), ModelForm::Ouro)),
+                         [](const auto& info) {
+                           return info.param.second == ModelForm::LT2 ? std::string("lt2_full")
+                                                                      : std::string("ouro_full");
+                         });
+
+TEST(LoopedLM, ZeroRhoIsThePlainLoop) {
+  auto cfg = tiny_config();
+  torch::manual_seed(3);
+  LoopedLM m(cfg);
+  m->to(torch::kFloat64);
+  ASSERT_TRUE(m->rho.defined());
+  EXPECT_EQ(m->rho.abs().sum().item<double>(), 0.0);  // zero at init
+  torch::NoGradGuard ng;
+  auto tok = random_tokens(2, 9, cfg.vocab_size);
+  // Plain loop: apply the stack T times, then the final norm and head.
+  auto h = m->tok_embeddings(tok);
+  for (int64_t loop = 0; loop < cfg.n_loops; ++loop) h = m->run_stack(h, loop, 0, nullptr);
+  auto plain = m->head(m->norm(h));
+  EXPECT_LT(rel_err(m->forward(tok).logits, plain), 1e-12);
+  // A non-zero rho changes the result.
+  m->rho.normal_();
+  EXPECT_GT(rel_err(m->forward(tok).logits, plain), 1e-3);
+}
+
+TEST(LoopedLM, OuroExitDistribution) {
+  auto cfg = tiny_config("full", ModelForm::Ouro);
+  cfg.n_loops = 4;
+  auto m = make_model(cfg);
+  torch::NoGradGuard ng;
+  auto tok = random_tokens(2, 7, cfg.vocab_size);
+  ForwardOptions o;
+  o.loop_logits = true;
+  auto out = m->forward(tok, nullptr, o);
+  ASSERT_EQ(out.exit_probs.sizes(), (std::vector<int64_t>{2, 7, 4}));
+  EXPECT_LT((out.exit_probs.sum(-1) - 1).abs().max().item<double>(), 1e-6);
+  EXPECT_GE(out.exit_probs.min().item<double>(), 0.0);
+  // Threshold 1.0 always exits at the last loop; exit_at_loop picks that loop's logits.
+  EXPECT_TRUE((out.exit_loop == 4).all().item<bool>());
+  o.exit_at_loop = 2;
+  EXPECT_LT(rel_err(m->forward(tok, nullptr, o).logits, out.loop_logits[1]), 1e-12);
+  // A low threshold exits early where the cumulative probability crosses it.
+  ForwardOptions early;
+  early.exit_threshold = 0.3;
+  auto e = m->forward(tok, nullptr, early);
+  auto cdf = torch::cumsum(out.exit_probs, -1);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < 7; ++t) {
+      int64_t k = e.exit_loop[b][t].item<int64_t>();
+      EXPECT_TRUE(k == 4 || cdf[b][t][k - 1].item<double>() >= 0.3);
+      if (k > 1) EXPECT_LT(cdf[b][t][k - 2].item<double>(), 0.3);
+      EXPECT_LT(rel_err(e.logits[b][t], out.loop_logits[k - 1][b][t]), 1e-12);
+    }
+}
+
+TEST(LoopedLM, ExitDistributionFormula) {
+  auto logits = torch::randn({5, 4}, torch::kFloat64);
+  auto p = exit_distribution(logits).to(torch::kFloat64);
+  auto lam = torch::sigmoid(logits);
+  for (int64_t i = 0; i < 5; ++i) {
+    double survive = 1;
+    for (int64_t t = 0; t < 4; ++t) {
+      double expect = t < 3 ? lam[i][t].item<double>() * survive : survive;
+      EXPECT_NEAR(p[i][t].item<double>(), expect, 1e-6);
+      survive *= 1 - lam[i][t].item<double>();
+    }
+  }
+}
+
+TEST(LoopedLM, CheckpointedLoopsGiveSameGradients) {
+  auto cfg = tiny_config();
+  auto m = make_model(cfg);
+  auto tok = random_tokens(2, 8, cfg.vocab_size);
+  auto grads = [&](bool ckpt) {
+    m->zero_grad();
+    ForwardOptions o;
+    o.checkpoint_loops = ckpt;
+    auto logits = m->forward(tok, nullptr, o).logits;
+    torch::nn::functional::cross_entropy(logits.reshape({-1, cfg.vocab_size}), tok.reshape({-1})).backward();
+    std::vector<torch::Tensor> g;
+    for (auto& p : m->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  auto plain = grads(false), ckpt = grads(true);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_LT(rel_err(ckpt[i], plain[i]), 1e-12);
+}
+
+TEST(Config, ValidationNamesField) {
+  auto cfg = tiny_config();
+  cfg.n_kv_heads = 3;
+  try {
+    cfg.validate();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_kv_heads"), std::string::npos) << e.what();
+  }
+  cfg = tiny_config("interleaved:4:1:nosuch:full");
+  try {
+    cfg.validate();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nosuch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("full"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ModelConfig::from_json(json::parse(R"({"form": "gpt"})")), Error);
+  EXPECT_THROW(ModelConfig::from_json(json::parse(R"({"d_modle": 3})")), Error);
+  EXPECT_THROW(ModelConfig::from_json(json::parse(R"({"d_model": "big"})")), Error);
+}
+
+TEST(Config, JsonRoundTrip) {
+  auto cfg = tiny_config("full", ModelForm::Ouro);
+  auto back = ModelConfig::from_json(cfg.to_json());
+  EXPECT_EQ(back.to_json(), cfg.to_json());
+}
+
+TEST(Pattern, Forms) {
+  auto cfg = tiny_config();
+  cfg.n_layers = 10;
+  cfg.layer_pattern = "interleaved:4:1:full:full";
+  EXPECT_EQ(resolve_pattern(cfg).size(), 10u);
+  cfg.layer_pattern = "full,";
+  EXPECT_THROW(resolve_pattern(cfg), Error);
+  cfg.layer_pattern = "bookend:x:full:full";
+  EXPECT_THROW(resolve_pattern(cfg), Error);
+}
