@@ -2,6 +2,7 @@
 #include "lt2/kernels/kernels.h"
 
 namespace lt2::kernels {
+
 bool compiled_with_cuda() {
 #ifdef LT2_WITH_CUDA
   return true;
@@ -9,4 +10,9 @@ bool compiled_with_cuda() {
   return false;
 #endif
 }
+
+#ifndef LT2_WITH_CUDA
+std::string device_name(int) { return ""; }
+#endif
+
 }  // namespace lt2::kernels

@@ -1,0 +1,93 @@
+// lt2 generate: prefill a prompt and decode from a checkpoint.
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "lt2/infer/generate.h"
+#include "lt2/io/checkpoint.h"
+#include "lt2/tokenizer/tokenizer.h"
+
+namespace lt2::cli {
+
+namespace {
+
+struct GenerateArgs {
+  std::string checkpoint, prompt = "The", tokenizer, device = "auto", dtype = "auto";
+  GenerateOptions opts;
+  bool json_out = false;
+};
+
+void run_generate(GenerateArgs a) {
+  LT2_CHECK(std::filesystem::is_directory(a.checkpoint), "'", a.checkpoint,
+            "' is not a checkpoint folder (expected config.json + model.safetensors)");
+  std::string tok_path = a.tokenizer;
+  if (tok_path.empty() && std::filesystem::exists(a.checkpoint + "/tokenizer.json"))
+    tok_path = a.checkpoint + "/tokenizer.json";
+  Tokenizer tok = tok_path.empty() ? Tokenizer::byte_level({"<|endoftext|>"}) : Tokenizer::load(tok_path);
+  LoopedLM model = load_checkpoint(a.checkpoint);
+  LT2_CHECK(tok.vocab_size() <= model->config().vocab_size, "tokenizer has ", tok.vocab_size(),
+            " tokens but the model's vocab_size is ", model->config().vocab_size);
+  const bool cuda = torch::cuda::is_available() && a.device != "cpu";
+  LT2_CHECK(!(a.device == "cuda" && !cuda), "--device cuda: no CUDA GPU is available");
+  model->to(cuda ? torch::kCUDA : torch::kCPU);
+  if (cuda && a.dtype != "fp32") model->to(torch::kBFloat16);
+  if (auto eos = tok.token_to_id("<|endoftext|>")) a.opts.stop_tokens.push_back(*eos);
+
+  auto ids32 = tok.encode(a.prompt);
+  std::vector<int64_t> prompt(ids32.begin(), ids32.end());
+  if (!a.json_out) {
+    std::printf("%s", a.prompt.c_str());
+    std::fflush(stdout);
+  }
+  // Print as we go: decode the whole continuation each time and emit what is new, so multi-byte
+  // characters split across tokens appear once complete.
+  std::vector<int32_t> generated;
+  std::string shown;
+  auto res = generate(*model, prompt, a.opts, [&](int64_t t) {
+    generated.push_back(static_cast<int32_t>(t));
+    if (!a.json_out) {
+      std::string text = tok.decode(generated, /*skip_special=*/true);
+      if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+        std::printf("%s", text.c_str() + shown.size());
+        std::fflush(stdout);
+        shown = text;
+      }
+    }
+    return true;
+  });
+  const std::string text = tok.decode(generated, true);
+  if (a.json_out) {
+    std::printf("%s\n", json{{"prompt", a.prompt}, {"text", text}, {"tokens", res.tokens},
+                             {"prompt_tokens", res.prompt_tokens}, {"prefill_ms", res.prefill_ms},
+                             {"decode_ms", res.decode_ms}, {"decode_tokens_per_s", res.decode_tokens_per_s()},
+                             {"state_bytes", res.state_bytes}}.dump().c_str());
+    return;
+  }
+  if (text.size() > shown.size()) std::printf("%s", text.c_str() + std::min(shown.size(), text.size()));
+  std::fprintf(stderr, "\n\n[%lld prompt tokens: prefill %.1f ms (%.0f tok/s); %zu new tokens: %.1f ms (%.1f tok/s); state %.1f MiB]\n",
+               (long long)res.prompt_tokens, res.prefill_ms, res.prefill_tokens_per_s(), res.tokens.size(),
+               res.decode_ms, res.decode_tokens_per_s(), res.state_bytes / 1048576.0);
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate", "Generate text from a checkpoint (prefill, then decode with a preallocated state)");
+  cmd->add_option("checkpoint", a->checkpoint, "Checkpoint folder (config.json + model.safetensors [+ tokenizer.json]); Ouro folders work too")
+      ->required();
+  cmd->add_option("-p,--prompt", a->prompt, "Prompt text")->capture_default_str();
+  cmd->add_option("-n,--max-new-tokens", a->opts.max_new_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("-t,--temperature", a->opts.sampling.temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
+  cmd->add_option("--top-k", a->opts.sampling.top_k, "Sample among the k most likely tokens (0 = off)")->capture_default_str();
+  cmd->add_option("--top-p", a->opts.sampling.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  cmd->add_option("--seed", a->opts.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->opts.prefill_chunk, "Prompt tokens per prefill call")->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the checkpoint's, else bytes)");
+  cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "auto (bf16 on GPU, fp32 on CPU) | fp32")->capture_default_str();
+  cmd->add_flag("--json", a->json_out, "Print one JSON object (text, tokens, timings) instead of streaming");
+  cmd->callback([a] { run_generate(*a); });
+}
+
+}  // namespace lt2::cli

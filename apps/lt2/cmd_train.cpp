@@ -1,0 +1,106 @@
+// lt2 train: train a looped model from a JSON config with flag overrides.
+#include <cstdio>
+
+#include "commands.h"
+#include "lt2/train/trainer.h"
+#include "lt2/util/fs.h"
+
+namespace lt2::cli {
+
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  bool resume = false;
+  bool json_out = false;
+  // Direct overrides (empty / unset = keep the config's value).
+  std::string model, train_data, val_data, out_dir, device, dtype, objective;
+  int64_t steps = -1, seq_len = -1, batch_size = -1, grad_accum = -1, warmup = -1;
+  int64_t eval_every = -1, save_every = -1, log_every = -1;
+  double lr = -1;
+  int64_t seed = -1;
+  bool checkpoint_loops = false;
+};
+
+void run_train(const TrainArgs& a) {
+  json j = a.config.empty() ? json::object() : load_json_file(a.config);
+  LT2_CHECK(j.is_object(), "'", a.config, "' must hold a JSON object");
+  auto set_str = [&](const char* key, const std::string& v) { if (!v.empty()) j[key] = v; };
+  auto set_int = [&](const char* key, int64_t v) { if (v >= 0) j[key] = v; };
+  set_str("model", a.model);
+  set_str("train_data", a.train_data);
+  set_str("val_data", a.val_data);
+  set_str("out_dir", a.out_dir);
+  set_str("device", a.device);
+  set_str("dtype", a.dtype);
+  set_str("objective", a.objective);
+  set_int("steps", a.steps);
+  set_int("seq_len", a.seq_len);
+  set_int("batch_size", a.batch_size);
+  set_int("grad_accum", a.grad_accum);
+  set_int("warmup", a.warmup);
+  set_int("eval_every", a.eval_every);
+  set_int("save_every", a.save_every);
+  set_int("log_every", a.log_every);
+  set_int("seed", a.seed);
+  if (a.lr > 0) j["lr"] = a.lr;
+  if (a.checkpoint_loops) j["checkpoint_loops"] = true;
+  for (const auto& kv : a.sets) {  // --set key=value, value parsed as JSON when it parses
+    auto eq = kv.find('=');
+    LT2_CHECK(eq != std::string::npos && eq > 0, "--set expects key=value, found '", kv, "'");
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    auto parsed = json::parse(value, nullptr, false);
+    j[key] = parsed.is_discarded() ? json(value) : parsed;
+  }
+  TrainConfig cfg = TrainConfig::from_json(j, a.config.empty() ? "train flags" : "'" + a.config + "'");
+  Trainer trainer(cfg, a.resume);
+  const auto& m = trainer.model();
+  std::printf("model %s: %.2fM parameters, %lld layers x %lld loops, pattern '%s'\n",
+              m->config().name.c_str(), m->num_parameters() / 1e6, (long long)m->config().n_layers,
+              (long long)m->config().n_loops, m->config().layer_pattern.c_str());
+  std::printf("training %lld steps x %lld tokens%s -> %s\n", (long long)cfg.steps,
+              (long long)(cfg.batch_size * cfg.grad_accum * cfg.seq_len),
+              a.resume ? (" (resumed at step " + std::to_string(trainer.start_step()) + ")").c_str() : "",
+              cfg.out_dir.c_str());
+  auto last = trainer.run();
+  if (a.json_out)
+    std::printf("%s\n", json{{"step", last.step}, {"loss", last.loss}, {"tokens_per_s", last.tokens_per_s},
+                             {"mfu", last.mfu}, {"out_dir", cfg.out_dir}}.dump().c_str());
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  auto* cmd = app.add_subcommand("train", "Train a looped model on a token shard");
+  cmd->add_option("--config", a->config, "Training config JSON (fields of TrainConfig; flags below override it)");
+  cmd->add_option("--model", a->model, "Model preset name or model config JSON");
+  cmd->add_option("--train-data", a->train_data, "Training token shard (from `lt2 data prepare`)");
+  cmd->add_option("--val-data", a->val_data, "Held-out token shard for evaluation");
+  cmd->add_option("--out", a->out_dir, "Run folder: metrics.jsonl, checkpoints ckpt-<step>/, latest");
+  cmd->add_option("--device", a->device, "auto | cpu | cuda");
+  cmd->add_option("--dtype", a->dtype, "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16");
+  cmd->add_option("--objective", a->objective, "ce (LT2: last loop) | ouro (sum_t p_t CE_t - beta H) | ouro_gate (exit gate only)");
+  cmd->add_option("--steps", a->steps, "Optimizer steps");
+  cmd->add_option("--seq-len", a->seq_len, "Tokens per training sequence");
+  cmd->add_option("--batch-size", a->batch_size, "Sequences per micro-batch");
+  cmd->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step");
+  cmd->add_option("--lr", a->lr, "Peak learning rate (AdamW)");
+  cmd->add_option("--warmup", a->warmup, "Linear warm-up steps before the cosine decay");
+  cmd->add_option("--eval-every", a->eval_every, "Evaluate every N steps (0 = at the end only)");
+  cmd->add_option("--save-every", a->save_every, "Checkpoint every N steps (0 = at the end only)");
+  cmd->add_option("--log-every", a->log_every, "Print a log line every N steps");
+  cmd->add_option("--seed", a->seed, "Seed for initialisation and batches");
+  cmd->add_flag("--checkpoint-loops", a->checkpoint_loops, "Recompute each loop in backward (saves activation memory)");
+  cmd->add_option("--set", a->sets, "Override any TrainConfig field: --set key=value (repeatable; value is JSON)");
+  cmd->add_flag("--resume", a->resume, "Continue exactly from the run folder's latest checkpoint");
+  cmd->add_flag("--json", a->json_out, "Print the final step's metrics as JSON");
+  cmd->footer("Log line per step: step, loss, grad norm, lr, ms, tokens/s (and MFU on GPU).\n"
+              "TrainConfig fields: model train_data val_data out_dir device dtype seq_len batch_size grad_accum\n"
+              "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
+              "eval_batches save_every checkpoint_loops objective ouro_entropy_beta gate_min_gain");
+  cmd->callback([a] { run_train(*a); });
+}
+
+}  // namespace lt2::cli

@@ -1,0 +1,34 @@
+// Text generation with a looped model: chunked prefill of the prompt into a preallocated decode
+// state (one mixer state per (loop, layer)), then one token at a time.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "lt2/infer/sampling.h"
+#include "lt2/model/looped_lm.h"
+
+namespace lt2 {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  int64_t prefill_chunk = 512;   // prompt tokens per prefill call
+  SamplingOptions sampling;
+  uint64_t seed = 0;
+  std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
+};
+
+struct GenerateResult {
+  std::vector<int64_t> tokens;  // the new tokens
+  int64_t prompt_tokens = 0;
+  double prefill_ms = 0, decode_ms = 0;
+  int64_t state_bytes = 0;
+  double decode_tokens_per_s() const { return decode_ms > 0 ? 1000.0 * (tokens.size() > 0 ? tokens.size() - 1 : 0) / decode_ms : 0; }
+  double prefill_tokens_per_s() const { return prefill_ms > 0 ? 1000.0 * prompt_tokens / prefill_ms : 0; }
+};
+
+// on_token is called with each new token as soon as it is chosen; returning false stops.
+GenerateResult generate(LoopedLMImpl& model, const std::vector<int64_t>& prompt,
+                        const GenerateOptions& opts,
+                        const std::function<bool(int64_t)>& on_token = nullptr);
+
+}  // namespace lt2

@@ -1,0 +1,87 @@
+#include "lt2/train/train_config.h"
+
+namespace lt2 {
+
+std::string to_string(Objective o) {
+  switch (o) {
+    case Objective::CE: return "ce";
+    case Objective::Ouro: return "ouro";
+    case Objective::OuroGate: return "ouro_gate";
+  }
+  return "?";
+}
+
+void TrainConfig::validate() const {
+  const std::string w = "train config";
+  LT2_CHECK(!model.empty(), w, ": 'model' (a model config path or preset name) is required");
+  LT2_CHECK(!train_data.empty(), w, ": 'train_data' (a token shard) is required");
+  LT2_CHECK(device == "auto" || device == "cpu" || device == "cuda", w,
+            ": 'device' must be auto, cpu or cuda, found '", device, "'");
+  LT2_CHECK(dtype == "auto" || dtype == "fp32" || dtype == "bf16", w,
+            ": 'dtype' must be auto, fp32 or bf16, found '", dtype, "'");
+  LT2_CHECK(seq_len > 0 && batch_size > 0 && grad_accum > 0 && steps > 0, w,
+            ": seq_len, batch_size, grad_accum and steps must be > 0");
+  LT2_CHECK(lr > 0, w, ": 'lr' must be > 0, found ", lr);
+  LT2_CHECK(min_lr_ratio >= 0 && min_lr_ratio <= 1, w, ": 'min_lr_ratio' must be in [0, 1]");
+  LT2_CHECK(warmup >= 0, w, ": 'warmup' must be >= 0");
+  LT2_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, w, ": betas must be in [0, 1)");
+  LT2_CHECK(clip >= 0, w, ": 'clip' must be >= 0 (0 = off)");
+  LT2_CHECK(log_every > 0, w, ": 'log_every' must be > 0");
+  LT2_CHECK(eval_every >= 0 && save_every >= 0 && eval_batches > 0, w,
+            ": eval_every/save_every must be >= 0 and eval_batches > 0");
+}
+
+json TrainConfig::to_json() const {
+  return json{{"model", model}, {"train_data", train_data}, {"val_data", val_data},
+              {"out_dir", out_dir}, {"device", device}, {"dtype", dtype},
+              {"seq_len", seq_len}, {"batch_size", batch_size}, {"grad_accum", grad_accum},
+              {"steps", steps}, {"lr", lr}, {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup},
+              {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
+              {"clip", clip}, {"seed", seed}, {"log_every", log_every},
+              {"eval_every", eval_every}, {"eval_batches", eval_batches},
+              {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops},
+              {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
+              {"gate_min_gain", gate_min_gain}};
+}
+
+TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
+  TrainConfig c;
+  std::vector<std::string> known{"comment"};
+  for (const auto& [key, value] : c.to_json().items()) known.push_back(key);
+  json_reject_unknown(j, known, where);
+  json_get(j, "model", c.model, where);
+  json_get(j, "train_data", c.train_data, where);
+  json_get(j, "val_data", c.val_data, where);
+  json_get(j, "out_dir", c.out_dir, where);
+  json_get(j, "device", c.device, where);
+  json_get(j, "dtype", c.dtype, where);
+  json_get(j, "seq_len", c.seq_len, where);
+  json_get(j, "batch_size", c.batch_size, where);
+  json_get(j, "grad_accum", c.grad_accum, where);
+  json_get(j, "steps", c.steps, where);
+  json_get(j, "lr", c.lr, where);
+  json_get(j, "min_lr_ratio", c.min_lr_ratio, where);
+  json_get(j, "warmup", c.warmup, where);
+  json_get(j, "weight_decay", c.weight_decay, where);
+  json_get(j, "beta1", c.beta1, where);
+  json_get(j, "beta2", c.beta2, where);
+  json_get(j, "eps", c.eps, where);
+  json_get(j, "clip", c.clip, where);
+  json_get(j, "seed", c.seed, where);
+  json_get(j, "log_every", c.log_every, where);
+  json_get(j, "eval_every", c.eval_every, where);
+  json_get(j, "eval_batches", c.eval_batches, where);
+  json_get(j, "save_every", c.save_every, where);
+  json_get(j, "checkpoint_loops", c.checkpoint_loops, where);
+  std::string obj = to_string(c.objective);
+  json_get(j, "objective", obj, where);
+  if (obj == "ce") c.objective = Objective::CE;
+  else if (obj == "ouro") c.objective = Objective::Ouro;
+  else if (obj == "ouro_gate") c.objective = Objective::OuroGate;
+  else throw Error(cat(where, ": 'objective' must be ce, ouro or ouro_gate, found '", obj, "'"));
+  json_get(j, "ouro_entropy_beta", c.ouro_entropy_beta, where);
+  json_get(j, "gate_min_gain", c.gate_min_gain, where);
+  return c;
+}
+
+}  // namespace lt2

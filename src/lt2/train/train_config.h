@@ -1,0 +1,51 @@
+// TrainConfig: everything `lt2 train` needs besides the model, as JSON with flag overrides.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "lt2/config/model_config.h"
+
+namespace lt2 {
+
+// Training objective.
+//   ce:        cross-entropy on the last loop (LT2)
+//   ouro:      sum_t p_t * CE_t - beta * H(p) over the loop exits (Ouro stage 1)
+//   ouro_gate: only the exit gate trains, toward continuing while a loop still lowers the loss
+//              by more than `gate_min_gain` (Ouro stage 2)
+enum class Objective { CE, Ouro, OuroGate };
+
+struct TrainConfig {
+  std::string model;            // path of a model config JSON, or a preset name in configs/
+  std::string train_data;       // token shard (data/shard.h)
+  std::string val_data;         // optional held-out shard
+  std::string out_dir = "runs/default";
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "auto";   // auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
+  int64_t seq_len = 256;
+  int64_t batch_size = 8;       // sequences per micro-batch
+  int64_t grad_accum = 1;       // micro-batches per optimizer step
+  int64_t steps = 1000;
+  double lr = 3e-4;
+  double min_lr_ratio = 0.1;    // cosine decays to lr * min_lr_ratio
+  int64_t warmup = 100;
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip = 1.0;            // max global grad norm (0 = off)
+  uint64_t seed = 1234;
+  int64_t log_every = 1;
+  int64_t eval_every = 200;     // 0 = only at the end
+  int64_t eval_batches = 8;
+  int64_t save_every = 0;       // 0 = only at the end
+  bool checkpoint_loops = false;  // activation checkpointing per loop
+  Objective objective = Objective::CE;
+  double ouro_entropy_beta = 0.05;
+  double gate_min_gain = 0.005;
+
+  void validate() const;
+  json to_json() const;
+  static TrainConfig from_json(const json& j, const std::string& where = "train config");
+};
+
+std::string to_string(Objective o);
+
+}  // namespace lt2

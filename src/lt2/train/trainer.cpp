@@ -1,0 +1,283 @@
+#include "lt2/train/trainer.h"
+
+#include <ATen/autocast_mode.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lt2/config/presets.h"
+#include "lt2/io/checkpoint.h"
+#include "lt2/kernels/kernels.h"
+#include "lt2/train/batches.h"
+#include "lt2/train/flops.h"
+#include "lt2/train/losses.h"
+#include "lt2/train/optimizer.h"
+#include "lt2/util/fs.h"
+
+namespace fs = std::filesystem;
+
+namespace lt2 {
+
+namespace {
+
+// bf16 autocast on CUDA for the scope (matmuls in bf16, fp32 master weights and reductions).
+class AutocastScope {
+ public:
+  explicit AutocastScope(bool on) : on_(on) {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool on_;
+};
+
+std::string format_step_line(const StepMetrics& m, int64_t total, bool gpu) {
+  char buf[256];
+  int n = std::snprintf(buf, sizeof buf, "step %6lld/%lld | loss %.4f | gnorm %6.3f | lr %.2e | %8.1f ms | %9.0f tok/s",
+                        static_cast<long long>(m.step), static_cast<long long>(total), m.loss,
+                        m.grad_norm, m.lr, m.ms, m.tokens_per_s);
+  if (gpu && m.mfu > 0) std::snprintf(buf + n, sizeof buf - n, " | mfu %5.1f%%", 100 * m.mfu);
+  return buf;
+}
+
+std::string progress_bar(int64_t done, int64_t total, double seconds_left) {
+  const int width = 30;
+  int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  std::string bar(filled, '#');
+  bar += std::string(width - filled, '.');
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "[%s] %3d%%  eta %dm%02ds", bar.c_str(),
+                static_cast<int>(100 * done / std::max<int64_t>(total, 1)),
+                static_cast<int>(seconds_left) / 60, static_cast<int>(seconds_left) % 60);
+  return buf;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  torch::Device device{torch::kCPU};
+  bool autocast = false;
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<BatchSampler> train, val;
+  std::vector<torch::Tensor> params;
+  std::string tokenizer_path;  // tokenizer.json beside the training shard, copied into checkpoints
+  double flops_per_token = 0, peak = 0;
+  std::ofstream metrics;
+  bool tty = false;
+};
+
+std::string latest_checkpoint(const std::string& out_dir) {
+  const std::string pointer = out_dir + "/latest";
+  if (!path_exists(pointer)) return "";
+  std::string name = read_file(pointer);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const std::string dir = out_dir + "/" + name;
+  LT2_CHECK(path_exists(dir + "/trainer_state.json"), "'", pointer, "' names '", name,
+            "', which is not a complete checkpoint folder");
+  return dir;
+}
+
+Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std::make_shared<Impl>()) {
+  cfg_.validate();
+  auto& I = *impl_;
+  const bool cuda = torch::cuda::is_available();
+  LT2_CHECK(!(cfg_.device == "cuda" && !cuda), "device 'cuda' requested but no CUDA GPU is available");
+  I.device = (cfg_.device == "cuda" || (cfg_.device == "auto" && cuda)) ? torch::Device(torch::kCUDA)
+                                                                        : torch::Device(torch::kCPU);
+  LT2_CHECK(!(cfg_.dtype == "bf16" && !I.device.is_cuda()),
+            "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
+  I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
+
+  std::string ckpt;
+  if (resume) {
+    ckpt = latest_checkpoint(cfg_.out_dir);
+    LT2_CHECK(!ckpt.empty(), "--resume: no checkpoint in '", cfg_.out_dir, "' (no 'latest' file)");
+    auto state = load_json_file(ckpt + "/trainer_state.json");
+    start_step_ = state.at("step").get<int64_t>();
+    model_ = load_checkpoint(ckpt);
+  } else {
+    torch::manual_seed(cfg_.seed);
+    model_ = LoopedLM(load_model_config(cfg_.model));
+  }
+  model_->to(I.device);
+  const auto& mcfg = model_->config();
+
+  if (cfg_.objective == Objective::OuroGate) {  // stage 2: only the exit gate trains
+    LT2_CHECK(model_->exit_gate, "objective 'ouro_gate' needs a model with an exit gate");
+    for (auto& p : model_->named_parameters())
+      p.value().set_requires_grad(p.key().rfind("exit_gate.", 0) == 0);
+  }
+  LT2_CHECK(cfg_.objective == Objective::CE || model_->exit_gate,
+            "objective '", to_string(cfg_.objective), "' needs an Ouro-form model with an exit gate");
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& p : model_->named_parameters()) {
+    named.emplace_back(p.key(), p.value());
+    if (p.value().requires_grad()) I.params.push_back(p.value());
+  }
+  I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
+  if (resume) I.opt->load_state_dict(load_tensors(ckpt + "/optimizer.safetensors"));
+
+  auto train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
+  LT2_CHECK(train_shard->vocab_size() <= mcfg.vocab_size, "training shard '", cfg_.train_data,
+            "' has vocabulary ", train_shard->vocab_size(), " but the model's vocab_size is ",
+            mcfg.vocab_size);
+  I.train = std::make_unique<BatchSampler>(train_shard, cfg_.seq_len, cfg_.seed);
+  if (!cfg_.val_data.empty())
+    I.val = std::make_unique<BatchSampler>(std::make_shared<const ShardReader>(cfg_.val_data), cfg_.seq_len, cfg_.seed);
+  const auto tok = fs::path(cfg_.train_data).parent_path() / "tokenizer.json";
+  if (fs::exists(tok)) I.tokenizer_path = tok.string();
+
+  I.flops_per_token = 3 * forward_flops_per_token(*model_, cfg_.seq_len);
+  if (I.device.is_cuda()) {
+    I.peak = peak_flops(kernels::device_name(I.device.index() < 0 ? 0 : I.device.index()));
+  }
+
+  make_dirs(cfg_.out_dir);
+  write_file_atomic(cfg_.out_dir + "/train_config.json", cfg_.to_json().dump(2) + "\n");
+  // metrics.jsonl: keep what the resumed-from checkpoint had seen, drop what came after it.
+  const std::string metrics_path = cfg_.out_dir + "/metrics.jsonl";
+  std::string kept;
+  if (resume && path_exists(metrics_path)) {
+    std::istringstream in(read_file(metrics_path));
+    for (std::string line; std::getline(in, line);) {
+      auto j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{0}) <= start_step_) kept += line + "\n";
+    }
+  }
+  write_file_atomic(metrics_path, kept);
+  I.metrics.open(metrics_path, std::ios::app);
+  I.tty = ::isatty(STDERR_FILENO);
+}
+
+double Trainer::evaluate() {
+  auto& I = *impl_;
+  BatchSampler& src = I.val ? *I.val : *I.train;
+  torch::NoGradGuard ng;
+  model_->eval();
+  double total = 0;
+  for (int64_t i = 0; i < cfg_.eval_batches; ++i) {
+    auto [x, y] = src.eval_batch(i, cfg_.batch_size);
+    AutocastScope ac(I.autocast);
+    ForwardOptions fo;
+    fo.exit_at_loop = model_->exit_gate ? model_->config().n_loops : -1;
+    auto out = model_->forward(x.to(I.device), nullptr, fo);
+    total += cross_entropy(out.logits, y.to(I.device)).item<double>();
+  }
+  model_->train();
+  return total / static_cast<double>(cfg_.eval_batches);
+}
+
+std::string Trainer::save(int64_t step) {
+  auto& I = *impl_;
+  const std::string name = "ckpt-" + std::to_string(step);
+  const std::string dir = cfg_.out_dir + "/" + name, tmp = dir + ".tmp";
+  fs::remove_all(tmp);
+  save_checkpoint(tmp, *model_);
+  save_tensors(tmp + "/optimizer.safetensors", I.opt->state_dict());
+  json state{{"step", step}, {"seed", cfg_.seed}, {"train_config", cfg_.to_json()}};
+  write_file_atomic(tmp + "/trainer_state.json", state.dump(2) + "\n");
+  if (!I.tokenizer_path.empty()) fs::copy_file(I.tokenizer_path, tmp + "/tokenizer.json");
+  fs::remove_all(dir);
+  fs::rename(tmp, dir);
+  write_file_atomic(cfg_.out_dir + "/latest", name + "\n");
+  // Keep the two newest checkpoints.
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(cfg_.out_dir)) {
+    const std::string f = e.path().filename().string();
+    if (e.is_directory() && f.rfind("ckpt-", 0) == 0 && f.find(".tmp") == std::string::npos)
+      all.emplace_back(std::stoll(f.substr(5)), e.path());
+  }
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i + 2 < all.size(); ++i) fs::remove_all(all[i].second);
+  return dir;
+}
+
+StepMetrics Trainer::run() {
+  auto& I = *impl_;
+  const int64_t tokens_per_step = cfg_.batch_size * cfg_.grad_accum * cfg_.seq_len;
+  StepMetrics m;
+  model_->train();
+  auto run_start = std::chrono::steady_clock::now();
+  for (int64_t step = start_step_; step < cfg_.steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    torch::manual_seed(cfg_.seed + 1000003ULL * static_cast<uint64_t>(step + 1));
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().device(I.device));
+    for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+      auto [x, y] = I.train->sample(step, micro, cfg_.batch_size);
+      x = x.to(I.device, /*non_blocking=*/true);
+      y = y.to(I.device, true);
+      torch::Tensor loss;
+      {
+        AutocastScope ac(I.autocast);
+        ForwardOptions fo;
+        fo.checkpoint_loops = cfg_.checkpoint_loops;
+        fo.loop_logits = cfg_.objective != Objective::CE;
+        auto out = model_->forward(x, nullptr, fo);
+        switch (cfg_.objective) {
+          case Objective::CE: loss = cross_entropy(out.logits, y); break;
+          case Objective::Ouro: loss = ouro_loss(out, y, cfg_.ouro_entropy_beta); break;
+          case Objective::OuroGate: loss = ouro_gate_loss(out, y, cfg_.gate_min_gain); break;
+        }
+      }
+      (loss / static_cast<double>(cfg_.grad_accum)).backward();
+      loss_sum += loss.detach();
+    }
+    m.step = step + 1;
+    m.grad_norm = clip_grad_norm(I.params, cfg_.clip);
+    m.lr = lr_at(step, cfg_.steps, cfg_.warmup, cfg_.lr, cfg_.min_lr_ratio);
+    I.opt->step(m.lr);
+    I.opt->zero_grad();
+    m.loss = loss_sum.item<double>() / static_cast<double>(cfg_.grad_accum);
+    if (I.device.is_cuda()) torch::cuda::synchronize();
+    m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.ms / 1000);
+    m.mfu = I.peak > 0 ? I.flops_per_token * m.tokens_per_s / I.peak : 0;
+    LT2_CHECK(std::isfinite(m.loss), "loss is not finite at step ", m.step,
+              " (lower the learning rate, or check the data)");
+
+    I.metrics << json{{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
+                      {"ms", m.ms}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}}.dump()
+              << "\n";
+    if (m.step % cfg_.log_every == 0 || m.step == cfg_.steps) {
+      const std::string line = format_step_line(m, cfg_.steps, I.device.is_cuda());
+      if (I.tty) std::fprintf(stderr, "\r\033[K");
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+    if (I.tty) {
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+      double left = elapsed / static_cast<double>(step + 1 - start_step_) * static_cast<double>(cfg_.steps - step - 1);
+      std::fprintf(stderr, "%s", progress_bar(step + 1, cfg_.steps, left).c_str());
+    }
+    if (on_step) on_step(m);
+    const bool last = m.step == cfg_.steps;
+    if (last || (cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0)) {
+      double val = evaluate();
+      I.metrics << json{{"step", m.step}, {"val_loss", val}}.dump() << "\n";
+      if (I.tty) std::fprintf(stderr, "\r\033[K");
+      std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f\n", static_cast<long long>(m.step), val, std::exp(val));
+      std::fflush(stdout);
+    }
+    I.metrics.flush();
+    if (last || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0)) {
+      auto dir = save(m.step);
+      if (I.tty) std::fprintf(stderr, "\r\033[K");
+      std::printf("saved %s\n", dir.c_str());
+    }
+  }
+  if (I.tty) std::fprintf(stderr, "\n");
+  return m;
+}
+
+}  // namespace lt2
