@@ -52,9 +52,6 @@ Tensor state_decay(const Tensor& g, torch::ScalarType dt) {
   return (g.dim() == 2 ? g.unsqueeze(-1) : g).unsqueeze(-1).to(dt);  // [B, H, 1 or K, 1]
 }
 
-}  // namespace lt2::ops
-
-namespace lt2::ops {
 
 void check_recurrence_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                              const char* op) {

@@ -1,0 +1,31 @@
+#include "lt2/ops/short_conv.h"
+
+#include "lt2/util/error.h"
+
+namespace lt2::ops {
+
+Tensor short_conv(const Tensor& x, const Tensor& weight, const Tensor& bias, bool silu,
+                  Tensor* window) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), W = weight.size(2);
+  LT2_CHECK(weight.dim() == 3 && weight.size(0) == C && weight.size(1) == 1,
+            "short conv: weight must be [C, 1, W] with C = ", C, ", found ", weight.sizes());
+  Tensor past;  // [B, W-1, C]
+  if (window) {
+    LT2_CHECK(window->sizes() == torch::IntArrayRef({B, W - 1, C}),
+              "short conv: window must be [B, W-1, C] = [", B, ", ", W - 1, ", ", C, "], found ",
+              window->sizes());
+    past = window->to(x.scalar_type());
+  } else {
+    past = torch::zeros({B, W - 1, C}, x.options());
+  }
+  auto xp = torch::cat({past, x}, 1);                                 // [B, T+W-1, C]
+  auto y = torch::conv1d(xp.transpose(1, 2), weight.to(x.scalar_type()),
+                         bias.defined() ? bias.to(x.scalar_type()) : bias,
+                         /*stride=*/torch::IntArrayRef{1}, /*padding=*/torch::IntArrayRef{0},
+                         /*dilation=*/torch::IntArrayRef{1}, /*groups=*/C)
+               .transpose(1, 2);                                      // [B, T, C]
+  if (window) window->copy_(xp.narrow(1, T, W - 1).detach());
+  return silu ? torch::silu(y) : y;
+}
+
+}  // namespace lt2::ops
