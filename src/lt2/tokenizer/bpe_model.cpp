@@ -14,6 +14,7 @@ BpeModel::BpeModel(std::vector<std::string> vocab,
     : id_to_token_(std::move(vocab)),
       options_(std::move(options)),
       cache_(std::make_unique<std::array<CacheShard, kCacheShards>>()) {
+  for (CacheShard& shard : *cache_) shard.slots.resize(kCacheSlotsPerShard);
   token_to_id_.reserve(id_to_token_.size());
   for (size_t id = 0; id < id_to_token_.size(); ++id) {
     const std::string& token = id_to_token_[id];
@@ -109,46 +110,43 @@ void BpeModel::merge_symbols(std::vector<int32_t>& symbols) const {
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   const bool cacheable = word.size() <= kCacheMaxWordBytes;
-  CacheShard& shard = (*cache_)[std::hash<std::string_view>{}(word) % kCacheShards];
-  std::string key;
+  const uint64_t hash = std::hash<std::string_view>{}(word);
+  CacheShard& shard = (*cache_)[hash % kCacheShards];
+  CacheSlot& slot = shard.slots[(hash / kCacheShards) % kCacheSlotsPerShard];
   if (cacheable) {
-    key.assign(word);
     std::lock_guard<std::mutex> lock(shard.mutex);
-    const auto it = shard.words.find(key);
-    if (it != shard.words.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+    if (slot.hash == hash && slot.word == word) {
+      out.insert(out.end(), slot.ids.begin(), slot.ids.end());
       return;
     }
   }
 
-  std::vector<int32_t> ids;
-  bool done = false;
+  const size_t first = out.size();
   if (options_.ignore_merges) {
     const auto it = bytes_to_id_.find(std::string(word));
-    if (it != bytes_to_id_.end()) {
-      ids.push_back(it->second);
-      done = true;
-    }
+    if (it != bytes_to_id_.end()) out.push_back(it->second);
   }
-  if (!done) {
-    ids.reserve(word.size());
+  if (out.size() == first) {
+    thread_local std::vector<int32_t> symbols;
+    symbols.clear();
     for (unsigned char b : word) {
       if (byte_id_[b] >= 0) {
-        ids.push_back(byte_id_[b]);
+        symbols.push_back(byte_id_[b]);
       } else if (options_.byte_fallback && fallback_id_[b] >= 0) {
-        ids.push_back(fallback_id_[b]);
+        symbols.push_back(fallback_id_[b]);
       } else if (unk_id_) {
-        ids.push_back(*unk_id_);
+        symbols.push_back(*unk_id_);
       }
       // Without a token, an unk or a fallback the byte is dropped, as HF drops it.
     }
-    merge_symbols(ids);
+    merge_symbols(symbols);
+    out.insert(out.end(), symbols.begin(), symbols.end());
   }
-  out.insert(out.end(), ids.begin(), ids.end());
   if (cacheable) {
     std::lock_guard<std::mutex> lock(shard.mutex);
-    if (shard.words.size() >= kCacheShardCapacity) shard.words.clear();
-    shard.words.emplace(std::move(key), std::move(ids));
+    slot.hash = hash;
+    slot.word.assign(word);
+    slot.ids.assign(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
   }
 }
 

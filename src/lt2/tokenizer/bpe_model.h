@@ -61,14 +61,20 @@ class BpeModel {
   std::optional<int32_t> unk_id_;
   std::array<int32_t, 256> fallback_id_{};  // "<0xHH>" tokens for byte_fallback, -1 if absent
 
-  // Word cache, split into shards with their own lock so threads rarely contend.
+  // Word cache: a direct-mapped table (a word's hash picks its slot; a new word evicts the old
+  // one), split into shards with their own lock so that threads rarely contend.
+  struct CacheSlot {
+    uint64_t hash = 0;
+    std::string word;
+    std::vector<int32_t> ids;
+  };
   struct CacheShard {
     std::mutex mutex;
-    std::unordered_map<std::string, std::vector<int32_t>> words;
+    std::vector<CacheSlot> slots;
   };
   static constexpr size_t kCacheShards = 16;
-  static constexpr size_t kCacheShardCapacity = 1 << 15;  // words per shard before it is cleared
-  static constexpr size_t kCacheMaxWordBytes = 256;       // longer words are not cached
+  static constexpr size_t kCacheSlotsPerShard = 1 << 13;  // a power of two
+  static constexpr size_t kCacheMaxWordBytes = 64;         // longer words are not cached
   std::unique_ptr<std::array<CacheShard, kCacheShards>> cache_;
 };
 

@@ -41,28 +41,28 @@ struct Piece {
 
 // Cuts `text` at the matches of a pattern the way HF's NormalizedString::split does: the matches
 // and the gaps between them cover the text; `invert` swaps which are "matches"; the behavior says
-// what happens to the matches; empty pieces are dropped.
-void split_by_matches(const std::string& text, const std::vector<Span>& matches, bool invert,
-                      SplitBehavior behavior, std::vector<std::string>& out) {
-  std::vector<Piece> pieces;
-  pieces.reserve(matches.size() * 2 + 1);
+// what happens to the matches. Appends the non-empty pieces kept to `out`.
+void split_by_matches(size_t text_size, const std::vector<Span>& matches, bool invert,
+                      SplitBehavior behavior, std::vector<Span>& out) {
+  thread_local std::vector<Piece> pieces;
+  thread_local std::vector<Span> kept;
+  pieces.clear();
+  kept.clear();
   size_t prev = 0;
   for (const Span& m : matches) {
     if (m.begin > prev) pieces.push_back({prev, m.begin, invert});
     pieces.push_back({m.begin, m.end, !invert});
     prev = m.end;
   }
-  if (prev < text.size()) pieces.push_back({prev, text.size(), invert});
+  if (prev < text_size) pieces.push_back({prev, text_size, invert});
 
-  std::vector<Piece> kept;  // is_match is meaningless after this step
-  kept.reserve(pieces.size());
   switch (behavior) {
     case SplitBehavior::Removed:
       for (const Piece& p : pieces)
-        if (!p.is_match) kept.push_back(p);
+        if (!p.is_match) kept.push_back({p.begin, p.end});
       break;
     case SplitBehavior::Isolated:
-      kept = pieces;
+      for (const Piece& p : pieces) kept.push_back({p.begin, p.end});
       break;
     case SplitBehavior::MergedWithPrevious: {
       // A match joins the piece before it (unless that piece was itself a match).
@@ -71,7 +71,7 @@ void split_by_matches(const std::string& text, const std::vector<Span>& matches,
         if (p.is_match && !previous_match && !kept.empty())
           kept.back().end = p.end;
         else
-          kept.push_back(p);
+          kept.push_back({p.begin, p.end});
         previous_match = p.is_match;
       }
       break;
@@ -83,7 +83,7 @@ void split_by_matches(const std::string& text, const std::vector<Span>& matches,
         if (it->is_match && !previous_match && !kept.empty())
           kept.back().begin = it->begin;
         else
-          kept.push_back(*it);
+          kept.push_back({it->begin, it->end});
         previous_match = it->is_match;
       }
       std::reverse(kept.begin(), kept.end());
@@ -96,14 +96,14 @@ void split_by_matches(const std::string& text, const std::vector<Span>& matches,
         if (p.is_match && previous_match && !kept.empty())
           kept.back().end = p.end;
         else
-          kept.push_back(p);
+          kept.push_back({p.begin, p.end});
         previous_match = p.is_match;
       }
       break;
     }
   }
-  for (const Piece& p : kept)
-    if (p.end > p.begin) out.emplace_back(text, p.begin, p.end - p.begin);
+  for (const Span& k : kept)
+    if (k.end > k.begin) out.push_back(k);
 }
 
 }  // namespace
@@ -115,19 +115,23 @@ struct PreTokenizer::Step {
   bool invert = false;
   bool add_prefix_space = false;
 
-  // Splits every piece in `pieces` into `out`.
-  void apply(std::vector<std::string>& pieces, std::vector<std::string>& out) const {
-    std::vector<Span> matches;
-    for (std::string& piece : pieces) {
-      if (kind == Kind::ByteLevel && add_prefix_space && (piece.empty() || piece[0] != ' '))
-        piece.insert(piece.begin(), ' ');
-      if (!regex) {
-        if (!piece.empty()) out.push_back(std::move(piece));
-        continue;
-      }
-      matches.clear();
-      regex->find_all(piece, matches);
-      split_by_matches(piece, matches, invert, behavior, out);
+  // Whether this step inserts characters (so its pieces need a new buffer).
+  bool adds_prefix_space() const { return kind == Kind::ByteLevel && add_prefix_space; }
+
+  // Appends the spans of the parts of `piece` (a span of `text`) that this step keeps to `out`.
+  void apply(std::string_view text, Span piece, std::vector<Span>& out) const {
+    if (!regex) {
+      out.push_back(piece);
+      return;
+    }
+    thread_local std::vector<Span> matches;
+    matches.clear();
+    regex->find_all(text.substr(piece.begin, piece.end - piece.begin), matches);
+    const size_t first = out.size();
+    split_by_matches(piece.end - piece.begin, matches, invert, behavior, out);
+    for (size_t i = first; i < out.size(); ++i) {
+      out[i].begin += piece.begin;
+      out[i].end += piece.begin;
     }
   }
 };
@@ -185,7 +189,7 @@ PreTokenizer PreTokenizer::from_json(const json& config, const std::string& wher
       step->add_prefix_space = get_bool(j, "add_prefix_space", true, at);
       if (get_bool(j, "use_regex", true, at)) step->regex.emplace(kGpt2SplitPattern, at);
       result.has_byte_level_ = true;
-      result.last_byte_level_ = static_cast<int>(result.steps_.size());
+      result.byte_level_step_ = static_cast<int>(result.steps_.size());
     } else if (type == "Digits") {
       step->regex.emplace(kDigitPattern, at);
       step->behavior = get_bool(j, "individual_digits", false, at) ? SplitBehavior::Isolated
@@ -205,28 +209,58 @@ PreTokenizer PreTokenizer::from_json(const json& config, const std::string& wher
   return result;
 }
 
-void PreTokenizer::split(std::string_view segment, std::vector<std::string>& words) const {
+void PreTokenizer::split(std::string_view segment,
+                         const std::function<void(std::string_view)>& emit) const {
   if (segment.empty()) return;
-  std::vector<std::string> pieces{std::string(segment)};
-  std::vector<std::string> next;
+  // Pieces are spans of a text buffer. Splitting only makes smaller spans of the same buffer; a
+  // new buffer is built only where text changes: ByteLevel's prefix space, and its character
+  // mapping when later steps must see it.
+  std::string_view text = segment;
+  std::string buffer, next_buffer;
+  std::vector<Span> pieces{{0, segment.size()}}, next;
+  auto rebuild = [&](const std::function<void(std::string_view, std::string&)>& transform) {
+    next_buffer.clear();
+    next.clear();
+    for (const Span& p : pieces) {
+      const size_t begin = next_buffer.size();
+      transform(text.substr(p.begin, p.end - p.begin), next_buffer);
+      next.push_back({begin, next_buffer.size()});
+    }
+    buffer.swap(next_buffer);
+    text = buffer;
+    pieces.swap(next);
+  };
   const int n_steps = static_cast<int>(steps_.size());
   for (int i = 0; i < n_steps; ++i) {
+    const Step& step = *steps_[i];
+    if (step.adds_prefix_space()) {
+      rebuild([](std::string_view piece, std::string& out) {
+        if (piece[0] != ' ') out.push_back(' ');
+        out.append(piece);
+      });
+    }
     next.clear();
-    steps_[i]->apply(pieces, next);
+    for (const Span& p : pieces) step.apply(text, p, next);
     pieces.swap(next);
     // Steps after the ByteLevel step see its character mapping, as in HF.
-    if (i == last_byte_level_ && i + 1 < n_steps)
-      for (std::string& p : pieces) p = byte_level::encode(p);
+    if (i == byte_level_step_ && i + 1 < n_steps)
+      rebuild([](std::string_view piece, std::string& out) { out += byte_level::encode(piece); });
   }
-  const bool mapped = last_byte_level_ >= 0 && last_byte_level_ + 1 < n_steps;
-  for (std::string& p : pieces) {
+  const bool mapped = byte_level_step_ >= 0 && byte_level_step_ + 1 < n_steps;
+  for (const Span& p : pieces) {
+    if (p.end == p.begin) continue;
+    const std::string_view word = text.substr(p.begin, p.end - p.begin);
     if (mapped) {
       // Only whole mapped characters were moved around, so this cannot fail.
-      words.push_back(*byte_level::decode(p));
+      emit(*byte_level::decode(word));
     } else {
-      words.push_back(std::move(p));
+      emit(word);
     }
   }
+}
+
+void PreTokenizer::split(std::string_view segment, std::vector<std::string>& words) const {
+  split(segment, [&](std::string_view w) { words.emplace_back(w); });
 }
 
 }  // namespace lt2

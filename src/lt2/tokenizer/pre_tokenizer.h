@@ -7,6 +7,7 @@
 // Words come out as raw bytes: the ByteLevel step's character mapping is only materialised when a
 // later step has to see it (e.g. Falcon runs Digits after ByteLevel), and undone at the end.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,7 +36,10 @@ class PreTokenizer {
   PreTokenizer(PreTokenizer&&) noexcept;
   PreTokenizer& operator=(PreTokenizer&&) noexcept;
 
-  // Appends the words of `segment` to `words` (raw bytes, none empty).
+  // Calls `emit` with each word of `segment` in order (raw bytes, never empty; the view is only
+  // valid during the call).
+  void split(std::string_view segment, const std::function<void(std::string_view)>& emit) const;
+  // Appends the words of `segment` to `words`.
   void split(std::string_view segment, std::vector<std::string>& words) const;
 
   // Whether a ByteLevel step is present (required for byte-level BPE).
@@ -45,8 +49,8 @@ class PreTokenizer {
   struct Step;
   std::vector<std::unique_ptr<Step>> steps_;
   bool has_byte_level_ = false;
-  // Index of the last ByteLevel step: only steps after it see byte-level-mapped text.
-  int last_byte_level_ = -1;
+  // Index of the ByteLevel step: only steps after it see byte-level-mapped text.
+  int byte_level_step_ = -1;
 };
 
 }  // namespace lt2

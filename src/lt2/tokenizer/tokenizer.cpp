@@ -104,21 +104,17 @@ struct Tokenizer::Impl {
   // The config sections kept verbatim for save().
   json normalizer_json, pre_tokenizer_json, post_processor_json, decoder_json;
 
-  void encode_plain(std::string_view text, std::vector<int32_t>& ids,
-                    std::vector<std::string>& words) const {
-    words.clear();
-    pre_tokenizer.split(text, words);
-    for (const std::string& w : words) model->encode_word(w, ids);
+  void encode_plain(std::string_view text, std::vector<int32_t>& ids) const {
+    pre_tokenizer.split(text, [&](std::string_view word) { model->encode_word(word, ids); });
   }
 
   void encode_raw_segment(std::string_view text, std::vector<int32_t>& ids) const {
-    std::vector<std::string> words;
     const std::string normalized_storage =
         normalizer.is_identity() ? std::string() : normalizer.apply(text);
     const std::string_view normalized =
         normalizer.is_identity() ? text : std::string_view(normalized_storage);
     if (normalized_matcher->empty()) {
-      encode_plain(normalized, ids, words);
+      encode_plain(normalized, ids);
       return;
     }
     std::vector<Segment> segments;
@@ -127,7 +123,7 @@ struct Tokenizer::Impl {
       if (s.token >= 0)
         ids.push_back(normalized_matcher->token(s.token).id);
       else
-        encode_plain(normalized.substr(s.begin, s.end - s.begin), ids, words);
+        encode_plain(normalized.substr(s.begin, s.end - s.begin), ids);
     }
   }
 };
