@@ -8,6 +8,17 @@ const std::vector<MixerInfo>& mixer_registry() {
   // One line per mixer; each info function lives beside its mixer (mixers/<name>.cpp).
   static const std::vector<MixerInfo> registry = {
       full_attention_info(),
+      window_attention_info(),
+      dsa_info(),
+      nsa_info(),
+      gdn_info(),
+      kda_info(),
+      mamba2_info(),
+      retnet_info(),
+      deltanet_info(),
+      gla_info(),
+      hgrn2_info(),
+      linear_attention_info(),
   };
   return registry;
 }

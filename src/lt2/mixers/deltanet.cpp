@@ -1,0 +1,76 @@
+#include "lt2/mixers/deltanet.h"
+
+#include <cmath>
+
+#include "lt2/mixers/builtin.h"
+
+namespace lt2 {
+
+namespace {
+constexpr double kConvInitStd = 0.02;  // fla's _init_weights for the short convolutions
+}
+
+DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
+  const std::string where = "mixer_options.deltanet";
+  const json opts = cfg.options_for("deltanet");
+  json_reject_unknown(opts, {"num_heads", "expand_k", "expand_v", "conv_size", "chunk_size",
+                             "use_gate", "allow_neg_eigval"}, where);
+  const int64_t d = cfg.d_model;
+  num_heads = option_int(opts, "num_heads", cfg.n_heads, where);
+  const int64_t key_dim = std::llround(d * option_double(opts, "expand_k", 1.0, where));
+  const int64_t value_dim = std::llround(d * option_double(opts, "expand_v", 1.0, where));
+  LT2_CHECK(num_heads > 0 && key_dim % num_heads == 0 && value_dim % num_heads == 0, where,
+            ": key dim ", key_dim, " and value dim ", value_dim, " must split evenly into num_heads (",
+            num_heads, ") heads");
+  head_k_dim = key_dim / num_heads;
+  head_v_dim = value_dim / num_heads;
+  conv_kernel = option_int(opts, "conv_size", 4, where);
+  chunk_size = option_int(opts, "chunk_size", 64, where);
+  LT2_CHECK(conv_kernel >= 1 && chunk_size >= 1, where, ": conv_size and chunk_size must be >= 1");
+  use_gate = option_bool(opts, "use_gate", false, where);
+  allow_neg_eigval = option_bool(opts, "allow_neg_eigval", false, where);
+
+  const double std = cfg.init_scale();
+  q_proj = register_module("q_proj", make_linear(d, key_dim, std));
+  k_proj = register_module("k_proj", make_linear(d, key_dim, std));
+  v_proj = register_module("v_proj", make_linear(d, value_dim, std));
+  b_proj = register_module("b_proj", make_linear(d, num_heads, std));
+  if (use_gate) g_proj = register_module("g_proj", make_linear(d, value_dim, std));
+  o_proj = register_module("o_proj", make_linear(value_dim, d, 1.0 / std::sqrt(double(value_dim))));
+  q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
+  k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
+  v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kConvInitStd));
+  o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
+
+  delta_rule = true;
+  state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
+  conv_channels = {key_dim, key_dim, value_dim};
+}
+
+RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  RecurrenceInputs in;
+  in.q = l2_normalize(q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr).view({B, T, num_heads, head_k_dim}));
+  in.k = l2_normalize(k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr).view({B, T, num_heads, head_k_dim}));
+  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr).view({B, T, num_heads, head_v_dim});
+  in.beta = torch::sigmoid(b_proj(x).to(ct));  // [B, T, H]
+  if (allow_neg_eigval) in.beta = in.beta * 2;
+  in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
+  return in;
+}
+
+Tensor DeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto gate = use_gate ? g_proj(x).view({B, T, num_heads, head_v_dim}) : Tensor();
+  auto y = gated_rms_norm(o, o_norm->weight, norm_eps, gate,
+                          use_gate ? GateActivation::Swish : GateActivation::None);
+  return o_proj(y.reshape({B, T, num_heads * head_v_dim}).to(x.scalar_type()));
+}
+
+MixerInfo deltanet_info() {
+  return {"deltanet", "DeltaNet: delta rule without decay, short convs, L2-normalised q/k, RMSNorm",
+          [](const ModelConfig& cfg, int64_t) -> Mixer { return std::make_shared<DeltaNetImpl>(cfg); }};
+}
+
+}  // namespace lt2

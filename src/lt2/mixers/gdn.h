@@ -1,0 +1,33 @@
+// Gated DeltaNet (spec/mixers.md §1; fla GatedDeltaNet; LT2 settings in spec/models.md §1):
+//   q, k = L2norm(SiLU(ShortConv(x W_q|k)))             [B, T, H, K]
+//   v    = SiLU(ShortConv(x W_v))                        [B, T, HV, V], V = K * expand_v
+//   g    = -exp(A_log) * softplus(x W_a + dt_bias)       [B, T, HV] log-decay
+//   beta = sigmoid(x W_b)  (x2 with allow_neg_eigval)    [B, T, HV]
+//   o    = gated delta rule (scale K^-1/2), value head i reads q/k head i / (HV/H)
+//   out  = W_o( RMSNorm_head(o) * w * swish(x W_g) )      (plain RMSNorm when use_gate is off)
+// Options (cfg.mixer_options.gdn): num_heads (cfg.n_heads), head_dim (0.75 d / H), num_v_heads
+// (num_heads), expand_v (2), conv_size (4), chunk_size (64), use_gate (true), allow_neg_eigval (false).
+#pragma once
+#include "lt2/mixers/recurrent_mixer.h"
+#include "lt2/model/layers.h"
+
+namespace lt2 {
+
+class GatedDeltaNetImpl : public RecurrentMixerImpl {
+ public:
+  explicit GatedDeltaNetImpl(const ModelConfig& cfg);
+  RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
+  Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
+  std::string kind() const override { return "gdn"; }
+
+  int64_t num_heads, num_v_heads, head_k_dim, head_v_dim;
+  bool use_gate, allow_neg_eigval;
+  double norm_eps;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr},
+      b_proj{nullptr}, g_proj{nullptr}, o_proj{nullptr};
+  ShortConv q_conv1d{nullptr}, k_conv1d{nullptr}, v_conv1d{nullptr};
+  Tensor A_log, dt_bias;  // [HV] each
+  RMSNorm o_norm{nullptr};
+};
+
+}  // namespace lt2

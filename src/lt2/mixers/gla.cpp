@@ -1,0 +1,89 @@
+#include "lt2/mixers/gla.h"
+
+#include <cmath>
+
+#include "lt2/mixers/builtin.h"
+
+namespace lt2 {
+
+namespace {
+constexpr double kConvInitStd = 0.02;  // fla's _init_weights for the short convolutions
+}
+
+GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
+  const std::string where = "mixer_options.gla";
+  const json opts = cfg.options_for("gla");
+  json_reject_unknown(opts, {"num_heads", "expand_k", "expand_v", "gate_low_rank_dim",
+                             "gate_logit_normalizer", "use_short_conv", "conv_size", "chunk_size"},
+                      where);
+  const int64_t d = cfg.d_model;
+  num_heads = option_int(opts, "num_heads", cfg.n_heads, where);
+  const int64_t key_dim = std::llround(d * option_double(opts, "expand_k", 0.5, where));
+  const int64_t value_dim = std::llround(d * option_double(opts, "expand_v", 1.0, where));
+  LT2_CHECK(num_heads > 0 && key_dim % num_heads == 0 && value_dim % num_heads == 0, where,
+            ": key dim ", key_dim, " and value dim ", value_dim, " must split evenly into num_heads (",
+            num_heads, ") heads");
+  head_k_dim = key_dim / num_heads;
+  head_v_dim = value_dim / num_heads;
+  const int64_t low_rank = option_int(opts, "gate_low_rank_dim", 16, where);
+  gate_logit_normalizer = option_double(opts, "gate_logit_normalizer", 16.0, where);
+  use_short_conv = option_bool(opts, "use_short_conv", false, where);
+  conv_kernel = use_short_conv ? option_int(opts, "conv_size", 4, where) : 0;
+  chunk_size = option_int(opts, "chunk_size", 64, where);
+  LT2_CHECK(chunk_size >= 1 && low_rank >= 1 && gate_logit_normalizer > 0 &&
+                (!use_short_conv || conv_kernel >= 1),
+            where, ": chunk_size, gate_low_rank_dim, conv_size and gate_logit_normalizer must be positive");
+
+  const double std = cfg.init_scale();
+  q_proj = register_module("q_proj", make_linear(d, key_dim, std));
+  k_proj = register_module("k_proj", make_linear(d, key_dim, std));
+  v_proj = register_module("v_proj", make_linear(d, value_dim, std));
+  g_proj = register_module("g_proj", make_linear(d, value_dim, std));
+  gk_proj = register_module("gk_proj", torch::nn::Sequential(
+                                           make_linear(d, low_rank, std),
+                                           make_linear(low_rank, key_dim, 1.0 / std::sqrt(double(low_rank)), true)));
+  o_proj = register_module("o_proj", make_linear(value_dim, d, 1.0 / std::sqrt(double(value_dim))));
+  if (use_short_conv) {
+    q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
+    k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
+    v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kConvInitStd));
+    conv_channels = {key_dim, key_dim, value_dim};
+  }
+  g_norm_swish_gate = register_module("g_norm_swish_gate", RMSNorm(head_v_dim, norm_eps));
+
+  delta_rule = false;
+  state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
+}
+
+RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  if (use_short_conv) {
+    q = q_conv1d(q, st ? &st->conv[0] : nullptr);
+    k = k_conv1d(k, st ? &st->conv[1] : nullptr);
+    v = v_conv1d(v, st ? &st->conv[2] : nullptr);
+  }
+  RecurrenceInputs in;
+  in.q = q.view({B, T, num_heads, head_k_dim});
+  in.k = k.view({B, T, num_heads, head_k_dim});
+  in.v = v.view({B, T, num_heads, head_v_dim});
+  in.g = (torch::log_sigmoid(gk_proj->forward(x).to(ct)) / gate_logit_normalizer)
+             .view({B, T, num_heads, head_k_dim});  // [B, T, H, K]
+  in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
+  return in;
+}
+
+Tensor GatedLinearAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto gate = g_proj(x).view({B, T, num_heads, head_v_dim});
+  auto y = gated_rms_norm(o, g_norm_swish_gate->weight, norm_eps, gate, GateActivation::Swish);
+  return o_proj(y.reshape({B, T, num_heads * head_v_dim}).to(x.scalar_type()));
+}
+
+MixerInfo gla_info() {
+  return {"gla", "Gated Linear Attention: per-channel data-dependent decay (low-rank gate), swish-gated RMSNorm",
+          [](const ModelConfig& cfg, int64_t) -> Mixer { return std::make_shared<GatedLinearAttentionImpl>(cfg); }};
+}
+
+}  // namespace lt2

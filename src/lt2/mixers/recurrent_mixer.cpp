@@ -1,0 +1,140 @@
+#include "lt2/mixers/recurrent_mixer.h"
+
+#include <cmath>
+
+#include "lt2/model/layers.h"
+#include "lt2/ops/delta_rule.h"
+#include "lt2/ops/gated_linear.h"
+#include "lt2/ops/short_conv.h"
+
+namespace lt2 {
+
+int64_t RecurrentState::bytes() const {
+  int64_t n = S.defined() ? S.nbytes() : 0;
+  for (const auto& w : conv) n += w.nbytes();
+  return n;
+}
+
+void RecurrentState::reset() {
+  if (S.defined()) S.zero_();
+  for (auto& w : conv) w.zero_();
+  length = 0;
+}
+
+ShortConvImpl::ShortConvImpl(int64_t channels, int64_t kernel, bool with_bias, bool silu_,
+                             double init_std)
+    : silu(silu_) {
+  LT2_CHECK(kernel >= 1, "short conv kernel must be >= 1, found ", kernel);
+  weight = register_parameter("weight", torch::empty({channels, 1, kernel}));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(kernel));  // fan_in = kernel
+  torch::NoGradGuard ng;
+  if (init_std > 0) trunc_normal_(weight, init_std);
+  else weight.uniform_(-bound, bound);
+  if (with_bias) {
+    bias = register_parameter("bias", torch::empty({channels}));
+    if (init_std > 0) bias.zero_();
+    else bias.uniform_(-bound, bound);
+  }
+}
+
+Tensor ShortConvImpl::forward(const Tensor& x, Tensor* window) {
+  return ops::short_conv(x, weight, bias, silu, window);
+}
+
+Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState* state, bool decode) {
+  RecurrentState* st = nullptr;
+  if (state) {
+    st = dynamic_cast<RecurrentState*>(state);
+    LT2_CHECK(st, kind(), ": the state given is not a recurrent state (made by another mixer?)");
+    LT2_CHECK(st->length == pos.start, kind(), " state holds ", st->length,
+              " tokens but the call starts at position ", pos.start);
+  }
+  auto in = project(x, st, pos.start);
+  Tensor o;  // [B, T, H, V]
+  if (decode) {
+    LT2_CHECK(st && x.size(1) == 1, kind(), ": step takes one token [B, 1, d] and a state, found ",
+              x.sizes());
+    auto g = in.g.defined() ? in.g.select(1, 0) : Tensor();
+    o = delta_rule ? ops::delta_rule_step(in.q.select(1, 0), in.k.select(1, 0), in.v.select(1, 0),
+                                          in.beta.select(1, 0), g, in.scale, st->S)
+                   : ops::gated_linear_step(in.q.select(1, 0), in.k.select(1, 0),
+                                            in.v.select(1, 0), g, in.scale, st->S);
+    o = o.unsqueeze(1);
+  } else {
+    Tensor s0 = st ? st->S : Tensor();
+    auto r = delta_rule
+                 ? ops::delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.scale, s0, chunk_size)
+                 : ops::gated_linear_chunked(in.q, in.k, in.v, in.g, in.scale, s0, chunk_size);
+    if (st) st->S.copy_(r.final_state.detach());
+    o = r.o;
+  }
+  if (in.skip.defined()) o = o + in.skip;
+  if (st) st->length += x.size(1);
+  return output(o, x, in);
+}
+
+Tensor RecurrentMixerImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+  return run(x, pos, state, /*decode=*/false);
+}
+
+Tensor RecurrentMixerImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
+  return run(x, pos, &state, /*decode=*/true);
+}
+
+std::unique_ptr<MixerState> RecurrentMixerImpl::make_state(int64_t batch, int64_t max_len,
+                                                           torch::TensorOptions opts) const {
+  auto st = std::make_unique<RecurrentState>();
+  const auto state_dtype = opts.dtype() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  st->S = torch::zeros({batch, state_heads, state_k, state_v}, opts.dtype(state_dtype));
+  for (int64_t c : conv_channels) st->conv.push_back(torch::zeros({batch, conv_kernel - 1, c}, opts));
+  return st;
+}
+
+Tensor l2_normalize(const Tensor& x) {
+  auto xf = x.to(x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+  return (xf * torch::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + 1e-6)).to(x.scalar_type());
+}
+
+Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate,
+                      GateActivation act) {
+  const auto dt = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto xf = x.to(dt);
+  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (weight.defined()) y = y * weight.to(dt);
+  if (gate.defined() && act != GateActivation::None) {
+    auto gf = gate.to(dt);
+    y = y * (act == GateActivation::Swish ? torch::silu(gf) : torch::sigmoid(gf));
+  }
+  return y.to(x.scalar_type());
+}
+
+Tensor inverse_softplus_dt_init(int64_t n) {
+  const double lo = std::log(1e-3), hi = std::log(1e-1);
+  auto dt = torch::exp(torch::rand({n}) * (hi - lo) + lo).clamp_min(1e-4);
+  return dt + torch::log(-torch::expm1(-dt));
+}
+
+Tensor log_uniform_A_init(int64_t n, double lo, double hi) {
+  return torch::empty({n}).uniform_(lo, hi).clamp_min(1e-4).log();
+}
+
+Tensor repeat_heads(const Tensor& x, int64_t groups) {
+  return groups == 1 ? x : x.repeat_interleave(groups, /*dim=*/2);
+}
+
+int64_t option_int(const json& opts, const char* key, int64_t fallback, const std::string& where) {
+  json_get(opts, key, fallback, where);
+  return fallback;
+}
+
+double option_double(const json& opts, const char* key, double fallback, const std::string& where) {
+  json_get(opts, key, fallback, where);
+  return fallback;
+}
+
+bool option_bool(const json& opts, const char* key, bool fallback, const std::string& where) {
+  json_get(opts, key, fallback, where);
+  return fallback;
+}
+
+}  // namespace lt2

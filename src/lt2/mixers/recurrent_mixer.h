@@ -1,0 +1,96 @@
+// Shared machinery of the linear-time mixers (gdn, kda, mamba2, retnet, deltanet, gla, hgrn2,
+// linear): the decode state (recurrent matrix + short-conv windows), the short convolution
+// module, and a base class that runs the chunked form in `forward` and the one-token recurrence
+// in `step`. Each mixer only says how x becomes the op's inputs (`project`) and how the op's
+// output becomes the layer's output (`output`).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "lt2/config/model_config.h"
+#include "lt2/mixers/mixer.h"
+
+namespace lt2 {
+
+// Recurrent state of one (layer, loop) pair: S [B, H, K, V] in fp32 (fp64 for a fp64 model) and
+// one window of the last kernel-1 inputs per short convolution ([B, kernel-1, C], model dtype).
+struct RecurrentState : MixerState {
+  Tensor S;
+  std::vector<Tensor> conv;
+  int64_t bytes() const override;
+  void reset() override;
+};
+
+// Short causal depthwise convolution with its parameters (fla ShortConvolution / nn.Conv1d
+// layout: weight [C, 1, W], optional bias [C]) and optional SiLU.
+class ShortConvImpl : public torch::nn::Module {
+ public:
+  // init_std > 0: weights N(0, init_std) truncated at 3 std (fla's _init_weights, 0.02);
+  // init_std == 0: PyTorch's nn.Conv1d default, U(-1/sqrt(W), 1/sqrt(W)) for weight and bias.
+  ShortConvImpl(int64_t channels, int64_t kernel, bool bias, bool silu, double init_std);
+  // x: [B, T, C]; window: nullptr or the state's [B, W-1, C] window (read, then advanced).
+  Tensor forward(const Tensor& x, Tensor* window = nullptr);
+  Tensor weight, bias;
+  bool silu;
+};
+TORCH_MODULE(ShortConv);
+
+// What the recurrence op consumes, in fla's [B, T, H, D] layout, q/k/v with the same head count.
+struct RecurrenceInputs {
+  Tensor q, k;    // [B, T, H, K]
+  Tensor v;       // [B, T, H, V]
+  Tensor beta;    // [B, T, H] write strength (delta rule only; undefined for additive mixers)
+  Tensor g;       // log-decay <= 0: [B, T, H], [B, T, H, K] or undefined (no decay)
+  double scale = 1.0;
+  Tensor gate;    // output-gate pre-activation when `project` already computed it (Mamba2's z)
+  Tensor skip;    // [B, T, H, V] added to the op's output (Mamba2's D x), or undefined
+};
+
+// A linear-time mixer: forward = chunked form (continuing from the state when given), step =
+// one-token recurrence, state = recurrent matrix + conv windows.
+class RecurrentMixerImpl : public MixerImpl {
+ public:
+  Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
+  Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
+  std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
+                                         torch::TensorOptions opts) const override;
+
+  // x: [B, T, d] -> the op's inputs. `state` (may be null) supplies and advances the conv
+  // windows; `start` is the absolute position of x's first token.
+  virtual RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) = 0;
+  // o: [B, T, H, V] (the op's output) -> [B, T, d].
+  virtual Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) = 0;
+
+  bool delta_rule = false;   // gated delta rule (beta) or additive recurrence
+  int64_t chunk_size = 64;
+  int64_t state_heads = 0, state_k = 0, state_v = 0;  // S: [B, state_heads, state_k, state_v]
+  int64_t conv_kernel = 0;                            // 0: no short convolutions
+  std::vector<int64_t> conv_channels;                 // channels of each short conv, in order
+
+ protected:
+  Tensor run(const Tensor& x, const Positions& pos, MixerState* state, bool decode);
+};
+
+// Helpers shared by the mixer files.
+
+// x / sqrt(sum(x^2) + 1e-6) over the last dim (fla's l2norm), in fp32 (fp64 for fp64 input).
+Tensor l2_normalize(const Tensor& x);
+enum class GateActivation { None, Swish, Sigmoid };
+// Per-group RMSNorm over the last dim times weight, then times act(gate) (fla FusedRMSNormGated:
+// y = norm(x) * w * act(gate)); gate undefined means no gate. Computed in fp32 (fp64 for fp64),
+// returned in x's dtype.
+Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate,
+                      GateActivation act);
+// dt_bias initialisation shared by GDN, KDA and Mamba2: dt ~ exp(U(log 1e-3, log 1e-1)), floored
+// at 1e-4, returned as its inverse softplus dt + log(-expm1(-dt)). Shape [n].
+Tensor inverse_softplus_dt_init(int64_t n);
+// log(A) for A ~ U(lo, hi) (A_log init; A floored at 1e-4 so log stays finite). Shape [n].
+Tensor log_uniform_A_init(int64_t n, double lo, double hi);
+// [B, T, H, D] -> [B, T, H * groups, D], head i of the result = head i / groups of x (GVA).
+Tensor repeat_heads(const Tensor& x, int64_t groups);
+// Reads an integer or float option with a default, naming `where` in errors.
+int64_t option_int(const json& opts, const char* key, int64_t fallback, const std::string& where);
+double option_double(const json& opts, const char* key, double fallback, const std::string& where);
+bool option_bool(const json& opts, const char* key, bool fallback, const std::string& where);
+
+}  // namespace lt2
