@@ -6,6 +6,8 @@ Commands (all files are JSON unless said otherwise):
   check                                      exit 0 when `tokenizers` imports; print its version
   encode TOKENIZER TEXTS OUT                 TOKENIZER: a tokenizer.json
   encode-gpt2 VOCAB MERGES TEXTS OUT         GPT-2's vocab.json + merges.txt pair
+  decode TOKENIZER IDS OUT                   IDS: a list of id lists; OUT: their decoded strings
+  nfc TEXTS OUT                              OUT: the texts after HF's NFC normalizer
   train KIND CORPUS VOCAB_SIZE OUT           train a byte-level BPE on the text file CORPUS;
                                              KIND: gpt2 (ByteLevel regex) or llama3 (NFC, Split regex
                                              + ByteLevel, a template post-processor, extra added tokens)
@@ -89,6 +91,20 @@ def main(argv):
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens([AddedToken("<|endoftext|>", normalized=False, special=True)])
         encode_all(tok, argv[4], argv[5])
+    elif cmd == "decode":
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(argv[2])
+        with open(argv[3], encoding="utf-8") as f:
+            id_lists = json.load(f)
+        with open(argv[4], "w", encoding="utf-8") as f:
+            json.dump([tok.decode(ids, skip_special_tokens=False) for ids in id_lists], f)
+    elif cmd == "nfc":
+        from tokenizers import normalizers
+        nfc = normalizers.NFC()
+        with open(argv[2], encoding="utf-8") as f:
+            texts = json.load(f)
+        with open(argv[3], "w", encoding="utf-8") as f:
+            json.dump([nfc.normalize_str(t) for t in texts], f)
     elif cmd == "train":
         train(argv[2], argv[3], int(argv[4]), argv[5])
     else:

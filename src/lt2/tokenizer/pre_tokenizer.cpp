@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "lt2/tokenizer/byte_level.h"
+#include "lt2/tokenizer/utf8.h"
 #include "lt2/util/error.h"
 
 namespace lt2 {
@@ -211,7 +212,22 @@ PreTokenizer PreTokenizer::from_json(const json& config, const std::string& wher
 
 void PreTokenizer::split(std::string_view segment,
                          const std::function<void(std::string_view)>& emit) const {
-  if (segment.empty()) return;
+  // HF only ever sees valid UTF-8. Bytes that are not valid UTF-8 are words of their own here, so
+  // no regex step can drop or regroup them (a Split with "Removed" would lose them), and valid
+  // text is pre-tokenized exactly as HF does.
+  size_t pos = 0;
+  while (pos < segment.size()) {
+    const size_t valid_end = pos + utf8::valid_prefix_length(segment.substr(pos));
+    if (valid_end > pos) split_valid(segment.substr(pos, valid_end - pos), emit);
+    pos = valid_end;
+    while (pos < segment.size() && utf8::valid_prefix_length(segment.substr(pos)) == 0)
+      pos += utf8::invalid_prefix_length(segment, pos);
+    if (pos > valid_end) emit(segment.substr(valid_end, pos - valid_end));
+  }
+}
+
+void PreTokenizer::split_valid(std::string_view segment,
+                               const std::function<void(std::string_view)>& emit) const {
   // Pieces are spans of a text buffer. Splitting only makes smaller spans of the same buffer; a
   // new buffer is built only where text changes: ByteLevel's prefix space, and its character
   // mapping when later steps must see it.

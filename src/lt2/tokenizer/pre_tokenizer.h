@@ -37,7 +37,7 @@ class PreTokenizer {
   PreTokenizer& operator=(PreTokenizer&&) noexcept;
 
   // Calls `emit` with each word of `segment` in order (raw bytes, never empty; the view is only
-  // valid during the call).
+  // valid during the call). Each run of bytes that are not valid UTF-8 is a word of its own.
   void split(std::string_view segment, const std::function<void(std::string_view)>& emit) const;
   // Appends the words of `segment` to `words`.
   void split(std::string_view segment, std::vector<std::string>& words) const;
@@ -47,6 +47,7 @@ class PreTokenizer {
 
  private:
   struct Step;
+  void split_valid(std::string_view segment, const std::function<void(std::string_view)>& emit) const;
   std::vector<std::unique_ptr<Step>> steps_;
   bool has_byte_level_ = false;
   // Index of the ByteLevel step: only steps after it see byte-level-mapped text.

@@ -99,15 +99,19 @@ std::string to_valid_lossy(std::string_view bytes) {
   return out;
 }
 
-bool is_valid(std::string_view s) {
+size_t valid_prefix_length(std::string_view s) {
   size_t pos = 0;
   while (pos < s.size()) {
+    if (static_cast<unsigned char>(s[pos]) < 0x80) {
+      ++pos;
+      continue;
+    }
     uint32_t cp;
     const size_t len = decode(s, pos, cp);
-    if (len == 0) return false;
+    if (len == 0) return pos;
     pos += len;
   }
-  return true;
+  return pos;
 }
 
 bool is_whitespace(uint32_t cp) {

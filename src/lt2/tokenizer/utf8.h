@@ -23,8 +23,8 @@ void append(std::string& out, uint32_t cp);
 // `bytes` with every ill-formed subsequence replaced by U+FFFD, as String::from_utf8_lossy does.
 std::string to_valid_lossy(std::string_view bytes);
 
-// True when every byte of `s` belongs to a well-formed UTF-8 sequence.
-bool is_valid(std::string_view s);
+// Length of the longest prefix of `s` that is well-formed UTF-8.
+size_t valid_prefix_length(std::string_view s);
 
 // Unicode White_Space property (what Rust's char::is_whitespace tests).
 bool is_whitespace(uint32_t cp);
