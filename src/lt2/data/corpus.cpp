@@ -58,7 +58,7 @@ void for_each_json_document(const std::string& path, const std::string& content,
 }
 
 // Plain text cut at blank lines (lines with only whitespace); each paragraph keeps its inner
-// newlines but not the blank lines around it.
+// newlines but not the line end after its last line.
 void for_each_paragraph(const std::string& content, const DocumentFn& fn) {
   size_t para_begin = std::string::npos, para_end = 0;  // the paragraph being collected
   size_t begin = 0;
@@ -72,7 +72,8 @@ void for_each_paragraph(const std::string& content, const DocumentFn& fn) {
       para_begin = std::string::npos;
     } else {
       if (para_begin == std::string::npos) para_begin = begin;
-      para_end = line_end;
+      // A CRLF file's paragraph ends before its last '\r'.
+      para_end = line_end > begin && content[line_end - 1] == '\r' ? line_end - 1 : line_end;
     }
     if (end == std::string::npos) break;
     begin = end + 1;
