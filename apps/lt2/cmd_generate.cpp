@@ -4,7 +4,7 @@
 
 #include "commands.h"
 #include "lt2/infer/generate.h"
-#include "lt2/io/checkpoint.h"
+#include "lt2/model/checkpoint_io.h"
 #include "lt2/tokenizer/tokenizer.h"
 
 namespace lt2::cli {

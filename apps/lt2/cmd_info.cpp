@@ -4,7 +4,7 @@
 
 #include "commands.h"
 #include "lt2/config/presets.h"
-#include "lt2/io/checkpoint.h"
+#include "lt2/model/checkpoint_io.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/model/looped_lm.h"
 
@@ -34,6 +34,10 @@ void run_info(const InfoArgs& a) {
   LT2_CHECK(a.dtype == "bf16" || a.dtype == "fp32", "--dtype must be bf16 or fp32, found '", a.dtype, "'");
   const bool is_dir = std::filesystem::is_directory(a.model);
   ModelConfig cfg = is_dir ? load_checkpoint_config(a.model) : load_model_config(a.model);
+  if (cfg.vocab_size == 0) {  // presets that take the vocabulary from the training data
+    cfg.vocab_size = 2048;
+    std::fprintf(stderr, "note: '%s' takes vocab_size from its data; shown with 2048\n", a.model.c_str());
+  }
   LoopedLM model(cfg);
   const auto dtype = a.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   // States on the meta device: sizes without allocating.

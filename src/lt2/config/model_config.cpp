@@ -30,7 +30,7 @@ void ModelConfig::validate() const {
   auto positive = [&](const char* field, int64_t v) {
     LT2_CHECK(v > 0, w, ": '", field, "' must be > 0, found ", v);
   };
-  positive("vocab_size", vocab_size);
+  LT2_CHECK(vocab_size >= 0, w, ": 'vocab_size' must be > 0 (or 0 = take it from the training data), found ", vocab_size);
   positive("d_model", d_model);
   positive("n_layers", n_layers);
   positive("n_heads", n_heads);

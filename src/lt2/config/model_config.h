@@ -18,7 +18,7 @@ enum class RopeStyle { Interleaved, Half };
 struct ModelConfig {
   std::string name = "unnamed";
   ModelForm form = ModelForm::LT2;
-  int64_t vocab_size = 264;
+  int64_t vocab_size = 264;  // 0 = taken from the training data (`lt2 train` fills it in)
   int64_t d_model = 128;
   int64_t n_layers = 2;
   int64_t n_heads = 4;

@@ -36,6 +36,8 @@ Tensor exit_distribution(const Tensor& gate_logits) {
 
 LoopedLMImpl::LoopedLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
+  LT2_CHECK(cfg_.vocab_size > 0, "model config '", cfg_.name,
+            "': vocab_size is 0 (= from the data); set it before building a model");
   layer_mixers_ = resolve_pattern(cfg_);
   const int64_t d = cfg_.d_model;
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(cfg_.vocab_size, d));
@@ -106,7 +108,8 @@ ModelOutput LoopedLMImpl::forward(const Tensor& tokens, ModelState* state, const
   // Ouro exit distribution and the exit loop of each token.
   std::vector<Tensor> gate_logits;
   for (auto& e : exits) gate_logits.push_back(exit_gate(e).squeeze(-1));
-  out.exit_probs = exit_distribution(torch::stack(gate_logits, -1));  // [B, T, n_loops]
+  out.exit_logits = torch::stack(gate_logits, -1);                  // [B, T, n_loops]
+  out.exit_probs = exit_distribution(out.exit_logits);
   if (opts.exit_at_loop > 0) {
     LT2_CHECK(opts.exit_at_loop <= T, "exit_at_loop ", opts.exit_at_loop, " > n_loops ", T);
     out.exit_loop = torch::full({tokens.size(0), tokens.size(1)}, opts.exit_at_loop,

@@ -35,6 +35,7 @@ struct ModelOutput {
   Tensor logits;                   // [B, T, V] of the chosen exit (LT2: last loop)
   std::vector<Tensor> loop_logits; // T x [B, T, V] when requested
   Tensor hidden;                   // [B, T, d] final normed hidden state (of the last loop)
+  Tensor exit_logits;              // [B, T, n_loops] Ouro exit-gate logits (lambda_t = sigmoid)
   Tensor exit_probs;               // [B, T, n_loops] Ouro exit distribution p_t (sums to 1)
   Tensor exit_loop;                // [B, T] int64, 1-based loop each token exited at (Ouro)
 };

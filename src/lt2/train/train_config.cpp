@@ -47,7 +47,8 @@ json TrainConfig::to_json() const {
 TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   TrainConfig c;
   std::vector<std::string> known{"comment"};
-  for (const auto& [key, value] : c.to_json().items()) known.push_back(key);
+  const json defaults = c.to_json();
+  for (const auto& [key, value] : defaults.items()) known.push_back(key);
   json_reject_unknown(j, known, where);
   json_get(j, "model", c.model, where);
   json_get(j, "train_data", c.train_data, where);

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "lt2/config/presets.h"
-#include "lt2/io/checkpoint.h"
 #include "lt2/kernels/kernels.h"
+#include "lt2/model/checkpoint_io.h"
 #include "lt2/train/batches.h"
 #include "lt2/train/flops.h"
 #include "lt2/train/losses.h"
@@ -99,6 +99,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
             "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
   I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
 
+  auto train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
   std::string ckpt;
   if (resume) {
     ckpt = latest_checkpoint(cfg_.out_dir);
@@ -107,8 +108,10 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
     start_step_ = state.at("step").get<int64_t>();
     model_ = load_checkpoint(ckpt);
   } else {
+    ModelConfig mcfg = load_model_config(cfg_.model);
+    if (mcfg.vocab_size == 0) mcfg.vocab_size = train_shard->vocab_size();
     torch::manual_seed(cfg_.seed);
-    model_ = LoopedLM(load_model_config(cfg_.model));
+    model_ = LoopedLM(mcfg);
   }
   model_->to(I.device);
   const auto& mcfg = model_->config();
@@ -126,9 +129,8 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
     if (p.value().requires_grad()) I.params.push_back(p.value());
   }
   I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
-  if (resume) I.opt->load_state_dict(load_tensors(ckpt + "/optimizer.safetensors"));
+  if (resume) I.opt->load_state_dict(load_tensor_map(ckpt + "/optimizer.safetensors"));
 
-  auto train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
   LT2_CHECK(train_shard->vocab_size() <= mcfg.vocab_size, "training shard '", cfg_.train_data,
             "' has vocabulary ", train_shard->vocab_size(), " but the model's vocab_size is ",
             mcfg.vocab_size);
@@ -183,11 +185,11 @@ std::string Trainer::save(int64_t step) {
   const std::string name = "ckpt-" + std::to_string(step);
   const std::string dir = cfg_.out_dir + "/" + name, tmp = dir + ".tmp";
   fs::remove_all(tmp);
-  save_checkpoint(tmp, *model_);
-  save_tensors(tmp + "/optimizer.safetensors", I.opt->state_dict());
   json state{{"step", step}, {"seed", cfg_.seed}, {"train_config", cfg_.to_json()}};
-  write_file_atomic(tmp + "/trainer_state.json", state.dump(2) + "\n");
-  if (!I.tokenizer_path.empty()) fs::copy_file(I.tokenizer_path, tmp + "/tokenizer.json");
+  std::vector<FileWriter> extra{safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
+                                text_writer("trainer_state.json", state.dump(2) + "\n")};
+  if (!I.tokenizer_path.empty()) extra.push_back(text_writer("tokenizer.json", read_file(I.tokenizer_path)));
+  save_checkpoint(tmp, model_, extra);
   fs::remove_all(dir);
   fs::rename(tmp, dir);
   write_file_atomic(cfg_.out_dir + "/latest", name + "\n");

@@ -1,0 +1,86 @@
+// Training throughput of the real trainer (lt2 train's loop) on a model preset, with random
+// tokens: median step time, tokens/s and MFU, as one JSON line.
+//   train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 30 [--checkpoint-loops]
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "lt2/data/shard.h"
+#include "lt2/kernels/kernels.h"
+#include "lt2/train/flops.h"
+#include "lt2/train/trainer.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Training throughput of lt2's trainer on random tokens"};
+  lt2::TrainConfig cfg;
+  cfg.model = "lt-100m";
+  cfg.seq_len = 2048;
+  cfg.batch_size = 16;
+  cfg.steps = 30;
+  cfg.warmup = 5;
+  cfg.eval_every = 0;
+  cfg.eval_batches = 1;
+  cfg.log_every = 5;
+  std::string out = "/tmp/lt2_train_bench";
+  int64_t warm = 5;
+  app.add_option("--model", cfg.model, "Model preset or config JSON")->capture_default_str();
+  app.add_option("--seq-len", cfg.seq_len)->capture_default_str();
+  app.add_option("--batch-size", cfg.batch_size)->capture_default_str();
+  app.add_option("--grad-accum", cfg.grad_accum)->capture_default_str();
+  app.add_option("--steps", cfg.steps)->capture_default_str();
+  app.add_option("--warm", warm, "Steps excluded from the timing")->capture_default_str();
+  app.add_option("--device", cfg.device)->capture_default_str();
+  app.add_option("--dtype", cfg.dtype)->capture_default_str();
+  app.add_flag("--checkpoint-loops", cfg.checkpoint_loops);
+  app.add_option("--out", out, "Scratch folder")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    std::filesystem::remove_all(out);
+    std::filesystem::create_directories(out);
+    const int64_t vocab = 32768;
+    {
+      lt2::ShardWriter w(out + "/tokens.bin", vocab);
+      std::mt19937 rng(1);
+      std::vector<int32_t> ids(4'000'000);
+      for (auto& t : ids) t = static_cast<int32_t>(rng() % vocab);
+      w.write(ids);
+      w.close();
+    }
+    cfg.train_data = out + "/tokens.bin";
+    cfg.out_dir = out + "/run";
+    cfg.save_every = 0;
+    lt2::Trainer trainer(cfg, false);
+    std::vector<double> ms;
+    trainer.on_step = [&](const lt2::StepMetrics& m) {
+      if (m.step > warm) ms.push_back(m.ms);
+    };
+    trainer.run();
+    std::sort(ms.begin(), ms.end());
+    const double median = ms.empty() ? 0 : ms[ms.size() / 2];
+    const double tokens = static_cast<double>(cfg.batch_size * cfg.grad_accum * cfg.seq_len);
+    const double flops = 3 * lt2::forward_flops_per_token(*trainer.model(), cfg.seq_len);
+    const std::string dev = lt2::kernels::device_name(0);
+    const double peak = lt2::peak_flops(dev);
+    lt2::json j{{"model", cfg.model},
+                {"parameters", trainer.model()->num_parameters()},
+                {"seq_len", cfg.seq_len},
+                {"batch_size", cfg.batch_size},
+                {"grad_accum", cfg.grad_accum},
+                {"checkpoint_loops", cfg.checkpoint_loops},
+                {"device", dev.empty() ? "cpu" : dev},
+                {"median_step_ms", median},
+                {"tokens_per_s", tokens / (median / 1000)},
+                {"train_flops_per_token", flops},
+                {"peak_flops", peak},
+                {"mfu", peak > 0 ? flops * tokens / (median / 1000) / peak : 0.0},
+                {"timed_steps", ms.size()}};
+    std::printf("RESULT %s\n", j.dump().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,85 @@
+// GPU (CTest label `gpu`): the model on CUDA against the CPU float64 reference, decode == forward
+// on CUDA, and a bf16-autocast training step. Skips where no CUDA GPU is present.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+
+#include "common/testing.h"
+#include "lt2/mixers/registry.h"
+#include "lt2/model/looped_lm.h"
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using lt2::testing::tiny_config;
+
+#define REQUIRE_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU"
+
+namespace {
+
+std::vector<std::string> gpu_patterns() {
+  std::vector<std::string> p{"full"};
+  for (const char* name : {"gdn", "kda", "mamba2", "retnet", "window", "dsa", "nsa"})
+    if (find_mixer(name)) p.push_back(name);
+  if (find_mixer("gdn")) p.push_back("interleaved:1:1:gdn:full");
+  return p;
+}
+
+}  // namespace
+
+TEST(CudaModel, MatchesCpuFloat64Reference) {
+  REQUIRE_CUDA();
+  for (const auto& pattern : gpu_patterns()) {
+    for (auto form : {ModelForm::LT2, ModelForm::Ouro}) {
+      auto cfg = tiny_config(pattern, form);
+      torch::manual_seed(11);
+      LoopedLM ref(cfg);
+      ref->to(torch::kFloat64);
+      LoopedLM gpu(cfg);
+      torch::NoGradGuard ng;
+      auto src = ref->named_parameters();
+      for (auto& p : gpu->named_parameters()) p.value().copy_(src[p.key()]);
+      gpu->to(torch::kCUDA);
+      auto tok = torch::randint(cfg.vocab_size, {2, 24}, torch::kLong);
+      auto want = ref->forward(tok).logits;
+      auto got = gpu->forward(tok.cuda()).logits.cpu();
+      EXPECT_LT(rel_err(got, want), 1e-5) << pattern << " form " << to_string(form);
+    }
+  }
+}
+
+TEST(CudaModel, DecodeEqualsForward) {
+  REQUIRE_CUDA();
+  for (const auto& pattern : gpu_patterns()) {
+    auto cfg = tiny_config(pattern);
+    torch::manual_seed(5);
+    LoopedLM m(cfg);
+    m->to(torch::kCUDA);
+    torch::NoGradGuard ng;
+    auto tok = torch::randint(cfg.vocab_size, {2, 19}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+    auto full = m->forward(tok).logits;
+    auto state = m->make_state(2, 32, torch::TensorOptions().device(torch::kCUDA));
+    auto pre = m->forward(tok.narrow(1, 0, 7), state.get()).logits;
+    std::vector<torch::Tensor> outs{pre};
+    for (int64_t t = 7; t < 19; ++t) outs.push_back(m->forward(tok.narrow(1, t, 1), state.get()).logits);
+    EXPECT_LT(rel_err(torch::cat(outs, 1), full), 1e-5) << pattern;
+  }
+}
+
+TEST(CudaModel, Bf16AutocastTrainingStepIsFinite) {
+  REQUIRE_CUDA();
+  auto cfg = tiny_config();
+  LoopedLM m(cfg);
+  m->to(torch::kCUDA);
+  auto tok = torch::randint(cfg.vocab_size, {4, 32}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  auto logits = m->forward(tok).logits;
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+  auto loss = torch::nn::functional::cross_entropy(logits.float().reshape({-1, cfg.vocab_size}), tok.reshape({-1}));
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  for (auto& p : m->parameters())
+    if (p.grad().defined()) EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>());
+}

@@ -1,0 +1,145 @@
+// Trainer: exact resume, learning on a tiny task, schedule, optimizer groups, config errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/testing.h"
+#include "lt2/data/shard.h"
+#include "lt2/model/checkpoint_io.h"
+#include "lt2/train/optimizer.h"
+#include "lt2/train/trainer.h"
+
+using namespace lt2;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A shard of a noisy repeating pattern: learnable, so the loss must fall.
+std::string write_pattern_shard(const std::string& dir, int64_t n, uint64_t seed) {
+  fs::create_directories(dir);
+  const std::string path = dir + "/train.bin";
+  ShardWriter w(path, 50);
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(rng() % 10 == 0 ? rng() % 50 : (i * 7) % 23);
+  w.write(ids);
+  w.close();
+  return path;
+}
+
+std::string write_model_config(const std::string& dir) {
+  auto cfg = lt2::testing::tiny_config();
+  cfg.vocab_size = 0;  // from the data
+  cfg.save(dir + "/model.json");
+  return dir + "/model.json";
+}
+
+TrainConfig tiny_run(const std::string& dir) {
+  TrainConfig c;
+  c.model = write_model_config(dir);
+  c.train_data = write_pattern_shard(dir, 4000, 1);
+  c.out_dir = dir + "/run";
+  c.device = "cpu";
+  c.seq_len = 16;
+  c.batch_size = 4;
+  c.grad_accum = 2;
+  c.steps = 6;
+  c.lr = 3e-3;
+  c.warmup = 2;
+  c.eval_every = 0;
+  c.eval_batches = 2;
+  return c;
+}
+
+std::vector<double> losses_of(Trainer& t) {
+  std::vector<double> out;
+  t.on_step = [&](const StepMetrics& m) { out.push_back(m.loss); };
+  t.run();
+  return out;
+}
+
+}  // namespace
+
+TEST(Trainer, ResumeIsExact) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_resume").string();
+  fs::remove_all(dir);
+  auto cfg = tiny_run(dir);
+  Trainer whole(cfg, false);
+  auto all = losses_of(whole);
+  ASSERT_EQ(all.size(), 6u);
+
+  auto part = cfg;
+  part.out_dir = dir + "/run2";
+  part.steps = 3;
+  Trainer first(part, false);
+  auto head = losses_of(first);
+  part.steps = 6;
+  Trainer resumed(part, true);
+  EXPECT_EQ(resumed.start_step(), 3);
+  auto tail = losses_of(resumed);
+  ASSERT_EQ(tail.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(head[i], all[i]) << "step " << i + 1;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(tail[i], all[3 + i]) << "step " << 4 + i;
+  // The final weights agree bit for bit too.
+  auto a = load_checkpoint(latest_checkpoint(cfg.out_dir));
+  auto b = load_checkpoint(latest_checkpoint(part.out_dir));
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (const auto& p : pa) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+}
+
+TEST(Trainer, TinyModelLearns) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_learns").string();
+  fs::remove_all(dir);
+  auto cfg = tiny_run(dir);
+  cfg.steps = 60;
+  cfg.grad_accum = 1;
+  cfg.batch_size = 8;
+  Trainer t(cfg, false);
+  auto losses = losses_of(t);
+  const double first = losses.front(), last = losses.back();
+  EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
+  EXPECT_LT(t.evaluate(), 0.6 * first);
+}
+
+TEST(Trainer, ResumeWithoutCheckpointFails) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_nockpt").string();
+  fs::remove_all(dir);
+  auto cfg = tiny_run(dir);
+  EXPECT_THROW(Trainer(cfg, true), Error);
+}
+
+TEST(TrainConfig, ErrorsNameTheField) {
+  try {
+    TrainConfig::from_json(json::parse(R"({"model": "x", "train_data": "y", "lr": "fast"})"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'lr'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(TrainConfig::from_json(json::parse(R"({"learning_rate": 1})")), Error);
+  auto c = TrainConfig::from_json(json::parse(R"({"model": "x", "train_data": "y", "objective": "ouro"})"));
+  EXPECT_EQ(c.objective, Objective::Ouro);
+  c.device = "tpu";
+  EXPECT_THROW(c.validate(), Error);
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  EXPECT_DOUBLE_EQ(lr_at(0, 100, 10, 1.0, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(9, 100, 10, 1.0, 0.1), 1.0);
+  EXPECT_NEAR(lr_at(10, 100, 10, 1.0, 0.1), 1.0, 1e-12);
+  EXPECT_NEAR(lr_at(55, 100, 10, 1.0, 0.1), 0.55, 1e-12);
+  EXPECT_NEAR(lr_at(100, 100, 10, 1.0, 0.1), 0.1, 1e-12);
+}
+
+TEST(AdamW, NoDecayOnGainsAndRho) {
+  EXPECT_TRUE(takes_weight_decay("layers.0.mixer.wq.weight", torch::zeros({4, 4})));
+  EXPECT_FALSE(takes_weight_decay("layers.0.ffn_norm.weight", torch::zeros({4})));
+  EXPECT_FALSE(takes_weight_decay("rho", torch::zeros({4, 4})));
+  // One step on a known gradient matches the AdamW formula.
+  auto w = torch::tensor({1.0, -2.0}, torch::kFloat64).view({1, 2}).requires_grad_(true);
+  AdamW opt({{"w", w}}, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  w.mutable_grad() = torch::tensor({0.5, -0.25}, torch::kFloat64).view({1, 2});
+  opt.step(0.01);
+  // step 1: m_hat = g, v_hat = g^2 -> update = g/|g| = sign(g); w = w(1 - lr wd) - lr sign(g)
+  EXPECT_NEAR(w[0][0].item<double>(), 1.0 * (1 - 0.001) - 0.01, 1e-9);
+  EXPECT_NEAR(w[0][1].item<double>(), -2.0 * (1 - 0.001) + 0.01, 1e-9);
+}
