@@ -6,10 +6,13 @@
 // Encode is timed twice per tokenizer: "cold" (a freshly loaded tokenizer, so every distinct
 // word goes through the merge loop once) and "warm" (the word cache filled by the first pass).
 // The text is encoded as paragraphs (cut at blank lines), as `lt2 data prepare` does.
+// Encode and decode speeds are bytes per second of this thread's CPU time, so that other load on
+// the machine does not distort them; training reports wall time and process CPU time.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <time.h>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -25,6 +28,14 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+double thread_cpu_seconds() { return cpu_seconds(CLOCK_THREAD_CPUTIME_ID); }
+double process_cpu_seconds() { return cpu_seconds(CLOCK_PROCESS_CPUTIME_ID); }
 
 std::vector<std::string> paragraphs(const std::string& text) {
   std::vector<std::string> out;
@@ -84,14 +95,15 @@ int main(int argc, char** argv) {
       o.vocab_size = vocab_size;
       o.threads = threads;
       const auto t0 = std::chrono::steady_clock::now();
+      const double cpu0 = process_cpu_seconds();
       const lt2::Tokenizer tok = lt2::train_bpe({text}, o);
-      const double secs = seconds_since(t0);
+      const double secs = seconds_since(t0), cpu = process_cpu_seconds() - cpu0;
       trained_path = "/tmp/tokenizer_bench_trained.json";
       tok.save(trained_path);
       result["train"] = {{"corpus_bytes", text.size()}, {"vocab_size", tok.vocab_size()},
-                         {"threads", threads}, {"seconds", secs}};
-      std::printf("train: %d tokens on %.1f MB with %d threads in %.2f s\n", tok.vocab_size(),
-                  text.size() / 1e6, threads, secs);
+                         {"threads", threads}, {"wall_seconds", secs}, {"cpu_seconds", cpu}};
+      std::printf("train: %d tokens on %.1f MB with %d threads in %.2f s (%.2f s CPU)\n", tok.vocab_size(),
+                  text.size() / 1e6, threads, secs, cpu);
       tokenizers.insert(tokenizers.begin(), trained_path);
     }
     if (!corpus.empty()) {
@@ -106,18 +118,18 @@ int main(int argc, char** argv) {
         std::vector<std::vector<int32_t>> ids(docs.size());
         int64_t n_tokens = 0;
         for (const char* pass : {"cold", "warm"}) {
-          const auto t0 = std::chrono::steady_clock::now();
+          const double t0 = thread_cpu_seconds();
           n_tokens = 0;
           for (size_t i = 0; i < docs.size(); ++i) {
             ids[i] = tok.encode(docs[i]);
             n_tokens += static_cast<int64_t>(ids[i].size());
           }
-          row[std::string("encode_mb_per_s_") + pass] = text.size() / 1e6 / seconds_since(t0);
+          row[std::string("encode_mb_per_s_") + pass] = text.size() / 1e6 / (thread_cpu_seconds() - t0);
         }
-        const auto t0 = std::chrono::steady_clock::now();
+        const double t0 = thread_cpu_seconds();
         size_t decoded = 0;
         for (const auto& d : ids) decoded += tok.decode(d).size();
-        row["decode_mb_per_s"] = decoded / 1e6 / seconds_since(t0);
+        row["decode_mb_per_s"] = decoded / 1e6 / (thread_cpu_seconds() - t0);
         row["tokens"] = n_tokens;
         row["bytes_per_token"] = static_cast<double>(text.size()) / n_tokens;
         std::printf("%-60s vocab %6d  encode %6.1f MB/s cold, %6.1f MB/s warm  decode %6.1f MB/s  %.2f bytes/token\n",
