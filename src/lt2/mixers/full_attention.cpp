@@ -53,11 +53,21 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
   if (cfg.attn_output_gate) wgate = register_module("wgate", make_linear(d, n_heads * head_dim, 0.0));
 }
 
-Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+FullAttentionImpl::Projections FullAttentionImpl::project(const Tensor& x, int64_t start) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = apply_rope(wq(x).view({B, T, n_heads, head_dim}), pos.start, rope_theta, rope_style);
-  auto k = apply_rope(wk(x).view({B, T, n_kv_heads, head_dim}), pos.start, rope_theta, rope_style);
-  auto v = wv(x).view({B, T, n_kv_heads, head_dim});
+  return {apply_rope(wq(x).view({B, T, n_heads, head_dim}), start, rope_theta, rope_style),
+          apply_rope(wk(x).view({B, T, n_kv_heads, head_dim}), start, rope_theta, rope_style),
+          wv(x).view({B, T, n_kv_heads, head_dim})};
+}
+
+Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x) {
+  auto y = o.reshape({x.size(0), x.size(1), n_heads * head_dim});
+  if (wgate) y = y * torch::sigmoid(wgate(x));
+  return wo(y);
+}
+
+Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+  auto [q, k, v] = project(x, pos.start);
   Tensor o;  // [B, T, H, D]
   if (state) {
     auto& cache = dynamic_cast<KVCache&>(*state);
@@ -68,9 +78,7 @@ Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerSt
   } else {
     o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0);
   }
-  auto y = o.reshape({B, T, n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(wgate(x));
-  return wo(y);
+  return output(o, x);
 }
 
 std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,

@@ -34,6 +34,15 @@ class FullAttentionImpl : public MixerImpl {
   std::string kind() const override { return "full"; }
   bool is_attention() const override { return true; }
 
+  // The pieces subclasses (window, dsa) reuse around their own attention pattern.
+  struct Projections {
+    Tensor q;     // [B, T, H, D]      RoPE applied at absolute positions start..start+T-1
+    Tensor k, v;  // [B, T, H_kv, D]   (k with RoPE)
+  };
+  Projections project(const Tensor& x, int64_t start);
+  // o: [B, T, H, D] attention output, x: [B, T, d] the mixer input (for the gate) -> [B, T, d].
+  Tensor output(const Tensor& o, const Tensor& x);
+
   int64_t n_heads, n_kv_heads, head_dim;
   double rope_theta;
   RopeStyle rope_style;

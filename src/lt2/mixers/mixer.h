@@ -45,6 +45,13 @@ class MixerImpl : public torch::nn::Module {
   // model dtype (KV caches use it; recurrent states are always fp32).
   virtual std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                                  torch::TensorOptions opts) const = 0;
+  // The state of this mixer for loop iteration `loop` (0-based) of the looped stack. Mixers whose
+  // behaviour depends on the loop (a window size per loop) size the state for it; the default is
+  // the same state in every loop.
+  virtual std::unique_ptr<MixerState> make_loop_state(int64_t batch, int64_t max_len,
+                                                      torch::TensorOptions opts, int64_t loop) const {
+    return make_state(batch, max_len, opts);
+  }
   // Registered name ("full", "gdn", ...).
   virtual std::string kind() const = 0;
   // Softmax-attention mixers say true (they take the SDPA output gate, Ouro's import maps them).

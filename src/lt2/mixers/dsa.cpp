@@ -1,0 +1,265 @@
+#include "lt2/mixers/dsa.h"
+
+#include <cmath>
+
+#include "lt2/mixers/builtin.h"
+#include "lt2/model/rope.h"
+#include "lt2/ops/sparse_attention.h"
+
+namespace lt2 {
+
+namespace {
+
+// RoPE on the first n dims of the last axis of x: [B, T, H, D].
+Tensor rope_prefix(const Tensor& x, int64_t n, int64_t start, double theta, RopeStyle style) {
+  if (n == 0) return x;
+  const int64_t D = x.size(-1);
+  auto rotated = apply_rope(x.narrow(-1, 0, n), start, theta, style);
+  return n == D ? rotated : torch::cat({rotated, x.narrow(-1, n, D - n)}, -1);
+}
+
+Tensor arange_long(int64_t start, int64_t end, torch::Device device) {
+  return torch::arange(start, end, torch::TensorOptions().dtype(torch::kLong).device(device));
+}
+
+}  // namespace
+
+IndexerStage parse_indexer_stage(const std::string& s) {
+  if (s == "off") return IndexerStage::Off;
+  if (s == "dense_warmup") return IndexerStage::DenseWarmup;
+  if (s == "sparse") return IndexerStage::Sparse;
+  throw Error(cat("indexer stage '", s, "': expected 'off', 'dense_warmup' or 'sparse'"));
+}
+
+std::string to_string(IndexerStage s) {
+  switch (s) {
+    case IndexerStage::Off: return "off";
+    case IndexerStage::DenseWarmup: return "dense_warmup";
+    case IndexerStage::Sparse: return "sparse";
+  }
+  return "?";
+}
+
+int64_t DSAState::bytes() const {
+  return k.nbytes() + (v.defined() ? v.nbytes() : 0) + index_keys.nbytes();
+}
+
+DSAImpl::DSAImpl(const ModelConfig& cfg, const json& o)
+    : topk(2048),
+      index_heads(64),
+      index_head_dim(128),
+      index_rope_dim(-1),
+      latent(false),
+      latent_dim(512),
+      latent_rope_dim(64),
+      n_heads(cfg.n_heads),
+      n_kv_heads(cfg.kv_heads()),
+      head_dim(cfg.dim_head()),
+      rope_theta(cfg.rope_theta),
+      rope_style(cfg.rope_style) {
+  const std::string where = "mixer.dsa";
+  json_reject_unknown(o, {"topk", "index_heads", "index_head_dim", "index_rope_dim", "attention",
+                          "latent_dim", "latent_rope_dim"}, where);
+  std::string form = "gqa";
+  json_get(o, "topk", topk, where);
+  json_get(o, "index_heads", index_heads, where);
+  json_get(o, "index_head_dim", index_head_dim, where);
+  json_get(o, "attention", form, where);
+  json_get(o, "latent_dim", latent_dim, where);
+  json_get(o, "latent_rope_dim", latent_rope_dim, where);
+  if (index_rope_dim < 0) index_rope_dim = index_head_dim / 2;
+  json_get(o, "index_rope_dim", index_rope_dim, where);
+  LT2_CHECK(form == "gqa" || form == "latent", where, ": 'attention' must be 'gqa' or 'latent', found '", form, "'");
+  latent = form == "latent";
+  LT2_CHECK(topk > 0 && index_heads > 0 && index_head_dim > 0, where,
+            ": topk, index_heads and index_head_dim must be > 0");
+  LT2_CHECK(index_rope_dim >= 0 && index_rope_dim <= index_head_dim && index_rope_dim % 2 == 0, where,
+            ": index_rope_dim must be even and in [0, index_head_dim], found ", index_rope_dim);
+  LT2_CHECK(!latent || (latent_dim > 0 && latent_rope_dim > 0 && latent_rope_dim % 2 == 0), where,
+            ": latent_dim must be > 0 and latent_rope_dim even and > 0");
+
+  const int64_t d = cfg.d_model;
+  const double std = cfg.init_scale();
+  if (!latent) {
+    attn = register_module("attn", std::make_shared<FullAttentionImpl>(cfg));
+  } else {
+    const int64_t H = n_heads, D = head_dim;
+    n_kv_heads = 1;
+    wq = register_module("wq", make_linear(d, H * (D + latent_rope_dim), std));
+    wkv_a = register_module("wkv_a", make_linear(d, latent_dim + latent_rope_dim, std));
+    kv_norm = register_module("kv_norm", RMSNorm(latent_dim, cfg.norm_eps));
+    wk_b = register_parameter("wk_b", torch::empty({H, D, latent_dim}));
+    wv_b = register_parameter("wv_b", torch::empty({H, latent_dim, D}));
+    trunc_normal_(wk_b, 1.0 / std::sqrt(static_cast<double>(D)));
+    trunc_normal_(wv_b, 1.0 / std::sqrt(static_cast<double>(latent_dim)));
+    if (cfg.attn_output_gate) wgate = register_module("wgate", make_linear(d, H * D, 0.0));
+    wo = register_module("wo", make_linear(H * D, d, 1.0 / std::sqrt(static_cast<double>(H * D))));
+  }
+  index_wq = register_module("index_wq", make_linear(d, index_heads * index_head_dim, std));
+  index_wk = register_module("index_wk", make_linear(d, index_head_dim, std));
+  index_ww = register_module("index_ww", make_linear(d, index_heads, std));
+  index_k_norm = register_module(
+      "index_k_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({index_head_dim}).eps(1e-6)));
+}
+
+double DSAImpl::scale() const {
+  return 1.0 / std::sqrt(static_cast<double>(head_dim + (latent ? latent_rope_dim : 0)));
+}
+
+DSAImpl::Heads DSAImpl::project(const Tensor& x, int64_t start) {
+  if (!latent) {
+    auto p = attn->project(x, start);
+    return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)};
+  }
+  const int64_t B = x.size(0), T = x.size(1), D = head_dim;
+  auto qf = wq(x).view({B, T, n_heads, D + latent_rope_dim});
+  auto q_rope = apply_rope(qf.narrow(-1, D, latent_rope_dim), start, rope_theta, rope_style);
+  auto q_latent = torch::einsum("bthd,hdc->bthc", {qf.narrow(-1, 0, D), wk_b});  // [B, T, H, d_c]
+  auto kv = wkv_a(x);                                                           // [B, T, d_c + d_r]
+  auto c = kv_norm(kv.narrow(-1, 0, latent_dim)).unsqueeze(2);                  // [B, T, 1, d_c]
+  auto k_rope = apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), start,
+                           rope_theta, rope_style);                             // [B, T, 1, d_r]
+  auto k = torch::cat({c, k_rope}, -1).transpose(1, 2);                         // [B, 1, T, d_c + d_r]
+  return {torch::cat({q_latent, q_rope}, -1).transpose(1, 2), k, k.narrow(-1, 0, latent_dim)};
+}
+
+Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
+  if (!latent) return attn->output(o, x);
+  auto y = torch::einsum("bthc,hcd->bthd", {o, wv_b}).reshape({x.size(0), x.size(1), n_heads * head_dim});
+  if (wgate) y = y * torch::sigmoid(wgate(x));
+  return wo(y);
+}
+
+std::pair<Tensor, Tensor> DSAImpl::indexer_queries(const Tensor& x, int64_t start) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = index_wq(x).view({B, T, index_heads, index_head_dim});
+  q = rope_prefix(q, index_rope_dim, start, rope_theta, RopeStyle::Half);
+  auto w = index_ww(x) * (1.0 / std::sqrt(static_cast<double>(index_heads * index_head_dim)));
+  return {q, w};
+}
+
+Tensor DSAImpl::indexer_keys(const Tensor& x, int64_t start) {
+  auto k = index_k_norm(index_wk(x)).unsqueeze(2);  // [B, T, 1, d_I]
+  return rope_prefix(k, index_rope_dim, start, rope_theta, RopeStyle::Half).squeeze(2);
+}
+
+std::vector<Tensor> DSAImpl::indexer_parameters() const {
+  std::vector<Tensor> out;
+  for (const torch::nn::Module* m : std::initializer_list<const torch::nn::Module*>{
+           index_wq.get(), index_wk.get(), index_ww.get(), index_k_norm.get()})
+    for (const auto& p : m->parameters()) out.push_back(p);
+  return out;
+}
+
+Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+  if (state && x.size(1) == 1) return step(x, pos, *state);
+  const int64_t T = x.size(1), start = pos.start;
+  const bool record = stage != IndexerStage::Off && !state;
+  auto h = project(x, start);
+  Tensor k = h.k, v = h.v;  // [B, H_kv, L, D] keys and values this call attends over
+  DSAState* s = state ? &dynamic_cast<DSAState&>(*state) : nullptr;
+  if (s) {
+    LT2_CHECK(s->length == start, "dsa state holds ", s->length, " tokens but the call starts at ", start);
+    LT2_CHECK(start + T <= s->k.size(2), "dsa state overflow: ", start + T, " tokens for ", s->k.size(2));
+    s->k.narrow(2, start, T).copy_(h.k);
+    if (!latent) s->v.narrow(2, start, T).copy_(h.v);
+    k = s->k.narrow(2, 0, start + T).to(h.q.scalar_type());
+    v = latent ? k.narrow(-1, 0, latent_dim) : s->v.narrow(2, 0, start + T).to(h.q.scalar_type());
+  }
+  auto x_index = x.detach();  // the indexer learns only from its own loss
+  Tensor scores;              // [B, T, L] index scores
+  {
+    torch::AutoGradMode grad_for_loss(record && torch::GradMode::is_enabled());
+    auto [iq, iw] = indexer_queries(x_index, start);
+    Tensor index_k = indexer_keys(x_index, start);  // [B, T, d_I]
+    if (s) {
+      s->index_keys.narrow(1, start, T).copy_(index_k);
+      s->length = start + T;
+      index_k = s->index_keys.narrow(1, 0, s->length).to(iq.scalar_type());
+    }
+    scores = lightning_indexer_scores(iq, iw, index_k);
+  }
+  const int64_t L = k.size(2);
+  auto visible = window_mask(arange_long(start, start + T, x.device()),
+                             arange_long(0, L, x.device()), 0).expand_as(scores);  // [B, T, L]
+  auto attend = stage == IndexerStage::DenseWarmup ? visible : topk_mask(scores, visible, topk);
+  if (!record) return output(masked_attention(h.q, k, v, attend.unsqueeze(1), scale()), x);
+  auto [o, probs] = masked_attention_probs(h.q, k, v, attend.unsqueeze(1), scale());
+  indexer_losses.push_back(indexer_kl_loss(probs, scores, attend));
+  return output(o, x);
+}
+
+Tensor DSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
+  auto& s = dynamic_cast<DSAState&>(state);
+  const int64_t start = pos.start, B = x.size(0);
+  LT2_CHECK(s.length == start, "dsa state holds ", s.length, " tokens but the call starts at ", start);
+  LT2_CHECK(start < s.k.size(2), "dsa state overflow: ", start + 1, " tokens for ", s.k.size(2));
+  auto h = project(x, start);
+  s.k.narrow(2, start, 1).copy_(h.k);
+  if (!latent) s.v.narrow(2, start, 1).copy_(h.v);
+  const int64_t L = start + 1;
+  Tensor k = s.k.narrow(2, 0, L), v = latent ? Tensor() : s.v.narrow(2, 0, L);
+  {
+    torch::NoGradGuard no_grad;  // selection only
+    auto x_index = x.detach();
+    auto [iq, iw] = indexer_queries(x_index, start);
+    s.index_keys.narrow(1, start, 1).copy_(indexer_keys(x_index, start));
+    s.length = L;
+    if (stage != IndexerStage::DenseWarmup && topk < L) {
+      // Read only the top-k cached tokens (every cached token is visible to the new one).
+      auto scores = lightning_indexer_scores(iq, iw, s.index_keys.narrow(1, 0, L).to(iq.scalar_type()));
+      auto idx = topk_indices(scores, torch::ones_like(scores, torch::kBool), topk).squeeze(1);  // [B, k]
+      auto gather = [&](const Tensor& cache) {  // [B, H_kv, L, D] -> [B, H_kv, k, D]
+        return cache.gather(2, idx.view({B, 1, topk, 1}).expand({B, cache.size(1), topk, cache.size(3)}));
+      };
+      k = gather(k);
+      if (!latent) v = gather(v);
+    }
+  }
+  k = k.to(h.q.scalar_type());
+  v = latent ? k.narrow(-1, 0, latent_dim) : v.to(h.q.scalar_type());
+  auto all = torch::ones({1, k.size(2)}, torch::TensorOptions().dtype(torch::kBool).device(x.device()));
+  return output(masked_attention(h.q, k, v, all, scale()), x);
+}
+
+std::unique_ptr<MixerState> DSAImpl::make_state(int64_t batch, int64_t max_len,
+                                                torch::TensorOptions opts) const {
+  auto s = std::make_unique<DSAState>();
+  if (latent) {
+    s->k = torch::zeros({batch, 1, max_len, latent_dim + latent_rope_dim}, opts);
+  } else {
+    s->k = torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts);
+    s->v = torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts);
+  }
+  s->index_keys = torch::zeros({batch, max_len, index_head_dim}, opts);
+  return s;
+}
+
+void set_indexer_stage(torch::nn::Module& model, IndexerStage stage) {
+  if (auto* d = dynamic_cast<DSAImpl*>(&model)) d->stage = stage;
+  for (auto& m : model.modules(/*include_self=*/false))
+    if (auto* d = dynamic_cast<DSAImpl*>(m.get())) d->stage = stage;
+}
+
+std::vector<Tensor> take_indexer_losses(torch::nn::Module& model) {
+  std::vector<Tensor> out;
+  auto take = [&out](DSAImpl* d) {
+    for (auto& l : d->indexer_losses) out.push_back(l);
+    d->indexer_losses.clear();
+  };
+  if (auto* d = dynamic_cast<DSAImpl*>(&model)) take(d);
+  for (auto& m : model.modules(/*include_self=*/false))
+    if (auto* d = dynamic_cast<DSAImpl*>(m.get())) take(d);
+  return out;
+}
+
+MixerInfo dsa_info() {
+  return {"dsa",
+          "DeepSeek sparse attention: lightning indexer + top-k softmax attention (GQA or one "
+          "shared latent KV head); KV cache + indexer-key cache",
+          [](const ModelConfig& cfg, int64_t) -> Mixer {
+            return std::make_shared<DSAImpl>(cfg, cfg.options_for("dsa"));
+          }};
+}
+
+}  // namespace lt2

@@ -1,0 +1,105 @@
+// DeepSeek Sparse Attention (spec/mixers.md §6): a lightning indexer scores every causally visible
+// key of each query,
+//   I[t, s] = sum_j w[t, j] * ReLU(q^I[t, j] . k^I[s])         (H_I heads, one indexer key per token)
+//   q^I = RoPE(x W_qI),  k^I = RoPE(LayerNorm(x W_kI)),  w = x W_w * H_I^-1/2 * d_I^-1/2
+// (RoPE, rotate-half, on the first `index_rope_dim` dims, as the later DeepSeek code does), and
+// softmax attention reads only the top-k keys of each query (all of them when fewer are visible),
+// one token set shared by all heads of the layer. Ties in the index scores go to the lower
+// position. The selection carries no gradient, and the indexer sees its input detached: it learns
+// only from its KL loss (spec §6.2; train/indexer_loss.h), the rest of the layer only from the
+// model's loss.
+//
+// Attention forms (option "attention"):
+//   "gqa"    (default) the full-attention block's projections, RoPE, GQA and SDPA output gate
+//   "latent" one shared latent KV head, MLA in its MQA mode (DeepSeek V3.2's DSA):
+//            c = RMSNorm(x W_dkv) [d_c], k_r = RoPE(x W_kr) [d_r], one per token, shared by all heads;
+//            head h: q_h = [q^nope_h W_uk,h | RoPE(q^rope_h)],  key = [c | k_r],  value = c,
+//            scale (D + d_r)^-1/2;  o_h = (softmax . c) W_uv,h  [D];  out = W_o(concat_h o_h * gate)
+//
+// Indexer training stages (set by the trainer, set_indexer_stage below):
+//   off           sparse attention, no indexer loss (inference, or a fixed indexer)
+//   dense_warmup  dense causal attention; each parallel forward records KL(p || softmax(I)) over
+//                 all visible keys (only the indexer should train: the trainer freezes the rest)
+//   sparse        top-k attention; records the KL restricted to the selected set
+// The stage sets the attention pattern for forward and decode alike, so decode == forward holds in
+// every stage. Losses are recorded by the parallel forward without a state, one per call (one per
+// (layer, loop) in a looped model), until taken.
+//
+// Options (mixer.dsa): topk (2048), index_heads (64), index_head_dim (128), index_rope_dim
+// (index_head_dim / 2), attention ("gqa"), latent_dim (512), latent_rope_dim (64).
+//
+// Decode state: the KV cache (GQA: k, v [B, H_kv, max_len, D]; latent: [c | k_r] [B, 1, max_len,
+// d_c + d_r]) plus the indexer-key cache [B, max_len, d_I]; a decode step reads the index keys and
+// then only the top-k cached tokens.
+#pragma once
+#include "lt2/mixers/full_attention.h"
+#include "lt2/model/layers.h"
+
+namespace lt2 {
+
+enum class IndexerStage { Off, DenseWarmup, Sparse };
+IndexerStage parse_indexer_stage(const std::string& s);  // "off", "dense_warmup", "sparse"
+std::string to_string(IndexerStage s);
+
+struct DSAState : MixerState {
+  Tensor k, v;        // [B, H_kv, max_len, D] (latent form: k = [c | k_r] with H_kv = 1, v unused)
+  Tensor index_keys;  // [B, max_len, d_I]
+  int64_t bytes() const override;
+  void reset() override { length = 0; }
+};
+
+class DSAImpl : public MixerImpl {
+ public:
+  DSAImpl(const ModelConfig& cfg, const json& options);
+  Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
+  Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
+  std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
+                                         torch::TensorOptions opts) const override;
+  std::string kind() const override { return "dsa"; }
+  bool is_attention() const override { return true; }
+
+  // Indexer pieces (exposed for tests and the indexer loss).
+  // x: [B, T, d] -> queries [B, T, H_I, d_I] and head weights [B, T, H_I] (scales folded in).
+  std::pair<Tensor, Tensor> indexer_queries(const Tensor& x, int64_t start);
+  Tensor indexer_keys(const Tensor& x, int64_t start);  // [B, T, d_I]
+  std::vector<Tensor> indexer_parameters() const;
+
+  IndexerStage stage = IndexerStage::Off;
+  std::vector<Tensor> indexer_losses;  // recorded KL losses (scalars), see the stage comment
+
+  int64_t topk, index_heads, index_head_dim, index_rope_dim;
+  bool latent;
+  int64_t latent_dim, latent_rope_dim;
+  int64_t n_heads, n_kv_heads, head_dim;
+
+  // GQA form: the full-attention block.
+  std::shared_ptr<FullAttentionImpl> attn;
+  // Latent form.
+  torch::nn::Linear wq{nullptr};        // d -> H (D + d_r)
+  torch::nn::Linear wkv_a{nullptr};     // d -> d_c + d_r
+  RMSNorm kv_norm{nullptr};             // on c
+  Tensor wk_b, wv_b;                    // [H, D, d_c], [H, d_c, D]
+  torch::nn::Linear wgate{nullptr}, wo{nullptr};
+  // Indexer.
+  torch::nn::Linear index_wq{nullptr}, index_wk{nullptr}, index_ww{nullptr};
+  torch::nn::LayerNorm index_k_norm{nullptr};
+
+ private:
+  struct Heads {
+    Tensor q;     // [B, H, T, D_qk]
+    Tensor k, v;  // [B, H_kv, T, D_qk], [B, H_kv, T, D_v] (latent: v is a view of k)
+  };
+  Heads project(const Tensor& x, int64_t start);
+  Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
+  double scale() const;  // softmax scale
+  double rope_theta;
+  RopeStyle rope_style;
+};
+
+// Sets the indexer stage of every DSA mixer inside `model` (a LoopedLM, a block, a mixer).
+void set_indexer_stage(torch::nn::Module& model, IndexerStage stage);
+// Takes (and clears) the indexer losses recorded by every DSA mixer inside `model`, in module
+// order (layer-major, then loop).
+std::vector<Tensor> take_indexer_losses(torch::nn::Module& model);
+
+}  // namespace lt2

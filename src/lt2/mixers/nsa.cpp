@@ -1,0 +1,205 @@
+#include "lt2/mixers/nsa.h"
+
+#include <cmath>
+
+#include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
+#include "lt2/model/rope.h"
+#include "lt2/ops/sparse_attention.h"
+
+namespace lt2 {
+
+int64_t NSAState::bytes() const {
+  int64_t n = k_cmp.nbytes() + v_cmp.nbytes();
+  for (size_t i = 0; i < k.size(); ++i) n += k[i].nbytes() + v[i].nbytes();
+  return n;
+}
+
+NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
+    : n_heads(cfg.n_heads),
+      n_kv_heads(cfg.kv_heads()),
+      head_dim(cfg.dim_head()),
+      rope_theta(cfg.rope_theta),
+      rope_style(cfg.rope_style) {
+  const std::string where = "mixer.nsa";
+  json_reject_unknown(o, {"form", "compress_block", "compress_stride", "select_block", "select_count",
+                          "local_blocks", "window", "compression", "compress_hidden", "shared_kv"},
+                      where);
+  std::string form = "simplified";
+  json_get(o, "form", form, where);
+  LT2_CHECK(form == "simplified" || form == "paper", where, ": 'form' must be 'simplified' or 'paper', found '",
+            form, "'");
+  const bool paper = form == "paper";
+  compress_block = paper ? 32 : 64;
+  compress_stride = paper ? 16 : 64;
+  select_block = 64;
+  select_count = 16;
+  local_blocks = 2;
+  window = 512;
+  std::string compression = paper ? "mlp" : "mean";
+  shared_kv = !paper;
+  compress_hidden = 4 * head_dim;
+  json_get(o, "compress_block", compress_block, where);
+  json_get(o, "compress_stride", compress_stride, where);
+  json_get(o, "select_block", select_block, where);
+  json_get(o, "select_count", select_count, where);
+  json_get(o, "local_blocks", local_blocks, where);
+  json_get(o, "window", window, where);
+  json_get(o, "compression", compression, where);
+  json_get(o, "compress_hidden", compress_hidden, where);
+  json_get(o, "shared_kv", shared_kv, where);
+  LT2_CHECK(compression == "mean" || compression == "mlp", where,
+            ": 'compression' must be 'mean' or 'mlp', found '", compression, "'");
+  mlp_compression = compression == "mlp";
+  LT2_CHECK(compress_stride > 0 && compress_block >= compress_stride && select_block > 0, where,
+            ": need 0 < compress_stride <= compress_block and select_block > 0");
+  LT2_CHECK(compress_block % compress_stride == 0 && select_block % compress_stride == 0, where,
+            ": compress_stride (", compress_stride, ") must divide compress_block (", compress_block,
+            ") and select_block (", select_block, ")");
+  LT2_CHECK(local_blocks >= 0 && select_count >= local_blocks + 1, where,
+            ": select_count must cover block 0 and the local blocks (select_count >= local_blocks + 1)");
+  LT2_CHECK(window > 0 && compress_hidden > 0, where, ": window and compress_hidden must be > 0");
+
+  const int64_t d = cfg.d_model, H = n_heads, D = head_dim;
+  const double std = cfg.init_scale();
+  wq = register_module("wq", make_linear(d, H * D, std));
+  const int n_sets = shared_kv ? 1 : 3;
+  const char* set_names[] = {"cmp", "slc", "win"};
+  for (int i = 0; i < n_sets; ++i) {
+    const std::string suffix = shared_kv ? "" : std::string("_") + set_names[i];
+    wk.push_back(register_module("wk" + suffix, make_linear(d, n_kv_heads * D, std)));
+    wv.push_back(register_module("wv" + suffix, make_linear(d, n_kv_heads * D, std)));
+  }
+  if (mlp_compression) {
+    const int64_t l = compress_block;
+    pos_k = register_parameter("pos_k", torch::zeros({l, D}));
+    pos_v = register_parameter("pos_v", torch::zeros({l, D}));
+    auto mlp = [&] {
+      return torch::nn::Sequential(make_linear(l * D, compress_hidden, 1.0 / std::sqrt(double(l * D))),
+                                   torch::nn::ReLU(),
+                                   make_linear(compress_hidden, D, 1.0 / std::sqrt(double(compress_hidden))));
+    };
+    mlp_k = register_module("mlp_k", mlp());
+    mlp_v = register_module("mlp_v", mlp());
+  }
+  wg = register_module("wg", make_linear(d, 3 * H, 0.0, /*bias=*/true));
+  {
+    torch::NoGradGuard ng;
+    wg->bias.view({H, 3}).copy_(torch::tensor({-2.0, -2.0, 2.0}));
+  }
+  wo = register_module("wo", make_linear(H * D, d, 1.0 / std::sqrt(static_cast<double>(H * D))));
+}
+
+std::pair<Tensor, Tensor> NSAImpl::project_kv(const Tensor& x, int64_t start, int64_t set) {
+  const int64_t B = x.size(0), T = x.size(1);
+  return {apply_rope(wk[set](x).view({B, T, n_kv_heads, head_dim}), start, rope_theta, rope_style),
+          wv[set](x).view({B, T, n_kv_heads, head_dim})};
+}
+
+std::pair<Tensor, Tensor> NSAImpl::compress(const Tensor& k, const Tensor& v) {
+  auto kb = nsa_unfold_blocks(k, compress_block, compress_stride);  // [B, NC, H_kv, l, D]
+  auto vb = nsa_unfold_blocks(v, compress_block, compress_stride);
+  if (!mlp_compression) return {kb.mean(3), vb.mean(3)};
+  return {mlp_k->forward((kb + pos_k.to(kb.scalar_type())).flatten(-2)),
+          mlp_v->forward((vb + pos_v.to(vb.scalar_type())).flatten(-2))};
+}
+
+Tensor NSAImpl::gates(const Tensor& x) {
+  return torch::sigmoid(wg(x)).view({x.size(0), x.size(1), n_heads, 3});
+}
+
+Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+  const int64_t B = x.size(0), T = x.size(1), start = pos.start, L = start + T;
+  const int64_t H = n_heads, H_kv = n_kv_heads, D = head_dim, G = H / H_kv;
+  LT2_CHECK(state || start == 0, "nsa: a call at position ", start,
+            " needs the state holding the tokens before it");
+  auto q = apply_rope(wq(x).view({B, T, H, D}), start, rope_theta, rope_style).transpose(1, 2);  // [B, H, T, D]
+  auto* s = state ? &dynamic_cast<NSAState&>(*state) : nullptr;
+  if (s) {
+    LT2_CHECK(s->length == start, "nsa state holds ", s->length, " tokens but the call starts at ", start);
+    LT2_CHECK(L <= s->k[0].size(2), "nsa state overflow: ", L, " tokens for ", s->k[0].size(2));
+  }
+  // Keys and values of every position 0..L-1, per K/V set: [B, H_kv, L, D].
+  std::vector<Tensor> ks, vs;
+  for (size_t set = 0; set < wk.size(); ++set) {
+    auto [k, v] = project_kv(x, start, set);
+    if (s) {
+      s->k[set].narrow(2, start, T).copy_(k.transpose(1, 2));
+      s->v[set].narrow(2, start, T).copy_(v.transpose(1, 2));
+      ks.push_back(s->k[set].narrow(2, 0, L).to(q.scalar_type()));
+      vs.push_back(s->v[set].narrow(2, 0, L).to(q.scalar_type()));
+    } else {
+      ks.push_back(k.transpose(1, 2));
+      vs.push_back(v.transpose(1, 2));
+    }
+  }
+  // Compressed blocks complete within the first L tokens: [B, H_kv, NC, D].
+  const int64_t l = compress_block, d = compress_stride, NC = nsa_num_blocks(L, l, d);
+  const int64_t cs = kv_set(kCmp);
+  Tensor kc, vc;
+  if (s) {
+    if (NC > s->n_blocks) {  // compress the blocks completed by this call
+      const int64_t first = s->n_blocks, from = first * d, len = (NC - 1) * d + l - from;
+      auto [kn, vn] = compress(ks[cs].narrow(2, from, len).transpose(1, 2), vs[cs].narrow(2, from, len).transpose(1, 2));
+      s->k_cmp.narrow(2, first, NC - first).copy_(kn.transpose(1, 2));
+      s->v_cmp.narrow(2, first, NC - first).copy_(vn.transpose(1, 2));
+      s->n_blocks = NC;
+    }
+    s->length = L;
+    kc = s->k_cmp.narrow(2, 0, NC).to(q.scalar_type());
+    vc = s->v_cmp.narrow(2, 0, NC).to(q.scalar_type());
+  } else {
+    auto [kn, vn] = compress(ks[cs].transpose(1, 2), vs[cs].transpose(1, 2));
+    kc = kn.transpose(1, 2);
+    vc = vn.transpose(1, 2);
+  }
+  auto lopts = torch::TensorOptions().dtype(torch::kLong).device(x.device());
+  auto q_pos = torch::arange(start, L, lopts), k_pos = torch::arange(L, lopts);
+
+  // Compression branch: block i is visible once complete (its last token i d + l - 1 <= t).
+  auto cmp_mask = (torch::arange(NC, lopts) * d + (l - 1)).unsqueeze(0) <= q_pos.unsqueeze(1);  // [T, NC]
+  auto [o_cmp, p_cmp] = masked_attention_probs(q, kc, vc, cmp_mask);  // [B, T, H, D], [B, H, T, NC]
+
+  // Selection branch: importance summed over the query heads of each group, top-n blocks.
+  const int64_t NS = (L + select_block - 1) / select_block;
+  Tensor blocks;  // [B, H_kv, T, NS] selected blocks
+  {
+    torch::NoGradGuard no_grad;
+    auto p_group = p_cmp.view({B, H_kv, G, T, NC}).sum(2);  // [B, H_kv, T, NC]
+    auto importance = torch::matmul(p_group, nsa_overlap_matrix(NC, NS, l, d, select_block, p_group.options()));
+    blocks = nsa_select_blocks(importance, q_pos, select_block, select_count, local_blocks);
+  }
+  auto slc_mask = blocks.index_select(-1, k_pos / select_block) & window_mask(q_pos, k_pos, 0);  // [B, H_kv, T, L]
+  auto o_slc = masked_attention(q, ks[kv_set(kSlc)], vs[kv_set(kSlc)], slc_mask.repeat_interleave(G, 1));
+
+  // Sliding-window branch.
+  auto o_win = masked_attention(q, ks[kv_set(kWin)], vs[kv_set(kWin)], window_mask(q_pos, k_pos, window));
+
+  auto g = gates(x).unsqueeze(-1);  // [B, T, H, 3, 1]
+  auto o = g.select(3, kCmp) * o_cmp + g.select(3, kSlc) * o_slc + g.select(3, kWin) * o_win;
+  return wo(o.reshape({B, T, H * D}));
+}
+
+std::unique_ptr<MixerState> NSAImpl::make_state(int64_t batch, int64_t max_len,
+                                                torch::TensorOptions opts) const {
+  auto s = std::make_unique<NSAState>();
+  for (size_t set = 0; set < wk.size(); ++set) {
+    s->k.push_back(torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts));
+    s->v.push_back(torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts));
+  }
+  const int64_t max_blocks = nsa_num_blocks(max_len, compress_block, compress_stride);
+  s->k_cmp = torch::zeros({batch, n_kv_heads, max_blocks, head_dim}, opts);
+  s->v_cmp = torch::zeros({batch, n_kv_heads, max_blocks, head_dim}, opts);
+  return s;
+}
+
+MixerInfo nsa_info() {
+  return {"nsa",
+          "native sparse attention: gated compression, top-n block selection and sliding-window "
+          "branches (paper or simplified form); KV cache + compressed KV",
+          [](const ModelConfig& cfg, int64_t) -> Mixer {
+            return std::make_shared<NSAImpl>(cfg, cfg.options_for("nsa"));
+          }};
+}
+
+}  // namespace lt2

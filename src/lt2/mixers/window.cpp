@@ -1,0 +1,143 @@
+#include "lt2/mixers/window.h"
+
+#include <algorithm>
+
+#include "lt2/mixers/builtin.h"
+#include "lt2/ops/sparse_attention.h"
+
+namespace lt2 {
+
+namespace {
+
+// Absolute positions held by the first n_valid slots of a ring of S slots after `end` tokens were
+// written (token p in slot p mod S; n_valid = min(end, S)). [n_valid] int64.
+Tensor slot_positions(int64_t end, int64_t n_valid, int64_t S, torch::Device device) {
+  auto s = torch::arange(n_valid, torch::TensorOptions().dtype(torch::kLong).device(device));
+  return (end - 1) - ((end - 1) - s) % S;
+}
+
+Tensor positions(int64_t start, int64_t count, torch::Device device) {
+  return torch::arange(start, start + count, torch::TensorOptions().dtype(torch::kLong).device(device));
+}
+
+}  // namespace
+
+int64_t RingKVCache::bytes() const { return k.nbytes() + v.nbytes(); }
+
+WindowAttentionImpl::WindowAttentionImpl(const ModelConfig& cfg, int64_t window,
+                                         std::vector<int64_t> loop_windows)
+    : FullAttentionImpl(cfg), base_window(window) {
+  set_loop_windows(std::move(loop_windows));
+}
+
+void WindowAttentionImpl::set_loop_windows(std::vector<int64_t> loop_windows) {
+  for (int64_t w : loop_windows)
+    LT2_CHECK(w >= 0, "window: window sizes must be >= 0 (0 = full attention), found ", w);
+  loop_windows_ = std::move(loop_windows);
+}
+
+int64_t WindowAttentionImpl::window_at(int64_t loop) const {
+  LT2_CHECK(loop >= 0 && loop < static_cast<int64_t>(loop_windows_.size()), "window: loop ", loop,
+            " has no window (", loop_windows_.size(), " loops configured)");
+  return loop_windows_[loop];
+}
+
+std::unique_ptr<RingKVCache> WindowAttentionImpl::make_ring(int64_t batch, int64_t max_len,
+                                                            torch::TensorOptions opts,
+                                                            int64_t window) const {
+  const int64_t S = window > 0 ? std::min(window, max_len) : max_len;
+  auto s = std::make_unique<RingKVCache>();
+  s->k = torch::zeros({batch, n_kv_heads, S, head_dim}, opts);
+  s->v = torch::zeros({batch, n_kv_heads, S, head_dim}, opts);
+  s->window = window;
+  s->max_len = max_len;
+  return s;
+}
+
+std::unique_ptr<MixerState> WindowAttentionImpl::make_state(int64_t batch, int64_t max_len,
+                                                            torch::TensorOptions opts) const {
+  const bool any_full = std::count(loop_windows_.begin(), loop_windows_.end(), 0) > 0;
+  const int64_t widest = any_full ? 0 : *std::max_element(loop_windows_.begin(), loop_windows_.end());
+  return make_ring(batch, max_len, opts, widest);
+}
+
+std::unique_ptr<MixerState> WindowAttentionImpl::make_loop_state(int64_t batch, int64_t max_len,
+                                                                 torch::TensorOptions opts,
+                                                                 int64_t loop) const {
+  return make_ring(batch, max_len, opts, window_at(loop));
+}
+
+RingKVCache& WindowAttentionImpl::ring_for(MixerState& state, const Positions& pos) const {
+  auto& ring = dynamic_cast<RingKVCache&>(state);
+  LT2_CHECK(ring.length == pos.start, "window state holds ", ring.length,
+            " tokens but the call starts at position ", pos.start);
+  const int64_t W = window_at(pos.loop);
+  LT2_CHECK(ring.slots() >= (W > 0 ? std::min(W, ring.max_len) : ring.max_len),
+            "window state has ", ring.slots(), " slots, too few for window ", W, " in loop ",
+            pos.loop, " (make the state for this loop)");
+  return ring;
+}
+
+Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
+  if (state && x.size(1) == 1) return step(x, pos, *state);
+  const int64_t T = x.size(1), W = window_at(pos.loop);
+  auto [q, k, v] = project(x, pos.start);
+  auto qh = q.transpose(1, 2);  // [B, H, T, D]
+  auto q_pos = positions(pos.start, T, x.device());
+  Tensor o;  // [B, T, H, D]
+  if (!state) {
+    o = masked_attention(qh, k.transpose(1, 2), v.transpose(1, 2), window_mask(q_pos, q_pos, W));
+    return output(o, x);
+  }
+  auto& ring = ring_for(*state, pos);
+  const int64_t S = ring.slots(), past = std::min(ring.length, S);
+  // Keys: the cached tokens (in slot order) followed by the new ones; the mask reads positions.
+  auto k_all = torch::cat({ring.k.narrow(2, 0, past).to(q.scalar_type()), k.transpose(1, 2)}, 2);
+  auto v_all = torch::cat({ring.v.narrow(2, 0, past).to(q.scalar_type()), v.transpose(1, 2)}, 2);
+  auto k_pos = torch::cat({slot_positions(ring.length, past, S, x.device()), q_pos});
+  o = masked_attention(qh, k_all, v_all, window_mask(q_pos, k_pos, W));
+  // Keep the last min(T, S) new tokens.
+  const int64_t keep = std::min(T, S);
+  auto slots = positions(pos.start + T - keep, keep, x.device()) % S;
+  ring.k.index_copy_(2, slots, k.narrow(1, T - keep, keep).transpose(1, 2).to(ring.k.scalar_type()));
+  ring.v.index_copy_(2, slots, v.narrow(1, T - keep, keep).transpose(1, 2).to(ring.v.scalar_type()));
+  ring.length = pos.start + T;
+  return output(o, x);
+}
+
+Tensor WindowAttentionImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
+  auto& ring = ring_for(state, pos);
+  const int64_t W = window_at(pos.loop), S = ring.slots();
+  auto [q, k, v] = project(x, pos.start);
+  // Write the new token first, then attend over the valid slots: no copy of the cache.
+  const int64_t slot = pos.start % S;
+  ring.k.select(2, slot).copy_(k.select(1, 0));
+  ring.v.select(2, slot).copy_(v.select(1, 0));
+  ring.length = pos.start + 1;
+  const int64_t n_valid = std::min(ring.length, S);
+  auto k_pos = slot_positions(ring.length, n_valid, S, x.device());
+  auto mask = window_mask(positions(pos.start, 1, x.device()), k_pos, W);  // [1, n_valid]
+  auto o = masked_attention(q.transpose(1, 2), ring.k.narrow(2, 0, n_valid).to(q.scalar_type()),
+                            ring.v.narrow(2, 0, n_valid).to(q.scalar_type()), mask);
+  return output(o, x);
+}
+
+MixerInfo window_attention_info() {
+  return {"window",
+          "sliding-window softmax attention (W keys incl. the current; per-loop windows), "
+          "full-attention weights; ring-buffer KV cache of W tokens",
+          [](const ModelConfig& cfg, int64_t) -> Mixer {
+            const auto opts = cfg.options_for("window");
+            json_reject_unknown(opts, {"window", "windows"}, "mixer.window");
+            int64_t window = 2048;
+            json_get(opts, "window", window, "mixer.window");
+            std::vector<int64_t> windows(cfg.n_loops, window);
+            json_get(opts, "windows", windows, "mixer.window");
+            LT2_CHECK(static_cast<int64_t>(windows.size()) == cfg.n_loops, "mixer.window: 'windows' lists ",
+                      windows.size(), " windows but the model has n_loops = ", cfg.n_loops);
+            LT2_CHECK(window >= 0, "mixer.window: 'window' must be >= 0 (0 = full), found ", window);
+            return std::make_shared<WindowAttentionImpl>(cfg, window, windows);
+          }};
+}
+
+}  // namespace lt2

@@ -1,0 +1,118 @@
+#include "lt2/ops/sparse_attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "lt2/model/layers.h"
+#include "lt2/util/error.h"
+
+namespace lt2 {
+
+Tensor window_mask(const Tensor& q_pos, const Tensor& k_pos, int64_t window) {
+  auto dist = q_pos.unsqueeze(1) - k_pos.unsqueeze(0);  // [T, L] query minus key position
+  auto mask = dist >= 0;
+  if (window > 0) mask = mask & (dist < window);
+  return mask;
+}
+
+Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                        double scale) {
+  const bool gqa = q.size(1) != k.size(1);
+  std::optional<double> sdpa_scale;
+  if (scale > 0) sdpa_scale = scale;
+  auto o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, sdpa_scale, gqa);
+  return o.transpose(1, 2);  // [B, T, H, D]
+}
+
+std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& mask, double scale) {
+  const int64_t H = q.size(1), H_kv = k.size(1), D = q.size(3);
+  LT2_CHECK(H % H_kv == 0, "attention: ", H, " query heads are not a multiple of ", H_kv, " kv heads");
+  if (k.size(2) == 0) {  // no keys at all: zero output and (empty) probabilities
+    auto probs = torch::zeros({q.size(0), H, q.size(2), 0}, q.options().dtype(accum_dtype(q)));
+    return {torch::zeros({q.size(0), q.size(2), H, v.size(3)}, q.options()), probs};
+  }
+  auto ke = H == H_kv ? k : k.repeat_interleave(H / H_kv, 1);  // [B, H, L, D]
+  auto ve = H == H_kv ? v : v.repeat_interleave(H / H_kv, 1);
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto scores = torch::matmul(q, ke.transpose(-1, -2)).to(accum_dtype(q)) * scale;
+  // Softmax over the visible keys; a query seeing none gets all-zero probabilities. The row max is
+  // a constant shift (detached: the probabilities do not depend on it).
+  scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());  // [B, H, T, L]
+  auto row_max = scores.detach().amax(-1, /*keepdim=*/true);
+  row_max = row_max.masked_fill(torch::isinf(row_max), 0.0);
+  auto e = torch::exp(scores - row_max);
+  auto denom = e.sum(-1, /*keepdim=*/true);
+  auto probs = e / torch::where(denom > 0, denom, torch::ones_like(denom));
+  auto out = torch::matmul(probs.to(v.scalar_type()), ve);  // [B, H, T, D]
+  return {out.transpose(1, 2), probs};
+}
+
+Tensor topk_indices(const Tensor& scores, const Tensor& visible, int64_t k) {
+  auto s = scores.masked_fill(~visible, -std::numeric_limits<double>::infinity());
+  // Stable descending sort keeps equal scores in index order: ties go to the lower index.
+  auto order = std::get<1>(torch::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true));
+  return order.narrow(-1, 0, std::min(k, scores.size(-1)));
+}
+
+Tensor topk_mask(const Tensor& scores, const Tensor& visible, int64_t k) {
+  auto idx = topk_indices(scores, visible, k);
+  return torch::zeros_like(visible).scatter(-1, idx, true) & visible;
+}
+
+Tensor lightning_indexer_scores(const Tensor& q, const Tensor& w, const Tensor& k) {
+  auto logits = torch::relu(torch::einsum("bthd,bsd->bths", {q, k}));  // [B, T, H_I, L]
+  return torch::einsum("bths,bth->bts", {logits, w});
+}
+
+Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, const Tensor& support) {
+  const auto dt = accum_dtype(index_scores);
+  // Target: head-summed attention on the support, L1-normalised; no gradient to the main model.
+  auto p = attn_probs.detach().to(dt).sum(1).masked_fill(~support, 0.0);  // [B, T, L]
+  auto mass = p.sum(-1, /*keepdim=*/true);
+  p = p / torch::where(mass > 0, mass, torch::ones_like(mass));
+  auto scores = index_scores.to(dt).masked_fill(~support, -std::numeric_limits<double>::infinity());
+  auto log_q = torch::log_softmax(scores, -1);
+  log_q = torch::where(support, log_q, torch::zeros_like(log_q));  // no -inf * 0 off the support
+  auto terms = torch::xlogy(p, p) - p * log_q;                     // 0 off the support (p = 0)
+  return terms.sum(-1).mean();
+}
+
+int64_t nsa_num_blocks(int64_t length, int64_t block, int64_t stride) {
+  return length >= block ? (length - block) / stride + 1 : 0;
+}
+
+Tensor nsa_unfold_blocks(const Tensor& x, int64_t block, int64_t stride) {
+  const int64_t NC = nsa_num_blocks(x.size(1), block, stride);
+  if (NC == 0) return x.new_empty({x.size(0), 0, x.size(2), block, x.size(3)});
+  auto used = x.narrow(1, 0, (NC - 1) * stride + block);  // [B, L', H, D]
+  return used.unfold(1, block, stride).permute({0, 1, 2, 4, 3});  // [B, NC, H, block, D]
+}
+
+Tensor nsa_overlap_matrix(int64_t n_cmp, int64_t n_slc, int64_t l, int64_t d, int64_t l_sel,
+                          torch::TensorOptions opts) {
+  LT2_CHECK(l % d == 0 && l_sel % d == 0, "nsa: the compression stride ", d,
+            " must divide the compression block ", l, " and the selection block ", l_sel);
+  const int64_t units_cmp = l / d, units_sel = l_sel / d;  // block lengths in stride units
+  auto lopts = torch::TensorOptions().dtype(torch::kLong).device(opts.device());
+  auto i = torch::arange(n_cmp, lopts).unsqueeze(1);  // compression block i: units [i, i + l/d)
+  auto j = torch::arange(n_slc, lopts).unsqueeze(0);  // selection block j: units [j l'/d, (j+1) l'/d)
+  auto lo = torch::maximum(i, j * units_sel);
+  auto hi = torch::minimum(i + units_cmp, (j + 1) * units_sel);
+  return (hi - lo).clamp_min(0).to(opts.dtype());  // [NC, NS]
+}
+
+Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
+                         int64_t n_select, int64_t n_local) {
+  const int64_t NS = importance.size(-1);
+  auto j = torch::arange(NS, q_pos.options()).unsqueeze(0);  // [1, NS]
+  auto own = (q_pos / block).unsqueeze(1);                   // [T, 1] block holding the query
+  auto visible = j <= own;                                   // [T, NS]
+  auto forced = visible & ((j == 0) | (j > own - n_local));
+  auto scores = importance.masked_fill(forced, std::numeric_limits<double>::infinity());
+  return topk_mask(scores, visible.expand_as(scores), n_select);
+}
+
+}  // namespace lt2

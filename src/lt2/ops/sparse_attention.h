@@ -1,0 +1,84 @@
+// Reference math of the sparse softmax-attention mixers (spec/mixers.md §5–7), in plain libtorch
+// ops (CPU and GPU, autograd): masked attention, deterministic top-k, the DSA lightning indexer and
+// its KL training signal, and NSA's block compression and block selection.
+//
+// Positions are absolute token positions; a key is "visible" from a query by a boolean mask
+// (true = attend). Masks are built from integer positions, never from the tensors' values, so the
+// parallel forward, a chunked prefill and token-by-token decode select exactly the same keys.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace lt2 {
+
+using torch::Tensor;
+
+// Causal band: query at absolute position q_pos[i] sees the key at k_pos[j] when
+// q_pos[i] - window < k_pos[j] <= q_pos[i] (W keys including itself; window 0 = unbounded, plain
+// causal). q_pos: [T], k_pos: [L] int64 -> [T, L] bool.
+Tensor window_mask(const Tensor& q_pos, const Tensor& k_pos, int64_t window);
+
+// Softmax attention of q [B, H, T, D] over k, v [B, H_kv, L, D] (GQA: H_kv divides H, query head
+// h reads key head h / (H / H_kv)) restricted by `mask`, bool broadcastable to [B, H, T, L].
+// Values may have their own width: v [B, H_kv, L, D_v]. Scores are scaled by `scale` (0 = D^-1/2).
+// Every query must see at least one key. Returns [B, T, H, D_v].
+Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                        double scale = 0);
+
+// The same attention computed explicitly, also returning the probabilities [B, H, T, L] (zero on
+// masked keys). A query that sees no key gets probabilities 0 and output 0 (NSA's compression
+// branch before the first block completes). Returns {out [B, T, H, D_v], probs}.
+std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& mask, double scale = 0);
+
+// Indices of the k largest entries of `scores` along the last dim, among those where `visible`
+// (same shape, bool) is true. Order: by score descending; **equal scores -> lower index first**
+// (stable sort), so selection is deterministic. Rows with fewer than k visible entries return all
+// visible ones first and then invisible ones: use topk_mask when that matters. [..., L] -> [..., k']
+// with k' = min(k, L).
+Tensor topk_indices(const Tensor& scores, const Tensor& visible, int64_t k);
+
+// Boolean selection mask [..., L]: the top-k visible entries per row (ties as in topk_indices);
+// a row with at most k visible entries selects all of them.
+Tensor topk_mask(const Tensor& scores, const Tensor& visible, int64_t k);
+
+// DSA lightning indexer (spec §6.1): I[b, t, s] = sum_j w[b, t, j] * ReLU(q[b, t, j, :] . k[b, s, :]).
+// q: [B, T, H_I, d_I], w: [B, T, H_I] (scales already folded in), k: [B, L, d_I] -> [B, T, L].
+Tensor lightning_indexer_scores(const Tensor& q, const Tensor& w, const Tensor& k);
+
+// The indexer's KL training signal (spec §6.2, as the HF port computes it):
+//   p_t = sum_heads attn_probs[:, :, t, :] restricted to support_t, L1-normalised, detached
+//   loss = mean_{b,t} sum_{s in support_t} p_ts (log p_ts - log softmax_{support_t}(I_t)_s)
+// attn_probs: [B, H, T, L] (the main attention's probabilities), index_scores: [B, T, L],
+// support: [B, T, L] bool (dense warm-up: every causally visible key; sparse stage: the selected
+// set). Returns a scalar in the accumulation dtype (fp32, or float64 for float64 inputs).
+Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, const Tensor& support);
+
+// ---- NSA (spec §7) ----
+
+// Number of compression blocks of length `block` and stride `stride` lying fully inside the first
+// `length` tokens: block i covers tokens [i*stride, i*stride + block).
+int64_t nsa_num_blocks(int64_t length, int64_t block, int64_t stride);
+
+// Blocks of x [B, L, H, D]: [B, NC, H, block, D] (NC = nsa_num_blocks(L, block, stride)),
+// block i = x[:, i*stride : i*stride + block].
+Tensor nsa_unfold_blocks(const Tensor& x, int64_t block, int64_t stride);
+
+// Overlap matrix [NC, NS] (dtype of `opts`) from compression blocks (length l, stride d) to
+// selection blocks (length l', selection block j covers [j*l', (j+1)*l')): entry (i, j) = number of
+// stride units of d tokens the two blocks share. With it, the paper's block importance
+// p_slc[j] = sum_{m < l'/d} sum_{n < l/d} p_cmp[(l'/d) j + m - n] (written with 0-based blocks
+// that start at token 0) is p_slc = p_cmp @ overlap. Requires d | l and d | l'.
+Tensor nsa_overlap_matrix(int64_t n_cmp, int64_t n_slc, int64_t l, int64_t d, int64_t l_sel,
+                          torch::TensorOptions opts);
+
+// NSA block selection. importance: [B, H_kv, T, NS] (compressed-attention probabilities summed
+// over the query heads of each group, mapped to selection blocks), q_pos: [T] absolute positions.
+// Blocks starting after the query are invisible; block 0 and the `n_local` blocks ending at the
+// query's own block are always selected; then the highest-importance visible blocks up to
+// `n_select` in all (ties: lower block first). Returns the selected-block mask [B, H_kv, T, NS].
+Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
+                         int64_t n_select, int64_t n_local);
+
+}  // namespace lt2
