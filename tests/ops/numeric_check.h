@@ -1,5 +1,5 @@
-// Numerical checks shared by the op and mixer tests: relative errors and a finite-difference
-// gradient check (libtorch's C++ API has no gradcheck).
+// Finite-difference gradient check of a function of tensors, shared by the op and mixer tests
+// (libtorch's C++ API has no gradcheck). Relative errors: common/testing.h.
 #pragma once
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -7,16 +7,11 @@
 #include <functional>
 #include <vector>
 
+#include "common/testing.h"
+
 namespace lt2::testing {
 
 using torch::Tensor;
-
-// max |a - b| / max |b|: the error of `a` against the reference `b`.
-inline double rel_err(const Tensor& a, const Tensor& b) {
-  auto ref = b.to(torch::kFloat64);
-  auto scale = ref.abs().max().item<double>();
-  return (a.to(torch::kFloat64) - ref).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
-}
 
 // Compares autograd's gradient of a float64 function with central differences (eps 1e-6).
 // The function's output is reduced to a scalar by a fixed random projection R:

@@ -84,12 +84,12 @@ class Recurrence : public ::testing::TestWithParam<Family> {};
 TEST_P(Recurrence, ChunkedMatchesNaiveInFloat64) {
   torch::manual_seed(0);
   const auto f = GetParam();
-  for (int64_t T : {1, 7, 16, 37}) {
+  for (int64_t T : {1, 7, 16, 37, 70}) {
     auto in = make_inputs(f, 2, T, 3, 5, 6, torch::kFloat64);
     for (bool with_state : {false, true}) {
       Tensor s0 = with_state ? torch::randn({2, 3, 5, 6}, torch::kFloat64) : Tensor();
       auto ref = recurrent(f, in, s0);
-      for (int64_t C : {1, 4, 8, 16, 64}) {
+      for (int64_t C : {1, 4, 8, 16, 32, 64}) {  // 32, 64: sub-chunked scores
         auto out = chunked(f, in, s0, C);
         EXPECT_LT(rel_err(out.o, ref.o), 1e-10) << "T " << T << " C " << C << " state " << with_state;
         EXPECT_LT(rel_err(out.final_state, ref.final_state), 1e-10) << "T " << T << " C " << C;
@@ -125,10 +125,8 @@ TEST_P(Recurrence, SplitPrefillMatchesWhole) {
   }
 }
 
-TEST_P(Recurrence, ChunkedGradientsMatchFiniteDifferences) {
-  torch::manual_seed(3);
-  const auto f = GetParam();
-  auto in = make_inputs(f, 1, 11, 2, 3, 4, torch::kFloat64);
+void expect_chunked_gradients_match(const Family& f, int64_t T, int64_t C) {
+  auto in = make_inputs(f, 1, T, 2, 3, 4, torch::kFloat64);
   auto s0 = torch::randn({1, 2, 3, 4}, torch::kFloat64);
   std::vector<Tensor> xs = {in.q, in.k, in.v, s0};
   if (f.delta) xs.push_back(in.beta);
@@ -140,10 +138,17 @@ TEST_P(Recurrence, ChunkedGradientsMatchFiniteDifferences) {
         size_t i = 4;
         if (f.delta) a.beta = x[i++];
         if (in.g.defined()) a.g = x[i++];
-        auto r = chunked(f, a, x[3], 4);
+        auto r = chunked(f, a, x[3], C);
         return torch::cat({r.o.flatten(), r.final_state.flatten()});
       },
       xs);
+}
+
+TEST_P(Recurrence, ChunkedGradientsMatchFiniteDifferences) {
+  torch::manual_seed(3);
+  const auto f = GetParam();
+  expect_chunked_gradients_match(f, 11, 4);
+  if (f.gate == Gate::Channel) expect_chunked_gradients_match(f, 37, 32);  // sub-chunked scores
 }
 
 TEST_P(Recurrence, StrongDecaysStayFiniteAndExact) {

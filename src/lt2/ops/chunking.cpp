@@ -1,5 +1,7 @@
 #include "lt2/ops/chunking.h"
 
+#include <limits>
+
 #include "lt2/util/error.h"
 
 namespace lt2::ops {
@@ -32,20 +34,61 @@ Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, i
   return to_chunks(g4, chunk, dt).cumsum(-2);   // [B, H, N, C, 1 or K]
 }
 
-Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
-  const int64_t C = a.size(-2);
-  auto ones = torch::ones({C, C}, torch::TensorOptions().dtype(torch::kBool).device(a.device()));
-  auto keep = inclusive ? ones.tril() : ones.tril(-1);  // [C, C]: j <= i (or j < i)
-  const auto neg_inf = -std::numeric_limits<double>::infinity();
-  if (G.size(-1) == 1) {
-    auto Gi = G;                                             // [..., C, 1]
-    auto rel = Gi - Gi.transpose(-1, -2);                    // [..., C, C]: G_i - G_j
-    auto decay = rel.masked_fill(keep.logical_not(), neg_inf).exp();
-    return torch::matmul(a, b.transpose(-1, -2)) * decay;    // [..., C, C]
-  }
+namespace {
+
+// [C, C] mask of the kept entries: j <= i (inclusive) or j < i.
+Tensor causal_keep(int64_t C, bool inclusive, const torch::Device& device) {
+  auto ones = torch::ones({C, C}, torch::TensorOptions().dtype(torch::kBool).device(device));
+  return inclusive ? ones.tril() : ones.tril(-1);
+}
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Per-channel decayed scores by direct pairwise exponents: [..., C, C, K] intermediates.
+Tensor channel_scores_pairwise(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+  auto keep = causal_keep(a.size(-2), inclusive, a.device());
   auto rel = G.unsqueeze(-2) - G.unsqueeze(-3);              // [..., C, C, K]: G_i[d] - G_j[d]
-  auto decay = rel.masked_fill(keep.logical_not().unsqueeze(-1), neg_inf).exp();
+  auto decay = rel.masked_fill(keep.logical_not().unsqueeze(-1), kNegInf).exp();
   return (a.unsqueeze(-2) * b.unsqueeze(-3) * decay).sum(-1);  // [..., C, C]
+}
+
+}  // namespace
+
+Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+  const int64_t C = a.size(-2), K = a.size(-1);
+  if (G.size(-1) == 1) {
+    auto keep = causal_keep(C, inclusive, a.device());
+    auto rel = G - G.transpose(-1, -2);                      // [..., C, C]: G_i - G_j
+    return torch::matmul(a, b.transpose(-1, -2)) * rel.masked_fill(keep.logical_not(), kNegInf).exp();
+  }
+  // Per-channel decay. Split the chunk into S sub-chunks of c = 16 tokens (fla's KDA layout):
+  // diagonal c x c blocks pairwise, off-diagonal blocks (I > J) as a matmul after factoring
+  //   exp(G_i - G_j) = exp(G_i - G_n) exp(G_n - G_j),  n = the first token of sub-chunk I,
+  // where both factors have exponents <= 0 (G is non-increasing). Intermediates shrink from
+  // [C, C, K] to [C, c, K] + [S, C, K] per chunk.
+  constexpr int64_t c = 16;
+  if (C <= c || C % c != 0) return channel_scores_pairwise(a, b, G, inclusive);
+  const int64_t S = C / c;
+  auto batch = a.sizes().slice(0, a.dim() - 2).vec();
+  auto sub = [&](const Tensor& x) {
+    auto shape = batch;
+    shape.insert(shape.end(), {S, c, K});
+    return x.reshape(shape);                                 // [..., S, c, K]
+  };
+  auto as = sub(a), bs = sub(b), Gs = sub(G);
+  auto diagonal = channel_scores_pairwise(as, bs, Gs, inclusive);  // [..., S, c, c]
+  auto G_ref = Gs.narrow(-2, 0, 1);                           // [..., S, 1, K] first token of I
+  auto a_ref = as * (Gs - G_ref).exp();                       // [..., S, c, K]
+  auto later = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(a.device())).tril(-1);
+  auto rel = G_ref.unsqueeze(-3) - Gs.unsqueeze(-4);          // [..., S(I), S(J), c, K]: G_n(I) - G_j
+  auto b_ref = bs.unsqueeze(-4) *
+               rel.masked_fill(later.logical_not().view({S, S, 1, 1}), kNegInf).exp();
+  auto off = torch::matmul(a_ref.unsqueeze(-3), b_ref.transpose(-1, -2));  // [..., S, S, c, c]
+  auto eye = torch::eye(S, torch::TensorOptions().dtype(a.scalar_type()).device(a.device()));
+  auto blocks = off + eye.view({S, S, 1, 1}) * diagonal.unsqueeze(-3);      // [..., S, S, c, c]
+  auto shape = batch;
+  shape.insert(shape.end(), {C, C});
+  return blocks.transpose(-3, -2).reshape(shape);             // [..., S, c, S, c] -> [..., C, C]
 }
 
 Tensor state_decay(const Tensor& g, torch::ScalarType dt) {
