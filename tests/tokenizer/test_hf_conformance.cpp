@@ -98,6 +98,61 @@ TEST_F(HfTrained, SavedCopyEncodesTheSameAndHfReadsIt) {
   for (const std::string& t : texts) EXPECT_EQ(tok.encode(t), again.encode(t));
 }
 
+// Pre-tokenizer, normalizer and model options that the trained files do not use, applied to the
+// HF-trained GPT-2-style vocabulary (any byte-level split is valid for it) and compared with HF.
+TEST_F(HfTrained, PipelineVariantsMatchHf) {
+  const json base = load_json_file(dir_->file("gpt2.json"));
+  const json byte_level_prefix = {
+      {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  const json byte_level_plain = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  auto split = [](const json& pattern, const char* behavior, bool invert) {
+    return json{{"type", "Split"}, {"pattern", pattern}, {"behavior", behavior}, {"invert", invert}};
+  };
+  auto sequence = [](const std::vector<json>& steps) {
+    return json{{"type", "Sequence"}, {"pretokenizers", steps}};
+  };
+  const std::vector<std::pair<std::string, json>> pre_tokenizers = {
+      {"string-merged-with-previous",
+       sequence({split({{"String", " "}}, "MergedWithPrevious", false), byte_level_prefix})},
+      {"digits-merged-with-next", sequence({split({{"Regex", "\\p{N}+"}}, "MergedWithNext", false), byte_level_plain})},
+      {"removed-then-punctuation",
+       sequence({split({{"Regex", "\\s+"}}, "Removed", false), {{"type", "Punctuation"}, {"behavior", "Contiguous"}},
+                 byte_level_prefix})},
+      {"inverted-contiguous", sequence({split({{"Regex", "[a-z]+"}}, "Contiguous", true), byte_level_plain})},
+      {"steps-after-byte-level",
+       sequence({{{"type", "Digits"}, {"individual_digits", false}}, byte_level_prefix,
+                 split({{"Regex", "Ġ"}}, "MergedWithNext", false), {{"type", "Digits"}, {"individual_digits", true}}})},
+  };
+  const auto texts = test::varied_texts({"<|endoftext|>", "<|im_start|>"});
+  for (const auto& [name, pre] : pre_tokenizers) {
+    json doc = base;
+    doc["pre_tokenizer"] = pre;
+    const std::string path = dir_->file(name + ".json");
+    write_file_atomic(path, doc.dump());
+    expect_same_as_oracle(Tokenizer::load(path), texts, test::oracle_encode(path, texts), name);
+  }
+  // A normalizer Sequence, ignore_merges, and a template with a special token on both sides.
+  json doc = base;
+  doc["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}};
+  doc["model"]["ignore_merges"] = true;
+  doc["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<|im_start|>"}, {"type_id", 0}}}},
+                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                     {{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}}},
+         {"pair", {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+         {"special_tokens",
+          {{"<|im_start|>", {{"id", "<|im_start|>"}, {"ids", {1}}, {"tokens", {"<|im_start|>"}}}},
+           {"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {0}}, {"tokens", {"<|endoftext|>"}}}}}}}}}};
+  const std::string path = dir_->file("variant-model.json");
+  write_file_atomic(path, doc.dump());
+  expect_same_as_oracle(Tokenizer::load(path), texts, test::oracle_encode(path, texts), "nfc+ignore_merges+template");
+}
+
 // Published tokenizers from ../shared/data/tokenizers (absent on a user's machine: skip).
 class Published : public ::testing::TestWithParam<const char*> {};
 

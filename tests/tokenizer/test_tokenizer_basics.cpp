@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <atomic>
+#include <thread>
 #include <random>
 
 #include "lt2/tokenizer/byte_level.h"
 #include "lt2/tokenizer/normalizer.h"
 #include "lt2/tokenizer/tokenizer.h"
+#include "lt2/tokenizer/trainer.h"
 #include "lt2/util/error.h"
 #include "lt2/util/fs.h"
 #include "oracle.h"
@@ -110,6 +113,26 @@ TEST(Tokenizer, PublishedTokenizersRoundTripArbitraryBytes) {
       EXPECT_EQ(tok.decode_bytes(tok.encode(s)), expected) << path;
     }
   }
+}
+
+TEST(Tokenizer, EncodesConcurrently) {
+  // Threads share the word cache; results must not depend on who filled it.
+  const auto texts = test::varied_texts({"<|endoftext|>"});
+  BpeTrainerOptions options;
+  options.vocab_size = 600;
+  const Tokenizer tok = train_bpe(texts, options);
+  std::vector<std::vector<int32_t>> expected;
+  for (const std::string& t : texts) expected.push_back(tok.encode(t));
+  std::vector<std::thread> pool;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t)
+    pool.emplace_back([&] {
+      for (int round = 0; round < 5; ++round)
+        for (size_t i = 0; i < texts.size(); ++i)
+          if (tok.encode(texts[i]) != expected[i]) ++mismatches;
+    });
+  for (auto& th : pool) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(Nfc, MatchesHfNormalizer) {
