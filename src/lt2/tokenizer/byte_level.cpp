@@ -9,7 +9,6 @@ namespace lt2::byte_level {
 namespace {
 
 struct Tables {
-  std::array<uint32_t, 256> byte_to_char{};
   std::array<int16_t, 512> char_to_byte{};  // every mapped code point is below U+0200
   std::array<std::string, 256> byte_to_utf8;
 
@@ -21,7 +20,6 @@ struct Tables {
     uint32_t next_extra = 256;
     for (int b = 0; b < 256; ++b) {
       const uint32_t cp = printable(b) ? static_cast<uint32_t>(b) : next_extra++;
-      byte_to_char[b] = cp;
       char_to_byte[cp] = static_cast<int16_t>(b);
       utf8::append(byte_to_utf8[b], cp);
     }
@@ -34,8 +32,6 @@ const Tables& tables() {
 }
 
 }  // namespace
-
-uint32_t byte_to_char(uint8_t b) { return tables().byte_to_char[b]; }
 
 std::optional<uint8_t> char_to_byte(uint32_t cp) {
   if (cp >= 512) return std::nullopt;

@@ -10,8 +10,6 @@
 
 namespace lt2::byte_level {
 
-// The code point that stands for byte `b`.
-uint32_t byte_to_char(uint8_t b);
 // The byte a character stands for, or nullopt for a character outside the alphabet.
 std::optional<uint8_t> char_to_byte(uint32_t cp);
 

@@ -1,7 +1,6 @@
 #include "lt2/tokenizer/tokenizer.h"
 
 #include <algorithm>
-#include <fstream>
 #include <sstream>
 
 #include "lt2/tokenizer/added_vocabulary.h"
@@ -69,7 +68,8 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
       } else {
         ids.push_back(token_id(name, where));
       }
-      (seen_sequence ? after : before).insert((seen_sequence ? after : before).end(), ids.begin(), ids.end());
+      std::vector<int32_t>& side = seen_sequence ? after : before;
+      side.insert(side.end(), ids.begin(), ids.end());
     }
     pp.prefix.insert(pp.prefix.begin(), before.begin(), before.end());
     pp.suffix.insert(pp.suffix.end(), after.begin(), after.end());
