@@ -237,6 +237,12 @@ TEST(TokenizerErrors, ClearMessages) {
   fails(with([](json& d) { d["post_processor"] = {{"type", "Fancy"}}; }), "unsupported post-processor type 'Fancy'");
   fails(with([](json& d) { d["added_tokens"] = {{{"content", "x"}}}; }), "added_tokens[0]");
   fails(with([](json& d) { d["added_tokens"][0]["special"] = "yes"; }), "'special' has the wrong type");
+  fails(with([](json& d) {
+          d["post_processor"] = {{"type", "TemplateProcessing"},
+                                 {"single", {{{"SpecialToken", {{"id", "<s>"}}}}}},
+                                 {"special_tokens", {{"<s>", {{"ids", "three"}}}}}};
+        }),
+        "malformed tokenizer.json");
   expect_error_containing([] { Tokenizer::load_gpt2("/nonexistent/encoder.json", "/nonexistent/vocab.bpe"); },
                           "does not exist");
 }

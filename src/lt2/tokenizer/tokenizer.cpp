@@ -57,7 +57,9 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
         seen_sequence = true;
         continue;
       }
-      LT2_CHECK(item.contains("SpecialToken") && item["SpecialToken"].contains("id"), where,
+      LT2_CHECK(item.contains("SpecialToken") && item["SpecialToken"].contains("id") &&
+                    item["SpecialToken"]["id"].is_string(),
+                where,
                 ": template item must be {\"Sequence\": ...} or {\"SpecialToken\": {\"id\": ...}}, found ",
                 item.dump());
       const std::string name = item["SpecialToken"]["id"].get<std::string>();
@@ -140,6 +142,16 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 Tokenizer Tokenizer::from_json(const json& doc, const std::string& where) {
+  // The checks below name the fields they expect; a field of an unexpected JSON type that slips
+  // past them still becomes an lt2::Error naming the file.
+  try {
+    return from_json_checked(doc, where);
+  } catch (const json::exception& e) {
+    throw Error(cat(where, ": malformed tokenizer.json: ", e.what()));
+  }
+}
+
+Tokenizer Tokenizer::from_json_checked(const json& doc, const std::string& where) {
   LT2_CHECK(doc.is_object(), where, ": expected a JSON object (a tokenizer.json), found ",
             json_type_name(doc));
   LT2_CHECK(doc.contains("model") && doc["model"].is_object(), where,

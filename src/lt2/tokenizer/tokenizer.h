@@ -89,6 +89,7 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  static Tokenizer from_json_checked(const json& doc, const std::string& where);
   std::unique_ptr<Impl> impl_;
 };
 
