@@ -22,7 +22,8 @@ void add_data_command(CLI::App& app) {
       "Tokenize documents into DIR/train.bin and DIR/val.bin (+ tokenizer.json, summary.json).\n"
       "Documents: each line of a *.jsonl/*.json file (its \"text\" field); plain text files are cut\n"
       "at blank lines into paragraphs (see --text-split). Each document is followed by the\n"
-      "separator token. Every 1/f-th document (evenly spread, deterministic) goes to val.bin.");
+      "separator token. With f = --val-fraction, every (1/f)-th document (evenly spread,\n"
+      "deterministic) goes to val.bin.");
   prepare->add_option("--input", a->options.inputs,
                       "Text files, JSONL files or folders (searched recursively for *.txt, *.jsonl, *.json)")
       ->required()->expected(1, -1);

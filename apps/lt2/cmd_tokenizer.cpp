@@ -29,9 +29,11 @@ struct TrainArgs {
 
 void run_train(const TrainArgs& a) {
   BpeTrainerOptions o;
+  o.special_tokens.clear();
   o.vocab_size = a.vocab_size;
   o.min_frequency = a.min_frequency;
-  o.special_tokens = a.specials;
+  for (const std::string& s : a.specials)
+    if (!s.empty()) o.special_tokens.push_back(s);
   o.threads = a.threads;
   if (a.pattern == "llama3")
     o.split_pattern = kLlama3SplitPattern;
@@ -72,8 +74,8 @@ void add_tokenizer_command(CLI::App& app) {
       ->capture_default_str();
   train->add_option("--out", train_args->out, "Output tokenizer.json")->capture_default_str();
   train->add_option("--special", train_args->specials,
-                    "Special tokens, given ids 0, 1, ... in this order")
-      ->capture_default_str()->expected(0, -1);
+                    "Special tokens, given ids 0, 1, ... in this order (--special \"\" for none)")
+      ->capture_default_str()->expected(1, -1);
   train->add_option("--min-frequency", train_args->min_frequency,
                     "Never merge a pair seen fewer times than this")
       ->capture_default_str();
