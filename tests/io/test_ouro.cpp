@@ -260,7 +260,7 @@ TEST(Ouro, LogitsMatchAnIndependentReference) {
   // The reference is not degenerate: loops differ and the exit distribution is spread.
   EXPECT_GT(rel_err(ref.loop_logits[0], ref.loop_logits[2]), 1e-2);
   EXPECT_GT(ref.exit_probs.min().item<double>(), 1e-5);
-  EXPECT_LT(ref.exit_probs.max().item<double>(), 0.99);
+  EXPECT_GT(ref.exit_probs.mean(std::vector<int64_t>{0, 1}).min().item<double>(), 0.05);  // every loop takes mass
 
   // Default load: fp32 master weights converted from bf16.
   auto f32 = load_checkpoint(dir.path());
