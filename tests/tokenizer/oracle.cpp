@@ -153,6 +153,7 @@ std::vector<std::string> varied_texts(const std::vector<std::string>& specials) 
       "line one\r\nline two\r\n\r\n  line three\r\n",
       "\n\nleading newlines and trailing spaces   ",
       "Unicode spaces:\u00a0no-break\u2003em\u3000ideographic\u2009thin\u0085nel\u2028ls",
+      "Not spaces: a \u180e b\u180e\u180e c \u200b d\ufeff \u180e",
       "Controls: \x01\x02\x1b[31mred\x1b[0m \x7f",
       "Combining: e\u0301 E\u0301 \u00e9 A\u030a \u212b o\u0308\u0304 \u1100\u1161\u11a8 \uac00\u11a8",
       "Accents: café naïve résumé Ångström Øresund ß ﬁ ﬀ",
@@ -161,6 +162,7 @@ std::vector<std::string> varied_texts(const std::vector<std::string>& specials) 
       "Mixed: ABCdef123ghi_456 __init__ snake_case camelCase kebab-case",
       "Quotes: “double” ‘single’ «guillemets» „low“ 's 'S 'll",
       "cat concatenate cat_ cats the cat sat; catalog (cat) cat.",
+      "²cat cat² Ⓐcat catⅫ cat\u200d 1cat cat1 ٣cat éc\u0301cat cat\u0301 -cat- _cat",
       "Tabs<tab>and <tab> spaced  <tab>  tokens    four spaces        eight",
   };
   for (const std::string& s : specials) {
@@ -174,7 +176,7 @@ std::vector<std::string> varied_texts(const std::vector<std::string>& specials) 
   static const char* const pool[] = {
       "a", "Z", "e", "0", "7", " ", "  ", "\t", "\n", "\r\n", "'", "'s", "'LL", "!", "?", ".", ",",
       "-", "_", "$", "<", ">", "|", "中", "文", "😀", "🏽", "\u200d", "é", "e\u0301", "\u0301",
-      "ß", "ي", "न", "\u094d", "\u00a0", "\u3000", "²", "½", "٣", "\u2028", "ǅ", "ﬁ", "Ω", "\x01",
+      "ß", "ي", "न", "\u094d", "\u00a0", "\u3000", "\u180e", "\u0085", "²", "½", "٣", "\u2028", "ǅ", "ﬁ", "Ω", "\x01",
       "<|", "|>", "endoftext"};
   std::mt19937 rng(42);
   for (int n = 0; n < 300; ++n) {

@@ -10,9 +10,11 @@ namespace lt2 {
 
 namespace {
 
-// HF tests word characters with a Unicode-aware \w (letters, marks, numbers, connectors).
+// HF tests word characters with Rust's Unicode \w: Alphabetic, marks, decimal digits,
+// connector punctuation and joiners (ZWJ, ZWNJ).
 bool is_word_char(uint32_t cp) {
-  static const Regex word(R"(\A[\p{L}\p{M}\p{N}\p{Pc}]\z)", "added-token word test");
+  static const Regex word(R"(\A[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]\z)",
+                          "added-token word test");
   std::string s;
   utf8::append(s, cp);
   return word.search(s);
