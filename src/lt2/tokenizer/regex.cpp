@@ -29,15 +29,13 @@ pcre2_match_data* thread_match_data() {
   return md.data;
 }
 
-// HF's regexes run on Oniguruma, whose \s is Unicode's White_Space property. PCRE2's \s also
-// matches U+180E MONGOLIAN VOWEL SEPARATOR (no longer White_Space since Unicode 6.3), so \s, \S
-// and classes containing them are rewritten to treat U+180E as Oniguruma does. (Other escapes
-// and constructs pass through unchanged.)
+// HF's regexes run on Oniguruma, whose \s is exactly Unicode's White_Space property. PCRE2's \s
+// also matches U+180E MONGOLIAN VOWEL SEPARATOR (White_Space until Unicode 6.3), so \s becomes
+// an explicit White_Space class: [list] outside a character class, the list inside one, and \S
+// becomes [^list] outside a class (\S inside a class, which these patterns do not use, is kept).
 std::string with_oniguruma_whitespace(const std::string& pattern) {
-  static const char* const kNotMvs = "(?!\\x{180E})";
-  static const char* const kMvs = "\\x{180E}";
-  std::string out;
-  size_t i = 0;
+  static const std::string kWhiteSpace =
+      R"(\t-\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
   // Length of the escape sequence at pattern[at] == '\\', with its {...} argument if any.
   auto escape_length = [&](size_t at) -> size_t {
     if (at + 1 >= pattern.size()) return 1;
@@ -49,6 +47,9 @@ std::string with_oniguruma_whitespace(const std::string& pattern) {
     }
     return len;
   };
+  std::string out;
+  bool in_class = false;
+  size_t i = 0;
   while (i < pattern.size()) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
@@ -59,55 +60,33 @@ std::string with_oniguruma_whitespace(const std::string& pattern) {
         out.append(pattern, i, stop - i);
         i = stop;
       } else if (e == 's') {
-        out += cat("(?:", kNotMvs, "\\s)");
+        out += in_class ? kWhiteSpace : "[" + kWhiteSpace + "]";
         i += 2;
-      } else if (e == 'S') {
-        out += cat("(?:\\S|", kMvs, ")");
+      } else if (e == 'S' && !in_class) {
+        out += "[^" + kWhiteSpace + "]";
         i += 2;
       } else {
         const size_t len = escape_length(i);
         out.append(pattern, i, len);
         i += len;
       }
-      continue;
-    }
-    if (c != '[') {
+    } else if (!in_class && c == '[') {
+      // Copy the class opening, including a '^' and a leading ']' (a literal there).
+      in_class = true;
       out.push_back(c);
       ++i;
-      continue;
+      if (i < pattern.size() && pattern[i] == '^') out.push_back(pattern[i++]);
+      if (i < pattern.size() && pattern[i] == ']') out.push_back(pattern[i++]);
+    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t close = pattern.find(":]", i + 2);
+      const size_t stop = close == std::string::npos ? pattern.size() : close + 2;
+      out.append(pattern, i, stop - i);  // a POSIX class such as [:alpha:]
+      i = stop;
+    } else {
+      if (in_class && c == ']') in_class = false;
+      out.push_back(c);
+      ++i;
     }
-    // A character class: find its end, noting whether it is negated and holds \s or \S.
-    const size_t begin = i++;
-    const bool negated = i < pattern.size() && pattern[i] == '^';
-    if (negated) ++i;
-    if (i < pattern.size() && pattern[i] == ']') ++i;  // a leading ']' is a literal
-    bool has_s = false, has_S = false;
-    while (i < pattern.size() && pattern[i] != ']') {
-      if (pattern[i] == '\\') {
-        if (i + 1 < pattern.size()) {
-          has_s = has_s || pattern[i + 1] == 's';
-          has_S = has_S || pattern[i + 1] == 'S';
-        }
-        i += escape_length(i);
-      } else if (pattern[i] == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-        const size_t close = pattern.find(":]", i + 2);
-        i = close == std::string::npos ? pattern.size() : close + 2;
-      } else {
-        ++i;
-      }
-    }
-    if (i < pattern.size()) ++i;  // the closing ']'
-    const std::string cls = pattern.substr(begin, i - begin);
-    // Where PCRE2 would match U+180E through \s but Oniguruma would not, exclude it; where
-    // PCRE2 would exclude it through \s (in a negated class) or \S, let it match.
-    const bool pcre_matches_mvs_extra = (has_s && !negated) || (has_S && negated);
-    const bool pcre_misses_mvs = (has_s && negated) || (has_S && !negated);
-    if (pcre_matches_mvs_extra && !pcre_misses_mvs)
-      out += cat("(?:", kNotMvs, cls, ")");
-    else if (pcre_misses_mvs && !pcre_matches_mvs_extra)
-      out += cat("(?:", cls, "|", kMvs, ")");
-    else
-      out += cls;
   }
   return out;
 }

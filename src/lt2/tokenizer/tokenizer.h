@@ -14,6 +14,11 @@
 // The input may be any bytes, including invalid UTF-8: byte-level BPE covers every byte, and
 // decode() gives them back (where they form valid UTF-8; other bytes become U+FFFD, as in HF).
 //
+// Regexes run on PCRE2 (UTF + UCP). HF runs them on Oniguruma, which may know a newer Unicode
+// version: characters assigned after PCRE2's Unicode version (14.0 on Debian 12, e.g. CJK
+// Extension H or Egyptian Hieroglyphs Extended-A) can be split differently. Everything older
+// encodes exactly as HF does (checked against HF in tests/tokenizer).
+//
 // Not supported (load throws lt2::Error saying so): models other than BPE (WordPiece, Unigram,
 // WordLevel), BPE without a ByteLevel pre-tokenizer, subword prefixes/suffixes, BPE dropout.
 #pragma once
