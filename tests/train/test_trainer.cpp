@@ -36,6 +36,7 @@ std::string write_model_config(const std::string& dir) {
 }
 
 TrainConfig tiny_run(const std::string& dir) {
+  fs::create_directories(dir);
   TrainConfig c;
   c.model = write_model_config(dir);
   c.train_data = write_pattern_shard(dir, 4000, 1);
