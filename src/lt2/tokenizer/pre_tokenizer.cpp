@@ -220,7 +220,8 @@ void PreTokenizer::split(std::string_view segment,
     const size_t valid_end = pos + utf8::valid_prefix_length(segment.substr(pos));
     if (valid_end > pos) split_valid(segment.substr(pos, valid_end - pos), emit);
     pos = valid_end;
-    while (pos < segment.size() && utf8::valid_prefix_length(segment.substr(pos)) == 0)
+    uint32_t cp;
+    while (pos < segment.size() && utf8::decode(segment, pos, cp) == 0)
       pos += utf8::invalid_prefix_length(segment, pos);
     if (pos > valid_end) emit(segment.substr(valid_end, pos - valid_end));
   }
