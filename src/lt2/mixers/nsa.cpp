@@ -90,6 +90,10 @@ NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
   wo = register_module("wo", make_linear(H * D, d, 1.0 / std::sqrt(static_cast<double>(H * D))));
 }
 
+Tensor NSAImpl::project_q(const Tensor& x, int64_t start) {
+  return apply_rope(wq(x).view({x.size(0), x.size(1), n_heads, head_dim}), start, rope_theta, rope_style);
+}
+
 std::pair<Tensor, Tensor> NSAImpl::project_kv(const Tensor& x, int64_t start, int64_t set) {
   const int64_t B = x.size(0), T = x.size(1);
   return {apply_rope(wk[set](x).view({B, T, n_kv_heads, head_dim}), start, rope_theta, rope_style),
@@ -113,7 +117,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   const int64_t H = n_heads, H_kv = n_kv_heads, D = head_dim, G = H / H_kv;
   LT2_CHECK(state || start == 0, "nsa: a call at position ", start,
             " needs the state holding the tokens before it");
-  auto q = apply_rope(wq(x).view({B, T, H, D}), start, rope_theta, rope_style).transpose(1, 2);  // [B, H, T, D]
+  auto q = project_q(x, start).transpose(1, 2);  // [B, H, T, D]
   auto* s = state ? &dynamic_cast<NSAState&>(*state) : nullptr;
   if (s) {
     LT2_CHECK(s->length == start, "nsa state holds ", s->length, " tokens but the call starts at ", start);
@@ -169,7 +173,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     auto importance = torch::matmul(p_group, nsa_overlap_matrix(NC, NS, l, d, select_block, p_group.options()));
     blocks = nsa_select_blocks(importance, q_pos, select_block, select_count, local_blocks);
   }
-  auto slc_mask = blocks.index_select(-1, k_pos / select_block) & window_mask(q_pos, k_pos, 0);  // [B, H_kv, T, L]
+  auto slc_mask = blocks.index_select(-1, torch::div(k_pos, select_block, "floor")) & window_mask(q_pos, k_pos, 0);  // [B, H_kv, T, L]
   auto o_slc = masked_attention(q, ks[kv_set(kSlc)], vs[kv_set(kSlc)], slc_mask.repeat_interleave(G, 1));
 
   // Sliding-window branch.

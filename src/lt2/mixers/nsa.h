@@ -52,6 +52,8 @@ class NSAImpl : public MixerImpl {
   std::string kind() const override { return "nsa"; }
 
   enum Branch { kCmp = 0, kSlc = 1, kWin = 2 };
+  // Queries with RoPE at positions start..start+T-1: [B, T, H, D].
+  Tensor project_q(const Tensor& x, int64_t start);
   // The K/V set a branch reads (0 when shared).
   int64_t kv_set(Branch b) const { return shared_kv ? 0 : b; }
   // Keys/values of K/V set `set` at positions start..start+T-1: [B, T, H_kv, D] (keys with RoPE).

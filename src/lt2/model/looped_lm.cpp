@@ -39,6 +39,12 @@ LoopedLMImpl::LoopedLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
   LT2_CHECK(cfg_.vocab_size > 0, "model config '", cfg_.name,
             "': vocab_size is 0 (= from the data); set it before building a model");
   layer_mixers_ = resolve_pattern(cfg_);
+  random_slots_ = random_slots(cfg_);
+  if (random_slots_) {
+    LT2_CHECK(!cfg_.exit_gate, "model config '", cfg_.name, "': layer_pattern '", cfg_.layer_pattern,
+              "' votes over draws, which the exit gate does not support");
+    vote_draws_ = random_slots_->vote_draws(cfg_.n_loops, cfg_.n_layers);
+  }
   const int64_t d = cfg_.d_model;
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(cfg_.vocab_size, d));
   trunc_normal_(tok_embeddings->weight, cfg_.init_scale());
@@ -60,8 +66,9 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
   Positions pos{start, loop};
   Tensor x = h;
   const int64_t N = cfg_.n_layers;
+  const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
   for (int64_t l = 0; l < N; ++l)
-    x = blocks_[l]->forward(x, pos, state ? state->mixers[loop * N + l].get() : nullptr);
+    x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr);
   return x;
 }
 
@@ -69,7 +76,47 @@ Tensor LoopedLMImpl::head(const Tensor& normed_hidden) {
   return output ? output(normed_hidden) : torch::matmul(normed_hidden, tok_embeddings->weight.t());
 }
 
+std::vector<Mixer> LoopedLMImpl::mixers() const {
+  std::vector<Mixer> out;
+  for (const auto& b : blocks_) out.push_back(b->mixer);
+  return out;
+}
+
 ModelOutput LoopedLMImpl::forward(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
+  if (!random_slots_) return forward_once(tokens, state, opts);
+  if (!is_training()) return vote(tokens, state, opts);
+  apply_slot_draw(mixers(), random_slots_->draw(cfg_.n_loops, cfg_.n_layers));
+  return forward_once(tokens, state, opts);
+}
+
+ModelOutput LoopedLMImpl::vote(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
+  const int64_t start = state ? state->length : 0, K = vote_draws_.size();
+  std::vector<ModelOutput> draws;
+  for (int64_t k = 0; k < K; ++k) {
+    apply_slot_draw(mixers(), vote_draws_[k]);
+    state_group_ = k;
+    if (state) state->length = start;
+    draws.push_back(forward_once(tokens, state, opts));
+  }
+  state_group_ = 0;
+  // log(mean_k softmax(logits_k)), in the accumulation dtype.
+  auto average = [&](auto logits_of) {
+    std::vector<Tensor> lp;
+    for (auto& d : draws) lp.push_back(torch::log_softmax(logits_of(d).to(accum_dtype(logits_of(d))), -1));
+    return (torch::logsumexp(torch::stack(lp), 0) - std::log(static_cast<double>(K))).to(logits_of(draws[0]).scalar_type());
+  };
+  ModelOutput out;
+  std::vector<Tensor> hidden;
+  for (auto& d : draws) hidden.push_back(d.hidden);
+  out.hidden = torch::stack(hidden).mean(0);
+  if (!opts.compute_logits) return out;
+  out.logits = average([](const ModelOutput& d) { return d.logits; });
+  for (size_t l = 0; l < draws[0].loop_logits.size(); ++l)
+    out.loop_logits.push_back(average([l](const ModelOutput& d) { return d.loop_logits[l]; }));
+  return out;
+}
+
+ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
   LT2_CHECK(tokens.dim() == 2, "tokens must be [B, T], found ", tokens.dim(), " dims");
   const int64_t start = state ? state->length : 0;
   const int64_t T = cfg_.n_loops;
@@ -97,7 +144,9 @@ ModelOutput LoopedLMImpl::forward(const Tensor& tokens, ModelState* state, const
   }
   if (state) {
     state->length = start + tokens.size(1);
-    for (auto& m : state->mixers) m->length = state->length;
+    const int64_t group_size = T * cfg_.n_layers;
+    for (int64_t i = 0; i < group_size; ++i)
+      state->mixers[state_group_ * group_size + i]->length = state->length;
   }
   out.hidden = ouro ? h : norm(h);
   if (!opts.compute_logits) return out;
@@ -142,9 +191,13 @@ std::unique_ptr<ModelState> LoopedLMImpl::make_state(int64_t batch, int64_t max_
   auto s = std::make_unique<ModelState>();
   s->batch = batch;
   s->max_len = max_len;
-  for (int64_t loop = 0; loop < cfg_.n_loops; ++loop)
-    for (int64_t l = 0; l < cfg_.n_layers; ++l)
-      s->mixers.push_back(blocks_[l]->mixer->make_state(batch, max_len, opts));
+  const int64_t groups = random_slots_ ? static_cast<int64_t>(vote_draws_.size()) : 1;
+  for (int64_t k = 0; k < groups; ++k) {
+    if (random_slots_) apply_slot_draw(mixers(), vote_draws_[k]);  // states sized for draw k
+    for (int64_t loop = 0; loop < cfg_.n_loops; ++loop)
+      for (int64_t l = 0; l < cfg_.n_layers; ++l)
+        s->mixers.push_back(blocks_[l]->mixer->make_loop_state(batch, max_len, opts, loop));
+  }
   return s;
 }
 

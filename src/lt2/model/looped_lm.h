@@ -6,15 +6,18 @@
 // Weights are shared across loops; state is not: each (loop, layer) pair has its own mixer state.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "lt2/config/model_config.h"
 #include "lt2/mixers/mixer.h"
 #include "lt2/model/block.h"
+#include "lt2/model/pattern.h"
 
 namespace lt2 {
 
-// Decode state of a whole model: one mixer state per (loop, layer), index loop * N + layer.
+// Decode state of a whole model: one mixer state per (loop, layer), index loop * N + layer
+// (random patterns: one such group per vote draw k, index (k * n_loops + loop) * N + layer).
 struct ModelState {
   std::vector<std::unique_ptr<MixerState>> mixers;
   int64_t length = 0;  // tokens consumed
@@ -45,11 +48,15 @@ class LoopedLMImpl : public torch::nn::Module {
   explicit LoopedLMImpl(const ModelConfig& cfg);
   // tokens: [B, T] int64. With a state, continues from it (prefill chunk or decode step) and
   // advances it; without, runs the whole sequence from position 0.
+  // A "random:a:b" pattern (model/pattern.h) re-draws its full/window slots at every forward in
+  // training mode; in eval mode it returns the average distribution over the K fixed vote draws
+  // (logits = log of the mean softmax, hidden = mean hidden; each draw has its own states).
   ModelOutput forward(const Tensor& tokens, ModelState* state = nullptr,
                       const ForwardOptions& opts = {});
   std::unique_ptr<ModelState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts = {}) const;
   // The stack F applied once (loop index `loop`, 0-based) to h: [B, T, d].
+  // With a state it uses the states of the current vote draw (random patterns).
   Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state);
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
 
@@ -65,9 +72,16 @@ class LoopedLMImpl : public torch::nn::Module {
   torch::nn::Linear exit_gate{nullptr};// Ouro: Linear(d, 1) with bias
 
  private:
+  ModelOutput forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts);
+  ModelOutput vote(const Tensor& tokens, ModelState* state, const ForwardOptions& opts);
+  std::vector<Mixer> mixers() const;
+
   ModelConfig cfg_;
   std::vector<std::string> layer_mixers_;
   std::vector<Block> blocks_;
+  std::optional<RandomSlots> random_slots_;  // "random:a:b" patterns
+  std::vector<Tensor> vote_draws_;           // their K inference draws
+  int64_t state_group_ = 0;                  // states of vote draw k: mixers[k T N ...]
 };
 TORCH_MODULE(LoopedLM);
 

@@ -4,6 +4,7 @@
 
 #include "lt2/config/model_config.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/mixers/window.h"
 
 namespace lt2 {
 
@@ -35,7 +36,7 @@ std::vector<std::string> resolve_pattern(const ModelConfig& cfg) {
   const int64_t N = cfg.n_layers;
   const std::string syntax =
       " (forms: 'full', 'gdn,gdn,full', 'interleaved:a:b:X:Y', 'bookend:k:X:Y', 'front:k:X:Y', "
-      "'back:k:X:Y')";
+      "'back:k:X:Y', 'random:a:b')";
   LT2_CHECK(!p.empty(), "layer_pattern is empty", syntax);
   std::vector<std::string> layers;
   auto parts = split(p, ':');
@@ -57,6 +58,11 @@ std::vector<std::string> resolve_pattern(const ModelConfig& cfg) {
       bool y = (form != "back" && i < k) || (form != "front" && i >= N - k);
       layers.push_back(y ? parts[3] : parts[2]);
     }
+  } else if (form == "random") {
+    LT2_CHECK(parts.size() == 3, "layer_pattern '", p, "': random takes a:b (full : window)", syntax);
+    int64_t a = parse_count(parts[1], p), b = parse_count(parts[2], p);
+    LT2_CHECK(a + b > 0, "layer_pattern '", p, "': a + b must be > 0");
+    layers.assign(N, "window");
   } else {
     throw Error(cat("layer_pattern '", p, "': unknown form '", form, "'", syntax));
   }
@@ -64,6 +70,41 @@ std::vector<std::string> resolve_pattern(const ModelConfig& cfg) {
     LT2_CHECK(find_mixer(name), "layer_pattern '", p, "': unknown mixer '", name,
               "' (registered: ", registered_mixer_names(), ")");
   return layers;
+}
+
+std::optional<RandomSlots> random_slots(const ModelConfig& cfg) {
+  auto parts = split(cfg.layer_pattern, ':');
+  if (parts.size() != 3 || parts[0] != "random") return std::nullopt;
+  const double a = parse_count(parts[1], cfg.layer_pattern), b = parse_count(parts[2], cfg.layer_pattern);
+  RandomSlots r;
+  r.p_full = a / (a + b);
+  return r;
+}
+
+Tensor RandomSlots::draw(int64_t n_loops, int64_t n_layers) const {
+  return torch::rand({n_loops, n_layers}, torch::kFloat64) < p_full;
+}
+
+std::vector<Tensor> RandomSlots::vote_draws(int64_t n_loops, int64_t n_layers) const {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/20260515);
+  std::vector<Tensor> draws;
+  for (int64_t k = 0; k < votes; ++k)
+    draws.push_back(torch::rand({n_loops, n_layers}, gen, torch::kFloat64) < p_full);
+  return draws;
+}
+
+void apply_slot_draw(const std::vector<Mixer>& layer_mixers, const Tensor& draw) {
+  const int64_t n_loops = draw.size(0);
+  LT2_CHECK(draw.size(1) == static_cast<int64_t>(layer_mixers.size()), "slot draw for ", draw.size(1),
+            " layers, model has ", layer_mixers.size());
+  auto full = draw.accessor<bool, 2>();
+  for (size_t l = 0; l < layer_mixers.size(); ++l) {
+    auto* w = dynamic_cast<WindowAttentionImpl*>(layer_mixers[l].get());
+    if (!w) continue;
+    std::vector<int64_t> windows(n_loops);
+    for (int64_t loop = 0; loop < n_loops; ++loop) windows[loop] = full[loop][l] ? 0 : w->base_window;
+    w->set_loop_windows(windows);
+  }
 }
 
 }  // namespace lt2

@@ -108,7 +108,7 @@ Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t 
                          int64_t n_select, int64_t n_local) {
   const int64_t NS = importance.size(-1);
   auto j = torch::arange(NS, q_pos.options()).unsqueeze(0);  // [1, NS]
-  auto own = (q_pos / block).unsqueeze(1);                   // [T, 1] block holding the query
+  auto own = torch::div(q_pos, block, "floor").unsqueeze(1);                   // [T, 1] block holding the query
   auto visible = j <= own;                                   // [T, NS]
   auto forced = visible & ((j == 0) | (j > own - n_local));
   auto scores = importance.masked_fill(forced, std::numeric_limits<double>::infinity());

@@ -1,0 +1,242 @@
+// DeepSeek Sparse Attention (mixers/dsa.h): lightning indexer, deterministic top-k, sparse
+// attention in GQA and latent forms, the indexer KL signal and its stages; DESIGN.md invariants.
+#include <gtest/gtest.h>
+
+#include "lt2/mixers/dsa.h"
+#include "lt2/model/looped_lm.h"
+#include "lt2/ops/sparse_attention.h"
+#include "mixers/sparse_testing.h"
+
+namespace {
+
+using namespace lt2;
+using namespace lt2::sparse_testing;
+
+json dsa_options(int64_t topk, const std::string& form = "gqa") {
+  return json{{"topk", topk}, {"index_heads", 3}, {"index_head_dim", 8}, {"index_rope_dim", 4},
+              {"attention", form}, {"latent_dim", 12}, {"latent_rope_dim", 4}};
+}
+
+std::shared_ptr<DSAImpl> make_dsa(int64_t topk, const std::string& form = "gqa", uint64_t seed = 5) {
+  return std::dynamic_pointer_cast<DSAImpl>(make_f64("dsa", attention_config("dsa", dsa_options(topk, form)), seed));
+}
+
+TEST(TopK, TiesGoToTheLowerIndex) {
+  auto s = torch::tensor({1.0, 3.0, 3.0, 0.0, 3.0, 3.0});
+  auto all = torch::ones({6}, torch::kBool);
+  EXPECT_TRUE(torch::equal(topk_indices(s, all, 2), torch::tensor({1L, 2L})));
+  EXPECT_TRUE(torch::equal(topk_indices(s, all, 3), torch::tensor({1L, 2L, 4L})));
+  EXPECT_TRUE(torch::equal(topk_mask(s, all, 5), torch::tensor({true, true, true, false, true, true})));
+  // Invisible entries are never chosen; fewer visible than k selects all visible ones.
+  auto vis = torch::tensor({true, false, true, true, false, false});
+  EXPECT_TRUE(torch::equal(topk_mask(s, vis, 2), torch::tensor({true, false, true, false, false, false})));
+  EXPECT_TRUE(torch::equal(topk_mask(s, vis, 5), vis));
+  // Many exact ties (e.g. all-zero ReLU scores) on a long row: still the lowest indices.
+  auto zeros = torch::zeros({2, 100});
+  auto idx = topk_indices(zeros, torch::ones({2, 100}, torch::kBool), 7);
+  EXPECT_TRUE(torch::equal(idx, torch::arange(7).expand({2, 7})));
+}
+
+TEST(Indexer, ScoresMatchTheFormula) {
+  auto m = make_dsa(4);
+  auto x = random_x(2, 6, 32);
+  torch::NoGradGuard ng;
+  auto [q, w] = m->indexer_queries(x, 0);  // [B, T, H_I, d_I], [B, T, H_I]
+  auto k = m->indexer_keys(x, 0);          // [B, T, d_I]
+  auto scores = lightning_indexer_scores(q, w, k);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < 6; ++t)
+      for (int64_t s = 0; s < 6; ++s) {
+        double expect = 0;
+        for (int64_t j = 0; j < 3; ++j)
+          expect += w[b][t][j].item<double>() * std::max(0.0, q[b][t][j].dot(k[b][s]).item<double>());
+        EXPECT_NEAR(scores[b][t][s].item<double>(), expect, 1e-12);
+      }
+  // The weights carry H_I^-1/2 d_I^-1/2; the key has a LayerNorm (mean 0 before RoPE on its tail).
+  auto w_raw = m->index_ww(x);
+  EXPECT_LT(rel_err(w, w_raw / std::sqrt(3.0 * 8.0)), 1e-14);
+  auto k_norm = m->index_k_norm(m->index_wk(x));
+  EXPECT_LT(rel_err(k.narrow(-1, 4, 4), k_norm.narrow(-1, 4, 4)), 1e-14);  // un-rotated dims
+}
+
+TEST(DSA, TopkCoveringTheSequenceEqualsFullAttention) {
+  auto cfg = attention_config("dsa", dsa_options(12));
+  auto dsa = make_dsa(12);
+  auto full = std::make_shared<FullAttentionImpl>(cfg);
+  full->to(torch::kFloat64);
+  copy_params(*full, *dsa, "attn.");
+  auto x = random_x(2, 12, cfg.d_model);
+  torch::NoGradGuard ng;
+  EXPECT_LT(rel_err(dsa->forward(x, {0, 0}), full->forward(x, {0, 0})), 1e-12);
+  auto sparse = make_dsa(3);
+  copy_params(*full, *sparse, "attn.");
+  EXPECT_GT(rel_err(sparse->forward(x, {0, 0}), full->forward(x, {0, 0})), 1e-3);
+}
+
+TEST(DSA, MatchesNaiveTopkAttention) {
+  const int64_t topk = 3, T = 9;
+  auto m = make_dsa(topk);
+  auto x = random_x(2, T, 32, 6);
+  torch::NoGradGuard ng;
+  auto [q, w] = m->indexer_queries(x, 0);
+  auto scores = lightning_indexer_scores(q, w, m->indexer_keys(x, 0));  // [B, T, T]
+  auto p = m->attn->project(x, 0);
+  auto o = torch::zeros_like(p.q);
+  const int64_t H = m->n_heads, G = H / m->n_kv_heads;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      // Top-k of keys 0..t by score, ties to the lower index: a plain sort of (-score, index).
+      std::vector<std::pair<double, int64_t>> order;
+      for (int64_t s = 0; s <= t; ++s) order.push_back({-scores[b][t][s].item<double>(), s});
+      std::sort(order.begin(), order.end());
+      std::vector<int64_t> sel;
+      for (int64_t i = 0; i < std::min<int64_t>(topk, t + 1); ++i) sel.push_back(order[i].second);
+      auto idx = torch::tensor(sel);
+      for (int64_t h = 0; h < H; ++h) {
+        auto keys = p.k[b].index_select(0, idx).select(1, h / G);  // [k, D]
+        auto vals = p.v[b].index_select(0, idx).select(1, h / G);
+        auto a = torch::softmax(keys.matmul(p.q[b][t][h]) / std::sqrt(8.0), 0);
+        o[b][t][h].copy_(a.matmul(vals));
+      }
+    }
+  EXPECT_LT(rel_err(m->forward(x, {0, 0}), m->attn->output(o, x)), 1e-12);
+}
+
+class DSAForms : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DSAForms, ForwardEqualsSteps) {
+  auto x = random_x(2, 13, 32, 7);
+  for (int64_t topk : {1, 4, 20}) {
+    auto m = make_dsa(topk, GetParam());
+    expect_forward_equals_steps(*m, x);
+  }
+}
+
+TEST_P(DSAForms, SplitPrefillEqualsWhole) {
+  auto m = make_dsa(4, GetParam());
+  expect_split_prefill(*m, random_x(2, 13, 32, 8), {1, 3, 6, 12});
+}
+
+TEST_P(DSAForms, DenseWarmupIsDenseInForwardAndDecode) {
+  auto sparse = make_dsa(2, GetParam());
+  auto dense = make_dsa(100, GetParam());  // same weights (same seed), k >= sequence
+  dense->stage = IndexerStage::DenseWarmup;
+  auto x = random_x(2, 9, 32, 9);
+  {
+    torch::NoGradGuard ng;
+    auto reference = dense->forward(x, {0, 0});
+    sparse->stage = IndexerStage::DenseWarmup;
+    EXPECT_LT(rel_err(sparse->forward(x, {0, 0}), reference), 1e-12);
+  }
+  expect_forward_equals_steps(*sparse, x);
+  sparse->indexer_losses.clear();
+}
+
+TEST_P(DSAForms, GradientsMatchFiniteDifferences) {
+  auto m = make_dsa(3, GetParam());
+  // The selection carries no gradient and the indexer gets none from the output: check x and the
+  // attention weights.
+  EXPECT_LT(gradcheck_mixer(*m, random_x(1, 7, 32, 10), 0, {"index_"}), 1e-6);
+}
+
+TEST_P(DSAForms, IndexerLossGradientsMatchFiniteDifferences) {
+  auto m = make_dsa(3, GetParam());
+  auto x = random_x(2, 7, 32, 11);
+  for (auto stage : {IndexerStage::DenseWarmup, IndexerStage::Sparse}) {
+    m->stage = stage;
+    auto loss = [&] {
+      m->forward(x, {0, 0});
+      auto l = m->indexer_losses.back();
+      m->indexer_losses.clear();
+      return l;
+    };
+    EXPECT_LT(lt2::testing::gradcheck_directional(loss, m->indexer_parameters()), 1e-6) << to_string(stage);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, DSAForms, ::testing::Values("gqa", "latent"));
+
+TEST(DSA, LatentStateHoldsOneSharedKvHead) {
+  auto m = make_dsa(4, "latent");
+  auto s = m->make_state(2, 50, f64());
+  // [c | k_r] (12 + 4) per token plus the indexer key (8), float64.
+  EXPECT_EQ(s->bytes(), 2 * 50 * (12 + 4 + 8) * 8);
+  auto g = make_dsa(4, "gqa");
+  EXPECT_EQ(g->make_state(2, 50, f64())->bytes(), 2 * 50 * (2 * 2 * 8 + 8) * 8);
+}
+
+TEST(IndexerLoss, ZeroWhenTheIndexerReproducesTheAttention) {
+  torch::manual_seed(12);
+  const int64_t B = 2, H = 3, T = 6;
+  auto causal = torch::ones({T, T}, torch::kBool).tril();
+  auto logits = torch::randn({B, H, T, T}, f64()).masked_fill(~causal, -INFINITY);
+  auto probs = torch::softmax(logits, -1);  // per-head attention
+  auto target = probs.sum(1) / H;           // head-summed, L1-normalised
+  auto support = causal.expand({B, T, T});
+  // Dense: scores = log p (+ any per-query constant) give KL 0.
+  auto scores = torch::log(target.clamp_min(1e-300)) + torch::randn({B, T, 1}, f64());
+  EXPECT_LT(indexer_kl_loss(probs, scores, support).abs().item<double>(), 1e-12);
+  // Sparse: restricted to a selected set, the target renormalises on it.
+  auto selected = support & ((torch::rand({B, T, T}) < 0.6) | torch::eye(T, torch::kBool));
+  auto sparse_probs = torch::softmax(logits.masked_fill(~selected.unsqueeze(1), -INFINITY), -1);
+  auto sparse_target = sparse_probs.sum(1);
+  auto sparse_scores = torch::log(sparse_target.clamp_min(1e-300)) - 0.7;
+  EXPECT_LT(indexer_kl_loss(sparse_probs, sparse_scores, selected).abs().item<double>(), 1e-12);
+  // Any other scores give a positive KL, matching the definition.
+  auto other = torch::randn({B, T, T}, f64());
+  auto kl = indexer_kl_loss(probs, other, support).item<double>();
+  auto log_q = torch::log_softmax(other.masked_fill(~support, -INFINITY), -1).masked_fill(~support, 0);
+  auto expect = (torch::xlogy(target, target) - target * log_q).sum(-1).mean().item<double>();
+  EXPECT_GT(kl, 1e-3);
+  EXPECT_NEAR(kl, expect, 1e-12);
+}
+
+TEST(IndexerLoss, TrainsOnlyTheIndexer) {
+  auto m = make_dsa(3);
+  m->stage = IndexerStage::Sparse;
+  auto x = random_x(2, 8, 32, 13).requires_grad_(true);
+  auto y = m->forward(x, {0, 0});
+  ASSERT_EQ(m->indexer_losses.size(), 1u);
+  auto kl = m->indexer_losses[0];
+  m->indexer_losses.clear();
+  // The KL reaches the indexer only (its input is detached).
+  auto grads = torch::autograd::grad({kl}, {x}, {}, true, false, /*allow_unused=*/true);
+  EXPECT_FALSE(grads[0].defined());
+  for (auto& p : m->indexer_parameters()) EXPECT_TRUE(p.requires_grad());
+  // The output gives the indexer no gradient.
+  auto out_grads = torch::autograd::grad({y.sum()}, m->indexer_parameters(), {}, true, false, true);
+  for (auto& g : out_grads) EXPECT_FALSE(g.defined() && g.abs().sum().item<double>() > 0);
+  // Stage off records nothing; inference paths record nothing.
+  m->stage = IndexerStage::Off;
+  m->forward(x, {0, 0});
+  EXPECT_TRUE(m->indexer_losses.empty());
+}
+
+TEST(IndexerLoss, OneLossPerLayerAndLoop) {
+  auto cfg = lt2::testing::tiny_config("dsa");
+  cfg.mixer_options["dsa"] = dsa_options(3);
+  torch::manual_seed(1);
+  LoopedLM model(cfg);
+  model->to(torch::kFloat64);
+  set_indexer_stage(*model, IndexerStage::DenseWarmup);
+  torch::manual_seed(2);
+  auto tok = torch::randint(cfg.vocab_size, {2, 7}, torch::kLong);
+  model->forward(tok);
+  auto losses = take_indexer_losses(*model);
+  EXPECT_EQ(static_cast<int64_t>(losses.size()), cfg.n_layers * cfg.n_loops);
+  for (auto& l : losses) EXPECT_GT(l.item<double>(), 0.0);
+  EXPECT_TRUE(take_indexer_losses(*model).empty());
+}
+
+TEST(DSA, Options) {
+  EXPECT_THROW(make_mixer("dsa", attention_config("dsa", json{{"top_k", 3}}), 0), Error);
+  EXPECT_THROW(make_mixer("dsa", attention_config("dsa", json{{"attention", "mla"}}), 0), Error);
+  EXPECT_THROW(parse_indexer_stage("warmup"), Error);
+  EXPECT_EQ(parse_indexer_stage("dense_warmup"), IndexerStage::DenseWarmup);
+  auto d = std::dynamic_pointer_cast<DSAImpl>(make_mixer("dsa", lt2::testing::tiny_config(), 0));
+  EXPECT_EQ(d->topk, 2048);
+  EXPECT_EQ(d->index_heads, 64);
+  EXPECT_EQ(d->index_head_dim, 128);
+}
+
+}  // namespace
