@@ -41,6 +41,7 @@ class FlaOracle : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   void SetUp() override {
+    torch::set_num_threads(1);
     if (status_ != 0)
       GTEST_SKIP() << "fla oracle unavailable (pip install flash-linear-attention): " << message_;
   }

@@ -79,7 +79,12 @@ Inputs slice(const Inputs& in, int64_t a, int64_t b) {
   return s;
 }
 
-class Recurrence : public ::testing::TestWithParam<Family> {};
+class Recurrence : public ::testing::TestWithParam<Family> {
+ protected:
+  // Tiny shapes: one intra-op thread. Under `ctest -j` on 2 cores, OpenMP's spinning threads
+  // slow these tests down ~20x.
+  void SetUp() override { torch::set_num_threads(1); }
+};
 
 TEST_P(Recurrence, ChunkedMatchesNaiveInFloat64) {
   torch::manual_seed(0);
