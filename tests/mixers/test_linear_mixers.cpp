@@ -156,6 +156,25 @@ TEST_P(LinearMixer, LongFp32SequenceStaysFinite) {
   EXPECT_LT(rel_err(y, y64), 1e-4);
 }
 
+TEST_P(LinearMixer, Bfloat16ModelKeepsAnFp32State) {
+  // bf16 weights and activations (the GPU training dtype): gates, solves and the state stay fp32,
+  // so forward, decode and the fp32 model agree to bf16 accuracy.
+  auto m32 = make(GetParam(), torch::kFloat32);
+  auto m16 = make(GetParam(), torch::kBFloat16);
+  torch::NoGradGuard ng;
+  const int64_t T = 12;
+  auto x = random_x(2, T, torch::kFloat32);
+  auto y32 = m32->forward(x, {0, 0});
+  auto y16 = m16->forward(x.to(torch::kBFloat16), {0, 0});
+  EXPECT_EQ(y16.scalar_type(), torch::kBFloat16);
+  EXPECT_LT(rel_err(y16, y32), 5e-2);
+  auto state = m16->make_state(2, 16, torch::TensorOptions().dtype(torch::kBFloat16));
+  EXPECT_EQ(dynamic_cast<RecurrentState&>(*state).S.scalar_type(), torch::kFloat32);
+  std::vector<torch::Tensor> ys;
+  for (int64_t t = 0; t < T; ++t) ys.push_back(m16->step(x.narrow(1, t, 1).to(torch::kBFloat16), {t, 0}, *state));
+  EXPECT_LT(rel_err(torch::cat(ys, 1), y32), 5e-2);
+}
+
 TEST_P(LinearMixer, UnknownOptionIsRejected) {
   auto c = GetParam();
   c.options["no_such_option"] = 1;
