@@ -95,7 +95,6 @@ Tensor state_decay(const Tensor& g, torch::ScalarType dt) {
   return (g.dim() == 2 ? g.unsqueeze(-1) : g).unsqueeze(-1).to(dt);  // [B, H, 1 or K, 1]
 }
 
-
 void check_recurrence_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                              const char* op) {
   LT2_CHECK(q.dim() == 4 && k.sizes() == q.sizes(), op, ": q and k must be [B, T, H, K], found ",

@@ -37,7 +37,6 @@ Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool in
 // multiplies a [B, H, K, V] state), from g [B, H] or [B, H, K].
 Tensor state_decay(const Tensor& g, torch::ScalarType dt);
 
-
 // Throws unless q, k are [B, T, H, K], v is [B, T, H, V] and g is undefined, [B, T, H] or
 // [B, T, H, K]. `op` names the op in the message.
 void check_recurrence_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
