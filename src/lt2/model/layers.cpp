@@ -28,9 +28,11 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
-  auto xf = x.to(accum_dtype(x));
-  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  if (weight.defined()) y = y * weight.to(xf.scalar_type());
+  // ATen's fused kernel accumulates in fp32 (float64 stays float64); low-precision inputs are
+  // upcast first so the normalisation and the gain multiply happen in fp32.
+  const auto dtype = accum_dtype(x);
+  auto y = at::rms_norm(x.to(dtype), {x.size(-1)},
+                        weight.defined() ? std::optional<Tensor>(weight.to(dtype)) : std::nullopt, eps);
   return y.to(x.scalar_type());
 }
 
