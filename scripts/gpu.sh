@@ -20,7 +20,7 @@ if [[ $STAGE == all || $STAGE == build ]]; then
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > "$OUT/configure.log" 2>&1 \
     || { tail -40 "$OUT/configure.log"; exit 1; }
   # What the GPU work needs first; then everything else, keeping going past a broken target.
-  cmake --build $B -j "$(nproc)" --target lt2_cli train_bench test_gpu > "$OUT/build.log" 2>&1 \
+  cmake --build $B -j "$(nproc)" --target lt2_cli train_bench mixer_bench test_gpu > "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" -A5 "$OUT/build.log" | head -60; exit 1; }
   echo "build (lt2, bench, GPU tests): $(( $(date +%s) - t0 )) s"
   cmake --build $B -j "$(nproc)" -- -k 0 >> "$OUT/build.log" 2>&1 || grep -E "FAILED" "$OUT/build.log" | head
@@ -47,6 +47,12 @@ if [[ $STAGE == all || $STAGE == bench ]]; then
         || tail -5 "$OUT/train_bench_${spec}${ckpt}.log"
     done
   done
+  : > "$OUT/mixer_bench.jsonl"
+  for mixer in ${BENCH_MIXERS:-full gdn}; do
+    $B/bench/mixer_bench --model lt2-full-gdn-100m --mixer "$mixer" --batch 16 --seq 2048 \
+      ${TRACE:+--trace $OUT/trace_$mixer.json} 2>&1 | grep '^RESULT' | sed 's/^RESULT //' >> "$OUT/mixer_bench.jsonl"
+  done
+  cat "$OUT/mixer_bench.jsonl"
   python3 - "$OUT/train_bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
