@@ -1,6 +1,7 @@
 // Training throughput of the real trainer (lt2 train's loop) on a model preset, with random
 // tokens: median step time, tokens/s and MFU, as one JSON line.
 //   train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 30 [--checkpoint-loops]
+#include "lt2/util/fs.h"
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    std::filesystem::remove_all(out);
+    lt2::remove_tree(out);
     std::filesystem::create_directories(out);
     const int64_t vocab = 32768;
     {

@@ -33,7 +33,7 @@ class Prepare : public ::testing::Test {
     write_file_atomic(dir_ + "/corpus/notes.md", "not read");
     Tokenizer::byte_level({"<|endoftext|>", "<|pad|>"}).save(dir_ + "/tokenizer.json");
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { lt2::remove_tree(dir_); }
   std::vector<std::string> documents(const std::vector<std::string>& inputs, TextSplit split = TextSplit::Paragraph) {
     std::vector<std::string> docs;
     Corpus(inputs, split).for_each([&](std::string_view d, int64_t) { docs.emplace_back(d); });

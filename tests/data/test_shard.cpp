@@ -22,7 +22,7 @@ class Shard : public ::testing::Test {
     dir_ = (fs::temp_directory_path() / ("lt2-shard-" + std::to_string(::getpid()))).string();
     make_dirs(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { lt2::remove_tree(dir_); }
   std::string file(const std::string& name) const { return dir_ + "/" + name; }
   std::string dir_;
 };

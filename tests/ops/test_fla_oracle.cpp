@@ -2,6 +2,7 @@
 // run on the CPU) against lt2's float64 recurrences and chunked forms on the same inputs. fla's
 // references compute in fp32, hence the fp32-level tolerance. Skipped, with the reason, where
 // python3 cannot import fla.
+#include "lt2/util/fs.h"
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -38,7 +39,7 @@ class FlaOracle : public ::testing::Test {
     }
     message_ = out;
   }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static void TearDownTestSuite() { lt2::remove_tree(dir_); }
 
   void SetUp() override {
     torch::set_num_threads(1);

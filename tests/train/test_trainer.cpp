@@ -1,4 +1,5 @@
 // Trainer: exact resume, learning on a tiny task, schedule, optimizer groups, config errors.
+#include "lt2/util/fs.h"
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -64,7 +65,7 @@ std::vector<double> losses_of(Trainer& t) {
 
 TEST(Trainer, ResumeIsExact) {
   const std::string dir = (fs::temp_directory_path() / "lt2_trainer_resume").string();
-  fs::remove_all(dir);
+  lt2::remove_tree(dir);
   auto cfg = tiny_run(dir);
   Trainer whole(cfg, false);
   auto all = losses_of(whole);
@@ -91,7 +92,7 @@ TEST(Trainer, ResumeIsExact) {
 
 TEST(Trainer, TinyModelLearns) {
   const std::string dir = (fs::temp_directory_path() / "lt2_trainer_learns").string();
-  fs::remove_all(dir);
+  lt2::remove_tree(dir);
   auto cfg = tiny_run(dir);
   cfg.steps = 60;
   cfg.grad_accum = 1;
@@ -105,7 +106,7 @@ TEST(Trainer, TinyModelLearns) {
 
 TEST(Trainer, ResumeWithoutCheckpointFails) {
   const std::string dir = (fs::temp_directory_path() / "lt2_trainer_nockpt").string();
-  fs::remove_all(dir);
+  lt2::remove_tree(dir);
   auto cfg = tiny_run(dir);
   EXPECT_THROW(Trainer(cfg, true), Error);
 }

@@ -2,6 +2,7 @@
 // splitting [B, T, H, D] sequences into chunks, chunk-local cumulative log-gates, and decayed
 // score matrices built from relative exponents only.
 #pragma once
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
 namespace lt2::ops {
@@ -11,6 +12,16 @@ using torch::Tensor;
 // The dtype the recurrences compute in: fp64 for fp64 inputs, fp32 for everything else
 // (bf16/fp16/fp32). Gates, cumulative sums, solves and states all use it.
 torch::ScalarType compute_dtype(const Tensor& x);
+
+// Turns bf16 autocast off for the scope: the recurrences keep their states, gates and chunk
+// products in fp32 (compute_dtype) even when the model runs under autocast.
+class Fp32Scope {
+ public:
+  Fp32Scope() : guard_(c10::autocast_dispatch_keyset) {}
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard guard_;
+};
 
 // x: [B, T, H, D] -> [B, H, N, C, D] in dtype `dt`, N = ceil(T / C), the tail zero-padded.
 Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt);

@@ -55,6 +55,7 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size) {
   check_inputs(q, k, v, beta, g);
+  Fp32Scope fp32;
   const auto dt = compute_dtype(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t C = chunk_size;
@@ -80,13 +81,15 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
   auto state_carry = G_last.exp().transpose(-1, -2);             // [B, H, N, 1 or K, 1]
 
   auto S = initial_or_zero_state(initial_state, B, H, K, V, dt, v.device());  // [B, H, K, V]
+  // unbind, not select: one backward node per tensor instead of a full-size zero fill per chunk.
+  auto U_n = U.unbind(2), W_n = W.unbind(2), Q_n = Q_start.unbind(2), A_n = Aqk.unbind(2);
+  auto Kt_n = K_end.transpose(-1, -2).unbind(2), carry_n = state_carry.unbind(2);
   std::vector<Tensor> outs;
   outs.reserve(N);
   for (int64_t n = 0; n < N; ++n) {
-    auto V_new = U.select(2, n) - torch::matmul(W.select(2, n), S);  // [B, H, C, V]
-    outs.push_back(torch::matmul(Q_start.select(2, n), S) + torch::matmul(Aqk.select(2, n), V_new));
-    S = state_carry.select(2, n) * S +
-        torch::matmul(K_end.select(2, n).transpose(-1, -2), V_new);  // [B, H, K, V]
+    auto V_new = U_n[n] - torch::matmul(W_n[n], S);                               // [B, H, C, V]
+    outs.push_back(torch::matmul(Q_n[n], S) + torch::matmul(A_n[n], V_new));       // [B, H, C, V]
+    S = carry_n[n] * S + torch::matmul(Kt_n[n], V_new);                            // [B, H, K, V]
   }
   auto O = torch::stack(outs, 2);                                // [B, H, N, C, V]
   return {from_chunks(O, T).to(v.scalar_type()), S};

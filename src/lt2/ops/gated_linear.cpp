@@ -43,6 +43,7 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& g, double scale, const Tensor& initial_state,
                                       int64_t chunk_size) {
   check_recurrence_inputs(q, k, v, g, "gated linear");
+  Fp32Scope fp32;
   const auto dt = compute_dtype(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t C = chunk_size;
@@ -60,11 +61,12 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
   auto chunk_writes = torch::matmul(K_end.transpose(-1, -2), Vc);  // [B, H, N, K, V]
   auto state_carry = G_last.exp().transpose(-1, -2);              // [B, H, N, 1 or K, 1]
   auto S = initial_or_zero_state(initial_state, B, H, K, V, dt, v.device());  // [B, H, K, V]
+  auto carry_n = state_carry.unbind(2), writes_n = chunk_writes.unbind(2);
   std::vector<Tensor> starts;
   starts.reserve(N);
   for (int64_t n = 0; n < N; ++n) {
     starts.push_back(S);
-    S = state_carry.select(2, n) * S + chunk_writes.select(2, n);
+    S = carry_n[n] * S + writes_n[n];
   }
   auto S_start = torch::stack(starts, 2);                         // [B, H, N, K, V]
   auto O = torch::matmul(Q * G.exp(), S_start) * scale + O_intra;  // [B, H, N, C, V]

@@ -184,13 +184,13 @@ std::string Trainer::save(int64_t step) {
   auto& I = *impl_;
   const std::string name = "ckpt-" + std::to_string(step);
   const std::string dir = cfg_.out_dir + "/" + name, tmp = dir + ".tmp";
-  fs::remove_all(tmp);
+  lt2::remove_tree(tmp);
   json state{{"step", step}, {"seed", cfg_.seed}, {"train_config", cfg_.to_json()}};
   std::vector<FileWriter> extra{safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
                                 text_writer("trainer_state.json", state.dump(2) + "\n")};
   if (!I.tokenizer_path.empty()) extra.push_back(text_writer("tokenizer.json", read_file(I.tokenizer_path)));
   save_checkpoint(tmp, model_, extra);
-  fs::remove_all(dir);
+  lt2::remove_tree(dir);
   fs::rename(tmp, dir);
   write_file_atomic(cfg_.out_dir + "/latest", name + "\n");
   // Keep the two newest checkpoints.
@@ -201,7 +201,7 @@ std::string Trainer::save(int64_t step) {
       all.emplace_back(std::stoll(f.substr(5)), e.path());
   }
   std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + 2 < all.size(); ++i) fs::remove_all(all[i].second);
+  for (size_t i = 0; i + 2 < all.size(); ++i) lt2::remove_tree(all[i].second.string());
   return dir;
 }
 

@@ -1,6 +1,7 @@
 #include "lt2/util/fs.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -57,6 +58,15 @@ void make_dirs(const std::string& path) {
 }
 
 bool path_exists(const std::string& path) { return std::filesystem::exists(path); }
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  auto remove_entry = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); };
+  // FTW_DEPTH: children before their folder; FTW_PHYS: do not follow symbolic links.
+  LT2_CHECK(::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0, "cannot remove '", path,
+            "': ", std::strerror(errno));
+}
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);

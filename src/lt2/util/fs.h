@@ -16,6 +16,10 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 // Creates the folder and its parents; no-op when it exists.
 void make_dirs(const std::string& path);
 bool path_exists(const std::string& path);
+// Removes a file or a folder with everything in it; no-op when absent. Use this, not
+// std::filesystem::remove_all: libtorch exports its own copy of that symbol, which crashes on
+// some systems (seen on the GPU machine).
+void remove_tree(const std::string& path);
 
 // A read-only memory map of a whole file. Empty files map to size 0 and a null data pointer.
 class MappedFile {
