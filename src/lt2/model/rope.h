@@ -10,7 +10,7 @@ namespace lt2 {
 
 using torch::Tensor;
 
-// x: [B, T, H, D]; positions start..start+T-1 (the same for every sequence). Computed in accum_dtype,
+// x: [B, T, H, D]; positions start..start+T-1 (the same for every sequence). Angles in float64,
 // returned in x's dtype.
 Tensor apply_rope(const Tensor& x, int64_t start, double theta, RopeStyle style);
 
