@@ -11,6 +11,8 @@ APT_PACKAGES=(
   gnuplot-nox r-cran-janeaustenr
 )
 PIP_PACKAGES=(torch==2.11.0 numpy tokenizers==0.22.1)
+# flash-linear-attention's pure-PyTorch naive references: an independent oracle for the mixers.
+PIP_NODEPS_PACKAGES=(fla-core==0.6.0 einops)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -30,5 +32,10 @@ if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.11
    || ! $PY -c 'import tokenizers, numpy' 2>/dev/null; then
   echo "setup: pip install ${PIP_PACKAGES[*]}"
   $PY -m pip install -q "${PIP_PACKAGES[@]}" || $PY -m pip install -q --break-system-packages "${PIP_PACKAGES[@]}"
+fi
+if ! $PY -c 'import fla, einops' 2>/dev/null; then
+  echo "setup: pip install --no-deps ${PIP_NODEPS_PACKAGES[*]}"
+  $PY -m pip install -q --no-deps "${PIP_NODEPS_PACKAGES[@]}" \
+    || $PY -m pip install -q --no-deps --break-system-packages "${PIP_NODEPS_PACKAGES[@]}"
 fi
 echo "setup: done (libtorch at $($PY -c 'import torch; print(torch.utils.cmake_prefix_path)'))"
