@@ -15,7 +15,7 @@ struct TrainArgs {
   bool resume = false;
   bool json_out = false;
   // Direct overrides (empty / unset = keep the config's value).
-  std::string model, train_data, val_data, out_dir, device, dtype, objective;
+  std::string model, init_from, train_data, val_data, out_dir, device, dtype, objective;
   int64_t steps = -1, seq_len = -1, batch_size = -1, grad_accum = -1, warmup = -1;
   int64_t eval_every = -1, save_every = -1, log_every = -1;
   double lr = -1;
@@ -29,6 +29,7 @@ void run_train(const TrainArgs& a) {
   auto set_str = [&](const char* key, const std::string& v) { if (!v.empty()) j[key] = v; };
   auto set_int = [&](const char* key, int64_t v) { if (v >= 0) j[key] = v; };
   set_str("model", a.model);
+  set_str("init_from", a.init_from);
   set_str("train_data", a.train_data);
   set_str("val_data", a.val_data);
   set_str("out_dir", a.out_dir);
@@ -76,6 +77,7 @@ void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a looped model on a token shard");
   cmd->add_option("--config", a->config, "Training config JSON (fields of TrainConfig; flags below override it)");
   cmd->add_option("--model", a->model, "Model preset name or model config JSON");
+  cmd->add_option("--init-from", a->init_from, "Start from this checkpoint's weights (a new stage: fresh optimizer and step 0)");
   cmd->add_option("--train-data", a->train_data, "Training token shard (from `lt2 data prepare`)");
   cmd->add_option("--val-data", a->val_data, "Held-out token shard for evaluation");
   cmd->add_option("--out", a->out_dir, "Run folder: metrics.jsonl, checkpoints ckpt-<step>/, latest");
@@ -99,7 +101,8 @@ void add_train_command(CLI::App& app) {
   cmd->footer("Log line per step: step, loss, grad norm, lr, ms, tokens/s (and MFU on GPU).\n"
               "TrainConfig fields: model train_data val_data out_dir device dtype seq_len batch_size grad_accum\n"
               "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
-              "eval_batches save_every checkpoint_loops objective ouro_entropy_beta gate_min_gain");
+              "eval_batches save_every checkpoint_loops objective ouro_entropy_beta gate_min_gain init_from\n"
+              "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef");
   cmd->callback([a] { run_train(*a); });
 }
 

@@ -146,3 +146,72 @@ TEST(AdamW, NoDecayOnGainsAndRho) {
   EXPECT_NEAR(w[0][0].item<double>(), 1.0 * (1 - 0.001) - 0.01, 1e-9);
   EXPECT_NEAR(w[0][1].item<double>(), -2.0 * (1 - 0.001) + 0.01, 1e-9);
 }
+
+namespace {
+std::string write_config(const std::string& dir, ModelConfig cfg) {
+  cfg.vocab_size = 0;
+  cfg.save(dir + "/model.json");
+  return dir + "/model.json";
+}
+}  // namespace
+
+TEST(Trainer, OuroObjectiveThenGateOnlyStage) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_ouro").string();
+  lt2::remove_tree(dir);
+  auto cfg = tiny_run(dir);
+  cfg.model = write_config(dir, lt2::testing::tiny_config("full", ModelForm::Ouro));
+  cfg.objective = Objective::Ouro;
+  cfg.steps = 25;
+  Trainer stage1(cfg, false);
+  auto losses = losses_of(stage1);
+  EXPECT_LT(losses.back(), losses.front() - 0.5);
+  // Stage 2 starts from stage 1's weights and moves only the exit gate.
+  auto gate = cfg;
+  gate.init_from = latest_checkpoint(cfg.out_dir);
+  gate.out_dir = dir + "/gate";
+  gate.objective = Objective::OuroGate;
+  gate.steps = 5;
+  Trainer stage2(gate, false);
+  auto before = stage2.model()->named_parameters();
+  std::map<std::string, torch::Tensor> start;
+  for (const auto& p : before) start[p.key()] = p.value().detach().clone();
+  losses_of(stage2);
+  for (const auto& p : stage2.model()->named_parameters()) {
+    const bool moved = !torch::equal(p.value(), start[p.key()]);
+    EXPECT_EQ(moved, p.key().rfind("exit_gate.", 0) == 0) << p.key();
+  }
+}
+
+TEST(Trainer, DsaIndexerWarmupTrainsOnlyTheIndexer) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_dsa").string();
+  lt2::remove_tree(dir);
+  auto cfg = tiny_run(dir);
+  auto mcfg = lt2::testing::tiny_config("interleaved:1:1:gdn:dsa");
+  mcfg.mixer_options = json::parse(R"({"dsa": {"topk": 4}})");
+  cfg.model = write_config(dir, mcfg);
+  cfg.indexer_stage = "dense_warmup";
+  cfg.steps = 15;
+  cfg.lr = 1e-2;
+  Trainer warm(cfg, false);
+  std::map<std::string, torch::Tensor> start;
+  for (const auto& p : warm.model()->named_parameters()) start[p.key()] = p.value().detach().clone();
+  auto kl = losses_of(warm);
+  EXPECT_LT(kl.back(), kl.front()) << "the indexer KL falls";
+  int moved = 0;
+  for (const auto& p : warm.model()->named_parameters()) {
+    const bool changed = !torch::equal(p.value(), start[p.key()]);
+    moved += changed;
+    if (changed) EXPECT_NE(p.key().find(".index_"), std::string::npos) << "moved: " << p.key();
+  }
+  EXPECT_GT(moved, 0);
+  // The sparse stage trains everything on LM loss + indexer KL.
+  auto sparse = cfg;
+  sparse.init_from = latest_checkpoint(cfg.out_dir);
+  sparse.out_dir = dir + "/sparse";
+  sparse.indexer_stage = "sparse";
+  sparse.steps = 20;
+  sparse.lr = 3e-3;
+  Trainer second(sparse, false);
+  auto lm = losses_of(second);
+  EXPECT_LT(lm.back(), lm.front());
+}

@@ -13,7 +13,8 @@ std::string to_string(Objective o) {
 
 void TrainConfig::validate() const {
   const std::string w = "train config";
-  LT2_CHECK(!model.empty(), w, ": 'model' (a model config path or preset name) is required");
+  LT2_CHECK(!model.empty() || !init_from.empty(), w,
+            ": 'model' (a model config path or preset name) or 'init_from' (a checkpoint) is required");
   LT2_CHECK(!train_data.empty(), w, ": 'train_data' (a token shard) is required");
   LT2_CHECK(device == "auto" || device == "cpu" || device == "cuda", w,
             ": 'device' must be auto, cpu or cuda, found '", device, "'");
@@ -27,12 +28,15 @@ void TrainConfig::validate() const {
   LT2_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, w, ": betas must be in [0, 1)");
   LT2_CHECK(clip >= 0, w, ": 'clip' must be >= 0 (0 = off)");
   LT2_CHECK(log_every > 0, w, ": 'log_every' must be > 0");
+  LT2_CHECK(indexer_stage == "off" || indexer_stage == "dense_warmup" || indexer_stage == "sparse", w,
+            ": 'indexer_stage' must be off, dense_warmup or sparse, found '", indexer_stage, "'");
+  LT2_CHECK(indexer_loss_coef >= 0, w, ": 'indexer_loss_coef' must be >= 0");
   LT2_CHECK(eval_every >= 0 && save_every >= 0 && eval_batches > 0, w,
             ": eval_every/save_every must be >= 0 and eval_batches > 0");
 }
 
 json TrainConfig::to_json() const {
-  return json{{"model", model}, {"train_data", train_data}, {"val_data", val_data},
+  return json{{"model", model}, {"init_from", init_from}, {"train_data", train_data}, {"val_data", val_data},
               {"out_dir", out_dir}, {"device", device}, {"dtype", dtype},
               {"seq_len", seq_len}, {"batch_size", batch_size}, {"grad_accum", grad_accum},
               {"steps", steps}, {"lr", lr}, {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup},
@@ -41,7 +45,8 @@ json TrainConfig::to_json() const {
               {"eval_every", eval_every}, {"eval_batches", eval_batches},
               {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops},
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
-              {"gate_min_gain", gate_min_gain}};
+              {"gate_min_gain", gate_min_gain}, {"indexer_stage", indexer_stage},
+              {"indexer_loss_coef", indexer_loss_coef}};
 }
 
 TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
@@ -51,6 +56,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   for (const auto& [key, value] : defaults.items()) known.push_back(key);
   json_reject_unknown(j, known, where);
   json_get(j, "model", c.model, where);
+  json_get(j, "init_from", c.init_from, where);
   json_get(j, "train_data", c.train_data, where);
   json_get(j, "val_data", c.val_data, where);
   json_get(j, "out_dir", c.out_dir, where);
@@ -82,6 +88,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   else throw Error(cat(where, ": 'objective' must be ce, ouro or ouro_gate, found '", obj, "'"));
   json_get(j, "ouro_entropy_beta", c.ouro_entropy_beta, where);
   json_get(j, "gate_min_gain", c.gate_min_gain, where);
+  json_get(j, "indexer_stage", c.indexer_stage, where);
+  json_get(j, "indexer_loss_coef", c.indexer_loss_coef, where);
   return c;
 }
 

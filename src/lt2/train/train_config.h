@@ -16,6 +16,7 @@ enum class Objective { CE, Ouro, OuroGate };
 
 struct TrainConfig {
   std::string model;            // path of a model config JSON, or a preset name in configs/
+  std::string init_from;        // checkpoint folder whose weights start the run (fresh optimizer)
   std::string train_data;       // token shard (data/shard.h)
   std::string val_data;         // optional held-out shard
   std::string out_dir = "runs/default";
@@ -40,6 +41,11 @@ struct TrainConfig {
   Objective objective = Objective::CE;
   double ouro_entropy_beta = 0.05;
   double gate_min_gain = 0.005;
+  // DSA lightning-indexer training (spec/mixers.md §6.2): "off"; "dense_warmup" (dense attention,
+  // only the indexers train, on their KL loss); "sparse" (top-k attention, LM loss plus
+  // indexer_loss_coef x the KL on the selected set, indexer input detached).
+  std::string indexer_stage = "off";
+  double indexer_loss_coef = 1.0;
 
   void validate() const;
   json to_json() const;

@@ -11,9 +11,11 @@
 
 #include "lt2/config/presets.h"
 #include "lt2/kernels/kernels.h"
+#include "lt2/mixers/dsa.h"
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/train/batches.h"
 #include "lt2/train/flops.h"
+#include "lt2/train/indexer_loss.h"
 #include "lt2/train/losses.h"
 #include "lt2/train/optimizer.h"
 #include "lt2/util/fs.h"
@@ -107,6 +109,8 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
     auto state = load_json_file(ckpt + "/trainer_state.json");
     start_step_ = state.at("step").get<int64_t>();
     model_ = load_checkpoint(ckpt);
+  } else if (!cfg_.init_from.empty()) {  // a later stage starting from an earlier stage's weights
+    model_ = load_checkpoint(cfg_.init_from);
   } else {
     ModelConfig mcfg = load_model_config(cfg_.model);
     if (mcfg.vocab_size == 0) mcfg.vocab_size = train_shard->vocab_size();
@@ -120,6 +124,12 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
     LT2_CHECK(model_->exit_gate, "objective 'ouro_gate' needs a model with an exit gate");
     for (auto& p : model_->named_parameters())
       p.value().set_requires_grad(p.key().rfind("exit_gate.", 0) == 0);
+  }
+  const auto stage = parse_indexer_stage(cfg_.indexer_stage);
+  set_indexer_stage(*model_, stage);
+  if (stage == IndexerStage::DenseWarmup) {
+    LT2_CHECK(!indexer_parameters(*model_).empty(), "indexer_stage 'dense_warmup' needs a model with DSA layers");
+    freeze_except_indexers(*model_);
   }
   LT2_CHECK(cfg_.objective == Objective::CE || model_->exit_gate,
             "objective '", to_string(cfg_.objective), "' needs an Ouro-form model with an exit gate");
@@ -174,6 +184,7 @@ double Trainer::evaluate() {
     ForwardOptions fo;
     fo.exit_at_loop = model_->exit_gate ? model_->config().n_loops : -1;
     auto out = model_->forward(x.to(I.device), nullptr, fo);
+    indexer_loss(*model_);  // drop the indexer KLs this forward recorded
     total += cross_entropy(out.logits, y.to(I.device)).item<double>();
   }
   model_->train();
@@ -231,6 +242,9 @@ StepMetrics Trainer::run() {
           case Objective::Ouro: loss = ouro_loss(out, y, cfg_.ouro_entropy_beta); break;
           case Objective::OuroGate: loss = ouro_gate_loss(out, y, cfg_.gate_min_gain); break;
         }
+        // DSA indexers: the warm-up trains on their KL alone; the sparse stage adds it.
+        if (auto kl = indexer_loss(*model_); kl.defined())
+          loss = cfg_.indexer_stage == "dense_warmup" ? kl : loss + cfg_.indexer_loss_coef * kl;
       }
       (loss / static_cast<double>(cfg_.grad_accum)).backward();
       loss_sum += loss.detach();
