@@ -13,7 +13,7 @@ LT2="$BUILD_DIR/apps/lt2/lt2"
 OUT=${OUT:-runs/austen}
 DATA=${DATA:-data/austen}
 VOCAB=${VOCAB:-2048}
-STEPS=${STEPS:-300}
+STEPS=${STEPS:-200}
 if [ -z "${MODEL:-}" ]; then
   MODEL=tiny-full-gdn
   [ -f configs/$MODEL.json ] || MODEL=tiny-full
@@ -45,4 +45,4 @@ rm -rf "$OUT"
 
 echo "== generating"
 "$LT2" generate "$OUT/$(cat "$OUT/latest")" --prompt "It is a truth universally acknowledged" \
-  --max-new-tokens 120 --temperature 0.7 --top-p 0.9 --seed 1
+  --max-new-tokens 120 --temperature 0.7 --top-p 0.9 --seed 1 --ignore-eos

@@ -15,6 +15,7 @@ struct GenerateArgs {
   std::string checkpoint, prompt = "The", tokenizer, device = "auto", dtype = "auto";
   GenerateOptions opts;
   bool json_out = false;
+  bool ignore_eos = false;
 };
 
 void run_generate(GenerateArgs a) {
@@ -31,7 +32,7 @@ void run_generate(GenerateArgs a) {
   LT2_CHECK(!(a.device == "cuda" && !cuda), "--device cuda: no CUDA GPU is available");
   model->to(cuda ? torch::kCUDA : torch::kCPU);
   if (cuda && a.dtype != "fp32") model->to(torch::kBFloat16);
-  if (auto eos = tok.token_to_id("<|endoftext|>")) a.opts.stop_tokens.push_back(*eos);
+  if (auto eos = tok.token_to_id("<|endoftext|>"); eos && !a.ignore_eos) a.opts.stop_tokens.push_back(*eos);
 
   auto ids32 = tok.encode(a.prompt);
   std::vector<int64_t> prompt(ids32.begin(), ids32.end());
@@ -86,6 +87,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the checkpoint's, else bytes)");
   cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "auto (bf16 on GPU, fp32 on CPU) | fp32")->capture_default_str();
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past <|endoftext|> (document separators print as nothing)");
   cmd->add_flag("--json", a->json_out, "Print one JSON object (text, tokens, timings) instead of streaming");
   cmd->callback([a] { run_generate(*a); });
 }
