@@ -1,0 +1,126 @@
+#include "lt2/tasks/curriculum.h"
+
+#include <algorithm>
+
+#include "lt2/util/error.h"
+
+namespace lt2::tasks {
+
+int64_t stage_n(int64_t stage) {
+  LT2_CHECK(stage >= 1 && stage <= 60, "curriculum stage must be in [1, 60], got ", stage);
+  return int64_t{1} << (stage + 2);
+}
+
+Curriculum::Curriculum(CurriculumConfig cfg) : cfg_(cfg) {
+  LT2_CHECK(cfg_.num_stages >= 1, "curriculum needs >= 1 stage, got ", cfg_.num_stages);
+  stage_n(cfg_.num_stages);  // validates the range
+  LT2_CHECK(cfg_.steps_per_stage >= 1, "steps_per_stage must be >= 1, got ", cfg_.steps_per_stage);
+  LT2_CHECK(cfg_.threshold > 0 && cfg_.threshold <= 1, "threshold must be in (0, 1], got ",
+            cfg_.threshold);
+}
+
+Curriculum::Event Curriculum::record_eval(int64_t step, double accuracy) {
+  LT2_CHECK(!finished_, "record_eval on a finished curriculum");
+  LT2_CHECK(step >= last_step_ && step >= stage_start_, "eval steps must not decrease: got ", step,
+            " after ", last_step_);
+  last_step_ = step;
+  evals_.push_back({step, stage_, accuracy});
+  const int64_t spent = step - stage_start_;
+  if (accuracy >= cfg_.threshold) {
+    results_.push_back({stage_, n(), true, spent, accuracy});
+    if (stage_ == cfg_.num_stages) {
+      finished_ = true;
+      return Event::Finished;
+    }
+    ++stage_;
+    stage_start_ = step;
+    return Event::Advanced;
+  }
+  if (spent >= cfg_.steps_per_stage) {
+    results_.push_back({stage_, n(), false, spent, accuracy});
+    finished_ = true;
+    return Event::Finished;
+  }
+  return Event::Continue;
+}
+
+int64_t Curriculum::score() const {
+  int64_t best = 0;
+  for (const auto& r : results_)
+    if (r.solved) best = std::max(best, r.n);
+  return best;
+}
+
+nlohmann::json Curriculum::to_json() const {
+  nlohmann::json j;
+  j["config"] = {{"num_stages", cfg_.num_stages},
+                 {"steps_per_stage", cfg_.steps_per_stage},
+                 {"threshold", cfg_.threshold}};
+  j["stage"] = stage_;
+  j["stage_start_step"] = stage_start_;
+  j["last_step"] = last_step_;
+  j["finished"] = finished_;
+  j["score"] = score();
+  j["results"] = nlohmann::json::array();
+  for (const auto& r : results_)
+    j["results"].push_back({{"stage", r.stage}, {"n", r.n}, {"solved", r.solved},
+                            {"steps", r.steps}, {"final_accuracy", r.final_accuracy}});
+  j["evals"] = nlohmann::json::array();
+  for (const auto& e : evals_)
+    j["evals"].push_back({{"step", e.step}, {"stage", e.stage}, {"accuracy", e.accuracy}});
+  return j;
+}
+
+Curriculum Curriculum::from_json(const nlohmann::json& j) {
+  try {
+    CurriculumConfig cfg;
+    const auto& c = j.at("config");
+    cfg.num_stages = c.at("num_stages").get<int64_t>();
+    cfg.steps_per_stage = c.at("steps_per_stage").get<int64_t>();
+    cfg.threshold = c.at("threshold").get<double>();
+    Curriculum cur(cfg);
+    cur.stage_ = j.at("stage").get<int64_t>();
+    LT2_CHECK(cur.stage_ >= 1 && cur.stage_ <= cfg.num_stages, "curriculum JSON: stage ",
+              cur.stage_, " outside [1, ", cfg.num_stages, "]");
+    cur.stage_start_ = j.at("stage_start_step").get<int64_t>();
+    cur.last_step_ = j.at("last_step").get<int64_t>();
+    cur.finished_ = j.at("finished").get<bool>();
+    for (const auto& r : j.at("results"))
+      cur.results_.push_back({r.at("stage").get<int64_t>(), r.at("n").get<int64_t>(),
+                              r.at("solved").get<bool>(), r.at("steps").get<int64_t>(),
+                              r.at("final_accuracy").get<double>()});
+    for (const auto& e : j.at("evals"))
+      cur.evals_.push_back({e.at("step").get<int64_t>(), e.at("stage").get<int64_t>(),
+                            e.at("accuracy").get<double>()});
+    return cur;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(cat("curriculum JSON: ", e.what()));
+  }
+}
+
+double exact_match_accuracy(const torch::Tensor& logits, const torch::Tensor& targets,
+                            const torch::Tensor& mask) {
+  LT2_CHECK(logits.dim() == 3 && targets.dim() == 2 && mask.sizes() == targets.sizes() &&
+                logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
+            "exact_match_accuracy: expected logits [B, L, V], targets and mask [B, L]; got ",
+            logits.sizes(), ", ", targets.sizes(), ", ", mask.sizes());
+  torch::NoGradGuard no_grad;
+  const auto wrong = (logits.argmax(-1) != targets) & mask.to(torch::kBool);  // [B, L]
+  const auto correct = wrong.any(1).logical_not();                            // [B]
+  return correct.to(torch::kFloat64).mean().item<double>();
+}
+
+torch::Tensor masked_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                   const torch::Tensor& mask) {
+  LT2_CHECK(logits.dim() == 3 && targets.dim() == 2 && mask.sizes() == targets.sizes() &&
+                logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
+            "masked_cross_entropy: expected logits [B, L, V], targets and mask [B, L]; got ",
+            logits.sizes(), ", ", targets.sizes(), ", ", mask.sizes());
+  const auto m = mask.to(torch::kFloat32);                       // [B, L]
+  LT2_CHECK(m.sum().item<float>() > 0, "masked_cross_entropy: no scored position");
+  const auto logp = torch::log_softmax(logits.to(torch::kFloat32), -1);   // [B, L, V]
+  const auto nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1);  // [B, L]
+  return (nll * m).sum() / m.sum();
+}
+
+}  // namespace lt2::tasks
