@@ -91,16 +91,14 @@ std::unique_ptr<MixerState> RecurrentMixerImpl::make_state(int64_t batch, int64_
 }
 
 Tensor l2_normalize(const Tensor& x) {
-  auto xf = x.to(x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+  auto xf = x.to(accum_dtype(x));
   return (xf * torch::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + 1e-6)).to(x.scalar_type());
 }
 
 Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate,
                       GateActivation act) {
-  const auto dt = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto xf = x.to(dt);
-  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  if (weight.defined()) y = y * weight.to(dt);
+  const auto dt = accum_dtype(x);
+  auto y = rms_norm(x.to(dt), weight, eps);
   if (gate.defined() && act != GateActivation::None) {
     auto gf = gate.to(dt);
     y = y * (act == GateActivation::Swish ? torch::silu(gf) : torch::sigmoid(gf));

@@ -3,26 +3,9 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/model/rope.h"
 
 namespace lt2 {
-
-namespace {
-
-// Rotate-half RoPE (fla's RotaryEmbedding, theta 1e4) at positions start..start+T-1, computed in
-// fp32 (fp64 for fp64 input, so float64 checks stay exact). x: [B, T, H, D].
-Tensor rope_rotate_half(const Tensor& x, int64_t start) {
-  const int64_t T = x.size(1), D = x.size(3);
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto o = torch::TensorOptions().dtype(ct).device(x.device());
-  auto inv_freq = torch::pow(1e4, -torch::arange(0, D, 2, o) / static_cast<double>(D));  // [D/2]
-  auto angle = torch::outer(torch::arange(start, start + T, o), inv_freq);            // [T, D/2]
-  auto cos = angle.cos().view({1, T, 1, D / 2}), sin = angle.sin().view({1, T, 1, D / 2});
-  auto xf = x.to(ct);
-  auto a = xf.narrow(-1, 0, D / 2), b = xf.narrow(-1, D / 2, D / 2);
-  return torch::cat({a * cos - b * sin, a * sin + b * cos}, -1).to(x.scalar_type());
-}
-
-}  // namespace
 
 Tensor retention_log_decay(int64_t num_heads, torch::ScalarType dt, const torch::Device& device) {
   auto h = torch::arange(num_heads, torch::TensorOptions().dtype(dt).device(device));
@@ -62,8 +45,8 @@ RecurrenceInputs RetNetImpl::project(const Tensor& x, RecurrentState*, int64_t s
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   RecurrenceInputs in;
-  in.q = rope_rotate_half(q_proj(x).view({B, T, num_heads, head_k_dim}), start);  // [B, T, H, K]
-  in.k = rope_rotate_half(k_proj(x).view({B, T, num_heads, head_k_dim}), start);  // [B, T, H, K]
+  in.q = apply_rope(q_proj(x).view({B, T, num_heads, head_k_dim}), start, 1e4, RopeStyle::Half);  // [B, T, H, K]
+  in.k = apply_rope(k_proj(x).view({B, T, num_heads, head_k_dim}), start, 1e4, RopeStyle::Half);  // [B, T, H, K]
   in.v = v_proj(x).view({B, T, num_heads, head_v_dim});                          // [B, T, H, V]
   in.g = retention_log_decay(num_heads, ct, x.device()).expand({B, T, num_heads});
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));

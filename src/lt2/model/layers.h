@@ -32,7 +32,7 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// Functional RMSNorm over the last dim in fp32 (weight may be undefined for no affine).
+// Functional RMSNorm over the last dim in fp32 (weight: [dim], broadcastable to x, or undefined).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 
 // SwiGLU FFN: w2(silu(w1 x) * w3 x). Names follow Lingua (w1 gate, w3 up, w2 down).
