@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lt2/config/model_config.h"
+#include "lt2/model/looped_lm.h"
 
 namespace lt2::testing {
 
@@ -67,6 +68,60 @@ inline double gradcheck_directional(const std::function<torch::Tensor()>& loss,
     worst = std::max(worst, std::abs(numeric - analytic) / std::max(std::abs(analytic), 1e-8));
   }
   return worst;
+}
+
+// A model of `cfg` in `dtype` whose zero-initialised gates (rho, the SDPA output gate, NSA's
+// position terms) get random values, so the invariant tests exercise every path.
+inline LoopedLM make_test_model(const ModelConfig& cfg, uint64_t seed = 1,
+                                torch::ScalarType dtype = torch::kFloat64) {
+  torch::manual_seed(seed);
+  LoopedLM m(cfg);
+  m->to(dtype);
+  torch::NoGradGuard ng;
+  for (auto& p : m->named_parameters())
+    if (p.key() == "rho" || p.key().find("wgate") != std::string::npos || p.key().find("pos_") != std::string::npos)
+      p.value().normal_(0, 0.3);
+  return m;
+}
+
+inline torch::Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  return torch::randint(V, {B, T}, torch::kLong);
+}
+
+// Model invariant: decoding `tokens` ([B, T]) one at a time from an empty state gives the logits
+// of one full forward pass, for every loop's exit.
+inline void expect_decode_matches_forward(LoopedLMImpl& m, const torch::Tensor& tokens, double tol = 1e-10) {
+  torch::NoGradGuard ng;
+  ForwardOptions all;
+  all.loop_logits = true;
+  auto full = m.forward(tokens, nullptr, all);
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  auto state = m.make_state(B, T + 3, torch::TensorOptions().dtype(m.parameters().front().scalar_type()));
+  for (int64_t t = 0; t < T; ++t) {
+    auto o = m.forward(tokens.narrow(1, t, 1), state.get(), all);
+    for (size_t l = 0; l < full.loop_logits.size(); ++l)
+      EXPECT_LT(rel_err(o.loop_logits[l], full.loop_logits[l].narrow(1, t, 1)), tol)
+          << "token " << t << " loop " << l;
+    EXPECT_LT(rel_err(o.logits, full.logits.narrow(1, t, 1)), tol) << "token " << t;
+  }
+  EXPECT_EQ(state->length, T);
+}
+
+// Model invariant: a prefill split at each point of `splits` gives the logits of the whole one.
+inline void expect_split_prefill_matches_whole(LoopedLMImpl& m, const torch::Tensor& tokens,
+                                               const std::vector<int64_t>& splits, double tol = 1e-10) {
+  torch::NoGradGuard ng;
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  auto full = m.forward(tokens).logits;
+  for (int64_t a : splits) {
+    auto state = m.make_state(B, T + 3, torch::TensorOptions().dtype(m.parameters().front().scalar_type()));
+    auto first = m.forward(tokens.narrow(1, 0, a), state.get()).logits;
+    auto second = m.forward(tokens.narrow(1, a, T - a), state.get()).logits;
+    EXPECT_LT(rel_err(torch::cat({first, second}, 1), full), tol) << "split at " << a;
+    state->reset();  // after a reset the state behaves as new
+    EXPECT_LT(rel_err(m.forward(tokens, state.get()).logits, full), tol) << "after reset";
+  }
 }
 
 }  // namespace lt2::testing

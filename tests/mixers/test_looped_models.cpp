@@ -25,13 +25,7 @@ ModelConfig looped_config(const std::string& pattern) {
 }
 
 LoopedLM make_model(const ModelConfig& cfg, torch::ScalarType dt) {
-  torch::manual_seed(11);
-  LoopedLM m(cfg);
-  m->to(dt);
-  torch::NoGradGuard ng;
-  for (auto& p : m->named_parameters())  // non-zero loop gates so every path is exercised
-    if (p.key() == "rho" || p.key().find("wgate") != std::string::npos) p.value().normal_(0, 0.3);
-  return m;
+  return lt2::testing::make_test_model(cfg, 11, dt);
 }
 
 class LoopedMixerModel : public ::testing::TestWithParam<std::string> {
@@ -44,29 +38,13 @@ class LoopedMixerModel : public ::testing::TestWithParam<std::string> {
 TEST_P(LoopedMixerModel, DecodeEqualsForward) {
   auto cfg = looped_config(GetParam());
   auto m = make_model(cfg, torch::kFloat64);
-  torch::NoGradGuard ng;
-  torch::manual_seed(3);
-  auto tok = torch::randint(cfg.vocab_size, {2, 11}, torch::kLong);
-  auto full = m->forward(tok).logits;
-  auto state = m->make_state(2, 16, torch::TensorOptions().dtype(torch::kFloat64));
-  for (int64_t t = 0; t < tok.size(1); ++t)
-    EXPECT_LT(rel_err(m->forward(tok.narrow(1, t, 1), state.get()).logits, full.narrow(1, t, 1)), 1e-10)
-        << "token " << t;
+  lt2::testing::expect_decode_matches_forward(*m, lt2::testing::random_tokens(2, 11, cfg.vocab_size, 3));
 }
 
 TEST_P(LoopedMixerModel, SplitPrefillEqualsWhole) {
   auto cfg = looped_config(GetParam());
   auto m = make_model(cfg, torch::kFloat64);
-  torch::NoGradGuard ng;
-  torch::manual_seed(4);
-  auto tok = torch::randint(cfg.vocab_size, {2, 13}, torch::kLong);
-  auto full = m->forward(tok).logits;
-  for (int64_t a : {3, 6, 9}) {
-    auto state = m->make_state(2, 16, torch::TensorOptions().dtype(torch::kFloat64));
-    auto first = m->forward(tok.narrow(1, 0, a), state.get()).logits;
-    auto second = m->forward(tok.narrow(1, a, 13 - a), state.get()).logits;
-    EXPECT_LT(rel_err(torch::cat({first, second}, 1), full), 1e-10) << "split at " << a;
-  }
+  lt2::testing::expect_split_prefill_matches_whole(*m, lt2::testing::random_tokens(2, 13, cfg.vocab_size, 4), {3, 6, 9});
 }
 
 TEST_P(LoopedMixerModel, LearnsARepeatingPattern) {

@@ -33,21 +33,8 @@ ModelConfig hybrid_config(const std::string& pattern, int64_t n_layers = 2, int6
   return cfg;
 }
 
-LoopedLM make_model(const ModelConfig& cfg, uint64_t seed = 1) {
-  torch::manual_seed(seed);
-  LoopedLM m(cfg);
-  m->to(torch::kFloat64);
-  torch::NoGradGuard ng;
-  for (auto& p : m->named_parameters())  // non-zero gates so every path is exercised
-    if (p.key() == "rho" || p.key().find("wgate") != std::string::npos || p.key().find("pos_") != std::string::npos)
-      p.value().normal_(0, 0.3);
-  return m;
-}
-
-torch::Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed = 7) {
-  torch::manual_seed(seed);
-  return torch::randint(V, {B, T}, torch::kLong);
-}
+using lt2::testing::make_test_model;
+using lt2::testing::random_tokens;
 
 struct HybridCase {
   std::string pattern;
@@ -58,33 +45,14 @@ class HybridModel : public ::testing::TestWithParam<HybridCase> {};
 
 TEST_P(HybridModel, DecodeEqualsForward) {
   auto cfg = hybrid_config(GetParam().pattern, GetParam().n_layers);
-  auto m = make_model(cfg);
-  torch::NoGradGuard ng;
-  auto tok = random_tokens(2, 11, cfg.vocab_size);
-  ForwardOptions all;
-  all.loop_logits = true;
-  auto full = m->forward(tok, nullptr, all);
-  auto state = m->make_state(2, 16, torch::TensorOptions().dtype(torch::kFloat64));
-  for (int64_t t = 0; t < tok.size(1); ++t) {
-    auto o = m->forward(tok.narrow(1, t, 1), state.get(), all);
-    for (int64_t l = 0; l < cfg.n_loops; ++l)
-      EXPECT_LT(rel_err(o.loop_logits[l], full.loop_logits[l].narrow(1, t, 1)), 1e-10)
-          << "token " << t << " loop " << l;
-  }
+  auto m = make_test_model(cfg);
+  lt2::testing::expect_decode_matches_forward(*m, random_tokens(2, 11, cfg.vocab_size));
 }
 
 TEST_P(HybridModel, SplitPrefillEqualsWhole) {
   auto cfg = hybrid_config(GetParam().pattern, GetParam().n_layers);
-  auto m = make_model(cfg);
-  torch::NoGradGuard ng;
-  auto tok = random_tokens(2, 13, cfg.vocab_size, 8);
-  auto full = m->forward(tok).logits;
-  for (int64_t a : {1, 5, 10}) {
-    auto state = m->make_state(2, 16, torch::TensorOptions().dtype(torch::kFloat64));
-    auto first = m->forward(tok.narrow(1, 0, a), state.get()).logits;
-    auto second = m->forward(tok.narrow(1, a, 13 - a), state.get()).logits;
-    EXPECT_LT(rel_err(torch::cat({first, second}, 1), full), 1e-10) << "split at " << a;
-  }
+  auto m = make_test_model(cfg);
+  lt2::testing::expect_split_prefill_matches_whole(*m, random_tokens(2, 13, cfg.vocab_size, 8), {1, 5, 10});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -103,7 +71,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(HybridModel, GradientsMatchFiniteDifferences) {
   for (std::string pattern : {"gdn,dsa", "gdn,nsa"}) {
     auto cfg = hybrid_config(pattern, 2, /*n_loops=*/2);
-    auto m = make_model(cfg);
+    auto m = make_test_model(cfg);
     auto tok = random_tokens(1, 9, cfg.vocab_size, 9);
     std::vector<torch::Tensor> params;
     for (auto& p : m->named_parameters())
@@ -158,7 +126,7 @@ std::vector<Mixer> mixers_of(LoopedLM& m) {
 
 TEST(Patterns, RandomRedrawsEveryTrainingForward) {
   auto cfg = hybrid_config("random:1:1");
-  auto m = make_model(cfg);
+  auto m = make_test_model(cfg);
   m->train();
   auto tok = random_tokens(1, 6, cfg.vocab_size);
   std::set<std::vector<int64_t>> seen;
@@ -182,7 +150,7 @@ TEST(Patterns, RandomRedrawsEveryTrainingForward) {
 
 TEST(Patterns, RandomVotesAtInference) {
   auto cfg = hybrid_config("random:1:1");
-  auto m = make_model(cfg);
+  auto m = make_test_model(cfg);
   m->eval();
   torch::NoGradGuard ng;
   auto tok = random_tokens(2, 9, cfg.vocab_size);

@@ -11,24 +11,10 @@ using namespace lt2;
 using lt2::testing::rel_err;
 using lt2::testing::tiny_config;
 
+using lt2::testing::random_tokens;
+
 namespace {
-
-LoopedLM make_model(const ModelConfig& cfg, uint64_t seed = 1) {
-  torch::manual_seed(seed);
-  LoopedLM m(cfg);
-  m->to(torch::kFloat64);
-  // Give the zero-initialised gates (rho, SDPA gate) non-trivial values so tests exercise them.
-  torch::NoGradGuard ng;
-  for (auto& p : m->named_parameters())
-    if (p.key() == "rho" || p.key().find("wgate") != std::string::npos) p.value().normal_(0, 0.3);
-  return m;
-}
-
-torch::Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed = 7) {
-  torch::manual_seed(seed);
-  return torch::randint(V, {B, T}, torch::kLong);
-}
-
+LoopedLM make_model(const ModelConfig& cfg, uint64_t seed = 1) { return lt2::testing::make_test_model(cfg, seed); }
 }  // namespace
 
 class ModelInvariants : public ::testing::TestWithParam<std::pair<std::string, ModelForm>> {};
@@ -37,38 +23,14 @@ TEST_P(ModelInvariants, DecodeEqualsForward) {
   auto [pattern, form] = GetParam();
   auto cfg = tiny_config(pattern, form);
   auto m = make_model(cfg);
-  torch::NoGradGuard ng;
-  auto tok = random_tokens(2, 11, cfg.vocab_size);
-  ForwardOptions all;
-  all.loop_logits = true;
-  auto full = m->forward(tok, nullptr, all);
-  auto state = m->make_state(2, 16, torch::TensorOptions().dtype(torch::kFloat64));
-  for (int64_t t = 0; t < tok.size(1); ++t) {
-    auto o = m->forward(tok.narrow(1, t, 1), state.get(), all);
-    for (int64_t l = 0; l < cfg.n_loops; ++l)
-      EXPECT_LT(rel_err(o.loop_logits[l], full.loop_logits[l].narrow(1, t, 1)), 1e-10)
-          << "token " << t << " loop " << l;
-    EXPECT_LT(rel_err(o.logits, full.logits.narrow(1, t, 1)), 1e-10);
-  }
-  EXPECT_EQ(state->length, tok.size(1));
+  lt2::testing::expect_decode_matches_forward(*m, random_tokens(2, 11, cfg.vocab_size));
 }
 
 TEST_P(ModelInvariants, SplitPrefillEqualsWhole) {
   auto [pattern, form] = GetParam();
   auto cfg = tiny_config(pattern, form);
   auto m = make_model(cfg);
-  torch::NoGradGuard ng;
-  auto tok = random_tokens(2, 13, cfg.vocab_size);
-  auto full = m->forward(tok).logits;
-  for (int64_t a : {1, 5, 12}) {
-    auto state = m->make_state(2, 20, torch::TensorOptions().dtype(torch::kFloat64));
-    auto first = m->forward(tok.narrow(1, 0, a), state.get()).logits;
-    auto second = m->forward(tok.narrow(1, a, 13 - a), state.get()).logits;
-    EXPECT_LT(rel_err(torch::cat({first, second}, 1), full), 1e-10) << "split at " << a;
-    // After reset the state behaves as new.
-    state->reset();
-    EXPECT_LT(rel_err(m->forward(tok, state.get()).logits, full), 1e-10);
-  }
+  lt2::testing::expect_split_prefill_matches_whole(*m, random_tokens(2, 13, cfg.vocab_size), {1, 5, 12});
 }
 
 TEST_P(ModelInvariants, GradientsMatchFiniteDifferences) {
