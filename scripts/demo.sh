@@ -21,7 +21,7 @@ fi
 
 if [ ! -x "$LT2" ]; then
   echo "== building lt2 (first run only)"
-  scripts/build.sh --target lt2_cli > /dev/null
+  TARGETS=lt2_cli scripts/build.sh > /dev/null
 fi
 
 mkdir -p "$DATA"
