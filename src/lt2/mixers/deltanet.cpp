@@ -3,12 +3,9 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
 
 namespace lt2 {
-
-namespace {
-constexpr double kConvInitStd = 0.02;  // fla's _init_weights for the short convolutions
-}
 
 DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   const std::string where = "mixer_options.deltanet";
@@ -17,13 +14,10 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
                              "use_gate", "allow_neg_eigval"}, where);
   const int64_t d = cfg.d_model;
   num_heads = option_int(opts, "num_heads", cfg.n_heads, where);
-  const int64_t key_dim = std::llround(d * option_double(opts, "expand_k", 1.0, where));
-  const int64_t value_dim = std::llround(d * option_double(opts, "expand_v", 1.0, where));
-  LT2_CHECK(num_heads > 0 && key_dim % num_heads == 0 && value_dim % num_heads == 0, where,
-            ": key dim ", key_dim, " and value dim ", value_dim, " must split evenly into num_heads (",
-            num_heads, ") heads");
-  head_k_dim = key_dim / num_heads;
-  head_v_dim = value_dim / num_heads;
+  const HeadDims dims = expand_head_dims(opts, d, num_heads, 1.0, 1.0, where);
+  head_k_dim = dims.k;
+  head_v_dim = dims.v;
+  const int64_t key_dim = head_k_dim * num_heads, value_dim = head_v_dim * num_heads;
   conv_kernel = option_int(opts, "conv_size", 4, where);
   chunk_size = option_int(opts, "chunk_size", 64, where);
   LT2_CHECK(conv_kernel >= 1 && chunk_size >= 1, where, ": conv_size and chunk_size must be >= 1");
@@ -37,9 +31,9 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   b_proj = register_module("b_proj", make_linear(d, num_heads, std));
   if (use_gate) g_proj = register_module("g_proj", make_linear(d, value_dim, std));
   o_proj = register_module("o_proj", make_linear(value_dim, d, 1.0 / std::sqrt(double(value_dim))));
-  q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
-  k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
-  v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kConvInitStd));
+  q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kShortConvInitStd));
+  k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kShortConvInitStd));
+  v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kShortConvInitStd));
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = true;
@@ -49,7 +43,7 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
 
 RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
   const int64_t B = x.size(0), T = x.size(1);
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto ct = accum_dtype(x);
   RecurrenceInputs in;
   in.q = l2_normalize(q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr).view({B, T, num_heads, head_k_dim}));
   in.k = l2_normalize(k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr).view({B, T, num_heads, head_k_dim}));

@@ -3,12 +3,9 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
 
 namespace lt2 {
-
-namespace {
-constexpr double kConvInitStd = 0.02;  // fla's _init_weights for the short convolutions
-}
 
 GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   const std::string where = "mixer_options.gla";
@@ -18,13 +15,10 @@ GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : nor
                       where);
   const int64_t d = cfg.d_model;
   num_heads = option_int(opts, "num_heads", cfg.n_heads, where);
-  const int64_t key_dim = std::llround(d * option_double(opts, "expand_k", 0.5, where));
-  const int64_t value_dim = std::llround(d * option_double(opts, "expand_v", 1.0, where));
-  LT2_CHECK(num_heads > 0 && key_dim % num_heads == 0 && value_dim % num_heads == 0, where,
-            ": key dim ", key_dim, " and value dim ", value_dim, " must split evenly into num_heads (",
-            num_heads, ") heads");
-  head_k_dim = key_dim / num_heads;
-  head_v_dim = value_dim / num_heads;
+  const HeadDims dims = expand_head_dims(opts, d, num_heads, 0.5, 1.0, where);
+  head_k_dim = dims.k;
+  head_v_dim = dims.v;
+  const int64_t key_dim = head_k_dim * num_heads, value_dim = head_v_dim * num_heads;
   const int64_t low_rank = option_int(opts, "gate_low_rank_dim", 16, where);
   gate_logit_normalizer = option_double(opts, "gate_logit_normalizer", 16.0, where);
   use_short_conv = option_bool(opts, "use_short_conv", false, where);
@@ -44,9 +38,9 @@ GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : nor
                                            make_linear(low_rank, key_dim, 1.0 / std::sqrt(double(low_rank)), true)));
   o_proj = register_module("o_proj", make_linear(value_dim, d, 1.0 / std::sqrt(double(value_dim))));
   if (use_short_conv) {
-    q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
-    k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
-    v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kConvInitStd));
+    q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kShortConvInitStd));
+    k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kShortConvInitStd));
+    v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kShortConvInitStd));
     conv_channels = {key_dim, key_dim, value_dim};
   }
   g_norm_swish_gate = register_module("g_norm_swish_gate", RMSNorm(head_v_dim, norm_eps));
@@ -57,7 +51,7 @@ GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : nor
 
 RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
   const int64_t B = x.size(0), T = x.size(1);
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto ct = accum_dtype(x);
   auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
   if (use_short_conv) {
     q = q_conv1d(q, st ? &st->conv[0] : nullptr);

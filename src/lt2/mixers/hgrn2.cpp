@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
 
 namespace lt2 {
 
@@ -33,7 +34,7 @@ HGRN2Impl::HGRN2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
 
 RecurrenceInputs HGRN2Impl::project(const Tensor& x, RecurrentState*, int64_t) {
   const int64_t B = x.size(0), T = x.size(1);
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto ct = accum_dtype(x);
   RecurrenceInputs in;
   in.q = torch::silu(q_proj(x)).view({B, T, num_heads, expand_ratio});
   auto g = torch::log_sigmoid(f_proj(x).to(ct));                 // [B, T, H * F]

@@ -3,12 +3,9 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
 
 namespace lt2 {
-
-namespace {
-constexpr double kConvInitStd = 0.02;  // fla's _init_weights for the short convolutions
-}
 
 KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   const std::string where = "mixer_options.kda";
@@ -43,9 +40,9 @@ KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const ModelConfig& cfg) : norm_ep
   g_proj = register_module("g_proj", torch::nn::Sequential(make_linear(d, head_v_dim, std),
                                                            make_linear(head_v_dim, value_dim, low_std, true)));
   o_proj = register_module("o_proj", make_linear(value_dim, d, 1.0 / std::sqrt(double(value_dim))));
-  q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
-  k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kConvInitStd));
-  v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kConvInitStd));
+  q_conv1d = register_module("q_conv1d", ShortConv(key_dim, conv_kernel, false, true, kShortConvInitStd));
+  k_conv1d = register_module("k_conv1d", ShortConv(key_dim, conv_kernel, false, true, kShortConvInitStd));
+  v_conv1d = register_module("v_conv1d", ShortConv(value_dim, conv_kernel, false, true, kShortConvInitStd));
   A_log = register_parameter("A_log", log_uniform_A_init(num_v_heads, 1.0, 16.0));
   dt_bias = register_parameter("dt_bias", inverse_softplus_dt_init(gate_dim));
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
@@ -57,7 +54,7 @@ KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const ModelConfig& cfg) : norm_ep
 
 RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto ct = accum_dtype(x);
   RecurrenceInputs in;
   auto q = q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr).view({B, T, num_heads, head_k_dim});
   auto k = k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr).view({B, T, num_heads, head_k_dim});

@@ -12,13 +12,10 @@ LinearAttentionImpl::LinearAttentionImpl(const ModelConfig& cfg) : norm_eps(cfg.
   json_reject_unknown(opts, {"num_heads", "expand_k", "expand_v", "chunk_size"}, where);
   const int64_t d = cfg.d_model;
   num_heads = option_int(opts, "num_heads", cfg.n_heads, where);
-  const int64_t key_dim = std::llround(d * option_double(opts, "expand_k", 1.0, where));
-  const int64_t value_dim = std::llround(d * option_double(opts, "expand_v", 1.0, where));
-  LT2_CHECK(num_heads > 0 && key_dim % num_heads == 0 && value_dim % num_heads == 0, where,
-            ": key dim ", key_dim, " and value dim ", value_dim, " must split evenly into num_heads (",
-            num_heads, ") heads");
-  head_k_dim = key_dim / num_heads;
-  head_v_dim = value_dim / num_heads;
+  const HeadDims dims = expand_head_dims(opts, d, num_heads, 1.0, 1.0, where);
+  head_k_dim = dims.k;
+  head_v_dim = dims.v;
+  const int64_t key_dim = head_k_dim * num_heads, value_dim = head_v_dim * num_heads;
   chunk_size = option_int(opts, "chunk_size", 64, where);
   LT2_CHECK(chunk_size >= 1, where, ": chunk_size must be >= 1");
 

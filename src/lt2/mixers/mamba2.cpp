@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
 
 namespace lt2 {
 
@@ -46,7 +47,7 @@ Mamba2Impl::Mamba2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
 RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, int64_t) {
   const int64_t B = x.size(0), T = x.size(1), GN = n_groups * state_size;
   const int64_t heads_per_group = num_heads / n_groups;
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto ct = accum_dtype(x);
   auto zxbcdt = in_proj(x);                                            // [B, T, d_inner + conv_dim + H]
   auto parts = zxbcdt.split_with_sizes({d_inner, d_inner + 2 * GN, num_heads}, -1);
   auto xBC = conv1d(parts[1], st ? &st->conv[0] : nullptr);          // [B, T, d_inner + 2 G N]
@@ -66,7 +67,7 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, int64_
 
 Tensor Mamba2Impl::output(const Tensor& y, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto ct = accum_dtype(x);
   auto gated = y.reshape({B, T, d_inner}).to(ct) * torch::silu(in.gate.to(ct));  // gate, then norm
   auto normed = gated_rms_norm(gated.view({B, T, n_groups, d_inner / n_groups}),
                                norm->weight.view({n_groups, d_inner / n_groups}), norm_eps, Tensor(),

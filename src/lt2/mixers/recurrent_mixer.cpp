@@ -84,7 +84,7 @@ Tensor RecurrentMixerImpl::step(const Tensor& x, const Positions& pos, MixerStat
 std::unique_ptr<MixerState> RecurrentMixerImpl::make_state(int64_t batch, int64_t max_len,
                                                            torch::TensorOptions opts) const {
   auto st = std::make_unique<RecurrentState>();
-  const auto state_dtype = opts.dtype() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto state_dtype = opts.dtype() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;  // fp32 states
   st->S = torch::zeros({batch, state_heads, state_k, state_v}, opts.dtype(state_dtype));
   for (int64_t c : conv_channels) st->conv.push_back(torch::zeros({batch, conv_kernel - 1, c}, opts));
   return st;
@@ -104,6 +104,16 @@ Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const T
     y = y * (act == GateActivation::Swish ? torch::silu(gf) : torch::sigmoid(gf));
   }
   return y.to(x.scalar_type());
+}
+
+HeadDims expand_head_dims(const json& opts, int64_t d_model, int64_t num_heads, double default_expand_k,
+                          double default_expand_v, const std::string& where) {
+  const int64_t key_dim = std::llround(d_model * option_double(opts, "expand_k", default_expand_k, where));
+  const int64_t value_dim = std::llround(d_model * option_double(opts, "expand_v", default_expand_v, where));
+  LT2_CHECK(num_heads > 0 && key_dim % num_heads == 0 && value_dim % num_heads == 0, where,
+            ": key dim ", key_dim, " and value dim ", value_dim, " must split evenly into num_heads (",
+            num_heads, ") heads");
+  return {key_dim / num_heads, value_dim / num_heads};
 }
 
 Tensor inverse_softplus_dt_init(int64_t n) {

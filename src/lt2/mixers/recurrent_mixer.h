@@ -89,6 +89,17 @@ Tensor log_uniform_A_init(int64_t n, double lo, double hi);
 // [B, T, H, D] -> [B, T, H * groups, D], head i of the result = head i / groups of x (GVA).
 Tensor repeat_heads(const Tensor& x, int64_t groups);
 // Reads an integer or float option with a default, naming `where` in errors.
+// Init std of the short convolutions (fla's _init_weights).
+constexpr double kShortConvInitStd = 0.02;
+
+// Per-head key/value dims from `expand_k` / `expand_v` (multiples of d_model) over `num_heads`;
+// an error names the dims when they do not split evenly.
+struct HeadDims {
+  int64_t k, v;
+};
+HeadDims expand_head_dims(const json& opts, int64_t d_model, int64_t num_heads, double default_expand_k,
+                          double default_expand_v, const std::string& where);
+
 int64_t option_int(const json& opts, const char* key, int64_t fallback, const std::string& where);
 double option_double(const json& opts, const char* key, double fallback, const std::string& where);
 bool option_bool(const json& opts, const char* key, bool fallback, const std::string& where);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/model/layers.h"
 #include "lt2/model/rope.h"
 
 namespace lt2 {
@@ -43,7 +44,7 @@ RetNetImpl::RetNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
 
 RecurrenceInputs RetNetImpl::project(const Tensor& x, RecurrentState*, int64_t start) {
   const int64_t B = x.size(0), T = x.size(1);
-  const auto ct = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto ct = accum_dtype(x);
   RecurrenceInputs in;
   in.q = apply_rope(q_proj(x).view({B, T, num_heads, head_k_dim}), start, 1e4, RopeStyle::Half);  // [B, T, H, K]
   in.k = apply_rope(k_proj(x).view({B, T, num_heads, head_k_dim}), start, 1e4, RopeStyle::Half);  // [B, T, H, K]

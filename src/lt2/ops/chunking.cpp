@@ -6,10 +6,6 @@
 
 namespace lt2::ops {
 
-torch::ScalarType compute_dtype(const Tensor& x) {
-  return x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
-
 Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt) {
   LT2_CHECK(chunk > 0, "chunk size must be > 0, found ", chunk);
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);

@@ -5,16 +5,15 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include "lt2/model/layers.h"  // accum_dtype: the dtype the recurrences compute in
+
 namespace lt2::ops {
 
 using torch::Tensor;
 
-// The dtype the recurrences compute in: fp64 for fp64 inputs, fp32 for everything else
-// (bf16/fp16/fp32). Gates, cumulative sums, solves and states all use it.
-torch::ScalarType compute_dtype(const Tensor& x);
 
 // Turns bf16 autocast off for the scope: the recurrences keep their states, gates and chunk
-// products in fp32 (compute_dtype) even when the model runs under autocast.
+// products in fp32 (accum_dtype) even when the model runs under autocast.
 class Fp32Scope {
  public:
   Fp32Scope() : guard_(c10::autocast_dispatch_keyset) {}

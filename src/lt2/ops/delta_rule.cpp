@@ -35,7 +35,7 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& beta, const Tensor& g, double scale,
                                       const Tensor& initial_state) {
   check_inputs(q, k, v, beta, g);
-  const auto dt = compute_dtype(v);
+  const auto dt = accum_dtype(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   auto S = initial_or_zero_state(initial_state, B, H, K, V, dt, v.device());
   auto qc = q.to(dt), kc = k.to(dt), vc = v.to(dt), bc = beta.to(dt);
@@ -56,7 +56,7 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& initial_state, int64_t chunk_size) {
   check_inputs(q, k, v, beta, g);
   Fp32Scope fp32;
-  const auto dt = compute_dtype(v);
+  const auto dt = accum_dtype(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t C = chunk_size;
   auto Q = to_chunks(q, C, dt);                                  // [B, H, N, C, K]

@@ -24,7 +24,7 @@ std::pair<Tensor, Tensor> additive_token(const Tensor& q, const Tensor& k, const
 RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& g, double scale, const Tensor& initial_state) {
   check_recurrence_inputs(q, k, v, g, "gated linear");
-  const auto dt = compute_dtype(v);
+  const auto dt = accum_dtype(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   auto S = initial_or_zero_state(initial_state, B, H, K, V, dt, v.device());
   auto qc = q.to(dt), kc = k.to(dt), vc = v.to(dt);
@@ -44,7 +44,7 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
                                       int64_t chunk_size) {
   check_recurrence_inputs(q, k, v, g, "gated linear");
   Fp32Scope fp32;
-  const auto dt = compute_dtype(v);
+  const auto dt = accum_dtype(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t C = chunk_size;
   auto Q = to_chunks(q, C, dt);                                   // [B, H, N, C, K]
