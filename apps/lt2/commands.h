@@ -10,5 +10,7 @@ void add_train_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_tasks_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace lt2::cli

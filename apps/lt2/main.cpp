@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   lt2::cli::add_generate_command(app);
   lt2::cli::add_tokenizer_command(app);
   lt2::cli::add_data_command(app);
+  lt2::cli::add_tasks_command(app);
+  lt2::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
