@@ -41,8 +41,8 @@ TEST(Indexer, ScoresMatchTheFormula) {
   auto m = make_dsa(4);
   auto x = random_x(2, 6, 32);
   torch::NoGradGuard ng;
-  auto [q, w] = m->indexer_queries(x, 0);  // [B, T, H_I, d_I], [B, T, H_I]
-  auto k = m->indexer_keys(x, 0);          // [B, T, d_I]
+  auto [q, w] = m->indexer_queries(x, Positions{});  // [B, T, H_I, d_I], [B, T, H_I]
+  auto k = m->indexer_keys(x, Positions{});          // [B, T, d_I]
   auto scores = lightning_indexer_scores(q, w, k);
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t t = 0; t < 6; ++t)

@@ -13,6 +13,7 @@ bool compiled_with_cuda() {
 
 #ifndef LT2_WITH_CUDA
 std::string device_name(int) { return ""; }
+bool device_memory(size_t*, size_t*) { return false; }
 #endif
 
 }  // namespace lt2::kernels

@@ -8,4 +8,6 @@ namespace lt2::kernels {
 bool compiled_with_cuda();
 // Name of CUDA device `index` ("NVIDIA H200"), or "" without CUDA.
 std::string device_name(int index);
+// Free and total memory of the current CUDA device, in bytes; false without CUDA or a device.
+bool device_memory(size_t* free_bytes, size_t* total_bytes);
 }  // namespace lt2::kernels

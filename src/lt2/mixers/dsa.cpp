@@ -1,5 +1,6 @@
 #include "lt2/mixers/dsa.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
@@ -11,10 +12,10 @@ namespace lt2 {
 namespace {
 
 // RoPE on the first n dims of the last axis of x: [B, T, H, D].
-Tensor rope_prefix(const Tensor& x, int64_t n, int64_t start, double theta, RopeStyle style) {
+Tensor rope_prefix(const Tensor& x, int64_t n, const Positions& pos, double theta, RopeStyle style) {
   if (n == 0) return x;
   const int64_t D = x.size(-1);
-  auto rotated = apply_rope(x.narrow(-1, 0, n), start, theta, style);
+  auto rotated = apply_rope(x.narrow(-1, 0, n), pos, theta, style);
   return n == D ? rotated : torch::cat({rotated, x.narrow(-1, n, D - n)}, -1);
 }
 
@@ -42,6 +43,27 @@ std::string to_string(IndexerStage s) {
 
 int64_t DSAState::bytes() const {
   return k.nbytes() + (v.defined() ? v.nbytes() : 0) + index_keys.nbytes();
+}
+
+std::unique_ptr<MixerState> DSAState::slice(int64_t begin, int64_t count) const {
+  auto s = std::make_unique<DSAState>();
+  s->k = k.narrow(0, begin, count);
+  if (v.defined()) s->v = v.narrow(0, begin, count);
+  s->index_keys = index_keys.narrow(0, begin, count);
+  s->topk = topk;
+  return s;
+}
+
+int64_t DSAState::decode_bytes(int64_t length) const {
+  const int64_t L = k.size(2), n = std::min(length + 1, L);
+  const int64_t kv_row = (k.nbytes() + (v.defined() ? v.nbytes() : 0)) / L;  // one token, all sequences
+  return index_keys.nbytes() / L * n + kv_row * std::min(n, topk);
+}
+
+std::vector<Tensor> DSAState::tensors() const {
+  std::vector<Tensor> out{k, index_keys};
+  if (v.defined()) out.push_back(v);
+  return out;
 }
 
 DSAImpl::DSAImpl(const ModelConfig& cfg, const json& o)
@@ -106,11 +128,13 @@ double DSAImpl::scale() const {
   return 1.0 / std::sqrt(static_cast<double>(head_dim + (latent ? latent_rope_dim : 0)));
 }
 
-DSAImpl::Heads DSAImpl::project(const Tensor& x, int64_t start) {
+DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
   if (!latent) {
-    auto p = attn->project(x, start);
+    auto p = attn->project(x, pos);
     return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)};
   }
+  LT2_CHECK(!pos.seq_pos.defined(), "dsa: per-sequence positions need the gqa attention form");
+  const int64_t start = pos.start;
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
   auto qf = wq(x).view({B, T, n_heads, D + latent_rope_dim});
   auto q_rope = apply_rope(qf.narrow(-1, D, latent_rope_dim), start, rope_theta, rope_style);
@@ -130,17 +154,17 @@ Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
   return wo(y);
 }
 
-std::pair<Tensor, Tensor> DSAImpl::indexer_queries(const Tensor& x, int64_t start) {
+std::pair<Tensor, Tensor> DSAImpl::indexer_queries(const Tensor& x, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = index_wq(x).view({B, T, index_heads, index_head_dim});
-  q = rope_prefix(q, index_rope_dim, start, rope_theta, RopeStyle::Half);
+  q = rope_prefix(q, index_rope_dim, pos, rope_theta, RopeStyle::Half);
   auto w = index_ww(x) * (1.0 / std::sqrt(static_cast<double>(index_heads * index_head_dim)));
   return {q, w};
 }
 
-Tensor DSAImpl::indexer_keys(const Tensor& x, int64_t start) {
+Tensor DSAImpl::indexer_keys(const Tensor& x, const Positions& pos) {
   auto k = index_k_norm(index_wk(x)).unsqueeze(2);  // [B, T, 1, d_I]
-  return rope_prefix(k, index_rope_dim, start, rope_theta, RopeStyle::Half).squeeze(2);
+  return rope_prefix(k, index_rope_dim, pos, rope_theta, RopeStyle::Half).squeeze(2);
 }
 
 std::vector<Tensor> DSAImpl::indexer_parameters() const {
@@ -155,7 +179,7 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   if (state && x.size(1) == 1) return step(x, pos, *state);
   const int64_t T = x.size(1), start = pos.start;
   const bool record = stage != IndexerStage::Off && !state;
-  auto h = project(x, start);
+  auto h = project(x, pos);
   Tensor k = h.k, v = h.v;  // [B, H_kv, L, D] keys and values this call attends over
   DSAState* s = state ? &dynamic_cast<DSAState&>(*state) : nullptr;
   if (s) {
@@ -170,8 +194,8 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   Tensor scores;              // [B, T, L] index scores
   {
     torch::AutoGradMode grad_for_loss(record && torch::GradMode::is_enabled());
-    auto [iq, iw] = indexer_queries(x_index, start);
-    Tensor index_k = indexer_keys(x_index, start);  // [B, T, d_I]
+    auto [iq, iw] = indexer_queries(x_index, pos);
+    Tensor index_k = indexer_keys(x_index, pos);  // [B, T, d_I]
     if (s) {
       s->index_keys.narrow(1, start, T).copy_(index_k);
       s->length = start + T;
@@ -189,12 +213,42 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   return output(o, x);
 }
 
+Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
+  const int64_t B = x.size(0), L = s.k.size(2);
+  auto h = project(x, pos);  // q [B, H, 1, D], k, v [B, H_kv, 1, D]
+  kv_cache_write_at(s.k, s.v, h.k.transpose(1, 2), h.v.transpose(1, 2), pos.seq_pos);
+  auto lens = pos.seq_pos + 1;  // [B] tokens each sequence now holds
+  Tensor k = s.k, v = s.v, k_lens = lens;
+  {
+    torch::NoGradGuard no_grad;  // selection only
+    auto x_index = x.detach();
+    auto [iq, iw] = indexer_queries(x_index, pos);
+    auto index_k = indexer_keys(x_index, pos);  // [B, 1, d_I]
+    s.index_keys.scatter_(1, pos.seq_pos.view({B, 1, 1}).expand({B, 1, index_k.size(2)}),
+                          index_k.to(s.index_keys.scalar_type()));
+    if (stage != IndexerStage::DenseWarmup && topk < L) {
+      auto scores = lightning_indexer_scores(iq, iw, s.index_keys.to(iq.scalar_type()));  // [B, 1, L]
+      auto valid = (arange_long(0, L, x.device()).unsqueeze(0) < lens.unsqueeze(1)).unsqueeze(1);
+      // Visible slots come first in the selection, so the first min(len, k) selected are valid.
+      auto idx = topk_indices(scores, valid, topk).squeeze(1);  // [B, k]
+      auto gather = [&](const Tensor& cache) {  // [B, H_kv, L, D] -> [B, H_kv, k, D]
+        return cache.gather(2, idx.view({B, 1, topk, 1}).expand({B, cache.size(1), topk, cache.size(3)}));
+      };
+      k = gather(k);
+      v = gather(v);
+      k_lens = lens.clamp_max(topk);
+    }
+  }
+  return output(decode_attention(h.q.squeeze(2), k, v, k_lens, scale()), x);
+}
+
 Tensor DSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   auto& s = dynamic_cast<DSAState&>(state);
+  if (pos.seq_pos.defined()) return step_at(x, pos, s);
   const int64_t start = pos.start, B = x.size(0);
   LT2_CHECK(s.length == start, "dsa state holds ", s.length, " tokens but the call starts at ", start);
   LT2_CHECK(start < s.k.size(2), "dsa state overflow: ", start + 1, " tokens for ", s.k.size(2));
-  auto h = project(x, start);
+  auto h = project(x, pos);
   s.k.narrow(2, start, 1).copy_(h.k);
   if (!latent) s.v.narrow(2, start, 1).copy_(h.v);
   const int64_t L = start + 1;
@@ -202,8 +256,8 @@ Tensor DSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   {
     torch::NoGradGuard no_grad;  // selection only
     auto x_index = x.detach();
-    auto [iq, iw] = indexer_queries(x_index, start);
-    s.index_keys.narrow(1, start, 1).copy_(indexer_keys(x_index, start));
+    auto [iq, iw] = indexer_queries(x_index, pos);
+    s.index_keys.narrow(1, start, 1).copy_(indexer_keys(x_index, pos));
     s.length = L;
     if (stage != IndexerStage::DenseWarmup && topk < L) {
       // Read only the top-k cached tokens (every cached token is visible to the new one).
@@ -232,6 +286,7 @@ std::unique_ptr<MixerState> DSAImpl::make_state(int64_t batch, int64_t max_len,
     s->v = torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts);
   }
   s->index_keys = torch::zeros({batch, max_len, index_head_dim}, opts);
+  s->topk = topk;
   return s;
 }
 

@@ -44,8 +44,13 @@ std::string to_string(IndexerStage s);
 struct DSAState : MixerState {
   Tensor k, v;        // [B, H_kv, max_len, D] (latent form: k = [c | k_r] with H_kv = 1, v unused)
   Tensor index_keys;  // [B, max_len, d_I]
+  int64_t topk = 0;   // tokens a decode step reads
   int64_t bytes() const override;
   void reset() override { length = 0; }
+  std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const override;
+  // Every index key, then the top-k selected keys and values.
+  int64_t decode_bytes(int64_t length) const override;
+  std::vector<Tensor> tensors() const override;
 };
 
 class DSAImpl : public MixerImpl {
@@ -56,12 +61,13 @@ class DSAImpl : public MixerImpl {
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts) const override;
   std::string kind() const override { return "dsa"; }
+  bool supports_seq_pos() const override { return !latent; }
   bool is_attention() const override { return true; }
 
   // Indexer pieces (exposed for tests and the indexer loss).
   // x: [B, T, d] -> queries [B, T, H_I, d_I] and head weights [B, T, H_I] (scales folded in).
-  std::pair<Tensor, Tensor> indexer_queries(const Tensor& x, int64_t start);
-  Tensor indexer_keys(const Tensor& x, int64_t start);  // [B, T, d_I]
+  std::pair<Tensor, Tensor> indexer_queries(const Tensor& x, const Positions& pos);
+  Tensor indexer_keys(const Tensor& x, const Positions& pos);  // [B, T, d_I]
   std::vector<Tensor> indexer_parameters() const;
 
   IndexerStage stage = IndexerStage::Off;
@@ -89,7 +95,10 @@ class DSAImpl : public MixerImpl {
     Tensor q;     // [B, H, T, D_qk]
     Tensor k, v;  // [B, H_kv, T, D_qk], [B, H_kv, T, D_v] (latent: v is a view of k)
   };
-  Heads project(const Tensor& x, int64_t start);
+  Heads project(const Tensor& x, const Positions& pos);
+  // Decode with per-sequence positions (GQA form): cache writes at seq_pos, index scores over the
+  // whole cache with slots past each sequence's length masked, attention over the top-k.
+  Tensor step_at(const Tensor& x, const Positions& pos, DSAState& s);
   Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
   double scale() const;  // softmax scale
   double rope_theta;

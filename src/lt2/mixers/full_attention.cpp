@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "lt2/mixers/builtin.h"
 #include "lt2/model/layers.h"
 #include "lt2/model/rope.h"
@@ -9,6 +12,35 @@
 namespace lt2 {
 
 int64_t KVCache::bytes() const { return k.nbytes() + v.nbytes(); }
+
+std::unique_ptr<MixerState> KVCache::slice(int64_t begin, int64_t count) const {
+  auto s = std::make_unique<KVCache>();
+  s->k = k.narrow(0, begin, count);
+  s->v = v.narrow(0, begin, count);
+  return s;
+}
+
+int64_t KVCache::decode_bytes(int64_t length) const {
+  // Every cached key and value of every sequence, plus the new token's.
+  return (k.nbytes() + v.nbytes()) / capacity() * std::min(length + 1, capacity());
+}
+
+void kv_cache_write_at(const Tensor& cache_k, const Tensor& cache_v, const Tensor& k_new, const Tensor& v_new,
+                       const Tensor& seq_pos) {
+  const int64_t B = cache_k.size(0), H = cache_k.size(1), D = cache_k.size(3);
+  auto idx = seq_pos.view({B, 1, 1, 1}).expand({B, H, 1, D});
+  cache_k.scatter_(2, idx, k_new.transpose(1, 2).to(cache_k.scalar_type()));
+  cache_v.scatter_(2, idx, v_new.transpose(1, 2).to(cache_v.scalar_type()));
+}
+
+Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_lens, double scale) {
+  // Reference: attend over the whole cache, keys at or past a sequence's length masked out.
+  auto j = torch::arange(k.size(2), seq_lens.options());
+  auto mask = (j.unsqueeze(0) < seq_lens.unsqueeze(1)).view({q.size(0), 1, 1, k.size(2)});  // [B, 1, 1, L]
+  auto o = at::scaled_dot_product_attention(q.unsqueeze(2), k.to(q.scalar_type()), v.to(q.scalar_type()), mask,
+                                            0.0, false, scale, q.size(1) != k.size(1));
+  return o.transpose(1, 2);  // [B, 1, H, D]
+}
 
 std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, const Tensor& v_new) {
   const int64_t T = k_new.size(1), end = cache.length + T;
@@ -53,10 +85,10 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
   if (cfg.attn_output_gate) wgate = register_module("wgate", make_linear(d, n_heads * head_dim, 0.0));
 }
 
-FullAttentionImpl::Projections FullAttentionImpl::project(const Tensor& x, int64_t start) {
+FullAttentionImpl::Projections FullAttentionImpl::project(const Tensor& x, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
-  return {apply_rope(wq(x).view({B, T, n_heads, head_dim}), start, rope_theta, rope_style),
-          apply_rope(wk(x).view({B, T, n_kv_heads, head_dim}), start, rope_theta, rope_style),
+  return {apply_rope(wq(x).view({B, T, n_heads, head_dim}), pos, rope_theta, rope_style),
+          apply_rope(wk(x).view({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
           wv(x).view({B, T, n_kv_heads, head_dim})};
 }
 
@@ -67,9 +99,15 @@ Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x) {
 }
 
 Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  auto [q, k, v] = project(x, pos.start);
+  auto [q, k, v] = project(x, pos);
   Tensor o;  // [B, T, H, D]
-  if (state) {
+  if (pos.seq_pos.defined()) {
+    LT2_CHECK(state && x.size(1) == 1, "attention with per-sequence positions takes one token [B, 1, d] and a state");
+    auto& cache = dynamic_cast<KVCache&>(*state);
+    kv_cache_write_at(cache.k, cache.v, k, v, pos.seq_pos);
+    o = decode_attention(q.squeeze(1), cache.k, cache.v, pos.seq_pos + 1,
+                         1.0 / std::sqrt(static_cast<double>(head_dim)));
+  } else if (state) {
     auto& cache = dynamic_cast<KVCache&>(*state);
     LT2_CHECK(cache.length == pos.start, "attention state holds ", cache.length,
               " tokens but the call starts at position ", pos.start);

@@ -14,12 +14,26 @@ struct KVCache : MixerState {
   Tensor k, v;  // [B, H_kv, max_len, D]
   int64_t bytes() const override;
   void reset() override { length = 0; }
+  std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const override;
+  int64_t decode_bytes(int64_t length) const override;
+  std::vector<Tensor> tensors() const override { return {k, v}; }
   int64_t capacity() const { return k.size(2); }
 };
 
 // Writes k_new/v_new ([B, T, H_kv, D]) at positions [length, length + T) of the cache, advances
 // length, and returns views of every cached key and value ([B, H_kv, length, D]).
 std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, const Tensor& v_new);
+
+// Per-sequence positions (Positions::seq_pos, decode): writes k_new/v_new ([B, 1, H_kv, D]) of
+// sequence b at position seq_pos[b] of the cache, on the device (no host read of the positions).
+void kv_cache_write_at(const Tensor& cache_k, const Tensor& cache_v, const Tensor& k_new, const Tensor& v_new,
+                       const Tensor& seq_pos);
+
+// Decode attention of one new token per sequence, q [B, H, D], over the first seq_lens[b] keys of
+// sequence b (k, v [B, H_kv, L, D], GQA as in causal_attention; seq_lens [B] int64 in [1, L]).
+// The fused flash-decoding kernel on CUDA when enabled; masked SDPA over the whole cache
+// otherwise. Returns [B, 1, H, D].
+Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_lens, double scale);
 
 // Causal attention of q ([B, H, T, D]) at absolute positions past..past+T-1 over keys/values
 // ([B, H_kv, L, D], key j at absolute position j, L = past + T). Returns [B, T, H, D].
@@ -32,6 +46,7 @@ class FullAttentionImpl : public MixerImpl {
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts) const override;
   std::string kind() const override { return "full"; }
+  bool supports_seq_pos() const override { return true; }
   bool is_attention() const override { return true; }
 
   // The pieces subclasses (window, dsa) reuse around their own attention pattern.
@@ -39,7 +54,8 @@ class FullAttentionImpl : public MixerImpl {
     Tensor q;     // [B, T, H, D]      RoPE applied at absolute positions start..start+T-1
     Tensor k, v;  // [B, T, H_kv, D]   (k with RoPE)
   };
-  Projections project(const Tensor& x, int64_t start);
+  // Positions of x's tokens: start.. (pos.seq_pos undefined) or seq_pos[b] for sequence b.
+  Projections project(const Tensor& x, const Positions& pos);
   // o: [B, T, H, D] attention output, x: [B, T, d] the mixer input (for the gate) -> [B, T, d].
   Tensor output(const Tensor& o, const Tensor& x);
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace lt2 {
 
@@ -14,9 +16,20 @@ using torch::Tensor;
 
 // Where the tokens of a call sit: token t of the input has absolute position `start + t` (the same
 // for every sequence of the batch), inside loop iteration `loop` (0-based) of the looped stack.
+//
+// Per-sequence positions (the inference Engine's decode of a batch of sequences of different
+// lengths): when `seq_pos` ([B] int64, on the input's device) is defined, the call is one decode
+// token per sequence and sequence b's token sits at position seq_pos[b]; `start` is ignored, and
+// the mixer neither checks nor advances `MixerState::length` (the engine owns the lengths). Nothing
+// on this path reads device values on the host, so a CUDA graph captures it and replays it with new
+// positions. Mixers that cannot serve it say so (`supports_seq_pos`).
 struct Positions {
+  Positions() = default;
+  Positions(int64_t start_, int64_t loop_ = 0, torch::Tensor seq_pos_ = {})
+      : start(start_), loop(loop_), seq_pos(std::move(seq_pos_)) {}
   int64_t start = 0;
   int64_t loop = 0;
+  torch::Tensor seq_pos;  // [B] int64, or undefined
 };
 
 // Decode state of one mixer for one (layer, loop) pair: a KV cache, a recurrent matrix + conv
@@ -27,6 +40,14 @@ struct MixerState {
   virtual int64_t bytes() const = 0;
   // Forget every token (back to the empty state) without reallocating.
   virtual void reset() = 0;
+  // Views of sequences [begin, begin + count) of this state (the same memory): the engine prefills
+  // one sequence of a batched state through them.
+  virtual std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const = 0;
+  // Bytes one decode step reads and writes in this state when it holds `length` tokens per
+  // sequence (bandwidth accounting for benchmarks).
+  virtual int64_t decode_bytes(int64_t length) const = 0;
+  // Every tensor of the state (benchmarks fill them with random values).
+  virtual std::vector<torch::Tensor> tensors() const = 0;
   // Tokens consumed so far.
   int64_t length = 0;
 };
@@ -54,6 +75,8 @@ class MixerImpl : public torch::nn::Module {
   }
   // Registered name ("full", "gdn", ...).
   virtual std::string kind() const = 0;
+  // Whether `step` accepts per-sequence positions (Positions::seq_pos).
+  virtual bool supports_seq_pos() const { return false; }
   // Softmax-attention mixers say true (they take the SDPA output gate, Ouro's import maps them).
   virtual bool is_attention() const { return false; }
 };

@@ -1,5 +1,6 @@
 #include "lt2/mixers/nsa.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
@@ -13,6 +14,32 @@ int64_t NSAState::bytes() const {
   int64_t n = k_cmp.nbytes() + v_cmp.nbytes();
   for (size_t i = 0; i < k.size(); ++i) n += k[i].nbytes() + v[i].nbytes();
   return n;
+}
+
+std::unique_ptr<MixerState> NSAState::slice(int64_t begin, int64_t count) const {
+  auto s = std::make_unique<NSAState>();
+  for (size_t i = 0; i < k.size(); ++i) {
+    s->k.push_back(k[i].narrow(0, begin, count));
+    s->v.push_back(v[i].narrow(0, begin, count));
+  }
+  s->k_cmp = k_cmp.narrow(0, begin, count);
+  s->v_cmp = v_cmp.narrow(0, begin, count);
+  s->n_blocks = n_blocks;
+  return s;
+}
+
+int64_t NSAState::decode_bytes(int64_t length) const {
+  int64_t n = k_cmp.nbytes() + v_cmp.nbytes();
+  for (size_t i = 0; i < k.size(); ++i)
+    n += (k[i].nbytes() + v[i].nbytes()) / k[i].size(2) * std::min(length + 1, k[i].size(2));
+  return n;
+}
+
+std::vector<Tensor> NSAState::tensors() const {
+  std::vector<Tensor> out{k_cmp, v_cmp};
+  out.insert(out.end(), k.begin(), k.end());
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
 }
 
 NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)

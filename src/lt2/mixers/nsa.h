@@ -37,6 +37,10 @@ struct NSAState : MixerState {
   Tensor k_cmp, v_cmp;       // [B, H_kv, max_blocks, D] compressed blocks
   int64_t n_blocks = 0;      // compressed blocks written
   int64_t bytes() const override;
+  std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const override;
+  // Decode reads every cached key and value of each set (through masks) and the compressed blocks.
+  int64_t decode_bytes(int64_t length) const override;
+  std::vector<Tensor> tensors() const override;
   void reset() override {
     length = 0;
     n_blocks = 0;

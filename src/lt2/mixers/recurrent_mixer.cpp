@@ -15,6 +15,19 @@ int64_t RecurrentState::bytes() const {
   return n;
 }
 
+std::unique_ptr<MixerState> RecurrentState::slice(int64_t begin, int64_t count) const {
+  auto s = std::make_unique<RecurrentState>();
+  s->S = S.narrow(0, begin, count);
+  for (const auto& w : conv) s->conv.push_back(w.narrow(0, begin, count));
+  return s;
+}
+
+std::vector<Tensor> RecurrentState::tensors() const {
+  std::vector<Tensor> out{S};
+  out.insert(out.end(), conv.begin(), conv.end());
+  return out;
+}
+
 void RecurrentState::reset() {
   if (S.defined()) S.zero_();
   for (auto& w : conv) w.zero_();
@@ -46,7 +59,7 @@ Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState
   if (state) {
     st = dynamic_cast<RecurrentState*>(state);
     LT2_CHECK(st, kind(), ": the state given is not a recurrent state (made by another mixer?)");
-    LT2_CHECK(st->length == pos.start, kind(), " state holds ", st->length,
+    LT2_CHECK(pos.seq_pos.defined() || st->length == pos.start, kind(), " state holds ", st->length,
               " tokens but the call starts at position ", pos.start);
   }
   auto in = project(x, st, pos.start);
@@ -69,7 +82,7 @@ Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState
     o = r.o;
   }
   if (in.skip.defined()) o = o + in.skip;
-  if (st) st->length += x.size(1);
+  if (st && !pos.seq_pos.defined()) st->length += x.size(1);
   return output(o, x, in);
 }
 

@@ -19,6 +19,9 @@ struct RecurrentState : MixerState {
   std::vector<Tensor> conv;
   int64_t bytes() const override;
   void reset() override;
+  std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const override;
+  int64_t decode_bytes(int64_t length) const override { return 2 * bytes(); }  // read + write
+  std::vector<Tensor> tensors() const override;
 };
 
 // Short causal depthwise convolution with its parameters (fla ShortConvolution / nn.Conv1d
@@ -54,6 +57,8 @@ class RecurrentMixerImpl : public MixerImpl {
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts) const override;
+  // Positions do not enter the recurrence: any per-sequence lengths decode together.
+  bool supports_seq_pos() const override { return true; }
 
   // x: [B, T, d] -> the op's inputs. `state` (may be null) supplies and advances the conv
   // windows; `start` is the absolute position of x's first token.

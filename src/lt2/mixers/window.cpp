@@ -24,6 +24,19 @@ Tensor positions(int64_t start, int64_t count, torch::Device device) {
 
 int64_t RingKVCache::bytes() const { return k.nbytes() + v.nbytes(); }
 
+std::unique_ptr<MixerState> RingKVCache::slice(int64_t begin, int64_t count) const {
+  auto s = std::make_unique<RingKVCache>();
+  s->k = k.narrow(0, begin, count);
+  s->v = v.narrow(0, begin, count);
+  s->window = window;
+  s->max_len = max_len;
+  return s;
+}
+
+int64_t RingKVCache::decode_bytes(int64_t length) const {
+  return (k.nbytes() + v.nbytes()) / slots() * std::min(length + 1, slots());
+}
+
 WindowAttentionImpl::WindowAttentionImpl(const ModelConfig& cfg, int64_t window,
                                          std::vector<int64_t> loop_windows)
     : FullAttentionImpl(cfg), base_window(window) {
@@ -81,7 +94,7 @@ RingKVCache& WindowAttentionImpl::ring_for(MixerState& state, const Positions& p
 Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
   if (state && x.size(1) == 1) return step(x, pos, *state);
   const int64_t T = x.size(1), W = window_at(pos.loop);
-  auto [q, k, v] = project(x, pos.start);
+  auto [q, k, v] = project(x, pos);
   auto qh = q.transpose(1, 2);  // [B, H, T, D]
   auto q_pos = positions(pos.start, T, x.device());
   Tensor o;  // [B, T, H, D]
@@ -108,7 +121,7 @@ Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, Mixer
 Tensor WindowAttentionImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   auto& ring = ring_for(state, pos);
   const int64_t W = window_at(pos.loop), S = ring.slots();
-  auto [q, k, v] = project(x, pos.start);
+  auto [q, k, v] = project(x, pos);
   // Write the new token first, then attend over the valid slots: no copy of the cache.
   const int64_t slot = pos.start % S;
   ring.k.select(2, slot).copy_(k.select(1, 0));

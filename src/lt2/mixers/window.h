@@ -19,6 +19,9 @@ struct RingKVCache : MixerState {
   int64_t max_len = 0;  // tokens the state was made for
   int64_t bytes() const override;
   void reset() override { length = 0; }
+  std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const override;
+  int64_t decode_bytes(int64_t length) const override;
+  std::vector<Tensor> tensors() const override { return {k, v}; }
   int64_t slots() const { return k.size(2); }
 };
 
@@ -34,6 +37,7 @@ class WindowAttentionImpl : public FullAttentionImpl {
   std::unique_ptr<MixerState> make_loop_state(int64_t batch, int64_t max_len,
                                               torch::TensorOptions opts, int64_t loop) const override;
   std::string kind() const override { return "window"; }
+  bool supports_seq_pos() const override { return false; }
 
   int64_t window_at(int64_t loop) const;
   // Replaces the window of every loop (LT2's random full/window patterns re-draw them).

@@ -14,6 +14,16 @@ int64_t ModelState::bytes() const {
   return n;
 }
 
+std::unique_ptr<ModelState> ModelState::slice(int64_t begin, int64_t count) const {
+  LT2_CHECK(begin >= 0 && count > 0 && begin + count <= batch, "state slice [", begin, ", ", begin + count,
+            ") is outside the batch of ", batch);
+  auto s = std::make_unique<ModelState>();
+  s->batch = count;
+  s->max_len = max_len;
+  for (const auto& m : mixers) s->mixers.push_back(m->slice(begin, count));
+  return s;
+}
+
 void ModelState::reset() {
   for (auto& m : mixers) {
     m->reset();
@@ -62,8 +72,15 @@ LoopedLMImpl::LoopedLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
   }
 }
 
-Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state) {
-  Positions pos{start, loop};
+std::string LoopedLMImpl::first_mixer_without_seq_pos() const {
+  for (const auto& b : blocks_)
+    if (!b->mixer->supports_seq_pos()) return b->mixer->kind();
+  return "";
+}
+
+Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
+                               const Tensor& seq_pos) {
+  Positions pos{start, loop, seq_pos};
   Tensor x = h;
   const int64_t N = cfg_.n_layers;
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
@@ -118,8 +135,16 @@ ModelOutput LoopedLMImpl::vote(const Tensor& tokens, ModelState* state, const Fo
 
 ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
   LT2_CHECK(tokens.dim() == 2, "tokens must be [B, T], found ", tokens.dim(), " dims");
-  const int64_t start = state ? state->length : 0;
+  const bool per_seq = opts.seq_pos.defined();
+  const int64_t start = state && !per_seq ? state->length : 0;
   const int64_t T = cfg_.n_loops;
+  if (per_seq) {
+    LT2_CHECK(state && tokens.size(1) == 1 && opts.seq_pos.numel() == tokens.size(0), "decode with per-sequence "
+              "positions takes tokens [B, 1], seq_pos [B] and a state; found tokens ", tokens.sizes(),
+              ", seq_pos ", opts.seq_pos.sizes());
+    const auto missing = first_mixer_without_seq_pos();
+    LT2_CHECK(missing.empty(), "mixer '", missing, "' does not decode with per-sequence positions");
+  }
   if (state) {
     LT2_CHECK(tokens.size(0) == state->batch, "state was made for batch ", state->batch,
               ", tokens have batch ", tokens.size(0));
@@ -132,8 +157,8 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   std::vector<Tensor> exits;  // Ouro: normed hidden of each loop
   Tensor h = tok_embeddings(tokens);
   for (int64_t loop = 0; loop < T; ++loop) {
-    auto one_loop = [this, loop, start, state, ouro](const Tensor& prev) {
-      Tensor next = run_stack(prev, loop, start, state);
+    auto one_loop = [this, loop, start, state, ouro, &opts](const Tensor& prev) {
+      Tensor next = run_stack(prev, loop, start, state, opts.seq_pos);
       if (ouro) return norm(next);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;
@@ -142,7 +167,7 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
     if (ouro) exits.push_back(h);
     if (opts.loop_logits && opts.compute_logits) out.loop_logits.push_back(head(ouro ? h : norm(h)));
   }
-  if (state) {
+  if (state && !per_seq) {
     state->length = start + tokens.size(1);
     const int64_t group_size = T * cfg_.n_layers;
     for (int64_t i = 0; i < group_size; ++i)
@@ -150,10 +175,15 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   }
   out.hidden = ouro ? h : norm(h);
   if (!opts.compute_logits) return out;
+  // Prefill needs only the last position's logits (a 32k-token prompt's would be 8 GB at a 128k vocab).
+  LT2_CHECK(!(opts.last_logits_only && opts.loop_logits), "last_logits_only and loop_logits exclude each other");
+  const int64_t L = opts.last_logits_only ? 1 : tokens.size(1);  // positions that get logits
+  auto last = [&](const Tensor& hid) { return hid.narrow(1, hid.size(1) - L, L); };
   if (!ouro || !exit_gate) {
-    out.logits = opts.loop_logits ? out.loop_logits.back() : head(out.hidden);
+    out.logits = opts.loop_logits ? out.loop_logits.back() : head(last(out.hidden));
     return out;
   }
+  for (auto& e : exits) e = last(e);
   // Ouro exit distribution and the exit loop of each token.
   std::vector<Tensor> gate_logits;
   for (auto& e : exits) gate_logits.push_back(exit_gate(e).squeeze(-1));
@@ -161,20 +191,20 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   out.exit_probs = exit_distribution(out.exit_logits);
   if (opts.exit_at_loop > 0) {
     LT2_CHECK(opts.exit_at_loop <= T, "exit_at_loop ", opts.exit_at_loop, " > n_loops ", T);
-    out.exit_loop = torch::full({tokens.size(0), tokens.size(1)}, opts.exit_at_loop,
-                                tokens.options().dtype(torch::kLong));
+    out.exit_loop = torch::full({tokens.size(0), L}, opts.exit_at_loop, tokens.options().dtype(torch::kLong));
   } else {
     const double q = opts.exit_threshold > 0 ? opts.exit_threshold : cfg_.early_exit_threshold;
     if (q >= 1.0) {
-      out.exit_loop = torch::full({tokens.size(0), tokens.size(1)}, T, tokens.options().dtype(torch::kLong));
+      out.exit_loop = torch::full({tokens.size(0), L}, T, tokens.options().dtype(torch::kLong));
     } else {
       auto reached = torch::cumsum(out.exit_probs, -1) >= q;  // [B, T, n_loops]
       reached.select(-1, T - 1).fill_(true);
       out.exit_loop = reached.to(torch::kLong).argmax(-1) + 1;
     }
   }
-  // Logits: every token takes the logits of its exit loop.
-  if (opts.exit_at_loop > 0 || (out.exit_loop == T).all().item<bool>()) {
+  // Logits: every token takes the logits of its exit loop. (The shortcut reads a device value: not
+  // on the engine's graph-captured decode.)
+  if (opts.exit_at_loop > 0 || (!per_seq && (out.exit_loop == T).all().item<bool>())) {
     int64_t l = opts.exit_at_loop > 0 ? opts.exit_at_loop : T;
     out.logits = opts.loop_logits ? out.loop_logits[l - 1] : head(exits[l - 1]);
   } else {

@@ -24,6 +24,9 @@ struct ModelState {
   int64_t batch = 0, max_len = 0;
   int64_t bytes() const;
   void reset();
+  // Views of sequences [begin, begin + count) of every mixer state (the same memory), empty
+  // (length 0): the engine prefills one sequence of a batched state through it.
+  std::unique_ptr<ModelState> slice(int64_t begin, int64_t count) const;
 };
 
 struct ForwardOptions {
@@ -32,6 +35,12 @@ struct ForwardOptions {
   int64_t exit_at_loop = -1;      // Ouro inference: take logits of this loop (1-based); -1 = use threshold
   double exit_threshold = -1;     // Ouro inference: exit at first cumulative p >= q; -1 = config value
   bool compute_logits = true;     // false: return only hidden states (distillation of hidden states)
+  bool last_logits_only = false;  // logits (and Ouro exit gates) of the last position only: prefill
+  // Decode with per-sequence positions (the engine): tokens [B, 1], sequence b's token at position
+  // seq_pos[b] ([B] int64 on the model's device). The state's lengths are neither checked nor
+  // advanced, and nothing reads device values on the host (CUDA-graph capturable). Every mixer
+  // must support it (MixerImpl::supports_seq_pos).
+  Tensor seq_pos;
 };
 
 struct ModelOutput {
@@ -57,12 +66,16 @@ class LoopedLMImpl : public torch::nn::Module {
                                          torch::TensorOptions opts = {}) const;
   // The stack F applied once (loop index `loop`, 0-based) to h: [B, T, d].
   // With a state it uses the states of the current vote draw (random patterns).
-  Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state);
+  Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
+                   const Tensor& seq_pos = {});
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
 
   int64_t num_parameters(bool exclude_embeddings = false) const;
   const ModelConfig& config() const { return cfg_; }
   const std::vector<std::string>& layer_mixers() const { return layer_mixers_; }
+  // Whether every layer's mixer decodes with per-sequence positions (ForwardOptions::seq_pos), and
+  // the first that does not ("" when all do).
+  std::string first_mixer_without_seq_pos() const;
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "lt2/config/model_config.h"
+#include "lt2/mixers/mixer.h"
 
 namespace lt2 {
 
@@ -13,5 +14,12 @@ using torch::Tensor;
 // x: [B, T, H, D]; positions start..start+T-1 (the same for every sequence). Angles in float64,
 // returned in x's dtype.
 Tensor apply_rope(const Tensor& x, int64_t start, double theta, RopeStyle style);
+
+// x: [B, T, H, D]; positions [B, T] int64 on x's device (each sequence its own positions: the
+// engine's decode). Same angles and rounding as the form above; no host read of the positions.
+Tensor apply_rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style);
+
+// The positions of a mixer call (mixers/mixer.h): start.. for every sequence, or seq_pos[b] (T == 1).
+Tensor apply_rope(const Tensor& x, const Positions& pos, double theta, RopeStyle style);
 
 }  // namespace lt2

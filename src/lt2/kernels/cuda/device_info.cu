@@ -11,4 +11,8 @@ std::string device_name(int index) {
   return prop.name;
 }
 
+bool device_memory(size_t* free_bytes, size_t* total_bytes) {
+  return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
+}
+
 }  // namespace lt2::kernels

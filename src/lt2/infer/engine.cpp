@@ -1,0 +1,168 @@
+#include "lt2/infer/engine.h"
+
+#include <algorithm>
+
+#include "lt2/util/error.h"
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace lt2 {
+
+// One captured decode step per bucket: the graph, the static buffers it reads and its output.
+struct Engine::Graphs {
+#ifdef LT2_WITH_CUDA
+  struct Bucket {
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    std::unique_ptr<ModelState> slots;  // views of slots 0..bucket-1
+    Tensor tokens;                      // [bucket, 1] int64
+    Tensor positions;                   // [bucket] int64
+    Tensor logits;                      // [bucket, V]
+  };
+  std::vector<Bucket> buckets;  // parallel to Engine::buckets_
+#endif
+};
+
+Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), opts_(opts) {
+  LT2_CHECK(opts_.max_batch > 0 && opts_.max_len > 0 && opts_.prefill_chunk > 0,
+            "engine: max_batch, max_len and prefill_chunk must be > 0, found ", opts_.max_batch, ", ",
+            opts_.max_len, ", ", opts_.prefill_chunk);
+  const auto missing = model_->first_mixer_without_seq_pos();
+  LT2_CHECK(missing.empty(), "engine: mixer '", missing,
+            "' cannot decode sequences of different lengths together (no per-sequence positions); "
+            "use `lt2 generate` for it");
+  LT2_CHECK(!model_->is_training(), "engine: put the model in eval mode first");
+  const auto param = model_->parameters().front();
+  state_opts_ = torch::TensorOptions().dtype(param.scalar_type()).device(param.device());
+  state_ = model_->make_state(opts_.max_batch, opts_.max_len, state_opts_);
+  lengths_.assign(opts_.max_batch, 0);
+  for (int64_t b = 1; opts_.every_bucket && b < opts_.max_batch; b *= 2) buckets_.push_back(b);
+  buckets_.push_back(opts_.max_batch);
+  graphs_ = std::make_unique<Graphs>();
+
+#ifdef LT2_WITH_CUDA
+  if (!opts_.cuda_graphs || !param.is_cuda()) return;
+  torch::NoGradGuard no_grad;
+  c10::cuda::CUDAGuard device_guard(param.device());
+  // Capture runs on a side stream; all buckets share one memory pool (they replay one at a time).
+  auto stream = c10::cuda::getStreamFromPool();
+  const auto pool = at::cuda::graph_pool_handle();
+  const auto long_opts = state_opts_.dtype(torch::kLong);
+  for (int64_t b : buckets_) {
+    Graphs::Bucket g;
+    g.slots = state_->slice(0, b);
+    g.tokens = torch::zeros({b, 1}, long_opts);
+    g.positions = torch::zeros({b}, long_opts);
+    {
+      c10::cuda::CUDAStreamGuard stream_guard(stream);
+      // Warm-up outside the capture: lazy library initialisation (cuBLAS handles, workspaces).
+      for (int i = 0; i < 2; ++i) decode_eager(g.tokens, g.positions, *g.slots);
+      stream.synchronize();
+      g.graph = std::make_unique<at::cuda::CUDAGraph>();
+      g.graph->capture_begin(pool);
+      g.logits = decode_eager(g.tokens, g.positions, *g.slots);
+      g.graph->capture_end();
+    }
+    graphs_->buckets.push_back(std::move(g));
+  }
+  torch::cuda::synchronize();
+  state_->reset();  // the warm-up steps wrote into the states
+#endif
+}
+
+Engine::~Engine() = default;
+
+bool Engine::graphs_captured() const {
+#ifdef LT2_WITH_CUDA
+  return !graphs_->buckets.empty();
+#else
+  return false;
+#endif
+}
+
+int64_t Engine::bucket_for(int64_t n) const {
+  return static_cast<int64_t>(std::lower_bound(buckets_.begin(), buckets_.end(), n) - buckets_.begin());
+}
+
+int64_t Engine::length(int64_t slot) const {
+  LT2_CHECK(slot >= 0 && slot < opts_.max_batch, "engine: slot ", slot, " outside [0, ", opts_.max_batch, ")");
+  return lengths_[slot];
+}
+
+Tensor Engine::decode_eager(const Tensor& tokens, const Tensor& positions, ModelState& slots) {
+  ForwardOptions fo;
+  fo.seq_pos = positions;
+  return model_->forward(tokens, &slots, fo).logits.select(1, 0);  // [b, V]
+}
+
+Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
+  LT2_CHECK(slot >= 0 && slot < opts_.max_batch, "engine: slot ", slot, " outside [0, ", opts_.max_batch, ")");
+  LT2_CHECK(prompt.dim() == 1 && prompt.numel() >= 1 && prompt.numel() <= opts_.max_len,
+            "engine: a prompt is [T] tokens with 1 <= T <= max_len (", opts_.max_len, "), found shape ",
+            prompt.sizes());
+  torch::NoGradGuard no_grad;
+  auto view = state_->slice(slot, 1);
+  view->reset();
+  lengths_[slot] = 0;
+  const int64_t T = prompt.numel();
+  auto tokens = prompt.to(state_opts_.device(), torch::kLong).view({1, T});
+  ForwardOptions fo;
+  fo.last_logits_only = true;
+  Tensor logits;
+  for (int64_t begin = 0; begin < T; begin += opts_.prefill_chunk) {
+    const int64_t n = std::min(opts_.prefill_chunk, T - begin);
+    logits = model_->forward(tokens.narrow(1, begin, n), view.get(), fo).logits;  // [1, 1, V]
+  }
+  lengths_[slot] = T;
+  return logits.view({-1});
+}
+
+Tensor Engine::decode(const Tensor& tokens) {
+  LT2_CHECK(tokens.dim() == 1 && tokens.numel() >= 1 && tokens.numel() <= opts_.max_batch,
+            "engine: decode takes [n] tokens with 1 <= n <= max_batch (", opts_.max_batch, "), found shape ",
+            tokens.sizes());
+  const int64_t n = tokens.numel();
+  for (int64_t s = 0; s < n; ++s)
+    LT2_CHECK(lengths_[s] < opts_.max_len, "engine: slot ", s, " is full (", opts_.max_len, " tokens)");
+  torch::NoGradGuard no_grad;
+  const int64_t b = buckets_[bucket_for(n)];
+  // Positions of the new tokens: each slot's length; padding slots n..b-1 decode at position 0.
+  std::vector<int64_t> pos(lengths_.begin(), lengths_.begin() + n);
+  pos.resize(b, 0);
+  auto positions = torch::tensor(pos, torch::kLong);
+  auto input = tokens.to(torch::kLong).view({n, 1});
+  Tensor logits;
+#ifdef LT2_WITH_CUDA
+  if (graphs_captured()) {
+    auto& g = graphs_->buckets[bucket_for(n)];
+    g.positions.copy_(positions);
+    g.tokens.narrow(0, 0, n).copy_(input);
+    g.graph->replay();
+    logits = g.logits.narrow(0, 0, n);
+  }
+#endif
+  if (!logits.defined()) {
+    auto slots = state_->slice(0, b);
+    auto padded = torch::zeros({b, 1}, state_opts_.dtype(torch::kLong));
+    padded.narrow(0, 0, n).copy_(input);
+    logits = decode_eager(padded, positions.to(state_opts_.device()), *slots).narrow(0, 0, n);
+  }
+  for (int64_t s = 0; s < n; ++s) ++lengths_[s];
+  return logits;
+}
+
+void Engine::fill_random(int64_t length, uint64_t seed) {
+  LT2_CHECK(length >= 0 && length < opts_.max_len, "engine: fill_random length ", length, " must be in [0, ",
+            opts_.max_len, ")");
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  // Drawn on the state's device (tens of GB at long contexts); small values keep the model finite.
+  for (auto& m : state_->mixers)
+    for (auto& t : m->tensors()) t.normal_(0.0, 0.1);
+  std::fill(lengths_.begin(), lengths_.end(), length);
+}
+
+}  // namespace lt2

@@ -1,0 +1,74 @@
+// The inference Engine (DESIGN.md "infer/"): `max_batch` sequence slots over one preallocated
+// ModelState (a mixer state per (loop, layer) pair, N x T of them), each slot with its own length.
+//
+//   prefill(slot, prompt)  resets the slot and runs the prompt through it in chunks (the parallel
+//                          forms: SDPA, chunked scans), through views of that slot's states;
+//   decode(tokens [n])     one token for each of slots 0..n-1 at its own position (sequences of
+//                          different lengths decode together; Positions::seq_pos).
+//
+// On CUDA the decode step of each batch-size bucket (1, 2, 4, ... up to max_batch) is captured
+// once as a CUDA graph at construction and replayed: a step allocates nothing and launches one
+// graph. Inputs (tokens, positions) live in static device buffers the graph reads; logits come
+// back in the graph's static output. A decode of n sequences replays the smallest bucket >= n, so
+// it also advances slots n..bucket-1: the caller keeps its live sequences in slots 0..n-1, and a
+// slot past n holds no sequence that must survive (prefill resets a slot before using it).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "lt2/model/looped_lm.h"
+
+namespace lt2 {
+
+struct EngineOptions {
+  int64_t max_batch = 1;        // sequence slots
+  int64_t max_len = 4096;       // tokens per sequence: prompt + generated
+  int64_t prefill_chunk = 2048; // prompt tokens per prefill forward
+  bool cuda_graphs = true;      // capture and replay the decode step (CUDA only)
+  bool every_bucket = true;     // buckets 1, 2, 4, ..., max_batch; false: max_batch only
+};
+
+class Engine {
+ public:
+  // The model must be in eval mode on its final device and dtype; every mixer must decode with
+  // per-sequence positions (MixerImpl::supports_seq_pos), else an error names the one that does not.
+  Engine(LoopedLM model, EngineOptions opts);
+  ~Engine();
+
+  // Resets `slot` and prefills `prompt` ([T] int64, 1 <= T <= max_len, any device) into it.
+  // Returns the logits of the prompt's last token, [V] in the model dtype.
+  Tensor prefill(int64_t slot, const Tensor& prompt);
+  // One decode step for slots 0..n-1: tokens [n] int64 (any device), n <= max_batch; each slot's
+  // length advances by one (it must be < max_len). Returns logits [n, V] in the model dtype, valid
+  // until the next decode.
+  Tensor decode(const Tensor& tokens);
+
+  int64_t length(int64_t slot) const;
+  // Declares that every slot holds `length` tokens and fills every state with random values, as if
+  // they had been consumed (decode cost does not depend on the values): decode benchmarks at long
+  // contexts without prefilling them.
+  void fill_random(int64_t length, uint64_t seed);
+
+  const EngineOptions& options() const { return opts_; }
+  const ModelState& state() const { return *state_; }
+  LoopedLMImpl& model() { return *model_; }
+  bool graphs_captured() const;
+  // The batch-size buckets, ascending (the last is max_batch).
+  const std::vector<int64_t>& buckets() const { return buckets_; }
+
+ private:
+  struct Graphs;
+  int64_t bucket_for(int64_t n) const;
+  // The eager decode step of the first `n` slots (graph capture records exactly this).
+  Tensor decode_eager(const Tensor& tokens, const Tensor& positions, ModelState& slots);
+
+  LoopedLM model_;
+  EngineOptions opts_;
+  torch::TensorOptions state_opts_;
+  std::unique_ptr<ModelState> state_;
+  std::vector<int64_t> lengths_;  // tokens each slot holds
+  std::vector<int64_t> buckets_;
+  std::unique_ptr<Graphs> graphs_;
+};
+
+}  // namespace lt2

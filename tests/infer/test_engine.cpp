@@ -1,0 +1,130 @@
+// The inference engine on the CPU: mixed-length batches decode like each sequence alone, the
+// memory planner counts exactly what is allocated, and wrong use gets a clear error.
+#include <gtest/gtest.h>
+
+#include "common/engine_testing.h"
+#include "lt2/infer/memory_plan.h"
+
+using namespace lt2;
+using lt2::testing::make_test_model;
+using lt2::testing::tiny_config;
+
+namespace {
+
+ModelConfig engine_config(const std::string& pattern, ModelForm form = ModelForm::LT2) {
+  auto cfg = tiny_config(pattern, form);
+  cfg.mixer_options["gdn"] = json{{"chunk_size", 4}};
+  cfg.mixer_options["dsa"] = json{{"topk", 4}, {"index_heads", 2}, {"index_head_dim", 8}};
+  return cfg;
+}
+
+}  // namespace
+
+TEST(Engine, MixedLengthBatchDecodesLikeEachSequenceAlone) {
+  // Prompt lengths around the DSA top-k (4) and the GDN chunk (4); prefill in chunks of 3.
+  for (const std::string pattern : {"full", "gdn", "dsa", "interleaved:1:1:gdn:full", "interleaved:1:1:gdn:dsa",
+                                    "mamba2", "kda"}) {
+    SCOPED_TRACE(pattern);
+    EngineOptions eo;
+    eo.max_batch = 3;
+    eo.max_len = 16;
+    eo.prefill_chunk = 3;
+    lt2::testing::expect_engine_matches_per_sequence(make_test_model(engine_config(pattern)), eo, {2, 7, 5}, 4,
+                                                     1e-10);
+  }
+}
+
+TEST(Engine, OuroMixedLengthBatch) {
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_len = 12;
+  lt2::testing::expect_engine_matches_per_sequence(make_test_model(engine_config("full", ModelForm::Ouro)), eo,
+                                                   {6, 1}, 3, 1e-10);
+}
+
+TEST(Engine, FewerSequencesThanSlotsUseASmallerBucket) {
+  // Two live sequences in a 4-slot engine decode through bucket 2 (1, 2, 4 are the buckets).
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.max_len = 12;
+  auto m = make_test_model(engine_config("interleaved:1:1:gdn:full"));
+  m->eval();
+  Engine probe(m, eo);
+  EXPECT_EQ(probe.buckets(), (std::vector<int64_t>{1, 2, 4}));
+  lt2::testing::expect_engine_matches_per_sequence(m, eo, {4, 2}, 3, 1e-10);
+}
+
+TEST(Engine, ClearErrors) {
+  auto m = make_test_model(engine_config("full"));
+  m->eval();
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_len = 4;
+  Engine engine(m, eo);
+  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { engine.prefill(2, torch::zeros({2}, torch::kLong)); }, "slot 2");
+  expect_error([&] { engine.prefill(0, torch::zeros({5}, torch::kLong)); }, "max_len");
+  expect_error([&] { engine.decode(torch::zeros({3}, torch::kLong)); }, "max_batch");
+  engine.prefill(0, torch::zeros({4}, torch::kLong));
+  expect_error([&] { engine.decode(torch::zeros({1}, torch::kLong)); }, "full");
+  auto window = make_test_model(engine_config("window"));
+  window->eval();
+  expect_error([&] { Engine e(window, eo); }, "'window'");
+}
+
+TEST(Engine, FillRandomDeclaresTheContext) {
+  auto m = make_test_model(engine_config("interleaved:1:1:gdn:dsa"));
+  m->eval();
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_len = 20;
+  Engine engine(m, eo);
+  engine.fill_random(10, 1);
+  EXPECT_EQ(engine.length(0), 10);
+  EXPECT_EQ(engine.length(1), 10);
+  auto logits = engine.decode(torch::tensor({1, 2}, torch::kLong));
+  EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+  EXPECT_EQ(engine.length(1), 11);
+}
+
+TEST(MemoryPlan, StateBytesEqualWhatIsAllocated) {
+  for (const std::string pattern : {"full", "gdn", "dsa", "window", "interleaved:1:1:gdn:full", "mamba2"}) {
+    for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      auto m = make_test_model(engine_config(pattern), 1, dtype);
+      const int64_t batch = 3, max_len = 17;
+      auto plan = plan_memory(*m, batch, max_len, dtype, 8, 5);
+      auto state = m->make_state(batch, max_len, torch::TensorOptions().dtype(dtype));
+      int64_t allocated = 0;
+      for (const auto& s : state->mixers)
+        for (const auto& t : s->tensors()) allocated += t.nbytes();
+      EXPECT_EQ(plan.state_bytes, allocated) << pattern;
+      int64_t weights = 0;
+      for (const auto& p : m->parameters()) weights += p.nbytes();
+      EXPECT_EQ(plan.weight_bytes, weights) << pattern;
+      EXPECT_GT(plan.workspace_bytes, 0);
+    }
+  }
+}
+
+TEST(MemoryPlan, DecodeBytesCountWeightsPerLoopAndTheCache) {
+  // Full attention: every stack weight once per loop, the head once, one embedding row per
+  // sequence, and K and V of context + 1 tokens per (layer, loop).
+  auto cfg = engine_config("full");
+  auto m = make_test_model(cfg, 1, torch::kFloat32);
+  const int64_t B = 2, C = 9;
+  auto plan = plan_memory(*m, B, 32, torch::kFloat32, 8, C);
+  const int64_t emb = cfg.vocab_size * cfg.d_model, params = m->num_parameters();
+  const int64_t head = cfg.tie_embeddings ? emb : emb;  // untied: its own V x d matrix
+  const int64_t stack = params - emb - (cfg.tie_embeddings ? 0 : head);
+  const int64_t cache = cfg.n_loops * cfg.n_layers * 2 * B * cfg.kv_heads() * (C + 1) * cfg.dim_head();
+  EXPECT_EQ(plan.decode_step_bytes, 4 * (stack * cfg.n_loops + head + B * cfg.d_model + cache));
+  EXPECT_FALSE(fits_in(plan.total_bytes(), plan.total_bytes()));  // the margin is required
+  EXPECT_TRUE(fits_in(plan.total_bytes(), plan.total_bytes() * 2 + (int64_t(2) << 30)));
+}
