@@ -9,6 +9,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 python3-pip
   nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libbenchmark-dev
   gnuplot-nox r-cran-janeaustenr
+  libgloo-dev  # headers only: c10d's ProcessGroupGloo.hpp includes them; the wheel does not ship them
 )
 PIP_PACKAGES=(torch==2.11.0 numpy tokenizers==0.22.1)
 # flash-linear-attention's pure-PyTorch naive references: an independent oracle for the mixers.

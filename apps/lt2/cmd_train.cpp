@@ -1,7 +1,9 @@
-// lt2 train: train a looped model from a JSON config with flag overrides.
+// lt2 train: train a looped model from a JSON config with flag overrides; with --nproc N, start N
+// local data-parallel ranks of this same command.
 #include <cstdio>
 
 #include "commands.h"
+#include "lt2/train/distributed.h"
 #include "lt2/train/trainer.h"
 #include "lt2/util/fs.h"
 
@@ -21,9 +23,33 @@ struct TrainArgs {
   double lr = -1;
   int64_t seed = -1;
   bool checkpoint_loops = false;
+  int nproc = 0;
+  double dist_timeout = -1;
 };
 
+// This command's arguments without --nproc, for the ranks it starts (/proc/self/cmdline holds them
+// exactly as given).
+std::vector<std::string> rank_arguments() {
+  const std::string raw = read_file("/proc/self/cmdline");
+  std::vector<std::string> args;
+  for (size_t begin = 0; begin < raw.size();) {
+    const size_t end = raw.find('\0', begin);
+    args.push_back(raw.substr(begin, end - begin));
+    begin = end == std::string::npos ? raw.size() : end + 1;
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc") ++i;  // and its value
+    else if (args[i].rfind("--nproc=", 0) != 0) out.push_back(args[i]);
+  }
+  return out;
+}
+
 void run_train(const TrainArgs& a) {
+  if (a.nproc > 0) {
+    run_local_ranks(a.nproc, "/proc/self/exe", rank_arguments());
+    return;
+  }
   json j = a.config.empty() ? json::object() : load_json_file(a.config);
   LT2_CHECK(j.is_object(), "'", a.config, "' must hold a JSON object");
   auto set_str = [&](const char* key, const std::string& v) { if (!v.empty()) j[key] = v; };
@@ -46,6 +72,7 @@ void run_train(const TrainArgs& a) {
   set_int("log_every", a.log_every);
   set_int("seed", a.seed);
   if (a.lr > 0) j["lr"] = a.lr;
+  if (a.dist_timeout > 0) j["dist_timeout"] = a.dist_timeout;
   if (a.checkpoint_loops) j["checkpoint_loops"] = true;
   for (const auto& kv : a.sets) {  // --set key=value, value parsed as JSON when it parses
     auto eq = kv.find('=');
@@ -56,16 +83,20 @@ void run_train(const TrainArgs& a) {
   }
   TrainConfig cfg = TrainConfig::from_json(j, a.config.empty() ? "train flags" : "'" + a.config + "'");
   Trainer trainer(cfg, a.resume);
+  const bool main_rank = trainer.rank() == 0;
   const auto& m = trainer.model();
-  std::printf("model %s: %.2fM parameters, %lld layers x %lld loops, pattern '%s'\n",
-              m->config().name.c_str(), m->num_parameters() / 1e6, (long long)m->config().n_layers,
-              (long long)m->config().n_loops, m->config().layer_pattern.c_str());
-  std::printf("training %lld steps x %lld tokens%s -> %s\n", (long long)cfg.steps,
-              (long long)(cfg.batch_size * cfg.grad_accum * cfg.seq_len),
-              a.resume ? (" (resumed at step " + std::to_string(trainer.start_step()) + ")").c_str() : "",
-              cfg.out_dir.c_str());
+  if (main_rank) {
+    std::printf("model %s: %.2fM parameters, %lld layers x %lld loops, pattern '%s'\n",
+                m->config().name.c_str(), m->num_parameters() / 1e6, (long long)m->config().n_layers,
+                (long long)m->config().n_loops, m->config().layer_pattern.c_str());
+    std::printf("training %lld steps x %lld tokens%s%s -> %s\n", (long long)cfg.steps,
+                (long long)(cfg.batch_size * cfg.grad_accum * cfg.seq_len),
+                trainer.world_size() > 1 ? (" on " + std::to_string(trainer.world_size()) + " ranks").c_str() : "",
+                a.resume ? (" (resumed at step " + std::to_string(trainer.start_step()) + ")").c_str() : "",
+                cfg.out_dir.c_str());
+  }
   auto last = trainer.run();
-  if (a.json_out)
+  if (a.json_out && main_rank)
     std::printf("%s\n", json{{"step", last.step}, {"loss", last.loss}, {"tokens_per_s", last.tokens_per_s},
                              {"mfu", last.mfu}, {"out_dir", cfg.out_dir}}.dump().c_str());
 }
@@ -98,11 +129,24 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--set", a->sets, "Override any TrainConfig field: --set key=value (repeatable; value is JSON)");
   cmd->add_flag("--resume", a->resume, "Continue exactly from the run folder's latest checkpoint");
   cmd->add_flag("--json", a->json_out, "Print the final step's metrics as JSON");
+  cmd->add_option("--nproc", a->nproc,
+                  "Data-parallel: start N ranks of this command on this machine (CPU: Gloo; GPU: NCCL, one GPU "
+                  "each). grad_accum micro-batches are shared out, so the global batch is unchanged")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dist-timeout", a->dist_timeout,
+                  "Data-parallel: seconds a rank waits for its peers (joining, each all-reduce) before the job "
+                  "ends with an error (default 600)");
   cmd->footer("Log line per step: step, loss, grad norm, lr, ms, tokens/s (and MFU on GPU).\n"
               "TrainConfig fields: model train_data val_data out_dir device dtype seq_len batch_size grad_accum\n"
               "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
               "eval_batches save_every checkpoint_loops objective ouro_entropy_beta gate_min_gain init_from\n"
-              "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef");
+              "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef\n"
+              "dist_timeout dist_bucket_mb (gradient all-reduce bucket, MiB)\n\n"
+              "Data-parallel training: `--nproc N` starts N local ranks itself; or run under torchrun\n"
+              "(`torchrun --nproc-per-node N --no-python lt2 train ...`), which sets RANK, WORLD_SIZE, LOCAL_RANK,\n"
+              "MASTER_ADDR and MASTER_PORT. Rank r runs micro-batches r, r + N, ... of each step (grad_accum must\n"
+              "be a multiple of N); gradients are summed in buckets during backward; rank 0 logs and writes\n"
+              "checkpoints, which resume on any number of ranks. A failed rank ends the job with an error.");
   cmd->callback([a] { run_train(*a); });
 }
 

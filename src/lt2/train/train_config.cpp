@@ -31,6 +31,8 @@ void TrainConfig::validate() const {
   LT2_CHECK(indexer_stage == "off" || indexer_stage == "dense_warmup" || indexer_stage == "sparse", w,
             ": 'indexer_stage' must be off, dense_warmup or sparse, found '", indexer_stage, "'");
   LT2_CHECK(indexer_loss_coef >= 0, w, ": 'indexer_loss_coef' must be >= 0");
+  LT2_CHECK(dist_timeout > 0, w, ": 'dist_timeout' must be > 0 seconds, found ", dist_timeout);
+  LT2_CHECK(dist_bucket_mb > 0, w, ": 'dist_bucket_mb' must be > 0, found ", dist_bucket_mb);
   LT2_CHECK(eval_every >= 0 && save_every >= 0 && eval_batches > 0, w,
             ": eval_every/save_every must be >= 0 and eval_batches > 0");
 }
@@ -46,7 +48,8 @@ json TrainConfig::to_json() const {
               {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops},
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
               {"gate_min_gain", gate_min_gain}, {"indexer_stage", indexer_stage},
-              {"indexer_loss_coef", indexer_loss_coef}};
+              {"indexer_loss_coef", indexer_loss_coef}, {"dist_timeout", dist_timeout},
+              {"dist_bucket_mb", dist_bucket_mb}};
 }
 
 TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
@@ -90,6 +93,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   json_get(j, "gate_min_gain", c.gate_min_gain, where);
   json_get(j, "indexer_stage", c.indexer_stage, where);
   json_get(j, "indexer_loss_coef", c.indexer_loss_coef, where);
+  json_get(j, "dist_timeout", c.dist_timeout, where);
+  json_get(j, "dist_bucket_mb", c.dist_bucket_mb, where);
   return c;
 }
 

@@ -46,6 +46,10 @@ struct TrainConfig {
   // indexer_loss_coef x the KL on the selected set, indexer input detached).
   std::string indexer_stage = "off";
   double indexer_loss_coef = 1.0;
+  // Data-parallel runs (lt2/train/distributed.h): seconds a rank waits for its peers (joining, each
+  // collective) before the job ends with an error; gradient all-reduce bucket size in MiB.
+  double dist_timeout = 600;
+  double dist_bucket_mb = 25;
 
   void validate() const;
   json to_json() const;

@@ -1,6 +1,7 @@
 #include "lt2/train/trainer.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "lt2/mixers/dsa.h"
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/train/batches.h"
+#include "lt2/train/distributed.h"
 #include "lt2/train/flops.h"
 #include "lt2/train/indexer_loss.h"
 #include "lt2/train/losses.h"
@@ -77,7 +79,24 @@ struct Trainer::Impl {
   double flops_per_token = 0, peak = 0;
   std::ofstream metrics;
   bool tty = false;
+  // Data-parallel job (null outside one): the group, the gradient buckets, and which of the
+  // step's micro-batches this rank runs (all of them outside a job).
+  std::shared_ptr<ProcessGroup> group;
+  std::unique_ptr<GradientBuckets> grads;
+  std::vector<int64_t> micros;
+  bool main = true;  // rank 0: logs and writes the run folder
 };
+
+namespace {
+// The RNG seed of one micro-batch (random layer patterns draw from it): a function of (step, micro)
+// only, so a micro-batch draws the same whichever rank runs it.
+uint64_t micro_seed(uint64_t seed, int64_t step, int64_t micro) {
+  return seed + 1000003ULL * static_cast<uint64_t>(step + 1) + static_cast<uint64_t>(micro);
+}
+}  // namespace
+
+int Trainer::rank() const { return impl_->group ? impl_->group->rank() : 0; }
+int Trainer::world_size() const { return impl_->group ? impl_->group->world_size() : 1; }
 
 std::string latest_checkpoint(const std::string& out_dir) {
   const std::string pointer = out_dir + "/latest";
@@ -97,6 +116,19 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
   LT2_CHECK(!(cfg_.device == "cuda" && !cuda), "device 'cuda' requested but no CUDA GPU is available");
   I.device = (cfg_.device == "cuda" || (cfg_.device == "auto" && cuda)) ? torch::Device(torch::kCUDA)
                                                                         : torch::Device(torch::kCPU);
+  const auto dist = DistEnv::from_environment();
+  I.micros = local_micro_batches(cfg_.grad_accum, dist ? dist->rank : 0, dist ? dist->world_size : 1);
+  if (dist) {
+    if (I.device.is_cuda()) {  // one GPU per rank: LOCAL_RANK's
+      LT2_CHECK(dist->local_rank < static_cast<int>(torch::cuda::device_count()), "rank ", dist->rank, ": LOCAL_RANK ",
+                dist->local_rank, " but this machine has ", torch::cuda::device_count(), " CUDA device(s)");
+      I.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist->local_rank));
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(I.device);
+    }
+    I.group = std::make_shared<ProcessGroup>(
+        *dist, I.device, std::chrono::milliseconds(static_cast<int64_t>(cfg_.dist_timeout * 1000)));
+    I.main = I.group->is_main();
+  }
   LT2_CHECK(!(cfg_.dtype == "bf16" && !I.device.is_cuda()),
             "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
   I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
@@ -138,6 +170,12 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
     named.emplace_back(p.key(), p.value());
     if (p.value().requires_grad()) I.params.push_back(p.value());
   }
+  if (I.group) {  // every rank starts from rank 0's weights
+    torch::NoGradGuard ng;
+    for (auto& [name, p] : named) I.group->broadcast(p, 0, "initial weights ('" + name + "')");
+    I.grads = std::make_unique<GradientBuckets>(I.group, named,
+                                                static_cast<int64_t>(cfg_.dist_bucket_mb * 1024 * 1024));
+  }
   I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
   if (resume) I.opt->load_state_dict(load_tensor_map(ckpt + "/optimizer.safetensors"));
 
@@ -155,6 +193,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
     I.peak = peak_flops(kernels::device_name(I.device.index() < 0 ? 0 : I.device.index()));
   }
 
+  if (!I.main) return;  // rank 0 alone writes the run folder
   make_dirs(cfg_.out_dir);
   write_file_atomic(cfg_.out_dir + "/train_config.json", cfg_.to_json().dump(2) + "\n");
   // metrics.jsonl: keep what the resumed-from checkpoint had seen, drop what came after it.
@@ -178,7 +217,8 @@ double Trainer::evaluate() {
   torch::NoGradGuard ng;
   model_->eval();
   double total = 0;
-  for (int64_t i = 0; i < cfg_.eval_batches; ++i) {
+  const int64_t first = I.group ? I.group->rank() : 0, stride = I.group ? I.group->world_size() : 1;
+  for (int64_t i = first; i < cfg_.eval_batches; i += stride) {
     auto [x, y] = src.eval_batch(i, cfg_.batch_size);
     AutocastScope ac(I.autocast);
     ForwardOptions fo;
@@ -188,15 +228,21 @@ double Trainer::evaluate() {
     total += cross_entropy(out.logits, y.to(I.device)).item<double>();
   }
   model_->train();
+  if (I.group) {
+    auto sum = torch::tensor(total, torch::kFloat64).to(I.device);
+    I.group->all_reduce_sum(sum, "evaluation loss sum");
+    total = sum.item<double>();
+  }
   return total / static_cast<double>(cfg_.eval_batches);
 }
 
 std::string Trainer::save(int64_t step) {
   auto& I = *impl_;
+  if (!I.main) return "";
   const std::string name = "ckpt-" + std::to_string(step);
   const std::string dir = cfg_.out_dir + "/" + name, tmp = dir + ".tmp";
   lt2::remove_tree(tmp);
-  json state{{"step", step}, {"seed", cfg_.seed}, {"train_config", cfg_.to_json()}};
+  json state{{"step", step}, {"seed", cfg_.seed}, {"world_size", world_size()}, {"train_config", cfg_.to_json()}};
   std::vector<FileWriter> extra{safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
                                 text_writer("trainer_state.json", state.dump(2) + "\n")};
   if (!I.tokenizer_path.empty()) extra.push_back(text_writer("tokenizer.json", read_file(I.tokenizer_path)));
@@ -224,9 +270,10 @@ StepMetrics Trainer::run() {
   auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start_step_; step < cfg_.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    torch::manual_seed(cfg_.seed + 1000003ULL * static_cast<uint64_t>(step + 1));
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(I.device));
-    for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    for (size_t k = 0; k < I.micros.size(); ++k) {
+      const int64_t micro = I.micros[k];
+      torch::manual_seed(micro_seed(cfg_.seed, step, micro));
       auto [x, y] = I.train->sample(step, micro, cfg_.batch_size);
       x = x.to(I.device, /*non_blocking=*/true);
       y = y.to(I.device, true);
@@ -246,10 +293,16 @@ StepMetrics Trainer::run() {
         if (auto kl = indexer_loss(*model_); kl.defined())
           loss = cfg_.indexer_stage == "dense_warmup" ? kl : loss + cfg_.indexer_loss_coef * kl;
       }
+      // The last local backward reduces the gradients as they become final.
+      if (I.grads && k + 1 == I.micros.size()) I.grads->begin_last_backward();
       (loss / static_cast<double>(cfg_.grad_accum)).backward();
       loss_sum += loss.detach();
     }
     m.step = step + 1;
+    if (I.group) {
+      I.grads->finish(m.step);
+      I.group->all_reduce_sum(loss_sum, cat("loss sum (step ", m.step, ")"));
+    }
     m.grad_norm = clip_grad_norm(I.params, cfg_.clip);
     m.lr = lr_at(step, cfg_.steps, cfg_.warmup, cfg_.lr, cfg_.min_lr_ratio);
     I.opt->step(m.lr);
@@ -258,14 +311,16 @@ StepMetrics Trainer::run() {
     if (I.device.is_cuda()) torch::cuda::synchronize();
     m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.ms / 1000);
-    m.mfu = I.peak > 0 ? I.flops_per_token * m.tokens_per_s / I.peak : 0;
+    m.mfu = I.peak > 0 ? I.flops_per_token * m.tokens_per_s / (I.peak * world_size()) : 0;
     LT2_CHECK(std::isfinite(m.loss), "loss is not finite at step ", m.step,
               " (lower the learning rate, or check the data)");
 
-    I.metrics << json{{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
-                      {"ms", m.ms}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}}.dump()
-              << "\n";
-    if (m.step % cfg_.log_every == 0 || m.step == cfg_.steps) {
+    if (I.main) {
+      I.metrics << json{{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
+                        {"ms", m.ms}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}}.dump()
+                << "\n";
+    }
+    if (I.main && (m.step % cfg_.log_every == 0 || m.step == cfg_.steps)) {
       const std::string line = format_step_line(m, cfg_.steps, I.device.is_cuda());
       if (I.tty) std::fprintf(stderr, "\r\033[K");
       std::printf("%s\n", line.c_str());
@@ -280,13 +335,15 @@ StepMetrics Trainer::run() {
     const bool last = m.step == cfg_.steps;
     if (last || (cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0)) {
       double val = evaluate();
-      I.metrics << json{{"step", m.step}, {"val_loss", val}}.dump() << "\n";
-      if (I.tty) std::fprintf(stderr, "\r\033[K");
-      std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f\n", static_cast<long long>(m.step), val, std::exp(val));
-      std::fflush(stdout);
+      if (I.main) {
+        I.metrics << json{{"step", m.step}, {"val_loss", val}}.dump() << "\n";
+        if (I.tty) std::fprintf(stderr, "\r\033[K");
+        std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f\n", static_cast<long long>(m.step), val, std::exp(val));
+        std::fflush(stdout);
+      }
     }
-    I.metrics.flush();
-    if (last || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0)) {
+    if (I.main) I.metrics.flush();
+    if (I.main && (last || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0))) {
       auto dir = save(m.step);
       if (I.tty) std::fprintf(stderr, "\r\033[K");
       std::printf("saved %s\n", dir.c_str());
