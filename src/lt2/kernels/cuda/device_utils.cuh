@@ -1,0 +1,92 @@
+// Device helpers shared by the decode kernels: dtype conversions, 16-byte vector unpacking,
+// warp/block sums, launch-error checks and the dtype dispatch of the launchers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "lt2/kernels/decode.h"
+#include "lt2/util/error.h"
+
+namespace lt2::kernels {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// 16 bytes of T (4 floats or 8 halves) -> floats.
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& raw, float* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+    const T2* pairs = reinterpret_cast<const T2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f;
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) f = __bfloat1622float2(pairs[i]);
+      else f = __half22float2(pairs[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Sum of v over the whole block, returned to every thread. The block's thread count must be a
+// multiple of 32; `scratch` holds at least 32 floats. Safe to call repeatedly with one scratch.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int n_warps = (blockDim.x * blockDim.y) / 32;
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (tid % 32 == 0) scratch[tid / 32] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < n_warps; ++w) total += scratch[w];
+  return total;
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// torch.nn.functional.softplus with its default threshold 20.
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
+
+// Throws lt2::Error naming the kernel when the last launch failed.
+inline void check_launch(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  LT2_CHECK(err == cudaSuccess, kernel, " launch failed: ", cudaGetErrorString(err));
+}
+
+// Calls f(T{}) with T the CUDA type of dtype.
+template <typename F>
+void dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::Float32: f(float{}); break;
+    case DType::BFloat16: f(__nv_bfloat16{}); break;
+    case DType::Float16: f(__half{}); break;
+  }
+}
+
+}  // namespace lt2::kernels
