@@ -1,0 +1,65 @@
+// Fused CUDA decode kernels (kernels/decode.h) for tensors: checks, launch on the current CUDA
+// stream, outputs from the caching allocator. Nothing here synchronises or reads device memory on
+// the host, so a CUDA graph can capture every entry point. Without CUDA kernels in the build
+// (LT2_CUDA=OFF) the entry points throw; fused_decode_enabled() is then false, so the mixers never
+// call them.
+#pragma once
+#include <torch/torch.h>
+
+namespace lt2 {
+
+// Process-wide switch (default on): the decode paths of the mixers take the fused kernels when it
+// is on and the inputs are on CUDA, and the libtorch reference otherwise (benchmarks time both).
+void set_fused_decode(bool on);
+// The switch, and false in a build without the CUDA kernels.
+bool fused_decode_enabled();
+// True when this build has the CUDA kernels.
+bool fused_decode_available();
+
+namespace ops {
+
+using torch::Tensor;
+
+// One decode token of the recurrence family, the fused form of delta_rule_step (beta defined)
+// and gated_linear_step (beta undefined): q, k [B, H, K], v [B, H, V] (bf16, fp16 or fp32; their
+// last dim contiguous), beta [B, H], g undefined / [B, H] / [B, H, K] (log decay), state
+// [B, H, K, V] fp32 contiguous, updated in place. Returns o [B, H, V] in v's dtype.
+Tensor recurrent_step_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                            const Tensor& g, double scale, Tensor& state);
+// Whether recurrent_step_fused takes these inputs (CUDA, dtypes, fp32 state, K limit).
+bool recurrent_step_fused_supported(const Tensor& q, const Tensor& v, const Tensor& state);
+
+// Gated DeltaNet's decode step after the input projections (kernels::gdn_decode has the math).
+// Tensors of the new token are [B, channels] (the [B, 1, channels] projections squeezed); every
+// non-state tensor has the activation dtype (bf16, fp16 or fp32). One value head per q/k head.
+struct GdnDecodeArgs {
+  Tensor q, k, v;           // [B, H*K], [B, H*K], [B, H*V]: projections before the short convs
+  Tensor a, b;              // [B, H]: a_proj, b_proj outputs
+  Tensor gate;              // [B, H*V]: g_proj output, or undefined (no output gate)
+  Tensor q_conv_weight, k_conv_weight, v_conv_weight;  // [C, 1, W] (nn.Conv1d layout), no bias
+  Tensor A_log, dt_bias;    // [H]
+  Tensor norm_weight;       // [V]
+  int64_t num_heads = 0, head_k_dim = 0, head_v_dim = 0;
+  double scale = 1.0, norm_eps = 1e-5;
+  bool allow_neg_eigval = false;
+};
+// Advances state ([B, H, K, V] fp32) and the conv windows ([B, W-1, C], activation dtype) in
+// place; returns y [B, H*V] (the swish-gated RMSNorm output, ready for o_proj).
+Tensor gdn_decode_fused(const GdnDecodeArgs& args, Tensor& state, Tensor& q_window, Tensor& k_window,
+                        Tensor& v_window);
+// Whether gdn_decode_fused takes activations `x` with this state and key head dim.
+bool gdn_decode_fused_supported(const Tensor& x, const Tensor& state, int64_t head_k_dim);
+
+// Flash-decoding: q [B, Hq, D] (one new token per sequence), k_cache / v_cache [B, Hkv, L, D] in
+// q's dtype (Hq a multiple of Hkv; last dim contiguous, rows 16-byte aligned), seq_lens [B] int64
+// on q's device (keys 0..len-1 of sequence b are attended, 1 <= len <= L). Returns [B, Hq, D].
+// The number of key splits depends only on the shapes, so a captured graph replays with new
+// lengths.
+Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& seq_lens, double scale);
+// Whether attention_decode takes these inputs (CUDA, dtype, head dim 64/128/256, at most 8 query
+// heads per kv head, aligned cache rows).
+bool attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
+
+}  // namespace ops
+}  // namespace lt2
