@@ -1,9 +1,12 @@
 #include "lt2/mixers/gdn.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/model/layers.h"
+#include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
 
@@ -65,8 +68,39 @@ RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st,
   in.beta = torch::sigmoid(b_proj(x).to(ct));                          // [B, T, HV]
   if (allow_neg_eigval) in.beta = in.beta * 2;
   in.g = -A_log.to(ct).exp() * torch::softplus(a_proj(x).to(ct) + dt_bias.to(ct));  // [B, T, HV]
-  in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
+  in.scale = scale();
   return in;
+}
+
+Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
+  auto* st = dynamic_cast<RecurrentState*>(&state);
+  const bool fused = st && x.dim() == 3 && x.size(1) == 1 && num_v_heads == num_heads &&
+                     fused_decode_enabled() && !at::autocast::is_autocast_enabled(at::kCUDA) &&
+                     x.scalar_type() == A_log.scalar_type() &&
+                     st->conv[0].scalar_type() == x.scalar_type() &&
+                     ops::gdn_decode_fused_supported(x, st->S, head_k_dim);
+  if (!fused) return RecurrentMixerImpl::step(x, pos, state);
+  LT2_CHECK(pos.seq_pos.defined() || st->length == pos.start, kind(), " state holds ", st->length,
+            " tokens but the call starts at position ", pos.start);
+  const int64_t B = x.size(0);
+  ops::GdnDecodeArgs a;
+  a.q = q_proj(x).view({B, -1});
+  a.k = k_proj(x).view({B, -1});
+  a.v = v_proj(x).view({B, -1});
+  a.a = a_proj(x).view({B, -1});
+  a.b = b_proj(x).view({B, -1});
+  if (use_gate) a.gate = g_proj(x).view({B, -1});
+  a.q_conv_weight = q_conv1d->weight;
+  a.k_conv_weight = k_conv1d->weight;
+  a.v_conv_weight = v_conv1d->weight;
+  a.A_log = A_log;
+  a.dt_bias = dt_bias;
+  a.norm_weight = o_norm->weight;
+  a.num_heads = num_heads, a.head_k_dim = head_k_dim, a.head_v_dim = head_v_dim;
+  a.scale = scale(), a.norm_eps = norm_eps, a.allow_neg_eigval = allow_neg_eigval;
+  auto y = ops::gdn_decode_fused(a, st->S, st->conv[0], st->conv[1], st->conv[2]);  // [B, H*V]
+  if (!pos.seq_pos.defined()) st->length += 1;
+  return o_proj(y.view({B, 1, -1}));
 }
 
 Tensor GatedDeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {

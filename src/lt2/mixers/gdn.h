@@ -8,6 +8,8 @@
 // Options (cfg.mixer_options.gdn): num_heads (cfg.n_heads), head_dim (0.75 d / H), num_v_heads
 // (num_heads), expand_v (2), conv_size (4), chunk_size (64), use_gate (true), allow_neg_eigval (false).
 #pragma once
+#include <cmath>
+
 #include "lt2/mixers/recurrent_mixer.h"
 #include "lt2/model/layers.h"
 
@@ -18,7 +20,12 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   explicit GatedDeltaNetImpl(const ModelConfig& cfg);
   RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
+  // On CUDA with the fused decode switch on and one value head per q/k head: the projections,
+  // then the whole recurrent step in one kernel (ops::gdn_decode_fused), then o_proj. Otherwise
+  // the reference step.
+  Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
   std::string kind() const override { return "gdn"; }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_k_dim)); }  // K^-1/2
 
   int64_t num_heads, num_v_heads, head_k_dim, head_v_dim;
   bool use_gate, allow_neg_eigval;

@@ -4,6 +4,7 @@
 
 #include "lt2/model/layers.h"
 #include "lt2/ops/delta_rule.h"
+#include "lt2/ops/fused_decode.h"
 #include "lt2/ops/gated_linear.h"
 #include "lt2/ops/short_conv.h"
 
@@ -67,11 +68,14 @@ Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState
   if (decode) {
     LT2_CHECK(st && x.size(1) == 1, kind(), ": step takes one token [B, 1, d] and a state, found ",
               x.sizes());
+    auto q = in.q.select(1, 0), k = in.k.select(1, 0), v = in.v.select(1, 0);  // [B, H, K|V]
+    auto beta = delta_rule ? in.beta.select(1, 0) : Tensor();                   // [B, H]
     auto g = in.g.defined() ? in.g.select(1, 0) : Tensor();
-    o = delta_rule ? ops::delta_rule_step(in.q.select(1, 0), in.k.select(1, 0), in.v.select(1, 0),
-                                          in.beta.select(1, 0), g, in.scale, st->S)
-                   : ops::gated_linear_step(in.q.select(1, 0), in.k.select(1, 0),
-                                            in.v.select(1, 0), g, in.scale, st->S);
+    if (fused_decode_enabled() && ops::recurrent_step_fused_supported(q, v, st->S))
+      o = ops::recurrent_step_fused(q, k, v, beta, g, in.scale, st->S);
+    else
+      o = delta_rule ? ops::delta_rule_step(q, k, v, beta, g, in.scale, st->S)
+                     : ops::gated_linear_step(q, k, v, g, in.scale, st->S);
     o = o.unsqueeze(1);
   } else {
     Tensor s0 = st ? st->S : Tensor();
