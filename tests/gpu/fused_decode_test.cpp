@@ -1,0 +1,379 @@
+// GPU (CTest label `gpu`): the fused decode kernels (ops/fused_decode.h) against their libtorch
+// references on fresh random inputs at several shapes, fp32 (relative RMS error < 1e-5) and bf16
+// (< 5e-3), states and conv windows compared too, over several consecutive tokens; the GDN mixer's
+// step with the fused path on == off; attention replayed from a CUDA graph with new lengths ==
+// eager. Skips where no CUDA GPU (or no CUDA kernels) is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/testing.h"
+#include "lt2/mixers/gdn.h"
+#include "lt2/mixers/recurrent_mixer.h"
+#include "lt2/ops/delta_rule.h"
+#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/gated_linear.h"
+#include "lt2/ops/short_conv.h"
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using torch::Tensor;
+
+#define REQUIRE_FUSED_DECODE()                                          \
+  if (!torch::cuda::is_available() || !fused_decode_available()) \
+  GTEST_SKIP() << "no CUDA GPU or no CUDA kernels in this build"
+
+namespace {
+
+const auto f64 = torch::kFloat64;
+
+torch::TensorOptions gpu(torch::ScalarType dt) { return torch::TensorOptions().device(torch::kCUDA).dtype(dt); }
+
+// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16.
+double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
+
+const char* name(torch::ScalarType dt) { return dt == torch::kFloat32 ? "fp32" : "bf16"; }
+
+// Restores the process-wide switch when a test ends, however it ends.
+struct FusedDecodeSwitch {
+  ~FusedDecodeSwitch() { set_fused_decode(true); }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// recurrent_step_fused == delta_rule_step / gated_linear_step (float64 on the same inputs).
+
+TEST(FusedDecode, RecurrentStepMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  enum class Decay { None, PerHead, PerChannel };
+  struct Shape {
+    int64_t B, H, K, V;
+  };
+  // K and V off multiples of 32 (and V off multiples of 4: the 4-byte copy path), the 1.3B GDN
+  // head (96 x 192), K up to 256 and several column tiles.
+  const std::vector<Shape> shapes{{1, 2, 32, 64}, {3, 4, 96, 192}, {8, 2, 128, 128},
+                                  {3, 3, 6, 12},  {2, 3, 64, 70},  {1, 1, 256, 512}};
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (bool delta : {true, false})
+      for (Decay decay : {Decay::None, Decay::PerHead, Decay::PerChannel})
+        for (const auto& s : shapes) {
+          SCOPED_TRACE(::testing::Message() << name(dt) << (delta ? " delta" : " additive") << " decay "
+                                          << static_cast<int>(decay) << " B" << s.B << " H" << s.H
+                                          << " K" << s.K << " V" << s.V);
+          torch::manual_seed(s.B * 1000 + s.K + s.V);
+          auto state = (torch::randn({s.B, s.H, s.K, s.V}, gpu(torch::kFloat32)) * 0.5);
+          auto state_ref = state.to(f64);
+          const double scale = 1.0 / std::sqrt(static_cast<double>(s.K));
+          for (int step = 0; step < 3; ++step) {
+            // q through a strided view: batch and head strides that are not the packed ones.
+            auto q = torch::randn({s.B, s.H, 2 * s.K}, gpu(dt)).narrow(2, 0, s.K);
+            auto k = torch::randn({s.B, s.H, s.K}, gpu(torch::kFloat32));
+            if (delta) k = k / k.norm(2, -1, true);  // unit keys keep the delta rule bounded
+            k = k.to(dt);
+            auto v = torch::randn({s.B, s.H, s.V}, gpu(dt));
+            auto beta = delta ? torch::sigmoid(torch::randn({s.B, s.H}, gpu(torch::kFloat32))) : Tensor();
+            Tensor g;
+            if (decay == Decay::PerHead) g = -torch::rand({s.B, s.H}, gpu(torch::kFloat32));
+            if (decay == Decay::PerChannel) g = -torch::rand({s.B, s.H, s.K}, gpu(torch::kFloat32));
+
+            auto o = ops::recurrent_step_fused(q, k, v, beta, g, scale, state);
+            auto g64 = g.defined() ? g.to(f64) : Tensor();
+            auto o_ref = delta ? ops::delta_rule_step(q.to(f64), k.to(f64), v.to(f64), beta.to(f64), g64,
+                                                      scale, state_ref)
+                               : ops::gated_linear_step(q.to(f64), k.to(f64), v.to(f64), g64, scale,
+                                                        state_ref);
+            EXPECT_EQ(o.scalar_type(), dt);
+            EXPECT_LT(rel_err(o, o_ref), tolerance(dt)) << "output, step " << step;
+            EXPECT_LT(rel_err(state, state_ref), 1e-5) << "state, step " << step;  // fp32 in both
+          }
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// gdn_decode_fused == short_conv + l2_normalize + gates + delta_rule_step + gated_rms_norm.
+
+TEST(FusedDecode, GdnStepMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  struct Shape {
+    int64_t B, H, K, V, W;
+  };
+  // (1, 1, 256, 512): four passes over the value columns; W = 1: no conv window.
+  const std::vector<Shape> shapes{{1, 2, 32, 64, 4}, {3, 4, 96, 192, 4}, {8, 2, 128, 256, 4},
+                                  {3, 3, 6, 12, 4},  {2, 2, 64, 70, 3},  {1, 1, 256, 512, 4},
+                                  {2, 1, 16, 40, 1}};
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (bool use_gate : {true, false})
+      for (const auto& s : shapes) {
+        const bool neg_eigval = s.K == 96;  // beta in (0, 2) on one shape
+        SCOPED_TRACE(::testing::Message() << name(dt) << (use_gate ? " gate" : " no gate") << " B" << s.B
+                                        << " H" << s.H << " K" << s.K << " V" << s.V << " W" << s.W);
+        torch::manual_seed(s.B * 1000 + s.K + s.V + s.W);
+        const int64_t B = s.B, H = s.H, K = s.K, V = s.V, W = s.W;
+        ops::GdnDecodeArgs a;
+        a.q_conv_weight = (torch::randn({H * K, 1, W}, gpu(torch::kFloat32)) * 0.5).to(dt);
+        a.k_conv_weight = (torch::randn({H * K, 1, W}, gpu(torch::kFloat32)) * 0.5).to(dt);
+        a.v_conv_weight = (torch::randn({H * V, 1, W}, gpu(torch::kFloat32)) * 0.5).to(dt);
+        a.A_log = log_uniform_A_init(H, 1.0, 16.0).to(gpu(dt));
+        a.dt_bias = inverse_softplus_dt_init(H).to(gpu(dt));
+        a.norm_weight = (1 + 0.2 * torch::randn({V}, gpu(torch::kFloat32))).to(dt);
+        a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
+        a.scale = 1.0 / std::sqrt(static_cast<double>(K)), a.norm_eps = 1e-5;
+        a.allow_neg_eigval = neg_eigval;
+        auto state = torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1;
+        auto q_win = torch::randn({B, W - 1, H * K}, gpu(dt)), k_win = torch::randn({B, W - 1, H * K}, gpu(dt));
+        auto v_win = torch::randn({B, W - 1, H * V}, gpu(dt));
+        auto state_ref = state.to(f64);
+        auto q_win_ref = q_win.to(f64), k_win_ref = k_win.to(f64), v_win_ref = v_win.to(f64);
+        auto w = [](const Tensor& t) { return t.to(f64); };
+
+        for (int step = 0; step < 3; ++step) {
+          a.q = torch::randn({B, H * K}, gpu(dt));
+          a.k = torch::randn({B, H * K}, gpu(dt));
+          a.v = torch::randn({B, 2 * H * V}, gpu(dt)).narrow(1, 0, H * V);  // a strided batch
+          a.a = torch::randn({B, H}, gpu(dt));
+          a.b = torch::randn({B, H}, gpu(dt));
+          a.gate = use_gate ? torch::randn({B, H * V}, gpu(dt)) : Tensor();
+          auto y = ops::gdn_decode_fused(a, state, q_win, k_win, v_win);
+
+          auto conv = [](const Tensor& x, const Tensor& weight, Tensor& window) {
+            return ops::short_conv(x.to(f64).unsqueeze(1), weight.to(f64), Tensor(), true, &window).squeeze(1);
+          };
+          auto q = l2_normalize(conv(a.q, a.q_conv_weight, q_win_ref).view({B, H, K}));
+          auto k = l2_normalize(conv(a.k, a.k_conv_weight, k_win_ref).view({B, H, K}));
+          auto v = conv(a.v, a.v_conv_weight, v_win_ref).view({B, H, V});
+          auto beta = torch::sigmoid(w(a.b)) * (neg_eigval ? 2.0 : 1.0);
+          auto g = -w(a.A_log).exp() * torch::softplus(w(a.a) + w(a.dt_bias));
+          auto o = ops::delta_rule_step(q, k, v, beta, g, a.scale, state_ref);
+          auto gate = use_gate ? w(a.gate).view({B, H, V}) : Tensor();
+          auto y_ref = gated_rms_norm(o, w(a.norm_weight), a.norm_eps, gate,
+                                      use_gate ? GateActivation::Swish : GateActivation::None)
+                           .reshape({B, H * V});
+          EXPECT_EQ(y.scalar_type(), dt);
+          EXPECT_LT(rel_err(y, y_ref), tolerance(dt)) << "output, step " << step;
+          EXPECT_LT(rel_err(state, state_ref), 1e-5) << "state, step " << step;
+          if (W > 1) {
+            EXPECT_TRUE(torch::equal(q_win.to(f64), q_win_ref)) << "q window, step " << step;
+            EXPECT_TRUE(torch::equal(k_win.to(f64), k_win_ref)) << "k window, step " << step;
+            EXPECT_TRUE(torch::equal(v_win.to(f64), v_win_ref)) << "v window, step " << step;
+          }
+        }
+      }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The GDN mixer's step: fused path on == off.
+
+namespace {
+
+ModelConfig gdn_config(const json& gdn_options) {
+  auto cfg = lt2::testing::tiny_config("gdn");
+  cfg.d_model = 64;
+  cfg.n_heads = 2;  // head_dim 0.75 * 64 / 2 = 24, V = 48: neither a multiple of 32
+  cfg.mixer_options = json{{"gdn", gdn_options}};
+  return cfg;
+}
+
+std::shared_ptr<GatedDeltaNetImpl> make_gdn(const ModelConfig& cfg, torch::ScalarType dt) {
+  torch::manual_seed(21);
+  auto m = std::make_shared<GatedDeltaNetImpl>(cfg);
+  torch::NoGradGuard ng;
+  m->o_norm->weight.normal_(1.0, 0.2);  // ones at init: randomise so the gain is exercised
+  m->to(torch::kCUDA, dt);
+  return m;
+}
+
+// Prefills `pre` tokens of x ([B, T, d]) with forward, then steps the rest one token at a time
+// with the fused switch at `fused`. Returns the step outputs [B, T - pre, d] and the state.
+std::pair<Tensor, std::unique_ptr<MixerState>> decode(GatedDeltaNetImpl& m, const Tensor& x, int64_t pre,
+                                                      bool fused) {
+  torch::NoGradGuard ng;
+  const int64_t B = x.size(0), T = x.size(1);
+  auto state = m.make_state(B, T, x.options());
+  m.forward(x.narrow(1, 0, pre), Positions{0}, state.get());
+  set_fused_decode(fused);
+  std::vector<Tensor> ys;
+  for (int64_t t = pre; t < T; ++t) ys.push_back(m.step(x.narrow(1, t, 1), Positions{t}, *state));
+  set_fused_decode(true);
+  return {torch::cat(ys, 1), std::move(state)};
+}
+
+}  // namespace
+
+TEST(FusedDecode, GdnMixerStepFusedEqualsReference) {
+  REQUIRE_FUSED_DECODE();
+  FusedDecodeSwitch restore;
+  // Default options; no output gate with beta in (0, 2); GVA (two value heads per q/k head): the
+  // GDN kernel does not serve it, the generic recurrent kernel does.
+  for (const json& opts : {json::object(), json{{"use_gate", false}, {"allow_neg_eigval", true}},
+                           json{{"num_v_heads", 4}}}) {
+    SCOPED_TRACE(opts.dump());
+    auto m = make_gdn(gdn_config(opts), torch::kFloat32);
+    auto x = torch::randn({3, 9, 64}, gpu(torch::kFloat32));
+    auto [y_fused, st_fused] = decode(*m, x, 3, true);
+    auto [y_ref, st_ref] = decode(*m, x, 3, false);
+    EXPECT_LT(rel_err(y_fused, y_ref), 1e-5);
+    auto& a = dynamic_cast<RecurrentState&>(*st_fused);
+    auto& b = dynamic_cast<RecurrentState&>(*st_ref);
+    EXPECT_LT(rel_err(a.S, b.S), 1e-5);
+    for (size_t i = 0; i < a.conv.size(); ++i) EXPECT_TRUE(torch::equal(a.conv[i], b.conv[i])) << "window " << i;
+    EXPECT_EQ(a.length, b.length);
+  }
+}
+
+// bf16: the fused step is at least as close to a float64 copy of the module (same bf16-rounded
+// weights) as the bf16 reference step, and within 5e-3.
+TEST(FusedDecode, GdnMixerStepBf16) {
+  REQUIRE_FUSED_DECODE();
+  FusedDecodeSwitch restore;
+  auto cfg = gdn_config(json::object());
+  auto m = make_gdn(cfg, torch::kBFloat16);
+  auto m64 = make_gdn(cfg, torch::kBFloat16);
+  m64->to(f64);
+  auto x = torch::randn({3, 9, 64}, gpu(torch::kBFloat16));
+  auto y_fused = decode(*m, x, 3, true).first;
+  auto y_ref = decode(*m, x, 3, false).first;
+  auto y64 = decode(*m64, x.to(f64), 3, false).first;
+  const double fused_err = rel_err(y_fused, y64), ref_err = rel_err(y_ref, y64);
+  EXPECT_LT(fused_err, std::max(2 * ref_err, 5e-3)) << "bf16 reference path error " << ref_err;
+  EXPECT_LT(fused_err, 5e-3) << "bf16 reference path error " << ref_err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention_decode == softmax attention over each sequence's first len keys (float64).
+
+namespace {
+
+// q [B, Hq, D], caches [B, Hkv, L, D], lens [B] -> [B, Hq, D] float64.
+Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lens, double scale) {
+  const int64_t B = q.size(0), G = q.size(1) / k.size(1);
+  auto lens_cpu = lens.cpu();
+  std::vector<Tensor> outs;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = lens_cpu[b].item<int64_t>();
+    auto kb = k[b].narrow(1, 0, len).to(f64).repeat_interleave(G, 0);  // [Hq, len, D]
+    auto vb = v[b].narrow(1, 0, len).to(f64).repeat_interleave(G, 0);
+    auto scores = torch::matmul(kb, q[b].to(f64).unsqueeze(-1)).squeeze(-1) * scale;  // [Hq, len]
+    outs.push_back(torch::matmul(torch::softmax(scores, -1).unsqueeze(1), vb).squeeze(1));  // [Hq, D]
+  }
+  return torch::stack(outs);
+}
+
+// Caches [B, Hkv, L, D] with NaN in every slot at or past each sequence's length: a kernel that
+// reads past a length returns NaN.
+Tensor cache_with_poisoned_tail(int64_t B, int64_t Hkv, int64_t L, int64_t D, const Tensor& lens,
+                                torch::ScalarType dt) {
+  auto c = torch::randn({B, Hkv, L, D}, gpu(dt));
+  auto j = torch::arange(L, gpu(torch::kInt64)).view({1, 1, L, 1});
+  return c.masked_fill(j >= lens.view({B, 1, 1, 1}), std::nan(""));
+}
+
+Tensor random_lengths(int64_t B, int64_t L) {
+  auto lens = torch::randint(1, L + 1, {B}, torch::kInt64);
+  lens[0] = 1;  // a sequence with one key
+  if (B > 1) lens[B - 1] = L;  // one using the whole cache
+  return lens.cuda();
+}
+
+}  // namespace
+
+TEST(FusedDecode, AttentionMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  struct Shape {
+    int64_t B, Hq, Hkv, D, L;
+  };
+  // GQA groups 1, 2, 3 (padded to the 4-head instance), 4 and 8; L off any split size.
+  const std::vector<Shape> shapes{{1, 4, 4, 64, 100},   {3, 8, 2, 128, 1000}, {8, 16, 4, 128, 300},
+                                  {3, 4, 1, 256, 77},   {1, 16, 16, 128, 5000}, {2, 6, 2, 64, 64},
+                                  {3, 8, 1, 128, 333},  {2, 4, 2, 128, 1}};
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (const auto& s : shapes) {
+      SCOPED_TRACE(::testing::Message() << name(dt) << " B" << s.B << " Hq" << s.Hq << " Hkv" << s.Hkv
+                                      << " D" << s.D << " L" << s.L);
+      torch::manual_seed(s.B * 1000 + s.Hq + s.L);
+      auto lens = random_lengths(s.B, s.L);
+      auto k = cache_with_poisoned_tail(s.B, s.Hkv, s.L, s.D, lens, dt);
+      auto v = cache_with_poisoned_tail(s.B, s.Hkv, s.L, s.D, lens, dt);
+      auto q = torch::randn({s.B, s.Hq, s.D}, gpu(dt)) * 2;  // sharper softmax than unit scores
+      const double scale = 1.0 / std::sqrt(static_cast<double>(s.D));
+      ASSERT_TRUE(ops::attention_decode_supported(q, k, v));
+      auto out = ops::attention_decode(q, k, v, lens, scale);
+      EXPECT_EQ(out.sizes(), q.sizes());
+      EXPECT_LT(rel_err(out, attention_reference(q, k, v, lens, scale)), tolerance(dt));
+    }
+}
+
+#ifdef LT2_WITH_CUDA
+
+// Captured once, replayed with new lengths and queries: equals the eager call.
+TEST(FusedDecode, AttentionGraphReplayWithNewLengths) {
+  REQUIRE_FUSED_DECODE();
+  const int64_t B = 4, Hq = 8, Hkv = 2, D = 128, L = 1000;
+  torch::manual_seed(5);
+  auto lens = random_lengths(B, L);
+  auto k = torch::randn({B, Hkv, L, D}, gpu(torch::kBFloat16));
+  auto v = torch::randn({B, Hkv, L, D}, gpu(torch::kBFloat16));
+  auto q = torch::randn({B, Hq, D}, gpu(torch::kBFloat16));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  // Warm-up, capture, replays and eager calls all on one side stream (capture needs a non-default one).
+  c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+  ops::attention_decode(q, k, v, lens, scale);
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  auto out = ops::attention_decode(q, k, v, lens, scale);
+  graph.capture_end();
+  for (int replay = 0; replay < 3; ++replay) {
+    lens.copy_(random_lengths(B, L).flip(0));  // new lengths, the full-cache one first
+    q.copy_(torch::randn({B, Hq, D}, gpu(torch::kBFloat16)));
+    graph.replay();
+    auto eager = ops::attention_decode(q, k, v, lens, scale);
+    torch::cuda::synchronize();
+    EXPECT_TRUE(torch::equal(out, eager)) << "replay " << replay;
+    EXPECT_LT(rel_err(out, attention_reference(q, k, v, lens, scale)), 5e-3) << "replay " << replay;
+  }
+}
+
+// The GDN mixer's fused step captured once and replayed: equals stepping a twin eagerly.
+TEST(FusedDecode, GdnStepGraphReplay) {
+  REQUIRE_FUSED_DECODE();
+  auto cfg = gdn_config(json::object());
+  auto m = make_gdn(cfg, torch::kBFloat16);
+  torch::NoGradGuard ng;
+  const int64_t B = 4;
+  auto x = torch::randn({B, 1, 64}, gpu(torch::kBFloat16));
+  auto graph_state = m->make_state(B, 16, x.options());
+  auto eager_state = m->make_state(B, 16, x.options());
+  auto graph_tensors = graph_state->tensors(), eager_tensors = eager_state->tensors();
+  for (size_t i = 0; i < eager_tensors.size(); ++i) {
+    eager_tensors[i].copy_(torch::randn_like(eager_tensors[i], torch::kFloat32) * 0.1);
+    graph_tensors[i].copy_(eager_tensors[i]);
+  }
+  Positions pos;
+  pos.seq_pos = torch::zeros({B}, gpu(torch::kInt64));  // per-sequence positions: no length bookkeeping
+
+  c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+  m->step(x, pos, *eager_state);  // warm-up, applied to both states
+  m->step(x, pos, *graph_state);
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  auto y = m->step(x, pos, *graph_state);
+  graph.capture_end();
+  for (int replay = 0; replay < 3; ++replay) {
+    x.copy_(torch::randn_like(x));
+    graph.replay();
+    auto y_eager = m->step(x, pos, *eager_state);
+    torch::cuda::synchronize();
+    EXPECT_LT(rel_err(y, y_eager), 1e-6) << "replay " << replay;
+    for (size_t i = 0; i < eager_tensors.size(); ++i)
+      EXPECT_LT(rel_err(graph_tensors[i], eager_tensors[i]), 1e-6) << "state tensor " << i << ", replay " << replay;
+  }
+}
+
+#endif  // LT2_WITH_CUDA
