@@ -1,5 +1,6 @@
-// NCCL on the one GPU a machine may have: a one-rank group runs the same collectives and the same
-// gradient buckets as a multi-GPU job (tests/train/test_distributed.cpp runs two ranks over Gloo).
+// NCCL on the one GPU a machine may have: a one-rank group runs the same collectives, the same
+// gradient buckets and the same trainer path as a multi-GPU job (tests/train/test_distributed.cpp
+// runs two ranks over Gloo).
 #include <gtest/gtest.h>
 
 #include "train/dist_testing.h"
@@ -23,4 +24,9 @@ TEST(NcclOneRank, GradientBucketsGiveThePlainGradients) {
   REQUIRE_CUDA();
   expect_buckets_match_plain_backward(torch::Device(torch::kCUDA, 0), /*checkpoint_loops=*/false, 1e-5);
   expect_buckets_match_plain_backward(torch::Device(torch::kCUDA, 0), /*checkpoint_loops=*/true, 1e-5);
+}
+
+TEST(NcclOneRank, TrainerInAOneRankJobMatchesAPlainRun) {
+  REQUIRE_CUDA();
+  expect_one_rank_job_matches_plain_run("cuda", 1e-4);
 }

@@ -1,12 +1,42 @@
 // Shared by the CPU (Gloo) and GPU (NCCL) data-parallel tests: the gradient buckets of a one-rank
-// group must leave exactly the gradients of a plain backward.
+// group must leave the gradients of a plain backward, and a trainer in a one-rank job must train
+// as a plain one.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cmath>
+#include <filesystem>
+
 #include "common/testing.h"
 #include "lt2/train/distributed.h"
+#include "lt2/train/trainer.h"
+#include "lt2/util/fs.h"
+#include "train/train_testing.h"
 
 namespace lt2::testing {
+
+// Environment variables set for a scope (a job's RANK, WORLD_SIZE, ...) and removed at its end, so
+// the in-process trainer tests that follow see no job.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::initializer_list<std::pair<std::string, std::string>> vars) : vars_(vars) {
+    for (const auto& [name, value] : vars_) setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : vars_) unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> vars_;
+};
 
 // A one-rank group on `device`: rank 0 hosts its store on a free port.
 inline std::shared_ptr<ProcessGroup> one_rank_group(torch::Device device) {
@@ -49,6 +79,32 @@ inline void expect_buckets_match_plain_backward(torch::Device device, bool check
       else EXPECT_LT(rel_err(b[p.key()].grad(), p.value().grad()), tol) << p.key() << " step " << step;
     }
   }
+}
+
+// The tiny run on `device` (fp32), plain and then in the environment of a one-rank job (rank 0
+// hosts its store on a free port), where the trainer joins a group and reduces its gradients
+// through the buckets: the losses must agree to relative error tol.
+inline void expect_one_rank_job_matches_plain_run(const std::string& device, double tol) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("lt2_one_rank_job_" + device)).string();
+  lt2::remove_tree(dir);
+  auto cfg = tiny_run(dir);
+  cfg.device = device;
+  cfg.dtype = "fp32";
+  auto losses = [](Trainer& t) {
+    std::vector<double> out;
+    t.on_step = [&](const StepMetrics& m) { out.push_back(m.loss); };
+    t.run();
+    return out;
+  };
+  Trainer plain(cfg, false);
+  const auto a = losses(plain);
+  ScopedEnv job({{"WORLD_SIZE", "1"}, {"RANK", "0"}});
+  cfg.out_dir = dir + "/job";
+  Trainer in_job(cfg, false);
+  EXPECT_EQ(in_job.world_size(), 1);
+  const auto b = losses(in_job);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tol * std::abs(a[i])) << "step " << i + 1;
 }
 
 }  // namespace lt2::testing

@@ -102,32 +102,22 @@ TEST(DataParallel, LocalMicroBatchesShareTheGlobalBatch) {
 }
 
 TEST(DataParallel, EnvironmentErrorsNameTheVariable) {
-  // The other tests of this program train in-process: leave no job variables behind.
-  struct Unset {
-    ~Unset() {
-      for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
-    }
-  } unset_at_exit;
-  unsetenv("WORLD_SIZE");
-  EXPECT_FALSE(DistEnv::from_environment());
-  setenv("WORLD_SIZE", "2", 1);
-  setenv("RANK", "1", 1);
-  unsetenv("MASTER_PORT");
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  EXPECT_FALSE(DistEnv::from_environment());  // no WORLD_SIZE: not a job
+  ScopedEnv job({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}});
   try {
     DistEnv::from_environment();
     FAIL();
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "MASTER_PORT")) << e.what();
   }
-  setenv("MASTER_PORT", "29555", 1);
+  ScopedEnv port({{"MASTER_PORT", "29555"}});
   auto env = DistEnv::from_environment();
   ASSERT_TRUE(env);
   EXPECT_EQ(env->rank, 1);
   EXPECT_EQ(env->world_size, 2);
   EXPECT_EQ(env->local_rank, 1);
   EXPECT_EQ(env->master_port, 29555);
-  setenv("RANK", "2", 1);
+  ScopedEnv bad_rank({{"RANK", "2"}});
   EXPECT_THROW(DistEnv::from_environment(), Error);
 }
 
@@ -137,6 +127,10 @@ TEST(DataParallel, GradientBucketsGiveThePlainGradients) {
 
 TEST(DataParallel, GradientBucketsGiveThePlainGradientsWithCheckpointedLoops) {
   expect_buckets_match_plain_backward(torch::kCPU, /*checkpoint_loops=*/true);
+}
+
+TEST(DataParallel, TrainerInAOneRankGlooJobMatchesAPlainRun) {
+  expect_one_rank_job_matches_plain_run("cpu", 1e-6);
 }
 
 TEST(DataParallel, GradientBucketsRejectAGraphThatChanged) {
