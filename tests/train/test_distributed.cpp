@@ -202,17 +202,27 @@ TEST(DataParallel, TwoRankCheckpointResumesOnOneRank) {
   EXPECT_LT(max_weight_rel_err(two_weights, final_weights(out)), 1e-5);
 }
 
-TEST(DataParallel, KilledRankEndsTheJobWithinTheTimeout) {
-  const std::string dir = fresh_dir("lt2_dp_killed");
+namespace {
+
+// Two ranks of a long run started directly (as torchrun would), once rank 0 has logged step 2.
+std::vector<Process> two_training_ranks(const std::string& dir, double timeout) {
   const std::string cfg = write_dp_config(dir, 1000000);
-  const double timeout = 5;
   const int port = free_port();
   std::vector<Process> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.push_back(start_process({kLt2, "train", "--config", cfg, "--out", dir + "/run", "--dist-timeout", std::to_string(timeout)},
                                   rank_env(r, 2, port), dir + "/rank" + std::to_string(r) + ".log"));
   const bool training = wait_until([&] { return contains(read_text(dir + "/rank0.log"), "step      2/"); }, kRunLimit);
-  ASSERT_TRUE(training) << read_text(dir + "/rank0.log") << read_text(dir + "/rank1.log");
+  EXPECT_TRUE(training) << read_text(dir + "/rank0.log") << read_text(dir + "/rank1.log");
+  return ranks;
+}
+
+}  // namespace
+
+TEST(DataParallel, KilledRankEndsTheJobWithinTheTimeout) {
+  const std::string dir = fresh_dir("lt2_dp_killed");
+  const double timeout = 5;
+  auto ranks = two_training_ranks(dir, timeout);
   kill(ranks[1].pid, SIGKILL);
   wait_process(ranks[1], kRunLimit);
   auto e = wait_process(ranks[0], timeout + kRunLimit);
@@ -222,8 +232,25 @@ TEST(DataParallel, KilledRankEndsTheJobWithinTheTimeout) {
   EXPECT_LT(e.seconds, timeout + 3) << log;
   EXPECT_TRUE(contains(log, "rank 0 of 2: gradient all-reduce")) << log;
   EXPECT_TRUE(contains(log, "failed: a peer rank stopped")) << log;
-  std::printf("rank 0 ended %.2f s after rank 1 was killed: %s", e.seconds,
-              log.substr(log.find("lt2: error")).c_str());
+  std::printf("rank 0 ended %.2f s after rank 1 was killed: %s", e.seconds, log.substr(log.find("lt2: error")).c_str());
+}
+
+TEST(DataParallel, FrozenRankEndsTheJobAfterTheTimeout) {
+  // A peer that stops answering without closing its connections (SIGSTOP): only the timeout can tell.
+  const std::string dir = fresh_dir("lt2_dp_frozen");
+  const double timeout = 3;
+  auto ranks = two_training_ranks(dir, timeout);
+  kill(ranks[1].pid, SIGSTOP);
+  auto e = wait_process(ranks[0], timeout + kRunLimit);
+  kill(ranks[1].pid, SIGKILL);
+  wait_process(ranks[1], kRunLimit);
+  const std::string log = read_text(dir + "/rank0.log");
+  ASSERT_TRUE(e.finished) << log;
+  EXPECT_FALSE(e.ok()) << log;
+  EXPECT_GE(e.seconds, timeout) << log;
+  EXPECT_LT(e.seconds, timeout + 3) << log;
+  EXPECT_TRUE(contains(log, "did not answer within 3 s")) << log;
+  std::printf("rank 0 ended %.2f s after rank 1 froze (timeout %.0f s)\n", e.seconds, timeout);
 }
 
 TEST(DataParallel, LauncherStopsTheJobWhenARankDies) {
