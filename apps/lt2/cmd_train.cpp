@@ -118,7 +118,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--steps", a->steps, "Optimizer steps");
   cmd->add_option("--seq-len", a->seq_len, "Tokens per training sequence");
   cmd->add_option("--batch-size", a->batch_size, "Sequences per micro-batch");
-  cmd->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step");
+  cmd->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step, over all data-parallel ranks together");
   cmd->add_option("--lr", a->lr, "Peak learning rate (AdamW)");
   cmd->add_option("--warmup", a->warmup, "Linear warm-up steps before the cosine decay");
   cmd->add_option("--eval-every", a->eval_every, "Evaluate every N steps (0 = at the end only)");

@@ -12,7 +12,8 @@
 //
 // Failures end the job in bounded time: a missing peer at start, a peer that stops answering or
 // dies, and any collective slower than the timeout throw lt2::Error naming the rank and what it
-// was doing. (NCCL reports a timed-out collective from its watchdog thread, which ends the process.)
+// was doing. (With NCCL the CPU does not wait on collectives: a stuck one is ended by c10d's
+// watchdog, which by default, TORCH_NCCL_ASYNC_ERROR_HANDLING=3, tears the process down.)
 #pragma once
 #include <torch/torch.h>
 
