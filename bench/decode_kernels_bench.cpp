@@ -1,0 +1,281 @@
+// Micro-benchmark of the fused decode kernels (ops/fused_decode.h) at a preset's decode shapes:
+//   gdn_decode       GDN's step after its projections (gdn_decode_fused), the preset's GDN heads
+//   recurrent_step   the generic recurrent step (recurrent_step_fused) on the same heads: delta
+//                    rule, one decay per head
+//   gdn_layer_step   the whole GDN layer's decode step (projections + kernel + o_proj)
+//   attention        flash-decoding (attention_decode), the preset's attention heads, every
+//                    sequence holding `context` keys
+// for each batch size. A kernel is captured `reps` times in one CUDA graph (as the engine runs it:
+// no launch gaps) and the replays are timed with CUDA events; the median per call is reported with
+// the bytes the call must move, GB/s and the % of a device-to-device copy measured in the same
+// run. The libtorch reference of each (fused decode off, eager: what the engine replaces) is timed
+// next to it, per call with CUDA events. A table, then one `RESULT {json}` line per row.
+//   decode_kernels_bench [--model lt2-full-gdn-1.3b] [--batches 1,8,32]
+//                        [--contexts 4096,8192,16384,32768,65536,131072] [--dtype bf16]
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lt2/config/presets.h"
+#include "lt2/infer/bench.h"
+#include "lt2/kernels/decode.h"
+#include "lt2/mixers/full_attention.h"
+#include "lt2/mixers/gdn.h"
+#include "lt2/mixers/registry.h"
+#include "lt2/ops/delta_rule.h"
+#include "lt2/ops/fused_decode.h"
+#include "lt2/util/json.h"
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace {
+
+using torch::Tensor;
+
+struct Settings {
+  std::string model = "lt2-full-gdn-1.3b", dtype = "bf16";
+  std::vector<int64_t> batches{1, 8, 32};
+  std::vector<int64_t> contexts{4096, 8192, 16384, 32768, 65536, 131072};
+  std::vector<std::string> kernels{"gdn_decode", "recurrent_step", "gdn_layer_step", "attention"};
+  int warmup = 5, iters = 20, reps = 10;
+  bool reference = true;
+};
+
+struct Row {
+  std::string kernel;
+  int64_t batch = 0, context = 0;  // context: attention only
+  double us = 0, bytes = 0, reference_us = 0;
+};
+
+#ifdef LT2_WITH_CUDA
+
+// Median milliseconds of f over `iters` calls timed with CUDA events, after `warmup` calls.
+double median_ms(int warmup, int iters, const std::function<void()>& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    start.record();
+    f();
+    stop.record();
+    stop.synchronize();
+    ms.push_back(start.elapsed_time(stop));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Microseconds per call of f when `reps` calls are captured in one CUDA graph and replayed.
+double graph_us(const Settings& s, const std::function<void()>& f) {
+  c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());  // capture needs a side stream
+  f();  // eager warm-up: lazy initialisation and kernel attributes happen outside the capture
+  torch::cuda::synchronize();
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  for (int r = 0; r < s.reps; ++r) f();
+  graph.capture_end();
+  return 1e3 * median_ms(s.warmup, s.iters, [&] { graph.replay(); }) / s.reps;
+}
+
+// Microseconds per eager call of f with the fused decode kernels off (the libtorch reference).
+double reference_us(const Settings& s, const std::function<void()>& f) {
+  lt2::set_fused_decode(false);
+  const double us = 1e3 * median_ms(s.warmup, s.iters, f);
+  lt2::set_fused_decode(true);
+  return us;
+}
+
+double bytes_of(const std::vector<Tensor>& ts) {
+  double n = 0;
+  for (const auto& t : ts)
+    if (t.defined()) n += static_cast<double>(t.nbytes());
+  return n;
+}
+
+std::shared_ptr<lt2::GatedDeltaNetImpl> make_gdn(const lt2::ModelConfig& cfg, torch::ScalarType dt) {
+  auto gdn = std::dynamic_pointer_cast<lt2::GatedDeltaNetImpl>(lt2::make_mixer("gdn", cfg, 0));
+  LT2_CHECK(gdn, "decode_kernels_bench: preset ", cfg.name, " has no GDN mixer");
+  LT2_CHECK(gdn->num_v_heads == gdn->num_heads, "decode_kernels_bench: the fused GDN kernel needs ",
+            "num_v_heads == num_heads, preset ", cfg.name, " has ", gdn->num_v_heads, " and ", gdn->num_heads);
+  gdn->to(torch::kCUDA, dt);
+  gdn->eval();
+  return gdn;
+}
+
+// gdn_decode: every byte the kernel reads or writes once (state and conv windows both ways).
+Row bench_gdn_decode(const Settings& s, lt2::GatedDeltaNetImpl& m, int64_t B, torch::ScalarType dt) {
+  const int64_t H = m.num_heads, K = m.head_k_dim, V = m.head_v_dim, W = m.conv_kernel;
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+  lt2::ops::GdnDecodeArgs a;
+  a.q = torch::randn({B, H * K}, opts), a.k = torch::randn({B, H * K}, opts);
+  a.v = torch::randn({B, H * V}, opts), a.gate = torch::randn({B, H * V}, opts);
+  a.a = torch::randn({B, H}, opts), a.b = torch::randn({B, H}, opts);
+  a.q_conv_weight = m.q_conv1d->weight, a.k_conv_weight = m.k_conv1d->weight, a.v_conv_weight = m.v_conv1d->weight;
+  a.A_log = m.A_log, a.dt_bias = m.dt_bias, a.norm_weight = m.o_norm->weight;
+  a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
+  a.scale = m.scale(), a.norm_eps = m.norm_eps, a.allow_neg_eigval = m.allow_neg_eigval;
+  auto state = torch::randn({B, H, K, V}, opts.dtype(torch::kFloat32)) * 0.1;
+  auto q_win = torch::randn({B, W - 1, H * K}, opts), k_win = torch::randn({B, W - 1, H * K}, opts);
+  auto v_win = torch::randn({B, W - 1, H * V}, opts);
+  Row r{"gdn_decode", B};
+  r.us = graph_us(s, [&] { lt2::ops::gdn_decode_fused(a, state, q_win, k_win, v_win); });
+  r.bytes = 2 * bytes_of({state, q_win, k_win, v_win}) +
+            bytes_of({a.q, a.k, a.v, a.gate, a.a, a.b, a.q_conv_weight, a.k_conv_weight, a.v_conv_weight,
+                      a.A_log, a.dt_bias, a.norm_weight}) +
+            static_cast<double>(B * H * V) * a.q.element_size();  // y
+  return r;
+}
+
+Row bench_recurrent_step(const Settings& s, const lt2::GatedDeltaNetImpl& m, int64_t B, torch::ScalarType dt) {
+  const int64_t H = m.num_heads, K = m.head_k_dim, V = m.head_v_dim;
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+  auto f32 = opts.dtype(torch::kFloat32);
+  auto k = torch::randn({B, H, K}, f32);
+  k = (k / k.norm(2, -1, true)).to(dt);
+  auto q = torch::randn({B, H, K}, opts), v = torch::randn({B, H, V}, opts);
+  auto beta = torch::sigmoid(torch::randn({B, H}, f32)), g = -torch::rand({B, H}, f32);
+  auto state = torch::randn({B, H, K, V}, f32) * 0.1;
+  Row r{"recurrent_step", B};
+  r.us = graph_us(s, [&] { lt2::ops::recurrent_step_fused(q, k, v, beta, g, m.scale(), state); });
+  r.bytes = 2 * bytes_of({state}) + bytes_of({q, k, v, beta, g}) + bytes_of({v});  // + o
+  if (s.reference)
+    r.reference_us = reference_us(s, [&] { lt2::ops::delta_rule_step(q, k, v, beta, g, m.scale(), state); });
+  return r;
+}
+
+// The layer's decode step: its parameters are read once, its state read and written once.
+Row bench_gdn_layer(const Settings& s, lt2::GatedDeltaNetImpl& m, int64_t B, torch::ScalarType dt) {
+  torch::NoGradGuard ng;
+  const int64_t d = m.q_proj->weight.size(1);
+  auto x = torch::randn({B, 1, d}, torch::TensorOptions().device(torch::kCUDA).dtype(dt));
+  auto state = m.make_state(B, 1, x.options());
+  for (auto& t : state->tensors()) t.copy_(torch::randn_like(t, torch::kFloat32) * 0.1);
+  lt2::Positions pos;
+  pos.seq_pos = torch::zeros({B}, x.options().dtype(torch::kInt64));  // no length bookkeeping
+  Row r{"gdn_layer_step", B};
+  r.us = graph_us(s, [&] { m.step(x, pos, *state); });
+  r.bytes = bytes_of(m.parameters()) + 2 * static_cast<double>(state->bytes()) + 2 * bytes_of({x});
+  if (s.reference) r.reference_us = reference_us(s, [&] { m.step(x, pos, *state); });
+  return r;
+}
+
+Row bench_attention(const Settings& s, const lt2::ModelConfig& cfg, int64_t B, int64_t L, torch::ScalarType dt) {
+  const int64_t Hq = cfg.n_heads, Hkv = cfg.kv_heads(), D = cfg.dim_head();
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+  auto k = torch::randn({B, Hkv, L, D}, opts), v = torch::randn({B, Hkv, L, D}, opts);
+  auto q = torch::randn({B, Hq, D}, opts);
+  auto lens = torch::full({B}, L, opts.dtype(torch::kInt64));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Row r{"attention", B, L};
+  r.us = graph_us(s, [&] { lt2::ops::attention_decode(q, k, v, lens, scale); });
+  const int splits = lt2::kernels::attention_decode_num_splits(static_cast<int>(B), static_cast<int>(Hkv),
+                                                               static_cast<int>(L), q.device().index());
+  r.bytes = bytes_of({k, v, q, q}) + (splits > 1 ? 2.0 * B * Hq * splits * (D + 1) * sizeof(float) : 0);
+  if (s.reference) r.reference_us = reference_us(s, [&] { lt2::decode_attention(q, k, v, lens, scale); });
+  return r;
+}
+
+#endif  // LT2_WITH_CUDA
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Time the fused decode kernels against the copy bandwidth and their libtorch references"};
+  Settings s;
+  app.add_option("--model", s.model, "Preset (or config file) whose GDN and attention heads to use")
+      ->capture_default_str();
+  app.add_option("--batches", s.batches, "Batch sizes")->delimiter(',')->capture_default_str();
+  app.add_option("--contexts", s.contexts, "Keys per sequence for attention")->delimiter(',')->capture_default_str();
+  app.add_option("--kernels", s.kernels, "Which rows: gdn_decode, recurrent_step, gdn_layer_step, attention")
+      ->delimiter(',')->capture_default_str();
+  app.add_option("--dtype", s.dtype, "Activation dtype: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--warmup", s.warmup, "Untimed calls before timing")->capture_default_str();
+  app.add_option("--iters", s.iters, "Timed calls (graph replays); the median is reported")->capture_default_str();
+  app.add_option("--reps", s.reps, "Kernel calls captured per graph")->capture_default_str();
+  app.add_flag("!--no-reference", s.reference, "Skip timing the libtorch references");
+  CLI11_PARSE(app, argc, argv);
+#ifndef LT2_WITH_CUDA
+  std::fprintf(stderr, "decode_kernels_bench: this build has no CUDA kernels\n");
+  return 1;
+#else
+  try {
+    LT2_CHECK(torch::cuda::is_available(), "decode_kernels_bench needs a CUDA GPU");
+    LT2_CHECK(s.iters >= 1 && s.reps >= 1 && s.warmup >= 0, "--iters and --reps must be >= 1, --warmup >= 0");
+    const auto dt = s.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+    auto cfg = lt2::load_model_config(s.model);
+    const double copy_gbs = lt2::measure_copy_bandwidth_gbs("cuda");
+    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+    auto wants = [&](const std::string& k) { return std::count(s.kernels.begin(), s.kernels.end(), k) > 0; };
+    std::shared_ptr<lt2::GatedDeltaNetImpl> gdn;
+    if (wants("gdn_decode") || wants("recurrent_step") || wants("gdn_layer_step")) gdn = make_gdn(cfg, dt);
+
+    std::printf("\n| kernel | batch | context | us | MB moved | GB/s | %% copy BW | reference us | speed-up |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::vector<lt2::json> results;
+    auto report = [&](const Row& r) {
+      const double gbs = r.bytes / (r.us * 1e-6) / 1e9;
+      char context[32] = "-", reference[32] = "-", speedup[32] = "-";
+      if (r.context) std::snprintf(context, sizeof context, "%lld", static_cast<long long>(r.context));
+      if (r.reference_us > 0) {
+        std::snprintf(reference, sizeof reference, "%.1f", r.reference_us);
+        std::snprintf(speedup, sizeof speedup, "%.1fx", r.reference_us / r.us);
+      }
+      std::printf("| %s | %lld | %s | %.1f | %.2f | %.0f | %.1f | %s | %s |\n", r.kernel.c_str(),
+                  static_cast<long long>(r.batch), context, r.us, r.bytes / 1e6, gbs, 100 * gbs / copy_gbs,
+                  reference, speedup);
+      std::fflush(stdout);
+      lt2::json j{{"bench", "decode_kernels"}, {"model", cfg.name}, {"kernel", r.kernel}, {"dtype", s.dtype},
+                  {"batch", r.batch}, {"us", r.us}, {"bytes", r.bytes}, {"gb_per_s", gbs},
+                  {"copy_gb_per_s", copy_gbs}, {"copy_pct", 100 * gbs / copy_gbs}, {"graph_reps", s.reps}};
+      if (r.kernel == "attention") {
+        j["context"] = r.context;
+        j["q_heads"] = cfg.n_heads;
+        j["kv_heads"] = cfg.kv_heads();
+        j["head_dim"] = cfg.dim_head();
+      } else {
+        j["heads"] = gdn->num_heads;
+        j["head_k"] = gdn->head_k_dim;
+        j["head_v"] = gdn->head_v_dim;
+      }
+      if (r.reference_us > 0) {
+        j["reference_us"] = r.reference_us;
+        j["speedup"] = r.reference_us / r.us;
+      }
+      results.push_back(j);
+    };
+    for (int64_t B : s.batches) {
+      if (wants("gdn_decode")) report(bench_gdn_decode(s, *gdn, B, dt));
+      if (wants("recurrent_step")) report(bench_recurrent_step(s, *gdn, B, dt));
+      if (wants("gdn_layer_step")) report(bench_gdn_layer(s, *gdn, B, dt));
+    }
+    if (wants("attention"))
+      for (int64_t B : s.batches)
+        for (int64_t L : s.contexts) {
+          try {
+            report(bench_attention(s, cfg, B, L, dt));
+          } catch (const c10::OutOfMemoryError&) {
+            std::printf("| attention | %lld | %lld | OOM |\n", static_cast<long long>(B), static_cast<long long>(L));
+          }
+          c10::cuda::CUDACachingAllocator::emptyCache();  // the next cell's caches may be larger
+        }
+    std::printf("\n");
+    for (const auto& j : results) std::printf("RESULT %s\n", j.dump().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode_kernels_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+#endif
+}
