@@ -1,12 +1,151 @@
-// lt2 bench: registered here so that its implementation lands in this one file.
+// lt2 bench decode|prefill|plot: inference speed over contexts x batch sizes (infer/bench.h).
+#include <cstdio>
+#include <ctime>
+
 #include "commands.h"
+#include "lt2/infer/bench.h"
+#include "lt2/kernels/kernels.h"
 #include "lt2/util/error.h"
+#include "lt2/util/fs.h"
 
 namespace lt2::cli {
 
+namespace {
+
+struct BenchArgs {
+  BenchOptions opts;
+  std::vector<std::string> contexts{"4k"}, batches{"1"};
+  std::string json_path, md_path, png_path;
+  bool json_stdout = false;
+};
+
+// "8192", "8k", "128K" -> tokens.
+int64_t parse_count(const std::string& s, const char* what) {
+  LT2_CHECK(!s.empty(), what, ": empty value");
+  std::string digits = s;
+  int64_t mult = 1;
+  if (s.back() == 'k' || s.back() == 'K') mult = 1024, digits.pop_back();
+  size_t used = 0;
+  int64_t v = -1;
+  try {
+    v = std::stoll(digits, &used);
+  } catch (...) {
+  }
+  LT2_CHECK(used == digits.size() && v > 0, what, ": expected a positive count like 8192 or 8k, found '", s, "'");
+  return v * mult;
+}
+
+std::string today() {
+  char buf[32];
+  std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
+void run_bench(const std::string& mode, BenchArgs& a, const std::string& command_line) {
+  a.opts.contexts.clear();
+  a.opts.batches.clear();
+  for (const auto& c : a.contexts) a.opts.contexts.push_back(parse_count(c, "--contexts"));
+  for (const auto& b : a.batches) a.opts.batches.push_back(parse_count(b, "--batches"));
+  for (const auto& p : a.opts.paths)
+    LT2_CHECK(p == "engine" || p == "reference", "--paths: expected engine or reference, found '", p, "'");
+  const double copy_gbs = mode == "decode" ? measure_copy_bandwidth_gbs(a.opts.device) : 0;
+  const std::string device = a.opts.device == "cuda" ? kernels::device_name(0) : "cpu";
+  if (copy_gbs > 0) std::fprintf(stderr, "device %s, measured copy bandwidth %.0f GB/s\n", device.c_str(), copy_gbs);
+  auto progress = [](const BenchCell& c) {
+    if (c.oom)
+      std::fprintf(stderr, "%s %s %s ctx %lld batch %lld: OOM from the plan (%.1f GB)\n", c.mode.c_str(),
+                   c.model.c_str(), c.path.c_str(), (long long)c.context, (long long)c.batch, c.planned_gb);
+    else
+      std::fprintf(stderr, "%s %s %s ctx %lld batch %lld: %.2f ms, %.1f tokens/s%s\n", c.mode.c_str(), c.model.c_str(),
+                   c.path.c_str(), (long long)c.context, (long long)c.batch, c.ms, c.tokens_per_s,
+                   c.mode == "decode" ? cat(", ", int(c.bandwidth_pct + 0.5), "% of copy bandwidth").c_str() : "");
+  };
+  auto cells = mode == "decode" ? bench_decode(a.opts, copy_gbs, progress) : bench_prefill(a.opts, progress);
+  nlohmann::json j{{"mode", mode}, {"command", command_line}, {"date", today()}, {"device", device},
+                   {"copy_bandwidth_gbs", copy_gbs}, {"dtype", a.opts.dtype}, {"steps", a.opts.steps},
+                   {"warmup", a.opts.warmup}, {"cells", nlohmann::json::array()}};
+  for (const auto& c : cells) j["cells"].push_back(c.to_json());
+  const std::string table = bench_table(cells);
+  if (!a.json_path.empty()) write_file_atomic(a.json_path, j.dump(2) + "\n");
+  if (!a.md_path.empty()) write_file_atomic(a.md_path, cat("`", command_line, "` on ", device, ", ", today(), "\n\n", table));
+  if (!a.png_path.empty() && !plot_bench(cells, mode, a.png_path))
+    std::fprintf(stderr, "note: no plot written (gnuplot not installed, or no cell ran); `lt2 bench plot` "
+                         "renders one later from the JSON\n");
+  if (a.json_stdout) std::printf("%s\n", j.dump(2).c_str());
+  else std::printf("%s", table.c_str());
+}
+
+void add_grid_options(CLI::App* cmd, BenchArgs& a) {
+  cmd->add_option("--models,-m", a.opts.models,
+                  "Models: presets (lt-1.3b, lt2-gdn-1.3b, lt2-full-gdn-1.3b, lt2-gdn-dsa-1.3b, ouro-1.4b, ...) or "
+                  "config files; random weights")
+      ->required()->delimiter(',');
+  cmd->add_option("--contexts,-c", a.contexts, "Context lengths (tokens per sequence), e.g. 4k,8k,32k")
+      ->delimiter(',')->capture_default_str();
+  cmd->add_option("--dtype", a.opts.dtype, "Weights and KV caches: bf16 or fp32 (recurrent states are fp32)")
+      ->capture_default_str();
+  cmd->add_option("--device", a.opts.device, "cuda or cpu")->capture_default_str();
+  cmd->add_option("--prefill-chunk", a.opts.prefill_chunk, "Prompt tokens per prefill forward")->capture_default_str();
+  cmd->add_option("--memory-limit-gb", a.opts.memory_limit_gb,
+                  "Plan against this many GB instead of the device's free memory (cells that do not fit are OOM)")
+      ->capture_default_str();
+  cmd->add_option("--seed", a.opts.seed, "Seed of the random weights, states and tokens")->capture_default_str();
+  cmd->add_option("--out-json", a.json_path, "Write the results as JSON to this file");
+  cmd->add_option("--out-md", a.md_path, "Write the Markdown table to this file");
+  cmd->add_option("--plot", a.png_path, "Write a PNG of tokens/s vs context (needs gnuplot)");
+  cmd->add_flag("--json", a.json_stdout, "Print JSON instead of the table");
+}
+
+// This process's command line (recorded with the results).
+std::string command_line() {
+  std::string raw = path_exists("/proc/self/cmdline") ? read_file("/proc/self/cmdline") : "lt2 bench";
+  for (auto& ch : raw)
+    if (ch == '\0') ch = ' ';
+  while (!raw.empty() && raw.back() == ' ') raw.pop_back();
+  return raw;
+}
+
+}  // namespace
+
 void add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "(in development)");
-  cmd->callback([] { LT2_CHECK(false, "lt2 bench is not built yet"); });
+  auto* bench = app.add_subcommand("bench", "Inference benchmarks: decode and prefill speed vs context and batch");
+  bench->require_subcommand(1);
+  auto args = std::make_shared<BenchArgs>();
+  args->opts.contexts = {4096};
+
+  auto* decode = bench->add_subcommand(
+      "decode",
+      "Decode tokens/s per (model, context, batch), through the engine (fused kernels + CUDA graphs) and the "
+      "plain libtorch reference, against the bandwidth floor");
+  add_grid_options(decode, *args);
+  decode->add_option("--batches,-b", args->batches, "Batch sizes (sequences decoded together)")
+      ->delimiter(',')->capture_default_str();
+  decode->add_option("--paths", args->opts.paths, "engine, reference, or both")->delimiter(',')->capture_default_str();
+  decode->add_option("--steps", args->opts.steps, "Timed decode steps per cell")->capture_default_str();
+  decode->add_option("--warmup", args->opts.warmup, "Untimed steps before timing")->capture_default_str();
+  decode->footer(
+      "Each sequence's state is filled with random values as if it held `context` tokens; decode cost does not "
+      "depend on the values. GB/step = weights once per loop + the head + what each state's step reads and "
+      "writes; % copy BW compares GB/step / time with a device-to-device copy measured in the same run.");
+  decode->callback([args] { run_bench("decode", *args, command_line()); });
+
+  auto* prefill = bench->add_subcommand("prefill", "Prefill tokens/s of one prompt per (model, context), batch 1");
+  add_grid_options(prefill, *args);
+  prefill->callback([args] { run_bench("prefill", *args, command_line()); });
+
+  auto plot_in = std::make_shared<std::string>();
+  auto plot_out = std::make_shared<std::string>();
+  auto* plot = bench->add_subcommand("plot", "Render the PNG of a results JSON written by --out-json");
+  plot->add_option("results", *plot_in, "Results JSON")->required();
+  plot->add_option("--out,-o", *plot_out, "PNG to write")->required();
+  plot->callback([plot_in, plot_out] {
+    auto j = nlohmann::json::parse(read_file(*plot_in), nullptr, /*allow_exceptions=*/false);
+    LT2_CHECK(!j.is_discarded(), "'", *plot_in, "' is not valid JSON");
+    const std::string mode = j.value("mode", std::string("decode"));
+    LT2_CHECK(plot_bench(cells_from_json(j), mode, *plot_out), "no plot written: gnuplot is not installed or '",
+              *plot_in, "' has no measured cell");
+  });
 }
 
 }  // namespace lt2::cli

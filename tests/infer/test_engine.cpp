@@ -34,6 +34,17 @@ TEST(Engine, MixedLengthBatchDecodesLikeEachSequenceAlone) {
   }
 }
 
+TEST(Engine, LatentDsaMixedLengthBatch) {
+  // DSA's shared latent KV (keys [c | k_r], values c) with the top-k below the longer prompts.
+  auto cfg = engine_config("interleaved:1:1:gdn:dsa");
+  cfg.mixer_options["dsa"] = json{{"topk", 4}, {"index_heads", 2}, {"index_head_dim", 8}, {"attention", "latent"},
+                                  {"latent_dim", 8}, {"latent_rope_dim", 4}};
+  EngineOptions eo;
+  eo.max_batch = 3;
+  eo.max_len = 16;
+  lt2::testing::expect_engine_matches_per_sequence(make_test_model(cfg), eo, {3, 8, 1}, 4, 1e-10);
+}
+
 TEST(Engine, OuroMixedLengthBatch) {
   EngineOptions eo;
   eo.max_batch = 2;

@@ -39,6 +39,7 @@ Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), o
   state_opts_ = torch::TensorOptions().dtype(param.scalar_type()).device(param.device());
   state_ = model_->make_state(opts_.max_batch, opts_.max_len, state_opts_);
   lengths_.assign(opts_.max_batch, 0);
+  device_lengths_ = torch::zeros({opts_.max_batch}, state_opts_.dtype(torch::kLong));
   for (int64_t b = 1; opts_.every_bucket && b < opts_.max_batch; b *= 2) buckets_.push_back(b);
   buckets_.push_back(opts_.max_batch);
   graphs_ = std::make_unique<Graphs>();
@@ -117,6 +118,7 @@ Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
     logits = model_->forward(tokens.narrow(1, begin, n), view.get(), fo).logits;  // [1, 1, V]
   }
   lengths_[slot] = T;
+  device_lengths_.narrow(0, slot, 1).fill_(T);
   return logits.view({-1});
 }
 
@@ -129,27 +131,30 @@ Tensor Engine::decode(const Tensor& tokens) {
     LT2_CHECK(lengths_[s] < opts_.max_len, "engine: slot ", s, " is full (", opts_.max_len, " tokens)");
   torch::NoGradGuard no_grad;
   const int64_t b = buckets_[bucket_for(n)];
+  auto input = tokens.to(state_opts_.device(), torch::kLong).view({n, 1});
   // Positions of the new tokens: each slot's length; padding slots n..b-1 decode at position 0.
-  std::vector<int64_t> pos(lengths_.begin(), lengths_.begin() + n);
-  pos.resize(b, 0);
-  auto positions = torch::tensor(pos, torch::kLong);
-  auto input = tokens.to(torch::kLong).view({n, 1});
+  auto fill_inputs = [&](const Tensor& token_buf, const Tensor& position_buf) {
+    token_buf.narrow(0, 0, n).copy_(input);
+    position_buf.narrow(0, 0, n).copy_(device_lengths_.narrow(0, 0, n));
+    position_buf.narrow(0, n, b - n).zero_();
+  };
   Tensor logits;
 #ifdef LT2_WITH_CUDA
   if (graphs_captured()) {
     auto& g = graphs_->buckets[bucket_for(n)];
-    g.positions.copy_(positions);
-    g.tokens.narrow(0, 0, n).copy_(input);
+    fill_inputs(g.tokens, g.positions);
     g.graph->replay();
     logits = g.logits.narrow(0, 0, n);
   }
 #endif
   if (!logits.defined()) {
     auto slots = state_->slice(0, b);
-    auto padded = torch::zeros({b, 1}, state_opts_.dtype(torch::kLong));
-    padded.narrow(0, 0, n).copy_(input);
-    logits = decode_eager(padded, positions.to(state_opts_.device()), *slots).narrow(0, 0, n);
+    auto token_buf = torch::zeros({b, 1}, state_opts_.dtype(torch::kLong));
+    auto position_buf = torch::empty({b}, state_opts_.dtype(torch::kLong));
+    fill_inputs(token_buf, position_buf);
+    logits = decode_eager(token_buf, position_buf, *slots).narrow(0, 0, n);
   }
+  device_lengths_.narrow(0, 0, n).add_(1);
   for (int64_t s = 0; s < n; ++s) ++lengths_[s];
   return logits;
 }
@@ -163,6 +168,7 @@ void Engine::fill_random(int64_t length, uint64_t seed) {
   for (auto& m : state_->mixers)
     for (auto& t : m->tensors()) t.normal_(0.0, 0.1);
   std::fill(lengths_.begin(), lengths_.end(), length);
+  device_lengths_.fill_(length);
 }
 
 }  // namespace lt2

@@ -67,6 +67,8 @@ class Engine {
   torch::TensorOptions state_opts_;
   std::unique_ptr<ModelState> state_;
   std::vector<int64_t> lengths_;  // tokens each slot holds
+  Tensor device_lengths_;         // the same on the model's device: a decode step reads its positions
+                                  // there, so no host-to-device copy waits for the previous step
   std::vector<int64_t> buckets_;
   std::unique_ptr<Graphs> graphs_;
 };

@@ -133,15 +133,13 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
     auto p = attn->project(x, pos);
     return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)};
   }
-  LT2_CHECK(!pos.seq_pos.defined(), "dsa: per-sequence positions need the gqa attention form");
-  const int64_t start = pos.start;
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
   auto qf = wq(x).view({B, T, n_heads, D + latent_rope_dim});
-  auto q_rope = apply_rope(qf.narrow(-1, D, latent_rope_dim), start, rope_theta, rope_style);
+  auto q_rope = apply_rope(qf.narrow(-1, D, latent_rope_dim), pos, rope_theta, rope_style);
   auto q_latent = torch::einsum("bthd,hdc->bthc", {qf.narrow(-1, 0, D), wk_b});  // [B, T, H, d_c]
   auto kv = wkv_a(x);                                                           // [B, T, d_c + d_r]
   auto c = kv_norm(kv.narrow(-1, 0, latent_dim)).unsqueeze(2);                  // [B, T, 1, d_c]
-  auto k_rope = apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), start,
+  auto k_rope = apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), pos,
                            rope_theta, rope_style);                             // [B, T, 1, d_r]
   auto k = torch::cat({c, k_rope}, -1).transpose(1, 2);                         // [B, 1, T, d_c + d_r]
   return {torch::cat({q_latent, q_rope}, -1).transpose(1, 2), k, k.narrow(-1, 0, latent_dim)};
@@ -215,8 +213,9 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
 
 Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
   const int64_t B = x.size(0), L = s.k.size(2);
-  auto h = project(x, pos);  // q [B, H, 1, D], k, v [B, H_kv, 1, D]
-  kv_cache_write_at(s.k, s.v, h.k.transpose(1, 2), h.v.transpose(1, 2), pos.seq_pos);
+  auto h = project(x, pos);  // q [B, H, 1, D_qk], k, v [B, H_kv, 1, D_qk | D_v]
+  cache_write_at(s.k, h.k, pos.seq_pos);
+  if (!latent) cache_write_at(s.v, h.v, pos.seq_pos);
   auto lens = pos.seq_pos + 1;  // [B] tokens each sequence now holds
   Tensor k = s.k, v = s.v, k_lens = lens;
   {
@@ -224,8 +223,7 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
     auto x_index = x.detach();
     auto [iq, iw] = indexer_queries(x_index, pos);
     auto index_k = indexer_keys(x_index, pos);  // [B, 1, d_I]
-    s.index_keys.scatter_(1, pos.seq_pos.view({B, 1, 1}).expand({B, 1, index_k.size(2)}),
-                          index_k.to(s.index_keys.scalar_type()));
+    cache_write_at(s.index_keys.unsqueeze(1), index_k.unsqueeze(1), pos.seq_pos);
     if (stage != IndexerStage::DenseWarmup && topk < L) {
       auto scores = lightning_indexer_scores(iq, iw, s.index_keys.to(iq.scalar_type()));  // [B, 1, L]
       auto valid = (arange_long(0, L, x.device()).unsqueeze(0) < lens.unsqueeze(1)).unsqueeze(1);
@@ -235,10 +233,11 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
         return cache.gather(2, idx.view({B, 1, topk, 1}).expand({B, cache.size(1), topk, cache.size(3)}));
       };
       k = gather(k);
-      v = gather(v);
+      if (!latent) v = gather(v);
       k_lens = lens.clamp_max(topk);
     }
   }
+  if (latent) v = k.narrow(-1, 0, latent_dim);  // the values are the latent part of the keys
   return output(decode_attention(h.q.squeeze(2), k, v, k_lens, scale()), x);
 }
 

@@ -61,7 +61,7 @@ class DSAImpl : public MixerImpl {
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts) const override;
   std::string kind() const override { return "dsa"; }
-  bool supports_seq_pos() const override { return !latent; }
+  bool supports_seq_pos() const override { return true; }
   bool is_attention() const override { return true; }
 
   // Indexer pieces (exposed for tests and the indexer loss).
@@ -96,7 +96,7 @@ class DSAImpl : public MixerImpl {
     Tensor k, v;  // [B, H_kv, T, D_qk], [B, H_kv, T, D_v] (latent: v is a view of k)
   };
   Heads project(const Tensor& x, const Positions& pos);
-  // Decode with per-sequence positions (GQA form): cache writes at seq_pos, index scores over the
+  // Decode with per-sequence positions: cache writes at seq_pos, index scores over the
   // whole cache with slots past each sequence's length masked, attention over the top-k.
   Tensor step_at(const Tensor& x, const Positions& pos, DSAState& s);
   Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]

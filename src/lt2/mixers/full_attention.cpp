@@ -8,6 +8,7 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/model/layers.h"
 #include "lt2/model/rope.h"
+#include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
 
@@ -25,15 +26,14 @@ int64_t KVCache::decode_bytes(int64_t length) const {
   return (k.nbytes() + v.nbytes()) / capacity() * std::min(length + 1, capacity());
 }
 
-void kv_cache_write_at(const Tensor& cache_k, const Tensor& cache_v, const Tensor& k_new, const Tensor& v_new,
-                       const Tensor& seq_pos) {
-  const int64_t B = cache_k.size(0), H = cache_k.size(1), D = cache_k.size(3);
-  auto idx = seq_pos.view({B, 1, 1, 1}).expand({B, H, 1, D});
-  cache_k.scatter_(2, idx, k_new.transpose(1, 2).to(cache_k.scalar_type()));
-  cache_v.scatter_(2, idx, v_new.transpose(1, 2).to(cache_v.scalar_type()));
+void cache_write_at(const Tensor& cache, const Tensor& rows, const Tensor& seq_pos) {
+  const int64_t B = cache.size(0), H = cache.size(1), D = cache.size(3);
+  cache.scatter_(2, seq_pos.view({B, 1, 1, 1}).expand({B, H, 1, D}), rows.to(cache.scalar_type()));
 }
 
 Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_lens, double scale) {
+  if (fused_decode_enabled() && ops::attention_decode_supported(q, k, v))
+    return ops::attention_decode(q.contiguous(), k, v, seq_lens, scale).unsqueeze(1);
   // Reference: attend over the whole cache, keys at or past a sequence's length masked out.
   auto j = torch::arange(k.size(2), seq_lens.options());
   auto mask = (j.unsqueeze(0) < seq_lens.unsqueeze(1)).view({q.size(0), 1, 1, k.size(2)});  // [B, 1, 1, L]
@@ -104,7 +104,8 @@ Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerSt
   if (pos.seq_pos.defined()) {
     LT2_CHECK(state && x.size(1) == 1, "attention with per-sequence positions takes one token [B, 1, d] and a state");
     auto& cache = dynamic_cast<KVCache&>(*state);
-    kv_cache_write_at(cache.k, cache.v, k, v, pos.seq_pos);
+    cache_write_at(cache.k, k.transpose(1, 2), pos.seq_pos);
+    cache_write_at(cache.v, v.transpose(1, 2), pos.seq_pos);
     o = decode_attention(q.squeeze(1), cache.k, cache.v, pos.seq_pos + 1,
                          1.0 / std::sqrt(static_cast<double>(head_dim)));
   } else if (state) {

@@ -24,10 +24,10 @@ struct KVCache : MixerState {
 // length, and returns views of every cached key and value ([B, H_kv, length, D]).
 std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, const Tensor& v_new);
 
-// Per-sequence positions (Positions::seq_pos, decode): writes k_new/v_new ([B, 1, H_kv, D]) of
-// sequence b at position seq_pos[b] of the cache, on the device (no host read of the positions).
-void kv_cache_write_at(const Tensor& cache_k, const Tensor& cache_v, const Tensor& k_new, const Tensor& v_new,
-                       const Tensor& seq_pos);
+// Per-sequence positions (Positions::seq_pos, decode): writes row [b, :, 0, :] of `rows`
+// ([B, H, 1, D]) at position seq_pos[b] of `cache` ([B, H, L, D]), on the device (no host read of
+// the positions).
+void cache_write_at(const Tensor& cache, const Tensor& rows, const Tensor& seq_pos);
 
 // Decode attention of one new token per sequence, q [B, H, D], over the first seq_lens[b] keys of
 // sequence b (k, v [B, H_kv, L, D], GQA as in causal_attention; seq_lens [B] int64 in [1, L]).

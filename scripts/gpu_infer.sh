@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE (device tool) from the repo root with `.deps` carried: builds the CUDA
+# targets of the inference engine, runs the GPU-labelled tests, the fused-kernel micro-benchmark
+# and `lt2 bench decode|prefill`, and leaves at most 8 files in $OUT (the device tool's limit).
+#   STAGES="test kernels decode prefill"   which parts run (default: all four)
+#   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  PREFILL_CONTEXTS=4k,...  GTEST_FILTER=*
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/lt2_gpu_out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-test kernels decode prefill}
+MODELS=${MODELS:-lt-1.3b,lt2-gdn-1.3b,lt2-full-gdn-1.3b,lt2-gdn-dsa-1.3b,ouro-1.4b}
+ROOT=$PWD/.deps/root/usr
+export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+B=build-gpu
+log=/tmp/lt2_build.log
+t0=$(date +%s)
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
+  cmake --build $B -j "$(nproc)" --target lt2_cli test_gpu decode_kernels_bench >> $log 2>&1 ||
+  { grep -E "error|Error" -A5 $log | head -80 | tee "$OUT/build_errors.txt"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+L=$B/apps/lt2/lt2
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+if has test; then
+  $B/tests/test_gpu --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_gpu.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" "$OUT/test_gpu.log" | head -30
+fi
+if has kernels; then
+  $B/bench/decode_kernels_bench > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"
+  grep -v '^RESULT' "$OUT/decode_kernels.txt" | tail -40
+fi
+if has decode; then
+  $L bench decode -m "$MODELS" -c "${CONTEXTS:-4k,8k,16k,32k,64k,128k}" -b "${BATCHES:-1,8,32}" \
+    --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode.json" --out-md "$OUT/decode.md" 2> /tmp/decode.err \
+    || tail -20 /tmp/decode.err
+  cat "$OUT/decode.md"
+fi
+if has prefill; then
+  $L bench prefill -m "$MODELS" -c "${PREFILL_CONTEXTS:-4k,8k,16k,32k}" --out-json "$OUT/prefill.json" \
+    --out-md "$OUT/prefill.md" 2> /tmp/prefill.err || tail -20 /tmp/prefill.err
+  cat "$OUT/prefill.md"
+fi
