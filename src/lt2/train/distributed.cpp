@@ -192,7 +192,9 @@ ProcessGroup::ProcessGroup(const DistEnv& env, torch::Device device, std::chrono
     throw Error(cat(who, ": cannot ", opts.isServer ? "host" : "reach", " the rendezvous store at ", store_at, ": ",
                     short_message(e)));
   }
-  impl_->store = c10::make_intrusive<c10d::PrefixStore>("lt2", tcp);
+  // Keys of this attempt only: torchrun may restart the ranks against the same agent store.
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>(cat("lt2/", attempt ? attempt : "0"), tcp);
 
   // Join: every rank announces itself and waits for all the others.
   std::vector<std::string> keys;
