@@ -11,6 +11,26 @@ int64_t stage_n(int64_t stage) {
   return int64_t{1} << (stage + 2);
 }
 
+json to_json(const StageResult& r) {
+  return {{"stage", r.stage}, {"n", r.n}, {"solved", r.solved}, {"steps", r.steps},
+          {"final_accuracy", r.final_accuracy}};
+}
+
+StageResult stage_result_from_json(const json& j) {
+  return {j.at("stage").get<int64_t>(), j.at("n").get<int64_t>(), j.at("solved").get<bool>(),
+          j.at("steps").get<int64_t>(), j.at("final_accuracy").get<double>()};
+}
+
+json to_json(const EvalRecord& e) {
+  return {{"step", e.step}, {"stage", e.stage}, {"n", stage_n(e.stage)}, {"accuracy", e.accuracy},
+          {"answer_accuracy", e.answer_accuracy}, {"loss", e.loss}};
+}
+
+EvalRecord eval_record_from_json(const json& j) {
+  return {j.at("step").get<int64_t>(), j.at("stage").get<int64_t>(), j.at("accuracy").get<double>(),
+          j.value("answer_accuracy", 0.0), j.value("loss", 0.0)};
+}
+
 Curriculum::Curriculum(CurriculumConfig cfg) : cfg_(cfg) {
   LT2_CHECK(cfg_.num_stages >= 1, "curriculum needs >= 1 stage, got ", cfg_.num_stages);
   stage_n(cfg_.num_stages);  // validates the range
@@ -19,12 +39,13 @@ Curriculum::Curriculum(CurriculumConfig cfg) : cfg_(cfg) {
             cfg_.threshold);
 }
 
-Curriculum::Event Curriculum::record_eval(int64_t step, double accuracy) {
+Curriculum::Event Curriculum::record_eval(int64_t step, double accuracy, double answer_accuracy,
+                                          double loss) {
   LT2_CHECK(!finished_, "record_eval on a finished curriculum");
   LT2_CHECK(step >= last_step_ && step >= stage_start_, "eval steps must not decrease: got ", step,
             " after ", last_step_);
   last_step_ = step;
-  evals_.push_back({step, stage_, accuracy});
+  evals_.push_back({step, stage_, accuracy, answer_accuracy, loss});
   const int64_t spent = step - stage_start_;
   if (accuracy >= cfg_.threshold) {
     results_.push_back({stage_, n(), true, spent, accuracy});
@@ -51,8 +72,8 @@ int64_t Curriculum::score() const {
   return best;
 }
 
-nlohmann::json Curriculum::to_json() const {
-  nlohmann::json j;
+json Curriculum::to_json() const {
+  json j;
   j["config"] = {{"num_stages", cfg_.num_stages},
                  {"steps_per_stage", cfg_.steps_per_stage},
                  {"threshold", cfg_.threshold}};
@@ -61,17 +82,14 @@ nlohmann::json Curriculum::to_json() const {
   j["last_step"] = last_step_;
   j["finished"] = finished_;
   j["score"] = score();
-  j["results"] = nlohmann::json::array();
-  for (const auto& r : results_)
-    j["results"].push_back({{"stage", r.stage}, {"n", r.n}, {"solved", r.solved},
-                            {"steps", r.steps}, {"final_accuracy", r.final_accuracy}});
-  j["evals"] = nlohmann::json::array();
-  for (const auto& e : evals_)
-    j["evals"].push_back({{"step", e.step}, {"stage", e.stage}, {"accuracy", e.accuracy}});
+  j["results"] = json::array();
+  for (const auto& r : results_) j["results"].push_back(lt2::tasks::to_json(r));
+  j["evals"] = json::array();
+  for (const auto& e : evals_) j["evals"].push_back(lt2::tasks::to_json(e));
   return j;
 }
 
-Curriculum Curriculum::from_json(const nlohmann::json& j) {
+Curriculum Curriculum::from_json(const json& j) {
   try {
     CurriculumConfig cfg;
     const auto& c = j.at("config");
@@ -85,29 +103,44 @@ Curriculum Curriculum::from_json(const nlohmann::json& j) {
     cur.stage_start_ = j.at("stage_start_step").get<int64_t>();
     cur.last_step_ = j.at("last_step").get<int64_t>();
     cur.finished_ = j.at("finished").get<bool>();
-    for (const auto& r : j.at("results"))
-      cur.results_.push_back({r.at("stage").get<int64_t>(), r.at("n").get<int64_t>(),
-                              r.at("solved").get<bool>(), r.at("steps").get<int64_t>(),
-                              r.at("final_accuracy").get<double>()});
-    for (const auto& e : j.at("evals"))
-      cur.evals_.push_back({e.at("step").get<int64_t>(), e.at("stage").get<int64_t>(),
-                            e.at("accuracy").get<double>()});
+    for (const auto& r : j.at("results")) cur.results_.push_back(stage_result_from_json(r));
+    for (const auto& e : j.at("evals")) cur.evals_.push_back(eval_record_from_json(e));
     return cur;
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const json::exception& e) {
     throw Error(cat("curriculum JSON: ", e.what()));
   }
 }
 
-double exact_match_accuracy(const torch::Tensor& logits, const torch::Tensor& targets,
-                            const torch::Tensor& mask) {
+AnswerCounts& AnswerCounts::operator+=(const AnswerCounts& o) {
+  examples += o.examples;
+  examples_correct += o.examples_correct;
+  answers += o.answers;
+  answers_correct += o.answers_correct;
+  return *this;
+}
+
+AnswerCounts count_correct(const torch::Tensor& logits, const torch::Tensor& targets,
+                           const torch::Tensor& mask) {
   LT2_CHECK(logits.dim() == 3 && targets.dim() == 2 && mask.sizes() == targets.sizes() &&
                 logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
-            "exact_match_accuracy: expected logits [B, L, V], targets and mask [B, L]; got ",
+            "count_correct: expected logits [B, L, V], targets and mask [B, L]; got ",
             logits.sizes(), ", ", targets.sizes(), ", ", mask.sizes());
   torch::NoGradGuard no_grad;
-  const auto wrong = (logits.argmax(-1) != targets) & mask.to(torch::kBool);  // [B, L]
-  const auto correct = wrong.any(1).logical_not();                            // [B]
-  return correct.to(torch::kFloat64).mean().item<double>();
+  const auto scored = mask.to(torch::kBool);                  // [B, L]
+  const auto right = logits.argmax(-1) == targets;            // [B, L]
+  const auto example_ok = (scored & ~right).any(1).logical_not();  // [B]
+  AnswerCounts c;
+  c.examples = targets.size(0);
+  c.examples_correct = example_ok.sum().item<int64_t>();
+  c.answers = scored.sum().item<int64_t>();
+  c.answers_correct = (scored & right).sum().item<int64_t>();
+  return c;
+}
+
+double exact_match_accuracy(const torch::Tensor& logits, const torch::Tensor& targets,
+                            const torch::Tensor& mask) {
+  const AnswerCounts c = count_correct(logits, targets, mask);
+  return static_cast<double>(c.examples_correct) / static_cast<double>(c.examples);
 }
 
 torch::Tensor masked_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,

@@ -11,10 +11,10 @@
 #pragma once
 #include <torch/torch.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <vector>
+
+#include "lt2/util/json.h"
 
 namespace lt2::tasks {
 
@@ -36,8 +36,17 @@ struct StageResult {
 
 struct EvalRecord {
   int64_t step = 0, stage = 0;
-  double accuracy = 0;
+  double accuracy = 0;         // exact match: what the curriculum decides on
+  double answer_accuracy = 0;  // fraction of scored answers right (diagnostic)
+  double loss = 0;             // masked cross-entropy on the eval examples (diagnostic)
 };
+
+// JSON forms of the records (results.json, resume state); from_json throws json::exception on a
+// missing field.
+json to_json(const StageResult& r);
+StageResult stage_result_from_json(const json& j);
+json to_json(const EvalRecord& e);  // also carries n = stage_n(stage)
+EvalRecord eval_record_from_json(const json& j);
 
 class Curriculum {
  public:
@@ -46,8 +55,9 @@ class Curriculum {
   explicit Curriculum(CurriculumConfig cfg = {});
 
   // Records an evaluation of the current stage at global `step` (non-decreasing, >= the stage's
-  // start). Throws lt2::Error once finished.
-  Event record_eval(int64_t step, double accuracy);
+  // start). Only `accuracy` (exact match) decides; the diagnostics are kept in evals(). Throws
+  // lt2::Error once finished.
+  Event record_eval(int64_t step, double accuracy, double answer_accuracy = 0, double loss = 0);
 
   bool finished() const { return finished_; }
   int64_t stage() const { return stage_; }           // current stage (the last one once finished)
@@ -59,8 +69,8 @@ class Curriculum {
   const std::vector<StageResult>& results() const { return results_; }
   const std::vector<EvalRecord>& evals() const { return evals_; }
 
-  nlohmann::json to_json() const;
-  static Curriculum from_json(const nlohmann::json& j);
+  json to_json() const;
+  static Curriculum from_json(const json& j);
 
  private:
   CurriculumConfig cfg_;
@@ -70,9 +80,18 @@ class Curriculum {
   std::vector<EvalRecord> evals_;
 };
 
-// Fraction of examples whose scored positions are all predicted right (argmax).
+// Argmax predictions scored against the targets on the masked positions.
+struct AnswerCounts {
+  int64_t examples = 0, examples_correct = 0;  // an example is correct if all its answers are
+  int64_t answers = 0, answers_correct = 0;    // scored positions
+  AnswerCounts& operator+=(const AnswerCounts& o);
+};
 // logits [B, L, V], targets [B, L] int64, mask [B, L] bool. An example without scored positions
 // counts as correct.
+AnswerCounts count_correct(const torch::Tensor& logits, const torch::Tensor& targets,
+                           const torch::Tensor& mask);
+
+// Fraction of examples whose scored positions are all predicted right (argmax).
 double exact_match_accuracy(const torch::Tensor& logits, const torch::Tensor& targets,
                             const torch::Tensor& mask);
 
