@@ -219,6 +219,12 @@ ProcessGroup::ProcessGroup(const DistEnv& env, torch::Device device, std::chrono
   try {
     if (device.is_cuda()) {
 #ifdef USE_C10D_NCCL
+      // ProcessGroupNCCL's layout follows the NCCL version of the nccl.h it was compiled with; a
+      // header other than the library's would build a differently sized object.
+      const auto [major, minor, patch] = c10d::getNcclVersionTuple();
+      LT2_CHECK(major == NCCL_MAJOR && minor == NCCL_MINOR, who, ": lt2 was compiled with nccl.h ", NCCL_MAJOR, ".",
+                NCCL_MINOR, " but libtorch runs NCCL ", major, ".", minor, ".", patch,
+                "; rebuild with the nccl.h of the nvidia-nccl wheel beside torch (CMake NCCL_INCLUDE_DIR)");
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
       nccl_opts->timeout = timeout;
       impl_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
