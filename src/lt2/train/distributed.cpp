@@ -1,7 +1,9 @@
 // c10d guards its backend headers with the macros of PyTorch's own build: libtorch_cpu always
 // carries Gloo, libtorch_cuda carries NCCL (linked only by the CUDA build). The libtorch wheel
-// ships no gloo headers; Debian's libgloo-dev provides the few that ProcessGroupGloo.hpp names
-// (only its declarations are used: every Gloo symbol called here lives in libtorch_cpu).
+// ships no gloo headers; Debian's libgloo-dev provides the few that ProcessGroupGloo.hpp names.
+// Their version differs from the gloo inside libtorch, which is safe here: ProcessGroupGloo and
+// its Options hold gloo objects only through pointers, and every Gloo function called runs in
+// libtorch_cpu.
 #define USE_C10D_GLOO
 #ifdef LT2_WITH_CUDA
 #define USE_C10D_NCCL
