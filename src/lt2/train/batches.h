@@ -1,6 +1,7 @@
-// Training and evaluation batches from a token shard. A batch depends only on (seed, step, micro,
-// rank), never on what ran before, so a resumed run sees exactly the batches an uninterrupted one
-// would, whatever the number of data-parallel ranks.
+// Training and evaluation batches from a token shard. A batch depends only on (seed, step, micro),
+// never on what ran before or on which rank runs it, so a resumed run sees exactly the batches an
+// uninterrupted one would, whatever the number of data-parallel ranks (each rank runs its share of
+// a step's micro-batches: lt2/train/distributed.h).
 #pragma once
 #include <torch/torch.h>
 
