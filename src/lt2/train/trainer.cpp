@@ -1,6 +1,5 @@
 #include "lt2/train/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <unistd.h>
 
@@ -14,12 +13,14 @@
 #include "lt2/kernels/kernels.h"
 #include "lt2/mixers/dsa.h"
 #include "lt2/model/checkpoint_io.h"
+#include "lt2/train/autocast.h"
 #include "lt2/train/batches.h"
 #include "lt2/train/distributed.h"
 #include "lt2/train/flops.h"
 #include "lt2/train/indexer_loss.h"
 #include "lt2/train/losses.h"
 #include "lt2/train/optimizer.h"
+#include "lt2/train/run_checkpoint.h"
 #include "lt2/util/fs.h"
 
 namespace fs = std::filesystem;
@@ -27,24 +28,6 @@ namespace fs = std::filesystem;
 namespace lt2 {
 
 namespace {
-
-// bf16 autocast on CUDA for the scope (matmuls in bf16, fp32 master weights and reductions).
-class AutocastScope {
- public:
-  explicit AutocastScope(bool on) : on_(on) {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  }
-  ~AutocastScope() {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
-  }
-
- private:
-  bool on_;
-};
 
 std::string format_step_line(const StepMetrics& m, int64_t total, bool gpu) {
   char buf[256];
@@ -239,27 +222,11 @@ double Trainer::evaluate() {
 std::string Trainer::save(int64_t step) {
   auto& I = *impl_;
   if (!I.main) return "";
-  const std::string name = "ckpt-" + std::to_string(step);
-  const std::string dir = cfg_.out_dir + "/" + name, tmp = dir + ".tmp";
-  lt2::remove_tree(tmp);
   json state{{"step", step}, {"seed", cfg_.seed}, {"world_size", world_size()}, {"train_config", cfg_.to_json()}};
   std::vector<FileWriter> extra{safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
                                 text_writer("trainer_state.json", state.dump(2) + "\n")};
   if (!I.tokenizer_path.empty()) extra.push_back(text_writer("tokenizer.json", read_file(I.tokenizer_path)));
-  save_checkpoint(tmp, model_, extra);
-  lt2::remove_tree(dir);
-  fs::rename(tmp, dir);
-  write_file_atomic(cfg_.out_dir + "/latest", name + "\n");
-  // Keep the two newest checkpoints.
-  std::vector<std::pair<int64_t, fs::path>> all;
-  for (const auto& e : fs::directory_iterator(cfg_.out_dir)) {
-    const std::string f = e.path().filename().string();
-    if (e.is_directory() && f.rfind("ckpt-", 0) == 0 && f.find(".tmp") == std::string::npos)
-      all.emplace_back(std::stoll(f.substr(5)), e.path());
-  }
-  std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + 2 < all.size(); ++i) lt2::remove_tree(all[i].second.string());
-  return dir;
+  return save_rotating_checkpoint(cfg_.out_dir, step, model_, extra, /*keep=*/2);
 }
 
 StepMetrics Trainer::run() {
