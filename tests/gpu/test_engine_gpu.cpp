@@ -61,25 +61,57 @@ TEST(EngineGpu, MixedLengthGraphDecodeEqualsForwardFp32) {
   }
 }
 
-TEST(EngineGpu, MixedLengthGraphDecodeBf16) {
+// bf16: the engine (graphs, fused kernels, bf16 states and caches) must be about as accurate as
+// the bf16 forward pass, both measured against the fp32 forward of the same weights. DSA is left
+// out here: its top-k selection flips where bf16 rounding reorders close index scores (a
+// discontinuity of the method, not an error); its bf16 engine is covered by graph == eager below.
+TEST(EngineGpu, Bf16DecodeAsAccurateAsBf16Forward) {
   REQUIRE_CUDA();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  torch::NoGradGuard ng;
   for (const auto& f : families()) {
+    if (f.pattern.find("dsa") != std::string::npos) continue;
     SCOPED_TRACE(f.name);
-    auto m = make_test_model(family_config(f), 2, torch::kBFloat16);
-    m->to(torch::kCUDA);
+    auto m32 = make_test_model(family_config(f), 2, torch::kFloat32);
+    m32->to(torch::kCUDA);
+    m32->eval();
+    auto m16 = make_test_model(family_config(f), 2, torch::kBFloat16);
+    m16->to(torch::kCUDA);
+    m16->eval();
     EngineOptions eo;
     eo.max_batch = 2;
     eo.max_len = 32;
-    // bf16 logits through 3 loops of 2 layers: compared with the bf16 forward of each sequence.
-    lt2::testing::expect_engine_matches_per_sequence(m, eo, {12, 5}, 4, 3e-2);
+    Engine engine(m16, eo);
+    torch::manual_seed(8);
+    const int64_t V = m32->config().vocab_size;
+    std::vector<torch::Tensor> seqs{torch::randint(V, {12}, torch::kLong), torch::randint(V, {5}, torch::kLong)};
+    for (int64_t s = 0; s < 2; ++s) engine.prefill(s, seqs[s]);
+    for (int step = 0; step < 4; ++step) {
+      auto next = torch::randint(V, {2}, torch::kLong);
+      auto got = engine.decode(next).cpu().to(torch::kFloat64);
+      for (int64_t s = 0; s < 2; ++s) {
+        seqs[s] = torch::cat({seqs[s], next.narrow(0, s, 1)});
+        auto tok = seqs[s].cuda().view({1, -1});
+        auto exact = m32->forward(tok).logits[0][-1].cpu();
+        const double forward_err = rel_err(m16->forward(tok).logits[0][-1].cpu(), exact);
+        const double engine_err = rel_err(got[s], exact);
+        EXPECT_LT(engine_err, 2 * forward_err + 2e-3)
+            << "step " << step << ", slot " << s << ": bf16 forward error " << forward_err;
+      }
+    }
   }
 }
 
 TEST(EngineGpu, GraphReplayEqualsEagerStep) {
   REQUIRE_CUDA();
-  for (const auto& f : families()) {
-    SCOPED_TRACE(f.name);
-    auto m = make_test_model(family_config(f), 3, torch::kFloat32);
+  for (const auto& [f, dtype] : [] {
+         std::vector<std::pair<Family, torch::ScalarType>> cases;
+         for (const auto& f : families())
+           for (auto dt : {torch::kFloat32, torch::kBFloat16}) cases.push_back({f, dt});
+         return cases;
+       }()) {
+    SCOPED_TRACE(f.name + (dtype == torch::kBFloat16 ? " bf16" : " fp32"));
+    auto m = make_test_model(family_config(f), 3, dtype);
     m->to(torch::kCUDA);
     m->eval();
     EngineOptions graphs, eager;

@@ -139,3 +139,20 @@ TEST(MemoryPlan, DecodeBytesCountWeightsPerLoopAndTheCache) {
   EXPECT_FALSE(fits_in(plan.total_bytes(), plan.total_bytes()));  // the margin is required
   EXPECT_TRUE(fits_in(plan.total_bytes(), plan.total_bytes() * 2 + (int64_t(2) << 30)));
 }
+
+TEST(Engine, PackedProjectionsGiveTheSameModel) {
+  // pack_for_inference (FFN w1/w3, attention q/k/v/gate, GDN's inputs) changes no value: the
+  // packed model's forward and decode equal an unpacked copy's.
+  for (const std::string pattern : {"interleaved:1:1:gdn:full", "dsa", "window"}) {
+    SCOPED_TRACE(pattern);
+    auto packed = make_test_model(engine_config(pattern), 5), plain = make_test_model(engine_config(pattern), 5);
+    packed->pack_for_inference();
+    torch::NoGradGuard ng;
+    auto tok = lt2::testing::random_tokens(2, 9, packed->config().vocab_size);
+    EXPECT_LT(lt2::testing::rel_err(packed->forward(tok).logits, plain->forward(tok).logits), 1e-12);
+    lt2::testing::expect_decode_matches_forward(*packed, tok);
+    // The parameters are views of the packed matrices: an update to one shows in the forward.
+    packed->layers[0]->as<BlockImpl>()->ffn->w1->weight.mul_(2);
+    EXPECT_GT(lt2::testing::rel_err(packed->forward(tok).logits, plain->forward(tok).logits), 1e-6);
+  }
+}

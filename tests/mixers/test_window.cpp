@@ -21,7 +21,7 @@ TEST(Window, MatchesNaiveBandedSoftmax) {
   torch::NoGradGuard ng;
   for (int64_t loop : {0, 1}) {
     const int64_t W = m->window_at(loop), H = m->n_heads, G = H / m->n_kv_heads;
-    auto [q, k, v] = m->project(x, 0);  // [B, T, H, D], [B, T, H_kv, D]
+    [[maybe_unused]] auto [q, k, v, gate] = m->project(x, 0);  // [B, T, H, D], [B, T, H_kv, D]
     auto o = torch::zeros_like(q);
     for (int64_t t = 0; t < 10; ++t)
       for (int64_t h = 0; h < H; ++h) {

@@ -216,7 +216,13 @@ double measure_copy_bandwidth_gbs(const std::string& device) {
 std::vector<BenchCell> bench_decode(const BenchOptions& o, double copy_gbs,
                                     const std::function<void(const BenchCell&)>& on_cell) {
   return for_each_model(o, [&](LoadedModel& m, const torch::Device& dev, std::vector<BenchCell>& cells) {
-    for (const auto& path : o.paths)
+    // The reference first: the engine packs the model's projections, which the plain libtorch
+    // path must not benefit from.
+    auto paths = o.paths;
+    std::stable_sort(paths.begin(), paths.end(), [](const std::string& a, const std::string& b) {
+      return a == "reference" && b != "reference";
+    });
+    for (const auto& path : paths)
       for (int64_t B : o.batches)
         for (int64_t C : o.contexts) {
           cells.push_back(run_decode_cell(m.model, m.name, path, C, B, o, copy_gbs, dev));

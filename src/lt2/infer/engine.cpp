@@ -35,6 +35,7 @@ Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), o
             "' cannot decode sequences of different lengths together (no per-sequence positions); "
             "use `lt2 generate` for it");
   LT2_CHECK(!model_->is_training(), "engine: put the model in eval mode first");
+  model_->pack_for_inference();
   const auto param = model_->parameters().front();
   state_opts_ = torch::TensorOptions().dtype(param.scalar_type()).device(param.device());
   state_ = model_->make_state(opts_.max_batch, opts_.max_len, state_opts_);

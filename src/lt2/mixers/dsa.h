@@ -62,6 +62,9 @@ class DSAImpl : public MixerImpl {
                                          torch::TensorOptions opts) const override;
   std::string kind() const override { return "dsa"; }
   bool supports_seq_pos() const override { return true; }
+  void pack_for_inference() override {
+    if (attn) attn->pack_for_inference();
+  }
   bool is_attention() const override { return true; }
 
   // Indexer pieces (exposed for tests and the indexer loss).

@@ -87,19 +87,37 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
 
 FullAttentionImpl::Projections FullAttentionImpl::project(const Tensor& x, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
-  return {apply_rope(wq(x).view({B, T, n_heads, head_dim}), pos, rope_theta, rope_style),
-          apply_rope(wk(x).view({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
-          wv(x).view({B, T, n_kv_heads, head_dim})};
+  Tensor q, k, v, gate;
+  if (use_packed(w_in)) {
+    auto parts = unpack_outputs(at::linear(x, w_in), packed_layers());
+    q = parts[0], k = parts[1], v = parts[2];
+    if (wgate) gate = parts[3];
+  } else {
+    q = wq(x), k = wk(x), v = wv(x);
+  }
+  return {apply_rope(q.reshape({B, T, n_heads, head_dim}), pos, rope_theta, rope_style),
+          apply_rope(k.reshape({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
+          v.reshape({B, T, n_kv_heads, head_dim}), gate};
 }
 
-Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x) {
+std::vector<torch::nn::Linear> FullAttentionImpl::packed_layers() const {
+  std::vector<torch::nn::Linear> layers{wq, wk, wv};
+  if (wgate) layers.push_back(wgate);
+  return layers;
+}
+
+void FullAttentionImpl::pack_for_inference() {
+  if (!w_in.defined()) w_in = pack_linears(packed_layers());
+}
+
+Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x, const Tensor& gate) {
   auto y = o.reshape({x.size(0), x.size(1), n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(wgate(x));
+  if (wgate) y = y * torch::sigmoid(gate.defined() ? gate : wgate(x));
   return wo(y);
 }
 
 Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  auto [q, k, v] = project(x, pos);
+  auto [q, k, v, gate] = project(x, pos);
   Tensor o;  // [B, T, H, D]
   if (pos.seq_pos.defined()) {
     LT2_CHECK(state && x.size(1) == 1, "attention with per-sequence positions takes one token [B, 1, d] and a state");
@@ -117,7 +135,7 @@ Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerSt
   } else {
     o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0);
   }
-  return output(o, x);
+  return output(o, x, gate);
 }
 
 std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,

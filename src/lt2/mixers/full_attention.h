@@ -53,17 +53,24 @@ class FullAttentionImpl : public MixerImpl {
   struct Projections {
     Tensor q;     // [B, T, H, D]      RoPE applied at absolute positions start..start+T-1
     Tensor k, v;  // [B, T, H_kv, D]   (k with RoPE)
+    Tensor gate;  // [B, T, H * D] output-gate pre-activation when the packed projection made it
   };
   // Positions of x's tokens: start.. (pos.seq_pos undefined) or seq_pos[b] for sequence b.
   Projections project(const Tensor& x, const Positions& pos);
   // o: [B, T, H, D] attention output, x: [B, T, d] the mixer input (for the gate) -> [B, T, d].
-  Tensor output(const Tensor& o, const Tensor& x);
+  // gate: the gate's pre-activation when already computed (Projections::gate).
+  Tensor output(const Tensor& o, const Tensor& x, const Tensor& gate = {});
+  void pack_for_inference() override;
+  Tensor w_in;  // packed [wq; wk; wv; wgate] (inference), or undefined
 
   int64_t n_heads, n_kv_heads, head_dim;
   double rope_theta;
   RopeStyle rope_style;
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   torch::nn::Linear wgate{nullptr};  // null when the output gate is off
+
+ private:
+  std::vector<torch::nn::Linear> packed_layers() const;  // the layers w_in packs, in order
 };
 
 }  // namespace lt2

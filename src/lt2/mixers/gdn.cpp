@@ -84,12 +84,18 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
             " tokens but the call starts at position ", pos.start);
   const int64_t B = x.size(0);
   ops::GdnDecodeArgs a;
-  a.q = q_proj(x).view({B, -1});
-  a.k = k_proj(x).view({B, -1});
-  a.v = v_proj(x).view({B, -1});
-  a.a = a_proj(x).view({B, -1});
-  a.b = b_proj(x).view({B, -1});
-  if (use_gate) a.gate = g_proj(x).view({B, -1});
+  if (use_packed(w_in)) {  // one GEMV for every input projection; the blocks are strided views
+    auto p = unpack_outputs(at::linear(x.view({B, -1}), w_in), input_projections());
+    a.q = p[0], a.k = p[1], a.v = p[2], a.a = p[3], a.b = p[4];
+    if (use_gate) a.gate = p[5];
+  } else {
+    a.q = q_proj(x).view({B, -1});
+    a.k = k_proj(x).view({B, -1});
+    a.v = v_proj(x).view({B, -1});
+    a.a = a_proj(x).view({B, -1});
+    a.b = b_proj(x).view({B, -1});
+    if (use_gate) a.gate = g_proj(x).view({B, -1});
+  }
   a.q_conv_weight = q_conv1d->weight;
   a.k_conv_weight = k_conv1d->weight;
   a.v_conv_weight = v_conv1d->weight;
@@ -101,6 +107,16 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   auto y = ops::gdn_decode_fused(a, st->S, st->conv[0], st->conv[1], st->conv[2]);  // [B, H*V]
   if (!pos.seq_pos.defined()) st->length += 1;
   return o_proj(y.view({B, 1, -1}));
+}
+
+std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {
+  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj, a_proj, b_proj};
+  if (use_gate) layers.push_back(g_proj);
+  return layers;
+}
+
+void GatedDeltaNetImpl::pack_for_inference() {
+  if (!w_in.defined()) w_in = pack_linears(input_projections());
 }
 
 Tensor GatedDeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {

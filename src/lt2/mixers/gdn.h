@@ -25,6 +25,8 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   // the reference step.
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
   std::string kind() const override { return "gdn"; }
+  // Packs q/k/v/a/b(/g) projections into w_in: the fused step then reads them in one GEMV.
+  void pack_for_inference() override;
   double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_k_dim)); }  // K^-1/2
 
   int64_t num_heads, num_v_heads, head_k_dim, head_v_dim;
@@ -35,6 +37,10 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   ShortConv q_conv1d{nullptr}, k_conv1d{nullptr}, v_conv1d{nullptr};
   Tensor A_log, dt_bias;  // [HV] each
   RMSNorm o_norm{nullptr};
+  Tensor w_in;  // packed [q; k; v; a; b; g] projections (inference), or undefined
+
+ private:
+  std::vector<torch::nn::Linear> input_projections() const;  // what w_in packs, in order
 };
 
 }  // namespace lt2

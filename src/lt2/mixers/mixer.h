@@ -75,6 +75,9 @@ class MixerImpl : public torch::nn::Module {
   }
   // Registered name ("full", "gdn", ...).
   virtual std::string kind() const = 0;
+  // Inference: pack the projections that read the same input into one matrix (pack_linears in
+  // model/layers.h) so a decode step runs one GEMV instead of several. Same values; no-op default.
+  virtual void pack_for_inference() {}
   // Whether `step` accepts per-sequence positions (Positions::seq_pos).
   virtual bool supports_seq_pos() const { return false; }
   // Softmax-attention mixers say true (they take the SDPA output gate, Ouro's import maps them).

@@ -94,13 +94,13 @@ RingKVCache& WindowAttentionImpl::ring_for(MixerState& state, const Positions& p
 Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
   if (state && x.size(1) == 1) return step(x, pos, *state);
   const int64_t T = x.size(1), W = window_at(pos.loop);
-  auto [q, k, v] = project(x, pos);
+  auto [q, k, v, gate] = project(x, pos);
   auto qh = q.transpose(1, 2);  // [B, H, T, D]
   auto q_pos = positions(pos.start, T, x.device());
   Tensor o;  // [B, T, H, D]
   if (!state) {
     o = masked_attention(qh, k.transpose(1, 2), v.transpose(1, 2), window_mask(q_pos, q_pos, W));
-    return output(o, x);
+    return output(o, x, gate);
   }
   auto& ring = ring_for(*state, pos);
   const int64_t S = ring.slots(), past = std::min(ring.length, S);
@@ -115,13 +115,13 @@ Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, Mixer
   ring.k.index_copy_(2, slots, k.narrow(1, T - keep, keep).transpose(1, 2).to(ring.k.scalar_type()));
   ring.v.index_copy_(2, slots, v.narrow(1, T - keep, keep).transpose(1, 2).to(ring.v.scalar_type()));
   ring.length = pos.start + T;
-  return output(o, x);
+  return output(o, x, gate);
 }
 
 Tensor WindowAttentionImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   auto& ring = ring_for(state, pos);
   const int64_t W = window_at(pos.loop), S = ring.slots();
-  auto [q, k, v] = project(x, pos);
+  auto [q, k, v, gate] = project(x, pos);
   // Write the new token first, then attend over the valid slots: no copy of the cache.
   const int64_t slot = pos.start % S;
   ring.k.select(2, slot).copy_(k.select(1, 0));
@@ -132,7 +132,7 @@ Tensor WindowAttentionImpl::step(const Tensor& x, const Positions& pos, MixerSta
   auto mask = window_mask(positions(pos.start, 1, x.device()), k_pos, W);  // [1, n_valid]
   auto o = masked_attention(q.transpose(1, 2), ring.k.narrow(2, 0, n_valid).to(q.scalar_type()),
                             ring.v.narrow(2, 0, n_valid).to(q.scalar_type()), mask);
-  return output(o, x);
+  return output(o, x, gate);
 }
 
 MixerInfo window_attention_info() {

@@ -48,7 +48,44 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden, double std) {
 }
 
 Tensor SwiGLUImpl::forward(const Tensor& x) {
+  if (use_packed(w13)) {
+    auto h = at::linear(x, w13);  // [..., 2 hidden]
+    const int64_t n = w1->weight.size(0);
+    return w2(torch::silu(h.narrow(-1, 0, n)) * h.narrow(-1, n, n));
+  }
   return w2(torch::silu(w1(x)) * w3(x));
+}
+
+void SwiGLUImpl::pack() {
+  if (!w13.defined()) w13 = pack_linears({w1, w3});
+}
+
+Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
+  torch::NoGradGuard ng;
+  std::vector<Tensor> weights;
+  for (const auto& l : layers) {
+    LT2_CHECK(!l->bias.defined(), "pack_linears: only bias-free layers are packed");
+    weights.push_back(l->weight);
+  }
+  auto packed = torch::cat(weights, 0);  // [sum out, in]
+  int64_t row = 0;
+  for (const auto& l : layers) {
+    const int64_t n = l->weight.size(0);
+    l->weight.set_data(packed.narrow(0, row, n));
+    row += n;
+  }
+  return packed;
+}
+
+std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers) {
+  std::vector<Tensor> out;
+  int64_t col = 0;
+  for (const auto& l : layers) {
+    const int64_t n = l->weight.size(0);
+    out.push_back(y.narrow(-1, col, n));
+    col += n;
+  }
+  return out;
 }
 
 }  // namespace lt2

@@ -21,6 +21,17 @@ void trunc_normal_(Tensor w, double std);
 // (SDPA output gate, rho).
 torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias = false);
 
+// Inference packing of bias-free Linear layers that read the same input: their weights are
+// concatenated along the output dim into one [sum(out), in] matrix, and each layer's weight
+// becomes a view of its row block (same values, no second copy), so one GEMM (a single GEMV at
+// decode) computes every output. Returns the packed weight.
+Tensor pack_linears(const std::vector<torch::nn::Linear>& layers);
+// The output blocks of at::linear(x, packed) in the order of `layers` (views along the last dim).
+std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers);
+// Whether a packed weight may be used now: defined, and no gradient being recorded (the packed
+// tensor is not a parameter).
+inline bool use_packed(const Tensor& packed) { return packed.defined() && !torch::GradMode::is_enabled(); }
+
 // RMSNorm computed in fp32 whatever the input dtype: y = w * x / sqrt(mean(x^2) + eps).
 // Output has the input's dtype. Weight init ones (Ouro's convention: w * x_hat, no 1 + w).
 class RMSNormImpl : public torch::nn::Module {
@@ -40,7 +51,9 @@ class SwiGLUImpl : public torch::nn::Module {
  public:
   SwiGLUImpl(int64_t dim, int64_t hidden, double std);
   Tensor forward(const Tensor& x);  // [..., dim] -> [..., dim]
+  void pack();                      // inference: w1 and w3 in one matrix (pack_linears)
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+  Tensor w13;                       // packed [2 hidden, dim], or undefined
 };
 TORCH_MODULE(SwiGLU);
 

@@ -231,6 +231,13 @@ std::unique_ptr<ModelState> LoopedLMImpl::make_state(int64_t batch, int64_t max_
   return s;
 }
 
+void LoopedLMImpl::pack_for_inference() {
+  for (auto& b : blocks_) {
+    b->ffn->pack();
+    b->mixer->pack_for_inference();
+  }
+}
+
 int64_t LoopedLMImpl::num_parameters(bool exclude_embeddings) const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();

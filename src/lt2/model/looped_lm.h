@@ -71,6 +71,9 @@ class LoopedLMImpl : public torch::nn::Module {
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
 
   int64_t num_parameters(bool exclude_embeddings = false) const;
+  // Inference: packs every layer's projections that share an input (FFN w1/w3, attention q/k/v/gate,
+  // GDN's input projections) into one matrix each; same values, parameters become views of them.
+  void pack_for_inference();
   const ModelConfig& config() const { return cfg_; }
   const std::vector<std::string>& layer_mixers() const { return layer_mixers_; }
   // Whether every layer's mixer decodes with per-sequence positions (ForwardOptions::seq_pos), and
