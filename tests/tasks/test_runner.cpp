@@ -308,5 +308,6 @@ TEST(TaskSweep, TableFromRunFolders) {
   const std::string n_max = std::to_string(read_results(cells[0].run.out_dir).at("n_max").get<int64_t>());
   EXPECT_NE(md.find("| full | " + n_max + " | "), std::string::npos) << md;
   EXPECT_NE(md.find("* |"), std::string::npos) << md;  // the stopped run is marked
+  EXPECT_NE(md.find("| … "), std::string::npos) << md;  // with its open stage
   EXPECT_NE(md.find("| n=8 | n=16 | n=32 |"), std::string::npos) << md;
 }

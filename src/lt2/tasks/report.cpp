@@ -20,7 +20,7 @@ std::string datablock(const std::string& name, const std::vector<EvalRecord>& ev
 }
 
 const char* const kAxes =
-    "set termoption noenhanced\nset xlabel 'step'\nset ylabel 'accuracy'\nset yrange [0:1.08]\nset grid\nset key bottom right\n";
+    "set termoption noenhanced\nset xlabel 'step'\nset ylabel 'accuracy'\nset xrange [0:*]\nset yrange [0:1.08]\nset grid\nset key below\n";
 
 std::string threshold_line(double threshold) {
   return cat("set arrow from graph 0, first ", threshold, " to graph 1, first ", threshold,
@@ -55,7 +55,7 @@ bool plot_learning_curves(const std::string& png, const std::vector<CurvePanel>&
   const int cols = std::min<int>(3, static_cast<int>(panels.size()));
   const int rows = static_cast<int>((panels.size() + cols - 1) / cols);
   std::ostringstream s;
-  s << kAxes << threshold_line(threshold) << "set key top left\nset multiplot layout " << rows << ","
+  s << kAxes << threshold_line(threshold) << "set multiplot layout " << rows << ","
     << cols << "\n";
   int block = 0;
   for (const auto& p : panels) {

@@ -187,8 +187,8 @@ std::string sweep_markdown(const json& table) {
        "`err` the run failed (see its log.txt); `—` not run.\n\n";
 
   // Steps per stage, one row per run.
-  s << "Steps per stage (steps to solve it; x = budget spent, with its last exact match; "
-       "(a) = in progress, with its last exact match)\n\n| model | T | n_max |";
+  s << "Steps per stage: the steps it took to solve; `x` the budget spent without solving it, `…` in "
+       "progress; unsolved stages show their last exact match / per-answer accuracy\n\n| model | T | n_max |";
   for (int64_t k = 1; k <= num_stages; ++k) s << " n=" << stage_n(k) << " |";
   s << " steps | train s | ms/step | status |\n| --- | ---: | ---: |";
   for (int64_t k = 1; k <= num_stages; ++k) s << " ---: |";
@@ -196,19 +196,26 @@ std::string sweep_markdown(const json& table) {
   for (const auto& r : table.at("runs")) {
     const std::string status = r.at("status").get<std::string>();
     s << "| " << r.at("label").get<std::string>() << " | " << r.at("n_loops") << " | " << n_max_cell(r) << " |";
+    // The last evaluation of stage k as "exact/answers" ("" before its first).
+    auto last_eval = [&](int64_t k) -> std::string {
+      std::string last;
+      for (const auto& e : r.at("evals"))
+        if (e.at("stage").get<int64_t>() == k) {
+          const auto rec = eval_record_from_json(e);
+          last = format_fixed(rec.accuracy, 2) + "/" + format_fixed(rec.answer_accuracy, 2);
+        }
+      return last;
+    };
     std::vector<std::string> cols(num_stages);
     if (r.contains("stages"))
       for (const auto& st : r.at("stages")) {
         const auto res = stage_result_from_json(st);
         if (res.stage >= 1 && res.stage <= num_stages)
-          cols[res.stage - 1] = res.solved ? std::to_string(res.steps) : "x (" + format_fixed(res.final_accuracy, 2) + ")";
+          cols[res.stage - 1] = res.solved ? std::to_string(res.steps) : "x " + last_eval(res.stage);
       }
-    if (r.contains("current_stage") && r.contains("evals")) {
+    if (r.contains("current_stage")) {
       const int64_t k = r.at("current_stage").at("stage").get<int64_t>();
-      double last = 0;
-      for (const auto& e : r.at("evals"))
-        if (e.at("stage").get<int64_t>() == k) last = e.at("accuracy").get<double>();
-      if (k >= 1 && k <= num_stages) cols[k - 1] = "(" + format_fixed(last, 2) + ")";
+      if (k >= 1 && k <= num_stages) cols[k - 1] = "… " + last_eval(k);
     }
     for (const auto& c : cols) s << " " << c << " |";
     if (r.contains("step"))

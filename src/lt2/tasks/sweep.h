@@ -57,7 +57,8 @@ json run_sweep(const SweepConfig& cfg, const std::string& lt2_exe, std::FILE* lo
 // The table of a sweep from its cells' results.json files (cells not run yet: status "missing").
 json sweep_table(const SweepConfig& cfg);
 // sweep.md: n_max per (model, T) (a '*' marks runs that have not finished), then one row per run
-// with the steps each stage took (solved) or "x" (budget spent without solving it).
+// with the steps each stage took (solved), or "x" (budget spent) / "…" (in progress) with the
+// stage's last exact match and per-answer accuracy.
 std::string sweep_markdown(const json& table);
 
 }  // namespace lt2::tasks
