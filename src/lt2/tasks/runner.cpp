@@ -221,10 +221,15 @@ TaskRunner::TaskRunner(TaskRunConfig cfg, bool resume, std::FILE* log)
     std::string listed;
     for (const auto& d : diffs) listed += "\n  " + d;
     LT2_CHECK(diffs.empty(), "--resume: the run in '", out, "' was started with another config:", listed);
-    const json state = load_json_file(ckpt + "/trainer_state.json");
-    I.curriculum = Curriculum::from_json(state.at("curriculum"));
-    I.step = state.at("step").get<int64_t>();
-    I.train_seconds = state.at("train_seconds").get<double>();
+    const std::string state_path = ckpt + "/trainer_state.json";
+    try {
+      const json state = load_json_file(state_path);
+      I.curriculum = Curriculum::from_json(state.at("curriculum"));
+      I.step = state.at("step").get<int64_t>();
+      I.train_seconds = state.at("train_seconds").get<double>();
+    } catch (const json::exception& e) {
+      throw Error(cat("'", state_path, "' is not the state of a task run: ", e.what()));
+    }
     I.model = load_checkpoint(ckpt);
     I.saved_step = I.step;
   } else {
@@ -359,6 +364,7 @@ TaskRunSummary TaskRunner::run(const RunLimits& limits) {
     }
     loss.backward();
     const double grad_norm = clip_grad_norm(I.params, cfg_.clip);  // synchronises the device
+    // min_ratio 1: constant after the warm-up (so the total step count does not matter).
     const double lr = lr_at(I.step, I.step + 1, cfg_.warmup, cfg_.lr, /*min_ratio=*/1.0);
     I.opt->step(lr);
     I.opt->zero_grad();
