@@ -37,6 +37,22 @@ TEST(TopK, TiesGoToTheLowerIndex) {
   EXPECT_TRUE(torch::equal(idx, torch::arange(7).expand({2, 7})));
 }
 
+TEST(TopK, LowPrecisionKeysEqualTheStableSort) {
+  // fp32 / bf16 scores take one top-k over (score, lower index) keys; float64 takes the stable
+  // sort. Same selection and order, on rows full of ties, negatives, +-0 and masked entries.
+  torch::manual_seed(4);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto s = (torch::randint(-4, 5, {3, 257}) * 0.5).to(dtype);  // few distinct values: many ties
+    s.index_put_({0, torch::indexing::Slice(0, 20)}, -0.0);
+    s.index_put_({1, torch::indexing::Slice(5, 9)}, std::numeric_limits<float>::lowest());
+    auto vis = torch::rand({3, 257}) > 0.3;
+    for (int64_t k : {1, 7, 64, 200, 300}) {
+      auto want = topk_indices(s.to(torch::kFloat64), vis, k);
+      EXPECT_TRUE(torch::equal(topk_indices(s, vis, k), want)) << "k " << k << " dtype " << dtype;
+    }
+  }
+}
+
 TEST(Indexer, ScoresMatchTheFormula) {
   auto m = make_dsa(4);
   auto x = random_x(2, 6, 32);

@@ -34,12 +34,14 @@ void cache_write_at(const Tensor& cache, const Tensor& rows, const Tensor& seq_p
 Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_lens, double scale) {
   if (fused_decode_enabled() && ops::attention_decode_supported(q, k, v))
     return ops::attention_decode(q.contiguous(), k, v, seq_lens, scale).unsqueeze(1);
-  // Reference: attend over the whole cache, keys at or past a sequence's length masked out.
-  auto j = torch::arange(k.size(2), seq_lens.options());
-  auto mask = (j.unsqueeze(0) < seq_lens.unsqueeze(1)).view({q.size(0), 1, 1, k.size(2)});  // [B, 1, 1, L]
-  auto o = at::scaled_dot_product_attention(q.unsqueeze(2), k.to(q.scalar_type()), v.to(q.scalar_type()), mask,
-                                            0.0, false, scale, q.size(1) != k.size(1));
-  return o.transpose(1, 2);  // [B, 1, H, D]
+  // Reference: attend over the whole cache, keys at or past a sequence's length masked out. The
+  // G = H / H_kv query heads of a kv head go in as G queries of that head, so no key is repeated.
+  const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), L = k.size(2);
+  auto j = torch::arange(L, seq_lens.options());
+  auto mask = (j.unsqueeze(0) < seq_lens.unsqueeze(1)).view({B, 1, 1, L});  // [B, 1, 1, L]
+  auto o = at::scaled_dot_product_attention(q.reshape({B, Hkv, H / Hkv, q.size(2)}), k.to(q.scalar_type()),
+                                            v.to(q.scalar_type()), mask, 0.0, false, scale);  // [B, H_kv, G, D_v]
+  return o.reshape({B, 1, H, v.size(3)});
 }
 
 std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, const Tensor& v_new) {

@@ -51,10 +51,22 @@ std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& 
 }
 
 Tensor topk_indices(const Tensor& scores, const Tensor& visible, int64_t k) {
+  const int64_t L = scores.size(-1), n = std::min(k, L);
   auto s = scores.masked_fill(~visible, -std::numeric_limits<double>::infinity());
-  // Stable descending sort keeps equal scores in index order: ties go to the lower index.
-  auto order = std::get<1>(torch::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true));
-  return order.narrow(-1, 0, std::min(k, scores.size(-1)));
+  if (s.scalar_type() == torch::kFloat64) {
+    // Stable descending sort keeps equal scores in index order: ties go to the lower index.
+    auto order = std::get<1>(torch::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true));
+    return order.narrow(-1, 0, n);
+  }
+  // fp32 (lower precisions widen exactly): one top-k (a radix select, not a sort of all L
+  // scores) over int64 keys ordered by score, then by lower index. The fp32 bits map to an
+  // unsigned integer monotone in the value (negative floats: bits inverted; others: sign bit set),
+  // and key = that * 2^31 + (2^31 - 1 - index).
+  auto bits = (s.to(torch::kFloat32) + 0.0).contiguous().view(torch::kInt32).to(torch::kLong);  // + 0.0: -0 -> +0
+  auto ordered = torch::where(bits < 0, bits.bitwise_not(), bits + (int64_t(1) << 31));      // [0, 2^32)
+  const int64_t half = int64_t(1) << 31;
+  auto key = ordered * half + (half - 1 - torch::arange(L, bits.options()));
+  return std::get<1>(torch::topk(key, n, -1, /*largest=*/true, /*sorted=*/true));
 }
 
 Tensor topk_mask(const Tensor& scores, const Tensor& visible, int64_t k) {
