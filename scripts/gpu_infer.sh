@@ -2,13 +2,15 @@
 # Runs ON THE GPU MACHINE (device tool) from the repo root with `.deps` carried: builds the CUDA
 # targets of the inference engine, runs the GPU-labelled tests, the fused-kernel micro-benchmark
 # and `lt2 bench decode|prefill`, and leaves at most 8 files in $OUT (the device tool's limit).
-#   STAGES="test kernels decode prefill"   which parts run (default: all four)
-#   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  PREFILL_CONTEXTS=4k,...  GTEST_FILTER=*
+#   STAGES="test kernels decode reference prefill"   which parts run (default: all)
+#   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  GTEST_FILTER=*
+#   REF_CONTEXTS=4k,32k  REF_BATCHES=1,8  (the libtorch reference path: a subset, it is slow)
+#   PREFILL_CONTEXTS=4k,8k,16k,32k
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-test kernels decode prefill}
+STAGES=${STAGES:-test kernels decode reference prefill}
 MODELS=${MODELS:-lt-1.3b,lt2-gdn-1.3b,lt2-full-gdn-1.3b,lt2-gdn-dsa-1.3b,ouro-1.4b}
 ROOT=$PWD/.deps/root/usr
 export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
@@ -32,10 +34,16 @@ if has kernels; then
   grep -v '^RESULT' "$OUT/decode_kernels.txt" | tail -40
 fi
 if has decode; then
-  $L bench decode -m "$MODELS" -c "${CONTEXTS:-4k,8k,16k,32k,64k,128k}" -b "${BATCHES:-1,8,32}" \
-    --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode.json" --out-md "$OUT/decode.md" 2> /tmp/decode.err \
-    || tail -20 /tmp/decode.err
-  cat "$OUT/decode.md"
+  $L bench decode -m "$MODELS" -c "${CONTEXTS:-4k,8k,16k,32k,64k,128k}" -b "${BATCHES:-1,8,32}" --paths engine \
+    --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_engine.json" --out-md "$OUT/decode_engine.md" \
+    2> /tmp/decode.err || tail -20 /tmp/decode.err
+  cat "$OUT/decode_engine.md"
+fi
+if has reference; then
+  $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \
+    --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_reference.json" --out-md "$OUT/decode_reference.md" \
+    2> /tmp/reference.err || tail -20 /tmp/reference.err
+  cat "$OUT/decode_reference.md"
 fi
 if has prefill; then
   $L bench prefill -m "$MODELS" -c "${PREFILL_CONTEXTS:-4k,8k,16k,32k}" --out-json "$OUT/prefill.json" \
