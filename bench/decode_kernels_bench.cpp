@@ -1,15 +1,21 @@
 // Micro-benchmark of the fused decode kernels (ops/fused_decode.h) at a preset's decode shapes:
-//   gdn_decode       GDN's step after its projections (gdn_decode_fused), the preset's GDN heads
+//   gdn_decode       GDN's step after its projections (gdn_decode_fused), the preset's GDN heads,
+//                    in the form the launcher picks; gdn_decode_per_head, gdn_decode_cluster
+//                    force one form (kernels::GdnDecodeForm)
 //   recurrent_step   the generic recurrent step (recurrent_step_fused) on the same heads: delta
 //                    rule, one decay per head
 //   gdn_layer_step   the whole GDN layer's decode step (projections + kernel + o_proj)
 //   attention        flash-decoding (attention_decode), the preset's attention heads, every
 //                    sequence holding `context` keys
+//   rms_norm         a block's mixer_norm on [B, 1, d] (rms_norm_fused vs the fp32-cast rms_norm)
+//   add_rms_norm     its residual add + ffn_norm (add_rms_norm_fused vs x + m, rms_norm)
+//   silu_mul         SwiGLU's activation on the packed w1|w3 output (silu_mul_fused vs silu * mul)
 // for each batch size. A kernel is captured `reps` times in one CUDA graph (as the engine runs it:
 // no launch gaps) and the replays are timed with CUDA events; the median per call is reported with
 // the bytes the call must move, GB/s and the % of a device-to-device copy measured in the same
 // run. The libtorch reference of each (fused decode off, eager: what the engine replaces) is timed
-// next to it, per call with CUDA events. A table, then one `RESULT {json}` line per row.
+// next to it, per call with CUDA events; the elementwise references are graph-replayed like their
+// kernels (at a few us per call, eager launch gaps would dominate). A table, then one `RESULT {json}` line per row.
 //   decode_kernels_bench [--model lt2-full-gdn-1.3b] [--batches 1,8,32]
 //                        [--contexts 4096,8192,16384,32768,65536,131072] [--dtype bf16]
 #include <CLI/CLI.hpp>
@@ -27,6 +33,7 @@
 #include "lt2/mixers/full_attention.h"
 #include "lt2/mixers/gdn.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/model/layers.h"
 #include "lt2/ops/delta_rule.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/util/json.h"
@@ -47,7 +54,9 @@ struct Settings {
   std::string model = "lt2-full-gdn-1.3b", dtype = "bf16";
   std::vector<int64_t> batches{1, 8, 32};
   std::vector<int64_t> contexts{4096, 8192, 16384, 32768, 65536, 131072};
-  std::vector<std::string> kernels{"gdn_decode", "recurrent_step", "gdn_layer_step", "attention"};
+  std::vector<std::string> kernels{"gdn_decode",     "gdn_decode_per_head", "gdn_decode_cluster",
+                                   "recurrent_step", "gdn_layer_step",      "attention",
+                                   "rms_norm",       "add_rms_norm",        "silu_mul"};
   int warmup = 5, iters = 20, reps = 10;
   bool reference = true;
 };
@@ -114,7 +123,8 @@ std::shared_ptr<lt2::GatedDeltaNetImpl> make_gdn(const lt2::ModelConfig& cfg, to
 }
 
 // gdn_decode: every byte the kernel reads or writes once (state and conv windows both ways).
-Row bench_gdn_decode(const Settings& s, lt2::GatedDeltaNetImpl& m, int64_t B, torch::ScalarType dt) {
+Row bench_gdn_decode(const Settings& s, lt2::GatedDeltaNetImpl& m, int64_t B, torch::ScalarType dt,
+                     lt2::kernels::GdnDecodeForm form, const std::string& kernel) {
   const int64_t H = m.num_heads, K = m.head_k_dim, V = m.head_v_dim, W = m.conv_kernel;
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
   lt2::ops::GdnDecodeArgs a;
@@ -125,10 +135,11 @@ Row bench_gdn_decode(const Settings& s, lt2::GatedDeltaNetImpl& m, int64_t B, to
   a.A_log = m.A_log, a.dt_bias = m.dt_bias, a.norm_weight = m.o_norm->weight;
   a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
   a.scale = m.scale(), a.norm_eps = m.norm_eps, a.allow_neg_eigval = m.allow_neg_eigval;
+  a.form = form;
   auto state = torch::randn({B, H, K, V}, opts.dtype(torch::kFloat32)) * 0.1;
   auto q_win = torch::randn({B, W - 1, H * K}, opts), k_win = torch::randn({B, W - 1, H * K}, opts);
   auto v_win = torch::randn({B, W - 1, H * V}, opts);
-  Row r{"gdn_decode", B};
+  Row r{kernel, B};
   r.us = graph_us(s, [&] { lt2::ops::gdn_decode_fused(a, state, q_win, k_win, v_win); });
   r.bytes = 2 * bytes_of({state, q_win, k_win, v_win}) +
             bytes_of({a.q, a.k, a.v, a.gate, a.a, a.b, a.q_conv_weight, a.k_conv_weight, a.v_conv_weight,
@@ -186,6 +197,38 @@ Row bench_attention(const Settings& s, const lt2::ModelConfig& cfg, int64_t B, i
   return r;
 }
 
+// The elementwise kernels of a block at the model width d (FFN width for silu_mul), one decode
+// token per sequence: input and output bytes (and the weight) once.
+Row bench_elementwise(const Settings& s, const lt2::ModelConfig& cfg, const std::string& kernel, int64_t B,
+                      torch::ScalarType dt) {
+  torch::NoGradGuard ng;
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+  const int64_t d = cfg.d_model, hidden = cfg.ffn_dim();
+  const double eps = cfg.norm_eps;
+  auto x = torch::randn({B, 1, d}, opts), m = torch::randn({B, 1, d}, opts);
+  auto w = 1 + 0.1 * torch::randn({d}, opts);
+  auto gate_up = torch::randn({B, 1, 2 * hidden}, opts);
+  Row r{kernel, B};
+  std::function<void()> fused, reference;
+  if (kernel == "rms_norm") {
+    fused = [&] { lt2::ops::rms_norm_fused(x, w, eps); };
+    reference = [&] { lt2::rms_norm(x, w, eps); };
+    r.bytes = bytes_of({x, w, x});
+  } else if (kernel == "add_rms_norm") {
+    fused = [&] { lt2::ops::add_rms_norm_fused(x, m, w, eps); };
+    reference = [&] { lt2::rms_norm(x + m, w, eps); };
+    r.bytes = bytes_of({x, m, w, x, x});  // h and y written
+  } else {
+    fused = [&] { lt2::ops::silu_mul_fused(gate_up); };
+    reference = [&] { torch::silu(gate_up.narrow(-1, 0, hidden)) * gate_up.narrow(-1, hidden, hidden); };
+    r.bytes = 1.5 * bytes_of({gate_up});
+  }
+  r.us = graph_us(s, fused);
+  // In a graph too: the engine replays these in its decode graph, so launch gaps are not counted.
+  if (s.reference) r.reference_us = graph_us(s, reference);
+  return r;
+}
+
 #endif  // LT2_WITH_CUDA
 
 }  // namespace
@@ -197,7 +240,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batches", s.batches, "Batch sizes")->delimiter(',')->capture_default_str();
   app.add_option("--contexts", s.contexts, "Keys per sequence for attention")->delimiter(',')->capture_default_str();
-  app.add_option("--kernels", s.kernels, "Which rows: gdn_decode, recurrent_step, gdn_layer_step, attention")
+  app.add_option("--kernels", s.kernels,
+                 "Which rows: gdn_decode, gdn_decode_per_head, gdn_decode_cluster, recurrent_step, "
+                 "gdn_layer_step, attention, rms_norm, add_rms_norm, silu_mul")
       ->delimiter(',')->capture_default_str();
   app.add_option("--dtype", s.dtype, "Activation dtype: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
@@ -219,7 +264,9 @@ int main(int argc, char** argv) {
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
     auto wants = [&](const std::string& k) { return std::count(s.kernels.begin(), s.kernels.end(), k) > 0; };
     std::shared_ptr<lt2::GatedDeltaNetImpl> gdn;
-    if (wants("gdn_decode") || wants("recurrent_step") || wants("gdn_layer_step")) gdn = make_gdn(cfg, dt);
+    if (wants("gdn_decode") || wants("gdn_decode_per_head") || wants("gdn_decode_cluster") ||
+        wants("recurrent_step") || wants("gdn_layer_step"))
+      gdn = make_gdn(cfg, dt);
 
     std::printf("\n| kernel | batch | context | us | MB moved | GB/s | %% copy BW | reference us | speed-up |\n"
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -239,7 +286,10 @@ int main(int argc, char** argv) {
       lt2::json j{{"bench", "decode_kernels"}, {"model", cfg.name}, {"kernel", r.kernel}, {"dtype", s.dtype},
                   {"batch", r.batch}, {"us", r.us}, {"bytes", r.bytes}, {"gb_per_s", gbs},
                   {"copy_gb_per_s", copy_gbs}, {"copy_pct", 100 * gbs / copy_gbs}, {"graph_reps", s.reps}};
-      if (r.kernel == "attention") {
+      if (r.kernel == "rms_norm" || r.kernel == "add_rms_norm" || r.kernel == "silu_mul") {
+        j["d_model"] = cfg.d_model;
+        j["ffn_dim"] = cfg.ffn_dim();
+      } else if (r.kernel == "attention") {
         j["context"] = r.context;
         j["q_heads"] = cfg.n_heads;
         j["kv_heads"] = cfg.kv_heads();
@@ -256,10 +306,21 @@ int main(int argc, char** argv) {
       results.push_back(j);
     };
     for (int64_t B : s.batches) {
-      if (wants("gdn_decode")) report(bench_gdn_decode(s, *gdn, B, dt));
+      using lt2::kernels::GdnDecodeForm;
+      if (wants("gdn_decode")) report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::Auto, "gdn_decode"));
+      if (wants("gdn_decode_per_head"))
+        report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::PerHead, "gdn_decode_per_head"));
+      if (wants("gdn_decode_cluster") &&
+          lt2::kernels::gdn_decode_cluster_supported(static_cast<int>(gdn->head_k_dim),
+                                                     static_cast<int>(gdn->head_v_dim),
+                                                     c10::cuda::current_device()))
+        report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::Cluster, "gdn_decode_cluster"));
       if (wants("recurrent_step")) report(bench_recurrent_step(s, *gdn, B, dt));
       if (wants("gdn_layer_step")) report(bench_gdn_layer(s, *gdn, B, dt));
     }
+    for (int64_t B : s.batches)
+      for (const char* k : {"rms_norm", "add_rms_norm", "silu_mul"})
+        if (wants(k)) report(bench_elementwise(s, cfg, k, B, dt));
     if (wants("attention"))
       for (int64_t B : s.batches)
         for (int64_t L : s.contexts) {

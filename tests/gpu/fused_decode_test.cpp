@@ -98,23 +98,45 @@ TEST(FusedDecode, RecurrentStepMatchesReference) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// gdn_decode_fused == short_conv + l2_normalize + gates + delta_rule_step + gated_rms_norm.
+// gdn_decode_fused == short_conv + l2_normalize + gates + delta_rule_step + gated_rms_norm, in
+// each of its forms.
+
+namespace {
+
+// The forms of gdn_decode this device runs at head dims (K, V).
+std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
+  std::vector<kernels::GdnDecodeForm> forms{kernels::GdnDecodeForm::PerHead};
+#ifdef LT2_WITH_CUDA
+  if (kernels::gdn_decode_cluster_supported(static_cast<int>(K), static_cast<int>(V), c10::cuda::current_device()))
+    forms.push_back(kernels::GdnDecodeForm::Cluster);
+#endif
+  return forms;
+}
+
+const char* form_name(kernels::GdnDecodeForm form) {
+  return form == kernels::GdnDecodeForm::Cluster ? "cluster" : form == kernels::GdnDecodeForm::PerHead ? "per-head" : "auto";
+}
+
+}  // namespace
 
 TEST(FusedDecode, GdnStepMatchesReference) {
   REQUIRE_FUSED_DECODE();
   struct Shape {
     int64_t B, H, K, V, W;
   };
-  // (1, 1, 256, 512): four passes over the value columns; W = 1: no conv window.
+  // (1, 1, 256, 512): four passes over the value columns (per-head form), eight tiles of 64
+  // (cluster form); V = 12, 40: one partial tile; W = 1: no conv window.
   const std::vector<Shape> shapes{{1, 2, 32, 64, 4}, {3, 4, 96, 192, 4}, {8, 2, 128, 256, 4},
                                   {3, 3, 6, 12, 4},  {2, 2, 64, 70, 3},  {1, 1, 256, 512, 4},
                                   {2, 1, 16, 40, 1}};
   for (auto dt : {torch::kFloat32, torch::kBFloat16})
     for (bool use_gate : {true, false})
-      for (const auto& s : shapes) {
+      for (const auto& s : shapes)
+      for (auto form : gdn_forms(s.K, s.V)) {
         const bool neg_eigval = s.K == 96;  // beta in (0, 2) on one shape
         SCOPED_TRACE(::testing::Message() << name(dt) << (use_gate ? " gate" : " no gate") << " B" << s.B
-                                        << " H" << s.H << " K" << s.K << " V" << s.V << " W" << s.W);
+                                        << " H" << s.H << " K" << s.K << " V" << s.V << " W" << s.W << " "
+                                        << form_name(form));
         torch::manual_seed(s.B * 1000 + s.K + s.V + s.W);
         const int64_t B = s.B, H = s.H, K = s.K, V = s.V, W = s.W;
         ops::GdnDecodeArgs a;
@@ -127,6 +149,7 @@ TEST(FusedDecode, GdnStepMatchesReference) {
         a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
         a.scale = 1.0 / std::sqrt(static_cast<double>(K)), a.norm_eps = 1e-5;
         a.allow_neg_eigval = neg_eigval;
+        a.form = form;
         auto state = torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1;
         auto q_win = torch::randn({B, W - 1, H * K}, gpu(dt)), k_win = torch::randn({B, W - 1, H * K}, gpu(dt));
         auto v_win = torch::randn({B, W - 1, H * V}, gpu(dt));
@@ -373,6 +396,54 @@ TEST(FusedDecode, GdnStepGraphReplay) {
     EXPECT_LT(rel_err(y, y_eager), 1e-6) << "replay " << replay;
     for (size_t i = 0; i < eager_tensors.size(); ++i)
       EXPECT_LT(rel_err(graph_tensors[i], eager_tensors[i]), 1e-6) << "state tensor " << i << ", replay " << replay;
+  }
+}
+
+// gdn_decode_fused in each form captured once and replayed with new inputs: equals the eager
+// call on a twin state and windows, bit for bit (same kernel, same inputs).
+TEST(FusedDecode, GdnKernelGraphReplay) {
+  REQUIRE_FUSED_DECODE();
+  const int64_t B = 2, H = 3, K = 96, V = 192, W = 4;  // the 1.3B head, 6 column tiles in a cluster
+  for (auto form : gdn_forms(K, V)) {
+    SCOPED_TRACE(form_name(form));
+    torch::manual_seed(7);
+    const auto bf16 = gpu(torch::kBFloat16);
+    ops::GdnDecodeArgs a;
+    a.q_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
+    a.k_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
+    a.v_conv_weight = torch::randn({H * V, 1, W}, bf16) * 0.5;
+    a.A_log = log_uniform_A_init(H, 1.0, 16.0).to(bf16);
+    a.dt_bias = inverse_softplus_dt_init(H).to(bf16);
+    a.norm_weight = 1 + 0.2 * torch::randn({V}, bf16);
+    a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
+    a.scale = 1.0 / std::sqrt(static_cast<double>(K));
+    a.form = form;
+    a.q = torch::randn({B, H * K}, bf16), a.k = torch::randn({B, H * K}, bf16);
+    a.v = torch::randn({B, H * V}, bf16), a.gate = torch::randn({B, H * V}, bf16);
+    a.a = torch::randn({B, H}, bf16), a.b = torch::randn({B, H}, bf16);
+    std::vector<Tensor> graph_st{torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1,
+                                 torch::randn({B, W - 1, H * K}, bf16), torch::randn({B, W - 1, H * K}, bf16),
+                                 torch::randn({B, W - 1, H * V}, bf16)};
+    std::vector<Tensor> eager_st;
+    for (const auto& t : graph_st) eager_st.push_back(t.clone());
+    auto call = [&](std::vector<Tensor>& st) { return ops::gdn_decode_fused(a, st[0], st[1], st[2], st[3]); };
+
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    call(graph_st);  // warm-up (kernel attributes), applied to both
+    call(eager_st);
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    auto y = call(graph_st);
+    graph.capture_end();
+    for (int replay = 0; replay < 3; ++replay) {
+      for (Tensor* t : {&a.q, &a.k, &a.v, &a.gate, &a.a, &a.b}) t->copy_(torch::randn_like(*t));
+      graph.replay();
+      auto y_eager = call(eager_st);
+      torch::cuda::synchronize();
+      EXPECT_TRUE(torch::equal(y, y_eager)) << "replay " << replay;
+      for (size_t i = 0; i < eager_st.size(); ++i)
+        EXPECT_TRUE(torch::equal(graph_st[i], eager_st[i])) << "state tensor " << i << ", replay " << replay;
+    }
   }
 }
 

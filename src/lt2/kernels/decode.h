@@ -46,14 +46,20 @@ struct RecurrentStepParams {
 };
 void recurrent_step(const RecurrentStepParams& p, void* stream);
 
-// Gated DeltaNet's whole decode step after its input projections, one block per (sequence, head)
-// (num_v_heads == num_heads: the block owns its heads' conv channels, so the window shifts do not
-// race):
+// Gated DeltaNet's whole decode step after its input projections, in one launch (num_v_heads ==
+// num_heads). Per-head form: one block per (sequence, head), which owns its head's conv channels;
+// cluster form: the head's cluster owns them (kernels/cuda/recurrent_decode.cu):
 //   q, k, v = SiLU(ShortConv(q_raw | k_raw | v_raw))      conv windows advanced in place
 //   q, k    = x * rsqrt(sum(x^2) + 1e-6)                   (L2 norm over K)
 //   beta    = sigmoid(b_raw) (x2 with allow_neg_eigval),   g = -exp(A_log) softplus(a_raw + dt_bias)
 //   S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = scale S^T q
 //   y = o * rsqrt(mean(o^2) + eps) * norm_weight * silu(gate)   (no gate factor when gate is null)
+// How gdn_decode spreads its work over the GPU.
+enum class GdnDecodeForm {
+  Auto,     // gdn_decode_form's choice
+  PerHead,  // one block per (sequence, head), in passes over the value columns
+  Cluster,  // one thread-block cluster per (sequence, head), a block per tile of value columns (sm_90)
+};
 struct GdnDecodeParams {
   const void* q_raw;  // [B, H*K] (batch stride q_stride)
   const void* k_raw;  // [B, H*K]
@@ -77,8 +83,45 @@ struct GdnDecodeParams {
   float scale, norm_eps;
   bool allow_neg_eigval;
   DType dtype;  // of every non-state tensor above
+  GdnDecodeForm form;
 };
 void gdn_decode(const GdnDecodeParams& p, void* stream);
+// Whether the cluster form serves these head dims on CUDA device `device`.
+bool gdn_decode_cluster_supported(int head_k, int head_v, int device);
+// Auto's choice: the cluster form when one block per (sequence, head) would leave SMs idle (fewer
+// than two blocks per SM) and the cluster form serves the head dims, else the per-head form.
+GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device);
+
+// RMSNorm of rows in fp32, optionally after a residual add (a transformer block's `h = x + m;
+// y = norm(h)` pair), one block per row:
+//   h = x + residual            rounded to dtype, as the unfused add in the activation dtype
+//   y = h * rsqrt(mean(h^2) + eps) * weight                 (fp32, rounded to dtype once)
+struct RmsNormParams {
+  const void* x;         // [rows, dim], rows x_row_stride apart
+  const void* residual;  // [rows, dim], rows residual_row_stride apart, or nullptr: y = norm(x)
+  int64_t x_row_stride, residual_row_stride;
+  const void* weight;    // [dim]
+  void* h;               // [rows, dim] contiguous: x + residual (unused without residual)
+  void* y;               // [rows, dim] contiguous
+  int64_t rows;
+  int dim;
+  float eps;
+  DType dtype;  // of every tensor above
+};
+void rms_norm(const RmsNormParams& p, void* stream);
+
+// SwiGLU's activation on the packed [rows, 2 hidden] output of the fused w1|w3 projection:
+//   out = silu(a) * b,  a = gate_up[:, :hidden], b = gate_up[:, hidden:]
+// with silu(a) rounded to dtype before the product, as the unfused torch::silu(a) * b.
+struct SiluMulParams {
+  const void* gate_up;  // [rows, 2 hidden], rows row_stride apart
+  int64_t row_stride;
+  void* out;            // [rows, hidden] contiguous
+  int64_t rows;
+  int hidden;
+  DType dtype;
+};
+void silu_mul(const SiluMulParams& p, void* stream);
 
 // Flash-decoding: one query token per sequence against its KV cache. Grid = splits x Hkv x B; a
 // block takes its sequence's keys [split * c, (split + 1) * c) with c = ceil(len / splits) for all

@@ -1,6 +1,7 @@
 #include "lt2/model/block.h"
 
 #include "lt2/mixers/registry.h"
+#include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
 
@@ -19,8 +20,15 @@ Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* sta
   auto xin = mixer_norm(x);
   Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer->forward(xin, pos, state);
   if (mixer_post_norm) m = mixer_post_norm(m);
-  auto h = x + m;
-  auto f = ffn(ffn_norm(h));
+  Tensor h, f;
+  if (ops::fused_elementwise_applies({x, m, ffn_norm->weight}) && m.sizes() == x.sizes()) {
+    auto r = ops::add_rms_norm_fused(x, m, ffn_norm->weight, ffn_norm->eps);  // h = x + m and its norm, one launch
+    h = r.h;
+    f = ffn(r.y);
+  } else {
+    h = x + m;
+    f = ffn(ffn_norm(h));
+  }
   if (ffn_post_norm) f = ffn_post_norm(f);
   return h + f;
 }

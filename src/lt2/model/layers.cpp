@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "lt2/ops/fused_decode.h"
+
 namespace lt2 {
 
 void trunc_normal_(Tensor w, double std) {
@@ -39,7 +41,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return y.to(x.scalar_type());
 }
 
-Tensor RMSNormImpl::forward(const Tensor& x) { return rms_norm(x, weight, eps); }
+Tensor RMSNormImpl::forward(const Tensor& x) {
+  if (ops::fused_elementwise_applies({x, weight})) return ops::rms_norm_fused(x, weight, eps);  // one launch, no casts
+  return rms_norm(x, weight, eps);
+}
 
 SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden, double std) {
   w1 = register_module("w1", make_linear(dim, hidden, std));
@@ -51,6 +56,7 @@ Tensor SwiGLUImpl::forward(const Tensor& x) {
   if (use_packed(w13)) {
     auto h = at::linear(x, w13);  // [..., 2 hidden]
     const int64_t n = w1->weight.size(0);
+    if (ops::fused_elementwise_applies({h})) return w2(ops::silu_mul_fused(h));
     return w2(torch::silu(h.narrow(-1, 0, n)) * h.narrow(-1, n, n));
   }
   return w2(torch::silu(w1(x)) * w3(x));

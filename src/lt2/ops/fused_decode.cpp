@@ -246,8 +246,116 @@ Tensor gdn_decode_fused(const GdnDecodeArgs& a, Tensor& state, Tensor& q_window,
   p.scale = static_cast<float>(a.scale), p.norm_eps = static_cast<float>(a.norm_eps);
   p.allow_neg_eigval = a.allow_neg_eigval;
   p.dtype = kernel_dtype(dt);
+  p.form = a.form;
   kernels::gdn_decode(p, current_stream(state));
   return y;
+#else
+  no_cuda(op);
+#endif
+}
+
+bool fused_elementwise_applies(const std::vector<Tensor>& tensors) {
+  if (!fused_decode_enabled() || torch::GradMode::is_enabled() || tensors.empty()) return false;
+  const Tensor& first = tensors.front();
+  for (const auto& t : tensors)
+    if (!activation_problem(t, "t").empty() || t.dim() == 0 || t.stride(-1) != 1 ||
+        t.scalar_type() != first.scalar_type() || t.device() != first.device())
+      return false;
+  return true;
+}
+
+namespace {
+
+// x [..., d] with weight [d] of x's dtype on x's device: throws naming `op` otherwise.
+void check_norm_inputs(const char* op, const Tensor& x, const Tensor& weight) {
+  if (!fused_decode_available()) no_cuda(op);
+  const auto problem = activation_problem(x, "x");
+  LT2_CHECK(problem.empty(), op, ": ", problem);
+  LT2_CHECK(x.dim() >= 1 && x.size(-1) >= 1 && x.size(-1) <= INT32_MAX, op, ": x must be [..., d], found ",
+            x.sizes());
+  LT2_CHECK(weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1), op,
+            ": weight must be [", x.size(-1), "], found ", weight.defined() ? weight.sizes() : torch::IntArrayRef{});
+  LT2_CHECK(weight.scalar_type() == x.scalar_type() && weight.device() == x.device(), op,
+            ": weight must be ", x.scalar_type(), " on ", x.device(), " like x, found ", weight.scalar_type(),
+            " on ", weight.device());
+}
+
+#ifdef LT2_WITH_CUDA
+// Shared by rms_norm_fused and add_rms_norm_fused (m undefined: no residual add).
+AddRmsNormResult launch_rms_norm(const Tensor& x, const Tensor& m, const Tensor& weight, double eps) {
+  const int64_t d = x.size(-1);
+  const auto dt = x.scalar_type();
+  c10::cuda::CUDAGuard guard(x.device());
+  const auto x2 = with_contiguous_rows(x.reshape({-1, d}), dt);  // [N, d]
+  const auto m2 = m.defined() ? with_contiguous_rows(m.reshape({-1, d}), dt) : Tensor();
+  const auto w = weight.contiguous();
+  AddRmsNormResult r;
+  r.y = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+  if (m.defined()) r.h = torch::empty_like(r.y);
+  kernels::RmsNormParams p{};
+  p.x = x2.data_ptr(), p.x_row_stride = x2.stride(0);
+  p.residual = m.defined() ? m2.data_ptr() : nullptr;
+  p.residual_row_stride = m.defined() ? m2.stride(0) : 0;
+  p.weight = w.data_ptr();
+  p.h = m.defined() ? r.h.data_ptr() : nullptr;
+  p.y = r.y.data_ptr();
+  p.rows = x2.size(0), p.dim = static_cast<int>(d);
+  p.eps = static_cast<float>(eps);
+  p.dtype = kernel_dtype(dt);
+  kernels::rms_norm(p, current_stream(x));
+  return r;
+}
+#endif
+
+}  // namespace
+
+Tensor rms_norm_fused(const Tensor& x, const Tensor& weight, double eps) {
+  const char* op = "rms_norm_fused";
+  check_norm_inputs(op, x, weight);
+#ifdef LT2_WITH_CUDA
+  return launch_rms_norm(x, Tensor(), weight, eps).y;
+#else
+  no_cuda(op);
+#endif
+}
+
+AddRmsNormResult add_rms_norm_fused(const Tensor& x, const Tensor& m, const Tensor& weight, double eps) {
+  const char* op = "add_rms_norm_fused";
+  check_norm_inputs(op, x, weight);
+  LT2_CHECK(m.defined() && m.sizes() == x.sizes() && m.scalar_type() == x.scalar_type() &&
+                m.device() == x.device(),
+            op, ": m must be ", x.sizes(), " ", x.scalar_type(), " on ", x.device(), " like x, found ",
+            m.defined() ? m.sizes() : torch::IntArrayRef{}, " ", m.defined() ? m.scalar_type() : x.scalar_type(),
+            " on ", m.defined() ? m.device() : x.device());
+#ifdef LT2_WITH_CUDA
+  return launch_rms_norm(x, m, weight, eps);
+#else
+  no_cuda(op);
+#endif
+}
+
+Tensor silu_mul_fused(const Tensor& gate_up) {
+  const char* op = "silu_mul_fused";
+  if (!fused_decode_available()) no_cuda(op);
+  const auto problem = activation_problem(gate_up, "gate_up");
+  LT2_CHECK(problem.empty(), op, ": ", problem);
+  LT2_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0 && gate_up.size(-1) >= 2 &&
+                gate_up.size(-1) / 2 <= INT32_MAX,
+            op, ": gate_up must be [..., 2 hidden], found ", gate_up.sizes());
+#ifdef LT2_WITH_CUDA
+  const int64_t hidden = gate_up.size(-1) / 2;
+  c10::cuda::CUDAGuard guard(gate_up.device());
+  const auto in = with_contiguous_rows(gate_up.reshape({-1, 2 * hidden}), gate_up.scalar_type());  // [N, 2H]
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = hidden;
+  auto out = torch::empty(sizes, gate_up.options().memory_format(torch::MemoryFormat::Contiguous));
+  kernels::SiluMulParams p{};
+  p.gate_up = in.data_ptr(), p.row_stride = in.stride(0);
+  p.out = out.data_ptr();
+  p.rows = in.size(0), p.hidden = static_cast<int>(hidden);
+  p.dtype = kernel_dtype(gate_up.scalar_type());
+  kernels::silu_mul(p, current_stream(gate_up));
+  return out;
 #else
   no_cuda(op);
 #endif

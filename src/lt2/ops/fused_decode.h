@@ -6,6 +6,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "lt2/kernels/decode.h"
+
 namespace lt2 {
 
 // Process-wide switch (default on): the decode paths of the mixers take the fused kernels when it
@@ -42,6 +44,7 @@ struct GdnDecodeArgs {
   int64_t num_heads = 0, head_k_dim = 0, head_v_dim = 0;
   double scale = 1.0, norm_eps = 1e-5;
   bool allow_neg_eigval = false;
+  kernels::GdnDecodeForm form = kernels::GdnDecodeForm::Auto;  // tests and benchmarks pick one
 };
 // Advances state ([B, H, K, V] fp32) and the conv windows ([B, W-1, C], activation dtype) in
 // place; returns y [B, H*V] (the swish-gated RMSNorm output, ready for o_proj).
@@ -60,6 +63,25 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 // Whether attention_decode takes these inputs (CUDA, dtype, head dim 64/128/256, at most 8 query
 // heads per kv head, aligned cache rows).
 bool attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
+
+// Elementwise kernels of a block's decode path. They are taken when fused_elementwise_applies:
+// the switch is on, no gradient is recorded (no autograd graph through them) and `tensors` are
+// CUDA tensors of one kernel dtype and device with a contiguous last dim.
+bool fused_elementwise_applies(const std::vector<Tensor>& tensors);
+
+// RMSNorm in fp32 of x [..., d] with weight [d] (x's dtype): x * rsqrt(mean(x^2) + eps) * weight,
+// returned in x's dtype. Same math as rms_norm (model/layers.h) without its dtype casts.
+Tensor rms_norm_fused(const Tensor& x, const Tensor& weight, double eps);
+// A residual add and the RMSNorm of its result in one kernel: h = x + m in x's dtype (as the
+// unfused add) and y = rms_norm_fused(h, weight, eps). x, m [..., d] of one dtype.
+struct AddRmsNormResult {
+  Tensor h, y;
+};
+AddRmsNormResult add_rms_norm_fused(const Tensor& x, const Tensor& m, const Tensor& weight, double eps);
+
+// SwiGLU's silu(a) * b on gate_up [..., 2 hidden] = [a | b] (the packed w1|w3 output). Returns
+// [..., hidden] in gate_up's dtype, silu(a) rounded to it before the product as in the unfused form.
+Tensor silu_mul_fused(const Tensor& gate_up);
 
 }  // namespace ops
 }  // namespace lt2

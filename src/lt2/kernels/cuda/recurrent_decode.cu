@@ -5,6 +5,8 @@
 // registers, updates it there and writes it back: S is read once and written once. In the update,
 // warp y takes rows y, y + 8, ... and lane c column c of a 32-column chunk (conflict-free shared
 // reads); the column sums over k (S^T k, S^T q) are summed over the 8 warps through shared memory.
+#include <cooperative_groups.h>
+
 #include <atomic>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -17,6 +19,7 @@ constexpr int kRowGroups = kThreads / 32;          // warps; warp y holds rows y
 constexpr int kStepTileElems = 4096;                // recurrent_step: ~16 KiB tiles, many blocks
 constexpr int kGdnTileBytes = 128 * 1024;           // gdn_decode: up to 128 KiB of S per pass
 constexpr int kMaxDefaultSharedBytes = 48 * 1024;   // above this a kernel must opt in
+constexpr int kMaxGdnClusterBlocks = 8;             // the portable cluster size
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 int round_up(int a, int b) { return ceil_div(a, b) * b; }
@@ -162,18 +165,77 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// gdn_decode: grid (H, B), one block per (sequence, head), passes of `tile_cols` columns.
+// gdn_decode, shared pieces of its two forms.
 
-// SiLU(causal conv) of one channel for the new input x_new, then the window shift. `window`
-// points at this channel's oldest slot, consecutive slots `channels` apart; `weight` at its taps.
+// SiLU(causal conv) of one channel for the new input x_new. `window` points at this channel's
+// oldest slot, consecutive slots `channels` apart; `weight` at its taps.
 template <typename T>
-__device__ float conv_silu_step(T x_new, const T* weight, T* window, int W, int channels) {
+__device__ float conv_silu(T x_new, const T* weight, const T* window, int W, int channels) {
   float acc = to_float(weight[W - 1]) * to_float(x_new);
   for (int j = 0; j < W - 1; ++j) acc += to_float(weight[j]) * to_float(window[j * channels]);
-  for (int j = 0; j + 1 < W - 1; ++j) window[j * channels] = window[(j + 1) * channels];
-  if (W > 1) window[(W - 2) * channels] = x_new;
   return acc * sigmoid(acc);
 }
+
+// The window shift after conv_silu: drop the oldest input, append x_new.
+template <typename T>
+__device__ void conv_shift(T x_new, T* window, int W, int channels) {
+  for (int j = 0; j + 1 < W - 1; ++j) window[j * channels] = window[(j + 1) * channels];
+  if (W > 1) window[(W - 2) * channels] = x_new;
+}
+
+// One window of the batch: [W-1, channels] of sequence b.
+template <typename T>
+__device__ T* batch_window(void* window, int b, int W, int channels) {
+  return static_cast<T*>(window) + static_cast<int64_t>(b) * (W - 1) * channels;
+}
+
+// q, k ([K] in shared memory, after SiLU(conv)) scaled to unit L2 norm (+1e-6 under the root).
+// Every thread of the block calls it after a barrier that made s_q, s_k complete.
+__device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
+  float qq = 0.f, kk = 0.f;
+  for (int i = threadIdx.x; i < K; i += kThreads) {
+    qq += s_q[i] * s_q[i];
+    kk += s_k[i] * s_k[i];
+  }
+  const float q_inv = rsqrtf(block_sum(qq, scratch) + 1e-6f);
+  const float k_inv = rsqrtf(block_sum(kk, scratch) + 1e-6f);
+  for (int i = threadIdx.x; i < K; i += kThreads) {
+    s_q[i] *= q_inv;
+    s_k[i] *= k_inv;
+  }
+}
+
+// Decay alpha = exp(g) and beta of (sequence b, head h), fp32.
+template <typename T>
+__device__ void gdn_gates(const GdnDecodeParams& p, int b, int h, float* alpha, float* beta) {
+  const float a = to_float(static_cast<const T*>(p.a_raw)[b * p.a_stride + h]) +
+                  to_float(static_cast<const T*>(p.dt_bias)[h]);
+  *alpha = __expf(-__expf(to_float(static_cast<const T*>(p.A_log)[h])) * softplus(a));
+  *beta = sigmoid(to_float(static_cast<const T*>(p.b_raw)[b * p.b_stride + h]));
+  if (p.allow_neg_eigval) *beta *= 2.f;
+}
+
+// y[v0 + i] = o[i] * inv_rms * norm_weight[v0 + i] * silu(gate[v0 + i]) for i < n; s_o is scaled.
+template <typename T>
+__device__ void store_gated_norm(const GdnDecodeParams& p, int b, int h, int v0, int n, const float* s_o,
+                                 float inv_rms) {
+  const int V = p.head_v;
+  const T* weight = static_cast<const T*>(p.norm_weight);
+  const T* gate = p.gate ? static_cast<const T*>(p.gate) + b * p.gate_stride + h * V : nullptr;
+  T* y = static_cast<T*>(p.y) + (static_cast<int64_t>(b) * p.heads + h) * V;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    float yi = s_o[i] * inv_rms * to_float(weight[v0 + i]);
+    if (gate) {
+      const float z = to_float(gate[v0 + i]);
+      yi *= z * sigmoid(z);
+    }
+    y[v0 + i] = from_float<T>(yi);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// gdn_decode, per-head form: grid (H, B), one block per (sequence, head), passes of `tile_cols`
+// columns.
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -195,45 +257,28 @@ __global__ void __launch_bounds__(kThreads)
   // Short convs of this head's channels, while the first tile is in flight. This block is the
   // only reader and writer of these channels' windows.
   const int qk_channels = H * K, v_channels = H * V;
-  T* q_window = static_cast<T*>(p.q_conv_window) + static_cast<int64_t>(b) * (W - 1) * qk_channels;
-  T* k_window = static_cast<T*>(p.k_conv_window) + static_cast<int64_t>(b) * (W - 1) * qk_channels;
-  T* v_window = static_cast<T*>(p.v_conv_window) + static_cast<int64_t>(b) * (W - 1) * v_channels;
+  T* q_window = batch_window<T>(p.q_conv_window, b, W, qk_channels);
+  T* k_window = batch_window<T>(p.k_conv_window, b, W, qk_channels);
+  T* v_window = batch_window<T>(p.v_conv_window, b, W, v_channels);
   const T* q_raw = static_cast<const T*>(p.q_raw) + b * p.q_stride;
   const T* k_raw = static_cast<const T*>(p.k_raw) + b * p.k_stride;
   const T* v_raw = static_cast<const T*>(p.v_raw) + b * p.v_stride;
   for (int i = threadIdx.x; i < K; i += kThreads) {
     const int c = h * K + i;
-    s_q[i] = conv_silu_step(q_raw[c], static_cast<const T*>(p.q_conv_weight) + c * W, q_window + c, W,
-                            qk_channels);
-    s_k[i] = conv_silu_step(k_raw[c], static_cast<const T*>(p.k_conv_weight) + c * W, k_window + c, W,
-                            qk_channels);
+    s_q[i] = conv_silu(q_raw[c], static_cast<const T*>(p.q_conv_weight) + c * W, q_window + c, W, qk_channels);
+    s_k[i] = conv_silu(k_raw[c], static_cast<const T*>(p.k_conv_weight) + c * W, k_window + c, W, qk_channels);
+    conv_shift(q_raw[c], q_window + c, W, qk_channels);
+    conv_shift(k_raw[c], k_window + c, W, qk_channels);
   }
   for (int i = threadIdx.x; i < V; i += kThreads) {
     const int c = h * V + i;
-    s_v[i] = conv_silu_step(v_raw[c], static_cast<const T*>(p.v_conv_weight) + c * W, v_window + c, W,
-                            v_channels);
+    s_v[i] = conv_silu(v_raw[c], static_cast<const T*>(p.v_conv_weight) + c * W, v_window + c, W, v_channels);
+    conv_shift(v_raw[c], v_window + c, W, v_channels);
   }
   __syncthreads();
-
-  // L2 norms of q and k over K.
-  float qq = 0.f, kk = 0.f;
-  for (int i = threadIdx.x; i < K; i += kThreads) {
-    qq += s_q[i] * s_q[i];
-    kk += s_k[i] * s_k[i];
-  }
-  const float q_inv = rsqrtf(block_sum(qq, scratch) + 1e-6f);
-  const float k_inv = rsqrtf(block_sum(kk, scratch) + 1e-6f);
-  for (int i = threadIdx.x; i < K; i += kThreads) {
-    s_q[i] *= q_inv;
-    s_k[i] *= k_inv;
-  }
-
-  // Gates, fp32.
-  const float a = to_float(static_cast<const T*>(p.a_raw)[b * p.a_stride + h]) +
-                  to_float(static_cast<const T*>(p.dt_bias)[h]);
-  const float alpha = __expf(-__expf(to_float(static_cast<const T*>(p.A_log)[h])) * softplus(a));
-  float beta = sigmoid(to_float(static_cast<const T*>(p.b_raw)[b * p.b_stride + h]));
-  if (p.allow_neg_eigval) beta *= 2.f;
+  l2_normalize_qk(s_q, s_k, K, scratch);
+  float alpha, beta;
+  gdn_gates<T>(p, b, h, &alpha, &beta);
 
   // Delta rule over the tiles of value columns.
   for (int v0 = 0; v0 < V; v0 += tile_cols) {
@@ -253,17 +298,90 @@ __global__ void __launch_bounds__(kThreads)
     oo += s_o[i] * s_o[i];
   }
   const float inv_rms = rsqrtf(block_sum(oo, scratch) / V + p.norm_eps);
-  const T* weight = static_cast<const T*>(p.norm_weight);
-  const T* gate = p.gate ? static_cast<const T*>(p.gate) + b * p.gate_stride + h * V : nullptr;
-  T* y = static_cast<T*>(p.y) + (static_cast<int64_t>(b) * H + h) * V;
-  for (int i = threadIdx.x; i < V; i += kThreads) {
-    float yi = s_o[i] * inv_rms * to_float(weight[i]);
-    if (gate) {
-      const float z = to_float(gate[i]);
-      yi *= z * sigmoid(z);
-    }
-    y[i] = from_float<T>(yi);
+  store_gated_norm<T>(p, b, h, 0, V, s_o, inv_rms);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gdn_decode, cluster form (sm_90): grid (tiles, H, B) in clusters of (tiles, 1, 1), so one
+// cluster per (sequence, head) and one tile of `tile_cols` value columns per block: a small batch
+// still spreads S over many SMs, with no second launch. Every block computes its head's q, k
+// (K channels: cheap) and the v of its own columns; the RMSNorm over V adds up the blocks' sums
+// of squares through distributed shared memory. Window writes: a block shifts the v windows of
+// its own columns; block 0 shifts the head's q, k windows after a cluster barrier that every
+// block reaches only once it has read them.
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gdn_decode_cluster_kernel(const GdnDecodeParams p, int tile_cols, bool vec16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // tile == cluster.block_rank()
+  const int K = p.head_k, V = p.head_v, H = p.heads, W = p.conv_size;
+  const int v0 = tile * tile_cols, tw = min(tile_cols, V - v0), pitch = tile_cols;
+  extern __shared__ float smem[];
+  float* s_tile = smem;                 // [K, pitch]
+  float* s_q = s_tile + K * pitch;      // [K]
+  float* s_k = s_q + K;                 // [K]
+  float* s_v = s_k + K;                 // [tile_cols]
+  float* s_o = s_v + tile_cols;         // [tile_cols]
+  float* red = s_o + tile_cols;         // [2 * kThreads]
+  float* scratch = red + 2 * kThreads;  // [32]
+  __shared__ float s_sum_sq;            // this block's sum of (scale o)^2, read by the whole cluster
+
+  float* S = p.state + (static_cast<int64_t>(b) * H + h) * K * V;
+  load_tile_async(S, K, V, v0, tw, s_tile, pitch, vec16);
+
+  const int qk_channels = H * K, v_channels = H * V;
+  T* q_window = batch_window<T>(p.q_conv_window, b, W, qk_channels);
+  T* k_window = batch_window<T>(p.k_conv_window, b, W, qk_channels);
+  T* v_window = batch_window<T>(p.v_conv_window, b, W, v_channels);
+  const T* q_raw = static_cast<const T*>(p.q_raw) + b * p.q_stride;
+  const T* k_raw = static_cast<const T*>(p.k_raw) + b * p.k_stride;
+  const T* v_raw = static_cast<const T*>(p.v_raw) + b * p.v_stride;
+  for (int i = threadIdx.x; i < K; i += kThreads) {
+    const int c = h * K + i;
+    s_q[i] = conv_silu(q_raw[c], static_cast<const T*>(p.q_conv_weight) + c * W, q_window + c, W, qk_channels);
+    s_k[i] = conv_silu(k_raw[c], static_cast<const T*>(p.k_conv_weight) + c * W, k_window + c, W, qk_channels);
   }
+  for (int i = threadIdx.x; i < tw; i += kThreads) {
+    const int c = h * V + v0 + i;
+    s_v[i] = conv_silu(v_raw[c], static_cast<const T*>(p.v_conv_weight) + c * W, v_window + c, W, v_channels);
+    conv_shift(v_raw[c], v_window + c, W, v_channels);
+  }
+  __syncthreads();
+  l2_normalize_qk(s_q, s_k, K, scratch);
+  float alpha, beta;
+  gdn_gates<T>(p, b, h, &alpha, &beta);
+
+  cp_async_wait_all();
+  __syncthreads();  // the tile and the normalised q, k are visible to every thread
+  step_tile(s_tile, pitch, K, tw, s_q, s_k, nullptr, alpha, true, beta, s_v, s_o, red);
+  store_tile(S, K, V, v0, tw, s_tile, pitch, vec16);
+
+  float oo = 0.f;
+  for (int i = threadIdx.x; i < tw; i += kThreads) {
+    s_o[i] *= p.scale;
+    oo += s_o[i] * s_o[i];
+  }
+  const float block_sq = block_sum(oo, scratch);
+  if (threadIdx.x == 0) s_sum_sq = block_sq;
+  cluster.sync();  // every s_sum_sq is written, and every block has read the q, k windows
+
+  // Lane r of each warp reads block r's sum (at most kMaxGdnClusterBlocks <= 32 blocks).
+  const int lane = threadIdx.x % 32;
+  const float part = lane < static_cast<int>(cluster.num_blocks()) ? *cluster.map_shared_rank(&s_sum_sq, lane) : 0.f;
+  const float inv_rms = rsqrtf(warp_sum(part) / V + p.norm_eps);
+  if (tile == 0) {
+    for (int i = threadIdx.x; i < K; i += kThreads) {
+      const int c = h * K + i;
+      conv_shift(q_raw[c], q_window + c, W, qk_channels);
+      conv_shift(k_raw[c], k_window + c, W, qk_channels);
+    }
+  }
+  store_gated_norm<T>(p, b, h, v0, tw, s_o, inv_rms);
+  cluster.sync();  // no block exits (freeing its s_sum_sq) while another may still read it
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,11 +434,32 @@ void recurrent_step(const RecurrentStepParams& p, void* stream) {
   check_launch("recurrent_step");
 }
 
-void gdn_decode(const GdnDecodeParams& p, void* stream) {
-  LT2_CHECK(p.head_k >= 1 && p.head_k <= kMaxRecurrentHeadK && p.head_v >= 1 && p.conv_size >= 1,
-            "gdn_decode: head dims K ", p.head_k, " (1..", kMaxRecurrentHeadK, "), V ", p.head_v,
-            ", conv size ", p.conv_size);
-  if (p.batch == 0 || p.heads == 0) return;
+namespace {
+
+// The cluster form's column tiles: recurrent_step's ~16 KiB tiles, widened so a head takes at
+// most kMaxGdnClusterBlocks of them.
+struct GdnClusterPlan {
+  int tile_cols = 0, tiles = 0;
+  size_t smem = 0;
+};
+GdnClusterPlan gdn_cluster_plan(int K, int V) {
+  GdnClusterPlan plan;
+  plan.tile_cols = 32 * std::max(1, std::min(ceil_div(V, 32), kStepTileElems / (32 * K)));
+  plan.tile_cols = std::max(plan.tile_cols, round_up(ceil_div(V, kMaxGdnClusterBlocks), 32));
+  plan.tiles = ceil_div(V, plan.tile_cols);
+  plan.smem = sizeof(float) * (K * plan.tile_cols + 2 * K + 2 * plan.tile_cols + 2 * kThreads + 32);
+  return plan;
+}
+
+// Whether the cluster form serves these head dims on the current device (sm_90+, tiles of at
+// most kGdnTileBytes).
+bool gdn_cluster_fits(int K, int V, int device) {
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major >= 9 && sizeof(float) * K * gdn_cluster_plan(K, V).tile_cols <= kGdnTileBytes;
+}
+
+void launch_gdn_per_head(const GdnDecodeParams& p, cudaStream_t stream) {
   const int K = p.head_k, V = p.head_v;
   // The whole head in one pass when it fits, else passes of a multiple of 32 columns.
   const int fit_cols = kGdnTileBytes / static_cast<int>(sizeof(float) * K);
@@ -332,10 +471,67 @@ void gdn_decode(const GdnDecodeParams& p, void* stream) {
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     reserve_shared<gdn_decode_kernel<T>>(smem, "gdn_decode");
-    gdn_decode_kernel<T><<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        p, tile_cols, pitch, vec16);
+    gdn_decode_kernel<T><<<grid, kThreads, smem, stream>>>(p, tile_cols, pitch, vec16);
   });
   check_launch("gdn_decode");
+}
+
+void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
+  LT2_CHECK(p.batch <= 65535 && p.heads <= 65535, "gdn_decode (cluster form): batch ", p.batch, " and heads ",
+            p.heads, " must be at most 65535");
+  const auto plan = gdn_cluster_plan(p.head_k, p.head_v);
+  // Tiles start at multiples of 32 columns, so 16-byte rows stay 16-byte aligned in every tile.
+  const bool vec16 = rows_16_byte_aligned(p.state, p.head_v);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(plan.tiles, p.heads, p.batch);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = plan.smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = plan.tiles;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    reserve_shared<gdn_decode_cluster_kernel<T>>(plan.smem, "gdn_decode (cluster form)");
+    const cudaError_t err = cudaLaunchKernelEx(&config, gdn_decode_cluster_kernel<T>, p, plan.tile_cols, vec16);
+    LT2_CHECK(err == cudaSuccess, "gdn_decode (cluster form) launch failed: ", cudaGetErrorString(err));
+  });
+  check_launch("gdn_decode (cluster form)");
+}
+
+}  // namespace
+
+bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
+  return head_k >= 1 && head_k <= kMaxRecurrentHeadK && head_v >= 1 && gdn_cluster_fits(head_k, head_v, device);
+}
+
+GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const bool few_blocks = static_cast<int64_t>(batch) * heads < 2 * static_cast<int64_t>(sms);
+  return few_blocks && gdn_decode_cluster_supported(head_k, head_v, device) ? GdnDecodeForm::Cluster
+                                                                            : GdnDecodeForm::PerHead;
+}
+
+void gdn_decode(const GdnDecodeParams& p, void* stream) {
+  LT2_CHECK(p.head_k >= 1 && p.head_k <= kMaxRecurrentHeadK && p.head_v >= 1 && p.conv_size >= 1,
+            "gdn_decode: head dims K ", p.head_k, " (1..", kMaxRecurrentHeadK, "), V ", p.head_v,
+            ", conv size ", p.conv_size);
+  if (p.batch == 0 || p.heads == 0) return;
+  int device = 0;
+  cudaGetDevice(&device);
+  GdnDecodeForm form = p.form;
+  if (form == GdnDecodeForm::Auto) form = gdn_decode_form(p.batch, p.heads, p.head_k, p.head_v, device);
+  LT2_CHECK(form != GdnDecodeForm::Cluster || gdn_decode_cluster_supported(p.head_k, p.head_v, device),
+            "gdn_decode: the cluster form needs an sm_90 device and K x tile columns within ", kGdnTileBytes,
+            " bytes; K ", p.head_k, ", V ", p.head_v);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (form == GdnDecodeForm::Cluster) launch_gdn_cluster(p, s);
+  else launch_gdn_per_head(p, s);
 }
 
 }  // namespace lt2::kernels
