@@ -5,6 +5,8 @@
 // off. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_testing.h"
+
 #include <vector>
 
 #include "common/testing.h"
@@ -16,9 +18,6 @@ using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;
 
-#define REQUIRE_FUSED_DECODE()                                   \
-  if (!torch::cuda::is_available() || !fused_decode_available()) \
-  GTEST_SKIP() << "no CUDA GPU or no CUDA kernels in this build"
 
 namespace {
 

@@ -3,6 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_testing.h"
+
 #include "common/testing.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/model/looped_lm.h"
@@ -11,8 +13,6 @@ using namespace lt2;
 using lt2::testing::rel_err;
 using lt2::testing::tiny_config;
 
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU"
 
 namespace {
 

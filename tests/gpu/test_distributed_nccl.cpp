@@ -3,13 +3,13 @@
 // runs two ranks over Gloo).
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_testing.h"
+
 #include "train/dist_testing.h"
 
 using namespace lt2;
 using namespace lt2::testing;
 
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU"
 
 TEST(NcclOneRank, AllReduceAndBroadcast) {
   REQUIRE_CUDA();

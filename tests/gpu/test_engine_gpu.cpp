@@ -3,6 +3,8 @@
 // at a small size; graph replay equals the eager step on the same state.
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_testing.h"
+
 #include "common/engine_testing.h"
 #include "lt2/ops/fused_decode.h"
 
@@ -11,8 +13,6 @@ using lt2::testing::make_test_model;
 using lt2::testing::rel_err;
 using lt2::testing::tiny_config;
 
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU"
 
 namespace {
 

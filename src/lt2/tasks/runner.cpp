@@ -92,10 +92,7 @@ json TaskRunConfig::to_json() const {
 TaskRunConfig TaskRunConfig::from_json(const json& j, const std::string& where) {
   LT2_CHECK(j.is_object(), where, ": expected a JSON object, found ", json_type_name(j));
   TaskRunConfig c;
-  std::vector<std::string> known{"comment"};
-  const json defaults = c.to_json();  // named: items() of a temporary would dangle
-  for (const auto& [key, value] : defaults.items()) known.push_back(key);
-  json_reject_unknown(j, known, where);
+  json_reject_unknown_fields(j, c.to_json(), where);
   json_get(j, "model", c.model, where);
   json_get(j, "pattern", c.pattern, where);
   json_get(j, "n_loops", c.n_loops, where);

@@ -170,6 +170,9 @@ ProcessGroup::ProcessGroup(const DistEnv& env, torch::Device device, std::chrono
   impl_->who = who;
   impl_->timeout = timeout;
   LT2_CHECK(timeout.count() > 0, who, ": the distributed timeout must be > 0");
+  // A write to the socket of a peer that died raises SIGPIPE, which would end this rank silently;
+  // ignored, the write fails with EPIPE and the collective reports the lost peer.
+  ::signal(SIGPIPE, SIG_IGN);
   // A rank started by `lt2 train --nproc` ends with its launcher, which hosts the store.
   if (const auto launcher = env_int("LT2_LAUNCHER_PID")) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);

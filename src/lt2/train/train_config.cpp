@@ -54,10 +54,7 @@ json TrainConfig::to_json() const {
 
 TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   TrainConfig c;
-  std::vector<std::string> known{"comment"};
-  const json defaults = c.to_json();
-  for (const auto& [key, value] : defaults.items()) known.push_back(key);
-  json_reject_unknown(j, known, where);
+  json_reject_unknown_fields(j, c.to_json(), where);
   json_get(j, "model", c.model, where);
   json_get(j, "init_from", c.init_from, where);
   json_get(j, "train_data", c.train_data, where);

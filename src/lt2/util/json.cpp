@@ -35,4 +35,10 @@ void json_reject_unknown(const json& obj, const std::vector<std::string>& known,
   }
 }
 
+void json_reject_unknown_fields(const json& obj, const json& defaults, const std::string& where) {
+  std::vector<std::string> known{"comment"};
+  for (auto it = defaults.begin(); it != defaults.end(); ++it) known.push_back(it.key());
+  json_reject_unknown(obj, known, where);
+}
+
 }  // namespace lt2

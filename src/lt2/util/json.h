@@ -31,5 +31,7 @@ void json_get(const json& obj, const char* key, T& out, const std::string& where
 // Throws when `obj` has a key not in `known`, naming it and listing the allowed keys.
 void json_reject_unknown(const json& obj, const std::vector<std::string>& known,
                          const std::string& where);
+// The same with the known keys taken from a config's defaults (its to_json()), plus "comment".
+void json_reject_unknown_fields(const json& obj, const json& defaults, const std::string& where);
 
 }  // namespace lt2
