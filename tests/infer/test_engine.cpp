@@ -15,6 +15,7 @@ ModelConfig engine_config(const std::string& pattern, ModelForm form = ModelForm
   auto cfg = tiny_config(pattern, form);
   cfg.mixer_options["gdn"] = json{{"chunk_size", 4}};
   cfg.mixer_options["dsa"] = json{{"topk", 4}, {"index_heads", 2}, {"index_head_dim", 8}};
+  cfg.mixer_options["window"] = json{{"window", 3}, {"windows", {2, 4, 0}}};  // per loop; 0 = full
   return cfg;
 }
 
@@ -23,7 +24,7 @@ ModelConfig engine_config(const std::string& pattern, ModelForm form = ModelForm
 TEST(Engine, MixedLengthBatchDecodesLikeEachSequenceAlone) {
   // Prompt lengths around the DSA top-k (4) and the GDN chunk (4); prefill in chunks of 3.
   for (const std::string pattern : {"full", "gdn", "dsa", "interleaved:1:1:gdn:full", "interleaved:1:1:gdn:dsa",
-                                    "mamba2", "kda"}) {
+                                    "mamba2", "kda", "window", "interleaved:1:1:gdn:window"}) {
     SCOPED_TRACE(pattern);
     EngineOptions eo;
     eo.max_batch = 3;
@@ -85,9 +86,9 @@ TEST(Engine, ClearErrors) {
   expect_error([&] { engine.decode(torch::zeros({3}, torch::kLong)); }, "max_batch");
   engine.prefill(0, torch::zeros({4}, torch::kLong));
   expect_error([&] { engine.decode(torch::zeros({1}, torch::kLong)); }, "full");
-  auto window = make_test_model(engine_config("window"));
-  window->eval();
-  expect_error([&] { Engine e(window, eo); }, "'window'");
+  auto nsa = make_test_model(engine_config("nsa"));
+  nsa->eval();
+  expect_error([&] { Engine e(nsa, eo); }, "'nsa'");
 }
 
 TEST(Engine, FillRandomDeclaresTheContext) {

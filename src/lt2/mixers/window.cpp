@@ -82,7 +82,7 @@ std::unique_ptr<MixerState> WindowAttentionImpl::make_loop_state(int64_t batch, 
 
 RingKVCache& WindowAttentionImpl::ring_for(MixerState& state, const Positions& pos) const {
   auto& ring = dynamic_cast<RingKVCache&>(state);
-  LT2_CHECK(ring.length == pos.start, "window state holds ", ring.length,
+  LT2_CHECK(pos.seq_pos.defined() || ring.length == pos.start, "window state holds ", ring.length,
             " tokens but the call starts at position ", pos.start);
   const int64_t W = window_at(pos.loop);
   LT2_CHECK(ring.slots() >= (W > 0 ? std::min(W, ring.max_len) : ring.max_len),
@@ -118,8 +118,23 @@ Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, Mixer
   return output(o, x, gate);
 }
 
+Tensor WindowAttentionImpl::step_at(const Tensor& x, const Positions& pos, RingKVCache& ring) {
+  const int64_t W = window_at(pos.loop), S = ring.slots(), B = x.size(0);
+  auto [q, k, v, gate] = project(x, pos);
+  const auto& p = pos.seq_pos;  // [B]
+  cache_write_at(ring.k, k.transpose(1, 2), p.remainder(S));
+  cache_write_at(ring.v, v.transpose(1, 2), p.remainder(S));
+  auto age = (p.unsqueeze(1) - torch::arange(S, p.options()).unsqueeze(0)).remainder(S);  // [B, S] p - p_j >= 0
+  auto visible = age <= p.unsqueeze(1);                                                     // p_j >= 0
+  if (W > 0) visible = visible & (age < W);
+  auto o = masked_attention(q.transpose(1, 2), ring.k.to(q.scalar_type()), ring.v.to(q.scalar_type()),
+                            visible.view({B, 1, 1, S}));
+  return output(o, x, gate);
+}
+
 Tensor WindowAttentionImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   auto& ring = ring_for(state, pos);
+  if (pos.seq_pos.defined()) return step_at(x, pos, ring);
   const int64_t W = window_at(pos.loop), S = ring.slots();
   auto [q, k, v, gate] = project(x, pos);
   // Write the new token first, then attend over the valid slots: no copy of the cache.

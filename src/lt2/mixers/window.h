@@ -37,7 +37,7 @@ class WindowAttentionImpl : public FullAttentionImpl {
   std::unique_ptr<MixerState> make_loop_state(int64_t batch, int64_t max_len,
                                               torch::TensorOptions opts, int64_t loop) const override;
   std::string kind() const override { return "window"; }
-  bool supports_seq_pos() const override { return false; }
+  bool supports_seq_pos() const override { return true; }
 
   int64_t window_at(int64_t loop) const;
   // Replaces the window of every loop (LT2's random full/window patterns re-draw them).
@@ -50,6 +50,10 @@ class WindowAttentionImpl : public FullAttentionImpl {
   std::unique_ptr<RingKVCache> make_ring(int64_t batch, int64_t max_len, torch::TensorOptions opts,
                                          int64_t window) const;
   RingKVCache& ring_for(MixerState& state, const Positions& pos) const;
+  // Decode at per-sequence positions (Positions::seq_pos): sequence b's token goes to slot
+  // p mod S (p = seq_pos[b]); slot j then holds that sequence's latest position p - ((p - j) mod S),
+  // attended when it is >= 0 and within the window.
+  Tensor step_at(const Tensor& x, const Positions& pos, RingKVCache& ring);
   std::vector<int64_t> loop_windows_;
 };
 
