@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/engine_testing.h"
+#include "lt2/infer/bench.h"
 #include "lt2/infer/memory_plan.h"
 
 using namespace lt2;
@@ -156,4 +157,39 @@ TEST(Engine, PackedProjectionsGiveTheSameModel) {
     packed->layers[0]->as<BlockImpl>()->ffn->w1->weight.mul_(2);
     EXPECT_GT(lt2::testing::rel_err(packed->forward(tok).logits, plain->forward(tok).logits), 1e-6);
   }
+}
+
+TEST(Bench, DecodeAndPrefillCellsOnTheCpu) {
+  // The bench on a tiny preset: every (path, batch, context) cell runs and reports its bytes; a
+  // memory limit below the plan turns cells into OOM rows without running them.
+  BenchOptions o;
+  o.models = {"tiny-full-gdn"};
+  o.contexts = {8, 16};
+  o.batches = {2};
+  o.steps = 1;
+  o.warmup = 0;
+  o.dtype = "fp32";
+  o.device = "cpu";
+  o.prefill_chunk = 8;
+  o.memory_limit_gb = 4;
+  auto cells = bench_decode(o, /*copy_gbs=*/0);
+  ASSERT_EQ(cells.size(), 4u);  // reference first (the engine packs the model), then the engine
+  EXPECT_EQ(cells.front().path, "reference");
+  EXPECT_EQ(cells.back().path, "engine");
+  for (const auto& c : cells) {
+    EXPECT_FALSE(c.oom);
+    EXPECT_GT(c.tokens_per_s, 0);
+    EXPECT_GT(c.gb_per_step, 0);
+  }
+  EXPECT_GT(cells[1].gb_per_step, cells[0].gb_per_step);  // the KV cache grows with the context
+  auto prefill = bench_prefill(o);
+  ASSERT_EQ(prefill.size(), 2u);
+  EXPECT_GT(prefill[1].tokens_per_s, 0);
+  o.memory_limit_gb = 1;  // below the 1 GiB safety margin alone
+  for (const auto& c : bench_decode(o, 0)) {
+    EXPECT_TRUE(c.oom);
+    EXPECT_EQ(c.ms, 0);
+  }
+  EXPECT_NE(bench_table(cells).find("| decode | tiny-full-gdn | engine | 16 | 2 |"), std::string::npos);
+  EXPECT_EQ(cells_from_json(nlohmann::json{{"cells", {cells[0].to_json()}}}).front().context, 8);
 }
