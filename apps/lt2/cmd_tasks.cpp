@@ -58,33 +58,30 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
 
 // The config file (if any) with the flags applied.
 json flags_to_json(const RunFlags& f) {
-  json j = f.config.empty() ? json::object() : load_json_file(f.config);
-  LT2_CHECK(j.is_object(), "'", f.config, "' must hold a JSON object");
-  auto set_str = [&](const char* key, const std::string& v) { if (!v.empty()) j[key] = v; };
-  auto set_int = [&](const char* key, int64_t v) { if (v >= 0) j[key] = v; };
-  auto set_real = [&](const char* key, double v) { if (v >= 0) j[key] = v; };
-  set_str("model", f.model);
-  set_str("task", f.task);
-  set_str("device", f.device);
-  set_str("dtype", f.dtype);
-  set_str("out_dir", f.out_dir);
-  set_int("d_model", f.d_model);
-  set_int("n_layers", f.n_layers);
-  set_int("n_heads", f.n_heads);
-  set_int("pool", f.pool);
-  set_int("max_queries", f.max_queries);
-  set_int("num_stages", f.stages);
-  set_int("steps_per_stage", f.steps_per_stage);
-  set_int("eval_every", f.eval_every);
-  set_int("eval_examples", f.eval_examples);
-  set_int("batch_size", f.batch_size);
-  set_int("warmup", f.warmup);
-  set_int("log_every", f.log_every);
-  set_int("seed", f.seed);
-  set_real("threshold", f.threshold);
-  set_real("lr", f.lr);
-  set_real("weight_decay", f.weight_decay);
-  set_real("clip", f.clip);
+  ConfigWithFlags flags(f.config);
+  json& j = flags.j;
+  flags.set_str("model", f.model);
+  flags.set_str("task", f.task);
+  flags.set_str("device", f.device);
+  flags.set_str("dtype", f.dtype);
+  flags.set_str("out_dir", f.out_dir);
+  flags.set_int("d_model", f.d_model);
+  flags.set_int("n_layers", f.n_layers);
+  flags.set_int("n_heads", f.n_heads);
+  flags.set_int("pool", f.pool);
+  flags.set_int("max_queries", f.max_queries);
+  flags.set_int("num_stages", f.stages);
+  flags.set_int("steps_per_stage", f.steps_per_stage);
+  flags.set_int("eval_every", f.eval_every);
+  flags.set_int("eval_examples", f.eval_examples);
+  flags.set_int("batch_size", f.batch_size);
+  flags.set_int("warmup", f.warmup);
+  flags.set_int("log_every", f.log_every);
+  flags.set_int("seed", f.seed);
+  flags.set_real("threshold", f.threshold);
+  flags.set_real("lr", f.lr);
+  flags.set_real("weight_decay", f.weight_decay);
+  flags.set_real("clip", f.clip);
   return j;
 }
 

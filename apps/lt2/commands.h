@@ -3,7 +3,26 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <string>
+
+#include "lt2/util/error.h"
+#include "lt2/util/json.h"
+
 namespace lt2::cli {
+
+// A config read from `--config` (an empty object without one) that the flags given on the command
+// line override; a flag left unset (empty string, negative number) keeps the file's value.
+struct ConfigWithFlags {
+  explicit ConfigWithFlags(const std::string& config_path)
+      : j(config_path.empty() ? json::object() : load_json_file(config_path)) {
+    LT2_CHECK(j.is_object(), "'", config_path, "' must hold a JSON object");
+  }
+  void set_str(const char* key, const std::string& v) { if (!v.empty()) j[key] = v; }
+  void set_int(const char* key, int64_t v) { if (v >= 0) j[key] = v; }
+  void set_real(const char* key, double v) { if (v >= 0) j[key] = v; }
+  json j;
+};
 
 void add_info_command(CLI::App& app);
 void add_train_command(CLI::App& app);

@@ -4,16 +4,10 @@
 #include <numeric>
 
 #include "lt2/util/error.h"
+#include "lt2/util/hash.h"
 
 namespace lt2::tasks {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // SplitMix64 stream: platform-independent, unlike the std:: distributions.
 class Rng {

@@ -1,18 +1,9 @@
 #include "lt2/train/batches.h"
 
 #include "lt2/util/error.h"
+#include "lt2/util/hash.h"
 
 namespace lt2 {
-
-namespace {
-// SplitMix64: a good 64-bit mix, so nearby (step, micro, i) give independent offsets.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-}  // namespace
 
 BatchSampler::BatchSampler(std::shared_ptr<const ShardReader> shard, int64_t seq_len, uint64_t seed)
     : shard_(std::move(shard)), seq_len_(seq_len), seed_(seed) {
@@ -31,7 +22,8 @@ std::pair<torch::Tensor, torch::Tensor> BatchSampler::sample(int64_t step, int64
   const uint64_t span = static_cast<uint64_t>(shard_->size() - seq_len_ - 1);
   std::vector<int64_t> starts(batch);
   for (int64_t i = 0; i < batch; ++i) {
-    uint64_t h = mix(seed_ ^ mix(static_cast<uint64_t>(step) ^ mix(static_cast<uint64_t>(micro) ^ mix(i))));
+    // SplitMix64 of (step, micro, i): nearby indices give independent offsets.
+    uint64_t h = splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(step) ^ splitmix64(static_cast<uint64_t>(micro) ^ splitmix64(i))));
     starts[i] = static_cast<int64_t>(h % (span + 1));
   }
   return gather(starts);
