@@ -10,6 +10,9 @@
 //   rms_norm         a block's mixer_norm on [B, 1, d] (rms_norm_fused vs the fp32-cast rms_norm)
 //   add_rms_norm     its residual add + ffn_norm (add_rms_norm_fused vs x + m, rms_norm)
 //   silu_mul         SwiGLU's activation on the packed w1|w3 output (silu_mul_fused vs silu * mul)
+//   gemv             the decode projections y = x W^T at the preset's shapes (GDN's packed inputs,
+//                    o_proj, FFN w1|w3 and w2, the LM head): gemv_fused vs at::linear (cuBLAS),
+//                    both graph-replayed over enough weight copies that none is served from L2
 // for each batch size. A kernel is captured `reps` times in one CUDA graph (as the engine runs it:
 // no launch gaps) and the replays are timed with CUDA events; the median per call is reported with
 // the bytes the call must move, GB/s and the % of a device-to-device copy measured in the same
@@ -56,7 +59,8 @@ struct Settings {
   std::vector<int64_t> contexts{4096, 8192, 16384, 32768, 65536, 131072};
   std::vector<std::string> kernels{"gdn_decode",     "gdn_decode_per_head", "gdn_decode_cluster",
                                    "recurrent_step", "gdn_layer_step",      "attention",
-                                   "rms_norm",       "add_rms_norm",        "silu_mul"};
+                                   "rms_norm",       "add_rms_norm",        "silu_mul",
+                                   "gemv"};
   int warmup = 5, iters = 20, reps = 10;
   bool reference = true;
 };
@@ -229,6 +233,27 @@ Row bench_elementwise(const Settings& s, const lt2::ModelConfig& cfg, const std:
   return r;
 }
 
+// y = x W^T for W [N, K]: the fused GEMV against at::linear. Calls rotate over copies of W that
+// add up to well past the 50 MB L2, so every call reads its weight from memory.
+Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::ScalarType dt) {
+  torch::NoGradGuard ng;
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+  const double w_bytes = double(N * K) * torch::elementSize(dt);
+  const int copies = static_cast<int>(std::max(1.0, std::ceil(256e6 / w_bytes)));
+  std::vector<Tensor> ws;
+  for (int i = 0; i < copies; ++i) ws.push_back(torch::randn({N, K}, opts) * 0.02);
+  auto x = torch::randn({B, 1, K}, opts);
+  Settings rotated = s;
+  rotated.reps = std::max(s.reps, copies);
+  Row r{lt2::cat("gemv ", N, "x", K), B};
+  int next = 0;
+  r.us = graph_us(rotated, [&] { lt2::ops::gemv_fused(x, ws[next++ % copies]); });
+  r.bytes = w_bytes + bytes_of({x}) + double(B * N) * torch::elementSize(dt);
+  next = 0;
+  if (s.reference) r.reference_us = graph_us(rotated, [&] { at::linear(x, ws[next++ % copies]); });
+  return r;
+}
+
 #endif  // LT2_WITH_CUDA
 
 }  // namespace
@@ -242,7 +267,7 @@ int main(int argc, char** argv) {
   app.add_option("--contexts", s.contexts, "Keys per sequence for attention")->delimiter(',')->capture_default_str();
   app.add_option("--kernels", s.kernels,
                  "Which rows: gdn_decode, gdn_decode_per_head, gdn_decode_cluster, recurrent_step, "
-                 "gdn_layer_step, attention, rms_norm, add_rms_norm, silu_mul")
+                 "gdn_layer_step, attention, rms_norm, add_rms_norm, silu_mul, gemv")
       ->delimiter(',')->capture_default_str();
   app.add_option("--dtype", s.dtype, "Activation dtype: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
@@ -286,7 +311,9 @@ int main(int argc, char** argv) {
       lt2::json j{{"bench", "decode_kernels"}, {"model", cfg.name}, {"kernel", r.kernel}, {"dtype", s.dtype},
                   {"batch", r.batch}, {"us", r.us}, {"bytes", r.bytes}, {"gb_per_s", gbs},
                   {"copy_gb_per_s", copy_gbs}, {"copy_pct", 100 * gbs / copy_gbs}, {"graph_reps", s.reps}};
-      if (r.kernel == "rms_norm" || r.kernel == "add_rms_norm" || r.kernel == "silu_mul") {
+      if (r.kernel.rfind("gemv", 0) == 0) {
+        j["reference"] = "at::linear";
+      } else if (r.kernel == "rms_norm" || r.kernel == "add_rms_norm" || r.kernel == "silu_mul") {
         j["d_model"] = cfg.d_model;
         j["ffn_dim"] = cfg.ffn_dim();
       } else if (r.kernel == "attention") {
@@ -321,6 +348,24 @@ int main(int argc, char** argv) {
     for (int64_t B : s.batches)
       for (const char* k : {"rms_norm", "add_rms_norm", "silu_mul"})
         if (wants(k)) report(bench_elementwise(s, cfg, k, B, dt));
+    if (wants("gemv")) {
+      // (N, K) of the decode projections: GDN's packed inputs and o_proj (when the preset has GDN),
+      // the packed FFN w1|w3 and w2, the LM head.
+      std::vector<std::pair<int64_t, int64_t>> shapes;
+      if (gdn) {
+        int64_t packed = 0;
+        for (const auto& l : {gdn->q_proj, gdn->k_proj, gdn->v_proj, gdn->a_proj, gdn->b_proj, gdn->g_proj})
+          if (l) packed += l->weight.size(0);
+        shapes.push_back({packed, cfg.d_model});
+        shapes.push_back({cfg.d_model, gdn->o_proj->weight.size(1)});
+      }
+      shapes.push_back({2 * cfg.ffn_dim(), cfg.d_model});
+      shapes.push_back({cfg.d_model, cfg.ffn_dim()});
+      if (cfg.vocab_size > 0) shapes.push_back({cfg.vocab_size, cfg.d_model});
+      for (int64_t B : s.batches)
+        if (B <= lt2::kernels::kGemvMaxRows)
+          for (auto [N, K] : shapes) report(bench_gemv(s, N, K, B, dt));
+    }
     if (wants("attention"))
       for (int64_t B : s.batches)
         for (int64_t L : s.contexts) {

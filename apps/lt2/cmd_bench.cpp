@@ -15,7 +15,7 @@ namespace {
 struct BenchArgs {
   BenchOptions opts;
   std::vector<std::string> contexts{"4k"}, batches{"1"};
-  std::string json_path, md_path, png_path;
+  std::string json_path, md_path, png_path, profile_md_path;
   bool json_stdout = false;
 };
 
@@ -60,6 +60,7 @@ void run_bench(const std::string& mode, BenchArgs& a, const std::string& command
       std::fprintf(stderr, "%s %s %s ctx %lld batch %lld: %.2f ms, %.1f tokens/s%s\n", c.mode.c_str(), c.model.c_str(),
                    c.path.c_str(), (long long)c.context, (long long)c.batch, c.ms, c.tokens_per_s,
                    c.mode == "decode" ? cat(", ", int(c.bandwidth_pct + 0.5), "% of copy bandwidth").c_str() : "");
+    if (c.profile.steps > 0) std::fprintf(stderr, "%s\n", kernel_profile_table(c.profile, 12).c_str());
   };
   auto cells = mode == "decode" ? bench_decode(a.opts, copy_gbs, progress) : bench_prefill(a.opts, progress);
   nlohmann::json j{{"mode", mode}, {"command", command_line}, {"date", today()}, {"device", device},
@@ -68,6 +69,9 @@ void run_bench(const std::string& mode, BenchArgs& a, const std::string& command
   for (const auto& c : cells) j["cells"].push_back(c.to_json());
   const std::string table = bench_table(cells);
   if (!a.json_path.empty()) write_file_atomic(a.json_path, j.dump(2) + "\n");
+  if (!a.profile_md_path.empty())
+    write_file_atomic(a.profile_md_path, cat("`", command_line, "` on ", device, ", ", today(), "\n\n",
+                                             bench_profile_tables(cells, 30)));
   if (!a.md_path.empty()) write_file_atomic(a.md_path, cat("`", command_line, "` on ", device, ", ", today(), "\n\n", table));
   if (!a.png_path.empty() && !plot_bench(cells, mode, a.png_path))
     std::fprintf(stderr, "note: no plot written (gnuplot not installed, or no cell ran); `lt2 bench plot` "
@@ -124,6 +128,11 @@ void add_bench_command(CLI::App& app) {
   decode->add_option("--paths", args->opts.paths, "engine, reference, or both")->delimiter(',')->capture_default_str();
   decode->add_option("--steps", args->opts.steps, "Timed decode steps per cell")->capture_default_str();
   decode->add_option("--warmup", args->opts.warmup, "Untimed steps before timing")->capture_default_str();
+  decode->add_option("--profile", args->opts.profile_steps,
+                     "Engine cells: after timing, record this many steps with the CUDA profiler and report the "
+                     "GPU time per kernel, busy time and the gaps between kernels (0: off)")
+      ->capture_default_str();
+  decode->add_option("--profile-md", args->profile_md_path, "Write the per-kernel tables of --profile to this file");
   decode->footer(
       "Each sequence's state is filled with random values as if it held `context` tokens; decode cost does not "
       "depend on the values. GB/step = weights once per loop + the head + what each state's step reads and "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -120,6 +121,7 @@ BenchCell run_decode_cell(LoopedLM& model, const std::string& name, const std::s
   for (int64_t i = 0; i < o.warmup; ++i) step();
   const double s = seconds_per_call(dev, o.steps, step);
   c.memory_gb = device_used_gb();
+  if (engine && o.profile_steps > 0) c.profile = profile_device_activity(step, o.profile_steps);
   set_fused_decode(true);
   c.ms = 1e3 * s;
   c.tokens_per_s = double(B) / s;
@@ -178,10 +180,12 @@ std::vector<BenchCell> for_each_model(const BenchOptions& o, RunModel&& run) {
 }  // namespace
 
 nlohmann::json BenchCell::to_json() const {
-  return {{"mode", mode}, {"model", model}, {"path", path}, {"context", context}, {"batch", batch},
+  nlohmann::json j{{"mode", mode}, {"model", model}, {"path", path}, {"context", context}, {"batch", batch},
           {"oom", oom}, {"ms", ms}, {"tokens_per_s", tokens_per_s}, {"gb_per_step", gb_per_step},
           {"bandwidth_pct", bandwidth_pct}, {"floor_ms", floor_ms}, {"memory_gb", memory_gb},
           {"planned_gb", planned_gb}};
+  if (profile.steps > 0) j["profile"] = profile.to_json(40);
+  return j;
 }
 
 std::vector<BenchCell> cells_from_json(const nlohmann::json& j) {
@@ -238,6 +242,15 @@ std::vector<BenchCell> bench_prefill(const BenchOptions& o, const std::function<
       if (on_cell) on_cell(cells.back());
     }
   });
+}
+
+std::string bench_profile_tables(const std::vector<BenchCell>& cells, size_t top) {
+  std::string out;
+  for (const auto& c : cells)
+    if (c.profile.steps > 0)
+      out += cat("### ", c.model, " ", c.path, ", context ", c.context, ", batch ", c.batch, ": ",
+                 std::round(c.ms * 100) / 100, " ms/step\n\n", kernel_profile_table(c.profile, top), "\n");
+  return out;
 }
 
 std::string bench_table(const std::vector<BenchCell>& cells) {

@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lt2/infer/kernel_profile.h"
+
 namespace lt2 {
 
 struct BenchOptions {
@@ -32,6 +34,7 @@ struct BenchOptions {
   int64_t prefill_chunk = 8192;
   double memory_limit_gb = 0;                  // plan against this instead of the device's free memory
   uint64_t seed = 0;
+  int64_t profile_steps = 0;                   // decode engine cells: profile this many steps (0: off)
 };
 
 struct BenchCell {
@@ -46,6 +49,7 @@ struct BenchCell {
   double floor_ms = 0;           // decode: gb_per_step / copy bandwidth
   double memory_gb = 0;          // device memory in use during the cell (planned on the CPU)
   double planned_gb = 0;         // weights + states + workspace from the plan
+  KernelProfile profile;         // decode engine cells with profile_steps > 0 (CUDA only)
   nlohmann::json to_json() const;
 };
 
@@ -58,6 +62,9 @@ std::vector<BenchCell> bench_decode(const BenchOptions& opts, double copy_gbs,
                                     const std::function<void(const BenchCell&)>& on_cell = nullptr);
 std::vector<BenchCell> bench_prefill(const BenchOptions& opts,
                                      const std::function<void(const BenchCell&)>& on_cell = nullptr);
+
+// Markdown: each profiled cell's kernel table (kernel_profile_table), `top` kernels each.
+std::string bench_profile_tables(const std::vector<BenchCell>& cells, size_t top);
 
 // Markdown table, llama-bench style.
 std::string bench_table(const std::vector<BenchCell>& cells);

@@ -153,4 +153,24 @@ bool attention_decode_head_dim_supported(int head_dim);
 int attention_decode_num_splits(int batch, int kv_heads, int max_len, int device);
 void attention_decode(const AttentionDecodeParams& p, void* stream);
 
+// The projections of a decode step, y = x W^T for a few rows (nn.Linear without bias):
+// x [rows, K] (rows x_row_stride apart, 16-byte aligned), W [N, K] contiguous (16-byte aligned),
+// y [rows, N] (rows y_row_stride apart), all in dtype; fp32 accumulation, one rounding. Memory
+// bound on reading W once (kernels/cuda/gemv_decode.cu); more rows than kGemvMaxRows are a GEMM.
+constexpr int kGemvMaxRows = 8;
+struct GemvParams {
+  const void* x;
+  int64_t x_row_stride;
+  const void* w;
+  void* y;
+  int64_t y_row_stride;
+  int64_t rows, n;
+  int k;
+  DType dtype;
+};
+// Whether gemv takes `rows` rows of length k in dtype (1 <= rows <= kGemvMaxRows, k a whole
+// number of 16-byte vectors).
+bool gemv_supported(int64_t rows, int64_t k, DType dtype);
+void gemv(const GemvParams& p, void* stream);
+
 }  // namespace lt2::kernels

@@ -91,7 +91,7 @@ FullAttentionImpl::Projections FullAttentionImpl::project(const Tensor& x, const
   const int64_t B = x.size(0), T = x.size(1);
   Tensor q, k, v, gate;
   if (use_packed(w_in)) {
-    auto parts = unpack_outputs(at::linear(x, w_in), packed_layers());
+    auto parts = unpack_outputs(apply_linear(x, w_in), packed_layers());
     q = parts[0], k = parts[1], v = parts[2];
     if (wgate) gate = parts[3];
   } else {
@@ -115,7 +115,7 @@ void FullAttentionImpl::pack_for_inference() {
 Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x, const Tensor& gate) {
   auto y = o.reshape({x.size(0), x.size(1), n_heads * head_dim});
   if (wgate) y = y * torch::sigmoid(gate.defined() ? gate : wgate(x));
-  return wo(y);
+  return apply_linear(y, wo);
 }
 
 Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {

@@ -85,7 +85,7 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   const int64_t B = x.size(0);
   ops::GdnDecodeArgs a;
   if (use_packed(w_in)) {  // one GEMV for every input projection; the blocks are strided views
-    auto p = unpack_outputs(at::linear(x.view({B, -1}), w_in), input_projections());
+    auto p = unpack_outputs(apply_linear(x.view({B, -1}), w_in), input_projections());
     a.q = p[0], a.k = p[1], a.v = p[2], a.a = p[3], a.b = p[4];
     if (use_gate) a.gate = p[5];
   } else {
@@ -106,7 +106,7 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   a.scale = scale(), a.norm_eps = norm_eps, a.allow_neg_eigval = allow_neg_eigval;
   auto y = ops::gdn_decode_fused(a, st->S, st->conv[0], st->conv[1], st->conv[2]);  // [B, H*V]
   if (!pos.seq_pos.defined()) st->length += 1;
-  return o_proj(y.view({B, 1, -1}));
+  return apply_linear(y.view({B, 1, -1}), o_proj);
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {

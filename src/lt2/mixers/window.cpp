@@ -1,6 +1,7 @@
 #include "lt2/mixers/window.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/ops/sparse_attention.h"
@@ -124,6 +125,14 @@ Tensor WindowAttentionImpl::step_at(const Tensor& x, const Positions& pos, RingK
   const auto& p = pos.seq_pos;  // [B]
   cache_write_at(ring.k, k.transpose(1, 2), p.remainder(S));
   cache_write_at(ring.v, v.transpose(1, 2), p.remainder(S));
+  if (W == 0 || S <= W) {
+    // Every written slot is inside the window, and the written slots are a prefix of the ring
+    // (slots 0..p before it wraps, all S after): attention over the first min(p + 1, S) slots, in
+    // slot order (softmax does not depend on the order of the keys), through flash-decoding.
+    auto o = decode_attention(q.squeeze(1), ring.k, ring.v, (p + 1).clamp_max(S),
+                              1.0 / std::sqrt(static_cast<double>(head_dim)));
+    return output(o, x, gate);
+  }
   auto age = (p.unsqueeze(1) - torch::arange(S, p.options()).unsqueeze(0)).remainder(S);  // [B, S] p - p_j >= 0
   auto visible = age <= p.unsqueeze(1);                                                     // p_j >= 0
   if (W > 0) visible = visible & (age < W);

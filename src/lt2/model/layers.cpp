@@ -41,6 +41,14 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return y.to(x.scalar_type());
 }
 
+Tensor apply_linear(const Tensor& x, const Tensor& weight) {
+  return ops::gemv_fused_applies(x, weight) ? ops::gemv_fused(x, weight) : at::linear(x, weight);
+}
+
+Tensor apply_linear(const Tensor& x, const torch::nn::Linear& layer) {
+  return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : apply_linear(x, layer->weight);
+}
+
 Tensor RMSNormImpl::forward(const Tensor& x) {
   if (ops::fused_elementwise_applies({x, weight})) return ops::rms_norm_fused(x, weight, eps);  // one launch, no casts
   return rms_norm(x, weight, eps);
@@ -54,10 +62,10 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden, double std) {
 
 Tensor SwiGLUImpl::forward(const Tensor& x) {
   if (use_packed(w13)) {
-    auto h = at::linear(x, w13);  // [..., 2 hidden]
+    auto h = apply_linear(x, w13);  // [..., 2 hidden]
     const int64_t n = w1->weight.size(0);
-    if (ops::fused_elementwise_applies({h})) return w2(ops::silu_mul_fused(h));
-    return w2(torch::silu(h.narrow(-1, 0, n)) * h.narrow(-1, n, n));
+    if (ops::fused_elementwise_applies({h})) return apply_linear(ops::silu_mul_fused(h), w2);
+    return apply_linear(torch::silu(h.narrow(-1, 0, n)) * h.narrow(-1, n, n), w2);
   }
   return w2(torch::silu(w1(x)) * w3(x));
 }

@@ -14,6 +14,11 @@ inline torch::ScalarType accum_dtype(const Tensor& x) {
   return x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
 
+// x W^T with W [out, in] (no bias). At decode (few rows, no gradient, fused kernels on, CUDA) the
+// fused GEMV (ops/fused_decode.h), otherwise at::linear; the layer form takes its weight and bias.
+Tensor apply_linear(const Tensor& x, const Tensor& weight);
+Tensor apply_linear(const Tensor& x, const torch::nn::Linear& layer);
+
 // Truncated normal N(0, std) cut at +-3 std, in place (LT2/Lingua initialisation).
 void trunc_normal_(Tensor w, double std);
 

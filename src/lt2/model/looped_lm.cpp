@@ -90,7 +90,7 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
 }
 
 Tensor LoopedLMImpl::head(const Tensor& normed_hidden) {
-  return output ? output(normed_hidden) : torch::matmul(normed_hidden, tok_embeddings->weight.t());
+  return output ? apply_linear(normed_hidden, output) : apply_linear(normed_hidden, tok_embeddings->weight);
 }
 
 std::vector<Mixer> LoopedLMImpl::mixers() const {

@@ -1,6 +1,8 @@
 #include "lt2/ops/fused_decode.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "lt2/kernels/decode.h"
@@ -401,6 +403,52 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   p.dtype = kernel_dtype(q.scalar_type());
   kernels::attention_decode(p, current_stream(q));
   return out;
+#else
+  no_cuda(op);
+#endif
+}
+
+bool gemv_fused_applies(const Tensor& x, const Tensor& w) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("LT2_FUSED_GEMV");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  if (!enabled || !fused_elementwise_applies({x, w}) || w.dim() != 2 || !w.is_contiguous() ||
+      x.size(-1) != w.size(1))
+    return false;
+  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
+#ifdef LT2_WITH_CUDA
+  return kernels::gemv_supported(rows, w.size(1), kernel_dtype(x.scalar_type())) &&
+         reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0;
+#else
+  return false;
+#endif
+}
+
+Tensor gemv_fused(const Tensor& x, const Tensor& w) {
+  const char* op = "gemv_fused";
+  if (!fused_decode_available()) no_cuda(op);
+  for (const auto& p : {activation_problem(x, "x"), activation_problem(w, "w")}) LT2_CHECK(p.empty(), op, ": ", p);
+  LT2_CHECK(w.dim() == 2 && w.is_contiguous() && x.dim() >= 1 && x.size(-1) == w.size(1), op,
+            ": x must be [..., K] and w a contiguous [N, K], found x ", x.sizes(), ", w ", w.sizes());
+  LT2_CHECK(x.scalar_type() == w.scalar_type() && x.device() == w.device(), op, ": x and w must share dtype and device");
+#ifdef LT2_WITH_CUDA
+  const int64_t K = w.size(1), N = w.size(0);
+  c10::cuda::CUDAGuard guard(x.device());
+  auto x2 = with_contiguous_rows(x.reshape({-1, K}), x.scalar_type());  // [M, K]
+  const int64_t vec = 16 / x.element_size();
+  if (x2.stride(0) % vec != 0 || reinterpret_cast<uintptr_t>(x2.data_ptr()) % 16 != 0) x2 = x2.clone();
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  auto y = torch::empty(sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
+  kernels::GemvParams p{};
+  p.x = x2.data_ptr(), p.x_row_stride = x2.stride(0);
+  p.w = w.data_ptr();
+  p.y = y.data_ptr(), p.y_row_stride = N;
+  p.rows = x2.size(0), p.n = N, p.k = static_cast<int>(K);
+  p.dtype = kernel_dtype(x.scalar_type());
+  kernels::gemv(p, current_stream(x));
+  return y;
 #else
   no_cuda(op);
 #endif

@@ -83,5 +83,13 @@ AddRmsNormResult add_rms_norm_fused(const Tensor& x, const Tensor& m, const Tens
 // [..., hidden] in gate_up's dtype, silu(a) rounded to it before the product as in the unfused form.
 Tensor silu_mul_fused(const Tensor& gate_up);
 
+// y = x W^T (nn.Linear without bias) through the fused GEMV: x [..., K] with at most
+// kernels::kGemvMaxRows rows, W [N, K] contiguous, both in one kernel dtype on CUDA. Returns
+// [..., N] in x's dtype.
+Tensor gemv_fused(const Tensor& x, const Tensor& w);
+// Whether the decode path takes gemv_fused for x W^T: fused_elementwise_applies({x, w}), the GEMV
+// takes the shape, and LT2_FUSED_GEMV is not "0" in the environment (cuBLAS then: an A/B switch).
+bool gemv_fused_applies(const Tensor& x, const Tensor& w);
+
 }  // namespace ops
 }  // namespace lt2

@@ -1,0 +1,119 @@
+#include "lt2/infer/kernel_profile.h"
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <map>
+
+#include "lt2/util/error.h"
+
+namespace lt2 {
+
+std::string short_kernel_name(const std::string& name) {
+  std::string s = name;
+  if (s.rfind("void ", 0) == 0) s = s.substr(5);
+  // Drop the parameter list: the last top-level '(' ... ')'.
+  if (!s.empty() && s.back() == ')') {
+    int depth = 0;
+    for (size_t i = s.size(); i-- > 0;) {
+      if (s[i] == ')') ++depth;
+      if (s[i] == '(' && --depth == 0) {
+        s = s.substr(0, i);
+        break;
+      }
+    }
+  }
+  // Drop template arguments (nested <...>) and anonymous namespaces.
+  std::string out;
+  int depth = 0;
+  for (char c : s) {
+    if (c == '<') ++depth;
+    else if (c == '>') depth = std::max(0, depth - 1);
+    else if (depth == 0) out += c;
+  }
+  const std::string anon = "(anonymous namespace)::";
+  for (size_t p; (p = out.find(anon)) != std::string::npos;) out.erase(p, anon.size());
+  if (out.size() > 90) out = out.substr(0, 87) + "...";
+  return out.empty() ? name.substr(0, 90) : out;
+}
+
+KernelProfile summarize_activity(const std::vector<std::pair<std::string, double>>& events, int64_t steps,
+                                 double span_us) {
+  LT2_CHECK(steps > 0, "kernel profile: steps must be > 0, found ", steps);
+  std::map<std::string, KernelTime> by_name;
+  KernelProfile p;
+  p.steps = steps;
+  p.span_us = span_us;
+  for (const auto& [name, us] : events) {
+    auto& k = by_name[short_kernel_name(name)];
+    k.name = short_kernel_name(name);
+    ++k.calls;
+    k.total_us += us;
+    p.busy_us += us;
+  }
+  for (auto& [_, k] : by_name) p.kernels.push_back(k);
+  std::sort(p.kernels.begin(), p.kernels.end(),
+            [](const KernelTime& a, const KernelTime& b) { return a.total_us > b.total_us; });
+  return p;
+}
+
+KernelProfile profile_device_activity(const std::function<void()>& step, int64_t steps) {
+  LT2_CHECK(steps > 0, "kernel profile: steps must be > 0, found ", steps);
+  if (!torch::cuda::is_available()) return {};
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> activities{ActivityType::CUDA};
+  torch::cuda::synchronize();
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  for (int64_t i = 0; i < steps; ++i) step();
+  torch::cuda::synchronize();
+  const auto result = prof::disableProfiler();
+  std::vector<std::pair<std::string, double>> events;
+  uint64_t first = std::numeric_limits<uint64_t>::max(), last = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA || e.durationNs() == 0) continue;
+    events.emplace_back(e.name(), double(e.durationNs()) / 1e3);
+    first = std::min(first, e.startNs());
+    last = std::max(last, e.endNs());
+  }
+  if (events.empty()) return {};
+  return summarize_activity(events, steps, double(last - first) / 1e3);
+}
+
+nlohmann::json KernelProfile::to_json(size_t top) const {
+  nlohmann::json ks = nlohmann::json::array();
+  for (size_t i = 0; i < kernels.size() && i < top; ++i)
+    ks.push_back({{"name", kernels[i].name},
+                  {"calls_per_step", double(kernels[i].calls) / double(steps)},
+                  {"us_per_step", kernels[i].total_us / double(steps)}});
+  return {{"steps", steps}, {"busy_us_per_step", busy_us / double(steps)},
+          {"span_us_per_step", span_us / double(steps)}, {"kernels", ks}};
+}
+
+std::string kernel_profile_table(const KernelProfile& p, size_t top) {
+  if (p.steps == 0) return "no device activity recorded\n";
+  const double n = double(p.steps);
+  int64_t calls = 0;
+  for (const auto& k : p.kernels) calls += k.calls;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "per step: %.1f us from first kernel start to last end, %.1f us busy (%.0f%%), %.1f us of gaps; "
+                "%.0f device activities\n\n| kernel | calls/step | us/step | %% of busy |\n|---|---:|---:|---:|\n",
+                p.span_us / n, p.busy_us / n, 100.0 * p.busy_us / std::max(p.span_us, 1e-9),
+                (p.span_us - p.busy_us) / n, double(calls) / n);
+  std::string out = buf;
+  for (size_t i = 0; i < p.kernels.size() && i < top; ++i) {
+    const auto& k = p.kernels[i];
+    std::snprintf(buf, sizeof buf, "| %s | %.1f | %.1f | %.1f%% |\n", k.name.c_str(), double(k.calls) / n,
+                  k.total_us / n, 100.0 * k.total_us / std::max(p.busy_us, 1e-9));
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace lt2

@@ -1,0 +1,103 @@
+// GPU (CTest label `gpu`): the decode GEMV (ops/fused_decode.h: gemv_fused) against a float64
+// product on the CPU, fresh random inputs, fp32 (relative RMS error < 1e-5) and bf16 (< 5e-3),
+// every row count 1..kGemvMaxRows, N off multiples of the block's rows, K of one vector up to the
+// FFN width, x rows strided; apply_linear takes it exactly when gemv_fused_applies says so; a
+// CUDA-graph replay with new inputs == eager. Skips where no CUDA GPU (or no CUDA kernels).
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_testing.h"
+
+#include "common/testing.h"
+#include "lt2/model/layers.h"
+#include "lt2/ops/fused_decode.h"
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using torch::Tensor;
+
+namespace {
+
+torch::TensorOptions gpu(torch::ScalarType dt) { return torch::TensorOptions().device(torch::kCUDA).dtype(dt); }
+
+// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16.
+double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
+
+Tensor reference(const Tensor& x, const Tensor& w) {
+  return torch::matmul(x.cpu().to(torch::kFloat64), w.cpu().to(torch::kFloat64).t());
+}
+
+}  // namespace
+
+TEST(FusedGemv, MatchesFloat64) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard ng;
+  torch::manual_seed(11);
+  struct Shape {
+    int64_t N, K;
+  };
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (Shape sh : {Shape{1, 8}, Shape{5, 24}, Shape{2051, 2048}, Shape{1030, 5632}, Shape{4099, 3072}})
+      for (int64_t M = 1; M <= kernels::kGemvMaxRows; ++M) {
+        // x rows 2K apart (a strided view), W with a non-trivial scale; y poisoned by NaN inputs
+        // nowhere: every output is checked against the float64 product.
+        auto wide = torch::randn({M, 1, 2 * sh.K}, gpu(dt));
+        auto x = wide.narrow(-1, 0, sh.K);
+        auto w = torch::randn({sh.N, sh.K}, gpu(dt)) / std::sqrt(static_cast<double>(sh.K));
+        auto y = ops::gemv_fused(x, w);
+        ASSERT_EQ(y.sizes(), torch::IntArrayRef({M, 1, sh.N}));
+        ASSERT_EQ(y.scalar_type(), dt);
+        EXPECT_FALSE(torch::isnan(y).any().item<bool>());
+        EXPECT_LT(rel_err(y.cpu(), reference(x, w)), tolerance(dt))
+            << (dt == torch::kFloat32 ? "fp32" : "bf16") << " M " << M << " N " << sh.N << " K " << sh.K;
+      }
+}
+
+TEST(FusedGemv, ApplyLinearTakesItOnlyWhereItApplies) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard ng;
+  torch::manual_seed(12);
+  auto w = torch::randn({300, 256}, gpu(torch::kBFloat16));
+  auto few = torch::randn({4, 1, 256}, gpu(torch::kBFloat16));
+  auto many = torch::randn({kernels::kGemvMaxRows + 1, 256}, gpu(torch::kBFloat16));
+  EXPECT_TRUE(ops::gemv_fused_applies(few, w));
+  EXPECT_FALSE(ops::gemv_fused_applies(many, w));  // a GEMM: cuBLAS
+  EXPECT_FALSE(ops::gemv_fused_applies(few, w.t().contiguous().t()));  // W not contiguous
+  for (const auto& x : {few, many})
+    EXPECT_LT(rel_err(apply_linear(x, w).cpu(), reference(x, w)), 5e-3);
+  {
+    torch::AutoGradMode grad(true);  // autograd needs at::linear
+    EXPECT_FALSE(ops::gemv_fused_applies(few, w.detach().requires_grad_()));
+  }
+}
+
+TEST(FusedGemv, GraphReplayWithNewInputsEqualsEager) {
+  REQUIRE_FUSED_DECODE();
+#ifdef LT2_WITH_CUDA
+  torch::NoGradGuard ng;
+  torch::manual_seed(13);
+  auto w = torch::randn({1000, 512}, gpu(torch::kBFloat16));
+  auto x = torch::randn({8, 512}, gpu(torch::kBFloat16));
+  Tensor y;
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    ops::gemv_fused(x, w);  // warm-up outside the capture
+    torch::cuda::synchronize();
+    graph.capture_begin();
+    y = ops::gemv_fused(x, w);
+    graph.capture_end();
+  }
+  for (int i = 0; i < 3; ++i) {
+    x.copy_(torch::randn_like(x));
+    graph.replay();
+    torch::cuda::synchronize();
+    EXPECT_TRUE(torch::equal(y, ops::gemv_fused(x, w))) << "replay " << i;
+  }
+#endif
+}
