@@ -6,6 +6,10 @@
 #   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  GTEST_FILTER=*
 #   REF_CONTEXTS=4k,32k  REF_BATCHES=1,8  (the libtorch reference path: a subset, it is slow)
 #   PREFILL_CONTEXTS=4k,8k,16k,32k
+#   PROFILE=N          engine cells: also record N steps with the CUDA profiler (per-kernel table)
+#   KERNEL_ARGS="--kernels gemv --batches 1,8"   arguments of the micro-benchmark
+#   STAGES may include "cublas": decode cells (CUBLAS_MODELS, CUBLAS_CONTEXTS=4k) with LT2_FUSED_GEMV=0 (projections through
+#   cuBLAS instead of the fused GEMV), for the A/B of that kernel
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -30,14 +34,23 @@ if has test; then
   grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" "$OUT/test_gpu.log" | head -30
 fi
 if has kernels; then
-  $B/bench/decode_kernels_bench > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"
-  grep -v '^RESULT' "$OUT/decode_kernels.txt" | tail -40
+  $B/bench/decode_kernels_bench ${KERNEL_ARGS:-} > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"
+  grep -v '^RESULT' "$OUT/decode_kernels.txt" | tail -60
 fi
+PROFILE_ARGS=()
+[ "${PROFILE:-0}" -gt 0 ] && PROFILE_ARGS=(--profile "$PROFILE" --profile-md "$OUT/decode_profile.md")
 if has decode; then
   $L bench decode -m "$MODELS" -c "${CONTEXTS:-4k,8k,16k,32k,64k,128k}" -b "${BATCHES:-1,8,32}" --paths engine \
     --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_engine.json" --out-md "$OUT/decode_engine.md" \
-    2> /tmp/decode.err || tail -20 /tmp/decode.err
+    "${PROFILE_ARGS[@]}" 2> /tmp/decode.err || tail -20 /tmp/decode.err
   cat "$OUT/decode_engine.md"
+fi
+if has cublas; then
+  LT2_FUSED_GEMV=0 $L bench decode -m "${CUBLAS_MODELS:-$MODELS}" -c "${CUBLAS_CONTEXTS:-4k}" -b "${BATCHES:-1,8,32}" \
+    --paths engine --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_cublas.json" \
+    --out-md "$OUT/decode_cublas.md" 2> /tmp/cublas.err || tail -20 /tmp/cublas.err
+  echo "with LT2_FUSED_GEMV=0 (projections through cuBLAS):"
+  cat "$OUT/decode_cublas.md"
 fi
 if has reference; then
   $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \

@@ -80,7 +80,7 @@ BenchCell run_decode_cell(LoopedLM& model, const std::string& name, const std::s
   BenchCell c;
   c.mode = "decode", c.model = name, c.path = path, c.context = C, c.batch = B;
   const auto dtype = model->parameters().front().scalar_type();
-  const int64_t max_len = C + o.warmup + o.steps + 1;
+  const int64_t max_len = C + o.warmup + o.steps + o.profile_steps + 1;
   const auto plan = plan_memory(*model, B, max_len, dtype, o.prefill_chunk, C);
   c.gb_per_step = double(plan.decode_step_bytes) / kGB;
   c.planned_gb = double(plan.total_bytes()) / kGB;
