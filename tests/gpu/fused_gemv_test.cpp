@@ -1,7 +1,8 @@
 // GPU (CTest label `gpu`): the decode GEMV (ops/fused_decode.h: gemv_fused) against a float64
 // product on the CPU, fresh random inputs, fp32 (relative RMS error < 1e-5) and bf16 (< 5e-3),
 // every row count 1..kGemvMaxRows, N off multiples of the block's rows, K of one vector up to the
-// FFN width, x rows strided; apply_linear takes it exactly when gemv_fused_applies says so; a
+// FFN width (bf16: the tensor-core kernel at K % 32 == 0, the FMA one otherwise), x rows strided;
+// each folded prologue / epilogue (RMSNorm, SiLU * mul, residual add, norm + add); apply_linear takes it exactly when gemv_fused_applies says so; a
 // CUDA-graph replay with new inputs == eager. Skips where no CUDA GPU (or no CUDA kernels).
 #include <gtest/gtest.h>
 
@@ -56,6 +57,50 @@ TEST(FusedGemv, MatchesFloat64) {
         EXPECT_LT(rel_err(y.cpu(), reference(x, w)), tolerance(dt))
             << (dt == torch::kFloat32 ? "fp32" : "bf16") << " M " << M << " N " << sh.N << " K " << sh.K;
       }
+}
+
+TEST(FusedGemv, FoldedProloguesAndResidualMatchFloat64) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard ng;
+  torch::manual_seed(14);
+  struct Shape {
+    int64_t N, K;
+  };
+  enum class Fold { Norm, SiluMul, Residual, NormResidual, SiluMulResidual };
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (Shape sh : {Shape{37, 24}, Shape{2051, 2048}, Shape{1030, 5632}})
+      for (int64_t M : {1, 5, 8})
+        for (Fold fold : {Fold::Norm, Fold::SiluMul, Fold::Residual, Fold::NormResidual, Fold::SiluMulResidual}) {
+          const bool silu = fold == Fold::SiluMul || fold == Fold::SiluMulResidual;
+          const bool norm = fold == Fold::Norm || fold == Fold::NormResidual;
+          const bool add = fold == Fold::Residual || fold == Fold::NormResidual || fold == Fold::SiluMulResidual;
+          auto x = torch::randn({M, 1, silu ? 2 * sh.K : sh.K}, gpu(dt)) * 1.5;
+          auto w = torch::randn({sh.N, sh.K}, gpu(dt)) / std::sqrt(static_cast<double>(sh.K));
+          ops::GemvFusion f;
+          auto x64 = x.cpu().to(torch::kFloat64);
+          auto in = x64;
+          if (norm) {
+            f.norm_weight = 1 + 0.3 * torch::randn({sh.K}, gpu(dt));
+            f.norm_eps = 1e-5;
+            in = x64 * torch::rsqrt(x64.pow(2).mean(-1, true) + f.norm_eps) * f.norm_weight.cpu().to(torch::kFloat64);
+          }
+          if (silu) {
+            f.silu_mul = true;
+            auto a = x64.narrow(-1, 0, sh.K), b = x64.narrow(-1, sh.K, sh.K);
+            in = a * torch::sigmoid(a) * b;
+          }
+          auto expected = torch::matmul(in, w.cpu().to(torch::kFloat64).t());
+          if (add) {
+            f.residual = torch::randn({M, 1, sh.N}, gpu(dt));
+            expected = expected + f.residual.cpu().to(torch::kFloat64);
+          }
+          ASSERT_TRUE(ops::gemv_fused_applies(x, w, f));
+          auto y = ops::gemv_fused(x, w, f);
+          EXPECT_FALSE(torch::isnan(y).any().item<bool>());
+          EXPECT_LT(rel_err(y.cpu(), expected), tolerance(dt))
+              << (dt == torch::kFloat32 ? "fp32" : "bf16") << " M " << M << " N " << sh.N << " K " << sh.K
+              << " fold " << static_cast<int>(fold);
+        }
 }
 
 TEST(FusedGemv, ApplyLinearTakesItOnlyWhereItApplies) {

@@ -153,17 +153,27 @@ bool attention_decode_head_dim_supported(int head_dim);
 int attention_decode_num_splits(int batch, int kv_heads, int max_len, int device);
 void attention_decode(const AttentionDecodeParams& p, void* stream);
 
-// The projections of a decode step, y = x W^T for a few rows (nn.Linear without bias):
+// The projections of a decode step, y = x W^T for a few rows (nn.Linear without bias), with the
+// elementwise work around them folded in (kernels/cuda/gemv_decode.cu):
+//   prologue RmsNorm   y = norm(x) W^T,  norm(x) = x rsqrt(mean(x^2) + eps) * norm_weight
+//   prologue SiluMul   x = [a | b] ([rows, 2K]):  y = (silu(a) * b) W^T       (SwiGLU's w2)
+//   residual           y = residual + (...)                                    (the block's adds)
 // x [rows, K] (rows x_row_stride apart, 16-byte aligned), W [N, K] contiguous (16-byte aligned),
-// y [rows, N] (rows y_row_stride apart), all in dtype; fp32 accumulation, one rounding. Memory
-// bound on reading W once (kernels/cuda/gemv_decode.cu); more rows than kGemvMaxRows are a GEMM.
+// y and residual [rows, N] (rows *_row_stride apart), all in dtype; fp32 accumulation, one
+// rounding. Memory bound on reading W once; more rows than kGemvMaxRows are a GEMM (cuBLAS).
 constexpr int kGemvMaxRows = 8;
+enum class GemvPrologue { None, RmsNorm, SiluMul };
 struct GemvParams {
   const void* x;
   int64_t x_row_stride;
   const void* w;
   void* y;
   int64_t y_row_stride;
+  const void* residual;          // or nullptr
+  int64_t residual_row_stride;
+  const void* norm_weight;       // [K], RmsNorm only
+  float norm_eps;
+  GemvPrologue prologue;
   int64_t rows, n;
   int k;
   DType dtype;

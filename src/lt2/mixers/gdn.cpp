@@ -72,30 +72,23 @@ RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st,
   return in;
 }
 
-Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
+RecurrentState* GatedDeltaNetImpl::fused_state(const Tensor& x, MixerState& state) const {
   auto* st = dynamic_cast<RecurrentState*>(&state);
   const bool fused = st && x.dim() == 3 && x.size(1) == 1 && num_v_heads == num_heads &&
                      fused_decode_enabled() && !at::autocast::is_autocast_enabled(at::kCUDA) &&
                      x.scalar_type() == A_log.scalar_type() &&
                      st->conv[0].scalar_type() == x.scalar_type() &&
                      ops::gdn_decode_fused_supported(x, st->S, head_k_dim);
-  if (!fused) return RecurrentMixerImpl::step(x, pos, state);
-  LT2_CHECK(pos.seq_pos.defined() || st->length == pos.start, kind(), " state holds ", st->length,
+  return fused ? st : nullptr;
+}
+
+Tensor GatedDeltaNetImpl::fused_core(const Tensor& in, const Positions& pos, RecurrentState& st) {
+  LT2_CHECK(pos.seq_pos.defined() || st.length == pos.start, kind(), " state holds ", st.length,
             " tokens but the call starts at position ", pos.start);
-  const int64_t B = x.size(0);
+  auto p = unpack_outputs(in, input_projections());  // strided views of the packed output
   ops::GdnDecodeArgs a;
-  if (use_packed(w_in)) {  // one GEMV for every input projection; the blocks are strided views
-    auto p = unpack_outputs(apply_linear(x.view({B, -1}), w_in), input_projections());
-    a.q = p[0], a.k = p[1], a.v = p[2], a.a = p[3], a.b = p[4];
-    if (use_gate) a.gate = p[5];
-  } else {
-    a.q = q_proj(x).view({B, -1});
-    a.k = k_proj(x).view({B, -1});
-    a.v = v_proj(x).view({B, -1});
-    a.a = a_proj(x).view({B, -1});
-    a.b = b_proj(x).view({B, -1});
-    if (use_gate) a.gate = g_proj(x).view({B, -1});
-  }
+  a.q = p[0], a.k = p[1], a.v = p[2], a.a = p[3], a.b = p[4];
+  if (use_gate) a.gate = p[5];
   a.q_conv_weight = q_conv1d->weight;
   a.k_conv_weight = k_conv1d->weight;
   a.v_conv_weight = v_conv1d->weight;
@@ -104,9 +97,41 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   a.norm_weight = o_norm->weight;
   a.num_heads = num_heads, a.head_k_dim = head_k_dim, a.head_v_dim = head_v_dim;
   a.scale = scale(), a.norm_eps = norm_eps, a.allow_neg_eigval = allow_neg_eigval;
-  auto y = ops::gdn_decode_fused(a, st->S, st->conv[0], st->conv[1], st->conv[2]);  // [B, H*V]
-  if (!pos.seq_pos.defined()) st->length += 1;
-  return apply_linear(y.view({B, 1, -1}), o_proj);
+  auto y = ops::gdn_decode_fused(a, st.S, st.conv[0], st.conv[1], st.conv[2]);  // [B, H*V]
+  if (!pos.seq_pos.defined()) st.length += 1;
+  return y;
+}
+
+Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
+  auto* st = fused_state(x, state);
+  if (!st) return RecurrentMixerImpl::step(x, pos, state);
+  const int64_t B = x.size(0);
+  // One GEMV for every input projection when packed; the projections side by side otherwise.
+  Tensor in;
+  if (use_packed(w_in)) {
+    in = apply_linear(x.view({B, -1}), w_in);
+  } else {
+    std::vector<Tensor> parts;
+    for (const auto& l : input_projections()) parts.push_back(apply_linear(x, l).view({B, -1}));
+    in = torch::cat(parts, -1);
+  }
+  return apply_linear(fused_core(in, pos, *st).view({B, 1, -1}), o_proj);
+}
+
+Tensor GatedDeltaNetImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps,
+                                        const Positions& pos, MixerState& state) {
+  auto* st = fused_state(x, state);
+  if (!st || !use_packed(w_in)) return {};
+  const int64_t B = x.size(0);
+  ops::GemvFusion norm;
+  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
+  const auto x2 = x.reshape({B, -1});
+  if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
+  const auto y = fused_core(ops::gemv_fused(x2, w_in, norm), pos, *st);  // [B, H*V]
+  ops::GemvFusion add;
+  add.residual = x2;
+  if (!ops::gemv_fused_applies(y, o_proj->weight, add)) return x + apply_linear(y.view({B, 1, -1}), o_proj);
+  return ops::gemv_fused(y, o_proj->weight, add).view({B, 1, -1});
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {

@@ -24,6 +24,10 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   // then the whole recurrent step in one kernel (ops::gdn_decode_fused), then o_proj. Otherwise
   // the reference step.
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
+  // The same fused step with the block's RMSNorm folded into the packed input GEMV and the
+  // residual add into o_proj's (ops::gemv_fused), when both GEMVs take the inputs.
+  Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
+                       MixerState& state) override;
   std::string kind() const override { return "gdn"; }
   // Packs q/k/v/a/b(/g) projections into w_in: the fused step then reads them in one GEMV.
   void pack_for_inference() override;
@@ -41,6 +45,11 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
 
  private:
   std::vector<torch::nn::Linear> input_projections() const;  // what w_in packs, in order
+  // The state when the fused step (one kernel after the projections) takes x, else nullptr.
+  RecurrentState* fused_state(const Tensor& x, MixerState& state) const;
+  // The fused step on x's projections `in` ([B, sum of the packed outputs]); returns y, the
+  // gated-normed output [B, H*V] ready for o_proj.
+  Tensor fused_core(const Tensor& in, const Positions& pos, RecurrentState& st);
 };
 
 }  // namespace lt2

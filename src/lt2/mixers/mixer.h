@@ -78,6 +78,14 @@ class MixerImpl : public torch::nn::Module {
   // Inference: pack the projections that read the same input into one matrix (pack_linears in
   // model/layers.h) so a decode step runs one GEMV instead of several. Same values; no-op default.
   virtual void pack_for_inference() {}
+  // The pre-norm block's decode half `x + step(rms_norm(x, norm_weight, eps))` with the norm and
+  // the residual add folded into the mixer's own kernels (x: [B, 1, d], the residual stream).
+  // Returns an undefined tensor when the mixer has no such form for these inputs: the block then
+  // runs the norm, step() and the add itself.
+  virtual Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
+                               MixerState& state) {
+    return {};
+  }
   // Whether `step` accepts per-sequence positions (Positions::seq_pos).
   virtual bool supports_seq_pos() const { return false; }
   // Softmax-attention mixers say true (they take the SDPA output gate, Ouro's import maps them).

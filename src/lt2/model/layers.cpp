@@ -70,6 +70,17 @@ Tensor SwiGLUImpl::forward(const Tensor& x) {
   return w2(torch::silu(w1(x)) * w3(x));
 }
 
+Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, double eps) {
+  if (!use_packed(w13)) return {};
+  ops::GemvFusion norm, silu_add;
+  norm.norm_weight = norm_weight, norm.norm_eps = eps;
+  silu_add.silu_mul = true, silu_add.residual = h;
+  if (!ops::gemv_fused_applies(h, w13, norm)) return {};
+  auto gate_up = ops::gemv_fused(h, w13, norm);  // [..., 2 hidden]
+  if (!ops::gemv_fused_applies(gate_up, w2->weight, silu_add)) return {};
+  return ops::gemv_fused(gate_up, w2->weight, silu_add);
+}
+
 void SwiGLUImpl::pack() {
   if (!w13.defined()) w13 = pack_linears({w1, w3});
 }

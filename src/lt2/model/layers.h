@@ -57,6 +57,11 @@ class SwiGLUImpl : public torch::nn::Module {
   SwiGLUImpl(int64_t dim, int64_t hidden, double std);
   Tensor forward(const Tensor& x);  // [..., dim] -> [..., dim]
   void pack();                      // inference: w1 and w3 in one matrix (pack_linears)
+  // The pre-norm block's second half, h + forward(rms_norm(h, norm_weight, eps)), at decode with
+  // the norm folded into the packed w1|w3 GEMV and silu * mul and the add into w2's
+  // (ops::gemv_fused). Undefined when those GEMVs do not take the inputs (not packed, too many
+  // rows, gradients, ...): the caller runs the unfused form.
+  Tensor forward_residual(const Tensor& h, const Tensor& norm_weight, double eps);
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
   Tensor w13;                       // packed [2 hidden, dim], or undefined
 };

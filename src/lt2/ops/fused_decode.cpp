@@ -408,36 +408,66 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 #endif
 }
 
-bool gemv_fused_applies(const Tensor& x, const Tensor& w) {
+namespace {
+
+// Why gemv_fused cannot take these tensors (empty when it can).
+std::string gemv_problem(const Tensor& x, const Tensor& w, const GemvFusion& f) {
+  for (const auto& p : {activation_problem(x, "x"), activation_problem(w, "w")})
+    if (!p.empty()) return p;
+  if (w.dim() != 2 || !w.is_contiguous() || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0)
+    return cat("w must be a contiguous, 16-byte aligned [N, K], found ", w.sizes());
+  const int64_t K = w.size(1), N = w.size(0), x_dim = f.silu_mul ? 2 * K : K;
+  if (x.dim() < 1 || x.size(-1) != x_dim)
+    return cat("x must be [..., ", x_dim, "] for w ", w.sizes(), f.silu_mul ? " with silu_mul" : "", ", found ", x.sizes());
+  if (f.silu_mul && f.norm_weight.defined()) return "silu_mul and the RMSNorm prologue do not combine";
+  std::vector<const Tensor*> all{&x, &w};
+  if (f.norm_weight.defined()) {
+    if (f.norm_weight.dim() != 1 || f.norm_weight.size(0) != K || !f.norm_weight.is_contiguous())
+      return cat("norm_weight must be a contiguous [", K, "], found ", f.norm_weight.sizes());
+    all.push_back(&f.norm_weight);
+  }
+  if (f.residual.defined()) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = N;
+    if (f.residual.sizes() != torch::IntArrayRef(sizes) || f.residual.stride(-1) != 1)
+      return cat("residual must be ", torch::IntArrayRef(sizes), " with a contiguous last dim, found ",
+                 f.residual.sizes());
+    all.push_back(&f.residual);
+  }
+  for (const Tensor* t : all)
+    if (t->scalar_type() != x.scalar_type() || t->device() != x.device())
+      return cat("every tensor must be ", x.scalar_type(), " on ", x.device(), " like x");
+#ifdef LT2_WITH_CUDA
+  if (!kernels::gemv_supported(x.numel() / x_dim, K, kernel_dtype(x.scalar_type())))
+    return cat(x.numel() / x_dim, " rows of K = ", K, ": the GEMV takes 1..", kernels::kGemvMaxRows,
+               " rows and K a whole number of 16-byte vectors");
+#endif
+  return "";
+}
+
+}  // namespace
+
+bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusion) {
   static const bool enabled = [] {
     const char* env = std::getenv("LT2_FUSED_GEMV");
     return !(env && std::strcmp(env, "0") == 0);
   }();
-  if (!enabled || !fused_elementwise_applies({x, w}) || w.dim() != 2 || !w.is_contiguous() ||
-      x.size(-1) != w.size(1))
-    return false;
-  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
-#ifdef LT2_WITH_CUDA
-  return kernels::gemv_supported(rows, w.size(1), kernel_dtype(x.scalar_type())) &&
-         reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0;
-#else
-  return false;
-#endif
+  return enabled && fused_elementwise_applies({x, w}) && gemv_problem(x, w, fusion).empty();
 }
 
-Tensor gemv_fused(const Tensor& x, const Tensor& w) {
+Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   const char* op = "gemv_fused";
   if (!fused_decode_available()) no_cuda(op);
-  for (const auto& p : {activation_problem(x, "x"), activation_problem(w, "w")}) LT2_CHECK(p.empty(), op, ": ", p);
-  LT2_CHECK(w.dim() == 2 && w.is_contiguous() && x.dim() >= 1 && x.size(-1) == w.size(1), op,
-            ": x must be [..., K] and w a contiguous [N, K], found x ", x.sizes(), ", w ", w.sizes());
-  LT2_CHECK(x.scalar_type() == w.scalar_type() && x.device() == w.device(), op, ": x and w must share dtype and device");
+  const auto problem = gemv_problem(x, w, f);
+  LT2_CHECK(problem.empty(), op, ": ", problem);
 #ifdef LT2_WITH_CUDA
-  const int64_t K = w.size(1), N = w.size(0);
+  const int64_t K = w.size(1), N = w.size(0), x_dim = f.silu_mul ? 2 * K : K;
   c10::cuda::CUDAGuard guard(x.device());
-  auto x2 = with_contiguous_rows(x.reshape({-1, K}), x.scalar_type());  // [M, K]
+  // Rows 16-byte aligned: the kernels read x (and b = x[:, K:]) with 16-byte loads.
+  auto x2 = with_contiguous_rows(x.reshape({-1, x_dim}), x.scalar_type());  // [M, x_dim]
   const int64_t vec = 16 / x.element_size();
   if (x2.stride(0) % vec != 0 || reinterpret_cast<uintptr_t>(x2.data_ptr()) % 16 != 0) x2 = x2.clone();
+  const auto r2 = f.residual.defined() ? f.residual.reshape({-1, N}) : Tensor();
   auto sizes = x.sizes().vec();
   sizes.back() = N;
   auto y = torch::empty(sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
@@ -445,6 +475,13 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w) {
   p.x = x2.data_ptr(), p.x_row_stride = x2.stride(0);
   p.w = w.data_ptr();
   p.y = y.data_ptr(), p.y_row_stride = N;
+  p.residual = r2.defined() ? r2.data_ptr() : nullptr;
+  p.residual_row_stride = r2.defined() ? r2.stride(0) : 0;
+  p.norm_weight = f.norm_weight.defined() ? f.norm_weight.data_ptr() : nullptr;
+  p.norm_eps = static_cast<float>(f.norm_eps);
+  p.prologue = f.norm_weight.defined() ? kernels::GemvPrologue::RmsNorm
+               : f.silu_mul            ? kernels::GemvPrologue::SiluMul
+                                       : kernels::GemvPrologue::None;
   p.rows = x2.size(0), p.n = N, p.k = static_cast<int>(K);
   p.dtype = kernel_dtype(x.scalar_type());
   kernels::gemv(p, current_stream(x));

@@ -83,13 +83,21 @@ AddRmsNormResult add_rms_norm_fused(const Tensor& x, const Tensor& m, const Tens
 // [..., hidden] in gate_up's dtype, silu(a) rounded to it before the product as in the unfused form.
 Tensor silu_mul_fused(const Tensor& gate_up);
 
-// y = x W^T (nn.Linear without bias) through the fused GEMV: x [..., K] with at most
-// kernels::kGemvMaxRows rows, W [N, K] contiguous, both in one kernel dtype on CUDA. Returns
-// [..., N] in x's dtype.
-Tensor gemv_fused(const Tensor& x, const Tensor& w);
-// Whether the decode path takes gemv_fused for x W^T: fused_elementwise_applies({x, w}), the GEMV
-// takes the shape, and LT2_FUSED_GEMV is not "0" in the environment (cuBLAS then: an A/B switch).
-bool gemv_fused_applies(const Tensor& x, const Tensor& w);
+// Elementwise work folded into gemv_fused (kernels::gemv has the math).
+struct GemvFusion {
+  Tensor norm_weight;     // defined: RMSNorm prologue, y = rms_norm(x, norm_weight, norm_eps) W^T
+  double norm_eps = 1e-5;
+  bool silu_mul = false;  // x = [a | b] [..., 2K]: y = (silu(a) * b) W^T (SwiGLU's w2)
+  Tensor residual;        // defined: y = residual + ..., [..., N]
+};
+// y = f(x) W^T (nn.Linear without bias) through the fused GEMV: x [..., K] ([..., 2K] with
+// silu_mul) with at most kernels::kGemvMaxRows rows, W [N, K] contiguous, every tensor in one
+// kernel dtype on one CUDA device. Returns [..., N] in x's dtype.
+Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {});
+// Whether the decode path takes gemv_fused: fused_elementwise_applies to every tensor, the GEMV
+// takes the shapes, and LT2_FUSED_GEMV is not "0" in the environment (at::linear and the unfused
+// elementwise ops then: an A/B switch).
+bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {});
 
 }  // namespace ops
 }  // namespace lt2

@@ -1,110 +1,266 @@
-// Decode projections (decode.h: gemv): y [M, N] = x [M, K] W^T for M <= kGemvMaxRows rows.
+// Decode projections (decode.h: gemv): y [M, N] = prologue(x) [M, K] W^T (+ residual), M <= 8.
 //
-// Floor: every weight is read once, N K elements; x (M K) and y (M N) are small and stay in L2.
-// At decode a step is a chain of such products, so this is most of a step's bytes.
+// Floor: every weight is read once (N K elements); x, y and the residual are a few KB and stay in
+// L2. At decode a step is a chain of such products, so their bytes are most of a step's bytes.
+// Folding the block's RMSNorms, SwiGLU's silu * mul and the residual adds into them removes the
+// elementwise launches between the products (each a few us of latency for a few KB of work).
 //
-// A block of kThreads threads computes kRowsPerBlock outputs columns (weight rows) for all M rows:
-// thread t takes the 16-byte vectors t, t + kThreads, ... of those weight rows (two per trip, so
-// 2 kRowsPerBlock loads are in flight per thread) and the matching vectors of x (read through L1:
-// every block reads the same x), accumulates in fp32, and the block sums its threads' partials.
-// Weights are read with streaming loads: they are touched once per step and would only evict x.
+// Two kernels, one prologue/epilogue:
+//   mma (bf16/fp16, K % 32 == 0): a block of 8 warps computes 16 weight rows for all M <= 8 rows
+//     of x with tensor-core m16n8k16 products: W is the 16 x 16 A operand, x^T the 16 x 8 B
+//     operand (its rows past M are zero). The k order inside a product is free (a dot product
+//     does not depend on it), so each thread feeds the mma with 16-byte loads: lanes (g, q)
+//     (g = lane / 4, q = lane % 4) load W rows g and g + 8 and x row g at k = 32c + 8q .. + 7,
+//     which fill the A and B registers of two products. Warps split K; the block sums them.
+//     Compute is negligible, so it runs at the weights' read rate whatever M is.
+//   fma (fp32, or K off 32): a block of 128 threads computes 4 weight rows with fp32 FMAs,
+//     threads striding over 16-byte vectors of K.
+// RmsNorm's statistic needs all of x's row: each thread adds up the squares of the x values it
+// reads, and the block sums them with the partial products (x is read whole by every block).
 #include "lt2/kernels/cuda/device_utils.cuh"
 
 namespace lt2::kernels {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kRowsPerBlock = 4;
+constexpr int kMaxRows = kGemvMaxRows;
 
-template <typename T, int M>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvParams p) {
+// The VEC prologue-applied values of x row m at 16-byte vector v, as floats; RmsNorm adds the
+// squares of the raw values to sumsq (its rsqrt is applied to the sums at the end).
+template <typename T, GemvPrologue PRO>
+__device__ __forceinline__ void load_x(const GemvParams& p, int m, int v, float* out, float& sumsq) {
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
-  constexpr int R = kRowsPerBlock, WARPS = kThreads / 32;
-  __shared__ float partial[WARPS][R * M];
+  const T* row = static_cast<const T*>(p.x) + m * p.x_row_stride;
+  unpack16<T>(__ldg(reinterpret_cast<const uint4*>(row) + v), out);
+  if constexpr (PRO == GemvPrologue::RmsNorm) {
+    float g[VEC];
+    unpack16<T>(__ldg(reinterpret_cast<const uint4*>(p.norm_weight) + v), g);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) sumsq = fmaf(out[e], out[e], sumsq), out[e] *= g[e];
+  } else if constexpr (PRO == GemvPrologue::SiluMul) {
+    float b[VEC];
+    unpack16<T>(__ldg(reinterpret_cast<const uint4*>(row + p.k) + v), b);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = out[e] / (1.f + __expf(-out[e])) * b[e];
+  }
+}
+
+// y[m, n] = rsqrt(mean(x_m^2) + eps) acc (RmsNorm) or acc, plus the residual, rounded once.
+template <typename T, GemvPrologue PRO>
+__device__ __forceinline__ void store_y(const GemvParams& p, int m, int64_t n, float acc, float sumsq) {
+  if constexpr (PRO == GemvPrologue::RmsNorm) acc *= rsqrtf(sumsq / static_cast<float>(p.k) + p.norm_eps);
+  if (p.residual) acc += to_float(static_cast<const T*>(p.residual)[m * p.residual_row_stride + n]);
+  static_cast<T*>(p.y)[m * p.y_row_stride + n] = from_float<T>(acc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core kernel.
+
+constexpr int kMmaWarps = 8;
+constexpr int kMmaRows = 16;    // weight rows per block (the mma's M)
+constexpr int kMmaChunk = 32;   // k per warp trip: 4 lanes x 8 elements
+constexpr int kMmaUnroll = 4;   // trips whose loads are in flight together
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// c += A B for one m16n8k16 product (A row-major 16 x 16, B column-major 16 x 8, fp32 C).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T, GemvPrologue PRO>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvParams p) {
+  __shared__ float s_c[kMmaWarps][kMmaRows][kMaxRows];
+  __shared__ float s_sumsq[kMmaWarps][kMaxRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  // Rows past N read row N - 1 (in bounds); their outputs are not written.
+  const uint4* w_lo = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + min(n0 + g, p.n - 1) * p.k);
+  const uint4* w_hi = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + min(n0 + g + 8, p.n - 1) * p.k);
+  const bool has_x = g < p.rows;  // lane group g feeds x row g (the B operand's column g)
+  const int chunks = p.k / kMmaChunk;
+
+  float c[4] = {0.f, 0.f, 0.f, 0.f}, sumsq = 0.f;
+  for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaUnroll) {
+    uint4 lo[kMmaUnroll], hi[kMmaUnroll];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int chunk = c0 + u * kMmaWarps;
+      if (chunk < chunks) {
+        const int v = chunk * (kMmaChunk / 8) + q;  // 16-byte vector index along K
+        lo[u] = __ldcs(w_lo + v), hi[u] = __ldcs(w_hi + v);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int chunk = c0 + u * kMmaWarps;
+      if (chunk >= chunks) break;  // warp-uniform
+      uint32_t b[4] = {0u, 0u, 0u, 0u};
+      if (has_x) {
+        float xf[8];
+        load_x<T, PRO>(p, g, chunk * (kMmaChunk / 8) + q, xf, sumsq);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = pack2<T>(xf[2 * i], xf[2 * i + 1]);
+      }
+      // Elements 0-3 of each lane's 8 form one product, 4-7 the other (A: rows g, g + 8).
+      mma_16816<T>(c, lo[u].x, hi[u].x, lo[u].y, hi[u].y, b[0], b[1]);
+      mma_16816<T>(c, lo[u].z, hi[u].z, lo[u].w, hi[u].w, b[2], b[3]);
+    }
+  }
+  // C fragment: c0, c1 = C[g][2q], C[g][2q + 1]; c2, c3 = C[g + 8][2q], C[g + 8][2q + 1]
+  // (C rows: weight rows, columns: x rows).
+  s_c[warp][g][2 * q] = c[0];
+  s_c[warp][g][2 * q + 1] = c[1];
+  s_c[warp][g + 8][2 * q] = c[2];
+  s_c[warp][g + 8][2 * q + 1] = c[3];
+  if constexpr (PRO == GemvPrologue::RmsNorm) {
+    sumsq += __shfl_xor_sync(0xffffffffu, sumsq, 1);
+    sumsq += __shfl_xor_sync(0xffffffffu, sumsq, 2);
+    if (q == 0) s_sumsq[warp][g] = sumsq;
+  }
+  __syncthreads();
+  const int row = threadIdx.x / kMaxRows, m = threadIdx.x % kMaxRows;  // 128 (row, m) outputs
+  if (row < kMmaRows && m < p.rows && n0 + row < p.n) {
+    float acc = 0.f, ss = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      acc += s_c[w][row][m];
+      if constexpr (PRO == GemvPrologue::RmsNorm) ss += s_sumsq[w][m];
+    }
+    store_y<T, PRO>(p, m, n0 + row, acc, ss);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// FMA kernel.
+
+constexpr int kFmaThreads = 128;
+constexpr int kFmaRows = 4;  // weight rows per block
+
+template <typename T, int M, GemvPrologue PRO>
+__global__ void __launch_bounds__(kFmaThreads) gemv_fma_kernel(const GemvParams p) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  constexpr int R = kFmaRows, WARPS = kFmaThreads / 32;
+  __shared__ float partial[WARPS][R * M + M];  // the products, then the squares of x per row
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * R;
   const int n_vec = p.k / VEC;
   const uint4* w[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r)  // rows past N read row N-1 (in bounds) and are not written
+  for (int r = 0; r < R; ++r)  // rows past N read row N - 1 (in bounds) and are not written
     w[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + min(n0 + r, p.n - 1) * p.k);
-  const T* x = static_cast<const T*>(p.x);
 
-  float acc[R][M];
+  float acc[R][M], sumsq[M];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int m = 0; m < M; ++m) {
+    sumsq[m] = 0.f;
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-
-  auto fma_vec = [&](int v, const uint4 (&wr)[R]) {
+    for (int r = 0; r < R; ++r) acc[r][m] = 0.f;
+  }
+  for (int v = threadIdx.x; v < n_vec; v += kFmaThreads) {
     float wf[R][VEC];
 #pragma unroll
-    for (int r = 0; r < R; ++r) unpack16<T>(wr[r], wf[r]);
+    for (int r = 0; r < R; ++r) unpack16<T>(__ldcs(w[r] + v), wf[r]);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[VEC];
-      unpack16<T>(__ldg(reinterpret_cast<const uint4*>(x + m * p.x_row_stride) + v), xf);
+      load_x<T, PRO>(p, m, v, xf, sumsq[m]);
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
     }
-  };
-  int v = threadIdx.x;
-  for (; v + kThreads < n_vec; v += 2 * kThreads) {
-    uint4 a[R], b[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) a[r] = __ldcs(w[r] + v), b[r] = __ldcs(w[r] + v + kThreads);
-    fma_vec(v, a);
-    fma_vec(v + kThreads, b);
-  }
-  if (v < n_vec) {
-    uint4 a[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) a[r] = __ldcs(w[r] + v);
-    fma_vec(v, a);
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int m = 0; m < M; ++m) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
+    for (int r = 0; r < R; ++r) {
       const float s = warp_sum(acc[r][m]);
       if (lane == 0) partial[warp][r * M + m] = s;
     }
+    if constexpr (PRO == GemvPrologue::RmsNorm) {
+      const float s = warp_sum(sumsq[m]);
+      if (lane == 0) partial[warp][R * M + m] = s;
+    }
+  }
   __syncthreads();
   if (threadIdx.x < R * M) {
     const int r = threadIdx.x / M, m = threadIdx.x % M;
-    float s = 0.f;
+    float s = 0.f, ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < WARPS; ++i) s += partial[i][threadIdx.x];
-    if (n0 + r < p.n) static_cast<T*>(p.y)[m * p.y_row_stride + n0 + r] = from_float<T>(s);
+    for (int i = 0; i < WARPS; ++i) {
+      s += partial[i][threadIdx.x];
+      if constexpr (PRO == GemvPrologue::RmsNorm) ss += partial[i][R * M + m];
+    }
+    if (n0 + r < p.n) store_y<T, PRO>(p, m, n0 + r, s, ss);
   }
 }
 
-template <typename T, int M>
-void launch_rows(const GemvParams& p, cudaStream_t stream) {
+template <typename T, int M, GemvPrologue PRO>
+void launch_fma(const GemvParams& p, cudaStream_t stream) {
   if (p.rows == M) {
-    const auto blocks = static_cast<unsigned>((p.n + kRowsPerBlock - 1) / kRowsPerBlock);
-    gemv_kernel<T, M><<<blocks, kThreads, 0, stream>>>(p);
+    const auto blocks = static_cast<unsigned>((p.n + kFmaRows - 1) / kFmaRows);
+    gemv_fma_kernel<T, M, PRO><<<blocks, kFmaThreads, 0, stream>>>(p);
   } else if constexpr (M > 1) {
-    launch_rows<T, M - 1>(p, stream);
+    launch_fma<T, M - 1, PRO>(p, stream);
   }
+}
+
+template <typename T, GemvPrologue PRO>
+void launch(const GemvParams& p, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float>) {
+    if (p.k % kMmaChunk == 0) {
+      const auto blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
+      gemv_mma_kernel<T, PRO><<<blocks, kMmaWarps * 32, 0, stream>>>(p);
+      return;
+    }
+  }
+  launch_fma<T, kMaxRows, PRO>(p, stream);
 }
 
 }  // namespace
 
 bool gemv_supported(int64_t rows, int64_t k, DType dtype) {
   const int64_t vec = dtype == DType::Float32 ? 4 : 8;
-  return rows >= 1 && rows <= kGemvMaxRows && k >= vec && k % vec == 0 && k <= INT32_MAX;
+  return rows >= 1 && rows <= kGemvMaxRows && k >= vec && k % vec == 0 && k <= INT32_MAX / 2;
 }
 
 void gemv(const GemvParams& p, void* stream) {
   LT2_CHECK(gemv_supported(p.rows, p.k, p.dtype) && p.n >= 1, "gemv: ", p.rows, " rows (1..", kGemvMaxRows,
             ") of K = ", p.k, " (a multiple of one 16-byte vector) into N = ", p.n);
+  LT2_CHECK(p.prologue != GemvPrologue::RmsNorm || p.norm_weight, "gemv: the RmsNorm prologue needs its weight");
+  const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    launch_rows<T, kGemvMaxRows>(p, static_cast<cudaStream_t>(stream));
+    switch (p.prologue) {
+      case GemvPrologue::None: launch<T, GemvPrologue::None>(p, s); break;
+      case GemvPrologue::RmsNorm: launch<T, GemvPrologue::RmsNorm>(p, s); break;
+      case GemvPrologue::SiluMul: launch<T, GemvPrologue::SiluMul>(p, s); break;
+    }
   });
   check_launch("gemv");
 }
