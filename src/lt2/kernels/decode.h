@@ -88,8 +88,8 @@ struct GdnDecodeParams {
 void gdn_decode(const GdnDecodeParams& p, void* stream);
 // Whether the cluster form serves these head dims on CUDA device `device`.
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device);
-// Auto's choice: the cluster form when one block per (sequence, head) would leave SMs idle (fewer
-// than two blocks per SM) and the cluster form serves the head dims, else the per-head form.
+// Auto's choice: the cluster form when one block per (sequence, head) would leave most SMs idle
+// (fewer blocks than half the SMs) and the cluster form serves the head dims, else the per-head form.
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device);
 
 // RMSNorm of rows in fp32, optionally after a residual add (a transformer block's `h = x + m;
