@@ -245,7 +245,9 @@ TEST(FusedDecode, GdnMixerStepFusedEqualsReference) {
     auto& a = dynamic_cast<RecurrentState&>(*st_fused);
     auto& b = dynamic_cast<RecurrentState&>(*st_ref);
     EXPECT_LT(rel_err(a.S, b.S), 1e-5);
-    for (size_t i = 0; i < a.conv.size(); ++i) EXPECT_TRUE(torch::equal(a.conv[i], b.conv[i])) << "window " << i;
+    // The windows hold the raw projections: the fused path computes them with the decode GEMV,
+    // the reference with at::linear, so they agree to fp32 rounding, not bit for bit.
+    for (size_t i = 0; i < a.conv.size(); ++i) EXPECT_LT(rel_err(a.conv[i], b.conv[i]), 1e-6) << "window " << i;
     EXPECT_EQ(a.length, b.length);
   }
 }
