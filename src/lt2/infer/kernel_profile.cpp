@@ -36,6 +36,7 @@ std::string short_kernel_name(const std::string& name) {
   }
   const std::string anon = "(anonymous namespace)::";
   for (size_t p; (p = out.find(anon)) != std::string::npos;) out.erase(p, anon.size());
+  while (!out.empty() && out.back() == ' ') out.pop_back();
   if (out.size() > 90) out = out.substr(0, 87) + "...";
   return out.empty() ? name.substr(0, 90) : out;
 }

@@ -27,7 +27,8 @@ struct KernelProfile {
 };
 
 // Profiles `steps` calls of `step` (each one step's work; the device is synchronised after each).
-// Returns an empty profile (steps = 0) when the build's profiler records no device activity.
+// Returns an empty profile (steps = 0) when no device activity was recorded, and without running
+// `step` at all when no CUDA device is present.
 KernelProfile profile_device_activity(const std::function<void()>& step, int64_t steps);
 
 // Sums per-event (name, duration) records into a profile; names are shortened first.

@@ -1,0 +1,54 @@
+// lt2 bench decode --profile: kernel names shortened the way the table shows them, device
+// activity summed by name, sorted by time, with busy time, span and gaps per step; and the
+// profiler itself on the CPU (no CUDA activity to record: an empty profile, no error).
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "lt2/infer/kernel_profile.h"
+#include "lt2/util/error.h"
+
+using namespace lt2;
+
+TEST(KernelProfile, ShortNamesDropReturnTypeTemplatesParametersAndAnonymousNamespaces) {
+  EXPECT_EQ(short_kernel_name("void lt2::kernels::(anonymous namespace)::gemv_mma_kernel<__nv_bfloat16, "
+                              "(lt2::kernels::GemvPrologue)1>(lt2::kernels::GemvParams)"),
+            "lt2::kernels::gemv_mma_kernel");
+  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous "
+                              "namespace)::foo<float>, std::array<char*, 2ul> >(int, float, char*)"),
+            "at::native::vectorized_elementwise_kernel");
+  EXPECT_EQ(short_kernel_name("Memcpy DtoD (Device -> Device)"), "Memcpy DtoD");
+  EXPECT_EQ(short_kernel_name("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"), "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT");
+}
+
+TEST(KernelProfile, SummarySumsByNameAndSortsByTime) {
+  const auto p = summarize_activity({{"void a<int>(int)", 3.0}, {"void b(float)", 10.0}, {"void a<float>(float)", 4.0}},
+                                    /*steps=*/2, /*span_us=*/25.0);
+  ASSERT_EQ(p.kernels.size(), 2u);
+  EXPECT_EQ(p.kernels[0].name, "b");
+  EXPECT_EQ(p.kernels[1].name, "a");
+  EXPECT_EQ(p.kernels[1].calls, 2);
+  EXPECT_DOUBLE_EQ(p.kernels[1].total_us, 7.0);
+  EXPECT_DOUBLE_EQ(p.busy_us, 17.0);
+  const auto j = p.to_json(10);
+  EXPECT_DOUBLE_EQ(j["busy_us_per_step"].get<double>(), 8.5);
+  EXPECT_DOUBLE_EQ(j["span_us_per_step"].get<double>(), 12.5);
+  EXPECT_DOUBLE_EQ(j["kernels"][1]["calls_per_step"].get<double>(), 1.0);
+  const auto table = kernel_profile_table(p, 1);  // the top kernel only
+  EXPECT_NE(table.find("12.5 us from first kernel start to last end, 8.5 us busy (68%), 4.0 us of gaps"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("| b | 0.5 | 5.0 | 58.8% |"), std::string::npos) << table;
+  EXPECT_EQ(table.find("| a |"), std::string::npos) << table;
+  EXPECT_THROW(summarize_activity({}, 0, 0), Error);
+}
+
+TEST(KernelProfile, StepsThatLaunchNothingGiveAnEmptyProfile) {
+  int calls = 0;
+  const auto p = profile_device_activity([&] { ++calls; }, 3);
+  EXPECT_EQ(p.steps, 0);  // no device activity recorded
+  EXPECT_TRUE(p.kernels.empty());
+  EXPECT_EQ(calls, torch::cuda::is_available() ? 3 : 0);  // without CUDA nothing is profiled or run
+  EXPECT_EQ(kernel_profile_table(p, 5), "no device activity recorded\n");
+  EXPECT_THROW(profile_device_activity([] {}, 0), Error);
+}
