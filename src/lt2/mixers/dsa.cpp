@@ -5,6 +5,9 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/model/rope.h"
+#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/fused_dsa.h"
+#include "lt2/ops/fused_sparse_attention.h"
 #include "lt2/ops/sparse_attention.h"
 
 namespace lt2 {
@@ -134,10 +137,10 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
     return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)};
   }
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
-  auto qf = wq(x).view({B, T, n_heads, D + latent_rope_dim});
+  auto qf = apply_linear(x, wq).view({B, T, n_heads, D + latent_rope_dim});
   auto q_rope = apply_rope(qf.narrow(-1, D, latent_rope_dim), pos, rope_theta, rope_style);
   auto q_latent = torch::einsum("bthd,hdc->bthc", {qf.narrow(-1, 0, D), wk_b});  // [B, T, H, d_c]
-  auto kv = wkv_a(x);                                                           // [B, T, d_c + d_r]
+  auto kv = apply_linear(x, wkv_a);                                                           // [B, T, d_c + d_r]
   auto c = kv_norm(kv.narrow(-1, 0, latent_dim)).unsqueeze(2);                  // [B, T, 1, d_c]
   auto k_rope = apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), pos,
                            rope_theta, rope_style);                             // [B, T, 1, d_r]
@@ -148,20 +151,20 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
 Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
   if (!latent) return attn->output(o, x);
   auto y = torch::einsum("bthc,hcd->bthd", {o, wv_b}).reshape({x.size(0), x.size(1), n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(wgate(x));
-  return wo(y);
+  if (wgate) y = y * torch::sigmoid(apply_linear(x, wgate));
+  return apply_linear(y, wo);
 }
 
 std::pair<Tensor, Tensor> DSAImpl::indexer_queries(const Tensor& x, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = index_wq(x).view({B, T, index_heads, index_head_dim});
+  auto q = apply_linear(x, index_wq).view({B, T, index_heads, index_head_dim});
   q = rope_prefix(q, index_rope_dim, pos, rope_theta, RopeStyle::Half);
-  auto w = index_ww(x) * (1.0 / std::sqrt(static_cast<double>(index_heads * index_head_dim)));
+  auto w = apply_linear(x, index_ww) * (1.0 / std::sqrt(static_cast<double>(index_heads * index_head_dim)));
   return {q, w};
 }
 
 Tensor DSAImpl::indexer_keys(const Tensor& x, const Positions& pos) {
-  auto k = index_k_norm(index_wk(x)).unsqueeze(2);  // [B, T, 1, d_I]
+  auto k = index_k_norm(apply_linear(x, index_wk)).unsqueeze(2);  // [B, T, 1, d_I]
   return rope_prefix(k, index_rope_dim, pos, rope_theta, RopeStyle::Half).squeeze(2);
 }
 
@@ -218,12 +221,25 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
   if (!latent) cache_write_at(s.v, h.v, pos.seq_pos);
   auto lens = pos.seq_pos + 1;  // [B] tokens each sequence now holds
   Tensor k = s.k, v = s.v, k_lens = lens;
+  // The fused kernels carry no gradient: only without autograd (the engine's decode).
+  const bool fused = fused_decode_enabled() && !torch::GradMode::is_enabled();
   {
     torch::NoGradGuard no_grad;  // selection only
     auto x_index = x.detach();
     auto [iq, iw] = indexer_queries(x_index, pos);
     auto index_k = indexer_keys(x_index, pos);  // [B, 1, d_I]
     cache_write_at(s.index_keys.unsqueeze(1), index_k.unsqueeze(1), pos.seq_pos);
+    const auto q = h.q.squeeze(2);                                 // [B, H, D_qk]
+    const auto v_cache = latent ? s.k.narrow(-1, 0, latent_dim) : s.v;  // latent: values = keys' first d_c
+    if (stage != IndexerStage::DenseWarmup && topk < L && fused &&
+        ops::dsa_index_topk_supported(iq.squeeze(1), s.index_keys, topk) &&
+        ops::sparse_attention_decode_supported(q, s.k, v_cache)) {
+      // Index scores over the whole cache (slots past a sequence's length skipped), the top-k
+      // slots (a sequence's valid ones first), attention over them where they lie in the cache.
+      auto idx = ops::dsa_index_topk(iq.squeeze(1), iw.squeeze(1), s.index_keys, lens, topk);  // [B, k]
+      auto o = ops::sparse_attention_decode(q, s.k, v_cache, idx, lens.clamp_max(topk), scale());  // [B, H, D_v]
+      return output(o.unsqueeze(1), x);
+    }
     if (stage != IndexerStage::DenseWarmup && topk < L) {
       auto scores = lightning_indexer_scores(iq, iw, s.index_keys.to(iq.scalar_type()));  // [B, 1, L]
       auto valid = (arange_long(0, L, x.device()).unsqueeze(0) < lens.unsqueeze(1)).unsqueeze(1);

@@ -3,8 +3,9 @@
 // every query head's q and output accumulator), the block's kGroups thread groups take
 // interleaved keys, kUnroll keys per group in flight per step. Each group keeps its own online
 // softmax (running max, sum and accumulator, base 2); the groups are merged in shared memory, then
-// the splits by the combine kernel.
+// the splits by the combine kernel (split_combine.cuh).
 #include "lt2/kernels/cuda/device_utils.cuh"
+#include "lt2/kernels/cuda/split_combine.cuh"
 
 namespace lt2::kernels {
 namespace {
@@ -195,29 +196,6 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(const Attenti
   }
 }
 
-// One block per (sequence, query head): out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
-template <typename T>
-__global__ void __launch_bounds__(kThreads) attention_combine_kernel(const AttentionDecodeParams p) {
-  __shared__ float s_w[kAttentionMaxSplits];
-  const int64_t row = blockIdx.x;  // b * Hq + head
-  const int S = p.num_splits, D = p.head_dim;
-  const float* lse = p.partial_lse + row * S;
-  float M = -INFINITY;
-  for (int s = 0; s < S; ++s) M = fmaxf(M, lse[s]);
-  for (int s = threadIdx.x; s < S; s += blockDim.x) s_w[s] = M == -INFINITY ? 0.f : exp2f(lse[s] - M);
-  __syncthreads();
-  float total = 0.f;
-  for (int s = 0; s < S; ++s) total += s_w[s];
-  const float inv_total = total > 0.f ? 1.f / total : 0.f;  // 0: an empty sequence gives zeros
-  const float* part = p.partial_out + row * S * D;
-  T* out = static_cast<T*>(p.out) + row * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < S; ++s) acc += s_w[s] * part[s * D + d];
-    out[d] = from_float<T>(acc * inv_total);
-  }
-}
-
 template <typename T, int D>
 void launch_split(const AttentionDecodeParams& p, int groups, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.kv_heads, p.batch);
@@ -266,7 +244,8 @@ void attention_decode(const AttentionDecodeParams& p, void* stream) {
     }
     check_launch("attention_decode (splits)");
     if (p.num_splits > 1) {
-      attention_combine_kernel<T><<<p.batch * p.q_heads, kThreads, 0, s>>>(p);
+      combine_splits_kernel<T, kAttentionMaxSplits><<<p.batch * p.q_heads, kCombineThreads, 0, s>>>(
+          p.partial_out, p.partial_lse, static_cast<T*>(p.out), p.num_splits, p.head_dim);
       check_launch("attention_decode (combine)");
     }
   });

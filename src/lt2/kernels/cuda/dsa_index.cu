@@ -1,0 +1,584 @@
+// DSA decode selection (dsa_decode.h): the lightning indexer's scores of one new token per sequence
+// and the top-k over them.
+//
+// dsa_index_scores, tensor-core form (bf16/fp16, H and D multiples of 16, 16-byte aligned rows).
+//   Floor: the valid index keys are read once, 2 D bytes a key (B = 8, L = 32k, D = 128: 67 MB,
+//   ~16 us at ~4.2 TB/s). The math is a [keys x D] x [D x H] product per sequence, H flops per
+//   key byte (64 at H = 64: 4.3 GFLOP at B = 8, L = 32k), within what mma.sync sustains at that
+//   bandwidth, so the kernel is bound by the key reads.
+//   Design: a block of 4 warps takes `tiles_per_block` consecutive tiles of 64 keys of one
+//   sequence. It stages q [H, D] (and w) in shared memory once; the launcher gives a block several
+//   tiles when the batch fills the GPU anyway, so re-reading q from L2 stays a fraction of the key
+//   traffic. Per tile, warp w multiplies its 16 keys (the M side of mma.m16n8k16, A row-major)
+//   with all H heads (the N side: B = q^T, whose "col" layout is q [H, D] row-major), fp32
+//   accumulators [16 keys x H] in registers. The dot products sum over d in any order, so d is
+//   permuted within each 32-wide chunk: the thread with lane % 4 == t holds elements
+//   [8 t, 8 t + 8) of the chunk, the first four as its A elements (k = 2t, 2t+1, 2t+8, 2t+9) of the
+//   chunk's first k-step, the last four of its second. So every key byte goes from global memory
+//   straight into registers with one 16-byte load per row and chunk (no shared-memory staging of
+//   the keys), and the q elements the same thread needs are one 16-byte shared load per head tile.
+//   Epilogue in registers: relu, times w[head], summed over the thread's heads, then over the
+//   quad of lanes that holds one key row (the mma C layout). Keys at or past the length are not
+//   read; a warp or block with none left only writes -inf.
+// dsa_index_scores, plain-FMA form (fp32, other shapes, unaligned rows): a block of 256 threads
+//   takes 32 keys, stages them and q in shared memory as fp32, and thread (key, group) sums the
+//   heads group, group + 8, ... of its key; the 8 groups are summed in shared memory. It is bound
+//   by shared-memory reads (about one per FMA), far above the key-read floor: a fallback.
+//
+// topk_select: a radix select on the 32-bit order-preserving key of each score (topk_indices'
+//   map: negative floats bits inverted, others sign bit set; -0 taken as +0), 8 bits a pass from
+//   the top, then one compaction pass. One thread-block cluster (sm_90) per row, of up to 8
+//   blocks; block r owns a contiguous slice of the row. Each pass, every block builds the
+//   histogram of the next digit over its slice's entries that still match the chosen prefix; the
+//   cluster barrier makes them visible, every block sums all of them through distributed shared
+//   memory and finds the same digit: the bin holding the need-th largest remaining entry. The
+//   passes stop once every entry matching the prefix is needed (at most 4 passes). The compaction
+//   writes the entries above the threshold prefix, and the lowest-index `need` entries matching it
+//   (all equal keys after 4 passes), each in ascending index: a block's offsets come from the
+//   counts of the lower ranks, a warp's from a scan over the block's warps, a lane's from ballots.
+//   Floor: the scores are fresh in L2 (B L 4 bytes: 1 MB at B = 8, L = 32k) and are read once:
+//   each block keeps its slice's keys in shared memory (up to 16384 a block, so rows up to 131072
+//   entries entirely; the passes re-read the rest of longer rows). Then the kernel is bound by one
+//   L2 round trip, at most 10 cluster barriers and the shared-memory passes: a few microseconds
+//   for a whole batch.
+#include <cooperative_groups.h>
+
+#include <atomic>
+
+#include "lt2/kernels/cuda/device_utils.cuh"
+#include "lt2/kernels/dsa_decode.h"
+
+namespace lt2::kernels {
+namespace {
+
+constexpr int kMaxDefaultSharedBytes = 48 * 1024;  // above this a kernel must opt in
+
+// Lengths are at most kDsaMaxLength, so the int sums below cannot overflow.
+__host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+int round_up(int a, int b) { return ceil_div(a, b) * b; }
+
+// Raises Kernel's dynamic shared memory limit on the current device when it needs more than the
+// default 48 KiB; once per size and device, so a graph-captured launch after an eager one makes
+// no call.
+template <auto Kernel>
+void reserve_shared(size_t bytes, const char* name) {
+  if (bytes <= kMaxDefaultSharedBytes) return;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> reserved[kMaxDevices];
+  int device = 0, optin = 0;
+  cudaGetDevice(&device);
+  if (device < kMaxDevices && bytes <= reserved[device].load()) return;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  LT2_CHECK(bytes <= static_cast<size_t>(optin), name, ": needs ", bytes,
+            " bytes of shared memory, the device allows ", optin);
+  const cudaError_t err =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  LT2_CHECK(err == cudaSuccess, name, ": cannot reserve shared memory: ", cudaGetErrorString(err));
+  if (device < kMaxDevices) reserved[device].store(bytes);
+}
+
+// The sequence's valid length, clamped to [0, max_len].
+__device__ __forceinline__ int valid_length(const int64_t* seq_lens, int b, int max_len) {
+  const int64_t len = seq_lens[b];
+  return static_cast<int>(len < 0 ? 0 : (len > max_len ? max_len : len));
+}
+
+// ---------------------------------------------------------------------------------------------
+// dsa_index_scores, tensor-core form.
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaTileKeys = 16 * kMmaWarps;  // 16 keys (one mma M tile) per warp
+constexpr int kMmaMaxTilesPerBlock = 8;
+constexpr int kMmaTargetBlocksPerSm = 4;   // a block takes more tiles only while this many remain
+constexpr int kMmaChunksPerLoad = 4;       // 32-wide d chunks in registers at once: 128 d, 32 registers
+
+// D = acc + A B for one m16n8k16 tile, fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&acc)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Pitch (elements) of q's rows in shared memory: 64 bytes past a multiple of 128, so the 16-byte
+// loads of lanes 0-7 (two rows, four lanes each) fall on distinct banks.
+int mma_q_pitch(int D) { return (round_up(2 * D, 128) + 64) / 2; }
+size_t mma_smem_bytes(int H, int D) { return sizeof(uint16_t) * H * mma_q_pitch(D) + sizeof(float) * H; }
+
+// Grid (blocks of tiles_per_block tiles, B); HT = H / 16. The thread with lane = 4 g + t holds key
+// rows g and g + 8 of its warp's 16 and, for n-tile nt, accumulators of heads 8 nt + 2 t, + 1.
+template <typename T, int HT>
+__global__ void __launch_bounds__(kMmaThreads)
+    dsa_scores_mma_kernel(const DsaIndexScoresParams p, int tiles_per_block, int pitch) {
+  constexpr int H = 16 * HT, NT = 2 * HT;  // heads, n-tiles of 8 heads
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* s_q = reinterpret_cast<T*>(smem);                     // [H, pitch]
+  float* s_w = reinterpret_cast<float*>(s_q + H * pitch);  // [H]
+
+  const int b = blockIdx.y, D = p.head_dim, L = p.max_len;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int len = valid_length(p.seq_lens, b, L);
+  const int n_tiles = ceil_div(L, kMmaTileKeys);
+  const int tile0 = blockIdx.x * tiles_per_block, tile_end = min(tile0 + tiles_per_block, n_tiles);
+  float* scores = p.scores + static_cast<int64_t>(b) * L;
+
+  if (tile0 * kMmaTileKeys >= len) {  // no valid key in the block's tiles
+    for (int j = tile0 * kMmaTileKeys + threadIdx.x; j < min(tile_end * kMmaTileKeys, L); j += kMmaThreads)
+      scores[j] = -INFINITY;
+    return;
+  }
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride;
+  const int row_vecs = D / 8;  // 16-byte vectors per q row
+  for (int i = threadIdx.x; i < H * row_vecs; i += kMmaThreads) {
+    const int h = i / row_vecs, d = 8 * (i % row_vecs);
+    *reinterpret_cast<uint4*>(s_q + h * pitch + d) = *reinterpret_cast<const uint4*>(q + h * p.q_head_stride + d);
+  }
+  for (int h = threadIdx.x; h < H; h += kMmaThreads) s_w[h] = p.w[static_cast<int64_t>(b) * H + h];
+  __syncthreads();  // s_q and s_w are read-only from here on
+
+  const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
+  const int full_chunks = D / 32;       // 32-wide chunks: two k-steps each
+  const bool half_chunk = D % 32 != 0;  // D % 32 == 16: one more k-step
+  const uint4 zero4 = make_uint4(0, 0, 0, 0);
+  for (int tile = tile0; tile < tile_end; ++tile) {
+    const int warp_key0 = tile * kMmaTileKeys + 16 * warp;
+    if (warp_key0 >= len) {  // warp-uniform: none of the warp's keys is valid
+      if (lane < 16 && warp_key0 + lane < L) scores[warp_key0 + lane] = -INFINITY;
+      continue;
+    }
+    const int j_lo = warp_key0 + g, j_hi = j_lo + 8;  // this thread's key rows (j_hi may pass L)
+    const bool lo_ok = j_lo < len, hi_ok = j_hi < len;
+    const T* row_lo = keys + static_cast<int64_t>(j_lo) * p.k_row_stride;  // read only when valid
+    const T* row_hi = keys + static_cast<int64_t>(j_hi) * p.k_row_stride;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+
+    for (int c0 = 0; c0 < full_chunks; c0 += kMmaChunksPerLoad) {
+      // All of this round's loads in flight before the first mma.
+      uint4 a_lo[kMmaChunksPerLoad], a_hi[kMmaChunksPerLoad];
+#pragma unroll
+      for (int c = 0; c < kMmaChunksPerLoad; ++c) {
+        const int d = 32 * (c0 + c) + 8 * t;
+        const bool in = c0 + c < full_chunks;
+        a_lo[c] = in && lo_ok ? __ldg(reinterpret_cast<const uint4*>(row_lo + d)) : zero4;
+        a_hi[c] = in && hi_ok ? __ldg(reinterpret_cast<const uint4*>(row_hi + d)) : zero4;
+      }
+#pragma unroll
+      for (int c = 0; c < kMmaChunksPerLoad; ++c) {
+        if (c0 + c < full_chunks) {
+          const T* q_chunk = s_q + g * pitch + 32 * (c0 + c) + 8 * t;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4 bq = *reinterpret_cast<const uint4*>(q_chunk + 8 * nt * pitch);
+            mma_16816<T>(acc[nt], a_lo[c].x, a_hi[c].x, a_lo[c].y, a_hi[c].y, bq.x, bq.y);
+            mma_16816<T>(acc[nt], a_lo[c].z, a_hi[c].z, a_lo[c].w, a_hi[c].w, bq.z, bq.w);
+          }
+        }
+      }
+    }
+    if (half_chunk) {  // the last 16 d: four elements per thread, one k-step
+      const int d = 32 * full_chunks + 4 * t;
+      const uint2 zero2 = make_uint2(0, 0);
+      const uint2 lo = lo_ok ? __ldg(reinterpret_cast<const uint2*>(row_lo + d)) : zero2;
+      const uint2 hi = hi_ok ? __ldg(reinterpret_cast<const uint2*>(row_hi + d)) : zero2;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 bq = *reinterpret_cast<const uint2*>(s_q + (8 * nt + g) * pitch + d);
+        mma_16816<T>(acc[nt], lo.x, hi.x, lo.y, hi.y, bq.x, bq.y);
+      }
+    }
+
+    // acc[nt][0..1]: row g, heads 8 nt + 2 t + {0, 1}; acc[nt][2..3]: row g + 8, same heads.
+    float s_lo = 0.f, s_hi = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float2 wh = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t);
+      s_lo += wh.x * fmaxf(acc[nt][0], 0.f) + wh.y * fmaxf(acc[nt][1], 0.f);
+      s_hi += wh.x * fmaxf(acc[nt][2], 0.f) + wh.y * fmaxf(acc[nt][3], 0.f);
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {  // the quad of lanes 4 g .. 4 g + 3
+      s_lo += __shfl_xor_sync(0xffffffffu, s_lo, off);
+      s_hi += __shfl_xor_sync(0xffffffffu, s_hi, off);
+    }
+    if (t == 0) {
+      if (j_lo < L) scores[j_lo] = lo_ok ? s_lo : -INFINITY;
+      if (j_hi < L) scores[j_hi] = hi_ok ? s_hi : -INFINITY;
+    }
+  }
+}
+
+// Tiles per block: doubled while the grid keeps kMmaTargetBlocksPerSm blocks per SM, so small
+// batches spread over the GPU and large ones read q from L2 once per several tiles.
+int mma_tiles_per_block(int batch, int n_tiles) {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  LT2_CHECK(err == cudaSuccess, "dsa_index_scores: cannot query CUDA device ", device, ": ", cudaGetErrorString(err));
+  int tiles = 1;
+  while (tiles < kMmaMaxTilesPerBlock &&
+         static_cast<int64_t>(batch) * ceil_div(n_tiles, 2 * tiles) >= static_cast<int64_t>(kMmaTargetBlocksPerSm) * sms)
+    tiles *= 2;
+  return tiles;
+}
+
+template <typename T, int HT>
+void launch_scores_mma(const DsaIndexScoresParams& p, cudaStream_t stream) {
+  const int n_tiles = ceil_div(p.max_len, kMmaTileKeys);
+  const int tiles = mma_tiles_per_block(p.batch, n_tiles);
+  const size_t smem = mma_smem_bytes(p.heads, p.head_dim);
+  reserve_shared<dsa_scores_mma_kernel<T, HT>>(smem, "dsa_index_scores");
+  const dim3 grid(ceil_div(n_tiles, tiles), p.batch);
+  dsa_scores_mma_kernel<T, HT><<<grid, kMmaThreads, smem, stream>>>(p, tiles, mma_q_pitch(p.head_dim));
+}
+
+template <typename T>
+void dispatch_scores_mma(const DsaIndexScoresParams& p, cudaStream_t stream) {
+  switch (p.heads / 16) {
+    case 1: launch_scores_mma<T, 1>(p, stream); break;
+    case 2: launch_scores_mma<T, 2>(p, stream); break;
+    case 3: launch_scores_mma<T, 3>(p, stream); break;
+    case 4: launch_scores_mma<T, 4>(p, stream); break;
+    case 5: launch_scores_mma<T, 5>(p, stream); break;
+    case 6: launch_scores_mma<T, 6>(p, stream); break;
+    case 7: launch_scores_mma<T, 7>(p, stream); break;
+    default: launch_scores_mma<T, 8>(p, stream); break;
+  }
+}
+
+bool aligned16(const void* ptr, int64_t stride_a, int64_t stride_b, int elem_bytes) {
+  const int64_t vec = 16 / elem_bytes;
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride_a % vec == 0 && stride_b % vec == 0;
+}
+
+// Whether the tensor-core form takes p: 16-bit inputs, H and D multiples of 16, 16-byte rows.
+bool mma_form_applies(const DsaIndexScoresParams& p) {
+  return p.dtype != DType::Float32 && p.heads % 16 == 0 && p.head_dim % 16 == 0 &&
+         aligned16(p.q, p.q_batch_stride, p.q_head_stride, 2) && aligned16(p.keys, p.k_batch_stride, p.k_row_stride, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// dsa_index_scores, plain-FMA form.
+
+constexpr int kFmaThreads = 256;
+constexpr int kFmaTileKeys = 32;                                         // lane = key
+constexpr int kFmaGroups = kFmaThreads / kFmaTileKeys;                   // warp = head group
+constexpr int kFmaMaxHeadsPerGroup = kDsaIndexMaxHeads / kFmaGroups;    // 16
+
+size_t fma_smem_bytes(int H, int D) {
+  return sizeof(float) * (static_cast<size_t>(H) * D + kFmaTileKeys * (D + 1) + kFmaGroups * kFmaTileKeys);
+}
+
+// Grid (ceil(L / 32), B).
+template <typename T>
+__global__ void __launch_bounds__(kFmaThreads) dsa_scores_fma_kernel(const DsaIndexScoresParams p) {
+  extern __shared__ float s_f[];
+  const int H = p.heads, D = p.head_dim, L = p.max_len, k_pitch = D + 1;
+  float* s_q = s_f;                              // [H, D]
+  float* s_k = s_q + H * D;                      // [32, D + 1]: odd pitch, a warp's 32 keys on 32 banks
+  float* s_part = s_k + kFmaTileKeys * k_pitch;  // [groups, 32]: per-group partial scores
+
+  const int b = blockIdx.y, key0 = blockIdx.x * kFmaTileKeys, tid = threadIdx.x;
+  const int len = valid_length(p.seq_lens, b, L);
+  float* scores = p.scores + static_cast<int64_t>(b) * L;
+  if (key0 >= len) {
+    if (tid < kFmaTileKeys && key0 + tid < L) scores[key0 + tid] = -INFINITY;
+    return;
+  }
+  const int n_keys = min(kFmaTileKeys, len - key0);
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride;
+  for (int i = tid; i < H * D; i += kFmaThreads) s_q[i] = to_float(q[(i / D) * p.q_head_stride + i % D]);
+  const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
+  for (int i = tid; i < n_keys * D; i += kFmaThreads) {
+    const int r = i / D, d = i % D;
+    s_k[r * k_pitch + d] = to_float(keys[static_cast<int64_t>(key0 + r) * p.k_row_stride + d]);
+  }
+  __syncthreads();
+
+  const int key = tid % kFmaTileKeys, group = tid / kFmaTileKeys;
+  float part = 0.f;
+  if (key < n_keys) {
+    float acc[kFmaMaxHeadsPerGroup] = {};
+    for (int d = 0; d < D; ++d) {
+      const float kd = s_k[key * k_pitch + d];
+#pragma unroll
+      for (int i = 0; i < kFmaMaxHeadsPerGroup; ++i)
+        if (group + kFmaGroups * i < H) acc[i] += s_q[(group + kFmaGroups * i) * D + d] * kd;  // broadcast
+    }
+#pragma unroll
+    for (int i = 0; i < kFmaMaxHeadsPerGroup; ++i) {
+      const int h = group + kFmaGroups * i;
+      if (h < H) part += p.w[static_cast<int64_t>(b) * H + h] * fmaxf(acc[i], 0.f);
+    }
+  }
+  s_part[group * kFmaTileKeys + key] = part;
+  __syncthreads();
+  if (tid < kFmaTileKeys && key0 + tid < L) {
+    float s = 0.f;
+    for (int r = 0; r < kFmaGroups; ++r) s += s_part[r * kFmaTileKeys + tid];
+    scores[key0 + tid] = tid < n_keys ? s : -INFINITY;
+  }
+}
+
+template <typename T>
+void launch_scores_fma(const DsaIndexScoresParams& p, cudaStream_t stream) {
+  const size_t smem = fma_smem_bytes(p.heads, p.head_dim);
+  reserve_shared<dsa_scores_fma_kernel<T>>(smem, "dsa_index_scores");
+  const dim3 grid(ceil_div(p.max_len, kFmaTileKeys), p.batch);
+  dsa_scores_fma_kernel<T><<<grid, kFmaThreads, smem, stream>>>(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// topk_select.
+
+constexpr int kTopkThreads = 512;
+constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkMaxBlocks = 8;         // the portable cluster size
+constexpr int kTopkEntriesPerBlock = 4096;  // a row takes another block per this many entries
+constexpr int kTopkBins = 256;            // 8-bit digits: 4 passes at most
+constexpr int kTopkRoundPerWarp = 256;    // compaction: consecutive entries per warp per round
+constexpr int kTopkCachedKeys = 16384;    // a block keeps this many of its slice's keys in shared memory
+static_assert(kTopkThreads >= kTopkBins, "one thread per histogram bin");
+
+// topk_indices' order-preserving map of fp32 to uint32 (negative: bits inverted; others: sign bit
+// set), with -0 mapped as +0.
+__device__ __forceinline__ uint32_t order_key(float x) {
+  uint32_t bits = __float_as_uint(x);
+  if (bits == 0x80000000u) bits = 0;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// hist[bin] += 1 for the active lanes; every lane of the warp calls it. Runs of equal scores (ties,
+// -inf padding) put a whole warp on one bin: then one atomic adds them all.
+__device__ __forceinline__ void count_in_bin(uint32_t* hist, uint32_t bin, bool active) {
+  const unsigned lanes = __ballot_sync(0xffffffffu, active);
+  if (lanes == 0) return;
+  const int leader = __ffs(lanes) - 1;
+  const uint32_t leader_bin = __shfl_sync(0xffffffffu, bin, leader);
+  if (__all_sync(0xffffffffu, !active || bin == leader_bin)) {
+    if (static_cast<int>(threadIdx.x % 32) == leader) atomicAdd(&hist[leader_bin], __popc(lanes));
+  } else if (active) {
+    atomicAdd(&hist[bin], 1u);
+  }
+}
+
+// Grid (cluster blocks, B) in clusters of (blocks, 1, 1): one cluster per row. A block reads its
+// slice's scores from global memory once, keeping the keys of the first `cached` entries in shared
+// memory (all of them up to 8 x kTopkCachedKeys entries a row); the passes re-read the rest.
+__global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const TopkSelectParams p, int cached) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank()), blocks = static_cast<int>(cluster.num_blocks());
+  extern __shared__ uint32_t s_keys[];     // [cached]: keys of entries lo .. lo + cached - 1
+  __shared__ uint32_t s_hist[kTopkBins];   // this block's histogram of the current digit
+  __shared__ uint32_t s_total[kTopkBins];  // the cluster's
+  __shared__ uint32_t s_pick[5];           // digit; the cluster's entries above its bin, in it; this block's
+  __shared__ uint32_t s_counts[2];         // this block's entries above the threshold prefix, matching it
+  __shared__ uint32_t s_offsets[2];        // the same summed over the lower ranks
+  __shared__ uint32_t s_warp[kTopkWarps];  // compaction: per-warp counts (above | matching << 16)
+
+  const int b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n = p.seq_lens ? valid_length(p.seq_lens, b, p.length) : p.length;
+  const int k_eff = min(p.k, n);
+  const float* row = p.scores + static_cast<int64_t>(b) * p.length;
+  int64_t* out = p.indices + static_cast<int64_t>(b) * p.k;
+  const int chunk = ceil_div(n, blocks);
+  const int lo = min(n, rank * chunk), hi = min(n, lo + chunk);  // this block's slice of the row
+  const int cache_end = min(hi, lo + cached);
+  for (int i = lo + tid; i < cache_end; i += kTopkThreads) s_keys[i - lo] = order_key(row[i]);
+  __syncthreads();
+  auto key_at = [&](int i) { return i < cache_end ? s_keys[i - lo] : order_key(row[i]); };  // lo <= i < hi
+
+  // The selection so far: entries whose key under `mask` exceeds `prefix` are in; `need` more are
+  // to come from the `group` entries (cluster-wide) whose masked key equals it. Identical in every
+  // thread of the cluster, so the loop below is uniform.
+  uint32_t prefix = 0, mask = 0;
+  int need = k_eff, group = n;
+  uint32_t own_above = 0, own_group = hi - lo;  // this block's share of both
+  for (int shift = 24; shift >= 0 && group != need; shift -= 8) {
+    if (tid < kTopkBins) s_hist[tid] = 0;
+    __syncthreads();
+    for (int base = lo + 32 * warp; base < hi; base += kTopkThreads) {  // warp-uniform trip count
+      const int i = base + lane;
+      const uint32_t key = i < hi ? key_at(i) : 0;
+      count_in_bin(s_hist, (key >> shift) & 0xffu, i < hi && (key & mask) == prefix);
+    }
+    cluster.sync();  // every block's histogram is complete and visible
+    if (tid < kTopkBins) {
+      uint32_t total = 0;
+      for (int r = 0; r < blocks; ++r) total += cluster.map_shared_rank(s_hist, r)[tid];
+      s_total[tid] = total;
+    }
+    cluster.sync();  // no remote histogram is read any more (the next pass may clear them); s_total is complete
+    if (warp == 0) {
+      // Lane l holds bins 8 l .. 8 l + 7; the digit is the bin holding the need-th largest entry:
+      // above(d) < need <= above(d) + count(d), with above(d) the entries in higher bins.
+      uint32_t count[8], sum = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += (count[i] = s_total[8 * lane + i]);
+      uint32_t suffix = sum;  // entries in the bins of lanes >= l
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const uint32_t v = __shfl_down_sync(0xffffffffu, suffix, off);
+        if (lane + off < 32) suffix += v;
+      }
+      uint32_t above = suffix - sum;
+      int digit = -1;
+      uint32_t digit_above = 0;
+#pragma unroll
+      for (int i = 7; i >= 0; --i) {
+        if (above < static_cast<uint32_t>(need) && static_cast<uint32_t>(need) <= above + count[i]) {
+          digit = 8 * lane + i;
+          digit_above = above;
+        }
+        above += count[i];
+      }
+      const unsigned found = __ballot_sync(0xffffffffu, digit >= 0);  // exactly one lane
+      const int src = __ffs(found) - 1;
+      digit = __shfl_sync(0xffffffffu, digit, src);
+      digit_above = __shfl_sync(0xffffffffu, digit_above, src);
+      uint32_t own = 0;  // this block's entries in bins above the digit
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (8 * lane + i > digit) own += s_hist[8 * lane + i];
+      own = __reduce_add_sync(0xffffffffu, own);
+      if (lane == 0) {
+        s_pick[0] = digit;
+        s_pick[1] = digit_above;
+        s_pick[2] = s_total[digit];
+        s_pick[3] = own;
+        s_pick[4] = s_hist[digit];
+      }
+    }
+    __syncthreads();  // s_pick is read before the next pass writes it: two cluster barriers lie between
+    const uint32_t digit = s_pick[0];
+    need -= static_cast<int>(s_pick[1]);
+    group = static_cast<int>(s_pick[2]);
+    own_above += s_pick[3];
+    own_group = s_pick[4];
+    prefix |= digit << shift;
+    mask |= 0xffu << shift;
+  }
+
+  // Offsets of this block's entries among the cluster's: the counts of the lower ranks.
+  if (tid == 0) {
+    s_counts[0] = own_above;
+    s_counts[1] = own_group;
+  }
+  cluster.sync();
+  if (tid < 2) {
+    uint32_t sum = 0;
+    for (int r = 0; r < rank; ++r) sum += cluster.map_shared_rank(s_counts, r)[tid];
+    s_offsets[tid] = sum;
+  }
+  cluster.sync();  // no block exits while another reads its counts; s_offsets is complete
+
+  // Above the prefix: positions [0, k_eff - need) in ascending index; matching it: the first
+  // `need` in ascending index at positions [k_eff - need, k_eff).
+  const int n_above = k_eff - need;
+  uint32_t run_above = s_offsets[0], run_group = s_offsets[1];
+  for (int base = lo; base < hi; base += kTopkWarps * kTopkRoundPerWarp) {
+    const int warp_base = base + kTopkRoundPerWarp * warp;
+    uint32_t above_bits[kTopkRoundPerWarp / 32], group_bits[kTopkRoundPerWarp / 32];
+    uint32_t warp_counts = 0;  // above | matching << 16 (at most 256 each)
+#pragma unroll
+    for (int e = 0; e < kTopkRoundPerWarp / 32; ++e) {
+      const int i = warp_base + 32 * e + lane;
+      const uint32_t key = i < hi ? key_at(i) & mask : 0;
+      above_bits[e] = __ballot_sync(0xffffffffu, i < hi && key > prefix);
+      group_bits[e] = __ballot_sync(0xffffffffu, i < hi && key == prefix);
+      warp_counts += __popc(above_bits[e]) | (__popc(group_bits[e]) << 16);
+    }
+    if (lane == 0) s_warp[warp] = warp_counts;
+    __syncthreads();
+    uint32_t before = 0, round = 0;  // this warp's offset within the round, and the round's total
+    for (int w = 0; w < kTopkWarps; ++w) {
+      if (w < warp) before += s_warp[w];
+      round += s_warp[w];
+    }
+    __syncthreads();  // s_warp is read before the next round writes it
+    uint32_t pos_above = run_above + (before & 0xffffu), pos_group = run_group + (before >> 16);
+    const uint32_t lanes_below = (1u << lane) - 1;
+#pragma unroll
+    for (int e = 0; e < kTopkRoundPerWarp / 32; ++e) {
+      const int i = warp_base + 32 * e + lane;
+      if (above_bits[e] >> lane & 1u) out[pos_above + __popc(above_bits[e] & lanes_below)] = i;
+      if (group_bits[e] >> lane & 1u) {
+        const uint32_t r = pos_group + __popc(group_bits[e] & lanes_below);
+        if (r < static_cast<uint32_t>(need)) out[n_above + r] = i;
+      }
+      pos_above += __popc(above_bits[e]);
+      pos_group += __popc(group_bits[e]);
+    }
+    run_above += round & 0xffffu;
+    run_group += round >> 16;
+  }
+
+  // Past the length (seq_lens given, k > len): the lowest-index padding entries, len, len + 1, ...
+  for (int pos = k_eff + rank * kTopkThreads + tid; pos < p.k; pos += blocks * kTopkThreads)
+    out[pos] = n + (pos - k_eff);
+#endif
+}
+
+}  // namespace
+
+void dsa_index_scores(const DsaIndexScoresParams& p, void* stream) {
+  LT2_CHECK(dsa_index_scores_supported(p.heads, p.head_dim), "dsa_index_scores: ", p.heads,
+            " heads of dim ", p.head_dim, " (the kernels take 1..", kDsaIndexMaxHeads, " heads of dim 1..",
+            kDsaIndexMaxHeadDim, ")");
+  LT2_CHECK(p.batch >= 0 && p.batch <= 65535 && p.max_len >= 1 && p.max_len <= kDsaMaxLength,
+            "dsa_index_scores: batch ", p.batch, " (at most 65535) and cache length ", p.max_len, " (1..",
+            kDsaMaxLength, ")");
+  if (p.batch == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (mma_form_applies(p)) {
+    if (p.dtype == DType::BFloat16) dispatch_scores_mma<__nv_bfloat16>(p, s);
+    else dispatch_scores_mma<__half>(p, s);
+  } else {
+    dispatch_dtype(p.dtype, [&](auto t) { launch_scores_fma<decltype(t)>(p, s); });
+  }
+  check_launch("dsa_index_scores");
+}
+
+void topk_select(const TopkSelectParams& p, void* stream) {
+  LT2_CHECK(p.length >= 1 && p.length <= kDsaMaxLength && p.k >= 1 && p.k <= p.length, "topk_select: k = ", p.k,
+            " of ", p.length, " entries (1 <= k <= length <= ", kDsaMaxLength, ")");
+  LT2_CHECK(p.batch >= 0 && p.batch <= 65535, "topk_select: batch ", p.batch, " (at most 65535)");
+  if (p.batch == 0) return;
+  const int blocks = std::clamp(ceil_div(p.length, kTopkEntriesPerBlock), 1, kTopkMaxBlocks);
+  const int cached = std::min(ceil_div(p.length, blocks), kTopkCachedKeys);  // a slice holds at most length / blocks
+  const size_t smem = sizeof(uint32_t) * cached;
+  reserve_shared<topk_select_kernel>(smem, "topk_select");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks, p.batch);
+  config.blockDim = dim3(kTopkThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = blocks;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&config, topk_select_kernel, p, cached);
+  LT2_CHECK(err == cudaSuccess, "topk_select launch failed (it needs an sm_90 GPU): ", cudaGetErrorString(err));
+  check_launch("topk_select");
+}
+
+}  // namespace lt2::kernels

@@ -1,0 +1,507 @@
+// Sparse flash-decoding (sparse_attention_decode.h): attention_decode's split/combine design over
+// a gathered list of cache rows. A split block of 128 threads takes whole 16-key tiles of its
+// sequence's index list and, for each tile:
+//   1. copies the 16 selected rows (keys, and values unless they alias the keys) into shared
+//      memory with 16-byte cp.async, double-buffered: tile t + 1 is in flight while t is computed;
+//      the row numbers are fetched two tiles ahead, so no load waits on an index load;
+//   2. scores: 16 thread tiles of 8 lanes; the 8 lanes share a key row (chunk r, r + 8, ... of the
+//      row each), a tile computes a few heads x keys dot products against the block's fp32 query
+//      (pre-scaled to base-2 logits), reduced over the 8 lanes by shuffles;
+//   3. online softmax (running max and sum per head, base 2), one half-warp per head row;
+//   4. values: a thread owns a few heads x 16-byte chunks of the output for a subset of the tile's
+//      keys (key groups, merged in shared memory at the end when there are several).
+// Every selected row is read from global memory once per kv head and used by all G query heads of
+// the block. The splits' (max, sum, acc) partials are merged by the combine kernel
+// (split_combine.cuh). The split count depends only on the shapes, the counts and indices are read
+// on the device, so a captured graph replays with new ones.
+//
+// Floor. Bytes: B Hkv n (Dk + Dv, or Dk when the values alias the keys) x dtype size. DSA's latent
+// preset (B 8, n 2048, one kv head of 576 bf16 dims, aliased) reads 18.9 MB: 4.5 us at 4.2 TB/s;
+// its GQA form (Hkv 16, D 128, separate values) 134 MB: 32 us. FMAs: B Hkv n G (Dk + Dv): with
+// G = 16 the latent preset needs 285 M, >= 8.5 us at the H200's fp32 peak (132 SMs x 128 FMA x
+// 1.98 GHz), ~12 us if FMAs fill ~70% of the inner loops' issue slots (an estimate, not measured).
+// So for G >= 8 the CUDA cores, not the bandwidth, bound this kernel (by ~2-3x at 576 dims); the
+// step past it is tensor cores for bf16/fp16 (mma m16n8k16 with M = the 16 heads). For G <= 4 it
+// is memory bound.
+//
+// Tiles are 16 keys, not 32, for batch 1 on 132 SMs: the latent preset then splits its 2048 rows
+// into 128 one-tile splits (128 blocks; at batch 8, 32 splits of four tiles); the GQA form runs
+// 16 kv heads x 66 splits of two tiles.
+#include "lt2/kernels/sparse_attention_decode.h"
+
+#include <atomic>
+
+#include "lt2/kernels/cuda/device_utils.cuh"
+#include "lt2/kernels/cuda/split_combine.cuh"
+
+namespace lt2::kernels {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileKeys = 16;   // keys per tile (rows per shared-memory buffer)
+constexpr int kDotLanes = 8;    // lanes sharing one key row in the score loop
+constexpr int kMaxDefaultSharedBytes = 48 * 1024;  // above this a kernel must opt in
+constexpr float kLog2e = 1.4426950408889634f;
+
+constexpr size_t round16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+__host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+template <typename T, int DK, int DV, int GMAX>
+struct SparseShape {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
+  static constexpr int kChunksK = DK / kVec, kChunksV = DV / kVec;
+  static constexpr int kQuads = kVec / 4;  // float4 pieces of a chunk in the fp32 query
+
+  // Scores: thread tile (tid / 8) computes kScoreHeads x kScoreKeys dot products; its 8 lanes
+  // take chunks lane, lane + 8, ... of the row (kChunksPerLane each).
+  static constexpr int kScoreHeads = GMAX < 4 ? GMAX : 4;
+  static constexpr int kScoreKeys = GMAX / kScoreHeads;
+  static constexpr int kKeyTiles = kTileKeys / kScoreKeys;
+  static constexpr int kChunksPerLane = kChunksK / kDotLanes;
+
+  // Values: a thread accumulates kOutHeads heads x kOutChunks chunks of the output (chunks
+  // c, c + kChunkThreads, ...) over the keys jj = key group (mod kKeyGroups) of each tile.
+  static constexpr int kOutHeads = GMAX < 8 ? GMAX : 8;
+  static constexpr int kOutHeadTiles = GMAX / kOutHeads;
+  static constexpr int kUnits = kOutHeadTiles * kChunksV;
+  static constexpr int kOutChunks = kUnits >= kThreads ? kUnits / kThreads : 1;
+  static constexpr int kKeyGroups = kUnits >= kThreads ? 1 : kThreads / kUnits;
+  static constexpr int kChunkThreads = kChunksV / kOutChunks;
+
+  static_assert(DK % kVec == 0 && DV % kVec == 0, "head dims must fill whole 16-byte chunks");
+  static_assert(kChunksK % kDotLanes == 0, "a key row must split evenly over the dot lanes");
+  static_assert(kScoreHeads * kScoreKeys == GMAX &&
+                    (GMAX / kScoreHeads) * kKeyTiles * kDotLanes == kThreads,
+                "the score tiles must cover heads x keys with every thread");
+  static_assert(kChunkThreads * kOutHeadTiles * kKeyGroups == kThreads && kKeyGroups <= kTileKeys,
+                "the value accumulators must cover heads x chunks with every thread");
+  static_assert(kChunkThreads >= 8, "a quarter-warp reads 8 consecutive chunks of one value row");
+  static_assert((kTileKeys * kChunksK) % kThreads == 0 && (kTileKeys * kChunksV) % kThreads == 0,
+                "a tile's copies must split evenly over the threads");
+
+  // Shared memory, in bytes: the fixed part, then the key/value tiles (after the last tile, the
+  // key groups' partial outputs in the same place). Every section is a multiple of 16 bytes.
+  static constexpr size_t kQBytes = size_t{4} * GMAX * DK;           // fp32 query
+  static constexpr size_t kTileStatBytes = size_t{4} * GMAX * kTileKeys;  // scores, probabilities
+  static constexpr size_t kRowStatBytes = round16(size_t{4} * GMAX);  // correction, max, sum
+  static constexpr size_t kRowsBytes = size_t{4} * 2 * kTileKeys;     // row numbers of two tiles
+  static constexpr size_t kScoreOffset = kQBytes;
+  static constexpr size_t kProbOffset = kScoreOffset + kTileStatBytes;
+  static constexpr size_t kCorrOffset = kProbOffset + kTileStatBytes;
+  static constexpr size_t kMaxOffset = kCorrOffset + kRowStatBytes;
+  static constexpr size_t kSumOffset = kMaxOffset + kRowStatBytes;
+  static constexpr size_t kRowsOffset = kSumOffset + kRowStatBytes;
+  static constexpr size_t kTilesOffset = kRowsOffset + kRowsBytes;
+  static constexpr size_t kKeyTileBytes = size_t{2} * kTileKeys * DK * sizeof(T);
+  static constexpr size_t kValueTileBytes = size_t{2} * kTileKeys * DV * sizeof(T);
+  static constexpr size_t kMergeBytes = kKeyGroups > 1 ? size_t{4} * kKeyGroups * GMAX * DV : 0;
+  static constexpr size_t smem_bytes(bool alias) {
+    const size_t tiles = kKeyTileBytes + (alias ? 0 : kValueTileBytes);
+    return kTilesOffset + (tiles > kMergeBytes ? tiles : kMergeBytes);
+  }
+};
+
+// 16 bytes from global to shared memory without a register round trip; read = false zero-fills
+// the destination without touching `src` (a key past the split's end).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool read) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(read ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Two blocks per SM as the occupancy target: it still leaves 255 registers a thread, and with it
+// ptxas keeps every instance free of spills (without it, the (128, 128) G = 16 ones spill).
+template <typename T, int DK, int DV, int GMAX>
+__global__ void __launch_bounds__(kThreads, 2)
+    sparse_attention_split_kernel(const SparseAttentionDecodeParams p, const bool alias) {
+  using Shape = SparseShape<T, DK, DV, GMAX>;
+  constexpr int VEC = Shape::kVec, CK = Shape::kChunksK, CV = Shape::kChunksV, TK = kTileKeys;
+  constexpr int QUADS = Shape::kQuads, SH = Shape::kScoreHeads, SK = Shape::kScoreKeys;
+  constexpr int OH = Shape::kOutHeads, OC = Shape::kOutChunks, KG = Shape::kKeyGroups;
+  constexpr int CT = Shape::kChunkThreads;
+  constexpr int kRowsPerHalfWarp = (GMAX + 7) / 8;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  // [GMAX][QUADS][CK][4]: 4-float piece `quad` of chunk c of head g at ((g QUADS + quad) CK + c) 4,
+  // so the 8 lanes of a dot read 128 consecutive bytes.
+  float* s_q = reinterpret_cast<float*>(smem);
+  float* s_score = reinterpret_cast<float*>(smem + Shape::kScoreOffset);  // [GMAX][TK]
+  float* s_prob = reinterpret_cast<float*>(smem + Shape::kProbOffset);    // [TK][GMAX]
+  float* s_corr = reinterpret_cast<float*>(smem + Shape::kCorrOffset);    // [GMAX] this tile's rescale
+  float* s_max = reinterpret_cast<float*>(smem + Shape::kMaxOffset);      // [GMAX] running max
+  float* s_sum = reinterpret_cast<float*>(smem + Shape::kSumOffset);      // [GMAX] running sum
+  int* s_rows = reinterpret_cast<int*>(smem + Shape::kRowsOffset);        // [2][TK], -1: no key
+  T* s_k = reinterpret_cast<T*>(smem + Shape::kTilesOffset);              // [2][TK][DK]
+  // [2][TK][DV], or the key rows themselves when the values alias the keys.
+  T* s_v = alias ? s_k : s_k + 2 * TK * DK;
+  const int v_row = alias ? DK : DV;  // elements between value rows in shared memory
+
+  const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
+  const int G = p.q_heads / p.kv_heads, S = p.num_splits, tid = threadIdx.x;
+  const int64_t count64 = p.counts[b];
+  const int count = static_cast<int>(count64 < 0 ? 0 : (count64 > p.n ? p.n : count64));
+  // Splits take whole tiles, so only the last tile of a sequence is partial; the count is read on
+  // the device, the split count is fixed.
+  const int chunk = ceil_div(count, S * TK) * TK;
+  const int start = min(split * chunk, count), end = min(start + chunk, count);
+  const int64_t row0 = static_cast<int64_t>(b) * p.q_heads + hkv * G;  // output row of head 0
+  T* out = static_cast<T*>(p.out);
+  // Output element d of head g (g < G): the final value with one split, else this split's partial.
+  auto store = [&](int g, int d, float value) {
+    const int64_t row = row0 + g;
+    if (S == 1) out[row * DV + d] = from_float<T>(value);
+    else p.partial_out[(row * S + split) * DV + d] = value;
+  };
+
+  if (start >= end) {  // nothing to attend: an empty partial (weight 0 in the combine)
+    for (int i = tid; i < G * DV; i += kThreads) store(i / DV, i % DV, 0.f);
+    if (S > 1 && tid < G) p.partial_lse[(row0 + tid) * S + split] = -INFINITY;
+    return;
+  }
+
+  const T* q_base = static_cast<const T*>(p.q) + b * p.q_batch_stride + hkv * G * p.q_head_stride;
+  const T* k_head = static_cast<const T*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride;
+  const T* v_head = static_cast<const T*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride;
+  const int64_t* indices = p.indices + static_cast<int64_t>(b) * p.n;
+
+  // Cache row of key j of the split; -1 past its end. Entries out of [0, Lmax) are clamped so a
+  // bad index cannot read outside the cache.
+  auto row_of = [&](int j) -> int {
+    if (j >= end) return -1;
+    const int64_t r = __ldg(indices + j);
+    return static_cast<int>(r < 0 ? 0 : (r >= p.max_len ? p.max_len - 1 : r));
+  };
+  // Starts the copies of the tile whose rows are in s_rows[buf] into buffer `buf`.
+  auto load_tile = [&](int buf) {
+    const int* rows = s_rows + buf * TK;
+    T* dst_k = s_k + buf * TK * DK;
+#pragma unroll
+    for (int i = 0; i < TK * CK / kThreads; ++i) {
+      const int e = tid + i * kThreads, jj = e / CK, c = e % CK, r = rows[jj];
+      cp_async16(dst_k + jj * DK + c * VEC, k_head + (r < 0 ? 0 : r * p.k_row_stride) + c * VEC, r >= 0);
+    }
+    if (!alias) {
+      T* dst_v = s_v + buf * TK * DV;
+#pragma unroll
+      for (int i = 0; i < TK * CV / kThreads; ++i) {
+        const int e = tid + i * kThreads, jj = e / CV, c = e % CV, r = rows[jj];
+        cp_async16(dst_v + jj * DV + c * VEC, v_head + (r < 0 ? 0 : r * p.v_row_stride) + c * VEC, r >= 0);
+      }
+    }
+  };
+
+  if (tid < TK) {
+    s_rows[tid] = row_of(start + tid);
+    s_rows[TK + tid] = row_of(start + TK + tid);
+  }
+  __syncthreads();  // rows of tiles 0 and 1 visible
+  load_tile(0);
+  cp_async_commit();
+  int next_rows = tid < TK ? row_of(start + 2 * TK + tid) : -1;  // tile 2, stored after tile 0
+
+  // The query of every head in fp32, scaled so that scores are base-2 logits; heads G..GMAX-1
+  // (padding of the instance) are zeros. Staged while tile 0 is in flight; the first barrier
+  // of the loop publishes it.
+  const float q_scale = p.scale * kLog2e;
+  for (int i = tid; i < GMAX * CK; i += kThreads) {
+    const int g = i / CK, c = i % CK;
+    float f[VEC];
+    if (g < G) {
+      unpack16<T>(__ldg(reinterpret_cast<const uint4*>(q_base + g * p.q_head_stride + c * VEC)), f);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) f[e] = 0.f;
+    }
+#pragma unroll
+    for (int quad = 0; quad < QUADS; ++quad)
+      *reinterpret_cast<float4*>(s_q + ((g * QUADS + quad) * CK + c) * 4) =
+          make_float4(f[4 * quad] * q_scale, f[4 * quad + 1] * q_scale, f[4 * quad + 2] * q_scale,
+                      f[4 * quad + 3] * q_scale);
+  }
+
+  // Thread roles. Scores: tile (tid / 8) = head block x key block, lane r = tid % 8 (the three
+  // low bits, so the reduction stays within the tile's lanes; the 4 tiles of a warp share heads).
+  const int lane = tid % kDotLanes, score_tile = tid / kDotLanes;
+  const int score_head = (score_tile / Shape::kKeyTiles) * SH;
+  const int score_key = (score_tile % Shape::kKeyTiles) * SK;
+  // Softmax: half-warp (tid / 16) owns head rows half, half + 8; lane tid % 16 = key of the tile.
+  const int soft_half = tid / 16, soft_key = tid % 16;
+  // Values: chunk thread (fastest, so a warp reads consecutive chunks of one row), head block,
+  // key group.
+  const int out_chunk = tid % CT;
+  const int out_head = (tid / CT) % Shape::kOutHeadTiles * OH;
+  const int key_group = tid / (CT * Shape::kOutHeadTiles);
+
+  float m_run[kRowsPerHalfWarp], l_run[kRowsPerHalfWarp];
+#pragma unroll
+  for (int i = 0; i < kRowsPerHalfWarp; ++i) {
+    m_run[i] = -INFINITY;
+    l_run[i] = 0.f;
+  }
+  float acc[OH][OC][VEC];
+#pragma unroll
+  for (int h = 0; h < OH; ++h)
+#pragma unroll
+    for (int n = 0; n < OC; ++n)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[h][n][e] = 0.f;
+
+  const int tiles = ceil_div(end - start, TK);
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1;
+    // Buffer buf ^ 1 was last read in iteration t - 1, which ended with a barrier.
+    if (t + 1 < tiles) load_tile(buf ^ 1);
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning tile t
+    cp_async_wait<1>();
+    __syncthreads();  // tile t landed for every thread's copies
+
+    {  // Scores of the tile: s_score[g][jj] = q_g . k_jj (base-2 logits).
+      const T* keys = s_k + buf * TK * DK;
+      float dot[SH][SK];
+#pragma unroll
+      for (int h = 0; h < SH; ++h)
+#pragma unroll
+        for (int k = 0; k < SK; ++k) dot[h][k] = 0.f;
+#pragma unroll
+      for (int i = 0; i < Shape::kChunksPerLane; ++i) {
+        const int c = lane + i * kDotLanes;
+        float kf[SK][VEC];
+#pragma unroll
+        for (int k = 0; k < SK; ++k)
+          unpack16<T>(*reinterpret_cast<const uint4*>(keys + (score_key + k) * DK + c * VEC), kf[k]);
+#pragma unroll
+        for (int h = 0; h < SH; ++h) {
+          float qf[VEC];
+#pragma unroll
+          for (int quad = 0; quad < QUADS; ++quad) {
+            const float4 v =
+                *reinterpret_cast<const float4*>(s_q + (((score_head + h) * QUADS + quad) * CK + c) * 4);
+            qf[4 * quad] = v.x, qf[4 * quad + 1] = v.y, qf[4 * quad + 2] = v.z, qf[4 * quad + 3] = v.w;
+          }
+#pragma unroll
+          for (int k = 0; k < SK; ++k)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) dot[h][k] = fmaf(qf[e], kf[k][e], dot[h][k]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < SH; ++h)
+#pragma unroll
+        for (int k = 0; k < SK; ++k) {
+#pragma unroll
+          for (int off = kDotLanes / 2; off > 0; off >>= 1)
+            dot[h][k] += __shfl_xor_sync(0xffffffffu, dot[h][k], off);
+          if (lane == 0) s_score[(score_head + h) * TK + score_key + k] = dot[h][k];
+        }
+    }
+    __syncthreads();
+
+    {  // Online softmax per head row; every thread runs the shuffles (full-warp masks).
+      const bool valid = start + t * TK + soft_key < end;  // a tile's key 0 always is
+#pragma unroll
+      for (int i = 0; i < kRowsPerHalfWarp; ++i) {
+        const int g = soft_half + 8 * i;
+        const bool owned = g < GMAX;  // half-warps past the instance's heads compute on zeros
+        const float s = !valid ? -INFINITY : (owned ? s_score[g * TK + soft_key] : 0.f);
+        float mx = s;
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float m_new = fmaxf(m_run[i], mx);  // finite: key 0 is valid
+        const float corr = exp2f(m_run[i] - m_new);  // 0 on the first tile (m_run = -inf)
+        const float prob = valid ? exp2f(s - m_new) : 0.f;
+        float sum = prob;
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        l_run[i] = l_run[i] * corr + sum;
+        m_run[i] = m_new;
+        if (owned) {
+          s_prob[soft_key * GMAX + g] = prob;
+          if (soft_key == 0) {
+            s_corr[g] = corr;
+            s_max[g] = m_new;
+            s_sum[g] = l_run[i];
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    {  // Values: acc = corr * acc + sum over this thread's keys of prob * v.
+      const T* values = s_v + buf * TK * v_row;
+#pragma unroll
+      for (int h = 0; h < OH; ++h) {
+        const float corr = s_corr[out_head + h];
+#pragma unroll
+        for (int n = 0; n < OC; ++n)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[h][n][e] *= corr;
+      }
+#pragma unroll
+      for (int i = 0; i < TK / KG; ++i) {
+        const int jj = key_group + i * KG;  // keys past the end have prob 0 and zero rows
+        float prob[OH];
+        if constexpr (OH % 4 == 0) {
+#pragma unroll
+          for (int h = 0; h < OH; h += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(s_prob + jj * GMAX + out_head + h);
+            prob[h] = v.x, prob[h + 1] = v.y, prob[h + 2] = v.z, prob[h + 3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int h = 0; h < OH; ++h) prob[h] = s_prob[jj * GMAX + out_head + h];
+        }
+#pragma unroll
+        for (int n = 0; n < OC; ++n) {
+          float vf[VEC];
+          unpack16<T>(*reinterpret_cast<const uint4*>(values + jj * v_row + (out_chunk + n * CT) * VEC), vf);
+#pragma unroll
+          for (int h = 0; h < OH; ++h)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[h][n][e] = fmaf(prob[h], vf[e], acc[h][n][e]);
+        }
+      }
+    }
+    // Rows of tile t + 2 into the slot tile t used (its copies were issued an iteration ago).
+    if (tid < TK) s_rows[buf * TK + tid] = next_rows;
+    next_rows = tid < TK ? row_of(start + (t + 3) * TK + tid) : -1;
+    __syncthreads();  // buffer buf and the tile statistics are free again
+  }
+  // Every copy has landed (the last iteration committed an empty group) and every thread is past
+  // its last read of the tiles, so their space can hold the key groups' partial outputs.
+
+  if constexpr (KG == 1) {
+#pragma unroll
+    for (int h = 0; h < OH; ++h) {
+      const int g = out_head + h;
+      if (g >= G) continue;
+      const float inv_l = 1.f / s_sum[g];
+#pragma unroll
+      for (int n = 0; n < OC; ++n)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) store(g, (out_chunk + n * CT) * VEC + e, acc[h][n][e] * inv_l);
+    }
+  } else {
+    float* s_merge = reinterpret_cast<float*>(smem + Shape::kTilesOffset);  // [KG][GMAX][DV]
+#pragma unroll
+    for (int h = 0; h < OH; ++h)
+#pragma unroll
+      for (int n = 0; n < OC; ++n)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          s_merge[(key_group * GMAX + out_head + h) * DV + (out_chunk + n * CT) * VEC + e] = acc[h][n][e];
+    __syncthreads();
+    for (int i = tid; i < G * DV; i += kThreads) {
+      const int g = i / DV, d = i % DV;
+      float a = 0.f;
+#pragma unroll
+      for (int r = 0; r < KG; ++r) a += s_merge[(r * GMAX + g) * DV + d];
+      store(g, d, a / s_sum[g]);
+    }
+  }
+  if (S > 1 && tid < G) p.partial_lse[(row0 + tid) * S + split] = s_max[tid] + log2f(s_sum[tid]);
+}
+
+// Raises Kernel's dynamic shared memory limit on the current device when it needs more than the
+// default 48 KiB; once per size and device, so a graph-captured launch after an eager one makes
+// no call.
+template <auto Kernel>
+void reserve_shared(size_t bytes) {
+  if (bytes <= kMaxDefaultSharedBytes) return;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> reserved[kMaxDevices];
+  int device = 0, optin = 0;
+  cudaGetDevice(&device);
+  if (device < kMaxDevices && bytes <= reserved[device].load()) return;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  LT2_CHECK(bytes <= static_cast<size_t>(optin), "sparse_attention_decode: needs ", bytes,
+            " bytes of shared memory, the device allows ", optin);
+  const cudaError_t err =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  LT2_CHECK(err == cudaSuccess, "sparse_attention_decode: cannot reserve shared memory: ",
+            cudaGetErrorString(err));
+  if (device < kMaxDevices) reserved[device].store(bytes);
+}
+
+template <typename T, int DK, int DV, int GMAX>
+void launch_split(const SparseAttentionDecodeParams& p, bool alias, cudaStream_t stream) {
+  const size_t smem = SparseShape<T, DK, DV, GMAX>::smem_bytes(alias);
+  reserve_shared<sparse_attention_split_kernel<T, DK, DV, GMAX>>(smem);
+  const dim3 grid(p.num_splits, p.kv_heads, p.batch);
+  sparse_attention_split_kernel<T, DK, DV, GMAX><<<grid, kThreads, smem, stream>>>(p, alias);
+}
+
+// Query heads per kv head -> the instance with that many (padded to a power of two).
+template <typename T, int DK, int DV>
+void launch_groups(const SparseAttentionDecodeParams& p, int groups, bool alias, cudaStream_t stream) {
+  if (groups <= 1) launch_split<T, DK, DV, 1>(p, alias, stream);
+  else if (groups <= 2) launch_split<T, DK, DV, 2>(p, alias, stream);
+  else if (groups <= 4) launch_split<T, DK, DV, 4>(p, alias, stream);
+  else if (groups <= 8) launch_split<T, DK, DV, 8>(p, alias, stream);
+  else launch_split<T, DK, DV, 16>(p, alias, stream);
+}
+
+}  // namespace
+
+int sparse_attention_decode_num_splits(int batch, int kv_heads, int groups, int n, int device) {
+  int sms = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  LT2_CHECK(err == cudaSuccess, "sparse_attention_decode: cannot query CUDA device ", device, ": ",
+            cudaGetErrorString(err));
+  // Blocks wanted per SM. With more than 4 heads per kv head a block is FMA-bound (G (Dk + Dv)
+  // FMAs per row read) and large (the fp32 query of all heads): two per SM keep the FMA units busy,
+  // and fewer, longer splits write fewer partials. With fewer heads it is memory bound: more blocks
+  // keep more copies in flight.
+  const int per_sm = groups > 4 ? 2 : 8;
+  int splits = ceil_div(per_sm * sms, std::max(1, batch * kv_heads));
+  splits = std::min(splits, ceil_div(std::max(1, n), kTileKeys));  // at least a tile per split
+  return std::clamp(splits, 1, kSparseAttentionMaxSplits);
+}
+
+void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream) {
+  const int groups = p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0 ? p.q_heads / p.kv_heads : 0;
+  LT2_CHECK(sparse_attention_decode_supported(p.head_dim_k, p.head_dim_v, groups),
+            "sparse_attention_decode: head dims (", p.head_dim_k, ", ", p.head_dim_v, ") with ", p.q_heads,
+            " query heads over ", p.kv_heads, " kv heads have no kernel instance (head dims (64, 64), "
+            "(128, 128), (256, 256) or (576, 512); a multiple of the kv heads, at most ",
+            kSparseAttentionMaxGroups, " query heads per kv head)");
+  LT2_CHECK(p.n >= 1 && p.max_len >= 1, "sparse_attention_decode: ", p.n, " indices per sequence over ",
+            p.max_len, " cache rows (at least one of each)");
+  LT2_CHECK(p.num_splits >= 1 && p.num_splits <= kSparseAttentionMaxSplits &&
+                (p.num_splits == 1 || (p.partial_out && p.partial_lse)),
+            "sparse_attention_decode: ", p.num_splits, " splits (1..", kSparseAttentionMaxSplits,
+            ", a workspace when more than one)");
+  LT2_CHECK(p.batch >= 0 && p.batch <= 65535 && p.kv_heads <= 65535, "sparse_attention_decode: batch ",
+            p.batch, " and kv heads ", p.kv_heads, " must fit a grid dimension (at most 65535)");
+  if (p.batch == 0) return;
+  // The values are the keys' first Dv dims: read each row once.
+  const bool alias = p.v_cache == p.k_cache && p.v_batch_stride == p.k_batch_stride &&
+                     p.v_head_stride == p.k_head_stride && p.v_row_stride == p.k_row_stride &&
+                     p.head_dim_v <= p.head_dim_k;
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    switch (p.head_dim_k) {
+      case 64: launch_groups<T, 64, 64>(p, groups, alias, s); break;
+      case 128: launch_groups<T, 128, 128>(p, groups, alias, s); break;
+      case 256: launch_groups<T, 256, 256>(p, groups, alias, s); break;
+      default: launch_groups<T, 576, 512>(p, groups, alias, s); break;
+    }
+    check_launch("sparse_attention_decode (splits)");
+    if (p.num_splits > 1) {
+      // A block per 128 output dims of a row: at batch 1 the latent preset has only 16 rows.
+      const dim3 grid(p.batch * p.q_heads, ceil_div(p.head_dim_v, kCombineThreads));
+      combine_splits_kernel<T, kSparseAttentionMaxSplits><<<grid, kCombineThreads, 0, s>>>(
+          p.partial_out, p.partial_lse, static_cast<T*>(p.out), p.num_splits, p.head_dim_v);
+      check_launch("sparse_attention_decode (combine)");
+    }
+  });
+}
+
+}  // namespace lt2::kernels

@@ -1,0 +1,60 @@
+// Fused CUDA kernels for the decode step of DeepSeek Sparse Attention's selection (spec/mixers.md
+// §6.1): the lightning indexer's scores of one new token per sequence against its index-key cache,
+// and the top-k selection over them. Same conventions as decode.h: a params struct per kernel, a
+// launcher that picks the template instance, plain kernels in kernels/cuda/dsa_index.cu; device
+// pointers, strides in elements, the last dim of every tensor contiguous. The launchers enqueue on
+// `stream` (a cudaStream_t) and never synchronise, allocate or read device memory on the host, and
+// their grids depend only on the shapes, never on the lengths: a CUDA graph captures them and
+// replays them with new lengths. No libtorch here (ops/fused_dsa.h wraps these for tensors).
+#pragma once
+#include <cstdint>
+
+#include "lt2/kernels/decode.h"  // DType
+
+namespace lt2::kernels {
+
+constexpr int kDsaIndexMaxHeads = 128;    // indexer heads H_I
+constexpr int kDsaIndexMaxHeadDim = 256;  // indexer head dim d_I
+constexpr int kDsaMaxLength = 1 << 30;    // cache length / scores per row
+
+// Lightning-indexer scores of the new token of every sequence, accumulated in fp32:
+//   scores[b, j] = sum_h w[b, h] * max(0, q[b, h, :] . keys[b, j, :])   for j < seq_lens[b]
+//   scores[b, j] = -inf                                                 for seq_lens[b] <= j < max_len
+// Keys at or past a sequence's length are never read.
+struct DsaIndexScoresParams {
+  const void* q;  // [B, H, D] in dtype
+  int64_t q_batch_stride, q_head_stride;
+  const float* w;     // [B, H] fp32 contiguous: head weights (scales folded in)
+  const void* keys;   // [B, max_len, D] in dtype: the index-key cache
+  int64_t k_batch_stride, k_row_stride;
+  const int64_t* seq_lens;  // [B]: keys 0..len-1 of sequence b are valid (len in [1, max_len])
+  float* scores;            // [B, max_len] fp32 contiguous; every element is written
+  int batch, heads, head_dim, max_len;
+  DType dtype;  // of q and keys
+};
+// Whether dsa_index_scores takes these shapes (1..kDsaIndexMaxHeads heads, head dim
+// 1..kDsaIndexMaxHeadDim). bf16/fp16 with heads and head dim multiples of 16 and 16-byte aligned
+// q and key rows run on tensor cores; everything else on the plain-FMA kernel.
+constexpr bool dsa_index_scores_supported(int heads, int head_dim) {
+  return heads >= 1 && heads <= kDsaIndexMaxHeads && head_dim >= 1 && head_dim <= kDsaIndexMaxHeadDim;
+}
+void dsa_index_scores(const DsaIndexScoresParams& p, void* stream);
+
+// The indices of the k largest scores of every row, ordered by (score descending, lower index
+// first): exactly the set lt2::topk_indices (ops/sparse_attention.h) returns for fp32 scores
+// (-0 == +0; -inf entries rank among themselves by lower index). With seq_lens, entries j >= len
+// are taken to be -inf without being read (as dsa_index_scores writes them). Order within a row of
+// `indices` (deterministic, not sorted by score): the entries whose key's high digits, as far as
+// the radix passes examined them, exceed those of the k-th largest, in ascending index; then the
+// selected entries sharing its digits (its ties, when all 32 bits were examined), in ascending
+// index; then (seq_lens given, k > len) len, len + 1, ..., k - 1. So the first min(len, k)
+// indices are the row's valid entries. One thread-block cluster per row: needs sm_90.
+struct TopkSelectParams {
+  const float* scores;      // [B, length] fp32 contiguous (may hold -inf)
+  const int64_t* seq_lens;  // [B], or nullptr: every entry of a row takes part
+  int64_t* indices;         // [B, k] contiguous
+  int batch, length, k;     // 1 <= k <= length
+};
+void topk_select(const TopkSelectParams& p, void* stream);
+
+}  // namespace lt2::kernels

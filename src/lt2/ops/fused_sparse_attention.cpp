@@ -1,0 +1,170 @@
+#include "lt2/ops/fused_sparse_attention.h"
+
+#include <limits>
+#include <string>
+
+#include "lt2/kernels/sparse_attention_decode.h"
+#include "lt2/model/layers.h"
+#include "lt2/ops/fused_decode.h"
+#include "lt2/util/error.h"
+
+#ifdef LT2_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace lt2::ops {
+
+namespace {
+
+torch::IntArrayRef sizes_of(const Tensor& t) { return t.defined() ? t.sizes() : torch::IntArrayRef{}; }
+
+// Why q and the caches do not fit together (empty when they do); any device.
+std::string cache_problem(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (!q.defined() || !k.defined() || !v.defined()) return "q, k_cache and v_cache must be defined";
+  if (q.dim() != 3 || k.dim() != 4 || v.dim() != 4 || k.size(0) != q.size(0) || v.size(0) != q.size(0) ||
+      v.size(1) != k.size(1) || v.size(2) != k.size(2) || k.size(3) != q.size(2))
+    return cat("q must be [B, Hq, Dk], k_cache [B, Hkv, L, Dk] and v_cache [B, Hkv, L, Dv], found q ",
+               q.sizes(), ", k_cache ", k.sizes(), ", v_cache ", v.sizes());
+  if (k.size(1) < 1 || q.size(1) % k.size(1) != 0)
+    return cat(q.size(1), " query heads are not a multiple of ", k.size(1), " kv heads");
+  if (k.size(2) < 1) return "the caches hold no rows";
+  if (!q.is_floating_point() || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
+    return cat("q and the caches must have one floating dtype, found ", q.scalar_type(), ", ",
+               k.scalar_type(), ", ", v.scalar_type());
+  if (k.device() != q.device() || v.device() != q.device())
+    return cat("the caches must be on q's device ", q.device(), ", found ", k.device(), " and ", v.device());
+  return "";
+}
+
+// Why indices and counts do not fit q (empty when they do).
+std::string selection_problem(const Tensor& q, const Tensor& indices, const Tensor& counts) {
+  const int64_t B = q.size(0);
+  if (!indices.defined() || indices.scalar_type() != torch::kInt64 || indices.dim() != 2 ||
+      indices.size(0) != B || indices.size(1) < 1)
+    return cat("indices must be [B, n] = [", B, ", n >= 1] int64, found ", sizes_of(indices), " ",
+               indices.defined() ? indices.scalar_type() : torch::kInt64);
+  if (!counts.defined() || counts.scalar_type() != torch::kInt64 || counts.sizes() != torch::IntArrayRef({B}))
+    return cat("counts must be [B] = [", B, "] int64, found ", sizes_of(counts), " ",
+               counts.defined() ? counts.scalar_type() : torch::kInt64);
+  if (indices.device() != q.device() || counts.device() != q.device())
+    return cat("indices and counts must be on q's device ", q.device(), ", found ", indices.device(), " and ",
+               counts.device());
+  return "";
+}
+
+// Whether a tensor's rows (last dim) are contiguous and 16-byte aligned: its pointer and every
+// stride a whole number of 16-byte vectors.
+bool rows_aligned(const Tensor& t) {
+  const int64_t vec = 16 / t.element_size();
+  if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    if (t.stride(d) % vec != 0) return false;
+  return true;
+}
+
+// Why the kernel cannot take q and the caches (empty when it can).
+std::string kernel_problem(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (auto problem = cache_problem(q, k, v); !problem.empty()) return problem;
+  if (!q.is_cuda()) return cat("the tensors are on ", q.device(), ", not CUDA");
+  const auto dt = q.scalar_type();
+  if (dt != torch::kFloat32 && dt != torch::kBFloat16 && dt != torch::kFloat16)
+    return cat("the tensors are ", dt, " (the kernel takes float32, bfloat16, float16)");
+  const int64_t Hq = q.size(1), Hkv = k.size(1), Dk = q.size(2), Dv = v.size(3);
+  if (!kernels::sparse_attention_decode_supported(static_cast<int>(Dk), static_cast<int>(Dv),
+                                                  static_cast<int>(Hq / Hkv)))
+    return cat("head dims (", Dk, ", ", Dv, ") with ", Hq, " query heads over ", Hkv,
+               " kv heads have no kernel (head dims (64, 64), (128, 128), (256, 256) or (576, 512); at most ",
+               kernels::kSparseAttentionMaxGroups, " query heads per kv head)");
+  if (k.size(2) > std::numeric_limits<int>::max()) return cat("cache length ", k.size(2), " out of range");
+  if (!rows_aligned(k) || !rows_aligned(v)) return "cache rows must be contiguous and 16-byte aligned";
+  return "";
+}
+
+[[noreturn]] void no_cuda(const char* op) {
+  throw Error(cat(op, ": this build has no CUDA kernels (configured with LT2_CUDA=OFF or without nvcc)"));
+}
+
+#ifdef LT2_WITH_CUDA
+kernels::DType kernel_dtype(torch::ScalarType t) {
+  switch (t) {
+    case torch::kBFloat16: return kernels::DType::BFloat16;
+    case torch::kFloat16: return kernels::DType::Float16;
+    default: return kernels::DType::Float32;
+  }
+}
+#endif
+
+}  // namespace
+
+bool sparse_attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache) {
+  return fused_decode_available() && kernel_problem(q, k_cache, v_cache).empty();
+}
+
+Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const Tensor& indices, const Tensor& counts, double scale) {
+  const char* op = "sparse_attention_decode";
+  if (!fused_decode_available()) no_cuda(op);
+  const auto problem = kernel_problem(q, k_cache, v_cache);
+  LT2_CHECK(problem.empty(), op, ": ", problem);
+  const auto selection = selection_problem(q, indices, counts);
+  LT2_CHECK(selection.empty(), op, ": ", selection);
+  LT2_CHECK(indices.size(1) <= std::numeric_limits<int>::max(), op, ": ", indices.size(1),
+            " indices per sequence out of range");
+#ifdef LT2_WITH_CUDA
+  const int64_t B = q.size(0), Hq = q.size(1), Dk = q.size(2), Hkv = k_cache.size(1), L = k_cache.size(2);
+  const int64_t Dv = v_cache.size(3), n = indices.size(1);
+  c10::cuda::CUDAGuard guard(q.device());
+  const auto qc = rows_aligned(q) ? q : q.clone(torch::MemoryFormat::Contiguous);
+  const auto idx = indices.contiguous(), cnt = counts.contiguous();
+  const int splits = kernels::sparse_attention_decode_num_splits(
+      static_cast<int>(B), static_cast<int>(Hkv), static_cast<int>(Hq / Hkv), static_cast<int>(n),
+      q.device().index());
+  auto out = torch::empty({B, Hq, Dv}, q.options().memory_format(torch::MemoryFormat::Contiguous));
+  Tensor partial_out, partial_lse;
+  if (splits > 1) {
+    partial_out = torch::empty({B, Hq, splits, Dv}, q.options().dtype(torch::kFloat32));
+    partial_lse = torch::empty({B, Hq, splits}, q.options().dtype(torch::kFloat32));
+  }
+  kernels::SparseAttentionDecodeParams p{};
+  p.q = qc.data_ptr();
+  p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1);
+  p.k_cache = k_cache.data_ptr(), p.v_cache = v_cache.data_ptr();
+  p.k_batch_stride = k_cache.stride(0), p.k_head_stride = k_cache.stride(1), p.k_row_stride = k_cache.stride(2);
+  p.v_batch_stride = v_cache.stride(0), p.v_head_stride = v_cache.stride(1), p.v_row_stride = v_cache.stride(2);
+  p.indices = idx.data_ptr<int64_t>();
+  p.counts = cnt.data_ptr<int64_t>();
+  p.out = out.data_ptr();
+  p.partial_out = splits > 1 ? partial_out.data_ptr<float>() : nullptr;
+  p.partial_lse = splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.batch = B, p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim_k = Dk, p.head_dim_v = Dv;
+  p.max_len = L, p.n = n, p.num_splits = splits;
+  p.scale = static_cast<float>(scale);
+  p.dtype = kernel_dtype(q.scalar_type());
+  kernels::sparse_attention_decode(p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+  return out;
+#else
+  no_cuda(op);
+#endif
+}
+
+Tensor sparse_attention_decode_reference(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                         const Tensor& indices, const Tensor& counts, double scale) {
+  for (const auto& problem : {cache_problem(q, k_cache, v_cache), selection_problem(q, indices, counts)})
+    LT2_CHECK(problem.empty(), "sparse_attention_decode_reference: ", problem);
+  const int64_t B = q.size(0), Hq = q.size(1), Dk = q.size(2), Hkv = k_cache.size(1), L = k_cache.size(2);
+  const int64_t Dv = v_cache.size(3), n = indices.size(1);
+  auto used = torch::arange(n, indices.options()).unsqueeze(0) < counts.unsqueeze(1);  // [B, n]
+  // Unused entries gather entry 0 (always used) instead of whatever they hold; masked below.
+  auto idx = torch::where(used, indices, indices.narrow(1, 0, 1)).clamp(0, L - 1);  // [B, n]
+  auto gather = [&](const Tensor& cache) {  // [B, Hkv, L, D] -> [B, Hkv, n, D] in fp32 / float64
+    return cache.gather(2, idx.view({B, 1, n, 1}).expand({B, Hkv, n, cache.size(3)})).to(accum_dtype(q));
+  };
+  auto qg = q.reshape({B, Hkv, Hq / Hkv, Dk}).to(accum_dtype(q));  // the G query heads of each kv head
+  auto scores = torch::matmul(qg, gather(k_cache).transpose(2, 3)) * scale;  // [B, Hkv, G, n]
+  scores = scores.masked_fill(~used.view({B, 1, 1, n}), -std::numeric_limits<double>::infinity());
+  auto out = torch::matmul(torch::softmax(scores, -1), gather(v_cache));  // [B, Hkv, G, Dv]
+  return out.reshape({B, Hq, Dv}).to(q.scalar_type());
+}
+
+}  // namespace lt2::ops

@@ -1,0 +1,40 @@
+// Sparse attention of one decode token over selected cache rows (DSA's top-k tokens, NSA's
+// selected blocks): the fused CUDA kernel (kernels/sparse_attention_decode.h) for tensors, and its
+// libtorch reference. The kernel entry point checks its inputs, launches on the current CUDA
+// stream and takes its output and workspaces from the caching allocator; nothing synchronises or
+// reads device memory on the host, so a CUDA graph can capture it. Without CUDA kernels in the
+// build (LT2_CUDA=OFF) it throws and sparse_attention_decode_supported is false.
+#pragma once
+#include <torch/torch.h>
+
+namespace lt2::ops {
+
+using torch::Tensor;
+
+// q [B, Hq, Dk] (one new token per sequence), k_cache [B, Hkv, L, Dk], v_cache [B, Hkv, L, Dv]
+// (Hq a multiple of Hkv; query head h reads kv head h / (Hq / Hkv)), indices [B, n] int64: the
+// selected cache rows of sequence b, shared by its kv heads, counts [B] int64: only the first
+// counts[b] entries of row b are used (1 <= counts[b] <= n; the used entries lie in [0, L)):
+//   out[b, h] = sum_{j < counts[b]} softmax_j(scale q[b, h] . k[b, kv, r_j]) v[b, kv, r_j],
+//   r_j = indices[b, j], kv = h / (Hq / Hkv)
+// Returns [B, Hq, Dv] in q's dtype. v_cache may be a view of k_cache's first Dv dims (the MLA
+// latent form, v = k.narrow(-1, 0, Dv)): each row is then read once.
+//
+// Fused kernel: CUDA tensors of one dtype (float32, bfloat16, float16), (Dk, Dv) in (64, 64),
+// (128, 128), (256, 256), (576, 512), at most 16 query heads per kv head, cache rows contiguous
+// and 16-byte aligned (any batch, head and row strides); indices and counts on q's device. The
+// split count depends on the shapes only, so a captured graph replays with new counts, indices
+// and queries.
+Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const Tensor& indices, const Tensor& counts, double scale);
+// Whether sparse_attention_decode takes these tensors (the CUDA kernels are built, device,
+// dtypes, head dims, groups, cache alignment).
+bool sparse_attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
+
+// The same math in libtorch ops on any device and floating dtype: gather the selected rows, masked
+// softmax and both products in fp32 (float64 for float64 inputs), output in q's dtype. Entries
+// past counts[b] are never gathered.
+Tensor sparse_attention_decode_reference(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                         const Tensor& indices, const Tensor& counts, double scale);
+
+}  // namespace lt2::ops

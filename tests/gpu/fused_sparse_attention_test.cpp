@@ -1,0 +1,227 @@
+// GPU (CTest label `gpu`): ops::sparse_attention_decode, the fused sparse flash-decoding kernel,
+// against float64 (sparse_attention_decode_reference on float64 copies) on fresh random inputs:
+// every (Dk, Dv) instance, groups 1, 3, 4, 8, 16, batches 1, 3, 8, index lists from 1 to 2048
+// entries with distinct rows in random order, counts differing per sequence (1 and n included),
+// the latent form (values = the keys' first 512 dims), caches and queries with non-contiguous
+// strides; fp32 relative RMS error < 1e-5, bf16 and fp16 < 5e-3. Every cache row a sequence does
+// not select is NaN, and the kernel also runs with NaN-poisoned output and split workspaces, so a
+// stray read or a missing write shows. Replayed from a CUDA graph with new counts, indices and
+// queries it equals the eager call. Skips where no CUDA GPU (or no CUDA kernels) is present.
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_testing.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/testing.h"
+#include "lt2/kernels/sparse_attention_decode.h"
+#include "lt2/ops/fused_sparse_attention.h"
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using torch::Tensor;
+
+namespace {
+
+const auto f64 = torch::kFloat64;
+
+torch::TensorOptions gpu(torch::ScalarType dt) { return torch::TensorOptions().device(torch::kCUDA).dtype(dt); }
+
+// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16 (and fp16).
+double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
+
+struct Case {
+  int64_t B, Hq, Hkv, Dk, Dv, L, n;
+  bool latent;  // v = k.narrow(-1, 0, Dv): one cache, each row read once
+};
+
+struct Inputs {
+  Tensor q, k, v, indices, counts;
+  double scale;
+};
+
+// Per sequence: n distinct rows of [0, L) in random order, and counts in [1, n] with the first
+// sequence at 1 and the last at n. On the GPU.
+std::pair<Tensor, Tensor> random_selection(int64_t B, int64_t L, int64_t n) {
+  auto counts = torch::randint(1, n + 1, {B}, torch::kInt64);
+  counts[0] = 1;
+  if (B > 1) counts[B - 1] = n;
+  std::vector<Tensor> rows;
+  for (int64_t b = 0; b < B; ++b) rows.push_back(torch::randperm(L, torch::kInt64).narrow(0, 0, n));
+  return {torch::stack(rows).cuda(), counts.cuda()};
+}
+
+// Caches with a batch stride of two sequences (every other one of a larger buffer, offset by one)
+// and rows 8 elements longer than the head dim; q with a head stride of Dk + 8.
+Inputs make_inputs(const Case& c, torch::ScalarType dt) {
+  Inputs in;
+  auto k_buf = torch::randn({2 * c.B + 1, c.Hkv, c.L, c.Dk + 8}, gpu(dt));
+  in.k = k_buf.slice(0, 1, 2 * c.B + 1, 2).narrow(3, 0, c.Dk);
+  if (c.latent) {
+    in.v = in.k.narrow(3, 0, c.Dv);
+  } else {
+    auto v_buf = torch::randn({2 * c.B + 1, c.Hkv, c.L, c.Dv + 8}, gpu(dt));
+    in.v = v_buf.slice(0, 1, 2 * c.B + 1, 2).narrow(3, 0, c.Dv);
+  }
+  in.q = (torch::randn({c.B, c.Hq, c.Dk + 8}, gpu(torch::kFloat32)) * 2).to(dt).narrow(2, 0, c.Dk);
+  std::tie(in.indices, in.counts) = random_selection(c.B, c.L, c.n);
+  in.scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
+  return in;
+}
+
+// NaN in every cache row that a sequence does not select (its rows past counts[b] included).
+void poison_unselected(Tensor cache, const Tensor& indices, const Tensor& counts) {
+  const int64_t B = cache.size(0), L = cache.size(2);
+  auto idx = indices.cpu(), cnt = counts.cpu();
+  auto selected = torch::zeros({B, L}, torch::kBool);
+  for (int64_t b = 0; b < B; ++b) selected[b].index_put_({idx[b].narrow(0, 0, cnt[b].item<int64_t>())}, true);
+  cache.masked_fill_(~selected.cuda().view({B, 1, L, 1}), std::nan(""));
+}
+
+Tensor reference64(const Inputs& in) {
+  return ops::sparse_attention_decode_reference(in.q.to(f64), in.k.to(f64), in.v.to(f64), in.indices,
+                                                in.counts, in.scale);
+}
+
+#ifdef LT2_WITH_CUDA
+// The kernel launched directly, its output and split workspaces filled with NaN first: every
+// output element and every partial the combine reads must be written. Returns the output.
+Tensor run_poisoned(const Inputs& in) {
+  const int64_t B = in.q.size(0), Hq = in.q.size(1), Hkv = in.k.size(1), Dv = in.v.size(3);
+  const int splits = kernels::sparse_attention_decode_num_splits(
+      static_cast<int>(B), static_cast<int>(Hkv), static_cast<int>(Hq / Hkv),
+      static_cast<int>(in.indices.size(1)), c10::cuda::current_device());
+  const float nan = std::nanf("");
+  auto out = torch::full({B, Hq, Dv}, nan, in.q.options().memory_format(torch::MemoryFormat::Contiguous));
+  auto partial_out = torch::full({B, Hq, splits, Dv}, nan, gpu(torch::kFloat32));
+  auto partial_lse = torch::full({B, Hq, splits}, nan, gpu(torch::kFloat32));
+  kernels::SparseAttentionDecodeParams p{};
+  p.q = in.q.data_ptr();
+  p.q_batch_stride = in.q.stride(0), p.q_head_stride = in.q.stride(1);
+  p.k_cache = in.k.data_ptr(), p.v_cache = in.v.data_ptr();
+  p.k_batch_stride = in.k.stride(0), p.k_head_stride = in.k.stride(1), p.k_row_stride = in.k.stride(2);
+  p.v_batch_stride = in.v.stride(0), p.v_head_stride = in.v.stride(1), p.v_row_stride = in.v.stride(2);
+  p.indices = in.indices.data_ptr<int64_t>();
+  p.counts = in.counts.data_ptr<int64_t>();
+  p.out = out.data_ptr();
+  p.partial_out = splits > 1 ? partial_out.data_ptr<float>() : nullptr;
+  p.partial_lse = splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.batch = B, p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim_k = in.k.size(3), p.head_dim_v = Dv;
+  p.max_len = in.k.size(2), p.n = in.indices.size(1), p.num_splits = splits;
+  p.scale = static_cast<float>(in.scale);
+  p.dtype = in.q.scalar_type() == torch::kBFloat16  ? kernels::DType::BFloat16
+            : in.q.scalar_type() == torch::kFloat16 ? kernels::DType::Float16
+                                                    : kernels::DType::Float32;
+  kernels::sparse_attention_decode(p, c10::cuda::getCurrentCUDAStream().stream());
+  if (splits > 1) {
+    EXPECT_FALSE(torch::isnan(partial_out).any().item<bool>()) << "a split partial left unwritten";
+    EXPECT_FALSE(torch::isnan(partial_lse).any().item<bool>()) << "a split lse left unwritten";
+  }
+  return out;
+}
+#endif
+
+}  // namespace
+
+TEST(FusedSparseAttention, MatchesFloat64Reference) {
+  REQUIRE_FUSED_DECODE();
+  const std::vector<Case> cases{
+      {1, 16, 1, 576, 512, 3000, 2048, true},    // DSA's latent preset at batch 1: 128 one-tile splits
+      {8, 16, 1, 576, 512, 2100, 2048, true},    // ... at batch 8
+      {3, 16, 1, 576, 512, 500, 100, true},      // a short list: partial tiles, idle splits
+      {2, 16, 1, 576, 512, 40, 12, true},        // one split, written without the combine
+      {3, 8, 1, 576, 512, 400, 150, false},      // separate 512-dim values, G 8
+      {3, 16, 16, 128, 128, 2500, 2048, false},  // DSA's GQA form (G 1)
+      {8, 32, 8, 128, 128, 700, 300, false},     // G 4
+      {3, 16, 1, 128, 128, 100, 16, false},      // G 16, four key groups, a one-tile list
+      {1, 4, 1, 64, 64, 200, 37, false},         // G 4, D 64
+      {8, 16, 1, 64, 64, 300, 150, false},       // G 16, D 64, eight key groups
+      {8, 64, 4, 64, 64, 3000, 2048, false},     // fla's NSA heads (64 over 4, D 64): 16 tiles a split
+      {3, 12, 4, 256, 256, 600, 333, false},     // G 3, padded to the 4-head instance
+      {3, 16, 1, 256, 256, 300, 64, false},      // G 16, D 256
+      {1, 2, 2, 256, 256, 50, 1, false},         // one index
+  };
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      if (dt == torch::kFloat16 && i % 3 != 0) continue;  // fp16 on a third of the shapes
+      SCOPED_TRACE(::testing::Message() << dt << " B" << c.B << " Hq" << c.Hq << " Hkv" << c.Hkv << " Dk"
+                                        << c.Dk << " Dv" << c.Dv << " L" << c.L << " n" << c.n
+                                        << (c.latent ? " latent" : ""));
+      torch::manual_seed(static_cast<uint64_t>(1000 * i + c.n));
+      auto in = make_inputs(c, dt);
+      poison_unselected(in.k, in.indices, in.counts);
+      if (!c.latent) poison_unselected(in.v, in.indices, in.counts);
+      ASSERT_TRUE(ops::sparse_attention_decode_supported(in.q, in.k, in.v));
+      auto out = ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale);
+      EXPECT_EQ(out.sizes(), torch::IntArrayRef({c.B, c.Hq, c.Dv}));
+      EXPECT_EQ(out.scalar_type(), dt);
+      EXPECT_TRUE(torch::isfinite(out).all().item<bool>()) << "a NaN row was read or an output left unwritten";
+      EXPECT_LT(rel_err(out, reference64(in)), tolerance(dt));
+#ifdef LT2_WITH_CUDA
+      EXPECT_TRUE(torch::equal(run_poisoned(in), out)) << "output with NaN-poisoned buffers differs";
+#endif
+    }
+}
+
+TEST(FusedSparseAttention, Unsupported) {
+  REQUIRE_FUSED_DECODE();
+  auto q = torch::randn({2, 4, 96}, gpu(torch::kBFloat16));
+  auto k = torch::randn({2, 1, 10, 96}, gpu(torch::kBFloat16));
+  EXPECT_FALSE(ops::sparse_attention_decode_supported(q, k, k));  // head dim 96
+  auto q17 = torch::randn({1, 17, 64}, gpu(torch::kBFloat16));
+  auto k17 = torch::randn({1, 1, 10, 64}, gpu(torch::kBFloat16));
+  EXPECT_FALSE(ops::sparse_attention_decode_supported(q17, k17, k17));  // 17 query heads per kv head
+  auto k_odd = torch::randn({1, 1, 10, 72}, gpu(torch::kBFloat16)).narrow(3, 4, 64);  // rows 8 bytes off
+  auto q1 = torch::randn({1, 4, 64}, gpu(torch::kBFloat16));
+  EXPECT_FALSE(ops::sparse_attention_decode_supported(q1, k_odd, k_odd));
+  auto idx = torch::zeros({1, 4}, gpu(torch::kInt64)), cnt = torch::ones({1}, gpu(torch::kInt64));
+  EXPECT_THROW(ops::sparse_attention_decode(q1, k_odd, k_odd, idx, cnt, 1.0), lt2::Error);
+  auto k1 = torch::randn({1, 1, 10, 64}, gpu(torch::kBFloat16));
+  EXPECT_THROW(ops::sparse_attention_decode(q1, k1, k1, idx.to(torch::kInt32), cnt, 1.0), lt2::Error);
+  EXPECT_THROW(ops::sparse_attention_decode(q1, k1, k1, idx, cnt.cpu(), 1.0), lt2::Error);
+}
+
+#ifdef LT2_WITH_CUDA
+
+// Captured once, replayed with new counts, indices and queries: equals the eager call.
+TEST(FusedSparseAttention, GraphReplayWithNewSelection) {
+  REQUIRE_FUSED_DECODE();
+  const std::vector<std::pair<Case, torch::ScalarType>> cases{
+      {{3, 16, 1, 576, 512, 3000, 2048, true}, torch::kBFloat16},
+      {{2, 16, 16, 128, 128, 1000, 300, false}, torch::kFloat32}};
+  for (const auto& [c, dt] : cases) {
+    SCOPED_TRACE(::testing::Message() << dt << " Dk" << c.Dk << " Hkv" << c.Hkv);
+    torch::manual_seed(11);
+    auto in = make_inputs(c, dt);
+    // Warm-up (reserves the kernel's shared memory), capture, replays and eager calls all on one
+    // side stream (capture needs a non-default one).
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale);
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    auto out = ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale);
+    graph.capture_end();
+    for (int replay = 0; replay < 3; ++replay) {
+      auto [indices, counts] = random_selection(c.B, c.L, c.n);
+      in.indices.copy_(indices);
+      in.counts.copy_(counts.flip(0));  // the full list first, a count of 1 last
+      in.q.copy_(torch::randn(in.q.sizes(), gpu(dt)));
+      graph.replay();
+      auto eager = ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale);
+      torch::cuda::synchronize();
+      EXPECT_TRUE(torch::equal(out, eager)) << "replay " << replay;
+      EXPECT_LT(rel_err(out, reference64(in)), tolerance(dt)) << "replay " << replay;
+    }
+  }
+}
+
+#endif  // LT2_WITH_CUDA
