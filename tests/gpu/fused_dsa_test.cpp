@@ -119,7 +119,15 @@ TEST(FusedDsa, IndexScoresMatchReference) {
       const auto valid = valid_mask(in.lens, s.L).cpu();
       const auto got = scores.cpu().to(f64), ref = reference_scores(in);
       EXPECT_FALSE(torch::isnan(got).any().item<bool>()) << "an element is unwritten or read a key past its length";
-      EXPECT_LT(rel_err(got.masked_select(valid), ref.masked_select(valid)), tolerance(dt));
+      // The head weights have mixed signs, so a score can be a near-cancelling sum; its rounding
+      // error scales with the sum of the terms' magnitudes, which is what the error is measured
+      // against (sum_h |w_h| ReLU(q_h . k), float64).
+      auto magnitude_in = in;
+      magnitude_in.w = in.w.abs();
+      const auto magnitude = reference_scores(magnitude_in).masked_select(valid);
+      const auto err = (got.masked_select(valid) - ref.masked_select(valid)).norm().item<double>() /
+                       std::max(magnitude.norm().item<double>(), 1e-300);
+      EXPECT_LT(err, tolerance(dt));
       EXPECT_TRUE((got.masked_select(~valid) == -kInf).all().item<bool>()) << "entries past the length";
     }
 }
