@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <type_traits>
-#include <utility>
 
 #include "lt2/kernels/decode.h"
 #include "lt2/util/error.h"
@@ -78,48 +77,6 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1p
 inline void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   LT2_CHECK(err == cudaSuccess, kernel, " launch failed: ", cudaGetErrorString(err));
-}
-
-// Programmatic dependent launch (sm_90; no-ops elsewhere). A kernel launched by launch_pdl may
-// start while the kernel before it in the stream is still running, so that its blocks can issue the
-// loads that depend on nothing earlier (weights, their own recurrent state) meanwhile. Every thread
-// calls grid_dependency_wait() before it reads what an earlier kernel wrote or writes anything an
-// earlier kernel may read; it returns once the previous kernel has completed and its writes are
-// visible. launch_dependents() lets the next kernel launch; a kernel calls it only after its own
-// wait, so each kernel still starts after everything two launches back has completed.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// The launch attribute that lets a kernel overlap the end of the previous one (see above).
-inline cudaLaunchAttribute pdl_attribute() {
-  cudaLaunchAttribute a{};
-  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  a.val.programmaticStreamSerializationAllowed = 1;
-  return a;
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch allowed.
-template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr = pdl_attribute();
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  LT2_CHECK(err == cudaSuccess, "kernel launch failed: ", cudaGetErrorString(err));
 }
 
 // Calls f(T{}) with T the CUDA type of dtype.

@@ -104,7 +104,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvPara
   const int chunks = p.k / kMmaChunk;
 
   float c[4] = {0.f, 0.f, 0.f, 0.f}, sumsq = 0.f;
-  bool waited = false;  // the first weight loads go out before waiting for the previous kernel
   for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaUnroll) {
     uint4 lo[kMmaUnroll], hi[kMmaUnroll];
 #pragma unroll
@@ -115,7 +114,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvPara
         lo[u] = __ldcs(w_lo + v), hi[u] = __ldcs(w_hi + v);
       }
     }
-    if (!waited) grid_dependency_wait(), waited = true;  // x and the residual are the previous kernel's
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
       const int chunk = c0 + u * kMmaWarps;
@@ -132,8 +130,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvPara
       mma_16816<T>(c, lo[u].z, hi[u].z, lo[u].w, hi[u].w, b[2], b[3]);
     }
   }
-  if (!waited) grid_dependency_wait();
-  launch_dependents();  // the next kernel may start loading its weights during this epilogue
   // C fragment: c0, c1 = C[g][2q], C[g][2q + 1]; c2, c3 = C[g + 8][2q], C[g + 8][2q + 1]
   // (C rows: weight rows, columns: x rows).
   s_c[warp][g][2 * q] = c[0];
@@ -176,8 +172,6 @@ __global__ void __launch_bounds__(kFmaThreads) gemv_fma_kernel(const GemvParams 
   for (int r = 0; r < R; ++r)  // rows past N read row N - 1 (in bounds) and are not written
     w[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + min(n0 + r, p.n - 1) * p.k);
 
-  grid_dependency_wait();  // the FMA kernel (fp32 and odd K, not the hot path) waits up front
-  launch_dependents();
   float acc[R][M], sumsq[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
@@ -230,7 +224,7 @@ template <typename T, int M, GemvPrologue PRO>
 void launch_fma(const GemvParams& p, cudaStream_t stream) {
   if (p.rows == M) {
     const auto blocks = static_cast<unsigned>((p.n + kFmaRows - 1) / kFmaRows);
-    launch_pdl(gemv_fma_kernel<T, M, PRO>, dim3(blocks), dim3(kFmaThreads), 0, stream, p);
+    gemv_fma_kernel<T, M, PRO><<<blocks, kFmaThreads, 0, stream>>>(p);
   } else if constexpr (M > 1) {
     launch_fma<T, M - 1, PRO>(p, stream);
   }
@@ -241,7 +235,7 @@ void launch(const GemvParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
     if (p.k % kMmaChunk == 0) {
       const auto blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
-      launch_pdl(gemv_mma_kernel<T, PRO>, dim3(blocks), dim3(kMmaWarps * 32), 0, stream, p);
+      gemv_mma_kernel<T, PRO><<<blocks, kMmaWarps * 32, 0, stream>>>(p);
       return;
     }
   }

@@ -253,8 +253,6 @@ __global__ void __launch_bounds__(kThreads)
 
   float* S = p.state + (static_cast<int64_t>(b) * H + h) * K * V;
   load_tile_async(S, K, V, 0, min(tile_cols, V), tile, pitch, vec16);
-  grid_dependency_wait();  // the inputs are the previous kernel's; the state and windows only this kernel's
-  launch_dependents();
 
   // Short convs of this head's channels, while the first tile is in flight. This block is the
   // only reader and writer of these channels' windows.
@@ -333,8 +331,6 @@ __global__ void __launch_bounds__(kThreads)
 
   float* S = p.state + (static_cast<int64_t>(b) * H + h) * K * V;
   load_tile_async(S, K, V, v0, tw, s_tile, pitch, vec16);
-  grid_dependency_wait();  // the inputs are the previous kernel's; the state and windows only this kernel's
-  launch_dependents();
 
   const int qk_channels = H * K, v_channels = H * V;
   T* q_window = batch_window<T>(p.q_conv_window, b, W, qk_channels);
@@ -475,7 +471,7 @@ void launch_gdn_per_head(const GdnDecodeParams& p, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     reserve_shared<gdn_decode_kernel<T>>(smem, "gdn_decode");
-    launch_pdl(gdn_decode_kernel<T>, grid, dim3(kThreads), smem, stream, p, tile_cols, pitch, vec16);
+    gdn_decode_kernel<T><<<grid, kThreads, smem, stream>>>(p, tile_cols, pitch, vec16);
   });
   check_launch("gdn_decode");
 }
@@ -491,14 +487,13 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = plan.smem;
   config.stream = stream;
-  cudaLaunchAttribute attrs[2]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = plan.tiles;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1] = pdl_attribute();
-  config.attrs = attrs;
-  config.numAttrs = 2;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = plan.tiles;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     reserve_shared<gdn_decode_cluster_kernel<T>>(plan.smem, "gdn_decode (cluster form)");
