@@ -27,20 +27,12 @@
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;
+using namespace lt2::gpu_testing;
 
 namespace {
 
 const auto f64 = torch::kFloat64;
 const double kInf = std::numeric_limits<double>::infinity();
-
-torch::TensorOptions gpu(torch::ScalarType dt) { return torch::TensorOptions().device(torch::kCUDA).dtype(dt); }
-
-// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16 (and fp16).
-double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
-
-const char* name(torch::ScalarType dt) {
-  return dt == torch::kFloat32 ? "fp32" : dt == torch::kBFloat16 ? "bf16" : "fp16";
-}
 
 // Lengths in [1, L] on the GPU, different per sequence: the last sequence uses the whole cache
 // and (B > 1) the first holds one key.

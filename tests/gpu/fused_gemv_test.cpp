@@ -21,13 +21,9 @@
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;
+using namespace lt2::gpu_testing;
 
 namespace {
-
-torch::TensorOptions gpu(torch::ScalarType dt) { return torch::TensorOptions().device(torch::kCUDA).dtype(dt); }
-
-// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16.
-double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
 
 Tensor reference(const Tensor& x, const Tensor& w) {
   return torch::matmul(x.cpu().to(torch::kFloat64), w.cpu().to(torch::kFloat64).t());

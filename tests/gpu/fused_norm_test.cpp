@@ -17,20 +17,9 @@
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;
-
+using namespace lt2::gpu_testing;
 
 namespace {
-
-torch::TensorOptions gpu(torch::ScalarType dt) { return torch::TensorOptions().device(torch::kCUDA).dtype(dt); }
-
-// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16.
-double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
-
-const char* name(torch::ScalarType dt) { return dt == torch::kFloat32 ? "fp32" : "bf16"; }
-
-struct FusedDecodeSwitch {
-  ~FusedDecodeSwitch() { set_fused_decode(true); }
-};
 
 // RMSNorm in float64 on the CPU: x * rsqrt(mean(x^2) + eps) * w.
 Tensor rms_norm_reference(const Tensor& x, const Tensor& w, double eps) {

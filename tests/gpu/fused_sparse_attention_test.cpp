@@ -28,15 +28,11 @@
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;
+using namespace lt2::gpu_testing;
 
 namespace {
 
 const auto f64 = torch::kFloat64;
-
-torch::TensorOptions gpu(torch::ScalarType dt) { return torch::TensorOptions().device(torch::kCUDA).dtype(dt); }
-
-// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16 (and fp16).
-double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
 
 struct Case {
   int64_t B, Hq, Hkv, Dk, Dv, L, n;

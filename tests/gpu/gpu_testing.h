@@ -12,3 +12,23 @@
 #define REQUIRE_FUSED_DECODE()                                         \
   if (!torch::cuda::is_available() || !lt2::fused_decode_available()) \
   GTEST_SKIP() << "no CUDA GPU or no CUDA kernels in this build"
+
+namespace lt2::gpu_testing {
+
+inline torch::TensorOptions gpu(torch::ScalarType dt) {
+  return torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+}
+
+// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16 (and fp16).
+inline double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
+
+inline const char* name(torch::ScalarType dt) {
+  return dt == torch::kFloat32 ? "fp32" : dt == torch::kBFloat16 ? "bf16" : "fp16";
+}
+
+// Restores the process-wide fused-decode switch when a test ends, however it ends.
+struct FusedDecodeSwitch {
+  ~FusedDecodeSwitch() { lt2::set_fused_decode(true); }
+};
+
+}  // namespace lt2::gpu_testing

@@ -41,6 +41,10 @@ TEST(KernelProfile, SummarySumsByNameAndSortsByTime) {
   EXPECT_NE(table.find("| b | 0.5 | 5.0 | 58.8% |"), std::string::npos) << table;
   EXPECT_EQ(table.find("| a |"), std::string::npos) << table;
   EXPECT_THROW(summarize_activity({}, 0, 0), Error);
+  // Overlapping kernels: busy 17 us in a 10 us span.
+  const auto overlapping = kernel_profile_table(
+      summarize_activity({{"void a<int>(int)", 7.0}, {"void b(float)", 10.0}}, 1, 10.0), 5);
+  EXPECT_NE(overlapping.find("17.0 us busy (170%), kernels overlap by 7.0 us"), std::string::npos) << overlapping;
 }
 
 TEST(KernelProfile, StepsThatLaunchNothingGiveAnEmptyProfile) {

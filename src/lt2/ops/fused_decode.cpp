@@ -6,6 +6,7 @@
 #include <string>
 
 #include "lt2/kernels/decode.h"
+#include "lt2/ops/fused_common.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -31,11 +32,9 @@ bool fused_decode_available() {
 
 namespace ops {
 
-namespace {
+using namespace detail;
 
-bool kernel_dtype_ok(torch::ScalarType t) {
-  return t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16;
-}
+namespace {
 
 // Why the kernels cannot take a tensor (empty when they can): defined, on CUDA, a kernel dtype.
 std::string activation_problem(const Tensor& t, const char* name) {
@@ -92,15 +91,6 @@ std::string attention_problem(const Tensor& q, const Tensor& k_cache, const Tens
 }
 
 #ifdef LT2_WITH_CUDA
-kernels::DType kernel_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kBFloat16: return kernels::DType::BFloat16;
-    case torch::kFloat16: return kernels::DType::Float16;
-    default: return kernels::DType::Float32;
-  }
-}
-
-void* current_stream(const Tensor& on) { return c10::cuda::getCurrentCUDAStream(on.device().index()).stream(); }
 
 // t in dtype `dt` with a contiguous last dim (no copy when it already is).
 Tensor with_contiguous_rows(const Tensor& t, torch::ScalarType dt) {
@@ -108,10 +98,6 @@ Tensor with_contiguous_rows(const Tensor& t, torch::ScalarType dt) {
   return c.stride(-1) == 1 ? c : c.contiguous();
 }
 #endif
-
-[[noreturn]] void no_cuda(const char* op) {
-  throw Error(cat(op, ": this build has no CUDA kernels (configured with LT2_CUDA=OFF or without nvcc)"));
-}
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "lt2/kernels/dsa_decode.h"
+#include "lt2/ops/fused_common.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/util/error.h"
 
@@ -13,13 +14,9 @@
 
 namespace lt2::ops {
 
+using namespace detail;
+
 namespace {
-
-bool kernel_dtype_ok(torch::ScalarType t) {
-  return t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16;
-}
-
-torch::IntArrayRef sizes_of(const Tensor& t) { return t.defined() ? t.sizes() : torch::IntArrayRef{}; }
 
 // Why dsa_index_scores cannot take q and index_keys (empty when it can).
 std::string index_problem(const Tensor& q, const Tensor& keys) {
@@ -61,15 +58,6 @@ void check_out(const char* op, const Tensor& out, int64_t rows, int64_t cols, to
 }
 
 #ifdef LT2_WITH_CUDA
-kernels::DType kernel_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kBFloat16: return kernels::DType::BFloat16;
-    case torch::kFloat16: return kernels::DType::Float16;
-    default: return kernels::DType::Float32;
-  }
-}
-
-void* current_stream(const Tensor& on) { return c10::cuda::getCurrentCUDAStream(on.device().index()).stream(); }
 
 // q with a contiguous last dim and 16-byte aligned rows (what the tensor-core form needs): no copy
 // when it already has them, else a contiguous copy (q is one token: a few KiB).
@@ -80,10 +68,6 @@ Tensor with_aligned_rows(const Tensor& q) {
   return ok ? q : q.contiguous();
 }
 #endif
-
-[[noreturn]] void no_cuda(const char* op) {
-  throw Error(cat(op, ": this build has no CUDA kernels (configured with LT2_CUDA=OFF or without nvcc)"));
-}
 
 }  // namespace
 

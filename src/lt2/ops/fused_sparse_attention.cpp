@@ -5,6 +5,7 @@
 
 #include "lt2/kernels/sparse_attention_decode.h"
 #include "lt2/model/layers.h"
+#include "lt2/ops/fused_common.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/util/error.h"
 
@@ -15,9 +16,9 @@
 
 namespace lt2::ops {
 
-namespace {
+using namespace detail;
 
-torch::IntArrayRef sizes_of(const Tensor& t) { return t.defined() ? t.sizes() : torch::IntArrayRef{}; }
+namespace {
 
 // Why q and the caches do not fit together (empty when they do); any device.
 std::string cache_problem(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -80,20 +81,6 @@ std::string kernel_problem(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (!rows_aligned(k) || !rows_aligned(v)) return "cache rows must be contiguous and 16-byte aligned";
   return "";
 }
-
-[[noreturn]] void no_cuda(const char* op) {
-  throw Error(cat(op, ": this build has no CUDA kernels (configured with LT2_CUDA=OFF or without nvcc)"));
-}
-
-#ifdef LT2_WITH_CUDA
-kernels::DType kernel_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kBFloat16: return kernels::DType::BFloat16;
-    case torch::kFloat16: return kernels::DType::Float16;
-    default: return kernels::DType::Float32;
-  }
-}
-#endif
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "lt2/kernels/decode.h"
@@ -77,6 +78,29 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1p
 inline void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   LT2_CHECK(err == cudaSuccess, kernel, " launch failed: ", cudaGetErrorString(err));
+}
+
+// Dynamic shared memory a kernel may use without opting in.
+constexpr size_t kMaxDefaultSharedBytes = 48 * 1024;
+
+// Raises Kernel's dynamic shared memory limit on the current device when it needs more than the
+// default 48 KiB; once per size and device, so a graph-captured launch after an eager one makes
+// no call. `name` names the kernel in the error when the device cannot give that much.
+template <auto Kernel>
+void reserve_shared(size_t bytes, const char* name) {
+  if (bytes <= kMaxDefaultSharedBytes) return;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> reserved[kMaxDevices];
+  int device = 0, optin = 0;
+  cudaGetDevice(&device);
+  if (device < kMaxDevices && bytes <= reserved[device].load()) return;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  LT2_CHECK(bytes <= static_cast<size_t>(optin), name, ": needs ", bytes,
+            " bytes of shared memory, the device allows ", optin);
+  const cudaError_t err =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  LT2_CHECK(err == cudaSuccess, name, ": cannot reserve shared memory: ", cudaGetErrorString(err));
+  if (device < kMaxDevices) reserved[device].store(bytes);
 }
 
 // Calls f(T{}) with T the CUDA type of dtype.

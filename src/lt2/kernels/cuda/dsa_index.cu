@@ -51,31 +51,10 @@
 namespace lt2::kernels {
 namespace {
 
-constexpr int kMaxDefaultSharedBytes = 48 * 1024;  // above this a kernel must opt in
 
 // Lengths are at most kDsaMaxLength, so the int sums below cannot overflow.
 __host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 int round_up(int a, int b) { return ceil_div(a, b) * b; }
-
-// Raises Kernel's dynamic shared memory limit on the current device when it needs more than the
-// default 48 KiB; once per size and device, so a graph-captured launch after an eager one makes
-// no call.
-template <auto Kernel>
-void reserve_shared(size_t bytes, const char* name) {
-  if (bytes <= kMaxDefaultSharedBytes) return;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<size_t> reserved[kMaxDevices];
-  int device = 0, optin = 0;
-  cudaGetDevice(&device);
-  if (device < kMaxDevices && bytes <= reserved[device].load()) return;
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  LT2_CHECK(bytes <= static_cast<size_t>(optin), name, ": needs ", bytes,
-            " bytes of shared memory, the device allows ", optin);
-  const cudaError_t err =
-      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  LT2_CHECK(err == cudaSuccess, name, ": cannot reserve shared memory: ", cudaGetErrorString(err));
-  if (device < kMaxDevices) reserved[device].store(bytes);
-}
 
 // The sequence's valid length, clamped to [0, max_len].
 __device__ __forceinline__ int valid_length(const int64_t* seq_lens, int b, int max_len) {

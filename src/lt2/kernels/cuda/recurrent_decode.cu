@@ -18,7 +18,6 @@ constexpr int kThreads = 256;
 constexpr int kRowGroups = kThreads / 32;          // warps; warp y holds rows y + kRowGroups * i
 constexpr int kStepTileElems = 4096;                // recurrent_step: ~16 KiB tiles, many blocks
 constexpr int kGdnTileBytes = 128 * 1024;           // gdn_decode: up to 128 KiB of S per pass
-constexpr int kMaxDefaultSharedBytes = 48 * 1024;   // above this a kernel must opt in
 constexpr int kMaxGdnClusterBlocks = 8;             // the portable cluster size
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -386,26 +385,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------------------------------------
 // Launchers.
-
-// Raises Kernel's dynamic shared memory limit on the current device when it needs more than the
-// default 48 KiB; once per size and device, so a graph-captured launch after an eager one makes
-// no call.
-template <auto Kernel>
-void reserve_shared(size_t bytes, const char* name) {
-  if (bytes <= kMaxDefaultSharedBytes) return;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<size_t> reserved[kMaxDevices];
-  int device = 0, optin = 0;
-  cudaGetDevice(&device);
-  if (device < kMaxDevices && bytes <= reserved[device].load()) return;
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  LT2_CHECK(bytes <= static_cast<size_t>(optin), name, ": needs ", bytes,
-            " bytes of shared memory, the device allows ", optin, " (head dims too large)");
-  const cudaError_t err =
-      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  LT2_CHECK(err == cudaSuccess, name, ": cannot reserve shared memory: ", cudaGetErrorString(err));
-  if (device < kMaxDevices) reserved[device].store(bytes);
-}
 
 bool rows_16_byte_aligned(const float* state, int V) {
   return V % 4 == 0 && reinterpret_cast<uintptr_t>(state) % 16 == 0;

@@ -40,7 +40,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kTileKeys = 16;   // keys per tile (rows per shared-memory buffer)
 constexpr int kDotLanes = 8;    // lanes sharing one key row in the score loop
-constexpr int kMaxDefaultSharedBytes = 48 * 1024;  // above this a kernel must opt in
 constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr size_t round16(size_t bytes) { return (bytes + 15) / 16 * 16; }
@@ -408,31 +407,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (S > 1 && tid < G) p.partial_lse[(row0 + tid) * S + split] = s_max[tid] + log2f(s_sum[tid]);
 }
 
-// Raises Kernel's dynamic shared memory limit on the current device when it needs more than the
-// default 48 KiB; once per size and device, so a graph-captured launch after an eager one makes
-// no call.
-template <auto Kernel>
-void reserve_shared(size_t bytes) {
-  if (bytes <= kMaxDefaultSharedBytes) return;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<size_t> reserved[kMaxDevices];
-  int device = 0, optin = 0;
-  cudaGetDevice(&device);
-  if (device < kMaxDevices && bytes <= reserved[device].load()) return;
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  LT2_CHECK(bytes <= static_cast<size_t>(optin), "sparse_attention_decode: needs ", bytes,
-            " bytes of shared memory, the device allows ", optin);
-  const cudaError_t err =
-      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  LT2_CHECK(err == cudaSuccess, "sparse_attention_decode: cannot reserve shared memory: ",
-            cudaGetErrorString(err));
-  if (device < kMaxDevices) reserved[device].store(bytes);
-}
-
 template <typename T, int DK, int DV, int GMAX>
 void launch_split(const SparseAttentionDecodeParams& p, bool alias, cudaStream_t stream) {
   const size_t smem = SparseShape<T, DK, DV, GMAX>::smem_bytes(alias);
-  reserve_shared<sparse_attention_split_kernel<T, DK, DV, GMAX>>(smem);
+  reserve_shared<sparse_attention_split_kernel<T, DK, DV, GMAX>>(smem, "sparse_attention_decode");
   const dim3 grid(p.num_splits, p.kv_heads, p.batch);
   sparse_attention_split_kernel<T, DK, DV, GMAX><<<grid, kThreads, smem, stream>>>(p, alias);
 }
