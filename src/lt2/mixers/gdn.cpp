@@ -82,10 +82,9 @@ RecurrentState* GatedDeltaNetImpl::fused_state(const Tensor& x, MixerState& stat
   return fused ? st : nullptr;
 }
 
-Tensor GatedDeltaNetImpl::fused_core(const Tensor& in, const Positions& pos, RecurrentState& st) {
+Tensor GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, const Positions& pos, RecurrentState& st) {
   LT2_CHECK(pos.seq_pos.defined() || st.length == pos.start, kind(), " state holds ", st.length,
             " tokens but the call starts at position ", pos.start);
-  auto p = unpack_outputs(in, input_projections());  // strided views of the packed output
   ops::GdnDecodeArgs a;
   a.q = p[0], a.k = p[1], a.v = p[2], a.a = p[3], a.b = p[4];
   if (use_gate) a.gate = p[5];
@@ -106,16 +105,14 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   auto* st = fused_state(x, state);
   if (!st) return RecurrentMixerImpl::step(x, pos, state);
   const int64_t B = x.size(0);
-  // One GEMV for every input projection when packed; the projections side by side otherwise.
-  Tensor in;
+  // One GEMV for every input projection when packed (the parts are strided views of its output).
+  std::vector<Tensor> parts;
   if (use_packed(w_in)) {
-    in = apply_linear(x.view({B, -1}), w_in);
+    parts = unpack_outputs(apply_linear(x.view({B, -1}), w_in), input_projections());
   } else {
-    std::vector<Tensor> parts;
     for (const auto& l : input_projections()) parts.push_back(apply_linear(x, l).view({B, -1}));
-    in = torch::cat(parts, -1);
   }
-  return apply_linear(fused_core(in, pos, *st).view({B, 1, -1}), o_proj);
+  return apply_linear(fused_core(parts, pos, *st).view({B, 1, -1}), o_proj);
 }
 
 Tensor GatedDeltaNetImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps,
@@ -127,7 +124,7 @@ Tensor GatedDeltaNetImpl::step_residual(const Tensor& x, const Tensor& norm_weig
   norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
   const auto x2 = x.reshape({B, -1});
   if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
-  const auto y = fused_core(ops::gemv_fused(x2, w_in, norm), pos, *st);  // [B, H*V]
+  const auto y = fused_core(unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections()), pos, *st);
   ops::GemvFusion add;
   add.residual = x2;
   if (!ops::gemv_fused_applies(y, o_proj->weight, add)) return x + apply_linear(y.view({B, 1, -1}), o_proj);

@@ -47,9 +47,9 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   std::vector<torch::nn::Linear> input_projections() const;  // what w_in packs, in order
   // The state when the fused step (one kernel after the projections) takes x, else nullptr.
   RecurrentState* fused_state(const Tensor& x, MixerState& state) const;
-  // The fused step on x's projections `in` ([B, sum of the packed outputs]); returns y, the
-  // gated-normed output [B, H*V] ready for o_proj.
-  Tensor fused_core(const Tensor& in, const Positions& pos, RecurrentState& st);
+  // The fused step on x's projections (q, k, v, a, b(, g), each [B, channels], in
+  // input_projections() order); returns y, the gated-normed output [B, H*V] ready for o_proj.
+  Tensor fused_core(const std::vector<Tensor>& projections, const Positions& pos, RecurrentState& st);
 };
 
 }  // namespace lt2

@@ -62,10 +62,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden, double std) {
 
 Tensor SwiGLUImpl::forward(const Tensor& x) {
   if (use_packed(w13)) {
-    auto h = apply_linear(x, w13);  // [..., 2 hidden]
-    const int64_t n = w1->weight.size(0);
-    if (ops::fused_elementwise_applies({h})) return apply_linear(ops::silu_mul_fused(h), w2);
-    return apply_linear(torch::silu(h.narrow(-1, 0, n)) * h.narrow(-1, n, n), w2);
+    return down(apply_linear(x, w13));
   }
   return w2(torch::silu(w1(x)) * w3(x));
 }
@@ -77,8 +74,14 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
   silu_add.silu_mul = true, silu_add.residual = h;
   if (!ops::gemv_fused_applies(h, w13, norm)) return {};
   auto gate_up = ops::gemv_fused(h, w13, norm);  // [..., 2 hidden]
-  if (!ops::gemv_fused_applies(gate_up, w2->weight, silu_add)) return {};
+  if (!ops::gemv_fused_applies(gate_up, w2->weight, silu_add)) return h + down(gate_up);
   return ops::gemv_fused(gate_up, w2->weight, silu_add);
+}
+
+Tensor SwiGLUImpl::down(const Tensor& gate_up) {
+  const int64_t n = w1->weight.size(0);
+  if (ops::fused_elementwise_applies({gate_up})) return apply_linear(ops::silu_mul_fused(gate_up), w2);
+  return apply_linear(torch::silu(gate_up.narrow(-1, 0, n)) * gate_up.narrow(-1, n, n), w2);
 }
 
 void SwiGLUImpl::pack() {

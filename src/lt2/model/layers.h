@@ -60,8 +60,10 @@ class SwiGLUImpl : public torch::nn::Module {
   // The pre-norm block's second half, h + forward(rms_norm(h, norm_weight, eps)), at decode with
   // the norm folded into the packed w1|w3 GEMV and silu * mul and the add into w2's
   // (ops::gemv_fused). Undefined when those GEMVs do not take the inputs (not packed, too many
-  // rows, gradients, ...): the caller runs the unfused form.
+  // rows, gradients, ...) before anything ran: the caller runs the unfused form.
   Tensor forward_residual(const Tensor& h, const Tensor& norm_weight, double eps);
+  // w2(silu(a) * b) of the packed w1|w3 output [..., 2 hidden] = [a | b].
+  Tensor down(const Tensor& gate_up);
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
   Tensor w13;                       // packed [2 hidden, dim], or undefined
 };
