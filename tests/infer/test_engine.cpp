@@ -5,6 +5,8 @@
 #include "common/engine_testing.h"
 #include "lt2/infer/bench.h"
 #include "lt2/infer/memory_plan.h"
+#include "lt2/mixers/full_attention.h"
+#include "lt2/ops/sparse_attention.h"
 
 using namespace lt2;
 using lt2::testing::make_test_model;
@@ -17,8 +19,19 @@ ModelConfig engine_config(const std::string& pattern, ModelForm form = ModelForm
   cfg.mixer_options["gdn"] = json{{"chunk_size", 4}};
   cfg.mixer_options["dsa"] = json{{"topk", 4}, {"index_heads", 2}, {"index_head_dim", 8}};
   cfg.mixer_options["window"] = json{{"window", 3}, {"windows", {2, 4, 0}}};  // per loop; 0 = full
+  // Blocks of 4 (compression stride 2), 2 selected blocks, window 3: a few tokens cross them all.
+  cfg.mixer_options["nsa"] = json{{"form", "paper"}, {"compress_block", 4}, {"compress_stride", 2},
+                                  {"select_block", 4}, {"select_count", 2}, {"local_blocks", 1},
+                                  {"window", 3}, {"compress_hidden", 8}};
   return cfg;
 }
+
+// Full attention that declines per-sequence positions: stands in for a mixer the engine refuses.
+struct FixedStartAttention : FullAttentionImpl {
+  using FullAttentionImpl::FullAttentionImpl;
+  bool supports_seq_pos() const override { return false; }
+  std::string kind() const override { return "fixed-start"; }
+};
 
 }  // namespace
 
@@ -33,6 +46,26 @@ TEST(Engine, MixedLengthBatchDecodesLikeEachSequenceAlone) {
     eo.prefill_chunk = 3;
     lt2::testing::expect_engine_matches_per_sequence(make_test_model(engine_config(pattern)), eo, {2, 7, 5}, 4,
                                                      1e-10);
+  }
+}
+
+TEST(Engine, NsaMixedLengthBatch) {
+  // Both forms (paper: separate K/V per branch; simplified: one shared K/V) with mean and MLP
+  // compression; prompts and decoded lengths cross compression blocks (4, stride 2 or 4),
+  // selection blocks (4, two selected) and the window (3).
+  for (const std::string form : {"paper", "simplified"}) {
+    for (const std::string compression : {"mean", "mlp"}) {
+      SCOPED_TRACE(form + " " + compression);
+      auto cfg = engine_config("interleaved:1:1:gdn:nsa");
+      cfg.mixer_options["nsa"]["form"] = form;
+      cfg.mixer_options["nsa"]["compression"] = compression;
+      if (form == "simplified") cfg.mixer_options["nsa"]["compress_stride"] = 4;
+      EngineOptions eo;
+      eo.max_batch = 3;
+      eo.max_len = 16;
+      eo.prefill_chunk = 3;
+      lt2::testing::expect_engine_matches_per_sequence(make_test_model(cfg), eo, {2, 9, 5}, 5, 1e-10);
+    }
   }
 }
 
@@ -87,9 +120,10 @@ TEST(Engine, ClearErrors) {
   expect_error([&] { engine.decode(torch::zeros({3}, torch::kLong)); }, "max_batch");
   engine.prefill(0, torch::zeros({4}, torch::kLong));
   expect_error([&] { engine.decode(torch::zeros({1}, torch::kLong)); }, "full");
-  auto nsa = make_test_model(engine_config("nsa"));
-  nsa->eval();
-  expect_error([&] { Engine e(nsa, eo); }, "'nsa'");
+  auto fixed = make_test_model(engine_config("full"));
+  fixed->eval();
+  fixed->layers[1]->as<BlockImpl>()->mixer = std::make_shared<FixedStartAttention>(fixed->config());
+  expect_error([&] { Engine e(fixed, eo); }, "'fixed-start'");
 }
 
 TEST(Engine, FillRandomDeclaresTheContext) {
@@ -108,7 +142,7 @@ TEST(Engine, FillRandomDeclaresTheContext) {
 }
 
 TEST(MemoryPlan, StateBytesEqualWhatIsAllocated) {
-  for (const std::string pattern : {"full", "gdn", "dsa", "window", "interleaved:1:1:gdn:full", "mamba2"}) {
+  for (const std::string pattern : {"full", "gdn", "dsa", "window", "nsa", "interleaved:1:1:gdn:full", "mamba2"}) {
     for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
       auto m = make_test_model(engine_config(pattern), 1, dtype);
       const int64_t batch = 3, max_len = 17;
@@ -140,6 +174,29 @@ TEST(MemoryPlan, DecodeBytesCountWeightsPerLoopAndTheCache) {
   EXPECT_EQ(plan.decode_step_bytes, 4 * (stack * cfg.n_loops + head + B * cfg.d_model + cache));
   EXPECT_FALSE(fits_in(plan.total_bytes(), plan.total_bytes()));  // the margin is required
   EXPECT_TRUE(fits_in(plan.total_bytes(), plan.total_bytes() * 2 + (int64_t(2) << 30)));
+}
+
+TEST(MemoryPlan, NsaDecodeBytesCountTheRowsEachBranchReads) {
+  // Per (layer, loop): K and V of every compressed block, and of each K/V set the rows its
+  // branches read, at most the context + 1 = 7 tokens held: l = 4 compressed, min(n l', 7) = 7
+  // selected, w = 3 in the window. The paper form has a K/V set per branch; the simplified form
+  // one set for all three (7 rows).
+  for (const std::string form : {"paper", "simplified"}) {
+    SCOPED_TRACE(form);
+    auto cfg = engine_config("nsa");
+    cfg.mixer_options["nsa"]["form"] = form;
+    const int64_t stride = form == "paper" ? 2 : 4;
+    cfg.mixer_options["nsa"]["compress_stride"] = stride;
+    auto m = make_test_model(cfg, 1, torch::kFloat32);
+    const int64_t B = 2, max_len = 32, C = 6;
+    auto plan = plan_memory(*m, B, max_len, torch::kFloat32, 8, C);
+    const int64_t emb = cfg.vocab_size * cfg.d_model;
+    const int64_t stack = m->num_parameters() - emb - (cfg.tie_embeddings ? 0 : emb);
+    const int64_t row = B * cfg.kv_heads() * cfg.dim_head();  // K or V of one token, all sequences
+    const int64_t rows = nsa_num_blocks(max_len, 4, stride) + (form == "paper" ? 4 + 7 + 3 : 7);
+    const int64_t states = cfg.n_loops * cfg.n_layers * 2 * row * rows;
+    EXPECT_EQ(plan.decode_step_bytes, 4 * (stack * cfg.n_loops + emb + B * cfg.d_model + states));
+  }
 }
 
 TEST(Engine, PackedProjectionsGiveTheSameModel) {

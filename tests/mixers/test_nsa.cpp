@@ -207,16 +207,59 @@ TEST_P(NSAForms, GradientsMatchFiniteDifferences) {
 }
 
 TEST_P(NSAForms, DecodeAppendsCompressedBlocks) {
+  // After each step the compressed cache holds the compression of every complete block of the
+  // cached keys, and nothing past them.
   auto m = make_nsa(options_for(GetParam()));
   auto state = m->make_state(1, 30, f64());
   auto& s = dynamic_cast<NSAState&>(*state);
   auto x = random_x(1, 19, 32, 8);
   torch::NoGradGuard ng;
+  const int64_t cs = m->kv_set(NSAImpl::kCmp);
   for (int64_t t = 0; t < 19; ++t) {
     m->step(x.narrow(1, t, 1), {t, 0}, *state);
-    EXPECT_EQ(s.n_blocks, nsa_num_blocks(t + 1, m->compress_block, m->compress_stride)) << "token " << t;
+    const int64_t NC = nsa_num_blocks(t + 1, m->compress_block, m->compress_stride);
+    auto [kc, vc] = m->compress(s.k[cs].narrow(2, 0, t + 1).transpose(1, 2), s.v[cs].narrow(2, 0, t + 1).transpose(1, 2));
+    EXPECT_EQ(kc.size(1), NC);
+    if (NC > 0) {
+      EXPECT_LT(rel_err(s.k_cmp.narrow(2, 0, NC), kc.transpose(1, 2)), 1e-12) << "token " << t;
+    }
+    EXPECT_EQ(s.v_cmp.narrow(2, NC, s.v_cmp.size(2) - NC).abs().max().item<double>(), 0.0) << "token " << t;
   }
   EXPECT_EQ(s.k.size(), GetParam() == "paper" ? 3u : 1u);  // separate or shared K/V
+}
+
+TEST_P(NSAForms, PerSequenceStepsEqualEachSequenceForward) {
+  // Sequences prefilled to lengths 2, 9 and 5, then decoded together with per-sequence positions
+  // (Positions::seq_pos) past compression- and selection-block edges and past the window (5):
+  // each output equals the forward over that sequence alone. Mean and MLP compression; with no
+  // local blocks the query's own block may go unselected.
+  for (const auto& [compression, local] : {std::pair{"mean", 2}, std::pair{"mlp", 2}, std::pair{"mean", 0}}) {
+    SCOPED_TRACE(std::string(compression) + " local " + std::to_string(local));
+    auto opts = options_for(GetParam());
+    opts["compression"] = compression;
+    opts["local_blocks"] = local;
+    auto m = make_nsa(opts);
+    const std::vector<int64_t> prompt{2, 9, 5};
+    const int64_t B = 3, steps = 11, T = 9 + steps;
+    auto x = random_x(B, T, 32, 11);
+    torch::NoGradGuard ng;
+    auto state = m->make_state(B, T + 1, f64());
+    for (int64_t b = 0; b < B; ++b) {
+      auto view = state->slice(b, 1);
+      m->forward(x.narrow(0, b, 1).narrow(1, 0, prompt[b]), {0, 0}, view.get());
+    }
+    auto pos = torch::tensor(prompt, torch::kLong);  // [B]
+    for (int64_t step = 0; step < steps; ++step) {
+      auto xt = x.index({torch::arange(B), pos}).unsqueeze(1);  // [B, 1, d] each sequence's next token
+      auto o = m->step(xt, Positions(0, 0, pos), *state);      // [B, 1, d]
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = pos[b].item<int64_t>() + 1;
+        auto want = m->forward(x.narrow(0, b, 1).narrow(1, 0, n), {0, 0}).select(1, n - 1);
+        EXPECT_LT(rel_err(o.narrow(0, b, 1).select(1, 0), want), 1e-10) << "sequence " << b << ", length " << n;
+      }
+      pos = pos + 1;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Forms, NSAForms, ::testing::Values("paper", "simplified"));

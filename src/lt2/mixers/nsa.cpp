@@ -4,8 +4,11 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/mixers/full_attention.h"
 #include "lt2/model/layers.h"
 #include "lt2/model/rope.h"
+#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/fused_sparse_attention.h"
 #include "lt2/ops/sparse_attention.h"
 
 namespace lt2 {
@@ -24,14 +27,20 @@ std::unique_ptr<MixerState> NSAState::slice(int64_t begin, int64_t count) const 
   }
   s->k_cmp = k_cmp.narrow(0, begin, count);
   s->v_cmp = v_cmp.narrow(0, begin, count);
-  s->n_blocks = n_blocks;
+  s->branch_rows = branch_rows;
   return s;
 }
 
 int64_t NSAState::decode_bytes(int64_t length) const {
   int64_t n = k_cmp.nbytes() + v_cmp.nbytes();
-  for (size_t i = 0; i < k.size(); ++i)
-    n += (k[i].nbytes() + v[i].nbytes()) / k[i].size(2) * std::min(length + 1, k[i].size(2));
+  const int64_t L = k[0].size(2), held = std::min(length + 1, L);
+  for (size_t set = 0; set < k.size(); ++set) {
+    // One shared set serves the three branches; separate sets one branch each.
+    int64_t rows = 0;
+    for (size_t b = 0; b < branch_rows.size(); ++b)
+      if (k.size() == 1 || b == set) rows += std::min(branch_rows[b], held);
+    n += (k[set].nbytes() + v[set].nbytes()) / L * std::min(rows, held);
+  }
   return n;
 }
 
@@ -117,13 +126,13 @@ NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
   wo = register_module("wo", make_linear(H * D, d, 1.0 / std::sqrt(static_cast<double>(H * D))));
 }
 
-Tensor NSAImpl::project_q(const Tensor& x, int64_t start) {
-  return apply_rope(wq(x).view({x.size(0), x.size(1), n_heads, head_dim}), start, rope_theta, rope_style);
+Tensor NSAImpl::project_q(const Tensor& x, const Positions& pos) {
+  return apply_rope(wq(x).view({x.size(0), x.size(1), n_heads, head_dim}), pos, rope_theta, rope_style);
 }
 
-std::pair<Tensor, Tensor> NSAImpl::project_kv(const Tensor& x, int64_t start, int64_t set) {
+std::pair<Tensor, Tensor> NSAImpl::project_kv(const Tensor& x, const Positions& pos, int64_t set) {
   const int64_t B = x.size(0), T = x.size(1);
-  return {apply_rope(wk[set](x).view({B, T, n_kv_heads, head_dim}), start, rope_theta, rope_style),
+  return {apply_rope(wk[set](x).view({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
           wv[set](x).view({B, T, n_kv_heads, head_dim})};
 }
 
@@ -139,12 +148,29 @@ Tensor NSAImpl::gates(const Tensor& x) {
   return torch::sigmoid(wg(x)).view({x.size(0), x.size(1), n_heads, 3});
 }
 
+Tensor NSAImpl::compressed_visible(const Tensor& q_pos, int64_t NC) const {
+  return torch::arange(NC, q_pos.options()) * compress_stride + (compress_block - 1) <= q_pos.unsqueeze(-1);
+}
+
+Tensor NSAImpl::block_importance(const Tensor& p_cmp, int64_t NS) const {
+  const int64_t B = p_cmp.size(0), T = p_cmp.size(2), NC = p_cmp.size(3);
+  auto p_group = p_cmp.view({B, n_kv_heads, n_heads / n_kv_heads, T, NC}).sum(2);  // [B, H_kv, T, NC]
+  return torch::matmul(p_group, nsa_overlap_matrix(NC, NS, compress_block, compress_stride, select_block,
+                                                   p_group.options()));
+}
+
+Tensor NSAImpl::combine(const Tensor& x, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win) {
+  auto g = gates(x).unsqueeze(-1);  // [B, T, H, 3, 1]
+  auto o = g.select(3, kCmp) * o_cmp + g.select(3, kSlc) * o_slc + g.select(3, kWin) * o_win;
+  return wo(o.reshape({x.size(0), x.size(1), n_heads * head_dim}));
+}
+
 Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  const int64_t B = x.size(0), T = x.size(1), start = pos.start, L = start + T;
-  const int64_t H = n_heads, H_kv = n_kv_heads, D = head_dim, G = H / H_kv;
+  const int64_t T = x.size(1), start = pos.start, L = start + T, G = n_heads / n_kv_heads;
+  LT2_CHECK(!pos.seq_pos.defined(), "nsa: per-sequence positions are a decode step (step with a state)");
   LT2_CHECK(state || start == 0, "nsa: a call at position ", start,
             " needs the state holding the tokens before it");
-  auto q = project_q(x, start).transpose(1, 2);  // [B, H, T, D]
+  auto q = project_q(x, pos).transpose(1, 2);  // [B, H, T, D]
   auto* s = state ? &dynamic_cast<NSAState&>(*state) : nullptr;
   if (s) {
     LT2_CHECK(s->length == start, "nsa state holds ", s->length, " tokens but the call starts at ", start);
@@ -153,7 +179,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   // Keys and values of every position 0..L-1, per K/V set: [B, H_kv, L, D].
   std::vector<Tensor> ks, vs;
   for (size_t set = 0; set < wk.size(); ++set) {
-    auto [k, v] = project_kv(x, start, set);
+    auto [k, v] = project_kv(x, pos, set);
     if (s) {
       s->k[set].narrow(2, start, T).copy_(k.transpose(1, 2));
       s->v[set].narrow(2, start, T).copy_(v.transpose(1, 2));
@@ -169,12 +195,12 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   const int64_t cs = kv_set(kCmp);
   Tensor kc, vc;
   if (s) {
-    if (NC > s->n_blocks) {  // compress the blocks completed by this call
-      const int64_t first = s->n_blocks, from = first * d, len = (NC - 1) * d + l - from;
+    const int64_t first = nsa_num_blocks(start, l, d);  // blocks the state already holds
+    if (NC > first) {  // compress the blocks completed by this call
+      const int64_t from = first * d, len = (NC - 1) * d + l - from;
       auto [kn, vn] = compress(ks[cs].narrow(2, from, len).transpose(1, 2), vs[cs].narrow(2, from, len).transpose(1, 2));
       s->k_cmp.narrow(2, first, NC - first).copy_(kn.transpose(1, 2));
       s->v_cmp.narrow(2, first, NC - first).copy_(vn.transpose(1, 2));
-      s->n_blocks = NC;
     }
     s->length = L;
     kc = s->k_cmp.narrow(2, 0, NC).to(q.scalar_type());
@@ -187,28 +213,102 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   auto lopts = torch::TensorOptions().dtype(torch::kLong).device(x.device());
   auto q_pos = torch::arange(start, L, lopts), k_pos = torch::arange(L, lopts);
 
-  // Compression branch: block i is visible once complete (its last token i d + l - 1 <= t).
-  auto cmp_mask = (torch::arange(NC, lopts) * d + (l - 1)).unsqueeze(0) <= q_pos.unsqueeze(1);  // [T, NC]
-  auto [o_cmp, p_cmp] = masked_attention_probs(q, kc, vc, cmp_mask);  // [B, T, H, D], [B, H, T, NC]
+  // Compression branch: block i is visible once complete.
+  auto [o_cmp, p_cmp] = masked_attention_probs(q, kc, vc, compressed_visible(q_pos, NC));  // [B, T, H, D], [B, H, T, NC]
 
   // Selection branch: importance summed over the query heads of each group, top-n blocks.
   const int64_t NS = (L + select_block - 1) / select_block;
   Tensor blocks;  // [B, H_kv, T, NS] selected blocks
   {
     torch::NoGradGuard no_grad;
-    auto p_group = p_cmp.view({B, H_kv, G, T, NC}).sum(2);  // [B, H_kv, T, NC]
-    auto importance = torch::matmul(p_group, nsa_overlap_matrix(NC, NS, l, d, select_block, p_group.options()));
-    blocks = nsa_select_blocks(importance, q_pos, select_block, select_count, local_blocks);
+    blocks = nsa_select_blocks(block_importance(p_cmp, NS), q_pos, select_block, select_count, local_blocks);
   }
   auto slc_mask = blocks.index_select(-1, torch::div(k_pos, select_block, "floor")) & window_mask(q_pos, k_pos, 0);  // [B, H_kv, T, L]
   auto o_slc = masked_attention(q, ks[kv_set(kSlc)], vs[kv_set(kSlc)], slc_mask.repeat_interleave(G, 1));
 
   // Sliding-window branch.
   auto o_win = masked_attention(q, ks[kv_set(kWin)], vs[kv_set(kWin)], window_mask(q_pos, k_pos, window));
+  return combine(x, o_cmp, o_slc, o_win);
+}
 
-  auto g = gates(x).unsqueeze(-1);  // [B, T, H, 3, 1]
-  auto o = g.select(3, kCmp) * o_cmp + g.select(3, kSlc) * o_slc + g.select(3, kWin) * o_win;
-  return wo(o.reshape({B, T, H * D}));
+namespace {
+
+// Attention of q [B, Hq, D] over the cache rows rows[b, :counts[b]] of k, v [B, Hkv, L, D]
+// (query head h reads kv head h / (Hq / Hkv)): the fused kernel on CUDA without autograd, its
+// libtorch reference otherwise. [B, Hq, D].
+Tensor attend_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& rows, const Tensor& counts,
+                   double scale) {
+  if (fused_decode_enabled() && !torch::GradMode::is_enabled() && ops::sparse_attention_decode_supported(q, k, v))
+    return ops::sparse_attention_decode(q, k, v, rows, counts, scale);
+  return ops::sparse_attention_decode_reference(q, k, v, rows, counts, scale);
+}
+
+}  // namespace
+
+Tensor NSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
+  auto& s = dynamic_cast<NSAState&>(state);
+  if (pos.seq_pos.defined()) return step_at(x, pos, s);
+  return forward(x, pos, &s);
+}
+
+Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
+  const int64_t B = x.size(0), H = n_heads, H_kv = n_kv_heads, G = H / H_kv, D = head_dim;
+  const int64_t L = s.k[0].size(2), NC = s.k_cmp.size(2), l = compress_block, d = compress_stride;
+  const auto& p = pos.seq_pos;  // [B]
+  LT2_CHECK(x.size(1) == 1 && p.numel() == B, "nsa: a decode step with per-sequence positions takes x [B, 1, d] "
+            "and seq_pos [B]; found x ", x.sizes(), ", seq_pos ", p.sizes());
+  auto q = project_q(x, pos);  // [B, 1, H, D]
+  for (size_t set = 0; set < wk.size(); ++set) {
+    auto [k, v] = project_kv(x, pos, set);  // [B, 1, H_kv, D]
+    cache_write_at(s.k[set], k.transpose(1, 2), p);
+    cache_write_at(s.v[set], v.transpose(1, 2), p);
+  }
+  const auto lopts = p.options();
+  // Compression: the block ending at p_b completes when p_b + 1 >= l and (p_b + 1 - l) % d == 0.
+  // Every sequence compresses its last l tokens (fixed shapes); only a completed block is written.
+  if (NC > 0) {
+    const int64_t cs = kv_set(kCmp);
+    auto from = (p + 1 - l).clamp_min(0);  // [B] first token of the block ending at p_b
+    auto rows = (from.unsqueeze(1) + torch::arange(l, lopts)).view({B, 1, l, 1}).expand({B, H_kv, l, D});
+    auto [kn, vn] = compress(s.k[cs].gather(2, rows).to(q.scalar_type()).transpose(1, 2),
+                             s.v[cs].gather(2, rows).to(q.scalar_type()).transpose(1, 2));  // [B, 1, H_kv, D]
+    auto done = ((p + 1 >= l) & ((p + 1 - l).remainder(d) == 0)).view({B, 1, 1, 1});
+    auto block = torch::div(from, d, "floor");  // [B] its index (<= NC - 1: p_b < L)
+    auto slot = block.view({B, 1, 1, 1}).expand({B, H_kv, 1, D});
+    for (auto [cache, c] : {std::pair{s.k_cmp, kn}, std::pair{s.v_cmp, vn}})
+      cache_write_at(cache, torch::where(done, c.transpose(1, 2).to(cache.scalar_type()), cache.gather(2, slot)), block);
+  }
+  auto q_pos = p.view({B, 1, 1});  // one query per sequence, broadcast like forward's [T]
+
+  // Compression branch over every compressed row, those not complete by p_b masked.
+  auto [o_cmp, p_cmp] = masked_attention_probs(q.transpose(1, 2), s.k_cmp.to(q.scalar_type()),
+                                               s.v_cmp.to(q.scalar_type()), compressed_visible(q_pos, NC));  // [B, 1, H, D], [B, H, 1, NC]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+  // Selection branch. Selected blocks in ascending order: the visible ones first (the own block,
+  // the only one partly past p_b, last among them), so each kv head's tokens <= p_b are a prefix
+  // of its token list. Each (sequence, kv head) is one row of the attention: per-head index sets.
+  const int64_t ls = select_block, NS = (L + ls - 1) / ls;
+  Tensor blocks;  // [B, H_kv, n]
+  {
+    torch::NoGradGuard no_grad;
+    auto picked = nsa_select_block_indices(block_importance(p_cmp, NS), q_pos, ls, select_count, local_blocks);
+    blocks = std::get<0>(picked.squeeze(2).sort(-1));
+  }
+  const int64_t n = blocks.size(-1), ss = kv_set(kSlc);
+  auto first = blocks * ls;                                                                         // [B, H_kv, n]
+  auto tokens = (first.unsqueeze(-1) + torch::arange(ls, lopts)).view({B * H_kv, n * ls});          // [B H_kv, n l']
+  auto counts = (q_pos + 1 - first).clamp(0, ls).sum(-1).view({B * H_kv});                          // [B H_kv]
+  auto per_head = [&](const Tensor& cache) { return cache.view({B * H_kv, 1, L, cache.size(3)}); };  // a free view
+  auto o_slc = attend_rows(q.reshape({B * H_kv, G, D}), per_head(s.k[ss]), per_head(s.v[ss]), tokens, counts, scale)
+                   .view({B, 1, H, D});
+
+  // Sliding-window branch: the rows (p_b - w, p_b], clamped at 0, shared by the kv heads.
+  const int64_t w = std::min(window, L), ws = kv_set(kWin);
+  auto win_rows = (p + 1 - w).clamp_min(0).unsqueeze(1) + torch::arange(w, lopts);  // [B, w]
+  auto o_win = attend_rows(q.reshape({B, H, D}), s.k[ws], s.v[ws], win_rows, (p + 1).clamp_max(w), scale)
+                   .view({B, 1, H, D});
+  return combine(x, o_cmp, o_slc, o_win);
 }
 
 std::unique_ptr<MixerState> NSAImpl::make_state(int64_t batch, int64_t max_len,
@@ -221,6 +321,7 @@ std::unique_ptr<MixerState> NSAImpl::make_state(int64_t batch, int64_t max_len,
   const int64_t max_blocks = nsa_num_blocks(max_len, compress_block, compress_stride);
   s->k_cmp = torch::zeros({batch, n_kv_heads, max_blocks, head_dim}, opts);
   s->v_cmp = torch::zeros({batch, n_kv_heads, max_blocks, head_dim}, opts);
+  s->branch_rows = {max_blocks > 0 ? compress_block : 0, select_count * select_block, window};
   return s;
 }
 

@@ -25,8 +25,12 @@
 // shared_kv.
 //
 // Decode state: the KV cache of each K/V set (one, or three when separate), plus the compressed
-// K/V cache, which gains a block whenever one completes.
+// K/V cache, which gains a block whenever one completes. The state stores no block count: the
+// blocks complete within a sequence's first n tokens are nsa_num_blocks(n, l, d), so a batch of
+// sequences of different lengths (Positions::seq_pos) shares one state.
 #pragma once
+#include <array>
+
 #include "lt2/config/model_config.h"
 #include "lt2/mixers/mixer.h"
 
@@ -34,17 +38,17 @@ namespace lt2 {
 
 struct NSAState : MixerState {
   std::vector<Tensor> k, v;  // per K/V set: [B, H_kv, max_len, D]
-  Tensor k_cmp, v_cmp;       // [B, H_kv, max_blocks, D] compressed blocks
-  int64_t n_blocks = 0;      // compressed blocks written
+  Tensor k_cmp, v_cmp;       // [B, H_kv, max_blocks, D] compressed blocks, block i at row i
+  // Cache rows one decode step reads per branch (cmp, slc, win), for decode_bytes: the l tokens
+  // compressed into a new block, the n l' selected tokens, the window.
+  std::array<int64_t, 3> branch_rows{};
   int64_t bytes() const override;
   std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const override;
-  // Decode reads every cached key and value of each set (through masks) and the compressed blocks.
+  // A decode step reads every compressed block (the compression branch masks them) and, of each
+  // K/V set, the rows its branches read, at most the length + 1 tokens held after the step.
   int64_t decode_bytes(int64_t length) const override;
   std::vector<Tensor> tensors() const override;
-  void reset() override {
-    length = 0;
-    n_blocks = 0;
-  }
+  void reset() override { length = 0; }
 };
 
 class NSAImpl : public MixerImpl {
@@ -54,18 +58,35 @@ class NSAImpl : public MixerImpl {
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts) const override;
   std::string kind() const override { return "nsa"; }
+  // One token per sequence; per-sequence positions go to step_at.
+  Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
+  bool supports_seq_pos() const override { return true; }
+  // Decode with per-sequence positions (x [B, 1, d], token b at pos.seq_pos[b] = p_b): the K/V
+  // caches written at p_b; the block ending at p_b compressed and written where one completes;
+  // the three branches over each sequence's own tokens <= p_b. Fixed shapes, no host read of the
+  // positions (CUDA-graph capturable). On CUDA without autograd the selection and window branches
+  // run the fused sparse-attention decode kernel over the cache rows they read.
+  Tensor step_at(const Tensor& x, const Positions& pos, NSAState& s);
 
   enum Branch { kCmp = 0, kSlc = 1, kWin = 2 };
-  // Queries with RoPE at positions start..start+T-1: [B, T, H, D].
-  Tensor project_q(const Tensor& x, int64_t start);
+  // Queries with RoPE at positions pos.start..start+T-1 (or pos.seq_pos[b]): [B, T, H, D].
+  Tensor project_q(const Tensor& x, const Positions& pos);
   // The K/V set a branch reads (0 when shared).
   int64_t kv_set(Branch b) const { return shared_kv ? 0 : b; }
-  // Keys/values of K/V set `set` at positions start..start+T-1: [B, T, H_kv, D] (keys with RoPE).
-  std::pair<Tensor, Tensor> project_kv(const Tensor& x, int64_t start, int64_t set);
+  // Keys/values of K/V set `set` at the positions of x's tokens: [B, T, H_kv, D] (keys with RoPE).
+  std::pair<Tensor, Tensor> project_kv(const Tensor& x, const Positions& pos, int64_t set);
   // Compressed keys and values of the complete blocks of k, v: [B, L, H_kv, D] -> [B, NC, H_kv, D].
   std::pair<Tensor, Tensor> compress(const Tensor& k, const Tensor& v);
   // Branch gates sigmoid(x W_g + b): [B, T, H, 3] in the order (cmp, slc, win).
   Tensor gates(const Tensor& x);
+  // Visibility of the NC compressed blocks from queries at q_pos ([T] or [B, 1, 1]): block i once
+  // complete, i d + l - 1 <= q_pos. [..., T, NC] bool.
+  Tensor compressed_visible(const Tensor& q_pos, int64_t NC) const;
+  // Selection-block importance from the compressed-attention probabilities p_cmp [B, H, T, NC]:
+  // summed over the query heads of each group, mapped to NS selection blocks. [B, H_kv, T, NS].
+  Tensor block_importance(const Tensor& p_cmp, int64_t NS) const;
+  // The gated sum of the branch outputs ([B, T, H, D] each) and the output projection: [B, T, d].
+  Tensor combine(const Tensor& x, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win);
 
   int64_t n_heads, n_kv_heads, head_dim;
   int64_t compress_block, compress_stride, select_block, select_count, local_blocks, window;

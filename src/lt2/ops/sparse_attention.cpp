@@ -116,15 +116,32 @@ Tensor nsa_overlap_matrix(int64_t n_cmp, int64_t n_slc, int64_t l, int64_t d, in
   return (hi - lo).clamp_min(0).to(opts.dtype());  // [NC, NS]
 }
 
-Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
-                         int64_t n_select, int64_t n_local) {
+namespace {
+
+// Selection scores (forced visible blocks +inf) and visibility, both [B, H_kv, T, NS].
+std::pair<Tensor, Tensor> nsa_selection_scores(const Tensor& importance, const Tensor& q_pos, int64_t block,
+                                               int64_t n_local) {
   const int64_t NS = importance.size(-1);
-  auto j = torch::arange(NS, q_pos.options()).unsqueeze(0);  // [1, NS]
-  auto own = torch::div(q_pos, block, "floor").unsqueeze(1);                   // [T, 1] block holding the query
-  auto visible = j <= own;                                   // [T, NS]
+  auto j = torch::arange(NS, q_pos.options());               // [NS]
+  auto own = torch::div(q_pos, block, "floor").unsqueeze(-1);  // [..., T, 1] block holding the query
+  auto visible = j <= own;                                   // [..., T, NS]
   auto forced = visible & ((j == 0) | (j > own - n_local));
   auto scores = importance.masked_fill(forced, std::numeric_limits<double>::infinity());
-  return topk_mask(scores, visible.expand_as(scores), n_select);
+  return {scores, visible.expand_as(scores)};
+}
+
+}  // namespace
+
+Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
+                         int64_t n_select, int64_t n_local) {
+  auto [scores, visible] = nsa_selection_scores(importance, q_pos, block, n_local);
+  return topk_mask(scores, visible, n_select);
+}
+
+Tensor nsa_select_block_indices(const Tensor& importance, const Tensor& q_pos, int64_t block,
+                                int64_t n_select, int64_t n_local) {
+  auto [scores, visible] = nsa_selection_scores(importance, q_pos, block, n_local);
+  return topk_indices(scores, visible, n_select);
 }
 
 }  // namespace lt2

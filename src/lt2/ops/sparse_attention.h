@@ -74,11 +74,17 @@ Tensor nsa_overlap_matrix(int64_t n_cmp, int64_t n_slc, int64_t l, int64_t d, in
                           torch::TensorOptions opts);
 
 // NSA block selection. importance: [B, H_kv, T, NS] (compressed-attention probabilities summed
-// over the query heads of each group, mapped to selection blocks), q_pos: [T] absolute positions.
+// over the query heads of each group, mapped to selection blocks), q_pos: absolute positions [T],
+// or any shape broadcastable to [B, H_kv, T] (decode: [B, 1, 1], one position per sequence).
 // Blocks starting after the query are invisible; block 0 and the `n_local` blocks ending at the
 // query's own block are always selected; then the highest-importance visible blocks up to
 // `n_select` in all (ties: lower block first). Returns the selected-block mask [B, H_kv, T, NS].
 Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
                          int64_t n_select, int64_t n_local);
+// The same selection as block indices [B, H_kv, T, min(n_select, NS)]: the selected blocks (the
+// mask's true entries) first, then, where fewer than n_select blocks are visible, invisible ones
+// (all past the query's block).
+Tensor nsa_select_block_indices(const Tensor& importance, const Tensor& q_pos, int64_t block,
+                                int64_t n_select, int64_t n_local);
 
 }  // namespace lt2
