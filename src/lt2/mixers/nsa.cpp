@@ -240,7 +240,7 @@ Tensor attend_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    double scale) {
   if (fused_decode_enabled() && !torch::GradMode::is_enabled() && ops::sparse_attention_decode_supported(q, k, v))
     return ops::sparse_attention_decode(q, k, v, rows, counts, scale);
-  return ops::sparse_attention_decode_reference(q, k, v, rows, counts, scale);
+  return ops::sparse_attention_decode_reference(q, k.to(q.scalar_type()), v.to(q.scalar_type()), rows, counts, scale);
 }
 
 }  // namespace
@@ -303,7 +303,9 @@ Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
   auto o_slc = attend_rows(q.reshape({B * H_kv, G, D}), per_head(s.k[ss]), per_head(s.v[ss]), tokens, counts, scale)
                    .view({B, 1, H, D});
 
-  // Sliding-window branch: the rows (p_b - w, p_b], clamped at 0, shared by the kv heads.
+  // Sliding-window branch: the rows (p_b - w, p_b], clamped at 0, shared by the kv heads. A range
+  // of the cache, not a prefix: the sparse kernel reads it in place (flash-decoding's
+  // attention_decode would need a gathered copy of the window).
   const int64_t w = std::min(window, L), ws = kv_set(kWin);
   auto win_rows = (p + 1 - w).clamp_min(0).unsqueeze(1) + torch::arange(w, lopts);  // [B, w]
   auto o_win = attend_rows(q.reshape({B, H, D}), s.k[ws], s.v[ws], win_rows, (p + 1).clamp_max(w), scale)
