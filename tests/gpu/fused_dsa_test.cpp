@@ -3,8 +3,11 @@
 // shapes and dtypes, relative RMS error < 1e-5 in fp32 and < 5e-3 in bf16/fp16 over the valid
 // entries, exactly -inf past each length, every element written; topk_select's set == topk_indices'
 // set exactly on fp32 scores, tie-heavy rows included; dsa_index_topk == topk_select of the scores;
-// a captured CUDA graph replayed with new lengths == eager. Skips where no CUDA GPU (or no CUDA
-// kernels) is present.
+// a captured CUDA graph replayed with new lengths == eager. dsa_latent_prep against its float64
+// reference (ops::dsa_latent_prep_reference) at several shapes, dtypes and RoPE styles, eagerly and
+// replayed from a graph with new positions; the latent DSA mixer's fused decode step (step and
+// step_residual) as accurate as its libtorch path. Skips where no CUDA GPU (or no CUDA kernels)
+// is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -14,6 +17,9 @@
 #include <vector>
 
 #include "common/testing.h"
+#include "lt2/mixers/dsa.h"
+#include "lt2/mixers/registry.h"
+#include "lt2/model/layers.h"
 #include "lt2/ops/fused_dsa.h"
 #include "lt2/ops/sparse_attention.h"
 #include "lt2/util/error.h"
@@ -269,3 +275,233 @@ TEST(FusedDsa, GraphReplayWithNewLengths) {
 }
 
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// dsa_latent_prep == dsa_latent_prep_reference (float64).
+
+namespace {
+
+struct PrepShape {
+  int64_t B, H, D, dc, dr, HI, dI, r, L;
+  RopeStyle style;
+  double theta;
+};
+
+std::string describe(const PrepShape& s) {
+  return cat("B", s.B, " H", s.H, " D", s.D, " dc", s.dc, " dr", s.dr, " HI", s.HI, " dI", s.dI, " r", s.r, " L", s.L,
+             s.style == RopeStyle::Half ? " half" : " interleaved", " theta ", s.theta);
+}
+
+// Distinct positions in [0, L) (B <= L), the last slot among them.
+Tensor random_positions(int64_t B, int64_t L) {
+  auto pos = torch::randperm(L, torch::kInt64).narrow(0, 0, B).clone();
+  pos[0] = L - 1;
+  return pos.cuda();
+}
+
+// The inputs as views of one packed projection output with padded rows (batch strides not the
+// packed ones), the outputs NaN (q, index_q, index_w: an unwritten element shows) and the caches
+// random strided views (rows the kernel must leave alone).
+ops::DsaLatentPrepArgs prep_inputs(const PrepShape& s, torch::ScalarType dt) {
+  const int64_t nq = s.H * (s.D + s.dr), nkv = s.dc + s.dr, niq = s.HI * s.dI;
+  const auto proj = torch::randn({s.B, nq + nkv + niq + s.dI + s.HI + 8}, gpu(dt));
+  ops::DsaLatentPrepArgs a;
+  a.q_raw = proj.narrow(1, 0, nq).view({s.B, s.H, s.D + s.dr});
+  a.kv_raw = proj.narrow(1, nq, nkv);
+  a.index_q_raw = proj.narrow(1, nq + nkv, niq).view({s.B, s.HI, s.dI});
+  a.index_k_raw = proj.narrow(1, nq + nkv + niq, s.dI);
+  a.index_w_raw = proj.narrow(1, nq + nkv + niq + s.dI, s.HI);
+  a.seq_pos = random_positions(s.B, s.L);
+  a.kv_norm_weight = 1 + 0.2 * torch::randn({s.dc}, gpu(dt));
+  a.index_norm_weight = 1 + 0.2 * torch::randn({s.dI}, gpu(dt));
+  a.index_norm_bias = 0.2 * torch::randn({s.dI}, gpu(dt));
+  a.kv_norm_eps = 1e-6, a.index_norm_eps = 1e-6;
+  a.rope_theta = s.theta, a.rope_style = s.style, a.index_rope_dim = s.r;
+  a.index_weight_scale = 1.0 / std::sqrt(static_cast<double>(s.HI * s.dI));
+  a.q = torch::full({s.B, s.H, s.dc + s.dr}, std::nan(""), gpu(dt));
+  a.index_q = torch::full({s.B, s.HI, s.dI}, std::nan(""), gpu(dt));
+  a.index_w = torch::full({s.B, s.HI}, std::nan(""), gpu(torch::kFloat32));
+  a.k_cache = torch::randn({s.B, 1, s.L + 3, s.dc + s.dr + 8}, gpu(dt)).narrow(2, 1, s.L).narrow(3, 0, s.dc + s.dr);
+  a.index_keys = torch::randn({s.B, s.L + 2, s.dI + 8}, gpu(dt)).narrow(1, 2, s.L).narrow(2, 0, s.dI);
+  return a;
+}
+
+// The same inputs with fresh copies of the outputs and the caches (the reference writes them).
+ops::DsaLatentPrepArgs with_output_copies(ops::DsaLatentPrepArgs a) {
+  a.q = a.q.clone(), a.index_q = a.index_q.clone(), a.index_w = a.index_w.clone();
+  a.k_cache = a.k_cache.clone(), a.index_keys = a.index_keys.clone();
+  return a;
+}
+
+// got (the kernel's outputs) against want (the reference's): the written values within tol, the
+// latent part of q unwritten, and every cache row but the one at each position unchanged.
+void expect_prep_matches(const ops::DsaLatentPrepArgs& got, const ops::DsaLatentPrepArgs& want, double tol) {
+  const int64_t dc = got.kv_norm_weight.size(0), dr = got.q.size(2) - dc, B = got.q.size(0);
+  EXPECT_LT(rel_err(got.q.narrow(-1, dc, dr).cpu(), want.q.narrow(-1, dc, dr).cpu()), tol) << "q";
+  EXPECT_TRUE(torch::isnan(got.q.narrow(-1, 0, dc)).all().item<bool>()) << "q's latent part was written";
+  EXPECT_LT(rel_err(got.index_q.cpu(), want.index_q.cpu()), tol) << "index_q";
+  EXPECT_LT(rel_err(got.index_w.cpu(), want.index_w.cpu()), tol) << "index_w";
+  auto k_got = got.k_cache.cpu().to(f64).clone(), k_want = want.k_cache.cpu().to(f64).clone();
+  auto i_got = got.index_keys.cpu().to(f64).clone(), i_want = want.index_keys.cpu().to(f64).clone();
+  const auto pos = got.seq_pos.cpu();
+  std::vector<Tensor> k_rows_got, k_rows_want, i_rows_got, i_rows_want;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t = pos[b].item<int64_t>();
+    k_rows_got.push_back(k_got[b][0][t].clone()), k_rows_want.push_back(k_want[b][0][t].clone());
+    i_rows_got.push_back(i_got[b][t].clone()), i_rows_want.push_back(i_want[b][t].clone());
+    k_got[b][0][t].zero_(), k_want[b][0][t].zero_(), i_got[b][t].zero_(), i_want[b][t].zero_();
+  }
+  EXPECT_LT(rel_err(torch::stack(k_rows_got), torch::stack(k_rows_want)), tol) << "latent key rows";
+  EXPECT_LT(rel_err(torch::stack(i_rows_got), torch::stack(i_rows_want)), tol) << "index key rows";
+  EXPECT_TRUE(torch::equal(k_got, k_want)) << "a latent cache row off the positions changed";
+  EXPECT_TRUE(torch::equal(i_got, i_want)) << "an index cache row off the positions changed";
+}
+
+const std::vector<PrepShape>& prep_shapes() {
+  static const std::vector<PrepShape> shapes{
+      {8, 16, 128, 512, 64, 64, 128, 64, 300, RopeStyle::Interleaved, 10000.0},  // lt2-gdn-dsa-1.3b
+      {8, 16, 128, 512, 64, 64, 128, 64, 40000, RopeStyle::Half, 500000.0},      // long positions
+      {3, 2, 64, 32, 8, 2, 16, 8, 40, RopeStyle::Half, 10000.0},                 // the engine tests' small DSA
+      {1, 5, 24, 40, 6, 3, 200, 10, 17, RopeStyle::Interleaved, 10000.0},        // odd dims, d_I > 128 threads
+      {2, 3, 16, 8, 2, 1, 8, 0, 5, RopeStyle::Half, 10000.0}};                   // no index RoPE
+  return shapes;
+}
+
+}  // namespace
+
+TEST(FusedDsa, LatentPrepMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (const auto& s : prep_shapes()) {
+      SCOPED_TRACE(cat(name(dt), " ", describe(s)));
+      torch::manual_seed(s.B + s.H + s.dI + s.L);
+      const auto got = prep_inputs(s, dt);
+      const auto want = with_output_copies(got);
+      ops::dsa_latent_prep(got);
+      ops::dsa_latent_prep_reference(want);
+      expect_prep_matches(got, want, tolerance(dt));
+    }
+}
+
+TEST(FusedDsa, LatentPrepRejectsBadInputs) {
+  REQUIRE_FUSED_DECODE();
+  const PrepShape s{2, 2, 64, 32, 8, 2, 16, 8, 10, RopeStyle::Half, 10000.0};
+  auto a = prep_inputs(s, torch::kBFloat16);
+  auto bad = a;
+  bad.index_w = a.index_w.to(torch::kBFloat16);  // index_w must be fp32
+  EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+  bad = a;
+  bad.k_cache = a.k_cache.to(torch::kFloat32);  // the caches in the activation dtype
+  EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+  bad = a;
+  bad.seq_pos = a.seq_pos.to(torch::kInt32);
+  EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+  bad = a;
+  bad.index_rope_dim = 7;
+  EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+  bad = a;
+  bad.q = torch::empty({2, 2, 41}, gpu(torch::kBFloat16));  // d_c + d_r is 40
+  EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+}
+
+#ifdef LT2_WITH_CUDA
+
+// Captured once, replayed with new positions and projections: equals the reference each time.
+TEST(FusedDsa, LatentPrepGraphReplayWithNewPositions) {
+  REQUIRE_FUSED_DECODE();
+  const auto& s = prep_shapes()[0];
+  torch::manual_seed(11);
+  auto a = prep_inputs(s, torch::kBFloat16);
+  c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+  ops::dsa_latent_prep(a);  // warm-up
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  ops::dsa_latent_prep(a);
+  graph.capture_end();
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE(cat("replay ", replay));
+    a.seq_pos.copy_(random_positions(s.B, s.L));
+    for (const auto& t : {a.q_raw, a.kv_raw, a.index_q_raw, a.index_k_raw, a.index_w_raw}) t.copy_(torch::randn_like(t));
+    a.q.fill_(std::nan("")), a.index_q.fill_(std::nan("")), a.index_w.fill_(std::nan(""));
+    const auto want = with_output_copies(a);  // the caches before this replay
+    graph.replay();
+    ops::dsa_latent_prep_reference(want);
+    torch::cuda::synchronize();
+    expect_prep_matches(a, want, tolerance(torch::kBFloat16));
+  }
+}
+
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// The latent DSA mixer's fused decode step (packed input GEMV, dsa_latent_prep, absorptions, index
+// top-k, sparse attention, gate, wo) against its libtorch path, both measured against a float64
+// CPU copy of the same weights. The top-k (32) covers every valid key, so bf16 rounding cannot
+// flip the selection between the paths.
+
+namespace {
+
+std::shared_ptr<DSAImpl> make_latent_dsa(RopeStyle style, torch::ScalarType dt, torch::Device device) {
+  auto cfg = lt2::testing::tiny_config("dsa");
+  cfg.d_model = 256, cfg.n_heads = 4, cfg.head_dim = 64, cfg.n_kv_heads = 4;
+  cfg.rope_style = style;
+  cfg.attn_output_gate = true;
+  cfg.mixer_options["dsa"] = json{{"topk", 32}, {"index_heads", 16}, {"index_head_dim", 64}, {"attention", "latent"},
+                                  {"latent_dim", 512}, {"latent_rope_dim", 64}};
+  torch::manual_seed(21);  // the same weights for every dtype and device
+  auto m = std::dynamic_pointer_cast<DSAImpl>(make_mixer("dsa", cfg, 0));
+  torch::NoGradGuard ng;
+  m->wgate->weight.normal_(0, 0.3);  // zero-initialised: the gate would be a constant 1/2
+  m->to(device, dt);
+  m->pack_for_inference();
+  return m;
+}
+
+}  // namespace
+
+TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  FusedDecodeSwitch restore;
+  torch::NoGradGuard ng;
+  const int64_t B = 3, L = 48;
+  for (auto style : {RopeStyle::Interleaved, RopeStyle::Half})
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(cat(name(dt), style == RopeStyle::Half ? " half" : " interleaved"));
+      auto m = make_latent_dsa(style, dt, torch::kCUDA);
+      auto exact = make_latent_dsa(style, torch::kFloat64, torch::kCPU);
+      torch::manual_seed(5);
+      auto state = m->make_state(B, L, gpu(dt));
+      auto& s = dynamic_cast<DSAState&>(*state);
+      s.k.normal_(), s.index_keys.normal_();
+      auto x = torch::randn({B, 1, 256}, gpu(dt));
+      auto norm_weight = 1 + 0.2 * torch::randn({256}, gpu(dt));
+      const Positions pos(0, 0, torch::tensor({5L, 31L, 0L}).cuda());  // lengths <= top-k
+      const auto run = [&](MixerImpl& mixer, DSAState& st, const Tensor& in, bool fused, bool residual) {
+        set_fused_decode(fused);
+        const Positions p(0, 0, pos.seq_pos.to(in.device()));
+        if (!residual) return mixer.step(in, p, st);
+        const double eps = 1e-5;
+        auto h = fused ? mixer.step_residual(in, norm_weight.to(in.device(), in.scalar_type()), eps, p, st) : Tensor();
+        EXPECT_EQ(h.defined(), fused) << "step_residual takes the fused path exactly when it is on";
+        return h.defined() ? h : in + mixer.step(rms_norm(in, norm_weight.to(in.device(), in.scalar_type()), eps), p, st);
+      };
+      for (bool residual : {false, true}) {
+        SCOPED_TRACE(residual ? "step_residual" : "step");
+        auto copy = [](const DSAState& from, torch::Device d, torch::ScalarType t) {
+          auto c = std::make_unique<DSAState>();
+          c->k = from.k.to(d, t).clone(), c->index_keys = from.index_keys.to(d, t).clone(), c->topk = from.topk;
+          return c;
+        };
+        auto s_fused = copy(s, torch::kCUDA, dt), s_ref = copy(s, torch::kCUDA, dt);
+        auto s_exact = copy(s, torch::kCPU, torch::kFloat64);
+        auto y_fused = run(*m, *s_fused, x, true, residual).cpu();
+        auto y_ref = run(*m, *s_ref, x, false, residual).cpu();
+        auto y_exact = run(*exact, *s_exact, x.cpu().to(f64), false, residual);
+        const double ref_err = rel_err(y_ref, y_exact), fused_err = rel_err(y_fused, y_exact);
+        EXPECT_LT(fused_err, 2 * ref_err + tolerance(dt)) << "libtorch path error " << ref_err;
+        for (auto [got, want] : {std::pair{s_fused->k, s_exact->k}, std::pair{s_fused->index_keys, s_exact->index_keys}})
+          EXPECT_LT(rel_err(got.cpu(), want), tolerance(dt)) << "cache";
+      }
+    }
+}

@@ -102,37 +102,43 @@ TEST(EngineGpu, Bf16DecodeAsAccurateAsBf16Forward) {
   }
 }
 
+namespace {
+
+// An engine decoding through captured graphs and one decoding eagerly, their states filled alike:
+// four decode steps give the same logits and leave the same states (1e-6).
+void expect_graph_replay_equals_eager(LoopedLM& m) {
+  EngineOptions graphs, eager;
+  graphs.max_batch = eager.max_batch = 3;
+  graphs.max_len = eager.max_len = 24;
+  eager.cuda_graphs = false;
+  Engine a(m, graphs), b(m, eager);
+  ASSERT_TRUE(a.graphs_captured());
+  ASSERT_FALSE(b.graphs_captured());
+  a.fill_random(10, 5);
+  b.fill_random(10, 5);
+  for (int step = 0; step < 4; ++step) {
+    auto tok = torch::randint(m->config().vocab_size, {3}, torch::kLong);
+    auto la = a.decode(tok).cpu(), lb = b.decode(tok).cpu();
+    EXPECT_LT(rel_err(la, lb), 1e-6) << "step " << step;
+  }
+  for (size_t i = 0; i < a.state().mixers.size(); ++i) {
+    auto ta = a.state().mixers[i]->tensors(), tb = b.state().mixers[i]->tensors();
+    for (size_t j = 0; j < ta.size(); ++j) EXPECT_LT(rel_err(ta[j].cpu(), tb[j].cpu()), 1e-6) << "state " << i;
+  }
+}
+
+}  // namespace
+
 TEST(EngineGpu, GraphReplayEqualsEagerStep) {
   REQUIRE_CUDA();
-  for (const auto& [f, dtype] : [] {
-         std::vector<std::pair<Family, torch::ScalarType>> cases;
-         for (const auto& f : families())
-           for (auto dt : {torch::kFloat32, torch::kBFloat16}) cases.push_back({f, dt});
-         return cases;
-       }()) {
-    SCOPED_TRACE(f.name + (dtype == torch::kBFloat16 ? " bf16" : " fp32"));
-    auto m = make_test_model(family_config(f), 3, dtype);
-    m->to(torch::kCUDA);
-    m->eval();
-    EngineOptions graphs, eager;
-    graphs.max_batch = eager.max_batch = 3;
-    graphs.max_len = eager.max_len = 24;
-    eager.cuda_graphs = false;
-    Engine a(m, graphs), b(m, eager);
-    ASSERT_TRUE(a.graphs_captured());
-    ASSERT_FALSE(b.graphs_captured());
-    a.fill_random(10, 5);
-    b.fill_random(10, 5);
-    for (int step = 0; step < 4; ++step) {
-      auto tok = torch::randint(m->config().vocab_size, {3}, torch::kLong);
-      auto la = a.decode(tok).cpu(), lb = b.decode(tok).cpu();
-      EXPECT_LT(rel_err(la, lb), 1e-6) << "step " << step;
+  for (const auto& f : families())
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(f.name + (dt == torch::kBFloat16 ? " bf16" : " fp32"));
+      auto m = make_test_model(family_config(f), 3, dt);
+      m->to(torch::kCUDA);
+      m->eval();
+      expect_graph_replay_equals_eager(m);
     }
-    for (size_t i = 0; i < a.state().mixers.size(); ++i) {
-      auto ta = a.state().mixers[i]->tensors(), tb = b.state().mixers[i]->tensors();
-      for (size_t j = 0; j < ta.size(); ++j) EXPECT_LT(rel_err(ta[j].cpu(), tb[j].cpu()), 1e-6) << "state " << i;
-    }
-  }
 }
 
 namespace {
@@ -176,15 +182,36 @@ TEST(EngineGpu, FusedAndReferenceDecodeAgree) {
 // rows) runs only where the sparse-attention kernel has an instance: the preset's latent 512 + 64
 // dims. At them, the fp32 engine decodes like the libtorch reference, with the top-k (6) well
 // below the context so the selection matters.
-TEST(EngineGpu, FusedDsaDecodeAgreesWithReference) {
-  REQUIRE_FUSED_DECODE();
-  at::globalContext().setAllowTF32CuBLAS(false);
+namespace {
+
+// GDN + DSA at the preset's latent dims (512 + 64), where the fused DSA decode runs.
+ModelConfig fused_dsa_config() {
   auto cfg = family_config({"lt2-gdn-dsa", "interleaved:1:1:gdn:dsa", ModelForm::LT2});
   cfg.mixer_options["dsa"] = json{{"topk", 6}, {"index_heads", 16}, {"index_head_dim", 64}, {"attention", "latent"},
                                   {"latent_dim", 512}, {"latent_rope_dim", 64}};
-  auto m = make_test_model(cfg, 4, torch::kFloat32);
+  return cfg;
+}
+
+}  // namespace
+
+TEST(EngineGpu, FusedDsaDecodeAgreesWithReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  auto m = make_test_model(fused_dsa_config(), 4, torch::kFloat32);
   m->to(torch::kCUDA);
   m->eval();
   expect_fused_matches_reference(m, /*batch=*/3, /*max_len=*/40, /*filled=*/23, /*seed=*/5);
+}
+
+// The fused DSA decode (positions read on the device) replayed from a graph equals the eager step.
+TEST(EngineGpu, FusedDsaGraphReplayEqualsEagerStep) {
+  REQUIRE_FUSED_DECODE();
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(dt == torch::kBFloat16 ? "bf16" : "fp32");
+    auto m = make_test_model(fused_dsa_config(), 3, dt);
+    m->to(torch::kCUDA);
+    m->eval();
+    expect_graph_replay_equals_eager(m);
+  }
 }
 

@@ -4,6 +4,7 @@
 
 #include "lt2/mixers/dsa.h"
 #include "lt2/model/looped_lm.h"
+#include "lt2/ops/fused_dsa.h"
 #include "lt2/ops/sparse_attention.h"
 #include "mixers/sparse_testing.h"
 
@@ -253,6 +254,54 @@ TEST(DSA, Options) {
   EXPECT_EQ(d->topk, 2048);
   EXPECT_EQ(d->index_heads, 64);
   EXPECT_EQ(d->index_head_dim, 128);
+}
+
+// ops::dsa_latent_prep_reference (the fused decode kernel's reference) on the packed projection
+// equals the unfused decode math: project()'s RoPE'd q, the cache rows step() writes at each
+// sequence's position, and indexer_queries(); both RoPE styles, with the output gate packed in.
+TEST(DSA, LatentPrepReferenceEqualsTheUnfusedStep) {
+  for (auto style : {RopeStyle::Interleaved, RopeStyle::Half}) {
+    SCOPED_TRACE(style == RopeStyle::Half ? "half" : "interleaved");
+    auto cfg = attention_config("dsa", dsa_options(4, "latent"));
+    cfg.rope_style = style;
+    cfg.attn_output_gate = true;
+    auto m = std::dynamic_pointer_cast<DSAImpl>(make_f64("dsa", cfg, 8));
+    m->pack_for_inference();
+    ASSERT_TRUE(m->w_in.defined());
+    torch::NoGradGuard ng;
+    const int64_t B = 3, L = 9, H = m->n_heads, D = m->head_dim, dc = m->latent_dim, dr = m->latent_rope_dim;
+    const int64_t HI = m->index_heads, dI = m->index_head_dim;
+    auto x = random_x(B, 1, cfg.d_model, 3);
+    const Positions pos(0, 0, torch::tensor({0L, 7L, 3L}));
+    auto state = m->make_state(B, L, f64());
+    auto& s = dynamic_cast<DSAState&>(*state);
+    s.k.normal_(), s.index_keys.normal_();  // rows the step must leave alone
+
+    const auto proj = at::linear(x.view({B, -1}), m->w_in);  // [B, N]: what the packed GEMV computes
+    const auto parts = unpack_outputs(proj, m->input_projections());
+    ASSERT_EQ(parts.size(), 6u);
+    ops::DsaLatentPrepArgs a;
+    a.q_raw = parts[0].view({B, H, D + dr}), a.kv_raw = parts[1], a.index_q_raw = parts[2].view({B, HI, dI});
+    a.index_k_raw = parts[3], a.index_w_raw = parts[4], a.seq_pos = pos.seq_pos;
+    a.kv_norm_weight = m->kv_norm->weight, a.kv_norm_eps = m->kv_norm->eps;
+    a.index_norm_weight = m->index_k_norm->weight, a.index_norm_bias = m->index_k_norm->bias;
+    a.index_norm_eps = m->index_k_norm->options.eps();
+    a.rope_theta = cfg.rope_theta, a.rope_style = style, a.index_rope_dim = m->index_rope_dim;
+    a.index_weight_scale = 1.0 / std::sqrt(static_cast<double>(HI * dI));
+    a.q = torch::zeros({B, H, dc + dr}, f64()), a.index_q = torch::zeros({B, HI, dI}, f64());
+    a.index_w = torch::zeros({B, HI}, f64());
+    a.k_cache = s.k.clone(), a.index_keys = s.index_keys.clone();
+    ops::dsa_latent_prep_reference(a);
+
+    m->step(x, pos, s);  // the unfused decode step (CPU): writes both caches at seq_pos
+    EXPECT_LT(rel_err(a.k_cache, s.k), 1e-13);
+    EXPECT_LT(rel_err(a.index_keys, s.index_keys), 1e-13);
+    auto q = m->project(x, pos).q.squeeze(2);  // [B, H, d_c + d_r]
+    EXPECT_LT(rel_err(a.q.narrow(-1, dc, dr), q.narrow(-1, dc, dr)), 1e-13);
+    auto [iq, iw] = m->indexer_queries(x, pos);
+    EXPECT_LT(rel_err(a.index_q, iq.squeeze(1)), 1e-13);
+    EXPECT_LT(rel_err(a.index_w, iw.squeeze(1)), 1e-13);
+  }
 }
 
 }  // namespace

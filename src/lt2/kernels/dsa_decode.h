@@ -57,4 +57,52 @@ struct TopkSelectParams {
 };
 void topk_select(const TopkSelectParams& p, void* stream);
 
+// The latent form's decode step between its packed input projection and its attention (mixers/
+// dsa.h), in one launch. For sequence b at position t = seq_pos[b]:
+//   q[b, h, d_c:]         = RoPE(q_raw[b, h, D:])                    (per head h; q[b, h, :d_c] is
+//                                                                     left for the absorbed q_nope W_uk)
+//   k_cache[b, t, :]      = [RMSNorm(kv_raw[b, :d_c]) | RoPE(kv_raw[b, d_c:])]
+//   index_q[b, j, :]      = [RoPE_half(index_q_raw[b, j, :r]) | index_q_raw[b, j, r:]]     (r = index_rope_dim)
+//   index_w[b, j]         = index_w_raw[b, j] * index_weight_scale                         (fp32)
+//   index_keys[b, t, :]   = RoPE_half on the first r dims of LayerNorm(index_k_raw[b])
+// RMSNorm: x rsqrt(mean(x^2) + eps) * kv_norm_weight; LayerNorm: (x - mean) rsqrt(var + eps) *
+// weight + bias (biased variance), both in fp32. RoPE (model/rope.h) on n dims at position t:
+// pair i (i < n/2) rotates by t * theta^(-2i/n), the angle and its cos/sin in float64; pairs are
+// (2i, 2i + 1) with `interleaved`, else (i, i + n/2) (RoPE_half always). One rounding per output.
+// Positions are read on the device (no host sync: a captured graph replays with new ones); a
+// position outside [0, max_len) writes no cache row.
+struct DsaLatentPrepParams {
+  const void* q_raw;        // [B, H, D + d_r], heads D + d_r apart: wq's output
+  const void* kv_raw;       // [B, d_c + d_r]: wkv_a's
+  const void* index_q_raw;  // [B, H_I, d_I], heads d_I apart: index_wq's
+  const void* index_k_raw;  // [B, d_I]: index_wk's
+  const void* index_w_raw;  // [B, H_I]: index_ww's
+  int64_t q_raw_stride, kv_raw_stride, index_q_raw_stride, index_k_raw_stride, index_w_raw_stride;  // per sequence
+  const int64_t* seq_pos;             // [B]
+  const void* kv_norm_weight;         // [d_c]
+  const void* index_norm_weight;      // [d_I]
+  const void* index_norm_bias;        // [d_I]
+  void* q;                            // [B, H, d_c + d_r] contiguous
+  void* k_cache;                      // [B, max_len, d_c + d_r], rows k_row_stride apart
+  int64_t k_batch_stride, k_row_stride;
+  void* index_q;                      // [B, H_I, d_I] contiguous
+  float* index_w;                     // [B, H_I] contiguous
+  void* index_keys;                   // [B, max_len, d_I], rows index_keys_row_stride apart
+  int64_t index_keys_batch_stride, index_keys_row_stride;
+  int batch, heads, head_dim, latent_dim, rope_dim;     // B, H, D, d_c, d_r
+  int index_heads, index_head_dim, index_rope_dim;      // H_I, d_I, r
+  int max_len;
+  double rope_theta;
+  bool interleaved;  // the RoPE layout of q's and the latent key's rope dims
+  float kv_norm_eps, index_norm_eps, index_weight_scale;
+  DType dtype;  // of every tensor above but seq_pos and index_w
+};
+// Whether dsa_latent_prep takes these dims (even rope dims, r <= d_I <= kDsaIndexMaxHeadDim, a
+// batch of at most 65535).
+constexpr bool dsa_latent_prep_supported(int batch, int rope_dim, int index_head_dim, int index_rope_dim) {
+  return batch >= 1 && batch <= 65535 && rope_dim % 2 == 0 && index_rope_dim % 2 == 0 && index_rope_dim >= 0 &&
+         index_rope_dim <= index_head_dim && index_head_dim <= kDsaIndexMaxHeadDim;
+}
+void dsa_latent_prep(const DsaLatentPrepParams& p, void* stream);
+
 }  // namespace lt2::kernels

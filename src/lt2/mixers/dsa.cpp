@@ -131,6 +131,25 @@ double DSAImpl::scale() const {
   return 1.0 / std::sqrt(static_cast<double>(head_dim + (latent ? latent_rope_dim : 0)));
 }
 
+double DSAImpl::index_weight_scale() const {
+  return 1.0 / std::sqrt(static_cast<double>(index_heads * index_head_dim));
+}
+
+std::vector<torch::nn::Linear> DSAImpl::input_projections() const {
+  std::vector<torch::nn::Linear> layers{wq, wkv_a, index_wq, index_wk, index_ww};
+  if (wgate) layers.push_back(wgate);
+  return layers;
+}
+
+void DSAImpl::pack_for_inference() {
+  if (!latent) return attn->pack_for_inference();
+  if (w_in.defined()) return;
+  w_in = pack_linears(input_projections());
+  torch::NoGradGuard ng;
+  wk_b_t = wk_b.transpose(1, 2).contiguous();
+  wv_b_t = wv_b.transpose(1, 2).contiguous();
+}
+
 DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
   if (!latent) {
     auto p = attn->project(x, pos);
@@ -159,7 +178,7 @@ std::pair<Tensor, Tensor> DSAImpl::indexer_queries(const Tensor& x, const Positi
   const int64_t B = x.size(0), T = x.size(1);
   auto q = apply_linear(x, index_wq).view({B, T, index_heads, index_head_dim});
   q = rope_prefix(q, index_rope_dim, pos, rope_theta, RopeStyle::Half);
-  auto w = apply_linear(x, index_ww) * (1.0 / std::sqrt(static_cast<double>(index_heads * index_head_dim)));
+  auto w = apply_linear(x, index_ww) * index_weight_scale();
   return {q, w};
 }
 
@@ -214,7 +233,57 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   return output(o, x);
 }
 
+Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps, bool residual,
+                                  const Positions& pos, DSAState& s) {
+  if (!latent || !pos.seq_pos.defined() || !use_packed(w_in) || !fused_decode_enabled() ||
+      stage == IndexerStage::DenseWarmup || topk >= s.k.size(2))
+    return {};
+  const int64_t B = x.size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
+  const auto x2 = x.reshape({B, -1});
+  ops::GemvFusion norm;
+  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
+  ops::DsaLatentPrepArgs a;
+  a.q = torch::empty({B, H, dc + dr}, x.options());  // per head [q_nope W_uk | RoPE(q_rope)]
+  a.index_q = torch::empty({B, index_heads, index_head_dim}, x.options());
+  a.k_cache = s.k, a.index_keys = s.index_keys;
+  const auto v_cache = s.k.narrow(-1, 0, dc);  // the values are the keys' latent part
+  if (!ops::gemv_fused_applies(x2, w_in, norm) || !ops::dsa_index_topk_supported(a.index_q, s.index_keys, topk) ||
+      !ops::sparse_attention_decode_supported(a.q, s.k, v_cache))
+    return {};
+  const auto parts = unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections());  // [B, N_i] views
+  a.q_raw = parts[0].view({B, H, D + dr});
+  a.kv_raw = parts[1];
+  a.index_q_raw = parts[2].view({B, index_heads, index_head_dim});
+  a.index_k_raw = parts[3], a.index_w_raw = parts[4];
+  a.seq_pos = pos.seq_pos;
+  a.kv_norm_weight = kv_norm->weight, a.kv_norm_eps = kv_norm->eps;
+  a.index_norm_weight = index_k_norm->weight, a.index_norm_bias = index_k_norm->bias;
+  a.index_norm_eps = index_k_norm->options.eps();
+  a.rope_theta = rope_theta, a.rope_style = rope_style, a.index_rope_dim = index_rope_dim;
+  a.index_weight_scale = index_weight_scale();
+  a.index_w = torch::empty({B, index_heads}, x.options().dtype(torch::kFloat32));
+  ops::dsa_latent_prep(a);
+  // q_latent[b, h] = q_nope[b, h] wk_b[h]: [B, H, D] -> the first d_c dims of q.
+  a.q.narrow(-1, 0, dc).copy_(torch::einsum("bhd,hcd->bhc", {a.q_raw.narrow(-1, 0, D), wk_b_t}));
+  const auto lens = pos.seq_pos + 1;  // [B] tokens each sequence now holds
+  auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, lens, topk);             // [B, k]
+  auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, lens.clamp_max(topk), scale());  // [B, H, d_c]
+  auto y = torch::einsum("bhc,hdc->bhd", {o, wv_b_t}).reshape({B, H * D});
+  if (wgate) y = y * torch::sigmoid(parts[5]);
+  if (!residual) return apply_linear(y, wo).view({B, 1, -1});
+  ops::GemvFusion add;
+  add.residual = x2;
+  if (!ops::gemv_fused_applies(y, wo->weight, add)) return x + apply_linear(y, wo).view({B, 1, -1});
+  return ops::gemv_fused(y, wo->weight, add).view({B, 1, -1});
+}
+
+Tensor DSAImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
+                              MixerState& state) {
+  return latent_fused_step(x, norm_weight, norm_eps, /*residual=*/true, pos, dynamic_cast<DSAState&>(state));
+}
+
 Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
+  if (auto y = latent_fused_step(x, {}, 0.0, /*residual=*/false, pos, s); y.defined()) return y;
   const int64_t B = x.size(0), L = s.k.size(2);
   auto h = project(x, pos);  // q [B, H, 1, D_qk], k, v [B, H_kv, 1, D_qk | D_v]
   cache_write_at(s.k, h.k, pos.seq_pos);

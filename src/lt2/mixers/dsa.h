@@ -62,9 +62,12 @@ class DSAImpl : public MixerImpl {
                                          torch::TensorOptions opts) const override;
   std::string kind() const override { return "dsa"; }
   bool supports_seq_pos() const override { return true; }
-  void pack_for_inference() override {
-    if (attn) attn->pack_for_inference();
-  }
+  // GQA form: the attention block's packing; latent form: w_in and the transposed wk_b, wv_b.
+  void pack_for_inference() override;
+  // The latent form's decode with the block's RMSNorm folded into the packed input GEMV and the
+  // residual add into wo's (latent_fused_step); undefined where the fused kernels do not apply.
+  Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
+                       MixerState& state) override;
   bool is_attention() const override { return true; }
 
   // Indexer pieces (exposed for tests and the indexer loss).
@@ -92,18 +95,31 @@ class DSAImpl : public MixerImpl {
   // Indexer.
   torch::nn::Linear index_wq{nullptr}, index_wk{nullptr}, index_ww{nullptr};
   torch::nn::LayerNorm index_k_norm{nullptr};
+  // Inference (pack_for_inference), latent form; undefined otherwise.
+  Tensor w_in;            // [wq; wkv_a; index_wq; index_wk; index_ww(; wgate)] packed, [N, d]
+  Tensor wk_b_t, wv_b_t;  // [H, d_c, D], [H, D, d_c]: wk_b, wv_b transposed (copies taken when packing)
+  std::vector<torch::nn::Linear> input_projections() const;  // what w_in packs, in order
 
- private:
+  // Queries and keys of x (exposed for tests: the fused decode's reference).
   struct Heads {
     Tensor q;     // [B, H, T, D_qk]
     Tensor k, v;  // [B, H_kv, T, D_qk], [B, H_kv, T, D_v] (latent: v is a view of k)
   };
   Heads project(const Tensor& x, const Positions& pos);
+
+ private:
   // Decode with per-sequence positions: cache writes at seq_pos, index scores over the
   // whole cache with slots past each sequence's length masked, attention over the top-k.
   Tensor step_at(const Tensor& x, const Positions& pos, DSAState& s);
+  // The latent form's step_at on fused kernels: one GEMV for every input projection (with the
+  // RMSNorm prologue when norm_weight is defined), ops::dsa_latent_prep, the absorbed q_nope W_uk,
+  // the index top-k, sparse attention over the latent cache, o W_uv with the output gate, wo (plus
+  // x with `residual`). Undefined, before anything runs, when the kernels do not take the inputs.
+  Tensor latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps, bool residual,
+                           const Positions& pos, DSAState& s);
   Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
   double scale() const;  // softmax scale
+  double index_weight_scale() const;  // H_I^-1/2 d_I^-1/2, on the index head weights
   double rope_theta;
   RopeStyle rope_style;
 };

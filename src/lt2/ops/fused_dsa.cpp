@@ -1,6 +1,9 @@
 #include "lt2/ops/fused_dsa.h"
 
+#include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lt2/kernels/dsa_decode.h"
 #include "lt2/ops/fused_common.h"
@@ -55,6 +58,38 @@ void check_out(const char* op, const Tensor& out, int64_t rows, int64_t cols, to
                                out.is_contiguous() && out.device() == device),
             op, ": out must be [", rows, ", ", cols, "] ", dt, " contiguous on ", device, ", found ",
             sizes_of(out), out.defined() ? cat(" ", out.scalar_type(), " on ", out.device()) : "");
+}
+
+// Why the tensors of dsa_latent_prep do not fit together (empty when they do); any device.
+std::string prep_shape_problem(const DsaLatentPrepArgs& a) {
+  for (const Tensor* t : {&a.q_raw, &a.kv_raw, &a.index_q_raw, &a.index_k_raw, &a.index_w_raw, &a.seq_pos,
+                          &a.kv_norm_weight, &a.index_norm_weight, &a.index_norm_bias, &a.q, &a.index_q,
+                          &a.index_w, &a.k_cache, &a.index_keys})
+    if (!t->defined()) return "every input and output must be defined";
+  if (a.q_raw.dim() != 3 || a.kv_norm_weight.dim() != 1 || a.index_q_raw.dim() != 3)
+    return cat("q_raw must be [B, H, D + d_r], index_q_raw [B, H_I, d_I] and kv_norm_weight [d_c], found ",
+               a.q_raw.sizes(), ", ", a.index_q_raw.sizes(), ", ", a.kv_norm_weight.sizes());
+  const int64_t B = a.q_raw.size(0), H = a.q_raw.size(1), dc = a.kv_norm_weight.size(0);
+  const int64_t HI = a.index_q_raw.size(1), dI = a.index_q_raw.size(2);
+  const int64_t dr = a.kv_raw.dim() == 2 ? a.kv_raw.size(1) - dc : -1, L = a.index_keys.dim() == 3 ? a.index_keys.size(1) : 0;
+  using Sizes = std::vector<int64_t>;
+  const std::vector<std::pair<const Tensor*, Sizes>> want{
+      {&a.kv_raw, {B, dc + dr}},       {&a.index_q_raw, {B, HI, dI}},   {&a.index_k_raw, {B, dI}},
+      {&a.index_w_raw, {B, HI}},       {&a.seq_pos, {B}},               {&a.index_norm_weight, {dI}},
+      {&a.index_norm_bias, {dI}},      {&a.q, {B, H, dc + dr}},         {&a.index_q, {B, HI, dI}},
+      {&a.index_w, {B, HI}},           {&a.k_cache, {B, 1, L, dc + dr}}, {&a.index_keys, {B, L, dI}}};
+  if (dr < 0 || dr % 2 != 0 || a.q_raw.size(2) <= dr || L < 1)
+    return cat("kv_raw must be [B, d_c + d_r] with d_r even and below q_raw's last dim, and index_keys [B, L >= 1, d_I]; found kv_raw ",
+               a.kv_raw.sizes(), ", q_raw ", a.q_raw.sizes(), ", kv_norm_weight ", a.kv_norm_weight.sizes(), ", index_keys ",
+               a.index_keys.sizes());
+  for (const auto& [t, sizes] : want)
+    if (t->sizes() != torch::IntArrayRef(sizes))
+      return cat("with q_raw ", a.q_raw.sizes(), ", kv_norm_weight [", dc, "] and index_q_raw ", a.index_q_raw.sizes(),
+                 " a tensor must be ", torch::IntArrayRef(sizes), ", found ", t->sizes());
+  if (a.seq_pos.scalar_type() != torch::kInt64) return cat("seq_pos must be int64, found ", a.seq_pos.scalar_type());
+  if (a.index_rope_dim < 0 || a.index_rope_dim > dI || a.index_rope_dim % 2 != 0)
+    return cat("index_rope_dim must be even and in [0, ", dI, "], found ", a.index_rope_dim);
+  return "";
 }
 
 #ifdef LT2_WITH_CUDA
@@ -146,6 +181,125 @@ Tensor dsa_index_topk(const Tensor& q, const Tensor& w, const Tensor& index_keys
   LT2_CHECK(index_keys.defined() && index_keys.dim() == 3 && k >= 1 && k <= index_keys.size(1), op, ": k = ", k,
             " must be in [1, L] for index_keys ", sizes_of(index_keys));
   return topk_select(dsa_index_scores(q, w, index_keys, seq_lens), k, seq_lens);
+}
+
+void dsa_latent_prep(const DsaLatentPrepArgs& a) {
+  const char* op = "dsa_latent_prep";
+  if (!fused_decode_available()) no_cuda(op);
+  const auto problem = prep_shape_problem(a);
+  LT2_CHECK(problem.empty(), op, ": ", problem);
+  const auto dt = a.q_raw.scalar_type();
+  const auto device = a.q_raw.device();
+  LT2_CHECK(a.q_raw.is_cuda() && kernel_dtype_ok(dt), op, ": q_raw must be a CUDA tensor of float32, bfloat16 or float16, found ",
+            dt, " on ", device);
+  for (const Tensor* t : {&a.kv_raw, &a.index_q_raw, &a.index_k_raw, &a.index_w_raw, &a.q, &a.index_q, &a.k_cache,
+                          &a.index_keys})
+    LT2_CHECK(t->scalar_type() == dt && t->device() == device && t->stride(-1) == 1, op,
+              ": every activation and cache must be ", dt, " on ", device, " with a contiguous last dim like q_raw, found ",
+              t->sizes(), " ", t->scalar_type(), " on ", t->device());
+  const int64_t H = a.q_raw.size(1), Dq = a.q_raw.size(2), dc = a.kv_norm_weight.size(0), dI = a.index_q_raw.size(2);
+  LT2_CHECK(a.q_raw.stride(1) == Dq && a.index_q_raw.stride(1) == dI, op,
+            ": the heads of q_raw and index_q_raw must be packed (head strides ", Dq, " and ", dI, "), found ",
+            a.q_raw.stride(1), " and ", a.index_q_raw.stride(1));
+  LT2_CHECK(a.q.is_contiguous() && a.index_q.is_contiguous() && a.index_w.is_contiguous() &&
+                a.index_w.scalar_type() == torch::kFloat32 && a.seq_pos.device() == device && a.index_w.device() == device,
+            op, ": q, index_q and index_w (float32) must be contiguous and seq_pos and index_w on ", device);
+  const int64_t B = a.q_raw.size(0), HI = a.index_q_raw.size(1), dr = a.kv_raw.size(1) - dc, L = a.k_cache.size(2);
+  LT2_CHECK(kernels::dsa_latent_prep_supported(static_cast<int>(std::min<int64_t>(B, INT32_MAX)), static_cast<int>(dr),
+                                               static_cast<int>(std::min<int64_t>(dI, INT32_MAX)),
+                                               static_cast<int>(a.index_rope_dim)) &&
+                L <= INT32_MAX,
+            op, ": batch ", B, " (at most 65535), index head dim ", dI, " (at most ", kernels::kDsaIndexMaxHeadDim,
+            "), cache length ", L);
+#ifdef LT2_WITH_CUDA
+  c10::cuda::CUDAGuard guard(device);
+  // The norm weights in the activation dtype (no copy when they already are).
+  const auto g_kv = a.kv_norm_weight.to(dt).contiguous(), g_ik = a.index_norm_weight.to(dt).contiguous(),
+             b_ik = a.index_norm_bias.to(dt).contiguous();
+  const auto pos = a.seq_pos.contiguous();
+  kernels::DsaLatentPrepParams p{};
+  p.q_raw = a.q_raw.data_ptr(), p.kv_raw = a.kv_raw.data_ptr(), p.index_q_raw = a.index_q_raw.data_ptr();
+  p.index_k_raw = a.index_k_raw.data_ptr(), p.index_w_raw = a.index_w_raw.data_ptr();
+  p.q_raw_stride = a.q_raw.stride(0), p.kv_raw_stride = a.kv_raw.stride(0);
+  p.index_q_raw_stride = a.index_q_raw.stride(0), p.index_k_raw_stride = a.index_k_raw.stride(0);
+  p.index_w_raw_stride = a.index_w_raw.stride(0);
+  p.seq_pos = pos.data_ptr<int64_t>();
+  p.kv_norm_weight = g_kv.data_ptr(), p.index_norm_weight = g_ik.data_ptr(), p.index_norm_bias = b_ik.data_ptr();
+  p.q = a.q.data_ptr();
+  p.k_cache = a.k_cache.data_ptr(), p.k_batch_stride = a.k_cache.stride(0), p.k_row_stride = a.k_cache.stride(2);
+  p.index_q = a.index_q.data_ptr(), p.index_w = a.index_w.data_ptr<float>();
+  p.index_keys = a.index_keys.data_ptr();
+  p.index_keys_batch_stride = a.index_keys.stride(0), p.index_keys_row_stride = a.index_keys.stride(1);
+  p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.head_dim = static_cast<int>(Dq - dr);
+  p.latent_dim = static_cast<int>(dc), p.rope_dim = static_cast<int>(dr);
+  p.index_heads = static_cast<int>(HI), p.index_head_dim = static_cast<int>(dI);
+  p.index_rope_dim = static_cast<int>(a.index_rope_dim), p.max_len = static_cast<int>(L);
+  p.rope_theta = a.rope_theta, p.interleaved = a.rope_style == RopeStyle::Interleaved;
+  p.kv_norm_eps = static_cast<float>(a.kv_norm_eps), p.index_norm_eps = static_cast<float>(a.index_norm_eps);
+  p.index_weight_scale = static_cast<float>(a.index_weight_scale);
+  p.dtype = kernel_dtype(dt);
+  kernels::dsa_latent_prep(p, current_stream(a.q_raw));
+#endif
+}
+
+void dsa_latent_prep_reference(const DsaLatentPrepArgs& a) {
+  const auto problem = prep_shape_problem(a);
+  LT2_CHECK(problem.empty(), "dsa_latent_prep_reference: ", problem);
+  const auto f64 = [](const Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat64).contiguous(); };
+  const auto q_raw = f64(a.q_raw), kv = f64(a.kv_raw), iq_raw = f64(a.index_q_raw), ik = f64(a.index_k_raw),
+             iw_raw = f64(a.index_w_raw), g_kv = f64(a.kv_norm_weight), g_ik = f64(a.index_norm_weight),
+             b_ik = f64(a.index_norm_bias);
+  const auto pos = a.seq_pos.to(torch::kCPU).contiguous();
+  const int64_t B = q_raw.size(0), H = q_raw.size(1), dc = g_kv.size(0), dr = kv.size(1) - dc, D = q_raw.size(2) - dr;
+  const int64_t HI = iq_raw.size(1), dI = iq_raw.size(2), r = a.index_rope_dim, L = a.k_cache.size(2);
+  // RoPE of n values at `in` into `out` at position t: pair i rotates by t theta^(-2i/n).
+  const auto rope = [&](const double* in, double* out, int64_t n, bool interleaved, int64_t t) {
+    for (int64_t i = 0; i < n / 2; ++i) {
+      const int64_t u = interleaved ? 2 * i : i, v = interleaved ? 2 * i + 1 : i + n / 2;
+      const double angle = static_cast<double>(t) * std::pow(a.rope_theta, -static_cast<double>(2 * i) / n);
+      out[u] = in[u] * std::cos(angle) - in[v] * std::sin(angle);
+      out[v] = in[v] * std::cos(angle) + in[u] * std::sin(angle);
+    }
+  };
+  const bool interleaved = a.rope_style == RopeStyle::Interleaved;
+  auto q_rope = torch::zeros({B, H, dr}, torch::kFloat64), index_q = torch::zeros({B, HI, dI}, torch::kFloat64);
+  auto index_w = torch::zeros({B, HI}, torch::kFloat64);
+  auto k_row = torch::zeros({dc + dr}, torch::kFloat64), key = torch::zeros({dI}, torch::kFloat64);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t = pos[b].item<int64_t>();
+    for (int64_t h = 0; h < H; ++h)
+      rope(q_raw[b][h].data_ptr<double>() + D, q_rope[b][h].data_ptr<double>(), dr, interleaved, t);
+    for (int64_t j = 0; j < HI; ++j) {
+      const double* in = iq_raw[b][j].data_ptr<double>();
+      double* out = index_q[b][j].data_ptr<double>();
+      rope(in, out, r, false, t);
+      for (int64_t i = r; i < dI; ++i) out[i] = in[i];
+      index_w[b][j] = iw_raw[b][j].item<double>() * a.index_weight_scale;
+    }
+    if (t < 0 || t >= L) continue;
+    const double* c = kv[b].data_ptr<double>();
+    double sum_sq = 0;
+    for (int64_t i = 0; i < dc; ++i) sum_sq += c[i] * c[i];
+    const double inv_rms = 1.0 / std::sqrt(sum_sq / dc + a.kv_norm_eps);
+    double* row = k_row.data_ptr<double>();
+    for (int64_t i = 0; i < dc; ++i) row[i] = c[i] * inv_rms * g_kv[i].item<double>();
+    rope(c + dc, row + dc, dr, interleaved, t);
+    a.k_cache[b][0][t].copy_(k_row);
+    const double* x = ik[b].data_ptr<double>();
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < dI; ++i) mean += x[i] / dI;
+    for (int64_t i = 0; i < dI; ++i) var += (x[i] - mean) * (x[i] - mean) / dI;
+    std::vector<double> normed(dI);
+    for (int64_t i = 0; i < dI; ++i)
+      normed[i] = (x[i] - mean) / std::sqrt(var + a.index_norm_eps) * g_ik[i].item<double>() + b_ik[i].item<double>();
+    double* k = key.data_ptr<double>();
+    rope(normed.data(), k, r, false, t);
+    for (int64_t i = r; i < dI; ++i) k[i] = normed[i];
+    a.index_keys[b][t].copy_(key);
+  }
+  a.q.narrow(-1, dc, dr).copy_(q_rope);
+  a.index_q.copy_(index_q);
+  a.index_w.copy_(index_w);
 }
 
 }  // namespace lt2::ops

@@ -7,6 +7,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "lt2/config/model_config.h"  // RopeStyle
+
 namespace lt2::ops {
 
 using torch::Tensor;
@@ -39,5 +41,42 @@ Tensor dsa_index_topk(const Tensor& q, const Tensor& w, const Tensor& index_keys
 // index_keys [B, L, d_I] CUDA tensors of one kernel dtype and device (H_I <= 128, d_I <= 256, the
 // keys' last dim contiguous), 1 <= k <= L.
 bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t k);
+
+// The latent form's decode step between its packed input projection and its attention
+// (kernels::dsa_latent_prep has the math), for sequence b at position t = seq_pos[b]: RoPE of q's
+// rope dims into q[:, :, d_c:] (q[:, :, :d_c] is not written: the absorbed q_nope W_uk goes there),
+// the latent key row [RMSNorm(c) | RoPE(k_r)] into k_cache[b, 0, t], the index queries (RoPE_half
+// on their first index_rope_dim dims) into index_q, the scaled index weights into index_w, and the
+// index key (LayerNorm, then RoPE_half) into index_keys[b, t]. The inputs are views of the packed
+// projection's output (any batch stride, heads packed, last dim contiguous); dims come from the
+// shapes: H, D + d_r from q_raw, d_c from kv_norm_weight, d_r = kv_raw's last dim - d_c.
+struct DsaLatentPrepArgs {
+  Tensor q_raw;        // [B, H, D + d_r]: wq's output, [q_nope | q_rope] per head
+  Tensor kv_raw;       // [B, d_c + d_r]: wkv_a's, [c | k_r]
+  Tensor index_q_raw;  // [B, H_I, d_I]: index_wq's
+  Tensor index_k_raw;  // [B, d_I]: index_wk's
+  Tensor index_w_raw;  // [B, H_I]: index_ww's
+  Tensor seq_pos;      // [B] int64
+  Tensor kv_norm_weight;                      // [d_c]
+  Tensor index_norm_weight, index_norm_bias;  // [d_I]
+  double kv_norm_eps = 1e-5, index_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeStyle rope_style = RopeStyle::Interleaved;  // of q's and the latent key's rope dims
+  int64_t index_rope_dim = 0;
+  double index_weight_scale = 1.0;
+  // Outputs.
+  Tensor q;           // [B, H, d_c + d_r] contiguous
+  Tensor index_q;     // [B, H_I, d_I] contiguous
+  Tensor index_w;     // [B, H_I] fp32 contiguous
+  Tensor k_cache;     // [B, 1, L, d_c + d_r], rows contiguous
+  Tensor index_keys;  // [B, L, d_I], rows contiguous
+};
+// The fused kernel: CUDA tensors on one device, every non-fp32 output and input in one kernel
+// dtype (the norm weights are cast to it), d_I <= kernels::kDsaIndexMaxHeadDim. One launch; no
+// host read of seq_pos, so a captured graph replays with new positions.
+void dsa_latent_prep(const DsaLatentPrepArgs& args);
+// The same math written plainly in float64 on the CPU (reads seq_pos on the host), results copied
+// into the outputs (any device and floating dtype): q[:, :, :d_c] is left as it is.
+void dsa_latent_prep_reference(const DsaLatentPrepArgs& args);
 
 }  // namespace lt2::ops
