@@ -142,3 +142,42 @@ TEST(FusedGemv, GraphReplayWithNewInputsEqualsEager) {
   }
 #endif
 }
+
+// gemv_batched (J products in one launch, the DSA latent absorptions) against float64: fp32 and
+// bf16 (both kernels), every row count, x a strided view (the packed projection's q_nope) and a
+// misaligned one (copied), out a view into a wider tensor whose other columns stay untouched, with
+// and without the sigmoid output gate.
+TEST(FusedGemv, BatchedMatchesFloat64) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard ng;
+  torch::manual_seed(13);
+  struct Shape {
+    int64_t J, N, K;
+  };
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (Shape sh : {Shape{16, 512, 128}, Shape{16, 128, 512}, Shape{3, 5, 24}, Shape{1, 33, 64}})
+      for (int64_t M : std::initializer_list<int64_t>{1, 3, kernels::kGemvMaxRows})
+        for (bool gated : {false, true})
+          for (int64_t x_offset : {0, 1}) {
+            SCOPED_TRACE(::testing::Message() << name(dt) << " J " << sh.J << " N " << sh.N << " K " << sh.K << " M "
+                                              << M << (gated ? " gated" : "") << (x_offset ? " misaligned x" : ""));
+            auto x = torch::randn({M, sh.J, sh.K + 16}, gpu(dt)).narrow(-1, x_offset, sh.K);
+            auto w = torch::randn({sh.J, sh.N, sh.K}, gpu(dt)) / std::sqrt(static_cast<double>(sh.K));
+            auto gate = gated ? torch::randn({M, sh.J, sh.N + 3}, gpu(dt)).narrow(-1, 0, sh.N) : Tensor();
+            auto wide = torch::full({M, sh.J, sh.N + 8}, std::nan(""), gpu(dt));
+            auto out = wide.narrow(-1, 4, sh.N);
+            ASSERT_TRUE(ops::gemv_batched_applies(x, w, gate));
+            ops::gemv_batched(x, w, out, gate);
+            auto want = torch::einsum("mjk,jnk->mjn", {x.cpu().to(torch::kFloat64), w.cpu().to(torch::kFloat64)});
+            if (gated) want = want * torch::sigmoid(gate.cpu().to(torch::kFloat64));
+            EXPECT_LT(rel_err(out.cpu(), want), tolerance(dt));
+            EXPECT_TRUE(torch::isnan(wide.narrow(-1, 0, 4)).all().item<bool>()) << "wrote outside out";
+            EXPECT_TRUE(torch::isnan(wide.narrow(-1, sh.N + 4, 4)).all().item<bool>()) << "wrote outside out";
+          }
+  auto x = torch::randn({2, 4, 64}, gpu(torch::kBFloat16));
+  EXPECT_FALSE(ops::gemv_batched_applies(x, torch::randn({3, 8, 64}, gpu(torch::kBFloat16))));  // J differs
+  EXPECT_FALSE(ops::gemv_batched_applies(x, torch::randn({4, 8, 64}, gpu(torch::kFloat32))));   // dtypes differ
+  EXPECT_THROW(ops::gemv_batched(x, torch::randn({4, 8, 64}, gpu(torch::kBFloat16)),
+                                 torch::empty({2, 4, 9}, gpu(torch::kBFloat16))),
+               Error);  // out must be [2, 4, 8]
+}

@@ -158,6 +158,7 @@ void attention_decode(const AttentionDecodeParams& p, void* stream);
 //   prologue RmsNorm   y = norm(x) W^T,  norm(x) = x rsqrt(mean(x^2) + eps) * norm_weight
 //   prologue SiluMul   x = [a | b] ([rows, 2K]):  y = (silu(a) * b) W^T       (SwiGLU's w2)
 //   residual           y = residual + (...)                                    (the block's adds)
+//   gate               y = sigmoid(gate) (...)                                 (attention output gates)
 // x [rows, K] (rows x_row_stride apart, 16-byte aligned), W [N, K] contiguous (16-byte aligned),
 // y and residual [rows, N] (rows *_row_stride apart), all in dtype; fp32 accumulation, one
 // rounding. Memory bound on reading W once; more rows than kGemvMaxRows are a GEMM (cuBLAS).
@@ -177,6 +178,13 @@ struct GemvParams {
   int64_t rows, n;
   int k;
   DType dtype;
+  // Batched: `batch` independent products (grid z), product j's x, W, y and gate advanced by j
+  // times their batch strides (elements); no residual then. Default: one product.
+  int64_t batch = 1;
+  int64_t x_batch_stride = 0, w_batch_stride = 0, y_batch_stride = 0;
+  // Output gate: y = sigmoid(gate) (...) before the residual, gate [rows, N] like y, or nullptr.
+  const void* gate = nullptr;
+  int64_t gate_row_stride = 0, gate_batch_stride = 0;
 };
 // Whether gemv takes `rows` rows of length k in dtype (1 <= rows <= kGemvMaxRows, k a whole
 // number of 16-byte vectors).

@@ -242,12 +242,13 @@ Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, do
   const auto x2 = x.reshape({B, -1});
   ops::GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
+  if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
   ops::DsaLatentPrepArgs a;
   a.q = torch::empty({B, H, dc + dr}, x.options());  // per head [q_nope W_uk | RoPE(q_rope)]
   a.index_q = torch::empty({B, index_heads, index_head_dim}, x.options());
   a.k_cache = s.k, a.index_keys = s.index_keys;
   const auto v_cache = s.k.narrow(-1, 0, dc);  // the values are the keys' latent part
-  if (!ops::gemv_fused_applies(x2, w_in, norm) || !ops::dsa_index_topk_supported(a.index_q, s.index_keys, topk) ||
+  if (!ops::dsa_index_topk_supported(a.index_q, s.index_keys, topk) ||
       !ops::sparse_attention_decode_supported(a.q, s.k, v_cache))
     return {};
   const auto parts = unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections());  // [B, N_i] views
@@ -262,14 +263,19 @@ Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, do
   a.rope_theta = rope_theta, a.rope_style = rope_style, a.index_rope_dim = index_rope_dim;
   a.index_weight_scale = index_weight_scale();
   a.index_w = torch::empty({B, index_heads}, x.options().dtype(torch::kFloat32));
+  const auto q_nope = a.q_raw.narrow(-1, 0, D);                                // [B, H, D]
+  const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
+  // The absorptions' batched GEMVs (the second's x is o [B, H, d_c], shaped like q's latent part).
+  if (!ops::gemv_batched_applies(q_nope, wk_b_t) || !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate))
+    return {};
   ops::dsa_latent_prep(a);
-  // q_latent[b, h] = q_nope[b, h] wk_b[h]: [B, H, D] -> the first d_c dims of q.
-  a.q.narrow(-1, 0, dc).copy_(torch::einsum("bhd,hcd->bhc", {a.q_raw.narrow(-1, 0, D), wk_b_t}));
+  ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));  // q_latent[b, h] = q_nope[b, h] wk_b[h]
   const auto lens = pos.seq_pos + 1;  // [B] tokens each sequence now holds
   auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, lens, topk);             // [B, k]
   auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, lens.clamp_max(topk), scale());  // [B, H, d_c]
-  auto y = torch::einsum("bhc,hdc->bhd", {o, wv_b_t}).reshape({B, H * D});
-  if (wgate) y = y * torch::sigmoid(parts[5]);
+  auto y = torch::empty({B, H, D}, x.options());
+  ops::gemv_batched(o, wv_b_t, y, gate);  // y[b, h] = (o[b, h] wv_b[h]) * sigmoid(gate[b, h])
+  y = y.view({B, H * D});
   if (!residual) return apply_linear(y, wo).view({B, 1, -1});
   ops::GemvFusion add;
   add.residual = x2;

@@ -477,5 +477,65 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
 #endif
 }
 
+namespace {
+
+// Why gemv_batched cannot take x, W and gate (empty when it can); x's layout does not matter.
+std::string gemv_batched_problem(const Tensor& x, const Tensor& w, const Tensor& gate) {
+  for (const auto& p : {activation_problem(x, "x"), activation_problem(w, "w")})
+    if (!p.empty()) return p;
+  if (w.dim() != 3 || !w.is_contiguous() || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0)
+    return cat("w must be a contiguous, 16-byte aligned [J, N, K], found ", w.sizes());
+  const int64_t J = w.size(0), N = w.size(1), K = w.size(2);
+  if (x.dim() != 3 || x.size(1) != J || x.size(2) != K)
+    return cat("x must be [M, ", J, ", ", K, "] for w ", w.sizes(), ", found ", x.sizes());
+  if (gate.defined() && (gate.sizes() != torch::IntArrayRef({x.size(0), J, N}) || gate.stride(-1) != 1))
+    return cat("gate must be [", x.size(0), ", ", J, ", ", N, "] with a contiguous last dim, found ", gate.sizes());
+  for (const Tensor* t : {&w, &gate})
+    if (t->defined() && (t->scalar_type() != x.scalar_type() || t->device() != x.device()))
+      return cat("w and gate must be ", x.scalar_type(), " on ", x.device(), " like x");
+  if (J > 65535) return cat(J, " products (at most 65535)");
+#ifdef LT2_WITH_CUDA
+  if (!kernels::gemv_supported(x.size(0), K, kernel_dtype(x.scalar_type())))
+    return cat(x.size(0), " rows of K = ", K, ": the GEMV takes 1..", kernels::kGemvMaxRows,
+               " rows and K a whole number of 16-byte vectors");
+#endif
+  return "";
+}
+
+}  // namespace
+
+bool gemv_batched_applies(const Tensor& x, const Tensor& w, const Tensor& gate) {
+  return fused_elementwise_applies({x, w}) && gemv_batched_problem(x, w, gate).empty();
+}
+
+void gemv_batched(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& gate) {
+  const char* op = "gemv_batched";
+  if (!fused_decode_available()) no_cuda(op);
+  const auto problem = gemv_batched_problem(x, w, gate);
+  LT2_CHECK(problem.empty(), op, ": ", problem);
+  const int64_t M = x.size(0), J = w.size(0), N = w.size(1), K = w.size(2);
+  LT2_CHECK(out.defined() && out.sizes() == torch::IntArrayRef({M, J, N}) && out.stride(-1) == 1 &&
+                out.scalar_type() == x.scalar_type() && out.device() == x.device(),
+            op, ": out must be [", M, ", ", J, ", ", N, "] ", x.scalar_type(), " on ", x.device(),
+            " with a contiguous last dim, found ", sizes_of(out));
+#ifdef LT2_WITH_CUDA
+  c10::cuda::CUDAGuard guard(x.device());
+  // Rows contiguous and 16-byte aligned: the kernels read x with 16-byte loads.
+  const int64_t vec = 16 / x.element_size();
+  const bool aligned = x.stride(2) == 1 && x.stride(0) % vec == 0 && x.stride(1) % vec == 0 &&
+                       reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  const auto xc = aligned ? x : x.contiguous();
+  kernels::GemvParams p{};
+  p.x = xc.data_ptr(), p.x_row_stride = xc.stride(0), p.x_batch_stride = xc.stride(1);
+  p.w = w.data_ptr(), p.w_batch_stride = N * K;
+  p.y = out.data_ptr(), p.y_row_stride = out.stride(0), p.y_batch_stride = out.stride(1);
+  if (gate.defined()) p.gate = gate.data_ptr(), p.gate_row_stride = gate.stride(0), p.gate_batch_stride = gate.stride(1);
+  p.prologue = kernels::GemvPrologue::None;
+  p.rows = M, p.n = N, p.k = static_cast<int>(K), p.batch = J;
+  p.dtype = kernel_dtype(x.scalar_type());
+  kernels::gemv(p, current_stream(x));
+#endif
+}
+
 }  // namespace ops
 }  // namespace lt2

@@ -99,5 +99,16 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {
 // elementwise ops then: an A/B switch).
 bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {});
 
+// J independent products in one launch (kernels::gemv's batch): out[:, j] = x[:, j] W[j]^T, times
+// sigmoid(gate[:, j]) when gate is defined (an attention output gate). x [M, J, K] with at most
+// kernels::kGemvMaxRows rows M (any strides, copied when its rows are not contiguous and 16-byte
+// aligned), W [J, N, K] contiguous, gate and out [M, J, N] with a contiguous last dim (out is
+// written in place: it may be a view into a larger tensor), every tensor in one kernel dtype on one
+// CUDA device. The DSA latent form's absorptions q_nope W_uk and o W_uv (per-head weights).
+void gemv_batched(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& gate = {});
+// Whether gemv_batched takes x and W (and gate): fused_elementwise_applies to them and the shapes
+// fit; x's layout does not matter.
+bool gemv_batched_applies(const Tensor& x, const Tensor& w, const Tensor& gate = {});
+
 }  // namespace ops
 }  // namespace lt2

@@ -29,7 +29,7 @@ constexpr int kMaxRows = kGemvMaxRows;
 template <typename T, GemvPrologue PRO>
 __device__ __forceinline__ void load_x(const GemvParams& p, int m, int v, float* out, float& sumsq) {
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
-  const T* row = static_cast<const T*>(p.x) + m * p.x_row_stride;
+  const T* row = static_cast<const T*>(p.x) + blockIdx.z * p.x_batch_stride + m * p.x_row_stride;
   unpack16<T>(__ldg(reinterpret_cast<const uint4*>(row) + v), out);
   if constexpr (PRO == GemvPrologue::RmsNorm) {
     float g[VEC];
@@ -44,12 +44,15 @@ __device__ __forceinline__ void load_x(const GemvParams& p, int m, int v, float*
   }
 }
 
-// y[m, n] = rsqrt(mean(x_m^2) + eps) acc (RmsNorm) or acc, plus the residual, rounded once.
+// y[m, n] = rsqrt(mean(x_m^2) + eps) acc (RmsNorm) or acc, times sigmoid(gate), plus the
+// residual, rounded once (product blockIdx.z of a batched call).
 template <typename T, GemvPrologue PRO>
 __device__ __forceinline__ void store_y(const GemvParams& p, int m, int64_t n, float acc, float sumsq) {
   if constexpr (PRO == GemvPrologue::RmsNorm) acc *= rsqrtf(sumsq / static_cast<float>(p.k) + p.norm_eps);
+  if (p.gate)
+    acc *= sigmoid(to_float(static_cast<const T*>(p.gate)[blockIdx.z * p.gate_batch_stride + m * p.gate_row_stride + n]));
   if (p.residual) acc += to_float(static_cast<const T*>(p.residual)[m * p.residual_row_stride + n]);
-  static_cast<T*>(p.y)[m * p.y_row_stride + n] = from_float<T>(acc);
+  static_cast<T*>(p.y)[blockIdx.z * p.y_batch_stride + m * p.y_row_stride + n] = from_float<T>(acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -98,8 +101,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvPara
   const int g = lane / 4, q = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   // Rows past N read row N - 1 (in bounds); their outputs are not written.
-  const uint4* w_lo = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + min(n0 + g, p.n - 1) * p.k);
-  const uint4* w_hi = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + min(n0 + g + 8, p.n - 1) * p.k);
+  const T* w_base = static_cast<const T*>(p.w) + blockIdx.z * p.w_batch_stride;  // product blockIdx.z's W
+  const uint4* w_lo = reinterpret_cast<const uint4*>(w_base + min(n0 + g, p.n - 1) * p.k);
+  const uint4* w_hi = reinterpret_cast<const uint4*>(w_base + min(n0 + g + 8, p.n - 1) * p.k);
   const bool has_x = g < p.rows;  // lane group g feeds x row g (the B operand's column g)
   const int chunks = p.k / kMmaChunk;
 
@@ -170,7 +174,8 @@ __global__ void __launch_bounds__(kFmaThreads) gemv_fma_kernel(const GemvParams 
   const uint4* w[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)  // rows past N read row N - 1 (in bounds) and are not written
-    w[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + min(n0 + r, p.n - 1) * p.k);
+    w[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + blockIdx.z * p.w_batch_stride +
+                                          min(n0 + r, p.n - 1) * p.k);
 
   float acc[R][M], sumsq[M];
 #pragma unroll
@@ -224,7 +229,7 @@ template <typename T, int M, GemvPrologue PRO>
 void launch_fma(const GemvParams& p, cudaStream_t stream) {
   if (p.rows == M) {
     const auto blocks = static_cast<unsigned>((p.n + kFmaRows - 1) / kFmaRows);
-    gemv_fma_kernel<T, M, PRO><<<blocks, kFmaThreads, 0, stream>>>(p);
+    gemv_fma_kernel<T, M, PRO><<<dim3(blocks, 1, static_cast<unsigned>(p.batch)), kFmaThreads, 0, stream>>>(p);
   } else if constexpr (M > 1) {
     launch_fma<T, M - 1, PRO>(p, stream);
   }
@@ -235,7 +240,7 @@ void launch(const GemvParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
     if (p.k % kMmaChunk == 0) {
       const auto blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
-      gemv_mma_kernel<T, PRO><<<blocks, kMmaWarps * 32, 0, stream>>>(p);
+      gemv_mma_kernel<T, PRO><<<dim3(blocks, 1, static_cast<unsigned>(p.batch)), kMmaWarps * 32, 0, stream>>>(p);
       return;
     }
   }
@@ -253,6 +258,8 @@ void gemv(const GemvParams& p, void* stream) {
   LT2_CHECK(gemv_supported(p.rows, p.k, p.dtype) && p.n >= 1, "gemv: ", p.rows, " rows (1..", kGemvMaxRows,
             ") of K = ", p.k, " (a multiple of one 16-byte vector) into N = ", p.n);
   LT2_CHECK(p.prologue != GemvPrologue::RmsNorm || p.norm_weight, "gemv: the RmsNorm prologue needs its weight");
+  LT2_CHECK(p.batch >= 1 && p.batch <= 65535 && (p.batch == 1 || !p.residual), "gemv: batch ", p.batch,
+            " (1..65535; a residual only with batch 1)");
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
