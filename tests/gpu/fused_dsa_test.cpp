@@ -285,6 +285,7 @@ struct PrepShape {
   int64_t B, H, D, dc, dr, HI, dI, r, L;
   RopeStyle style;
   double theta;
+  int64_t topk = 4;
 };
 
 std::string describe(const PrepShape& s) {
@@ -292,7 +293,7 @@ std::string describe(const PrepShape& s) {
              s.style == RopeStyle::Half ? " half" : " interleaved", " theta ", s.theta);
 }
 
-// Distinct positions in [0, L) (B <= L), the last slot among them.
+// Positions in [0, L) (B <= L), the last slot among them.
 Tensor random_positions(int64_t B, int64_t L) {
   auto pos = torch::randperm(L, torch::kInt64).narrow(0, 0, B).clone();
   pos[0] = L - 1;
@@ -317,7 +318,8 @@ ops::DsaLatentPrepArgs prep_inputs(const PrepShape& s, torch::ScalarType dt) {
   a.index_norm_bias = 0.2 * torch::randn({s.dI}, gpu(dt));
   a.kv_norm_eps = 1e-6, a.index_norm_eps = 1e-6;
   a.rope_theta = s.theta, a.rope_style = s.style, a.index_rope_dim = s.r;
-  a.index_weight_scale = 1.0 / std::sqrt(static_cast<double>(s.HI * s.dI));
+  a.index_weight_scale = 1.0 / std::sqrt(static_cast<double>(s.HI * s.dI)), a.topk = s.topk;
+  a.seq_lens = torch::full({s.B}, -1, gpu(torch::kInt64)), a.counts = torch::full({s.B}, -1, gpu(torch::kInt64));
   a.q = torch::full({s.B, s.H, s.dc + s.dr}, std::nan(""), gpu(dt));
   a.index_q = torch::full({s.B, s.HI, s.dI}, std::nan(""), gpu(dt));
   a.index_w = torch::full({s.B, s.HI}, std::nan(""), gpu(torch::kFloat32));
@@ -329,6 +331,7 @@ ops::DsaLatentPrepArgs prep_inputs(const PrepShape& s, torch::ScalarType dt) {
 // The same inputs with fresh copies of the outputs and the caches (the reference writes them).
 ops::DsaLatentPrepArgs with_output_copies(ops::DsaLatentPrepArgs a) {
   a.q = a.q.clone(), a.index_q = a.index_q.clone(), a.index_w = a.index_w.clone();
+  a.seq_lens = a.seq_lens.clone(), a.counts = a.counts.clone();
   a.k_cache = a.k_cache.clone(), a.index_keys = a.index_keys.clone();
   return a;
 }
@@ -341,6 +344,8 @@ void expect_prep_matches(const ops::DsaLatentPrepArgs& got, const ops::DsaLatent
   EXPECT_TRUE(torch::isnan(got.q.narrow(-1, 0, dc)).all().item<bool>()) << "q's latent part was written";
   EXPECT_LT(rel_err(got.index_q.cpu(), want.index_q.cpu()), tol) << "index_q";
   EXPECT_LT(rel_err(got.index_w.cpu(), want.index_w.cpu()), tol) << "index_w";
+  EXPECT_TRUE(torch::equal(got.seq_lens.cpu(), want.seq_lens.cpu())) << "seq_lens";
+  EXPECT_TRUE(torch::equal(got.counts.cpu(), want.counts.cpu())) << "counts";
   auto k_got = got.k_cache.cpu().to(f64).clone(), k_want = want.k_cache.cpu().to(f64).clone();
   auto i_got = got.index_keys.cpu().to(f64).clone(), i_want = want.index_keys.cpu().to(f64).clone();
   const auto pos = got.seq_pos.cpu();
@@ -359,8 +364,8 @@ void expect_prep_matches(const ops::DsaLatentPrepArgs& got, const ops::DsaLatent
 
 const std::vector<PrepShape>& prep_shapes() {
   static const std::vector<PrepShape> shapes{
-      {8, 16, 128, 512, 64, 64, 128, 64, 300, RopeStyle::Interleaved, 10000.0},  // lt2-gdn-dsa-1.3b
-      {8, 16, 128, 512, 64, 64, 128, 64, 40000, RopeStyle::Half, 500000.0},      // long positions
+      {8, 16, 128, 512, 64, 64, 128, 64, 300, RopeStyle::Interleaved, 10000.0, 100},  // lt2-gdn-dsa-1.3b
+      {8, 16, 128, 512, 64, 64, 128, 64, 40000, RopeStyle::Half, 500000.0, 2048},     // long positions
       {3, 2, 64, 32, 8, 2, 16, 8, 40, RopeStyle::Half, 10000.0},                 // the engine tests' small DSA
       {1, 5, 24, 40, 6, 3, 200, 10, 17, RopeStyle::Interleaved, 10000.0},        // odd dims, d_I > 128 threads
       {2, 3, 16, 8, 2, 1, 8, 0, 5, RopeStyle::Half, 10000.0}};                   // no index RoPE
@@ -423,6 +428,7 @@ TEST(FusedDsa, LatentPrepGraphReplayWithNewPositions) {
     a.seq_pos.copy_(random_positions(s.B, s.L));
     for (const auto& t : {a.q_raw, a.kv_raw, a.index_q_raw, a.index_k_raw, a.index_w_raw}) t.copy_(torch::randn_like(t));
     a.q.fill_(std::nan("")), a.index_q.fill_(std::nan("")), a.index_w.fill_(std::nan(""));
+    a.seq_lens.fill_(-1), a.counts.fill_(-1);
     const auto want = with_output_copies(a);  // the caches before this replay
     graph.replay();
     ops::dsa_latent_prep_reference(want);

@@ -258,7 +258,7 @@ TEST(DSA, Options) {
 
 // ops::dsa_latent_prep_reference (the fused decode kernel's reference) on the packed projection
 // equals the unfused decode math: project()'s RoPE'd q, the cache rows step() writes at each
-// sequence's position, and indexer_queries(); both RoPE styles, with the output gate packed in.
+// sequence's position, indexer_queries() and the lengths; both RoPE styles, the output gate packed in.
 TEST(DSA, LatentPrepReferenceEqualsTheUnfusedStep) {
   for (auto style : {RopeStyle::Interleaved, RopeStyle::Half}) {
     SCOPED_TRACE(style == RopeStyle::Half ? "half" : "interleaved");
@@ -287,9 +287,10 @@ TEST(DSA, LatentPrepReferenceEqualsTheUnfusedStep) {
     a.index_norm_weight = m->index_k_norm->weight, a.index_norm_bias = m->index_k_norm->bias;
     a.index_norm_eps = m->index_k_norm->options.eps();
     a.rope_theta = cfg.rope_theta, a.rope_style = style, a.index_rope_dim = m->index_rope_dim;
-    a.index_weight_scale = 1.0 / std::sqrt(static_cast<double>(HI * dI));
+    a.index_weight_scale = 1.0 / std::sqrt(static_cast<double>(HI * dI)), a.topk = m->topk;
     a.q = torch::zeros({B, H, dc + dr}, f64()), a.index_q = torch::zeros({B, HI, dI}, f64());
     a.index_w = torch::zeros({B, HI}, f64());
+    a.seq_lens = torch::zeros({B}, torch::kLong), a.counts = torch::zeros({B}, torch::kLong);
     a.k_cache = s.k.clone(), a.index_keys = s.index_keys.clone();
     ops::dsa_latent_prep_reference(a);
 
@@ -301,6 +302,8 @@ TEST(DSA, LatentPrepReferenceEqualsTheUnfusedStep) {
     auto [iq, iw] = m->indexer_queries(x, pos);
     EXPECT_LT(rel_err(a.index_q, iq.squeeze(1)), 1e-13);
     EXPECT_LT(rel_err(a.index_w, iw.squeeze(1)), 1e-13);
+    EXPECT_TRUE(torch::equal(a.seq_lens, torch::tensor({1L, 8L, 4L})));
+    EXPECT_TRUE(torch::equal(a.counts, torch::tensor({1L, 4L, 4L})));  // top-k 4
   }
 }
 

@@ -65,6 +65,7 @@ void topk_select(const TopkSelectParams& p, void* stream);
 //   index_q[b, j, :]      = [RoPE_half(index_q_raw[b, j, :r]) | index_q_raw[b, j, r:]]     (r = index_rope_dim)
 //   index_w[b, j]         = index_w_raw[b, j] * index_weight_scale                         (fp32)
 //   index_keys[b, t, :]   = RoPE_half on the first r dims of LayerNorm(index_k_raw[b])
+//   seq_lens[b] = t + 1,  counts[b] = min(t + 1, topk)      (what the index top-k and the attention take)
 // RMSNorm: x rsqrt(mean(x^2) + eps) * kv_norm_weight; LayerNorm: (x - mean) rsqrt(var + eps) *
 // weight + bias (biased variance), both in fp32. RoPE (model/rope.h) on n dims at position t:
 // pair i (i < n/2) rotates by t * theta^(-2i/n), the angle and its cos/sin in float64; pairs are
@@ -89,6 +90,9 @@ struct DsaLatentPrepParams {
   float* index_w;                     // [B, H_I] contiguous
   void* index_keys;                   // [B, max_len, d_I], rows index_keys_row_stride apart
   int64_t index_keys_batch_stride, index_keys_row_stride;
+  int64_t* seq_lens;                  // [B]
+  int64_t* counts;                    // [B]
+  int64_t topk;
   int batch, heads, head_dim, latent_dim, rope_dim;     // B, H, D, d_c, d_r
   int index_heads, index_head_dim, index_rope_dim;      // H_I, d_I, r
   int max_len;

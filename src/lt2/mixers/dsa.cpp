@@ -261,8 +261,9 @@ Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, do
   a.index_norm_weight = index_k_norm->weight, a.index_norm_bias = index_k_norm->bias;
   a.index_norm_eps = index_k_norm->options.eps();
   a.rope_theta = rope_theta, a.rope_style = rope_style, a.index_rope_dim = index_rope_dim;
-  a.index_weight_scale = index_weight_scale();
+  a.index_weight_scale = index_weight_scale(), a.topk = topk;
   a.index_w = torch::empty({B, index_heads}, x.options().dtype(torch::kFloat32));
+  a.seq_lens = torch::empty({B}, pos.seq_pos.options()), a.counts = torch::empty({B}, pos.seq_pos.options());
   const auto q_nope = a.q_raw.narrow(-1, 0, D);                                // [B, H, D]
   const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
   // The absorptions' batched GEMVs (the second's x is o [B, H, d_c], shaped like q's latent part).
@@ -270,9 +271,8 @@ Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, do
     return {};
   ops::dsa_latent_prep(a);
   ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));  // q_latent[b, h] = q_nope[b, h] wk_b[h]
-  const auto lens = pos.seq_pos + 1;  // [B] tokens each sequence now holds
-  auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, lens, topk);             // [B, k]
-  auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, lens.clamp_max(topk), scale());  // [B, H, d_c]
+  auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);      // [B, k]
+  auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale());            // [B, H, d_c]
   auto y = torch::empty({B, H, D}, x.options());
   ops::gemv_batched(o, wv_b_t, y, gate);  // y[b, h] = (o[b, h] wv_b[h]) * sigmoid(gate[b, h])
   y = y.view({B, H * D});

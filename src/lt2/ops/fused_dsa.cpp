@@ -64,7 +64,7 @@ void check_out(const char* op, const Tensor& out, int64_t rows, int64_t cols, to
 std::string prep_shape_problem(const DsaLatentPrepArgs& a) {
   for (const Tensor* t : {&a.q_raw, &a.kv_raw, &a.index_q_raw, &a.index_k_raw, &a.index_w_raw, &a.seq_pos,
                           &a.kv_norm_weight, &a.index_norm_weight, &a.index_norm_bias, &a.q, &a.index_q,
-                          &a.index_w, &a.k_cache, &a.index_keys})
+                          &a.index_w, &a.k_cache, &a.index_keys, &a.seq_lens, &a.counts})
     if (!t->defined()) return "every input and output must be defined";
   if (a.q_raw.dim() != 3 || a.kv_norm_weight.dim() != 1 || a.index_q_raw.dim() != 3)
     return cat("q_raw must be [B, H, D + d_r], index_q_raw [B, H_I, d_I] and kv_norm_weight [d_c], found ",
@@ -77,7 +77,8 @@ std::string prep_shape_problem(const DsaLatentPrepArgs& a) {
       {&a.kv_raw, {B, dc + dr}},       {&a.index_q_raw, {B, HI, dI}},   {&a.index_k_raw, {B, dI}},
       {&a.index_w_raw, {B, HI}},       {&a.seq_pos, {B}},               {&a.index_norm_weight, {dI}},
       {&a.index_norm_bias, {dI}},      {&a.q, {B, H, dc + dr}},         {&a.index_q, {B, HI, dI}},
-      {&a.index_w, {B, HI}},           {&a.k_cache, {B, 1, L, dc + dr}}, {&a.index_keys, {B, L, dI}}};
+      {&a.index_w, {B, HI}},           {&a.k_cache, {B, 1, L, dc + dr}}, {&a.index_keys, {B, L, dI}},
+      {&a.seq_lens, {B}},              {&a.counts, {B}}};
   if (dr < 0 || dr % 2 != 0 || a.q_raw.size(2) <= dr || L < 1)
     return cat("kv_raw must be [B, d_c + d_r] with d_r even and below q_raw's last dim, and index_keys [B, L >= 1, d_I]; found kv_raw ",
                a.kv_raw.sizes(), ", q_raw ", a.q_raw.sizes(), ", kv_norm_weight ", a.kv_norm_weight.sizes(), ", index_keys ",
@@ -86,7 +87,9 @@ std::string prep_shape_problem(const DsaLatentPrepArgs& a) {
     if (t->sizes() != torch::IntArrayRef(sizes))
       return cat("with q_raw ", a.q_raw.sizes(), ", kv_norm_weight [", dc, "] and index_q_raw ", a.index_q_raw.sizes(),
                  " a tensor must be ", torch::IntArrayRef(sizes), ", found ", t->sizes());
-  if (a.seq_pos.scalar_type() != torch::kInt64) return cat("seq_pos must be int64, found ", a.seq_pos.scalar_type());
+  for (const Tensor* t : {&a.seq_pos, &a.seq_lens, &a.counts})
+    if (t->scalar_type() != torch::kInt64) return cat("seq_pos, seq_lens and counts must be int64, found ", t->scalar_type());
+  if (a.topk < 1) return cat("topk must be >= 1, found ", a.topk);
   if (a.index_rope_dim < 0 || a.index_rope_dim > dI || a.index_rope_dim % 2 != 0)
     return cat("index_rope_dim must be even and in [0, ", dI, "], found ", a.index_rope_dim);
   return "";
@@ -202,8 +205,11 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
             ": the heads of q_raw and index_q_raw must be packed (head strides ", Dq, " and ", dI, "), found ",
             a.q_raw.stride(1), " and ", a.index_q_raw.stride(1));
   LT2_CHECK(a.q.is_contiguous() && a.index_q.is_contiguous() && a.index_w.is_contiguous() &&
-                a.index_w.scalar_type() == torch::kFloat32 && a.seq_pos.device() == device && a.index_w.device() == device,
-            op, ": q, index_q and index_w (float32) must be contiguous and seq_pos and index_w on ", device);
+                a.seq_lens.is_contiguous() && a.counts.is_contiguous() && a.index_w.scalar_type() == torch::kFloat32,
+            op, ": q, index_q, index_w (float32), seq_lens and counts must be contiguous");
+  for (const Tensor* t : {&a.seq_pos, &a.index_w, &a.seq_lens, &a.counts})
+    LT2_CHECK(t->device() == device, op, ": seq_pos, index_w, seq_lens and counts must be on ", device, ", found ",
+              t->device());
   const int64_t B = a.q_raw.size(0), HI = a.index_q_raw.size(1), dr = a.kv_raw.size(1) - dc, L = a.k_cache.size(2);
   LT2_CHECK(kernels::dsa_latent_prep_supported(static_cast<int>(std::min<int64_t>(B, INT32_MAX)), static_cast<int>(dr),
                                                static_cast<int>(std::min<int64_t>(dI, INT32_MAX)),
@@ -230,6 +236,7 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
   p.index_q = a.index_q.data_ptr(), p.index_w = a.index_w.data_ptr<float>();
   p.index_keys = a.index_keys.data_ptr();
   p.index_keys_batch_stride = a.index_keys.stride(0), p.index_keys_row_stride = a.index_keys.stride(1);
+  p.seq_lens = a.seq_lens.data_ptr<int64_t>(), p.counts = a.counts.data_ptr<int64_t>(), p.topk = a.topk;
   p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.head_dim = static_cast<int>(Dq - dr);
   p.latent_dim = static_cast<int>(dc), p.rope_dim = static_cast<int>(dr);
   p.index_heads = static_cast<int>(HI), p.index_head_dim = static_cast<int>(dI);
@@ -300,6 +307,8 @@ void dsa_latent_prep_reference(const DsaLatentPrepArgs& a) {
   a.q.narrow(-1, dc, dr).copy_(q_rope);
   a.index_q.copy_(index_q);
   a.index_w.copy_(index_w);
+  a.seq_lens.copy_(pos + 1);
+  a.counts.copy_((pos + 1).clamp_max(a.topk));
 }
 
 }  // namespace lt2::ops

@@ -47,7 +47,8 @@ bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t
 // rope dims into q[:, :, d_c:] (q[:, :, :d_c] is not written: the absorbed q_nope W_uk goes there),
 // the latent key row [RMSNorm(c) | RoPE(k_r)] into k_cache[b, 0, t], the index queries (RoPE_half
 // on their first index_rope_dim dims) into index_q, the scaled index weights into index_w, and the
-// index key (LayerNorm, then RoPE_half) into index_keys[b, t]. The inputs are views of the packed
+// index key (LayerNorm, then RoPE_half) into index_keys[b, t], and the lengths t + 1 and
+// min(t + 1, topk) (dsa_index_topk's and sparse_attention_decode's). The inputs are views of the packed
 // projection's output (any batch stride, heads packed, last dim contiguous); dims come from the
 // shapes: H, D + d_r from q_raw, d_c from kv_norm_weight, d_r = kv_raw's last dim - d_c.
 struct DsaLatentPrepArgs {
@@ -64,12 +65,15 @@ struct DsaLatentPrepArgs {
   RopeStyle rope_style = RopeStyle::Interleaved;  // of q's and the latent key's rope dims
   int64_t index_rope_dim = 0;
   double index_weight_scale = 1.0;
+  int64_t topk = 1;
   // Outputs.
   Tensor q;           // [B, H, d_c + d_r] contiguous
   Tensor index_q;     // [B, H_I, d_I] contiguous
   Tensor index_w;     // [B, H_I] fp32 contiguous
   Tensor k_cache;     // [B, 1, L, d_c + d_r], rows contiguous
   Tensor index_keys;  // [B, L, d_I], rows contiguous
+  Tensor seq_lens;    // [B] int64: seq_pos + 1
+  Tensor counts;      // [B] int64: min(seq_pos + 1, topk)
 };
 // The fused kernel: CUDA tensors on one device, every non-fp32 output and input in one kernel
 // dtype (the norm weights are cast to it), d_I <= kernels::kDsaIndexMaxHeadDim. One launch; no

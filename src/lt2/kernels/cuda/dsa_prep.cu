@@ -7,7 +7,7 @@
 //   blocks 0 .. H-1           q head h: RoPE of its rope dims into q
 //   blocks H .. H+H_I-1       index head j: RoPE_half of its first r dims, the rest copied;
 //                             block H also writes the sequence's scaled index weights
-//   block H+H_I               latent key: RMSNorm (a block sum), RoPE, the cache row
+//   block H+H_I               latent key: RMSNorm (a block sum), RoPE, the cache row; the lengths
 //   block H+H_I+1             index key: LayerNorm (two block sums), RoPE_half, the cache row
 #include "lt2/kernels/cuda/device_utils.cuh"
 #include "lt2/kernels/dsa_decode.h"
@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(kPrepThreads) dsa_latent_prep_kernel(const Dsa
         p.index_w[static_cast<int64_t>(b) * HI + i] = to_float(w[i]) * p.index_weight_scale;
     }
   } else if (unit == H + HI) {
+    if (tid == 0) p.seq_lens[b] = pos + 1, p.counts[b] = min(pos + 1, p.topk);
     if (!in_cache) return;  // block-uniform
     const T* in = static_cast<const T*>(p.kv_raw) + b * p.kv_raw_stride;
     T* out = static_cast<T*>(p.k_cache) + b * p.k_batch_stride + pos * p.k_row_stride;
