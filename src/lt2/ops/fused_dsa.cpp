@@ -200,7 +200,7 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
     LT2_CHECK(t->scalar_type() == dt && t->device() == device && t->stride(-1) == 1, op,
               ": every activation and cache must be ", dt, " on ", device, " with a contiguous last dim like q_raw, found ",
               t->sizes(), " ", t->scalar_type(), " on ", t->device());
-  const int64_t H = a.q_raw.size(1), Dq = a.q_raw.size(2), dc = a.kv_norm_weight.size(0), dI = a.index_q_raw.size(2);
+  const int64_t Dq = a.q_raw.size(2), dc = a.kv_norm_weight.size(0), dI = a.index_q_raw.size(2);
   LT2_CHECK(a.q_raw.stride(1) == Dq && a.index_q_raw.stride(1) == dI, op,
             ": the heads of q_raw and index_q_raw must be packed (head strides ", Dq, " and ", dI, "), found ",
             a.q_raw.stride(1), " and ", a.index_q_raw.stride(1));
@@ -210,7 +210,7 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
   for (const Tensor* t : {&a.seq_pos, &a.index_w, &a.seq_lens, &a.counts})
     LT2_CHECK(t->device() == device, op, ": seq_pos, index_w, seq_lens and counts must be on ", device, ", found ",
               t->device());
-  const int64_t B = a.q_raw.size(0), HI = a.index_q_raw.size(1), dr = a.kv_raw.size(1) - dc, L = a.k_cache.size(2);
+  const int64_t B = a.q_raw.size(0), dr = a.kv_raw.size(1) - dc, L = a.k_cache.size(2);
   LT2_CHECK(kernels::dsa_latent_prep_supported(static_cast<int>(std::min<int64_t>(B, INT32_MAX)), static_cast<int>(dr),
                                                static_cast<int>(std::min<int64_t>(dI, INT32_MAX)),
                                                static_cast<int>(a.index_rope_dim)) &&
@@ -237,9 +237,9 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
   p.index_keys = a.index_keys.data_ptr();
   p.index_keys_batch_stride = a.index_keys.stride(0), p.index_keys_row_stride = a.index_keys.stride(1);
   p.seq_lens = a.seq_lens.data_ptr<int64_t>(), p.counts = a.counts.data_ptr<int64_t>(), p.topk = a.topk;
-  p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.head_dim = static_cast<int>(Dq - dr);
+  p.batch = static_cast<int>(B), p.heads = static_cast<int>(a.q_raw.size(1)), p.head_dim = static_cast<int>(Dq - dr);
   p.latent_dim = static_cast<int>(dc), p.rope_dim = static_cast<int>(dr);
-  p.index_heads = static_cast<int>(HI), p.index_head_dim = static_cast<int>(dI);
+  p.index_heads = static_cast<int>(a.index_q_raw.size(1)), p.index_head_dim = static_cast<int>(dI);
   p.index_rope_dim = static_cast<int>(a.index_rope_dim), p.max_len = static_cast<int>(L);
   p.rope_theta = a.rope_theta, p.interleaved = a.rope_style == RopeStyle::Interleaved;
   p.kv_norm_eps = static_cast<float>(a.kv_norm_eps), p.index_norm_eps = static_cast<float>(a.index_norm_eps);
