@@ -38,6 +38,7 @@
 #include "lt2/mixers/registry.h"
 #include "lt2/model/layers.h"
 #include "lt2/ops/delta_rule.h"
+#include "lt2/ops/fused_common.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/util/json.h"
 
@@ -61,6 +62,7 @@ struct Settings {
                                    "recurrent_step", "gdn_layer_step",      "attention",
                                    "rms_norm",       "add_rms_norm",        "silu_mul",
                                    "gemv"};
+  std::vector<int> gemv_splits{0};  // 0: the K splits gemv picks
   int warmup = 5, iters = 20, reps = 10;
   bool reference = true;
 };
@@ -235,7 +237,7 @@ Row bench_elementwise(const Settings& s, const lt2::ModelConfig& cfg, const std:
 
 // y = x W^T for W [N, K]: the fused GEMV against at::linear. Calls rotate over copies of W that
 // add up to well past the 50 MB L2, so every call reads its weight from memory.
-Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::ScalarType dt) {
+Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::ScalarType dt, int k_splits) {
   torch::NoGradGuard ng;
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
   const double w_bytes = double(N * K) * torch::elementSize(dt);
@@ -245,9 +247,14 @@ Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::Scalar
   auto x = torch::randn({B, 1, K}, opts);
   Settings rotated = s;
   rotated.reps = std::max(s.reps, copies);
-  Row r{lt2::cat("gemv ", N, "x", K), B};
+  const int splits = k_splits ? k_splits
+                              : lt2::kernels::gemv_k_splits(N, static_cast<int>(K), lt2::ops::detail::kernel_dtype(dt),
+                                                            c10::cuda::current_device());
+  Row r{lt2::cat("gemv ", N, "x", K, " /", splits, k_splits ? "" : " (auto)"), B};
+  lt2::ops::GemvFusion f;
+  f.k_splits = splits;
   int next = 0;
-  r.us = graph_us(rotated, [&] { lt2::ops::gemv_fused(x, ws[next++ % copies]); });
+  r.us = graph_us(rotated, [&] { lt2::ops::gemv_fused(x, ws[next++ % copies], f); });
   r.bytes = w_bytes + bytes_of({x}) + double(B * N) * torch::elementSize(dt);
   next = 0;
   if (s.reference) r.reference_us = graph_us(rotated, [&] { at::linear(x, ws[next++ % copies]); });
@@ -274,6 +281,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", s.warmup, "Untimed calls before timing")->capture_default_str();
   app.add_option("--iters", s.iters, "Timed calls (graph replays); the median is reported")->capture_default_str();
   app.add_option("--reps", s.reps, "Kernel calls captured per graph")->capture_default_str();
+  app.add_option("--gemv-splits", s.gemv_splits,
+                 "gemv rows: K splits over a thread-block cluster to time (0: the ones gemv picks)")
+      ->delimiter(',')->check(CLI::Range(0, lt2::kernels::kGemvMaxKSplits))->capture_default_str();
   app.add_flag("!--no-reference", s.reference, "Skip timing the libtorch references");
   CLI11_PARSE(app, argc, argv);
 #ifndef LT2_WITH_CUDA
@@ -364,7 +374,8 @@ int main(int argc, char** argv) {
       if (cfg.vocab_size > 0) shapes.push_back({cfg.vocab_size, cfg.d_model});
       for (int64_t B : s.batches)
         if (B <= lt2::kernels::kGemvMaxRows)
-          for (auto [N, K] : shapes) report(bench_gemv(s, N, K, B, dt));
+          for (auto [N, K] : shapes)
+            for (int splits : s.gemv_splits) report(bench_gemv(s, N, K, B, dt, splits));
     }
     if (wants("attention"))
       for (int64_t B : s.batches)

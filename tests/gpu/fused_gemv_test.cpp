@@ -2,8 +2,10 @@
 // product on the CPU, fresh random inputs, fp32 (relative RMS error < 1e-5) and bf16 (< 5e-3),
 // every row count 1..kGemvMaxRows, N off multiples of the block's rows, K of one vector up to the
 // FFN width (bf16: the tensor-core kernel at K % 32 == 0, the FMA one otherwise), x rows strided;
-// each folded prologue / epilogue (RMSNorm, SiLU * mul, residual add, norm + add); apply_linear takes it exactly when gemv_fused_applies says so; a
-// CUDA-graph replay with new inputs == eager. Skips where no CUDA GPU (or no CUDA kernels).
+// each folded prologue / epilogue (RMSNorm, SiLU * mul, sigmoid gate, residual add, and with the
+// add); K split over a cluster at every split count; apply_linear takes it exactly when
+// gemv_fused_applies says so; a CUDA-graph replay with new inputs == eager. Skips where no CUDA GPU
+// (or no CUDA kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -62,14 +64,17 @@ TEST(FusedGemv, FoldedProloguesAndResidualMatchFloat64) {
   struct Shape {
     int64_t N, K;
   };
-  enum class Fold { Norm, SiluMul, Residual, NormResidual, SiluMulResidual };
+  enum class Fold { Norm, SiluMul, Residual, NormResidual, SiluMulResidual, Gate, GateResidual };
   for (auto dt : {torch::kFloat32, torch::kBFloat16})
     for (Shape sh : {Shape{37, 24}, Shape{2051, 2048}, Shape{1030, 5632}})
       for (int64_t M : {1, 5, 8})
-        for (Fold fold : {Fold::Norm, Fold::SiluMul, Fold::Residual, Fold::NormResidual, Fold::SiluMulResidual}) {
+        for (Fold fold : {Fold::Norm, Fold::SiluMul, Fold::Residual, Fold::NormResidual, Fold::SiluMulResidual,
+                          Fold::Gate, Fold::GateResidual}) {
           const bool silu = fold == Fold::SiluMul || fold == Fold::SiluMulResidual;
           const bool norm = fold == Fold::Norm || fold == Fold::NormResidual;
-          const bool add = fold == Fold::Residual || fold == Fold::NormResidual || fold == Fold::SiluMulResidual;
+          const bool gate = fold == Fold::Gate || fold == Fold::GateResidual;
+          const bool add = fold == Fold::Residual || fold == Fold::NormResidual || fold == Fold::SiluMulResidual ||
+                           fold == Fold::GateResidual;
           auto x = torch::randn({M, 1, silu ? 2 * sh.K : sh.K}, gpu(dt)) * 1.5;
           auto w = torch::randn({sh.N, sh.K}, gpu(dt)) / std::sqrt(static_cast<double>(sh.K));
           ops::GemvFusion f;
@@ -85,6 +90,10 @@ TEST(FusedGemv, FoldedProloguesAndResidualMatchFloat64) {
             auto a = x64.narrow(-1, 0, sh.K), b = x64.narrow(-1, sh.K, sh.K);
             in = a * torch::sigmoid(a) * b;
           }
+          if (gate) {
+            f.x_gate = torch::randn({M, 1, sh.K}, gpu(dt)) * 2;
+            in = x64 * torch::sigmoid(f.x_gate.cpu().to(torch::kFloat64));
+          }
           auto expected = torch::matmul(in, w.cpu().to(torch::kFloat64).t());
           if (add) {
             f.residual = torch::randn({M, 1, sh.N}, gpu(dt));
@@ -97,6 +106,45 @@ TEST(FusedGemv, FoldedProloguesAndResidualMatchFloat64) {
               << (dt == torch::kFloat32 ? "fp32" : "bf16") << " M " << M << " N " << sh.N << " K " << sh.K
               << " fold " << static_cast<int>(fold);
         }
+}
+
+// K split over a cluster: every split count (including more splits than K has 32-wide chunks,
+// where some blocks add nothing), with the RMSNorm statistic and the residual reduced across the
+// cluster too; the split each shape gets by default.
+TEST(FusedGemv, SplitKMatchesFloat64) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard ng;
+  torch::manual_seed(15);
+  struct Shape {
+    int64_t N, K;
+  };
+  const auto dt = torch::kBFloat16;
+  for (Shape sh : {Shape{37, 64}, Shape{2051, 2048}, Shape{1030, 5632}})
+    for (int64_t M : {1, 3, 8})
+      for (int splits = 0; splits <= kernels::kGemvMaxKSplits; ++splits)
+        for (bool fold : {false, true}) {
+          auto x = torch::randn({M, 1, sh.K}, gpu(dt)) * 1.5;
+          auto w = torch::randn({sh.N, sh.K}, gpu(dt)) / std::sqrt(static_cast<double>(sh.K));
+          ops::GemvFusion f;
+          f.k_splits = splits;
+          auto in = x.cpu().to(torch::kFloat64);
+          if (fold) {
+            f.norm_weight = 1 + 0.3 * torch::randn({sh.K}, gpu(dt));
+            f.residual = torch::randn({M, 1, sh.N}, gpu(dt));
+            in = in * torch::rsqrt(in.pow(2).mean(-1, true) + f.norm_eps) * f.norm_weight.cpu().to(torch::kFloat64);
+          }
+          auto expected = torch::matmul(in, w.cpu().to(torch::kFloat64).t());
+          if (fold) expected = expected + f.residual.cpu().to(torch::kFloat64);
+          auto y = ops::gemv_fused(x, w, f);
+          EXPECT_FALSE(torch::isnan(y).any().item<bool>());
+          EXPECT_LT(rel_err(y.cpu(), expected), tolerance(dt))
+              << "splits " << splits << " M " << M << " N " << sh.N << " K " << sh.K << " fold " << fold;
+        }
+  ops::GemvFusion bad;
+  bad.k_splits = kernels::kGemvMaxKSplits + 1;
+  auto w = torch::randn({64, 64}, gpu(dt));
+  EXPECT_FALSE(ops::gemv_fused_applies(torch::randn({1, 64}, gpu(dt)), w, bad));
+  EXPECT_THROW(ops::gemv_fused(torch::randn({1, 64}, gpu(dt)), w, bad), Error);
 }
 
 TEST(FusedGemv, ApplyLinearTakesItOnlyWhereItApplies) {

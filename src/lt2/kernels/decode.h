@@ -153,17 +153,53 @@ bool attention_decode_head_dim_supported(int head_dim);
 int attention_decode_num_splits(int batch, int kv_heads, int max_len, int device);
 void attention_decode(const AttentionDecodeParams& p, void* stream);
 
+// Attention's decode prologue (kernels/cuda/rope_cache.cu), one launch for what the unfused path
+// does in ~30 small kernels (cos/sin tables, pair swaps, products, cache scatters): sequence b's
+// new token sits at position pos_b = positions[b];
+//   q_out[b, h]             = rope(q[b, h], pos_b)   for its H query heads
+//   k_cache[b, j, pos_b]    = rope(k[b, j], pos_b)   for its H_kv heads
+//   v_cache[b, j, pos_b]    = v[b, j]
+// RoPE pairs as in model/rope.h (interleaved (2i, 2i + 1) or halves (i, i + D/2)), angle
+// pos theta^(-2i / D) in float64 (exact at long contexts), the rotation in fp32, one rounding. A
+// position outside [0, max_len) writes no cache row (q is still rotated).
+constexpr int kRopeCacheMaxHeadDim = 512;
+struct RopeCacheParams {
+  const void* q;  // [B, H * D], rows q_in_stride apart
+  const void* k;  // [B, H_kv * D], rows k_in_stride apart
+  const void* v;  // [B, H_kv * D], rows v_in_stride apart
+  int64_t q_in_stride, k_in_stride, v_in_stride;
+  void* q_out;    // [B, H, D] contiguous
+  void* k_cache;  // [B, H_kv, max_len, D], last dim contiguous
+  void* v_cache;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  const int64_t* positions;  // [B]
+  int batch, heads, kv_heads, head_dim;
+  int64_t max_len;
+  double theta;
+  bool interleaved;
+  DType dtype;  // of every tensor but positions
+};
+// Whether rope_cache_write takes these sizes (D even and <= kRopeCacheMaxHeadDim, B and heads in a grid).
+bool rope_cache_write_supported(int batch, int heads, int kv_heads, int head_dim);
+void rope_cache_write(const RopeCacheParams& p, void* stream);
+
 // The projections of a decode step, y = x W^T for a few rows (nn.Linear without bias), with the
 // elementwise work around them folded in (kernels/cuda/gemv_decode.cu):
 //   prologue RmsNorm   y = norm(x) W^T,  norm(x) = x rsqrt(mean(x^2) + eps) * norm_weight
 //   prologue SiluMul   x = [a | b] ([rows, 2K]):  y = (silu(a) * b) W^T       (SwiGLU's w2)
+//   prologue SigmoidGate  y = (x * sigmoid(x_gate)) W^T, x_gate [rows, K]     (attention's output gate)
 //   residual           y = residual + (...)                                    (the block's adds)
 //   gate               y = sigmoid(gate) (...)                                 (attention output gates)
 // x [rows, K] (rows x_row_stride apart, 16-byte aligned), W [N, K] contiguous (16-byte aligned),
 // y and residual [rows, N] (rows *_row_stride apart), all in dtype; fp32 accumulation, one
 // rounding. Memory bound on reading W once; more rows than kGemvMaxRows are a GEMM (cuBLAS).
+// The tensor-core kernel may split K over the blocks of a thread-block cluster (k_splits, at most
+// kGemvMaxKSplits; 0 lets gemv pick): few weight rows (N = 2048) leave too few blocks, each with
+// too many dependent trips to memory, to keep HBM busy otherwise.
 constexpr int kGemvMaxRows = 8;
-enum class GemvPrologue { None, RmsNorm, SiluMul };
+constexpr int kGemvMaxKSplits = 8;  // the portable cluster size
+enum class GemvPrologue { None, RmsNorm, SiluMul, SigmoidGate };
 struct GemvParams {
   const void* x;
   int64_t x_row_stride;
@@ -174,10 +210,13 @@ struct GemvParams {
   int64_t residual_row_stride;
   const void* norm_weight;       // [K], RmsNorm only
   float norm_eps;
+  const void* x_gate;            // [rows, K] (rows x_gate_row_stride apart, 16-byte aligned), SigmoidGate only
+  int64_t x_gate_row_stride;
   GemvPrologue prologue;
   int64_t rows, n;
   int k;
   DType dtype;
+  int k_splits = 0;              // 0: gemv_k_splits; otherwise 1..kGemvMaxKSplits (benchmarks, tests)
   // Batched: `batch` independent products (grid z), product j's x, W, y and gate advanced by j
   // times their batch strides (elements); no residual then. Default: one product.
   int64_t batch = 1;
@@ -185,10 +224,18 @@ struct GemvParams {
   // Output gate: y = sigmoid(gate) (...) before the residual, gate [rows, N] like y, or nullptr.
   const void* gate = nullptr;
   int64_t gate_row_stride = 0, gate_batch_stride = 0;
+  // Bytes that kernels after this one read (the next product's weight), pulled into L2 while this
+  // one runs (16-byte aligned; prefetch_bytes a multiple of 16), or nullptr. HBM otherwise idles
+  // through the latency-bound kernels between two products (the GDN step, the attention prologue).
+  const void* prefetch = nullptr;
+  int64_t prefetch_bytes = 0;
 };
 // Whether gemv takes `rows` rows of length k in dtype (1 <= rows <= kGemvMaxRows, k a whole
 // number of 16-byte vectors).
 bool gemv_supported(int64_t rows, int64_t k, DType dtype);
+// The K splits gemv uses for W [n, k] in dtype on CUDA device `device` when k_splits is 0 (1 where
+// the FMA kernel serves it or the device has no clusters).
+int gemv_k_splits(int64_t n, int k, DType dtype, int device);
 void gemv(const GemvParams& p, void* stream);
 
 }  // namespace lt2::kernels

@@ -87,19 +87,22 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
   if (cfg.attn_output_gate) wgate = register_module("wgate", make_linear(d, n_heads * head_dim, 0.0));
 }
 
+std::vector<Tensor> FullAttentionImpl::projections(const Tensor& x) {
+  if (use_packed(w_in)) return unpack_outputs(apply_linear(x, w_in), packed_layers());
+  std::vector<Tensor> out{wq(x), wk(x), wv(x)};
+  if (wgate) out.push_back(wgate(x));
+  return out;
+}
+
+FullAttentionImpl::Projections FullAttentionImpl::rotate(const std::vector<Tensor>& p, const Positions& pos) const {
+  const int64_t B = p[0].size(0), T = p[0].size(1);
+  return {apply_rope(p[0].reshape({B, T, n_heads, head_dim}), pos, rope_theta, rope_style),
+          apply_rope(p[1].reshape({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
+          p[2].reshape({B, T, n_kv_heads, head_dim}), p.size() > 3 ? p[3] : Tensor()};
+}
+
 FullAttentionImpl::Projections FullAttentionImpl::project(const Tensor& x, const Positions& pos) {
-  const int64_t B = x.size(0), T = x.size(1);
-  Tensor q, k, v, gate;
-  if (use_packed(w_in)) {
-    auto parts = unpack_outputs(apply_linear(x, w_in), packed_layers());
-    q = parts[0], k = parts[1], v = parts[2];
-    if (wgate) gate = parts[3];
-  } else {
-    q = wq(x), k = wk(x), v = wv(x);
-  }
-  return {apply_rope(q.reshape({B, T, n_heads, head_dim}), pos, rope_theta, rope_style),
-          apply_rope(k.reshape({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
-          v.reshape({B, T, n_kv_heads, head_dim}), gate};
+  return rotate(projections(x), pos);
 }
 
 std::vector<torch::nn::Linear> FullAttentionImpl::packed_layers() const {
@@ -113,16 +116,37 @@ void FullAttentionImpl::pack_for_inference() {
 }
 
 Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x, const Tensor& gate) {
-  auto y = o.reshape({x.size(0), x.size(1), n_heads * head_dim});
+  auto y = o.reshape({o.size(0), o.size(1), n_heads * head_dim});
   if (wgate) y = y * torch::sigmoid(gate.defined() ? gate : wgate(x));
   return apply_linear(y, wo);
 }
 
 Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  auto [q, k, v, gate] = project(x, pos);
+  return attend(projections(x), x, pos, state, {});
+}
+
+Tensor FullAttentionImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps,
+                                        const Positions& pos, MixerState& state) {
+  if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return {};
+  const auto x2 = x.reshape({x.size(0), -1});  // [B, d]
+  ops::GemvFusion norm;
+  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
+  norm.prefetch = wo->weight;  // read after the RoPE + cache writes and the attention
+  if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
+  auto raw = unpack_outputs(ops::gemv_fused(x2, w_in, norm).unsqueeze(1), packed_layers());  // [B, 1, *] each
+  return attend(raw, Tensor(), pos, &state, x);
+}
+
+Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos,
+                                 MixerState* state, const Tensor& residual) {
+  if (pos.seq_pos.defined()) {
+    auto y = fused_decode(raw, pos.seq_pos, state, residual);
+    if (y.defined()) return y;
+  }
+  auto [q, k, v, gate] = rotate(raw, pos);
   Tensor o;  // [B, T, H, D]
   if (pos.seq_pos.defined()) {
-    LT2_CHECK(state && x.size(1) == 1, "attention with per-sequence positions takes one token [B, 1, d] and a state");
+    LT2_CHECK(state && q.size(1) == 1, "attention with per-sequence positions takes one token [B, 1, d] and a state");
     auto& cache = dynamic_cast<KVCache&>(*state);
     cache_write_at(cache.k, k.transpose(1, 2), pos.seq_pos);
     cache_write_at(cache.v, v.transpose(1, 2), pos.seq_pos);
@@ -137,7 +161,31 @@ Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerSt
   } else {
     o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0);
   }
-  return output(o, x, gate);
+  auto out = output(o, x, gate);
+  return residual.defined() ? residual + out : out;
+}
+
+Tensor FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Tensor& seq_pos, MixerState* state,
+                                       const Tensor& residual) {
+  auto* cache = dynamic_cast<KVCache*>(state);
+  if (!cache || !fused_decode_enabled() || torch::GradMode::is_enabled() || raw[0].size(1) != 1) return {};
+  const int64_t B = raw[0].size(0), H = n_heads, D = head_dim;
+  const auto q = raw[0].view({B, H, D}), k = raw[1].view({B, n_kv_heads, D}), v = raw[2].view({B, n_kv_heads, D});
+  if (!ops::rope_cache_write_supported(q, k, v, cache->k, cache->v, seq_pos) ||
+      !ops::attention_decode_supported(q, cache->k, cache->v))
+    return {};
+  const auto q_rot = ops::rope_cache_write(q, k, v, cache->k, cache->v, seq_pos, rope_theta,
+                                           rope_style == RopeStyle::Interleaved);  // [B, H, D]
+  const auto o = ops::attention_decode(q_rot, cache->k, cache->v, seq_pos + 1,
+                                       1.0 / std::sqrt(static_cast<double>(D))).view({B, H * D});
+  ops::GemvFusion f;  // the output gate and the residual folded into wo's GEMV
+  if (wgate) f.x_gate = raw[3].view({B, H * D});
+  if (residual.defined()) f.residual = residual.view({B, -1});
+  if (!ops::gemv_fused_applies(o, wo->weight, f)) {
+    auto y = apply_linear(wgate ? o * torch::sigmoid(f.x_gate) : o, wo).view({B, 1, -1});
+    return residual.defined() ? residual + y : y;
+  }
+  return ops::gemv_fused(o, wo->weight, f).view({B, 1, -1});
 }
 
 std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,

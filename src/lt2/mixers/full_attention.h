@@ -48,6 +48,10 @@ class FullAttentionImpl : public MixerImpl {
   std::string kind() const override { return "full"; }
   bool supports_seq_pos() const override { return true; }
   bool is_attention() const override { return true; }
+  // Decode at per-sequence positions with the block's norm folded into the packed projection's
+  // GEMV and the residual add (and the output gate) into wo's; undefined where it does not apply.
+  Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
+                       MixerState& state) override;
 
   // The pieces subclasses (window, dsa) reuse around their own attention pattern.
   struct Projections {
@@ -57,6 +61,11 @@ class FullAttentionImpl : public MixerImpl {
   };
   // Positions of x's tokens: start.. (pos.seq_pos undefined) or seq_pos[b] for sequence b.
   Projections project(const Tensor& x, const Positions& pos);
+  // The projections before RoPE: q, k, v [B, T, H * D | H_kv * D] (+ the gate's pre-activation
+  // [B, T, H * D] with the output gate); views of one packed GEMV's output when packed.
+  std::vector<Tensor> projections(const Tensor& x);
+  // RoPE on (and head views of) projections() at the positions of pos.
+  Projections rotate(const std::vector<Tensor>& raw, const Positions& pos) const;
   // o: [B, T, H, D] attention output, x: [B, T, d] the mixer input (for the gate) -> [B, T, d].
   // gate: the gate's pre-activation when already computed (Projections::gate).
   Tensor output(const Tensor& o, const Tensor& x, const Tensor& gate = {});
@@ -71,6 +80,15 @@ class FullAttentionImpl : public MixerImpl {
 
  private:
   std::vector<torch::nn::Linear> packed_layers() const;  // the layers w_in packs, in order
+  // Attention and output from projections() (x: the mixer input, for an unpacked gate); residual,
+  // when defined ([B, T, d]), is added to the output.
+  Tensor attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos, MixerState* state,
+                const Tensor& residual);
+  // One token per sequence at positions seq_pos on the fused kernels (RoPE + cache writes in one
+  // launch, flash-decoding, the gate and residual folded into wo's GEMV) -> [B, 1, d]; undefined
+  // when they do not apply (no KV cache, autograd, CPU, shapes without a kernel).
+  Tensor fused_decode(const std::vector<Tensor>& raw, const Tensor& seq_pos, MixerState* state,
+                      const Tensor& residual);
 };
 
 }  // namespace lt2

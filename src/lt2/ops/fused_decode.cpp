@@ -90,6 +90,35 @@ std::string attention_problem(const Tensor& q, const Tensor& k_cache, const Tens
   return "";
 }
 
+std::string rope_cache_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                               const Tensor& v_cache, const Tensor& seq_pos) {
+  for (const auto& p : {activation_problem(q, "q"), activation_problem(k, "k"), activation_problem(v, "v"),
+                        activation_problem(k_cache, "k_cache"), activation_problem(v_cache, "v_cache")})
+    if (!p.empty()) return p;
+  if (q.dim() != 3 || k.dim() != 3 || k_cache.dim() != 4 || v.sizes() != k.sizes() ||
+      v_cache.sizes() != k_cache.sizes() || k.size(0) != q.size(0) || k.size(2) != q.size(2) ||
+      k_cache.size(0) != q.size(0) || k_cache.size(1) != k.size(1) || k_cache.size(3) != q.size(2))
+    return cat("q must be [B, H, D], k and v [B, H_kv, D], the caches [B, H_kv, L, D], found q ", q.sizes(), ", k ",
+               k.sizes(), ", v ", v.sizes(), ", k_cache ", k_cache.sizes(), ", v_cache ", v_cache.sizes());
+  for (const Tensor* t : {&k, &v, &k_cache, &v_cache})
+    if (t->scalar_type() != q.scalar_type() || t->device() != q.device())
+      return cat("every tensor must be ", q.scalar_type(), " on ", q.device(), " like q");
+  for (const Tensor* t : {&q, &k, &v})  // heads of one row D apart: views of a projection's rows
+    if (t->stride(2) != 1 || t->stride(1) != t->size(2))
+      return "q, k and v must have contiguous [H, D] rows (views of [B, H * D] rows)";
+  if (k_cache.stride(3) != 1 || v_cache.stride(3) != 1) return "the caches' last dim must be contiguous";
+  if (!seq_pos.defined() || seq_pos.scalar_type() != torch::kInt64 || seq_pos.dim() != 1 ||
+      seq_pos.size(0) != q.size(0) || seq_pos.device() != q.device())
+    return cat("seq_pos must be [B] = [", q.size(0), "] int64 on ", q.device());
+#ifdef LT2_WITH_CUDA
+  if (!kernels::rope_cache_write_supported(static_cast<int>(q.size(0)), static_cast<int>(q.size(1)),
+                                           static_cast<int>(k.size(1)), static_cast<int>(q.size(2))))
+    return cat("head dim ", q.size(2), " (even, at most ", kernels::kRopeCacheMaxHeadDim, ") or batch / heads ",
+               q.sizes(), " out of range");
+#endif
+  return "";
+}
+
 #ifdef LT2_WITH_CUDA
 
 // t in dtype `dt` with a contiguous last dim (no copy when it already is).
@@ -349,6 +378,41 @@ Tensor silu_mul_fused(const Tensor& gate_up) {
 #endif
 }
 
+bool rope_cache_write_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                                const Tensor& v_cache, const Tensor& seq_pos) {
+  return fused_decode_available() && rope_cache_problem(q, k, v, k_cache, v_cache, seq_pos).empty();
+}
+
+Tensor rope_cache_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                        const Tensor& v_cache, const Tensor& seq_pos, double theta, bool interleaved) {
+  const char* op = "rope_cache_write";
+  if (!fused_decode_available()) no_cuda(op);
+  const auto problem = rope_cache_problem(q, k, v, k_cache, v_cache, seq_pos);
+  LT2_CHECK(problem.empty(), op, ": ", problem);
+#ifdef LT2_WITH_CUDA
+  c10::cuda::CUDAGuard guard(q.device());
+  auto q_out = torch::empty(q.sizes(), q.options().memory_format(torch::MemoryFormat::Contiguous));
+  const auto pos = seq_pos.contiguous();
+  kernels::RopeCacheParams p{};
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr();
+  p.q_in_stride = q.stride(0), p.k_in_stride = k.stride(0), p.v_in_stride = v.stride(0);
+  p.q_out = q_out.data_ptr();
+  p.k_cache = k_cache.data_ptr(), p.v_cache = v_cache.data_ptr();
+  p.k_batch_stride = k_cache.stride(0), p.k_head_stride = k_cache.stride(1), p.k_row_stride = k_cache.stride(2);
+  p.v_batch_stride = v_cache.stride(0), p.v_head_stride = v_cache.stride(1), p.v_row_stride = v_cache.stride(2);
+  p.positions = pos.data_ptr<int64_t>();
+  p.batch = static_cast<int>(q.size(0)), p.heads = static_cast<int>(q.size(1));
+  p.kv_heads = static_cast<int>(k.size(1)), p.head_dim = static_cast<int>(q.size(2));
+  p.max_len = k_cache.size(2);
+  p.theta = theta, p.interleaved = interleaved;
+  p.dtype = kernel_dtype(q.scalar_type());
+  kernels::rope_cache_write(p, current_stream(q));
+  return q_out;
+#else
+  no_cuda(op);
+#endif
+}
+
 Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& seq_lens, double scale) {
   const char* op = "attention_decode";
@@ -405,12 +469,22 @@ std::string gemv_problem(const Tensor& x, const Tensor& w, const GemvFusion& f) 
   const int64_t K = w.size(1), N = w.size(0), x_dim = f.silu_mul ? 2 * K : K;
   if (x.dim() < 1 || x.size(-1) != x_dim)
     return cat("x must be [..., ", x_dim, "] for w ", w.sizes(), f.silu_mul ? " with silu_mul" : "", ", found ", x.sizes());
-  if (f.silu_mul && f.norm_weight.defined()) return "silu_mul and the RMSNorm prologue do not combine";
+  if ((f.silu_mul ? 1 : 0) + (f.norm_weight.defined() ? 1 : 0) + (f.x_gate.defined() ? 1 : 0) > 1)
+    return "silu_mul, the RMSNorm prologue and x_gate do not combine";
+  if (f.prefetch.defined() && (!f.prefetch.is_contiguous() || f.prefetch.device() != x.device()))
+    return cat("prefetch must be a contiguous tensor on ", x.device());
+  if (f.k_splits < 0 || f.k_splits > kernels::kGemvMaxKSplits)
+    return cat("k_splits must be 0 (pick) or 1..", kernels::kGemvMaxKSplits, ", found ", f.k_splits);
   std::vector<const Tensor*> all{&x, &w};
   if (f.norm_weight.defined()) {
     if (f.norm_weight.dim() != 1 || f.norm_weight.size(0) != K || !f.norm_weight.is_contiguous())
       return cat("norm_weight must be a contiguous [", K, "], found ", f.norm_weight.sizes());
     all.push_back(&f.norm_weight);
+  }
+  if (f.x_gate.defined()) {
+    if (f.x_gate.sizes() != x.sizes() || f.x_gate.stride(-1) != 1)
+      return cat("x_gate must be ", x.sizes(), " like x with a contiguous last dim, found ", f.x_gate.sizes());
+    all.push_back(&f.x_gate);
   }
   if (f.residual.defined()) {
     auto sizes = x.sizes().vec();
@@ -454,6 +528,9 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   const int64_t vec = 16 / x.element_size();
   if (x2.stride(0) % vec != 0 || reinterpret_cast<uintptr_t>(x2.data_ptr()) % 16 != 0) x2 = x2.clone();
   const auto r2 = f.residual.defined() ? f.residual.reshape({-1, N}) : Tensor();
+  auto g2 = f.x_gate.defined() ? with_contiguous_rows(f.x_gate.reshape({-1, K}), x.scalar_type()) : Tensor();
+  if (g2.defined() && (g2.stride(0) % vec != 0 || reinterpret_cast<uintptr_t>(g2.data_ptr()) % 16 != 0))
+    g2 = g2.clone();
   auto sizes = x.sizes().vec();
   sizes.back() = N;
   auto y = torch::empty(sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
@@ -465,11 +542,27 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   p.residual_row_stride = r2.defined() ? r2.stride(0) : 0;
   p.norm_weight = f.norm_weight.defined() ? f.norm_weight.data_ptr() : nullptr;
   p.norm_eps = static_cast<float>(f.norm_eps);
+  p.x_gate = g2.defined() ? g2.data_ptr() : nullptr;
+  p.x_gate_row_stride = g2.defined() ? g2.stride(0) : 0;
   p.prologue = f.norm_weight.defined() ? kernels::GemvPrologue::RmsNorm
                : f.silu_mul            ? kernels::GemvPrologue::SiluMul
+               : f.x_gate.defined()    ? kernels::GemvPrologue::SigmoidGate
                                        : kernels::GemvPrologue::None;
   p.rows = x2.size(0), p.n = N, p.k = static_cast<int>(K);
   p.dtype = kernel_dtype(x.scalar_type());
+  p.k_splits = f.k_splits;
+  static const bool prefetch_on = [] {
+    const char* env = std::getenv("LT2_GEMV_PREFETCH");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  if (f.prefetch.defined() && prefetch_on) {
+    // Whole 16-byte units of an aligned start: the bulk prefetch's granularity (a hint; a ragged
+    // tail stays unfetched).
+    const auto begin = reinterpret_cast<uintptr_t>(f.prefetch.data_ptr());
+    const auto aligned = (begin + 15) / 16 * 16;
+    const int64_t bytes = static_cast<int64_t>(f.prefetch.nbytes()) - static_cast<int64_t>(aligned - begin);
+    if (bytes >= 16) p.prefetch = reinterpret_cast<const void*>(aligned), p.prefetch_bytes = bytes / 16 * 16;
+  }
   kernels::gemv(p, current_stream(x));
   return y;
 #else

@@ -64,6 +64,17 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 // heads per kv head, aligned cache rows).
 bool attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
 
+// Attention's decode prologue in one launch (kernels::rope_cache_write has the math): q [B, H, D]
+// and k, v [B, H_kv, D] of the new token (views with contiguous rows, e.g. of a packed projection),
+// RoPE'd at positions seq_pos [B] (int64, on their device); k and v go into k_cache / v_cache
+// [B, H_kv, L, D] (last dim contiguous) at row seq_pos[b]. Returns the rotated q [B, H, D].
+// Every tensor but seq_pos in one kernel dtype on one CUDA device.
+Tensor rope_cache_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                        const Tensor& v_cache, const Tensor& seq_pos, double theta, bool interleaved);
+// Whether rope_cache_write takes these tensors (what the comment above asks).
+bool rope_cache_write_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                                const Tensor& v_cache, const Tensor& seq_pos);
+
 // Elementwise kernels of a block's decode path. They are taken when fused_elementwise_applies:
 // the switch is on, no gradient is recorded (no autograd graph through them) and `tensors` are
 // CUDA tensors of one kernel dtype and device with a contiguous last dim.
@@ -88,7 +99,10 @@ struct GemvFusion {
   Tensor norm_weight;     // defined: RMSNorm prologue, y = rms_norm(x, norm_weight, norm_eps) W^T
   double norm_eps = 1e-5;
   bool silu_mul = false;  // x = [a | b] [..., 2K]: y = (silu(a) * b) W^T (SwiGLU's w2)
+  Tensor x_gate;          // defined: y = (x * sigmoid(x_gate)) W^T, x_gate [..., K] (attention's output gate)
   Tensor residual;        // defined: y = residual + ..., [..., N]
+  int k_splits = 0;       // K split over a thread-block cluster: 0 picks (kernels::gemv_k_splits)
+  Tensor prefetch;        // defined: read by the kernels after this one (the next weight), pulled into L2 meanwhile
 };
 // y = f(x) W^T (nn.Linear without bias) through the fused GEMV: x [..., K] ([..., 2K] with
 // silu_mul) with at most kernels::kGemvMaxRows rows, W [N, K] contiguous, every tensor in one

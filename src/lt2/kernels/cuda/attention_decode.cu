@@ -212,10 +212,7 @@ bool attention_decode_head_dim_supported(int head_dim) {
 }
 
 int attention_decode_num_splits(int batch, int kv_heads, int max_len, int device) {
-  int sms = 0;
-  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  LT2_CHECK(err == cudaSuccess, "attention_decode: cannot query CUDA device ", device, ": ",
-            cudaGetErrorString(err));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "attention_decode");
   int splits = ceil_div(kTargetBlocksPerSm * sms, std::max(1, batch * kv_heads));
   splits = std::min(splits, ceil_div(std::max(1, max_len), kMinKeysPerSplit));
   return std::clamp(splits, 1, kAttentionMaxSplits);

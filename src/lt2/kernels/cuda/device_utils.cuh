@@ -69,6 +69,21 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// RoPE of the n dims at `in` into `out` at position pos, the block's threads striding over the
+// n / 2 pairs: interleaved (2i, 2i + 1) or halves (i, i + n / 2), angle pos theta^(-2i / n) in
+// float64 (a float32 angle is off by ~1e-2 rad at 128k positions), the rotation in fp32.
+template <typename In, typename Out>
+__device__ void rope_rotate(const In* in, Out* out, int n, bool interleaved, int64_t pos, double theta) {
+  for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+    const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + n / 2;
+    double s, c;
+    sincos(static_cast<double>(pos) * pow(theta, -static_cast<double>(2 * i) / n), &s, &c);
+    const float xa = to_float(in[a]), xb = to_float(in[b]), cf = static_cast<float>(c), sf = static_cast<float>(s);
+    out[a] = from_float<Out>(xa * cf - xb * sf);
+    out[b] = from_float<Out>(xb * cf + xa * sf);
+  }
+}
+
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
 // torch.nn.functional.softplus with its default threshold 20.
@@ -78,6 +93,15 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1p
 inline void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   LT2_CHECK(err == cudaSuccess, kernel, " launch failed: ", cudaGetErrorString(err));
+}
+
+// Attribute `attr` of CUDA device `device` (the SM count, the compute capability, ...); `op` names
+// the caller in the error.
+inline int device_attribute(cudaDeviceAttr attr, int device, const char* op) {
+  int value = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&value, attr, device);
+  LT2_CHECK(err == cudaSuccess, op, ": cannot query CUDA device ", device, ": ", cudaGetErrorString(err));
+  return value;
 }
 
 // Dynamic shared memory a kernel may use without opting in.

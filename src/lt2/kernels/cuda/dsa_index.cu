@@ -203,10 +203,9 @@ __global__ void __launch_bounds__(kMmaThreads)
 // Tiles per block: doubled while the grid keeps kMmaTargetBlocksPerSm blocks per SM, so small
 // batches spread over the GPU and large ones read q from L2 once per several tiles.
 int mma_tiles_per_block(int batch, int n_tiles) {
-  int device = 0, sms = 0;
+  int device = 0;
   cudaGetDevice(&device);
-  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  LT2_CHECK(err == cudaSuccess, "dsa_index_scores: cannot query CUDA device ", device, ": ", cudaGetErrorString(err));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "dsa_index_scores");
   int tiles = 1;
   while (tiles < kMmaMaxTilesPerBlock &&
          static_cast<int64_t>(batch) * ceil_div(n_tiles, 2 * tiles) >= static_cast<int64_t>(kMmaTargetBlocksPerSm) * sms)

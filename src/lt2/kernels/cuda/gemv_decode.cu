@@ -2,8 +2,9 @@
 //
 // Floor: every weight is read once (N K elements); x, y and the residual are a few KB and stay in
 // L2. At decode a step is a chain of such products, so their bytes are most of a step's bytes.
-// Folding the block's RMSNorms, SwiGLU's silu * mul and the residual adds into them removes the
-// elementwise launches between the products (each a few us of latency for a few KB of work).
+// Folding the block's RMSNorms, SwiGLU's silu * mul, attention's output gate and the residual
+// adds into them removes the elementwise launches between the products (each a few us of latency
+// for a few KB of work).
 //
 // Two kernels, one prologue/epilogue:
 //   mma (bf16/fp16, K % 32 == 0): a block of 8 warps computes 16 weight rows for all M <= 8 rows
@@ -13,14 +14,30 @@
 //     (g = lane / 4, q = lane % 4) load W rows g and g + 8 and x row g at k = 32c + 8q .. + 7,
 //     which fill the A and B registers of two products. Warps split K; the block sums them.
 //     Compute is negligible, so it runs at the weights' read rate whatever M is.
+//     Split K: a block's loads are a few trips to memory of 32 KB each; with N = 2048 (128 blocks,
+//     one per SM) and K = 5632 that is 6 dependent trips per SM and HBM idles between them. So the
+//     blocks of a thread-block cluster share the 16 rows, each reading one slice of K, and rank 0
+//     adds up their partial sums through distributed shared memory (no global workspace, no
+//     second launch). Measured on an H200 (bench/NOTES.md): 2 splits take 2048 x 5632 from 12.9
+//     to 11.0 us and 2048 x 3072 from 8.0 to 7.2 us, but every shape with 2+ blocks per SM loses
+//     (cluster scheduling), as do 4 splits; so gemv_k_splits splits only under-filled grids.
 //   fma (fp32, or K off 32): a block of 128 threads computes 4 weight rows with fp32 FMAs,
 //     threads striding over 16-byte vectors of K.
 // RmsNorm's statistic needs all of x's row: each thread adds up the squares of the x values it
 // reads, and the block sums them with the partial products (x is read whole by every block).
+// Between two products of a step there is often a latency-bound kernel (the GDN step, the RoPE
+// and cache writes) during which HBM idles; a product can pull the next one's weight into L2
+// meanwhile (p.prefetch: one bulk prefetch per block).
+#include <cooperative_groups.h>
+
+#include <cstdlib>
+
 #include "lt2/kernels/cuda/device_utils.cuh"
 
 namespace lt2::kernels {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kMaxRows = kGemvMaxRows;
 
@@ -41,6 +58,12 @@ __device__ __forceinline__ void load_x(const GemvParams& p, int m, int v, float*
     unpack16<T>(__ldg(reinterpret_cast<const uint4*>(row + p.k) + v), b);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) out[e] = out[e] / (1.f + __expf(-out[e])) * b[e];
+  } else if constexpr (PRO == GemvPrologue::SigmoidGate) {
+    float gate[VEC];
+    const T* gate_row = static_cast<const T*>(p.x_gate) + m * p.x_gate_row_stride;
+    unpack16<T>(__ldg(reinterpret_cast<const uint4*>(gate_row) + v), gate);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] *= sigmoid(gate[e]);
   }
 }
 
@@ -55,13 +78,25 @@ __device__ __forceinline__ void store_y(const GemvParams& p, int m, int64_t n, f
   static_cast<T*>(p.y)[blockIdx.z * p.y_batch_stride + m * p.y_row_stride + n] = from_float<T>(acc);
 }
 
+// This block's share of p.prefetch into L2 (one bulk prefetch by one thread; sm_90).
+__device__ __forceinline__ void prefetch_share(const GemvParams& p) {
+  if (!p.prefetch || threadIdx.x != 0) return;
+  const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
+  const int64_t block = blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int64_t share = (p.prefetch_bytes / 16 + blocks - 1) / blocks * 16, begin = block * share;
+  const int64_t bytes = min(share, p.prefetch_bytes - begin);
+  if (bytes > 0)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(static_cast<const char*>(p.prefetch) + begin),
+                 "r"(static_cast<uint32_t>(bytes))
+                 : "memory");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernel.
 
 constexpr int kMmaWarps = 8;
 constexpr int kMmaRows = 16;    // weight rows per block (the mma's M)
 constexpr int kMmaChunk = 32;   // k per warp trip: 4 lanes x 8 elements
-constexpr int kMmaUnroll = 4;   // chunks whose loads are in flight together (8 measured slower: 6.9 vs 6.0 ms/step)
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -93,35 +128,40 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
   }
 }
 
-template <typename T, GemvPrologue PRO>
-__global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvParams p) {
+// Grid (row blocks x k_splits) in clusters of (k_splits, 1, 1): cluster r computes weight rows
+// 16 r .. 16 r + 15, its block of rank s over chunks [s, s + 1) * chunks_per_split of K.
+template <typename T, GemvPrologue PRO, bool SPLIT, int U>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvParams p, int chunks_per_split) {
   __shared__ float s_c[kMmaWarps][kMmaRows][kMaxRows];
   __shared__ float s_sumsq[kMmaWarps][kMaxRows];
+  __shared__ float s_block[kMmaRows * kMaxRows + kMaxRows];  // SPLIT: this block's sums, then x's squares
+  prefetch_share(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const int split = SPLIT ? static_cast<int>(blockIdx.x % p.k_splits) : 0;
+  const int64_t n0 = static_cast<int64_t>(SPLIT ? blockIdx.x / p.k_splits : blockIdx.x) * kMmaRows;
   // Rows past N read row N - 1 (in bounds); their outputs are not written.
   const T* w_base = static_cast<const T*>(p.w) + blockIdx.z * p.w_batch_stride;  // product blockIdx.z's W
   const uint4* w_lo = reinterpret_cast<const uint4*>(w_base + min(n0 + g, p.n - 1) * p.k);
   const uint4* w_hi = reinterpret_cast<const uint4*>(w_base + min(n0 + g + 8, p.n - 1) * p.k);
   const bool has_x = g < p.rows;  // lane group g feeds x row g (the B operand's column g)
-  const int chunks = p.k / kMmaChunk;
+  const int first = split * chunks_per_split, end = min(p.k / kMmaChunk, first + chunks_per_split);
 
   float c[4] = {0.f, 0.f, 0.f, 0.f}, sumsq = 0.f;
-  for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaUnroll) {
-    uint4 lo[kMmaUnroll], hi[kMmaUnroll];
+  for (int c0 = first + warp; c0 < end; c0 += kMmaWarps * U) {
+    uint4 lo[U], hi[U];
 #pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int chunk = c0 + u * kMmaWarps;
-      if (chunk < chunks) {
+      if (chunk < end) {
         const int v = chunk * (kMmaChunk / 8) + q;  // 16-byte vector index along K
         lo[u] = __ldcs(w_lo + v), hi[u] = __ldcs(w_hi + v);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int chunk = c0 + u * kMmaWarps;
-      if (chunk >= chunks) break;  // warp-uniform
+      if (chunk >= end) break;  // warp-uniform
       uint32_t b[4] = {0u, 0u, 0u, 0u};
       if (has_x) {
         float xf[8];
@@ -146,16 +186,31 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvPara
     if (q == 0) s_sumsq[warp][g] = sumsq;
   }
   __syncthreads();
-  const int row = threadIdx.x / kMaxRows, m = threadIdx.x % kMaxRows;  // 128 (row, m) outputs
-  if (row < kMmaRows && m < p.rows && n0 + row < p.n) {
-    float acc = 0.f, ss = 0.f;
+  const int out = threadIdx.x, row = out / kMaxRows, m = out % kMaxRows;  // 128 (row, m) outputs
+  const bool is_out = row < kMmaRows;
+  float acc = 0.f, ss = 0.f;
+  if (is_out) {
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) {
       acc += s_c[w][row][m];
       if constexpr (PRO == GemvPrologue::RmsNorm) ss += s_sumsq[w][m];
     }
-    store_y<T, PRO>(p, m, n0 + row, acc, ss);
   }
+  if constexpr (SPLIT) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (is_out) s_block[out] = acc;
+    if (row == 0) s_block[kMmaRows * kMaxRows + m] = ss;
+    cluster.sync();  // every block's sums are written
+    if (split == 0 && is_out)
+      for (int r = 1; r < p.k_splits; ++r) {
+        const float* other = cluster.map_shared_rank(s_block, r);
+        acc += other[out];
+        if constexpr (PRO == GemvPrologue::RmsNorm) ss += other[kMmaRows * kMaxRows + m];
+      }
+    cluster.sync();  // no block exits (freeing s_block) while rank 0 may still read it
+    if (split != 0) return;
+  }
+  if (is_out && m < p.rows && n0 + row < p.n) store_y<T, PRO>(p, m, n0 + row, acc, ss);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -166,6 +221,7 @@ constexpr int kFmaRows = 4;  // weight rows per block
 
 template <typename T, int M, GemvPrologue PRO>
 __global__ void __launch_bounds__(kFmaThreads) gemv_fma_kernel(const GemvParams p) {
+  prefetch_share(p);
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int R = kFmaRows, WARPS = kFmaThreads / 32;
   __shared__ float partial[WARPS][R * M + M];  // the products, then the squares of x per row
@@ -235,19 +291,68 @@ void launch_fma(const GemvParams& p, cudaStream_t stream) {
   }
 }
 
+bool mma_serves(int k, DType dtype) { return dtype != DType::Float32 && k % kMmaChunk == 0; }
+
+template <typename T, GemvPrologue PRO, int U>
+void launch_mma(const GemvParams& p, cudaStream_t stream) {
+  const int64_t row_blocks = (p.n + kMmaRows - 1) / kMmaRows;
+  const int chunks = p.k / kMmaChunk, chunks_per_split = (chunks + p.k_splits - 1) / p.k_splits;
+  LT2_CHECK(row_blocks * p.k_splits <= INT32_MAX, "gemv: N = ", p.n, " is too many rows");
+  const auto blocks = static_cast<unsigned>(row_blocks * p.k_splits);
+  if (p.k_splits == 1) {
+    gemv_mma_kernel<T, PRO, false, U><<<dim3(blocks, 1, static_cast<unsigned>(p.batch)), kMmaWarps * 32, 0, stream>>>(
+        p, chunks);
+    return;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks, 1, static_cast<unsigned>(p.batch));
+  config.blockDim = dim3(kMmaWarps * 32);
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(p.k_splits);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&config, gemv_mma_kernel<T, PRO, true, U>, p, chunks_per_split);
+  LT2_CHECK(err == cudaSuccess, "gemv (", p.k_splits, " K splits) launch failed: ", cudaGetErrorString(err));
+}
+
+int experiment_unroll() {  // EXPERIMENT
+  static const int u = [] { const char* e = std::getenv("LT2_GEMV_UNROLL"); return e ? std::atoi(e) : 4; }();
+  return u;
+}
+
 template <typename T, GemvPrologue PRO>
 void launch(const GemvParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
-    if (p.k % kMmaChunk == 0) {
-      const auto blocks = static_cast<unsigned>((p.n + kMmaRows - 1) / kMmaRows);
-      gemv_mma_kernel<T, PRO><<<dim3(blocks, 1, static_cast<unsigned>(p.batch)), kMmaWarps * 32, 0, stream>>>(p);
-      return;
+    if (mma_serves(p.k, p.dtype)) {
+      switch (experiment_unroll()) {
+        case 2: return launch_mma<T, PRO, 2>(p, stream);
+        case 8: return launch_mma<T, PRO, 8>(p, stream);
+        default: return launch_mma<T, PRO, 4>(p, stream);
+      }
     }
   }
   launch_fma<T, kMaxRows, PRO>(p, stream);
 }
 
 }  // namespace
+
+int gemv_k_splits(int64_t n, int k, DType dtype, int device) {
+  if (!mma_serves(k, dtype) || device_attribute(cudaDevAttrComputeCapabilityMajor, device, "gemv") < 9) return 1;
+  const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv");
+  const int64_t row_blocks = (n + kMmaRows - 1) / kMmaRows, chunks = k / kMmaChunk;
+  // Double the splits while each block keeps at least one full trip of loads (every warp all
+  // kMmaUnroll chunks in flight) and the grid stays within kTargetBlocksPerSm blocks per SM.
+  constexpr int64_t kTargetBlocksPerSm = 2, kTrip = kMmaWarps * 4;
+  int splits = 1;
+  while (2 * splits <= kGemvMaxKSplits && chunks >= 2 * splits * kTrip &&
+         row_blocks * 2 * splits <= kTargetBlocksPerSm * sms)
+    splits *= 2;
+  return splits;
+}
 
 bool gemv_supported(int64_t rows, int64_t k, DType dtype) {
   const int64_t vec = dtype == DType::Float32 ? 4 : 8;
@@ -258,15 +363,30 @@ void gemv(const GemvParams& p, void* stream) {
   LT2_CHECK(gemv_supported(p.rows, p.k, p.dtype) && p.n >= 1, "gemv: ", p.rows, " rows (1..", kGemvMaxRows,
             ") of K = ", p.k, " (a multiple of one 16-byte vector) into N = ", p.n);
   LT2_CHECK(p.prologue != GemvPrologue::RmsNorm || p.norm_weight, "gemv: the RmsNorm prologue needs its weight");
+  LT2_CHECK(!p.prefetch || (reinterpret_cast<uintptr_t>(p.prefetch) % 16 == 0 && p.prefetch_bytes % 16 == 0),
+            "gemv: the L2 prefetch must be 16-byte aligned and a whole number of 16 bytes");
+  LT2_CHECK(p.prologue != GemvPrologue::SigmoidGate || (p.x_gate && p.batch == 1),
+            "gemv: the SigmoidGate prologue needs x_gate (and one product)");
   LT2_CHECK(p.batch >= 1 && p.batch <= 65535 && (p.batch == 1 || !p.residual), "gemv: batch ", p.batch,
             " (1..65535; a residual only with batch 1)");
+  LT2_CHECK(p.k_splits >= 0 && p.k_splits <= kGemvMaxKSplits, "gemv: k_splits ", p.k_splits, " (0 to pick, or 1..",
+            kGemvMaxKSplits, ")");
+  GemvParams q = p;
+  if (!mma_serves(p.k, p.dtype)) {
+    q.k_splits = 1;  // the FMA kernel does not split
+  } else if (q.k_splits == 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    q.k_splits = gemv_k_splits(p.n, p.k, p.dtype, device);
+  }
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.dtype, [&](auto t) {
+  dispatch_dtype(q.dtype, [&](auto t) {
     using T = decltype(t);
-    switch (p.prologue) {
-      case GemvPrologue::None: launch<T, GemvPrologue::None>(p, s); break;
-      case GemvPrologue::RmsNorm: launch<T, GemvPrologue::RmsNorm>(p, s); break;
-      case GemvPrologue::SiluMul: launch<T, GemvPrologue::SiluMul>(p, s); break;
+    switch (q.prologue) {
+      case GemvPrologue::None: launch<T, GemvPrologue::None>(q, s); break;
+      case GemvPrologue::RmsNorm: launch<T, GemvPrologue::RmsNorm>(q, s); break;
+      case GemvPrologue::SiluMul: launch<T, GemvPrologue::SiluMul>(q, s); break;
+      case GemvPrologue::SigmoidGate: launch<T, GemvPrologue::SigmoidGate>(q, s); break;
     }
   });
   check_launch("gemv");

@@ -428,10 +428,7 @@ void launch_groups(const SparseAttentionDecodeParams& p, int groups, bool alias,
 }  // namespace
 
 int sparse_attention_decode_num_splits(int batch, int kv_heads, int groups, int n, int device) {
-  int sms = 0;
-  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  LT2_CHECK(err == cudaSuccess, "sparse_attention_decode: cannot query CUDA device ", device, ": ",
-            cudaGetErrorString(err));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "sparse_attention_decode");
   // Blocks wanted per SM. With more than 4 heads per kv head a block is FMA-bound (G (Dk + Dv)
   // FMAs per row read) and large (the fp32 query of all heads): two per SM keep the FMA units busy,
   // and fewer, longer splits write fewer partials. With fewer heads it is memory bound: more blocks
