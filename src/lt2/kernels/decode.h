@@ -224,11 +224,6 @@ struct GemvParams {
   // Output gate: y = sigmoid(gate) (...) before the residual, gate [rows, N] like y, or nullptr.
   const void* gate = nullptr;
   int64_t gate_row_stride = 0, gate_batch_stride = 0;
-  // Bytes that kernels after this one read (the next product's weight), pulled into L2 while this
-  // one runs (16-byte aligned; prefetch_bytes a multiple of 16), or nullptr. HBM otherwise idles
-  // through the latency-bound kernels between two products (the GDN step, the attention prologue).
-  const void* prefetch = nullptr;
-  int64_t prefetch_bytes = 0;
 };
 // Whether gemv takes `rows` rows of length k in dtype (1 <= rows <= kGemvMaxRows, k a whole
 // number of 16-byte vectors).

@@ -131,7 +131,6 @@ Tensor FullAttentionImpl::step_residual(const Tensor& x, const Tensor& norm_weig
   const auto x2 = x.reshape({x.size(0), -1});  // [B, d]
   ops::GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
-  norm.prefetch = wo->weight;  // read after the RoPE + cache writes and the attention
   if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
   auto raw = unpack_outputs(ops::gemv_fused(x2, w_in, norm).unsqueeze(1), packed_layers());  // [B, 1, *] each
   return attend(raw, Tensor(), pos, &state, x);

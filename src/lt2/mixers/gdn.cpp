@@ -122,7 +122,6 @@ Tensor GatedDeltaNetImpl::step_residual(const Tensor& x, const Tensor& norm_weig
   const int64_t B = x.size(0);
   ops::GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
-  norm.prefetch = o_proj->weight;  // read after the latency-bound GDN step, which leaves HBM idle
   const auto x2 = x.reshape({B, -1});
   if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
   const auto y = fused_core(unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections()), pos, *st);

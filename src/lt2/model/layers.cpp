@@ -1,7 +1,6 @@
 #include "lt2/model/layers.h"
 
 #include <cmath>
-#include <cstdlib>
 
 #include "lt2/ops/fused_decode.h"
 
@@ -72,7 +71,6 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
   if (!use_packed(w13)) return {};
   ops::GemvFusion norm, silu_add;
   norm.norm_weight = norm_weight, norm.norm_eps = eps;
-  if (std::getenv("LT2_EXP_FFN_PREFETCH")) norm.prefetch = w2->weight;  // EXPERIMENT
   silu_add.silu_mul = true, silu_add.residual = h;
   if (!ops::gemv_fused_applies(h, w13, norm)) return {};
   auto gate_up = ops::gemv_fused(h, w13, norm);  // [..., 2 hidden]

@@ -471,8 +471,6 @@ std::string gemv_problem(const Tensor& x, const Tensor& w, const GemvFusion& f) 
     return cat("x must be [..., ", x_dim, "] for w ", w.sizes(), f.silu_mul ? " with silu_mul" : "", ", found ", x.sizes());
   if ((f.silu_mul ? 1 : 0) + (f.norm_weight.defined() ? 1 : 0) + (f.x_gate.defined() ? 1 : 0) > 1)
     return "silu_mul, the RMSNorm prologue and x_gate do not combine";
-  if (f.prefetch.defined() && (!f.prefetch.is_contiguous() || f.prefetch.device() != x.device()))
-    return cat("prefetch must be a contiguous tensor on ", x.device());
   if (f.k_splits < 0 || f.k_splits > kernels::kGemvMaxKSplits)
     return cat("k_splits must be 0 (pick) or 1..", kernels::kGemvMaxKSplits, ", found ", f.k_splits);
   std::vector<const Tensor*> all{&x, &w};
@@ -551,18 +549,6 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   p.rows = x2.size(0), p.n = N, p.k = static_cast<int>(K);
   p.dtype = kernel_dtype(x.scalar_type());
   p.k_splits = f.k_splits;
-  static const bool prefetch_on = [] {
-    const char* env = std::getenv("LT2_GEMV_PREFETCH");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
-  if (f.prefetch.defined() && prefetch_on) {
-    // Whole 16-byte units of an aligned start: the bulk prefetch's granularity (a hint; a ragged
-    // tail stays unfetched).
-    const auto begin = reinterpret_cast<uintptr_t>(f.prefetch.data_ptr());
-    const auto aligned = (begin + 15) / 16 * 16;
-    const int64_t bytes = static_cast<int64_t>(f.prefetch.nbytes()) - static_cast<int64_t>(aligned - begin);
-    if (bytes >= 16) p.prefetch = reinterpret_cast<const void*>(aligned), p.prefetch_bytes = bytes / 16 * 16;
-  }
   kernels::gemv(p, current_stream(x));
   return y;
 #else

@@ -102,7 +102,6 @@ struct GemvFusion {
   Tensor x_gate;          // defined: y = (x * sigmoid(x_gate)) W^T, x_gate [..., K] (attention's output gate)
   Tensor residual;        // defined: y = residual + ..., [..., N]
   int k_splits = 0;       // K split over a thread-block cluster: 0 picks (kernels::gemv_k_splits)
-  Tensor prefetch;        // defined: read by the kernels after this one (the next weight), pulled into L2 meanwhile
 };
 // y = f(x) W^T (nn.Linear without bias) through the fused GEMV: x [..., K] ([..., 2K] with
 // silu_mul) with at most kernels::kGemvMaxRows rows, W [N, K] contiguous, every tensor in one

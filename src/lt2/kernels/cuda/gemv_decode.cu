@@ -25,12 +25,7 @@
 //     threads striding over 16-byte vectors of K.
 // RmsNorm's statistic needs all of x's row: each thread adds up the squares of the x values it
 // reads, and the block sums them with the partial products (x is read whole by every block).
-// Between two products of a step there is often a latency-bound kernel (the GDN step, the RoPE
-// and cache writes) during which HBM idles; a product can pull the next one's weight into L2
-// meanwhile (p.prefetch: one bulk prefetch per block).
 #include <cooperative_groups.h>
-
-#include <cstdlib>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
 
@@ -78,25 +73,15 @@ __device__ __forceinline__ void store_y(const GemvParams& p, int m, int64_t n, f
   static_cast<T*>(p.y)[blockIdx.z * p.y_batch_stride + m * p.y_row_stride + n] = from_float<T>(acc);
 }
 
-// This block's share of p.prefetch into L2 (one bulk prefetch by one thread; sm_90).
-__device__ __forceinline__ void prefetch_share(const GemvParams& p) {
-  if (!p.prefetch || threadIdx.x != 0) return;
-  const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
-  const int64_t block = blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int64_t share = (p.prefetch_bytes / 16 + blocks - 1) / blocks * 16, begin = block * share;
-  const int64_t bytes = min(share, p.prefetch_bytes - begin);
-  if (bytes > 0)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(static_cast<const char*>(p.prefetch) + begin),
-                 "r"(static_cast<uint32_t>(bytes))
-                 : "memory");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernel.
 
 constexpr int kMmaWarps = 8;
 constexpr int kMmaRows = 16;    // weight rows per block (the mma's M)
 constexpr int kMmaChunk = 32;   // k per warp trip: 4 lanes x 8 elements
+// Chunks whose loads are in flight together. Measured (bench/NOTES.md): 2 and 4 equal, 8 slower
+// (5.81 / 5.73 / 6.40 ms per lt2-gdn step at batch 1); a cp.async ring in shared memory slower too.
+constexpr int kMmaUnroll = 4;
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -130,12 +115,11 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 
 // Grid (row blocks x k_splits) in clusters of (k_splits, 1, 1): cluster r computes weight rows
 // 16 r .. 16 r + 15, its block of rank s over chunks [s, s + 1) * chunks_per_split of K.
-template <typename T, GemvPrologue PRO, bool SPLIT, int U>
+template <typename T, GemvPrologue PRO, bool SPLIT>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvParams p, int chunks_per_split) {
   __shared__ float s_c[kMmaWarps][kMmaRows][kMaxRows];
   __shared__ float s_sumsq[kMmaWarps][kMaxRows];
   __shared__ float s_block[kMmaRows * kMaxRows + kMaxRows];  // SPLIT: this block's sums, then x's squares
-  prefetch_share(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int split = SPLIT ? static_cast<int>(blockIdx.x % p.k_splits) : 0;
@@ -148,10 +132,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvPara
   const int first = split * chunks_per_split, end = min(p.k / kMmaChunk, first + chunks_per_split);
 
   float c[4] = {0.f, 0.f, 0.f, 0.f}, sumsq = 0.f;
-  for (int c0 = first + warp; c0 < end; c0 += kMmaWarps * U) {
-    uint4 lo[U], hi[U];
+  for (int c0 = first + warp; c0 < end; c0 += kMmaWarps * kMmaUnroll) {
+    uint4 lo[kMmaUnroll], hi[kMmaUnroll];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < kMmaUnroll; ++u) {
       const int chunk = c0 + u * kMmaWarps;
       if (chunk < end) {
         const int v = chunk * (kMmaChunk / 8) + q;  // 16-byte vector index along K
@@ -159,7 +143,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvPara
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < kMmaUnroll; ++u) {
       const int chunk = c0 + u * kMmaWarps;
       if (chunk >= end) break;  // warp-uniform
       uint32_t b[4] = {0u, 0u, 0u, 0u};
@@ -221,7 +205,6 @@ constexpr int kFmaRows = 4;  // weight rows per block
 
 template <typename T, int M, GemvPrologue PRO>
 __global__ void __launch_bounds__(kFmaThreads) gemv_fma_kernel(const GemvParams p) {
-  prefetch_share(p);
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int R = kFmaRows, WARPS = kFmaThreads / 32;
   __shared__ float partial[WARPS][R * M + M];  // the products, then the squares of x per row
@@ -293,14 +276,14 @@ void launch_fma(const GemvParams& p, cudaStream_t stream) {
 
 bool mma_serves(int k, DType dtype) { return dtype != DType::Float32 && k % kMmaChunk == 0; }
 
-template <typename T, GemvPrologue PRO, int U>
+template <typename T, GemvPrologue PRO>
 void launch_mma(const GemvParams& p, cudaStream_t stream) {
   const int64_t row_blocks = (p.n + kMmaRows - 1) / kMmaRows;
   const int chunks = p.k / kMmaChunk, chunks_per_split = (chunks + p.k_splits - 1) / p.k_splits;
   LT2_CHECK(row_blocks * p.k_splits <= INT32_MAX, "gemv: N = ", p.n, " is too many rows");
   const auto blocks = static_cast<unsigned>(row_blocks * p.k_splits);
   if (p.k_splits == 1) {
-    gemv_mma_kernel<T, PRO, false, U><<<dim3(blocks, 1, static_cast<unsigned>(p.batch)), kMmaWarps * 32, 0, stream>>>(
+    gemv_mma_kernel<T, PRO, false><<<dim3(blocks, 1, static_cast<unsigned>(p.batch)), kMmaWarps * 32, 0, stream>>>(
         p, chunks);
     return;
   }
@@ -315,25 +298,14 @@ void launch_mma(const GemvParams& p, cudaStream_t stream) {
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, gemv_mma_kernel<T, PRO, true, U>, p, chunks_per_split);
+  const cudaError_t err = cudaLaunchKernelEx(&config, gemv_mma_kernel<T, PRO, true>, p, chunks_per_split);
   LT2_CHECK(err == cudaSuccess, "gemv (", p.k_splits, " K splits) launch failed: ", cudaGetErrorString(err));
-}
-
-int experiment_unroll() {  // EXPERIMENT
-  static const int u = [] { const char* e = std::getenv("LT2_GEMV_UNROLL"); return e ? std::atoi(e) : 4; }();
-  return u;
 }
 
 template <typename T, GemvPrologue PRO>
 void launch(const GemvParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
-    if (mma_serves(p.k, p.dtype)) {
-      switch (experiment_unroll()) {
-        case 2: return launch_mma<T, PRO, 2>(p, stream);
-        case 8: return launch_mma<T, PRO, 8>(p, stream);
-        default: return launch_mma<T, PRO, 4>(p, stream);
-      }
-    }
+    if (mma_serves(p.k, p.dtype)) return launch_mma<T, PRO>(p, stream);
   }
   launch_fma<T, kMaxRows, PRO>(p, stream);
 }
@@ -346,7 +318,7 @@ int gemv_k_splits(int64_t n, int k, DType dtype, int device) {
   const int64_t row_blocks = (n + kMmaRows - 1) / kMmaRows, chunks = k / kMmaChunk;
   // Double the splits while each block keeps at least one full trip of loads (every warp all
   // kMmaUnroll chunks in flight) and the grid stays within kTargetBlocksPerSm blocks per SM.
-  constexpr int64_t kTargetBlocksPerSm = 2, kTrip = kMmaWarps * 4;
+  constexpr int64_t kTargetBlocksPerSm = 2, kTrip = kMmaWarps * kMmaUnroll;
   int splits = 1;
   while (2 * splits <= kGemvMaxKSplits && chunks >= 2 * splits * kTrip &&
          row_blocks * 2 * splits <= kTargetBlocksPerSm * sms)
@@ -363,8 +335,6 @@ void gemv(const GemvParams& p, void* stream) {
   LT2_CHECK(gemv_supported(p.rows, p.k, p.dtype) && p.n >= 1, "gemv: ", p.rows, " rows (1..", kGemvMaxRows,
             ") of K = ", p.k, " (a multiple of one 16-byte vector) into N = ", p.n);
   LT2_CHECK(p.prologue != GemvPrologue::RmsNorm || p.norm_weight, "gemv: the RmsNorm prologue needs its weight");
-  LT2_CHECK(!p.prefetch || (reinterpret_cast<uintptr_t>(p.prefetch) % 16 == 0 && p.prefetch_bytes % 16 == 0),
-            "gemv: the L2 prefetch must be 16-byte aligned and a whole number of 16 bytes");
   LT2_CHECK(p.prologue != GemvPrologue::SigmoidGate || (p.x_gate && p.batch == 1),
             "gemv: the SigmoidGate prologue needs x_gate (and one product)");
   LT2_CHECK(p.batch >= 1 && p.batch <= 65535 && (p.batch == 1 || !p.residual), "gemv: batch ", p.batch,
