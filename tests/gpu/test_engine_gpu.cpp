@@ -44,7 +44,8 @@ ModelConfig family_config(const Family& f) {
   cfg.mixer_options["dsa"] = json{{"topk", 6}, {"index_heads", 2}, {"index_head_dim", 16}, {"attention", "latent"},
                                   {"latent_dim", 32}, {"latent_rope_dim", 8}};
   cfg.mixer_options["nsa"] = json{{"form", "paper"}, {"compress_block", 8}, {"compress_stride", 4},
-                                  {"select_block", 8}, {"select_count", 2}, {"window", 6}, {"compress_hidden", 64}};
+                                  {"select_block", 8}, {"select_count", 2}, {"local_blocks", 1}, {"window", 6},
+                                  {"compress_hidden", 64}};
   return cfg;
 }
 

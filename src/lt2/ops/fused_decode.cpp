@@ -603,7 +603,8 @@ void gemv_batched(const Tensor& x, const Tensor& w, const Tensor& out, const Ten
   const int64_t vec = 16 / x.element_size();
   const bool aligned = x.stride(2) == 1 && x.stride(0) % vec == 0 && x.stride(1) % vec == 0 &&
                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-  const auto xc = aligned ? x : x.contiguous();
+  // clone, not contiguous(): a view that is already contiguous (size-1 dims) keeps its offset.
+  const auto xc = aligned ? x : x.clone(torch::MemoryFormat::Contiguous);
   kernels::GemvParams p{};
   p.x = xc.data_ptr(), p.x_row_stride = xc.stride(0), p.x_batch_stride = xc.stride(1);
   p.w = w.data_ptr(), p.w_batch_stride = N * K;
