@@ -17,19 +17,6 @@ namespace {
 
 constexpr int kPrepThreads = 128;
 
-// RoPE of the n dims at `in` into `out` at position pos (pairs and angles as in dsa_decode.h).
-template <typename In, typename Out>
-__device__ void rotate(const In* in, Out* out, int n, bool interleaved, int64_t pos, double theta) {
-  for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
-    const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + n / 2;
-    double s, c;
-    sincos(static_cast<double>(pos) * pow(theta, -static_cast<double>(2 * i) / n), &s, &c);
-    const float xa = to_float(in[a]), xb = to_float(in[b]), cf = static_cast<float>(c), sf = static_cast<float>(s);
-    out[a] = from_float<Out>(xa * cf - xb * sf);
-    out[b] = from_float<Out>(xb * cf + xa * sf);
-  }
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kPrepThreads) dsa_latent_prep_kernel(const DsaLatentPrepParams p) {
   __shared__ float scratch[32];
@@ -42,12 +29,12 @@ __global__ void __launch_bounds__(kPrepThreads) dsa_latent_prep_kernel(const Dsa
   if (unit < H) {
     const T* in = static_cast<const T*>(p.q_raw) + b * p.q_raw_stride + unit * (p.head_dim + dr) + p.head_dim;
     T* out = static_cast<T*>(p.q) + (static_cast<int64_t>(b) * H + unit) * (dc + dr) + dc;
-    rotate(in, out, dr, p.interleaved, pos, p.rope_theta);
+    rope_rotate(in, out, dr, p.interleaved, pos, p.rope_theta);
   } else if (unit < H + HI) {
     const int j = unit - H;
     const T* in = static_cast<const T*>(p.index_q_raw) + b * p.index_q_raw_stride + static_cast<int64_t>(j) * dI;
     T* out = static_cast<T*>(p.index_q) + (static_cast<int64_t>(b) * HI + j) * dI;
-    rotate(in, out, p.index_rope_dim, false, pos, p.rope_theta);
+    rope_rotate(in, out, p.index_rope_dim, false, pos, p.rope_theta);
     for (int i = p.index_rope_dim + tid; i < dI; i += kPrepThreads) out[i] = in[i];
     if (j == 0) {
       const T* w = static_cast<const T*>(p.index_w_raw) + b * p.index_w_raw_stride;
@@ -64,7 +51,7 @@ __global__ void __launch_bounds__(kPrepThreads) dsa_latent_prep_kernel(const Dsa
     const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / dc + p.kv_norm_eps);
     const T* g = static_cast<const T*>(p.kv_norm_weight);
     for (int i = tid; i < dc; i += kPrepThreads) out[i] = from_float<T>(to_float(in[i]) * inv_rms * to_float(g[i]));
-    rotate(in + dc, out + dc, dr, p.interleaved, pos, p.rope_theta);
+    rope_rotate(in + dc, out + dc, dr, p.interleaved, pos, p.rope_theta);
   } else {
     if (!in_cache) return;
     const T* in = static_cast<const T*>(p.index_k_raw) + b * p.index_k_raw_stride;
@@ -83,7 +70,7 @@ __global__ void __launch_bounds__(kPrepThreads) dsa_latent_prep_kernel(const Dsa
     for (int i = tid; i < dI; i += kPrepThreads)
       s_key[i] = (to_float(in[i]) - mean) * inv_std * to_float(g[i]) + to_float(beta[i]);
     __syncthreads();  // RoPE pairs cross threads
-    rotate(s_key, out, p.index_rope_dim, false, pos, p.rope_theta);
+    rope_rotate(s_key, out, p.index_rope_dim, false, pos, p.rope_theta);
     for (int i = p.index_rope_dim + tid; i < dI; i += kPrepThreads) out[i] = from_float<T>(s_key[i]);
   }
 }
