@@ -190,7 +190,7 @@ void rope_cache_write(const RopeCacheParams& p, void* stream);
 //   prologue SiluMul   x = [a | b] ([rows, 2K]):  y = (silu(a) * b) W^T       (SwiGLU's w2)
 //   prologue SigmoidGate  y = (x * sigmoid(x_gate)) W^T, x_gate [rows, K]     (attention's output gate)
 //   residual           y = residual + (...)                                    (the block's adds)
-//   gate               y = sigmoid(gate) (...)                                 (attention output gates)
+//   y_gate             y = sigmoid(y_gate) (...), y_gate [rows, N]              (DSA's gate after W_uv)
 // x [rows, K] (rows x_row_stride apart, 16-byte aligned), W [N, K] contiguous (16-byte aligned),
 // y and residual [rows, N] (rows *_row_stride apart), all in dtype; fp32 accumulation, one
 // rounding. Memory bound on reading W once; more rows than kGemvMaxRows are a GEMM (cuBLAS).
@@ -217,13 +217,13 @@ struct GemvParams {
   int k;
   DType dtype;
   int k_splits = 0;              // 0: gemv_k_splits; otherwise 1..kGemvMaxKSplits (benchmarks, tests)
-  // Batched: `batch` independent products (grid z), product j's x, W, y and gate advanced by j
+  // Batched: `batch` independent products (grid z), product j's x, W, y and y_gate advanced by j
   // times their batch strides (elements); no residual then. Default: one product.
   int64_t batch = 1;
   int64_t x_batch_stride = 0, w_batch_stride = 0, y_batch_stride = 0;
-  // Output gate: y = sigmoid(gate) (...) before the residual, gate [rows, N] like y, or nullptr.
-  const void* gate = nullptr;
-  int64_t gate_row_stride = 0, gate_batch_stride = 0;
+  // Output gate: y = sigmoid(y_gate) (...) before the residual, y_gate [rows, N] like y, or nullptr.
+  const void* y_gate = nullptr;
+  int64_t y_gate_row_stride = 0, y_gate_batch_stride = 0;
 };
 // Whether gemv takes `rows` rows of length k in dtype (1 <= rows <= kGemvMaxRows, k a whole
 // number of 16-byte vectors).

@@ -275,12 +275,7 @@ Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, do
   auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale());            // [B, H, d_c]
   auto y = torch::empty({B, H, D}, x.options());
   ops::gemv_batched(o, wv_b_t, y, gate);  // y[b, h] = (o[b, h] wv_b[h]) * sigmoid(gate[b, h])
-  y = y.view({B, H * D});
-  if (!residual) return apply_linear(y, wo).view({B, 1, -1});
-  ops::GemvFusion add;
-  add.residual = x2;
-  if (!ops::gemv_fused_applies(y, wo->weight, add)) return x + apply_linear(y, wo).view({B, 1, -1});
-  return ops::gemv_fused(y, wo->weight, add).view({B, 1, -1});
+  return gated_linear_residual(y.view({B, H * D}), wo, {}, residual ? x2 : Tensor()).view({B, 1, -1});
 }
 
 Tensor DSAImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
@@ -294,7 +289,7 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
   auto h = project(x, pos);  // q [B, H, 1, D_qk], k, v [B, H_kv, 1, D_qk | D_v]
   cache_write_at(s.k, h.k, pos.seq_pos);
   if (!latent) cache_write_at(s.v, h.v, pos.seq_pos);
-  auto lens = pos.seq_pos + 1;  // [B] tokens each sequence now holds
+  const auto& lens = pos.seq_lens;  // [B] tokens each sequence now holds
   Tensor k = s.k, v = s.v, k_lens = lens;
   // The fused kernels carry no gradient: only without autograd (the engine's decode).
   const bool fused = fused_decode_enabled() && !torch::GradMode::is_enabled();

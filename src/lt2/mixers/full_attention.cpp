@@ -128,18 +128,16 @@ Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerSt
 Tensor FullAttentionImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps,
                                         const Positions& pos, MixerState& state) {
   if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return {};
-  const auto x2 = x.reshape({x.size(0), -1});  // [B, d]
-  ops::GemvFusion norm;
-  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
-  if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
-  auto raw = unpack_outputs(ops::gemv_fused(x2, w_in, norm).unsqueeze(1), packed_layers());  // [B, 1, *] each
+  const auto projections = normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
+  if (!projections.defined()) return {};
+  auto raw = unpack_outputs(projections.unsqueeze(1), packed_layers());  // [B, 1, *] each
   return attend(raw, Tensor(), pos, &state, x);
 }
 
 Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos,
                                  MixerState* state, const Tensor& residual) {
   if (pos.seq_pos.defined()) {
-    auto y = fused_decode(raw, pos.seq_pos, state, residual);
+    auto y = fused_decode(raw, pos, state, residual);
     if (y.defined()) return y;
   }
   auto [q, k, v, gate] = rotate(raw, pos);
@@ -149,7 +147,7 @@ Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x
     auto& cache = dynamic_cast<KVCache&>(*state);
     cache_write_at(cache.k, k.transpose(1, 2), pos.seq_pos);
     cache_write_at(cache.v, v.transpose(1, 2), pos.seq_pos);
-    o = decode_attention(q.squeeze(1), cache.k, cache.v, pos.seq_pos + 1,
+    o = decode_attention(q.squeeze(1), cache.k, cache.v, pos.seq_lens,
                          1.0 / std::sqrt(static_cast<double>(head_dim)));
   } else if (state) {
     auto& cache = dynamic_cast<KVCache&>(*state);
@@ -164,27 +162,23 @@ Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x
   return residual.defined() ? residual + out : out;
 }
 
-Tensor FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Tensor& seq_pos, MixerState* state,
+Tensor FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Positions& pos, MixerState* state,
                                        const Tensor& residual) {
   auto* cache = dynamic_cast<KVCache*>(state);
   if (!cache || !fused_decode_enabled() || torch::GradMode::is_enabled() || raw[0].size(1) != 1) return {};
   const int64_t B = raw[0].size(0), H = n_heads, D = head_dim;
   const auto q = raw[0].view({B, H, D}), k = raw[1].view({B, n_kv_heads, D}), v = raw[2].view({B, n_kv_heads, D});
-  if (!ops::rope_cache_write_supported(q, k, v, cache->k, cache->v, seq_pos) ||
+  if (!ops::rope_cache_write_supported(q, k, v, cache->k, cache->v, pos.seq_pos) ||
       !ops::attention_decode_supported(q, cache->k, cache->v))
     return {};
-  const auto q_rot = ops::rope_cache_write(q, k, v, cache->k, cache->v, seq_pos, rope_theta,
+  const auto q_rot = ops::rope_cache_write(q, k, v, cache->k, cache->v, pos.seq_pos, rope_theta,
                                            rope_style == RopeStyle::Interleaved);  // [B, H, D]
-  const auto o = ops::attention_decode(q_rot, cache->k, cache->v, seq_pos + 1,
+  const auto o = ops::attention_decode(q_rot, cache->k, cache->v, pos.seq_lens,
                                        1.0 / std::sqrt(static_cast<double>(D))).view({B, H * D});
-  ops::GemvFusion f;  // the output gate and the residual folded into wo's GEMV
-  if (wgate) f.x_gate = raw[3].view({B, H * D});
-  if (residual.defined()) f.residual = residual.view({B, -1});
-  if (!ops::gemv_fused_applies(o, wo->weight, f)) {
-    auto y = apply_linear(wgate ? o * torch::sigmoid(f.x_gate) : o, wo).view({B, 1, -1});
-    return residual.defined() ? residual + y : y;
-  }
-  return ops::gemv_fused(o, wo->weight, f).view({B, 1, -1});
+  // The output gate and the residual folded into wo's GEMV.
+  return gated_linear_residual(o, wo, wgate ? raw[3].view({B, H * D}) : Tensor(),
+                               residual.defined() ? residual.view({B, -1}) : Tensor())
+      .view({B, 1, -1});
 }
 
 std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,

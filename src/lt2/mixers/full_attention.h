@@ -84,10 +84,10 @@ class FullAttentionImpl : public MixerImpl {
   // when defined ([B, T, d]), is added to the output.
   Tensor attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos, MixerState* state,
                 const Tensor& residual);
-  // One token per sequence at positions seq_pos on the fused kernels (RoPE + cache writes in one
+  // One token per sequence at positions pos.seq_pos on the fused kernels (RoPE + cache writes in one
   // launch, flash-decoding, the gate and residual folded into wo's GEMV) -> [B, 1, d]; undefined
   // when they do not apply (no KV cache, autograd, CPU, shapes without a kernel).
-  Tensor fused_decode(const std::vector<Tensor>& raw, const Tensor& seq_pos, MixerState* state,
+  Tensor fused_decode(const std::vector<Tensor>& raw, const Positions& pos, MixerState* state,
                       const Tensor& residual);
 };
 

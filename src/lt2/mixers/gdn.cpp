@@ -120,15 +120,11 @@ Tensor GatedDeltaNetImpl::step_residual(const Tensor& x, const Tensor& norm_weig
   auto* st = fused_state(x, state);
   if (!st || !use_packed(w_in)) return {};
   const int64_t B = x.size(0);
-  ops::GemvFusion norm;
-  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
   const auto x2 = x.reshape({B, -1});
-  if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
-  const auto y = fused_core(unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections()), pos, *st);
-  ops::GemvFusion add;
-  add.residual = x2;
-  if (!ops::gemv_fused_applies(y, o_proj->weight, add)) return x + apply_linear(y.view({B, 1, -1}), o_proj);
-  return ops::gemv_fused(y, o_proj->weight, add).view({B, 1, -1});
+  const auto projections = normed_linear(x2, w_in, norm_weight, norm_eps);
+  if (!projections.defined()) return {};
+  const auto y = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
+  return gated_linear_residual(y, o_proj, {}, x2).view({B, 1, -1});
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {

@@ -26,10 +26,16 @@ using torch::Tensor;
 struct Positions {
   Positions() = default;
   Positions(int64_t start_, int64_t loop_ = 0, torch::Tensor seq_pos_ = {})
-      : start(start_), loop(loop_), seq_pos(std::move(seq_pos_)) {}
+      : start(start_),
+        loop(loop_),
+        seq_pos(std::move(seq_pos_)),
+        seq_lens(seq_pos.defined() ? seq_pos + 1 : torch::Tensor()) {}
   int64_t start = 0;
   int64_t loop = 0;
-  torch::Tensor seq_pos;  // [B] int64, or undefined
+  torch::Tensor seq_pos;   // [B] int64, or undefined
+  // [B] int64: seq_pos + 1, the tokens each sequence holds with the new one. Made once per pass
+  // over the stack, not by each of its attention layers (one kernel each at decode).
+  torch::Tensor seq_lens;
 };
 
 // Decode state of one mixer for one (layer, loop) pair: a KV cache, a recurrent matrix + conv

@@ -129,7 +129,7 @@ Tensor WindowAttentionImpl::step_at(const Tensor& x, const Positions& pos, RingK
     // Every written slot is inside the window, and the written slots are a prefix of the ring
     // (slots 0..p before it wraps, all S after): attention over the first min(p + 1, S) slots, in
     // slot order (softmax does not depend on the order of the keys), through flash-decoding.
-    auto o = decode_attention(q.squeeze(1), ring.k, ring.v, (p + 1).clamp_max(S),
+    auto o = decode_attention(q.squeeze(1), ring.k, ring.v, pos.seq_lens.clamp_max(S),
                               1.0 / std::sqrt(static_cast<double>(head_dim)));
     return output(o, x, gate);
   }

@@ -49,6 +49,22 @@ Tensor apply_linear(const Tensor& x, const torch::nn::Linear& layer) {
   return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : apply_linear(x, layer->weight);
 }
 
+Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
+  ops::GemvFusion norm;
+  norm.norm_weight = norm_weight, norm.norm_eps = eps;
+  return ops::gemv_fused_applies(x, w, norm) ? ops::gemv_fused(x, w, norm) : Tensor();
+}
+
+Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
+                             const Tensor& residual) {
+  ops::GemvFusion f;
+  f.x_gate = x_gate, f.residual = residual;
+  if (!layer->bias.defined() && ops::gemv_fused_applies(y, layer->weight, f))
+    return ops::gemv_fused(y, layer->weight, f);
+  const auto out = apply_linear(x_gate.defined() ? y * torch::sigmoid(x_gate) : y, layer);
+  return residual.defined() ? residual + out : out;
+}
+
 Tensor RMSNormImpl::forward(const Tensor& x) {
   if (ops::fused_elementwise_applies({x, weight})) return ops::rms_norm_fused(x, weight, eps);  // one launch, no casts
   return rms_norm(x, weight, eps);
@@ -69,11 +85,10 @@ Tensor SwiGLUImpl::forward(const Tensor& x) {
 
 Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, double eps) {
   if (!use_packed(w13)) return {};
-  ops::GemvFusion norm, silu_add;
-  norm.norm_weight = norm_weight, norm.norm_eps = eps;
+  const auto gate_up = normed_linear(h, w13, norm_weight, eps);  // [..., 2 hidden]
+  if (!gate_up.defined()) return {};
+  ops::GemvFusion silu_add;
   silu_add.silu_mul = true, silu_add.residual = h;
-  if (!ops::gemv_fused_applies(h, w13, norm)) return {};
-  auto gate_up = ops::gemv_fused(h, w13, norm);  // [..., 2 hidden]
   if (!ops::gemv_fused_applies(gate_up, w2->weight, silu_add)) return h + down(gate_up);
   return ops::gemv_fused(gate_up, w2->weight, silu_add);
 }

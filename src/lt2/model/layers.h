@@ -19,6 +19,18 @@ inline torch::ScalarType accum_dtype(const Tensor& x) {
 Tensor apply_linear(const Tensor& x, const Tensor& weight);
 Tensor apply_linear(const Tensor& x, const torch::nn::Linear& layer);
 
+// The two ends of a pre-norm block's decode half with their elementwise work folded into the
+// fused GEMV (ops::gemv_fused), as the mixers' and SwiGLU's step_residual forms use them:
+//   normed_linear          rms_norm(x, norm_weight, eps) W^T (x [..., K]; norm_weight undefined:
+//                          x W^T); undefined where the fused GEMV does not take them, so the
+//                          caller runs its unfused path.
+//   gated_linear_residual  residual + (y * sigmoid(x_gate)) W^T (y, x_gate [..., K], residual
+//                          [..., d]; either undefined: left out), one fused GEMV where it applies,
+//                          at::linear and elementwise ops otherwise.
+Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps);
+Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
+                             const Tensor& residual);
+
 // Truncated normal N(0, std) cut at +-3 std, in place (LT2/Lingua initialisation).
 void trunc_normal_(Tensor w, double std);
 

@@ -17,6 +17,22 @@ inline bool kernel_dtype_ok(torch::ScalarType t) {
   return t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16;
 }
 
+// Whether t's rows (last dim) are contiguous and 16-byte aligned, as the kernels' 16-byte loads
+// need: its pointer and every stride a whole number of 16-byte vectors.
+inline bool rows_aligned(const torch::Tensor& t) {
+  const int64_t vec = 16 / t.element_size();
+  if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    if (t.stride(d) % vec != 0) return false;
+  return true;
+}
+
+// t when rows_aligned, else an aligned contiguous copy. A clone, not contiguous(): contiguous()
+// returns a view that already counts as contiguous (size-1 dims) as it is, offset included.
+inline torch::Tensor with_aligned_rows(const torch::Tensor& t) {
+  return rows_aligned(t) ? t : t.clone(torch::MemoryFormat::Contiguous);
+}
+
 // A tensor's sizes for an error message; empty when it is undefined.
 inline torch::IntArrayRef sizes_of(const torch::Tensor& t) { return t.defined() ? t.sizes() : torch::IntArrayRef{}; }
 
@@ -32,6 +48,19 @@ inline kernels::DType kernel_dtype(torch::ScalarType t) {
     default: return kernels::DType::Float32;
   }
 }
+
+// The fp32 workspace of a split-K attention kernel: partial outputs [B, H, splits, D] and their
+// log-sum-exps [B, H, splits]; undefined (nullptr) with one split, which writes out directly.
+struct SplitWorkspace {
+  torch::Tensor out, lse;
+  SplitWorkspace(int64_t batch, int64_t heads, int splits, int64_t head_dim, const torch::TensorOptions& like) {
+    if (splits <= 1) return;
+    out = torch::empty({batch, heads, splits, head_dim}, like.dtype(torch::kFloat32));
+    lse = torch::empty({batch, heads, splits}, like.dtype(torch::kFloat32));
+  }
+  float* out_ptr() const { return out.defined() ? out.data_ptr<float>() : nullptr; }
+  float* lse_ptr() const { return lse.defined() ? lse.data_ptr<float>() : nullptr; }
+};
 
 // The current CUDA stream of `on`'s device, as the launchers take it.
 inline void* current_stream(const torch::Tensor& on) {

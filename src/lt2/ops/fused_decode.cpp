@@ -81,12 +81,7 @@ std::string attention_problem(const Tensor& q, const Tensor& k_cache, const Tens
                kernels::kAttentionMaxGroups, " per kv head)");
   if (q.device() != k_cache.device() || q.device() != v_cache.device())
     return "q and the caches must be on one device";
-  const int64_t vec = 16 / q.element_size();
-  for (const Tensor* c : {&k_cache, &v_cache}) {
-    if (c->stride(3) != 1 || reinterpret_cast<uintptr_t>(c->data_ptr()) % 16 != 0 ||
-        c->stride(0) % vec != 0 || c->stride(1) % vec != 0 || c->stride(2) % vec != 0)
-      return "cache rows must be contiguous and 16-byte aligned";
-  }
+  if (!rows_aligned(k_cache) || !rows_aligned(v_cache)) return "cache rows must be contiguous and 16-byte aligned";
   return "";
 }
 
@@ -433,11 +428,7 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   const int splits = kernels::attention_decode_num_splits(static_cast<int>(B), static_cast<int>(Hkv),
                                                           static_cast<int>(L), q.device().index());
   auto out = torch::empty({B, Hq, D}, q.options());
-  Tensor partial_out, partial_lse;
-  if (splits > 1) {
-    partial_out = torch::empty({B, Hq, splits, D}, q.options().dtype(torch::kFloat32));
-    partial_lse = torch::empty({B, Hq, splits}, q.options().dtype(torch::kFloat32));
-  }
+  const SplitWorkspace partial(B, Hq, splits, D, q.options());
   kernels::AttentionDecodeParams p{};
   p.q = qc.data_ptr();
   p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1);
@@ -446,8 +437,7 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   p.v_batch_stride = v_cache.stride(0), p.v_head_stride = v_cache.stride(1), p.v_row_stride = v_cache.stride(2);
   p.seq_lens = lens.data_ptr<int64_t>();
   p.out = out.data_ptr();
-  p.partial_out = splits > 1 ? partial_out.data_ptr<float>() : nullptr;
-  p.partial_lse = splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.partial_out = partial.out_ptr(), p.partial_lse = partial.lse_ptr();
   p.batch = B, p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim = D, p.max_len = L, p.num_splits = splits;
   p.scale = static_cast<float>(scale);
   p.dtype = kernel_dtype(q.scalar_type());
@@ -522,13 +512,9 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   const int64_t K = w.size(1), N = w.size(0), x_dim = f.silu_mul ? 2 * K : K;
   c10::cuda::CUDAGuard guard(x.device());
   // Rows 16-byte aligned: the kernels read x (and b = x[:, K:]) with 16-byte loads.
-  auto x2 = with_contiguous_rows(x.reshape({-1, x_dim}), x.scalar_type());  // [M, x_dim]
-  const int64_t vec = 16 / x.element_size();
-  if (x2.stride(0) % vec != 0 || reinterpret_cast<uintptr_t>(x2.data_ptr()) % 16 != 0) x2 = x2.clone();
+  const auto x2 = with_aligned_rows(x.reshape({-1, x_dim}));  // [M, x_dim]
   const auto r2 = f.residual.defined() ? f.residual.reshape({-1, N}) : Tensor();
-  auto g2 = f.x_gate.defined() ? with_contiguous_rows(f.x_gate.reshape({-1, K}), x.scalar_type()) : Tensor();
-  if (g2.defined() && (g2.stride(0) % vec != 0 || reinterpret_cast<uintptr_t>(g2.data_ptr()) % 16 != 0))
-    g2 = g2.clone();
+  const auto g2 = f.x_gate.defined() ? with_aligned_rows(f.x_gate.reshape({-1, K})) : Tensor();  // [M, K]
   auto sizes = x.sizes().vec();
   sizes.back() = N;
   auto y = torch::empty(sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
@@ -599,17 +585,13 @@ void gemv_batched(const Tensor& x, const Tensor& w, const Tensor& out, const Ten
             " with a contiguous last dim, found ", sizes_of(out));
 #ifdef LT2_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
-  // Rows contiguous and 16-byte aligned: the kernels read x with 16-byte loads.
-  const int64_t vec = 16 / x.element_size();
-  const bool aligned = x.stride(2) == 1 && x.stride(0) % vec == 0 && x.stride(1) % vec == 0 &&
-                       reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-  // clone, not contiguous(): a view that is already contiguous (size-1 dims) keeps its offset.
-  const auto xc = aligned ? x : x.clone(torch::MemoryFormat::Contiguous);
+  const auto xc = with_aligned_rows(x);  // the kernels read x with 16-byte loads
   kernels::GemvParams p{};
   p.x = xc.data_ptr(), p.x_row_stride = xc.stride(0), p.x_batch_stride = xc.stride(1);
   p.w = w.data_ptr(), p.w_batch_stride = N * K;
   p.y = out.data_ptr(), p.y_row_stride = out.stride(0), p.y_batch_stride = out.stride(1);
-  if (gate.defined()) p.gate = gate.data_ptr(), p.gate_row_stride = gate.stride(0), p.gate_batch_stride = gate.stride(1);
+  if (gate.defined())
+    p.y_gate = gate.data_ptr(), p.y_gate_row_stride = gate.stride(0), p.y_gate_batch_stride = gate.stride(1);
   p.prologue = kernels::GemvPrologue::None;
   p.rows = M, p.n = N, p.k = static_cast<int>(K), p.batch = J;
   p.dtype = kernel_dtype(x.scalar_type());

@@ -97,14 +97,6 @@ std::string prep_shape_problem(const DsaLatentPrepArgs& a) {
 
 #ifdef LT2_WITH_CUDA
 
-// q with a contiguous last dim and 16-byte aligned rows (what the tensor-core form needs): no copy
-// when it already has them, else a contiguous copy (q is one token: a few KiB).
-Tensor with_aligned_rows(const Tensor& q) {
-  const int64_t vec = 16 / q.element_size();
-  const bool ok = q.stride(2) == 1 && q.stride(0) % vec == 0 && q.stride(1) % vec == 0 &&
-                  reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0;
-  return ok ? q : q.contiguous();
-}
 #endif
 
 }  // namespace

@@ -54,16 +54,6 @@ std::string selection_problem(const Tensor& q, const Tensor& indices, const Tens
   return "";
 }
 
-// Whether a tensor's rows (last dim) are contiguous and 16-byte aligned: its pointer and every
-// stride a whole number of 16-byte vectors.
-bool rows_aligned(const Tensor& t) {
-  const int64_t vec = 16 / t.element_size();
-  if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d)
-    if (t.stride(d) % vec != 0) return false;
-  return true;
-}
-
 // Why the kernel cannot take q and the caches (empty when it can).
 std::string kernel_problem(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (auto problem = cache_problem(q, k, v); !problem.empty()) return problem;
@@ -102,17 +92,13 @@ Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
   const int64_t B = q.size(0), Hq = q.size(1), Dk = q.size(2), Hkv = k_cache.size(1), L = k_cache.size(2);
   const int64_t Dv = v_cache.size(3), n = indices.size(1);
   c10::cuda::CUDAGuard guard(q.device());
-  const auto qc = rows_aligned(q) ? q : q.clone(torch::MemoryFormat::Contiguous);
+  const auto qc = with_aligned_rows(q);
   const auto idx = indices.contiguous(), cnt = counts.contiguous();
   const int splits = kernels::sparse_attention_decode_num_splits(
       static_cast<int>(B), static_cast<int>(Hkv), static_cast<int>(Hq / Hkv), static_cast<int>(n),
       q.device().index());
   auto out = torch::empty({B, Hq, Dv}, q.options().memory_format(torch::MemoryFormat::Contiguous));
-  Tensor partial_out, partial_lse;
-  if (splits > 1) {
-    partial_out = torch::empty({B, Hq, splits, Dv}, q.options().dtype(torch::kFloat32));
-    partial_lse = torch::empty({B, Hq, splits}, q.options().dtype(torch::kFloat32));
-  }
+  const SplitWorkspace partial(B, Hq, splits, Dv, q.options());
   kernels::SparseAttentionDecodeParams p{};
   p.q = qc.data_ptr();
   p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1);
@@ -122,8 +108,7 @@ Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
   p.indices = idx.data_ptr<int64_t>();
   p.counts = cnt.data_ptr<int64_t>();
   p.out = out.data_ptr();
-  p.partial_out = splits > 1 ? partial_out.data_ptr<float>() : nullptr;
-  p.partial_lse = splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.partial_out = partial.out_ptr(), p.partial_lse = partial.lse_ptr();
   p.batch = B, p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim_k = Dk, p.head_dim_v = Dv;
   p.max_len = L, p.n = n, p.num_splits = splits;
   p.scale = static_cast<float>(scale);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "lt2/model/layers.h"
 #include "lt2/util/error.h"
@@ -107,13 +108,28 @@ Tensor nsa_overlap_matrix(int64_t n_cmp, int64_t n_slc, int64_t l, int64_t d, in
                           torch::TensorOptions opts) {
   LT2_CHECK(l % d == 0 && l_sel % d == 0, "nsa: the compression stride ", d,
             " must divide the compression block ", l, " and the selection block ", l_sel);
+  // The last one asked for: every NSA layer and loop of a decode step (whose shapes are fixed by
+  // the cache length) asks for the same matrix, so a step builds it once, not per layer.
+  struct Last {
+    std::vector<int64_t> key;
+    torch::Device device{torch::kCPU};
+    torch::ScalarType dtype = torch::kFloat32;
+    Tensor matrix;
+  };
+  thread_local Last last;
+  const std::vector<int64_t> key{n_cmp, n_slc, l, d, l_sel};
+  const auto dtype = opts.dtype().toScalarType();
+  if (last.matrix.defined() && last.key == key && last.device == opts.device() && last.dtype == dtype)
+    return last.matrix;
+  torch::NoGradGuard ng;
   const int64_t units_cmp = l / d, units_sel = l_sel / d;  // block lengths in stride units
   auto lopts = torch::TensorOptions().dtype(torch::kLong).device(opts.device());
   auto i = torch::arange(n_cmp, lopts).unsqueeze(1);  // compression block i: units [i, i + l/d)
   auto j = torch::arange(n_slc, lopts).unsqueeze(0);  // selection block j: units [j l'/d, (j+1) l'/d)
   auto lo = torch::maximum(i, j * units_sel);
   auto hi = torch::minimum(i + units_cmp, (j + 1) * units_sel);
-  return (hi - lo).clamp_min(0).to(opts.dtype());  // [NC, NS]
+  last = Last{key, opts.device(), dtype, (hi - lo).clamp_min(0).to(dtype)};  // [NC, NS]
+  return last.matrix;
 }
 
 namespace {

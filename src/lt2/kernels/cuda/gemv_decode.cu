@@ -62,13 +62,15 @@ __device__ __forceinline__ void load_x(const GemvParams& p, int m, int v, float*
   }
 }
 
-// y[m, n] = rsqrt(mean(x_m^2) + eps) acc (RmsNorm) or acc, times sigmoid(gate), plus the
+// y[m, n] = rsqrt(mean(x_m^2) + eps) acc (RmsNorm) or acc, times sigmoid(y_gate), plus the
 // residual, rounded once (product blockIdx.z of a batched call).
 template <typename T, GemvPrologue PRO>
 __device__ __forceinline__ void store_y(const GemvParams& p, int m, int64_t n, float acc, float sumsq) {
   if constexpr (PRO == GemvPrologue::RmsNorm) acc *= rsqrtf(sumsq / static_cast<float>(p.k) + p.norm_eps);
-  if (p.gate)
-    acc *= sigmoid(to_float(static_cast<const T*>(p.gate)[blockIdx.z * p.gate_batch_stride + m * p.gate_row_stride + n]));
+  if (p.y_gate) {
+    const T* gate = static_cast<const T*>(p.y_gate) + blockIdx.z * p.y_gate_batch_stride + m * p.y_gate_row_stride;
+    acc *= sigmoid(to_float(gate[n]));
+  }
   if (p.residual) acc += to_float(static_cast<const T*>(p.residual)[m * p.residual_row_stride + n]);
   static_cast<T*>(p.y)[blockIdx.z * p.y_batch_stride + m * p.y_row_stride + n] = from_float<T>(acc);
 }
