@@ -13,6 +13,9 @@
 //   gemv             the decode projections y = x W^T at the preset's shapes (GDN's packed inputs,
 //                    o_proj, FFN w1|w3 and w2, the LM head): gemv_fused vs at::linear (cuBLAS),
 //                    both graph-replayed over enough weight copies that none is served from L2
+//   gemv_chain       a block's tail (the mixer's output projection with the residual, w1|w3 with
+//                    the RMSNorm, w2 with SiLU * mul and the residual) as one chained kernel
+//                    (gemv_chain_fused) vs its three gemv_fused launches, rotated like gemv
 // for each batch size. A kernel is captured `reps` times in one CUDA graph (as the engine runs it:
 // no launch gaps) and the replays are timed with CUDA events; the median per call is reported with
 // the bytes the call must move, GB/s and the % of a device-to-device copy measured in the same
@@ -61,7 +64,7 @@ struct Settings {
   std::vector<std::string> kernels{"gdn_decode",     "gdn_decode_per_head", "gdn_decode_cluster",
                                    "recurrent_step", "gdn_layer_step",      "attention",
                                    "rms_norm",       "add_rms_norm",        "silu_mul",
-                                   "gemv"};
+                                   "gemv",           "gemv_chain"};
   std::vector<int> gemv_splits{0};  // 0: the K splits gemv picks
   int warmup = 5, iters = 20, reps = 10;
   bool reference = true;
@@ -261,6 +264,46 @@ Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::Scalar
   return r;
 }
 
+// A block's decode tail on y [B, k_mix]: h = residual + y Wo^T, [a | b] = rms(h) W13^T,
+// out = h + (silu(a) b) W2^T, chained in one kernel against three gemv_fused launches. Calls rotate
+// over weight copies like bench_gemv.
+Row bench_gemv_chain(const Settings& s, int64_t d, int64_t k_mix, int64_t ffn, int64_t B, torch::ScalarType dt) {
+  torch::NoGradGuard ng;
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+  const double w_bytes = double(d * k_mix + 3 * ffn * d) * torch::elementSize(dt);
+  const int copies = static_cast<int>(std::max(1.0, std::ceil(256e6 / w_bytes)));
+  auto y = torch::randn({B, k_mix}, opts), residual = torch::randn({B, d}, opts);
+  auto norm_weight = 1 + 0.1 * torch::randn({d}, opts);
+  std::vector<std::vector<lt2::ops::ChainProduct>> chains;
+  for (int i = 0; i < copies; ++i) {
+    lt2::ops::ChainProduct projection{torch::randn({d, k_mix}, opts) * 0.02},
+        gate_up{torch::randn({2 * ffn, d}, opts) * 0.02}, down{torch::randn({d, ffn}, opts) * 0.02};
+    projection.fusion.residual = residual;
+    gate_up.fusion.norm_weight = norm_weight;
+    down.fusion.silu_mul = true, down.residual_of = 0;
+    chains.push_back({projection, gate_up, down});
+  }
+  LT2_CHECK(!lt2::ops::gemv_chain_fused(y, chains[0]).empty(), "gemv_chain: the chain kernel does not take ", B,
+            " rows of d ", d, ", k ", k_mix, ", ffn ", ffn, " here");
+  Settings rotated = s;
+  rotated.reps = std::max(s.reps, copies);
+  Row r{lt2::cat("gemv_chain ", d, "x", k_mix, "+", 2 * ffn, "x", d, "+", d, "x", ffn), B};
+  int next = 0;
+  r.us = graph_us(rotated, [&] { lt2::ops::gemv_chain_fused(y, chains[next++ % copies]); });
+  r.bytes = w_bytes + double(B * (k_mix + 4 * d + 4 * ffn)) * torch::elementSize(dt);
+  next = 0;
+  if (s.reference)
+    r.reference_us = graph_us(rotated, [&] {
+      const auto& c = chains[next++ % copies];
+      auto h = lt2::ops::gemv_fused(y, c[0].w, c[0].fusion);
+      auto gu = lt2::ops::gemv_fused(h, c[1].w, c[1].fusion);
+      auto down = c[2].fusion;
+      down.residual = h;
+      lt2::ops::gemv_fused(gu, c[2].w, down);
+    });
+  return r;
+}
+
 #endif  // LT2_WITH_CUDA
 
 }  // namespace
@@ -274,7 +317,7 @@ int main(int argc, char** argv) {
   app.add_option("--contexts", s.contexts, "Keys per sequence for attention")->delimiter(',')->capture_default_str();
   app.add_option("--kernels", s.kernels,
                  "Which rows: gdn_decode, gdn_decode_per_head, gdn_decode_cluster, recurrent_step, "
-                 "gdn_layer_step, attention, rms_norm, add_rms_norm, silu_mul, gemv")
+                 "gdn_layer_step, attention, rms_norm, add_rms_norm, silu_mul, gemv, gemv_chain")
       ->delimiter(',')->capture_default_str();
   app.add_option("--dtype", s.dtype, "Activation dtype: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
@@ -321,7 +364,9 @@ int main(int argc, char** argv) {
       lt2::json j{{"bench", "decode_kernels"}, {"model", cfg.name}, {"kernel", r.kernel}, {"dtype", s.dtype},
                   {"batch", r.batch}, {"us", r.us}, {"bytes", r.bytes}, {"gb_per_s", gbs},
                   {"copy_gb_per_s", copy_gbs}, {"copy_pct", 100 * gbs / copy_gbs}, {"graph_reps", s.reps}};
-      if (r.kernel.rfind("gemv", 0) == 0) {
+      if (r.kernel.rfind("gemv_chain", 0) == 0) {
+        j["reference"] = "gemv_fused, one launch per product";
+      } else if (r.kernel.rfind("gemv", 0) == 0) {
         j["reference"] = "at::linear";
       } else if (r.kernel == "rms_norm" || r.kernel == "add_rms_norm" || r.kernel == "silu_mul") {
         j["d_model"] = cfg.d_model;
@@ -377,6 +422,13 @@ int main(int argc, char** argv) {
           for (auto [N, K] : shapes)
             for (int splits : s.gemv_splits) report(bench_gemv(s, N, K, B, dt, splits));
     }
+    if (wants("gemv_chain"))
+      for (int64_t B : s.batches)
+        if (B <= lt2::kernels::kGemvMaxRows) {
+          // The tail after GDN (o_proj's K is its value width) and after attention (K = d).
+          if (gdn) report(bench_gemv_chain(s, cfg.d_model, gdn->o_proj->weight.size(1), cfg.ffn_dim(), B, dt));
+          report(bench_gemv_chain(s, cfg.d_model, cfg.d_model, cfg.ffn_dim(), B, dt));
+        }
     if (wants("attention"))
       for (int64_t B : s.batches)
         for (int64_t L : s.contexts) {

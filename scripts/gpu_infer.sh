@@ -10,6 +10,8 @@
 #   KERNEL_ARGS="--kernels gemv --batches 1,8"   arguments of the micro-benchmark
 #   STAGES may include "cublas": decode cells (CUBLAS_MODELS, CUBLAS_CONTEXTS=4k) with LT2_FUSED_GEMV=0 (projections through
 #   cuBLAS instead of the fused GEMV), for the A/B of that kernel
+#   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with LT2_GEMV_CHAIN=0 (each block's tail as
+#   three GEMV launches instead of one chained kernel), for the A/B of the chain
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -51,6 +53,13 @@ if has cublas; then
     --out-md "$OUT/decode_cublas.md" 2> /tmp/cublas.err || tail -20 /tmp/cublas.err
   echo "with LT2_FUSED_GEMV=0 (projections through cuBLAS):"
   cat "$OUT/decode_cublas.md"
+fi
+if has nochain; then
+  LT2_GEMV_CHAIN=0 $L bench decode -m "${NOCHAIN_MODELS:-$MODELS}" -c "${NOCHAIN_CONTEXTS:-8k}" -b "${BATCHES:-1,8,32}" \
+    --paths engine --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_nochain.json" \
+    --out-md "$OUT/decode_nochain.md" 2> /tmp/nochain.err || tail -20 /tmp/nochain.err
+  echo "with LT2_GEMV_CHAIN=0 (block tails as three GEMV launches):"
+  cat "$OUT/decode_nochain.md"
 fi
 if has reference; then
   $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \

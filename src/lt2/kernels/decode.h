@@ -7,6 +7,7 @@
 // device memory on the host, so a CUDA graph can capture them.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace lt2::kernels {
 
@@ -232,5 +233,23 @@ bool gemv_supported(int64_t rows, int64_t k, DType dtype);
 // the FMA kernel serves it or the device has no clusters).
 int gemv_k_splits(int64_t n, int k, DType dtype, int device);
 void gemv(const GemvParams& p, void* stream);
+
+// A chain of dependent decode products in one persistent kernel (kernels/cuda/gemv_chain.cu):
+// product i + 1 reads product i's y as its x (or its residual), so the products are separated by
+// a grid-wide barrier; meanwhile each block's producer warp streams the weights of the products
+// after it into a shared-memory ring with TMA bulk copies, which the barrier does not stop. HBM
+// thus stays busy across the boundaries where separate launches ramp down and up (each GEMV
+// launch pays ~4-6 us of ramp and tail: bench/NOTES.md). Every product is a GemvParams with one
+// product (batch 1), no y_gate and k_splits ignored; x may be an earlier product's y, a residual
+// an earlier product's y or the chain's input. Blocks: one per SM, co-resident (cooperative launch).
+constexpr int kGemvChainMaxProducts = 4;
+struct GemvChainParams {
+  GemvParams product[kGemvChainMaxProducts];
+  int products = 0;
+};
+// Empty when gemv_chain takes p on CUDA device `device` (sm_90, bf16 / fp16, K a multiple of 32,
+// x rows in shared memory, ...), else what does not fit.
+std::string gemv_chain_problem(const GemvChainParams& p, int device);
+void gemv_chain(const GemvChainParams& p, void* stream);
 
 }  // namespace lt2::kernels

@@ -233,16 +233,17 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   return output(o, x);
 }
 
-Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps, bool residual,
-                                  const Positions& pos, DSAState& s) {
+std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,
+                                                            double norm_eps, bool residual, const Positions& pos,
+                                                            DSAState& s) {
   if (!latent || !pos.seq_pos.defined() || !use_packed(w_in) || !fused_decode_enabled() ||
       stage == IndexerStage::DenseWarmup || topk >= s.k.size(2))
-    return {};
+    return std::nullopt;
   const int64_t B = x.size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
   const auto x2 = x.reshape({B, -1});
   ops::GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
-  if (!ops::gemv_fused_applies(x2, w_in, norm)) return {};
+  if (!ops::gemv_fused_applies(x2, w_in, norm)) return std::nullopt;
   ops::DsaLatentPrepArgs a;
   a.q = torch::empty({B, H, dc + dr}, x.options());  // per head [q_nope W_uk | RoPE(q_rope)]
   a.index_q = torch::empty({B, index_heads, index_head_dim}, x.options());
@@ -250,7 +251,7 @@ Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, do
   const auto v_cache = s.k.narrow(-1, 0, dc);  // the values are the keys' latent part
   if (!ops::dsa_index_topk_supported(a.index_q, s.index_keys, topk) ||
       !ops::sparse_attention_decode_supported(a.q, s.k, v_cache))
-    return {};
+    return std::nullopt;
   const auto parts = unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections());  // [B, N_i] views
   a.q_raw = parts[0].view({B, H, D + dr});
   a.kv_raw = parts[1];
@@ -268,23 +269,25 @@ Tensor DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight, do
   const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
   // The absorptions' batched GEMVs (the second's x is o [B, H, d_c], shaped like q's latent part).
   if (!ops::gemv_batched_applies(q_nope, wk_b_t) || !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate))
-    return {};
+    return std::nullopt;
   ops::dsa_latent_prep(a);
   ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));  // q_latent[b, h] = q_nope[b, h] wk_b[h]
   auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);      // [B, k]
   auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale());            // [B, H, d_c]
   auto y = torch::empty({B, H, D}, x.options());
   ops::gemv_batched(o, wv_b_t, y, gate);  // y[b, h] = (o[b, h] wv_b[h]) * sigmoid(gate[b, h])
-  return gated_linear_residual(y.view({B, H * D}), wo, {}, residual ? x2 : Tensor()).view({B, 1, -1});
+  return PendingProjection{y.view({B, H * D}), wo, {}, residual ? x2 : Tensor()};
 }
 
-Tensor DSAImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
-                              MixerState& state) {
+std::optional<PendingProjection> DSAImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
+                                                                double norm_eps, const Positions& pos,
+                                                                MixerState& state) {
   return latent_fused_step(x, norm_weight, norm_eps, /*residual=*/true, pos, dynamic_cast<DSAState&>(state));
 }
 
 Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
-  if (auto y = latent_fused_step(x, {}, 0.0, /*residual=*/false, pos, s); y.defined()) return y;
+  if (auto pending = latent_fused_step(x, {}, 0.0, /*residual=*/false, pos, s))
+    return pending->run().view({x.size(0), 1, -1});
   const int64_t B = x.size(0), L = s.k.size(2);
   auto h = project(x, pos);  // q [B, H, 1, D_qk], k, v [B, H_kv, 1, D_qk | D_v]
   cache_write_at(s.k, h.k, pos.seq_pos);

@@ -69,10 +69,10 @@ class DSAImpl : public MixerImpl {
   bool supports_seq_pos() const override { return true; }
   // GQA form: the attention block's packing; latent form: w_in and the transposed wk_b, wv_b.
   void pack_for_inference() override;
-  // The latent form's decode with the block's RMSNorm folded into the packed input GEMV and the
-  // residual add into wo's (latent_fused_step); undefined where the fused kernels do not apply.
-  Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
-                       MixerState& state) override;
+  // The latent form's decode with the block's RMSNorm folded into the packed input GEMV, wo (with
+  // the residual add) pending (latent_fused_step); nullopt where the fused kernels do not apply.
+  std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
+                                                         const Positions& pos, MixerState& state) override;
   bool is_attention() const override { return true; }
 
   // Indexer pieces (exposed for tests and the indexer loss).
@@ -118,10 +118,11 @@ class DSAImpl : public MixerImpl {
   Tensor step_at(const Tensor& x, const Positions& pos, DSAState& s);
   // The latent form's step_at on fused kernels: one GEMV for every input projection (with the
   // RMSNorm prologue when norm_weight is defined), ops::dsa_latent_prep, the absorbed q_nope W_uk,
-  // the index top-k, sparse attention over the latent cache, o W_uv with the output gate, wo (plus
-  // x with `residual`). Undefined, before anything runs, when the kernels do not take the inputs.
-  Tensor latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps, bool residual,
-                           const Positions& pos, DSAState& s);
+  // the index top-k, sparse attention over the latent cache, o W_uv with the output gate; wo (plus
+  // x with `residual`) pending. nullopt, before the state changes, when the kernels do not take
+  // the inputs.
+  std::optional<PendingProjection> latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps,
+                                                     bool residual, const Positions& pos, DSAState& s);
   Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
   double scale() const;  // softmax scale
   double index_weight_scale() const;  // H_I^-1/2 d_I^-1/2, on the index head weights

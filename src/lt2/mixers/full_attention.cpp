@@ -125,20 +125,22 @@ Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerSt
   return attend(projections(x), x, pos, state, {});
 }
 
-Tensor FullAttentionImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                        const Positions& pos, MixerState& state) {
-  if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return {};
+std::optional<PendingProjection> FullAttentionImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
+                                                                          double norm_eps, const Positions& pos,
+                                                                          MixerState& state) {
+  if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return std::nullopt;
   const auto projections = normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
-  if (!projections.defined()) return {};
+  if (!projections.defined()) return std::nullopt;
   auto raw = unpack_outputs(projections.unsqueeze(1), packed_layers());  // [B, 1, *] each
-  return attend(raw, Tensor(), pos, &state, x);
+  if (auto pending = fused_decode(raw, pos, &state, x)) return pending;
+  // The kernels after the GEMV do not take these inputs: the rest unfused, its result as is.
+  return PendingProjection{attend(raw, Tensor(), pos, &state, x).view({x.size(0), -1})};
 }
 
 Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos,
                                  MixerState* state, const Tensor& residual) {
   if (pos.seq_pos.defined()) {
-    auto y = fused_decode(raw, pos, state, residual);
-    if (y.defined()) return y;
+    if (auto pending = fused_decode(raw, pos, state, residual)) return pending->run().view({raw[0].size(0), 1, -1});
   }
   auto [q, k, v, gate] = rotate(raw, pos);
   Tensor o;  // [B, T, H, D]
@@ -162,10 +164,10 @@ Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x
   return residual.defined() ? residual + out : out;
 }
 
-Tensor FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Positions& pos, MixerState* state,
-                                       const Tensor& residual) {
+std::optional<PendingProjection> FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Positions& pos,
+                                                                 MixerState* state, const Tensor& residual) {
   auto* cache = dynamic_cast<KVCache*>(state);
-  if (!cache || !fused_decode_enabled() || torch::GradMode::is_enabled() || raw[0].size(1) != 1) return {};
+  if (!cache || !fused_decode_enabled() || torch::GradMode::is_enabled() || raw[0].size(1) != 1) return std::nullopt;
   const int64_t B = raw[0].size(0), H = n_heads, D = head_dim;
   const auto q = raw[0].view({B, H, D}), k = raw[1].view({B, n_kv_heads, D}), v = raw[2].view({B, n_kv_heads, D});
   if (!ops::rope_cache_write_supported(q, k, v, cache->k, cache->v, pos.seq_pos) ||
@@ -175,10 +177,9 @@ Tensor FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Pos
                                            rope_style == RopeStyle::Interleaved);  // [B, H, D]
   const auto o = ops::attention_decode(q_rot, cache->k, cache->v, pos.seq_lens,
                                        1.0 / std::sqrt(static_cast<double>(D))).view({B, H * D});
-  // The output gate and the residual folded into wo's GEMV.
-  return gated_linear_residual(o, wo, wgate ? raw[3].view({B, H * D}) : Tensor(),
-                               residual.defined() ? residual.view({B, -1}) : Tensor())
-      .view({B, 1, -1});
+  // The output gate and the residual fold into wo's GEMV.
+  return PendingProjection{o, wo, wgate ? raw[3].view({B, H * D}) : Tensor(),
+                           residual.defined() ? residual.view({B, -1}) : Tensor()};
 }
 
 std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,

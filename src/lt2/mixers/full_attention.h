@@ -49,9 +49,9 @@ class FullAttentionImpl : public MixerImpl {
   bool supports_seq_pos() const override { return true; }
   bool is_attention() const override { return true; }
   // Decode at per-sequence positions with the block's norm folded into the packed projection's
-  // GEMV and the residual add (and the output gate) into wo's; undefined where it does not apply.
-  Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
-                       MixerState& state) override;
+  // GEMV, wo (with the output gate and the residual add) pending; nullopt where it does not apply.
+  std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
+                                                         const Positions& pos, MixerState& state) override;
 
   // The pieces subclasses (window, dsa) reuse around their own attention pattern.
   struct Projections {
@@ -85,10 +85,11 @@ class FullAttentionImpl : public MixerImpl {
   Tensor attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos, MixerState* state,
                 const Tensor& residual);
   // One token per sequence at positions pos.seq_pos on the fused kernels (RoPE + cache writes in one
-  // launch, flash-decoding, the gate and residual folded into wo's GEMV) -> [B, 1, d]; undefined
-  // when they do not apply (no KV cache, autograd, CPU, shapes without a kernel).
-  Tensor fused_decode(const std::vector<Tensor>& raw, const Positions& pos, MixerState* state,
-                      const Tensor& residual);
+  // launch, flash-decoding), wo with the gate and residual folded in left pending ([B, d]);
+  // nullopt, before anything ran, when they do not apply (no KV cache, autograd, CPU, shapes
+  // without a kernel).
+  std::optional<PendingProjection> fused_decode(const std::vector<Tensor>& raw, const Positions& pos,
+                                                MixerState* state, const Tensor& residual);
 };
 
 }  // namespace lt2

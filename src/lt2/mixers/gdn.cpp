@@ -115,16 +115,17 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   return apply_linear(fused_core(parts, pos, *st).view({B, 1, -1}), o_proj);
 }
 
-Tensor GatedDeltaNetImpl::step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                        const Positions& pos, MixerState& state) {
+std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
+                                                                          double norm_eps, const Positions& pos,
+                                                                          MixerState& state) {
   auto* st = fused_state(x, state);
-  if (!st || !use_packed(w_in)) return {};
+  if (!st || !use_packed(w_in)) return std::nullopt;
   const int64_t B = x.size(0);
   const auto x2 = x.reshape({B, -1});
   const auto projections = normed_linear(x2, w_in, norm_weight, norm_eps);
-  if (!projections.defined()) return {};
+  if (!projections.defined()) return std::nullopt;
   const auto y = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
-  return gated_linear_residual(y, o_proj, {}, x2).view({B, 1, -1});
+  return PendingProjection{y, o_proj, {}, x2};
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {

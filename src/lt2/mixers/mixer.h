@@ -4,11 +4,15 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "lt2/model/layers.h"
 
 namespace lt2 {
 
@@ -85,12 +89,20 @@ class MixerImpl : public torch::nn::Module {
   // model/layers.h) so a decode step runs one GEMV instead of several. Same values; no-op default.
   virtual void pack_for_inference() {}
   // The pre-norm block's decode half `x + step(rms_norm(x, norm_weight, eps))` with the norm and
-  // the residual add folded into the mixer's own kernels (x: [B, 1, d], the residual stream).
-  // Returns an undefined tensor when the mixer has no such form for these inputs: the block then
-  // runs the norm, step() and the add itself.
-  virtual Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
-                               MixerState& state) {
-    return {};
+  // the residual add folded into the mixer's own kernels (x: [B, 1, d], the residual stream), its
+  // output projection (with the add) left pending so the block can chain it with the FFN's
+  // products. nullopt, before anything ran, when the mixer has no such form for these inputs: the
+  // block then runs the norm, step() and the add itself.
+  virtual std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight,
+                                                                 double norm_eps, const Positions& pos,
+                                                                 MixerState& state) {
+    return std::nullopt;
+  }
+  // step_residual_pending with the projection run: [B, 1, d], or undefined.
+  Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
+                       MixerState& state) {
+    const auto pending = step_residual_pending(x, norm_weight, norm_eps, pos, state);
+    return pending ? pending->run().view(x.sizes()) : Tensor();
   }
   // Whether `step` accepts per-sequence positions (Positions::seq_pos).
   virtual bool supports_seq_pos() const { return false; }

@@ -19,11 +19,14 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& m
 Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
   if (state && x.size(1) == 1 && !mixer_post_norm) {
     // Decode of a pre-norm block with its norms and adds folded into the mixer's and the FFN's
-    // kernels, where they have such forms (both check their own inputs).
-    auto h = mixer->step_residual(x, mixer_norm->weight, mixer_norm->eps, pos, *state);
-    if (h.defined()) {
-      auto out = ffn->forward_residual(h, ffn_norm->weight, ffn_norm->eps);
-      return out.defined() ? out : h + ffn(ffn_norm(h));
+    // kernels, where they have such forms (both check their own inputs), the mixer's output
+    // projection chained with the FFN's products where that applies.
+    if (auto pending = mixer->step_residual_pending(x, mixer_norm->weight, mixer_norm->eps, pos, *state)) {
+      Tensor h;
+      auto out = ffn->forward_residual(*pending, ffn_norm->weight, ffn_norm->eps, h);
+      if (out.defined()) return out.view(x.sizes());
+      h = h.view(x.sizes());
+      return h + ffn(ffn_norm(h));
     }
   }
   auto xin = mixer_norm(x);

@@ -93,6 +93,20 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
   return ops::gemv_fused(gate_up, w2->weight, silu_add);
 }
 
+Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps,
+                                    Tensor& mixer_out) {
+  if (mixer.layer && !mixer.layer->bias.defined() && mixer.residual.defined() && use_packed(w13)) {
+    ops::ChainProduct projection{mixer.layer->weight}, gate_up{w13}, down_proj{w2->weight};
+    projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
+    gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;               // [a | b]
+    down_proj.fusion.silu_mul = true, down_proj.residual_of = 0;                           // h + ...
+    const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
+    if (!out.empty()) return out[2];
+  }
+  mixer_out = mixer.run();
+  return forward_residual(mixer_out, norm_weight, eps);
+}
+
 Tensor SwiGLUImpl::down(const Tensor& gate_up) {
   const int64_t n = w1->weight.size(0);
   if (ops::fused_elementwise_applies({gate_up})) return apply_linear(ops::silu_mul_fused(gate_up), w2);

@@ -450,32 +450,33 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 
 namespace {
 
-// Why gemv_fused cannot take these tensors (empty when it can).
-std::string gemv_problem(const Tensor& x, const Tensor& w, const GemvFusion& f) {
-  for (const auto& p : {activation_problem(x, "x"), activation_problem(w, "w")})
+// Why gemv_fused cannot take an x of these sizes, with x_like's dtype and device, and these
+// tensors (empty when it can).
+std::string gemv_problem(torch::IntArrayRef x_sizes, const Tensor& x_like, const Tensor& w, const GemvFusion& f) {
+  for (const auto& p : {activation_problem(x_like, "x"), activation_problem(w, "w")})
     if (!p.empty()) return p;
   if (w.dim() != 2 || !w.is_contiguous() || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0)
     return cat("w must be a contiguous, 16-byte aligned [N, K], found ", w.sizes());
   const int64_t K = w.size(1), N = w.size(0), x_dim = f.silu_mul ? 2 * K : K;
-  if (x.dim() < 1 || x.size(-1) != x_dim)
-    return cat("x must be [..., ", x_dim, "] for w ", w.sizes(), f.silu_mul ? " with silu_mul" : "", ", found ", x.sizes());
+  if (x_sizes.empty() || x_sizes.back() != x_dim)
+    return cat("x must be [..., ", x_dim, "] for w ", w.sizes(), f.silu_mul ? " with silu_mul" : "", ", found ", x_sizes);
   if ((f.silu_mul ? 1 : 0) + (f.norm_weight.defined() ? 1 : 0) + (f.x_gate.defined() ? 1 : 0) > 1)
     return "silu_mul, the RMSNorm prologue and x_gate do not combine";
   if (f.k_splits < 0 || f.k_splits > kernels::kGemvMaxKSplits)
     return cat("k_splits must be 0 (pick) or 1..", kernels::kGemvMaxKSplits, ", found ", f.k_splits);
-  std::vector<const Tensor*> all{&x, &w};
+  std::vector<const Tensor*> all{&w};
   if (f.norm_weight.defined()) {
     if (f.norm_weight.dim() != 1 || f.norm_weight.size(0) != K || !f.norm_weight.is_contiguous())
       return cat("norm_weight must be a contiguous [", K, "], found ", f.norm_weight.sizes());
     all.push_back(&f.norm_weight);
   }
   if (f.x_gate.defined()) {
-    if (f.x_gate.sizes() != x.sizes() || f.x_gate.stride(-1) != 1)
-      return cat("x_gate must be ", x.sizes(), " like x with a contiguous last dim, found ", f.x_gate.sizes());
+    if (f.x_gate.sizes() != x_sizes || f.x_gate.stride(-1) != 1)
+      return cat("x_gate must be ", x_sizes, " like x with a contiguous last dim, found ", f.x_gate.sizes());
     all.push_back(&f.x_gate);
   }
   if (f.residual.defined()) {
-    auto sizes = x.sizes().vec();
+    auto sizes = x_sizes.vec();
     sizes.back() = N;
     if (f.residual.sizes() != torch::IntArrayRef(sizes) || f.residual.stride(-1) != 1)
       return cat("residual must be ", torch::IntArrayRef(sizes), " with a contiguous last dim, found ",
@@ -483,15 +484,53 @@ std::string gemv_problem(const Tensor& x, const Tensor& w, const GemvFusion& f) 
     all.push_back(&f.residual);
   }
   for (const Tensor* t : all)
-    if (t->scalar_type() != x.scalar_type() || t->device() != x.device())
-      return cat("every tensor must be ", x.scalar_type(), " on ", x.device(), " like x");
+    if (t->scalar_type() != x_like.scalar_type() || t->device() != x_like.device())
+      return cat("every tensor must be ", x_like.scalar_type(), " on ", x_like.device(), " like x");
 #ifdef LT2_WITH_CUDA
-  if (!kernels::gemv_supported(x.numel() / x_dim, K, kernel_dtype(x.scalar_type())))
-    return cat(x.numel() / x_dim, " rows of K = ", K, ": the GEMV takes 1..", kernels::kGemvMaxRows,
+  const int64_t rows = c10::multiply_integers(x_sizes) / x_dim;
+  if (!kernels::gemv_supported(rows, K, kernel_dtype(x_like.scalar_type())))
+    return cat(rows, " rows of K = ", K, ": the GEMV takes 1..", kernels::kGemvMaxRows,
                " rows and K a whole number of 16-byte vectors");
 #endif
   return "";
 }
+std::string gemv_problem(const Tensor& x, const Tensor& w, const GemvFusion& f) {
+  return x.defined() ? gemv_problem(x.sizes(), x, w, f) : "x is undefined";
+}
+
+#ifdef LT2_WITH_CUDA
+// f.x_gate as the kernels read it: [M, K] with 16-byte aligned rows (a copy where they are not),
+// or undefined.
+Tensor aligned_x_gate(const GemvFusion& f, int64_t K) {
+  return f.x_gate.defined() ? with_aligned_rows(f.x_gate.reshape({-1, K})) : Tensor();
+}
+
+// The kernel parameters of y = f(x) W^T for x2 [M, K or 2K] with aligned rows, the gate g2 of
+// aligned_x_gate (kept alive by the caller until the launch) and y [M, N].
+kernels::GemvParams gemv_params(const Tensor& x2, const Tensor& w, const GemvFusion& f, const Tensor& g2,
+                                const Tensor& y) {
+  const int64_t K = w.size(1), N = w.size(0);
+  const auto r2 = f.residual.defined() ? f.residual.reshape({-1, N}) : Tensor();
+  kernels::GemvParams p{};
+  p.x = x2.data_ptr(), p.x_row_stride = x2.stride(0);
+  p.w = w.data_ptr();
+  p.y = y.data_ptr(), p.y_row_stride = N;
+  p.residual = r2.defined() ? r2.data_ptr() : nullptr;
+  p.residual_row_stride = r2.defined() ? r2.stride(0) : 0;
+  p.norm_weight = f.norm_weight.defined() ? f.norm_weight.data_ptr() : nullptr;
+  p.norm_eps = static_cast<float>(f.norm_eps);
+  p.x_gate = g2.defined() ? g2.data_ptr() : nullptr;
+  p.x_gate_row_stride = g2.defined() ? g2.stride(0) : 0;
+  p.prologue = f.norm_weight.defined() ? kernels::GemvPrologue::RmsNorm
+               : f.silu_mul            ? kernels::GemvPrologue::SiluMul
+               : f.x_gate.defined()    ? kernels::GemvPrologue::SigmoidGate
+                                       : kernels::GemvPrologue::None;
+  p.rows = x2.size(0), p.n = N, p.k = static_cast<int>(K);
+  p.dtype = kernel_dtype(x2.scalar_type());
+  p.k_splits = f.k_splits;
+  return p;
+}
+#endif
 
 }  // namespace
 
@@ -513,32 +552,81 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   c10::cuda::CUDAGuard guard(x.device());
   // Rows 16-byte aligned: the kernels read x (and b = x[:, K:]) with 16-byte loads.
   const auto x2 = with_aligned_rows(x.reshape({-1, x_dim}));  // [M, x_dim]
-  const auto r2 = f.residual.defined() ? f.residual.reshape({-1, N}) : Tensor();
-  const auto g2 = f.x_gate.defined() ? with_aligned_rows(f.x_gate.reshape({-1, K})) : Tensor();  // [M, K]
   auto sizes = x.sizes().vec();
   sizes.back() = N;
   auto y = torch::empty(sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
-  kernels::GemvParams p{};
-  p.x = x2.data_ptr(), p.x_row_stride = x2.stride(0);
-  p.w = w.data_ptr();
-  p.y = y.data_ptr(), p.y_row_stride = N;
-  p.residual = r2.defined() ? r2.data_ptr() : nullptr;
-  p.residual_row_stride = r2.defined() ? r2.stride(0) : 0;
-  p.norm_weight = f.norm_weight.defined() ? f.norm_weight.data_ptr() : nullptr;
-  p.norm_eps = static_cast<float>(f.norm_eps);
-  p.x_gate = g2.defined() ? g2.data_ptr() : nullptr;
-  p.x_gate_row_stride = g2.defined() ? g2.stride(0) : 0;
-  p.prologue = f.norm_weight.defined() ? kernels::GemvPrologue::RmsNorm
-               : f.silu_mul            ? kernels::GemvPrologue::SiluMul
-               : f.x_gate.defined()    ? kernels::GemvPrologue::SigmoidGate
-                                       : kernels::GemvPrologue::None;
-  p.rows = x2.size(0), p.n = N, p.k = static_cast<int>(K);
-  p.dtype = kernel_dtype(x.scalar_type());
-  p.k_splits = f.k_splits;
-  kernels::gemv(p, current_stream(x));
+  const auto g2 = aligned_x_gate(f, K);
+  kernels::gemv(gemv_params(x2, w, f, g2, y), current_stream(x));
   return y;
 #else
   no_cuda(op);
+#endif
+}
+
+namespace {
+
+// Why gemv_chain_fused cannot take the chain (empty when it can); out_sizes gets each product's
+// output sizes.
+std::string gemv_chain_problem(const Tensor& x, const std::vector<ChainProduct>& products,
+                               std::vector<std::vector<int64_t>>& out_sizes) {
+  if (!x.defined()) return "x is undefined";
+  if (products.empty() || products.size() > static_cast<size_t>(kernels::kGemvChainMaxProducts))
+    return cat("1..", kernels::kGemvChainMaxProducts, " products, found ", products.size());
+  std::vector<int64_t> x_sizes = x.sizes().vec();
+  for (size_t i = 0; i < products.size(); ++i) {
+    const auto& pr = products[i];
+    GemvFusion f = pr.fusion;
+    const bool earlier = pr.residual_of >= 0;
+    if (earlier) {
+      if (static_cast<size_t>(pr.residual_of) >= i || f.residual.defined())
+        return cat("product ", i, ": residual_of ", pr.residual_of, " must name an earlier product (and no residual tensor)");
+      f.residual = Tensor();
+    }
+    if (auto p = gemv_problem(x_sizes, x, pr.w, f); !p.empty()) return cat("product ", i, ": ", p);
+    if (f.k_splits != 0) return cat("product ", i, ": a chain does not split K");
+    x_sizes.back() = pr.w.size(0);  // this product's output, the next one's x
+    if (earlier && out_sizes[pr.residual_of] != x_sizes)
+      return cat("product ", i, ": its output ", torch::IntArrayRef(x_sizes), " and product ", pr.residual_of,
+                 "'s (its residual) ", torch::IntArrayRef(out_sizes[pr.residual_of]), " differ");
+    out_sizes.push_back(x_sizes);
+  }
+  return "";
+}
+
+bool gemv_chain_switched_on() {
+  static const bool on = [] {
+    const char* env = std::getenv("LT2_GEMV_CHAIN");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return on;
+}
+
+}  // namespace
+
+std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products) {
+  std::vector<std::vector<int64_t>> out_sizes;
+  if (!gemv_chain_switched_on() || !fused_elementwise_applies({x}) || !gemv_chain_problem(x, products, out_sizes).empty())
+    return {};
+#ifdef LT2_WITH_CUDA
+  c10::cuda::CUDAGuard guard(x.device());
+  kernels::GemvChainParams params;
+  params.products = static_cast<int>(products.size());
+  std::vector<Tensor> outputs, gates;  // gates: aligned x_gates, alive until the launch
+  Tensor input = with_aligned_rows(x.reshape({-1, x.size(-1)}));
+  for (size_t i = 0; i < products.size(); ++i) {
+    const auto& pr = products[i];
+    GemvFusion f = pr.fusion;
+    if (pr.residual_of >= 0) f.residual = outputs[pr.residual_of];
+    outputs.push_back(torch::empty(out_sizes[i], x.options().memory_format(torch::MemoryFormat::Contiguous)));
+    gates.push_back(aligned_x_gate(f, pr.w.size(1)));
+    params.product[i] = gemv_params(input, pr.w, f, gates.back(), outputs.back());
+    input = outputs.back().view({-1, pr.w.size(0)});
+  }
+  if (!kernels::gemv_chain_problem(params, x.get_device()).empty()) return {};
+  kernels::gemv_chain(params, current_stream(x));
+  return outputs;
+#else
+  return {};
 #endif
 }
 

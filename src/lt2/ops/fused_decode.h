@@ -112,6 +112,20 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {
 // elementwise ops then: an A/B switch).
 bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {});
 
+// One product of a chain run by gemv_chain_fused: y_i = f_i(x_i) W_i^T (+ residual), x_0 the
+// chain's x and x_i (i > 0) product i - 1's output.
+struct ChainProduct {
+  Tensor w;             // [N, K] contiguous, as gemv_fused's
+  GemvFusion fusion;    // as gemv_fused's (k_splits 0)
+  int residual_of = -1;  // >= 0: the residual is that earlier product's output (fusion.residual undefined)
+};
+// The products in one persistent kernel (kernels::gemv_chain): the next products' weights stream
+// in while a product finishes, instead of one launch each with its ramp and tail. Returns every
+// product's output ([..., N_i] like x), or nothing, having run nothing, when the chain kernel does
+// not take these tensors (what gemv_fused takes, sm_90, bf16 / fp16, x rows within shared memory)
+// or LT2_GEMV_CHAIN is "0" in the environment: the caller then runs the products one by one.
+std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products);
+
 // J independent products in one launch (kernels::gemv's batch): out[:, j] = x[:, j] W[j]^T, times
 // sigmoid(gate[:, j]) when gate is defined (an attention output gate). x [M, J, K] with at most
 // kernels::kGemvMaxRows rows M (any strides, copied when its rows are not contiguous and 16-byte

@@ -1,5 +1,5 @@
 // Device helpers shared by the decode kernels: dtype conversions, 16-byte vector unpacking,
-// warp/block sums, launch-error checks and the dtype dispatch of the launchers.
+// tensor-core mma fragments, warp/block sums, launch-error checks and the dtype dispatch of the launchers.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -46,6 +46,38 @@ __device__ __forceinline__ void unpack16(const uint4& raw, float* out) {
       out[2 * i] = f.x;
       out[2 * i + 1] = f.y;
     }
+  }
+}
+
+// Two floats rounded to one 32-bit register of T pairs (an mma operand); T bf16 or fp16.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// acc += A B for one tensor-core m16n8k16 product (A row-major 16 x 16, B column-major 16 x 8, fp32
+// accumulators; T bf16 or fp16). Fragments (lane = 4 g + t): a0 = A[g][2t, 2t + 1],
+// a1 = A[g + 8][2t, ..], a2 = A[g][2t + 8, ..], a3 = A[g + 8][2t + 8, ..]; b0 = B[2t, 2t + 1][g],
+// b1 = B[2t + 8, 2t + 9][g]; acc0, 1 = C[g][2t, 2t + 1], acc2, 3 = C[g + 8][2t, 2t + 1].
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&acc)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
 }
 

@@ -72,23 +72,6 @@ constexpr int kMmaMaxTilesPerBlock = 8;
 constexpr int kMmaTargetBlocksPerSm = 4;   // a block takes more tiles only while this many remain
 constexpr int kMmaChunksPerLoad = 4;       // 32-wide d chunks in registers at once: 128 d, 32 registers
 
-// D = acc + A B for one m16n8k16 tile, fp32 accumulators.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&acc)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
 // Pitch (elements) of q's rows in shared memory: 64 bytes past a multiple of 128, so the 16-byte
 // loads of lanes 0-7 (two rows, four lanes each) fall on distinct banks.
 int mma_q_pitch(int D) { return (round_up(2 * D, 128) + 64) / 2; }

@@ -1,0 +1,396 @@
+// Dependent decode products in one persistent kernel (decode.h: gemv_chain).
+//
+// Why: each separate GEMV launch pays ~4-6 us of ramp and tail (the launch, the first loads in
+// flight, the last blocks draining): measured, 2048 x 3072 takes 7.2 us where its 12.6 MB need
+// 3.0 us at the copy bandwidth, and the 1.3B LT2 step runs ~340 of them (bench/NOTES.md). The
+// weights do not depend on the activations, so a block can fetch the next product's weights while
+// the current product finishes and while the grid waits for that product's y to be complete.
+//
+// Shape: one block per SM (cooperative launch: all co-resident), 8 consumer warps and 1 producer
+// warp. A product's work is tiles of 8 weight rows (the mma's N), dealt round-robin to the blocks,
+// each tile in slices of kSliceK along K. The producer walks the block's (product, tile, slice)
+// sequence and copies each slice's 8 row pieces into the next ring slot with cp.async.bulk (TMA),
+// which completes the slot's `full` mbarrier; the consumers walk the same sequence, multiply the
+// slot and release it on its `empty` mbarrier. Only the consumers meet at the grid barrier between
+// products, so the producer streams on across it until the ring is full.
+// The mma: m16n8k16 with the x rows as A (M <= 8 of its 16 rows, the rest zero) and the tile's W
+// rows as B. The k order inside a product is free, so lane (g, q) (g = lane / 4, q = lane % 4) feeds
+// both operands from one 16-byte load each: x row g and W row g at k = 32c + 8q .. + 7 fill the
+// fragments of two products. Warps split a slot's K; the block sums them per tile.
+// x is staged in shared memory once per product and block with its prologue applied, rounded to T
+// as the gemv kernels round their operands; RmsNorm's rsqrt is applied to the sums.
+#include <cuda/atomic>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "lt2/kernels/cuda/device_utils.cuh"
+
+namespace lt2::kernels {
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // + the producer warp
+constexpr int kTileRows = 8;               // weight rows per tile: the mma's N
+constexpr int kSliceK = 1024;              // K per ring slot
+constexpr int kChunkK = 32;                // K per warp mma pair: 4 lanes x 8 elements
+// Bytes between a slot's rows (and x's rows): 64 past a multiple of 128, so the 16-byte loads of
+// lanes 0-7 (rows g = 0, 1, four lanes each) fall on distinct banks.
+__host__ __device__ constexpr int padded_pitch(int bytes) { return (bytes + 127) / 128 * 128 + 64; }
+constexpr int kSlotBytes = kTileRows * padded_pitch(kSliceK * 2);
+constexpr int kSlotPitch = padded_pitch(kSliceK * 2);
+constexpr int kMinSlots = 4, kMaxSlots = 12;  // 4 slots: 66 KB in flight per SM
+constexpr int kMaxStreams = 64;               // grid barriers: one per (device, stream)
+
+struct GridBarrier {
+  unsigned count, generation;
+};
+__device__ GridBarrier g_grid_barriers[kMaxStreams];  // zero at module load; each use leaves count 0
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+// Blocks until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// bytes of global memory at src -> shared memory at dst, completing that many bytes of `bar`'s
+// transaction count (TMA bulk copy: 16-byte aligned ends, a multiple of 16 bytes).
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+// The consumer warps' own barrier (the producer warp never waits on the consumers).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+
+// Every consumer of every block has passed its earlier stores before any goes on. Self-resetting
+// (count back to 0, generation advanced), so one barrier serves every launch on its stream.
+__device__ void grid_sync(GridBarrier* bar) {
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    cuda::atomic_ref<unsigned, cuda::thread_scope_device> count(bar->count), generation(bar->generation);
+    __threadfence();
+    const unsigned gen = generation.load(cuda::memory_order_relaxed);
+    if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
+      count.store(0, cuda::memory_order_relaxed);
+      generation.fetch_add(1, cuda::memory_order_release);
+    } else {
+      while (generation.load(cuda::memory_order_acquire) == gen) {
+      }
+    }
+    __threadfence();
+  }
+  consumer_sync();
+}
+
+// Loads that see what other blocks wrote earlier in this kernel (L2, not the read-only path).
+__device__ __forceinline__ uint4 load_coherent16(const void* base, int v) {
+  return __ldcg(reinterpret_cast<const uint4*>(base) + v);
+}
+template <typename T>
+__device__ __forceinline__ float load_coherent(const T* p) {
+  const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(p));
+  T value;
+  memcpy(&value, &bits, sizeof(T));
+  return to_float(value);
+}
+
+// The ring position both sides walk: slot index and the parity of its current use.
+struct RingCursor {
+  int slot = 0;
+  uint32_t parity = 0;
+  __device__ void advance(int slots) {
+    if (++slot == slots) slot = 0, parity ^= 1u;
+  }
+};
+
+__device__ __forceinline__ int64_t tile_count(const GemvParams& g) { return (g.n + kTileRows - 1) / kTileRows; }
+
+// Producer (one lane): every slice of every tile of every product this block computes, in order.
+template <typename T>
+__device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty, int slots) {
+  RingCursor c;
+  for (int i = 0; i < p.products; ++i) {
+    const GemvParams& g = p.product[i];
+    const T* w = static_cast<const T*>(g.w);
+    for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
+      for (int k0 = 0; k0 < g.k; k0 += kSliceK) {
+        const int len = min(kSliceK, g.k - k0);
+        mbarrier_wait(&empty[c.slot], c.parity ^ 1u);  // the consumers are done with the slot's last use
+        mbarrier_arrive_expect_tx(&full[c.slot], static_cast<uint32_t>(kTileRows * len * sizeof(T)));
+        unsigned char* slot = ring + static_cast<size_t>(c.slot) * kSlotBytes;
+        for (int r = 0; r < kTileRows; ++r) {  // rows past N copy row N - 1; their outputs are not written
+          const int64_t row = min(t * kTileRows + r, g.n - 1);
+          bulk_copy(slot + r * kSlotPitch, w + row * g.k + k0, static_cast<uint32_t>(len * sizeof(T)), &full[c.slot]);
+        }
+        c.advance(slots);
+      }
+    }
+  }
+}
+
+// x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
+// rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier.
+template <typename T>
+__device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],
+                        float* s_rinv) {
+  const int vecs = g.k / 8;
+  float sumsq[kGemvMaxRows];
+#pragma unroll
+  for (int m = 0; m < kGemvMaxRows; ++m) sumsq[m] = 0.f;
+  for (int i = threadIdx.x; i < g.rows * vecs; i += kConsumers) {
+    const int m = i / vecs, v = i % vecs;
+    const T* row = static_cast<const T*>(g.x) + m * g.x_row_stride;
+    float f[8];
+    unpack16<T>(load_coherent16(row, v), f);
+    if (g.prologue == GemvPrologue::RmsNorm) {
+      float w[8], s = 0.f;
+      unpack16<T>(__ldg(reinterpret_cast<const uint4*>(g.norm_weight) + v), w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(f[e], f[e], s), f[e] *= w[e];
+#pragma unroll
+      for (int r = 0; r < kGemvMaxRows; ++r)
+        if (r == m) sumsq[r] += s;
+    } else if (g.prologue == GemvPrologue::SiluMul) {
+      float b[8];
+      unpack16<T>(load_coherent16(row + g.k, v), b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = f[e] / (1.f + __expf(-f[e])) * b[e];
+    } else if (g.prologue == GemvPrologue::SigmoidGate) {
+      float gate[8];
+      unpack16<T>(load_coherent16(static_cast<const T*>(g.x_gate) + m * g.x_gate_row_stride, v), gate);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] *= sigmoid(gate[e]);
+    }
+    uint4 packed;
+    packed.x = pack2<T>(f[0], f[1]), packed.y = pack2<T>(f[2], f[3]);
+    packed.z = pack2<T>(f[4], f[5]), packed.w = pack2<T>(f[6], f[7]);
+    *reinterpret_cast<uint4*>(xs + m * x_pitch + v * 16) = packed;
+  }
+  if (g.prologue == GemvPrologue::RmsNorm) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < kGemvMaxRows; ++m) {
+      const float s = warp_sum(sumsq[m]);
+      if (lane == 0) s_sumsq[warp][m] = s;
+    }
+    consumer_sync();
+    if (threadIdx.x < g.rows) {
+      float s = 0.f;
+      for (int w = 0; w < kConsumerWarps; ++w) s += s_sumsq[w][threadIdx.x];
+      s_rinv[threadIdx.x] = rsqrtf(s / static_cast<float>(g.k) + g.norm_eps);
+    }
+  }
+  consumer_sync();
+}
+
+// y[m, n] = (rinv_m) acc (+ residual[m, n]), rounded once.
+template <typename T>
+__device__ __forceinline__ void store_y(const GemvParams& g, int m, int64_t n, float acc, const float* s_rinv) {
+  if (g.prologue == GemvPrologue::RmsNorm) acc *= s_rinv[m];
+  if (g.residual) acc += load_coherent(static_cast<const T*>(g.residual) + m * g.residual_row_stride + n);
+  static_cast<T*>(g.y)[m * g.y_row_stride + n] = from_float<T>(acc);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;                                      // [slots][kTileRows][kSlotPitch]
+  unsigned char* xs = smem + static_cast<size_t>(slots) * kSlotBytes;  // [rows][x_pitch]
+  __shared__ __align__(8) uint64_t full[kMaxSlots], empty[kMaxSlots];
+  __shared__ float s_red[2][kConsumerWarps][kGemvMaxRows][kTileRows];  // per-warp sums, two tiles in turn
+  __shared__ float s_sumsq[kConsumerWarps][kGemvMaxRows];
+  __shared__ float s_rinv[kGemvMaxRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == kConsumerWarps) {
+    if (lane == 0) produce<T>(p, ring, full, empty, slots);
+    return;
+  }
+
+  const int g8 = lane / 4, q = lane % 4;
+  RingCursor c;
+  int tiles_done = 0;
+  for (int i = 0; i < p.products; ++i) {
+    const GemvParams& g = p.product[i];
+    if (i > 0) grid_sync(barrier);  // product i - 1's y (this one's x or residual) is complete
+    if (blockIdx.x >= tile_count(g)) continue;
+    stage_x<T>(g, xs, x_pitch, s_sumsq, s_rinv);
+    const bool has_x = g8 < g.rows;
+    const unsigned char* x_row = xs + g8 * x_pitch;
+    for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int k0 = 0; k0 < g.k; k0 += kSliceK) {
+        const int chunks = min(kSliceK, g.k - k0) / kChunkK;
+        mbarrier_wait(&full[c.slot], c.parity);
+        const unsigned char* w_row = ring + static_cast<size_t>(c.slot) * kSlotBytes + g8 * kSlotPitch;
+        for (int ch = warp; ch < chunks; ch += kConsumerWarps) {
+          const uint4 wv = *reinterpret_cast<const uint4*>(w_row + ch * (kChunkK * 2) + q * 16);
+          uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+          if (has_x) xv = *reinterpret_cast<const uint4*>(x_row + (k0 + ch * kChunkK) * 2 + q * 16);
+          mma_16816<T>(acc, xv.x, 0u, xv.y, 0u, wv.x, wv.y);
+          mma_16816<T>(acc, xv.z, 0u, xv.w, 0u, wv.z, wv.w);
+        }
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(&empty[c.slot]);
+        c.advance(slots);
+      }
+      // acc[0], acc[1] = C[x row g8][tile rows 2q, 2q + 1].
+      float(*red)[kGemvMaxRows][kTileRows] = s_red[tiles_done++ & 1];
+      red[warp][g8][2 * q] = acc[0];
+      red[warp][g8][2 * q + 1] = acc[1];
+      consumer_sync();  // (the other buffer's readers finished before this barrier, too)
+      if (threadIdx.x < kGemvMaxRows * kTileRows) {
+        const int m = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
+        const int64_t n = t * kTileRows + r;
+        if (m < g.rows && n < g.n) {
+          float sum = 0.f;
+#pragma unroll
+          for (int w = 0; w < kConsumerWarps; ++w) sum += red[w][m][r];
+          store_y<T>(g, m, n, sum, s_rinv);
+        }
+      }
+    }
+  }
+#endif
+}
+
+// Shared memory of one launch: the ring and x's rows (the widest x of the chain).
+struct ChainPlan {
+  int slots = 0, x_pitch = 0, blocks = 0;
+  size_t smem = 0;
+};
+
+size_t element_bytes(DType dtype) { return dtype == DType::Float32 ? 4 : 2; }
+
+ChainPlan chain_plan(const GemvChainParams& p, int device) {
+  ChainPlan plan;
+  int64_t rows = 0, k = 0;
+  for (int i = 0; i < p.products; ++i)
+    rows = std::max(rows, p.product[i].rows), k = std::max<int64_t>(k, p.product[i].k);
+  plan.x_pitch = padded_pitch(static_cast<int>(k * element_bytes(p.product[0].dtype)));
+  const size_t x_bytes = static_cast<size_t>(rows) * plan.x_pitch;
+  // What the kernel's static shared memory (mbarriers, sums; 4.5 KB, rounded up) leaves of the
+  // per-block maximum (one block per SM).
+  constexpr size_t kStaticBytes = 8 * 1024;
+  const size_t optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, "gemv_chain");
+  const size_t room = optin > kStaticBytes + x_bytes ? optin - kStaticBytes - x_bytes : 0;
+  plan.slots = static_cast<int>(std::min<size_t>(kMaxSlots, room / kSlotBytes));
+  plan.smem = static_cast<size_t>(plan.slots) * kSlotBytes + x_bytes;
+  plan.blocks = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
+  return plan;
+}
+
+// The grid barrier of (device, stream): its own, so chains on different streams never share one.
+GridBarrier* stream_barrier(int device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, int> slots;
+  static std::map<int, GridBarrier*> base;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& b = base[device];
+  if (!b) {
+    void* address = nullptr;
+    const cudaError_t err = cudaGetSymbolAddress(&address, g_grid_barriers);
+    LT2_CHECK(err == cudaSuccess, "gemv_chain: cannot locate its grid barriers: ", cudaGetErrorString(err));
+    b = static_cast<GridBarrier*>(address);
+  }
+  const auto key = std::make_pair(device, stream);
+  auto it = slots.find(key);
+  if (it == slots.end()) {
+    int used = 0;
+    for (const auto& [k, v] : slots) used += k.first == device;
+    LT2_CHECK(used < kMaxStreams, "gemv_chain: more than ", kMaxStreams, " streams on device ", device);
+    it = slots.emplace(key, used).first;
+  }
+  return b + it->second;
+}
+
+}  // namespace
+
+std::string gemv_chain_problem(const GemvChainParams& p, int device) {
+  if (p.products < 1 || p.products > kGemvChainMaxProducts)
+    return cat("1..", kGemvChainMaxProducts, " products, found ", p.products);
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor, device, "gemv_chain") < 9)
+    return "the chained GEMV needs an sm_90 device (TMA bulk copies)";
+  const DType dtype = p.product[0].dtype;
+  if (dtype == DType::Float32) return "the chained GEMV takes bf16 or fp16";
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  for (int i = 0; i < p.products; ++i) {
+    const GemvParams& g = p.product[i];
+    const std::string at = cat("product ", i, ": ");
+    if (g.dtype != dtype) return at + "every product in one dtype";
+    if (g.batch != 1 || g.y_gate) return at + "one product per GemvParams (batch 1) and no y_gate";
+    if (g.rows < 1 || g.rows > kGemvMaxRows || g.n < 1 || g.k < kChunkK || g.k % kChunkK != 0)
+      return cat(at, g.rows, " rows (1..", kGemvMaxRows, ") of K = ", g.k, " (a multiple of ", kChunkK, ") into N = ", g.n);
+    const int64_t row_bytes = g.x_row_stride * 2, k_bytes = static_cast<int64_t>(g.k) * 2;
+    if (!aligned(g.x) || !aligned(g.w) || row_bytes % 16 != 0 || (g.x_gate && (!aligned(g.x_gate) || g.x_gate_row_stride * 2 % 16 != 0)))
+      return at + "x, x_gate and W 16-byte aligned, rows too";
+    if (k_bytes % 16 != 0) return at + "rows of W a multiple of 16 bytes";
+    if (g.prologue == GemvPrologue::RmsNorm && !g.norm_weight) return at + "the RmsNorm prologue needs its weight";
+    if (g.prologue == GemvPrologue::SigmoidGate && !g.x_gate) return at + "the SigmoidGate prologue needs x_gate";
+  }
+  const ChainPlan plan = chain_plan(p, device);
+  if (plan.slots < kMinSlots)
+    return cat("x rows of the widest product leave room for ", plan.slots, " ring slots of shared memory (", kMinSlots,
+               " needed)");
+  return "";
+}
+
+void gemv_chain(const GemvChainParams& p, void* stream) {
+  int device = 0;
+  cudaGetDevice(&device);
+  const std::string problem = gemv_chain_problem(p, device);
+  LT2_CHECK(problem.empty(), "gemv_chain: ", problem);
+  const ChainPlan plan = chain_plan(p, device);
+  const auto s = static_cast<cudaStream_t>(stream);
+  GridBarrier* barrier = stream_barrier(device, s);
+  dispatch_dtype(p.product[0].dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (!std::is_same_v<T, float>) {
+      reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>(plan.blocks));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = plan.smem;
+      config.stream = s;
+      cudaLaunchAttribute cooperative{};
+      cooperative.id = cudaLaunchAttributeCooperative;
+      cooperative.val.cooperative = 1;
+      config.attrs = &cooperative;
+      config.numAttrs = 1;
+      const cudaError_t err = cudaLaunchKernelEx(&config, gemv_chain_kernel<T>, p, barrier, plan.slots, plan.x_pitch);
+      LT2_CHECK(err == cudaSuccess, "gemv_chain launch failed: ", cudaGetErrorString(err));
+    }
+  });
+  check_launch("gemv_chain");
+}
+
+}  // namespace lt2::kernels
