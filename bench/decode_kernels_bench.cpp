@@ -15,7 +15,8 @@
 //                    both graph-replayed over enough weight copies that none is served from L2
 //   gemv_chain       a block's tail (the mixer's output projection with the residual, w1|w3 with
 //                    the RMSNorm, w2 with SiLU * mul and the residual) as one chained kernel
-//                    (gemv_chain_fused) vs its three gemv_fused launches, rotated like gemv
+//                    (gemv_chain_fused) vs its three gemv_fused launches, rotated like gemv; and
+//                    each gemv shape alone through the chain kernel (vs at::linear)
 // for each batch size. A kernel is captured `reps` times in one CUDA graph (as the engine runs it:
 // no launch gaps) and the replays are timed with CUDA events; the median per call is reported with
 // the bytes the call must move, GB/s and the % of a device-to-device copy measured in the same
@@ -240,7 +241,8 @@ Row bench_elementwise(const Settings& s, const lt2::ModelConfig& cfg, const std:
 
 // y = x W^T for W [N, K]: the fused GEMV against at::linear. Calls rotate over copies of W that
 // add up to well past the 50 MB L2, so every call reads its weight from memory.
-Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::ScalarType dt, int k_splits) {
+Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::ScalarType dt, int k_splits,
+               bool chained) {
   torch::NoGradGuard ng;
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
   const double w_bytes = double(N * K) * torch::elementSize(dt);
@@ -253,11 +255,19 @@ Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::Scalar
   const int splits = k_splits ? k_splits
                               : lt2::kernels::gemv_k_splits(N, static_cast<int>(K), lt2::ops::detail::kernel_dtype(dt),
                                                             c10::cuda::current_device());
-  Row r{lt2::cat("gemv ", N, "x", K, " /", splits, k_splits ? "" : " (auto)"), B};
+  Row r{chained ? lt2::cat("gemv ", N, "x", K, " (chain kernel)")
+                : lt2::cat("gemv ", N, "x", K, " /", splits, k_splits ? "" : " (auto)"),
+        B};
   lt2::ops::GemvFusion f;
   f.k_splits = splits;
   int next = 0;
-  r.us = graph_us(rotated, [&] { lt2::ops::gemv_fused(x, ws[next++ % copies], f); });
+  if (chained) {
+    LT2_CHECK(!lt2::ops::gemv_chain_fused(x, {lt2::ops::ChainProduct{ws[0]}}).empty(), "gemv_chain does not take ", N,
+              "x", K, " here");
+    r.us = graph_us(rotated, [&] { lt2::ops::gemv_chain_fused(x, {lt2::ops::ChainProduct{ws[next++ % copies]}}); });
+  } else {
+    r.us = graph_us(rotated, [&] { lt2::ops::gemv_fused(x, ws[next++ % copies], f); });
+  }
   r.bytes = w_bytes + bytes_of({x}) + double(B * N) * torch::elementSize(dt);
   next = 0;
   if (s.reference) r.reference_us = graph_us(rotated, [&] { at::linear(x, ws[next++ % copies]); });
@@ -403,24 +413,24 @@ int main(int argc, char** argv) {
     for (int64_t B : s.batches)
       for (const char* k : {"rms_norm", "add_rms_norm", "silu_mul"})
         if (wants(k)) report(bench_elementwise(s, cfg, k, B, dt));
+    // (N, K) of the decode projections: GDN's packed inputs and o_proj (when the preset has GDN),
+    // the packed FFN w1|w3 and w2, the LM head.
+    std::vector<std::pair<int64_t, int64_t>> gemv_shapes;
+    if (gdn) {
+      int64_t packed = 0;
+      for (const auto& l : {gdn->q_proj, gdn->k_proj, gdn->v_proj, gdn->a_proj, gdn->b_proj, gdn->g_proj})
+        if (l) packed += l->weight.size(0);
+      gemv_shapes.push_back({packed, cfg.d_model});
+      gemv_shapes.push_back({cfg.d_model, gdn->o_proj->weight.size(1)});
+    }
+    gemv_shapes.push_back({2 * cfg.ffn_dim(), cfg.d_model});
+    gemv_shapes.push_back({cfg.d_model, cfg.ffn_dim()});
+    if (cfg.vocab_size > 0) gemv_shapes.push_back({cfg.vocab_size, cfg.d_model});
     if (wants("gemv")) {
-      // (N, K) of the decode projections: GDN's packed inputs and o_proj (when the preset has GDN),
-      // the packed FFN w1|w3 and w2, the LM head.
-      std::vector<std::pair<int64_t, int64_t>> shapes;
-      if (gdn) {
-        int64_t packed = 0;
-        for (const auto& l : {gdn->q_proj, gdn->k_proj, gdn->v_proj, gdn->a_proj, gdn->b_proj, gdn->g_proj})
-          if (l) packed += l->weight.size(0);
-        shapes.push_back({packed, cfg.d_model});
-        shapes.push_back({cfg.d_model, gdn->o_proj->weight.size(1)});
-      }
-      shapes.push_back({2 * cfg.ffn_dim(), cfg.d_model});
-      shapes.push_back({cfg.d_model, cfg.ffn_dim()});
-      if (cfg.vocab_size > 0) shapes.push_back({cfg.vocab_size, cfg.d_model});
       for (int64_t B : s.batches)
         if (B <= lt2::kernels::kGemvMaxRows)
-          for (auto [N, K] : shapes)
-            for (int splits : s.gemv_splits) report(bench_gemv(s, N, K, B, dt, splits));
+          for (auto [N, K] : gemv_shapes)
+            for (int splits : s.gemv_splits) report(bench_gemv(s, N, K, B, dt, splits, false));
     }
     if (wants("gemv_chain"))
       for (int64_t B : s.batches)
@@ -428,6 +438,7 @@ int main(int argc, char** argv) {
           // The tail after GDN (o_proj's K is its value width) and after attention (K = d).
           if (gdn) report(bench_gemv_chain(s, cfg.d_model, gdn->o_proj->weight.size(1), cfg.ffn_dim(), B, dt));
           report(bench_gemv_chain(s, cfg.d_model, cfg.d_model, cfg.ffn_dim(), B, dt));
+          for (auto [N, K] : gemv_shapes) report(bench_gemv(s, N, K, B, dt, 0, true));
         }
     if (wants("attention"))
       for (int64_t B : s.batches)

@@ -87,7 +87,8 @@ class SwiGLUImpl : public torch::nn::Module {
   Tensor forward_residual(const Tensor& h, const Tensor& norm_weight, double eps);
   // The same after the mixer's output projection: h = mixer.run(), then h + forward(rms_norm(h)),
   // with the three products (the projection, w1|w3, w2) in one chained kernel
-  // (ops::gemv_chain_fused) where it applies, else as run() and forward_residual. [B, d];
+  // (ops::gemv_chain_fused) where it applies and is faster (at most 2 rows, layers.cpp), else as
+  // run() and forward_residual. [B, d];
   // undefined when neither fused form takes the inputs (nothing ran then but mixer.run()'s
   // product, whose result is mixer_out).
   Tensor forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps, Tensor& mixer_out);

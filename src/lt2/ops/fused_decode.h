@@ -115,6 +115,8 @@ bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusi
 // One product of a chain run by gemv_chain_fused: y_i = f_i(x_i) W_i^T (+ residual), x_0 the
 // chain's x and x_i (i > 0) product i - 1's output.
 struct ChainProduct {
+  ChainProduct() = default;
+  explicit ChainProduct(Tensor weight) : w(std::move(weight)) {}
   Tensor w;             // [N, K] contiguous, as gemv_fused's
   GemvFusion fusion;    // as gemv_fused's (k_splits 0)
   int residual_of = -1;  // >= 0: the residual is that earlier product's output (fusion.residual undefined)

@@ -19,8 +19,14 @@
 // fragments of two products. Warps split a slot's K; the block sums them per tile.
 // x is staged in shared memory once per product and block with its prologue applied, rounded to T
 // as the gemv kernels round their operands; RmsNorm's rsqrt is applied to the sums.
+// Measured on an H200 (bench/results/gemv_chain_h200.txt): the 1.3B block tail (77.7 MB) in 34.0 us
+// against 36.4 us as three launches at 1 row, but slower from 4 rows (x staged whole by every
+// block); alone on the LM head the stream reaches 86% of the copy bandwidth (the register GEMV
+// 100%), the same with 4, 8 or 12 ring slots and with independent accumulators per mma, so the
+// TMA issue path, not the bytes in flight or the consumers' mma chain, is the limit to attack next.
 #include <cuda/atomic>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -152,42 +158,58 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
 }
 
 // x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
-// rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier.
+// rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier. Each thread
+// issues the loads of kStageBatch vectors before using any: x sits in L2, and one round trip per
+// vector would cost ~15 us for 8 rows of w2's 2 x 5632 inputs.
+constexpr int kStageBatch = 8;
 template <typename T>
 __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],
                         float* s_rinv) {
-  const int vecs = g.k / 8;
+  const int vecs = g.k / 8, total = static_cast<int>(g.rows) * vecs;
   float sumsq[kGemvMaxRows];
 #pragma unroll
   for (int m = 0; m < kGemvMaxRows; ++m) sumsq[m] = 0.f;
-  for (int i = threadIdx.x; i < g.rows * vecs; i += kConsumers) {
-    const int m = i / vecs, v = i % vecs;
-    const T* row = static_cast<const T*>(g.x) + m * g.x_row_stride;
-    float f[8];
-    unpack16<T>(load_coherent16(row, v), f);
-    if (g.prologue == GemvPrologue::RmsNorm) {
-      float w[8], s = 0.f;
-      unpack16<T>(__ldg(reinterpret_cast<const uint4*>(g.norm_weight) + v), w);
+  for (int base = threadIdx.x; base < total; base += kConsumers * kStageBatch) {
+    uint4 raw[kStageBatch], aux[kStageBatch];  // x's vector and its prologue's operand
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s = fmaf(f[e], f[e], s), f[e] *= w[e];
-#pragma unroll
-      for (int r = 0; r < kGemvMaxRows; ++r)
-        if (r == m) sumsq[r] += s;
-    } else if (g.prologue == GemvPrologue::SiluMul) {
-      float b[8];
-      unpack16<T>(load_coherent16(row + g.k, v), b);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = f[e] / (1.f + __expf(-f[e])) * b[e];
-    } else if (g.prologue == GemvPrologue::SigmoidGate) {
-      float gate[8];
-      unpack16<T>(load_coherent16(static_cast<const T*>(g.x_gate) + m * g.x_gate_row_stride, v), gate);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] *= sigmoid(gate[e]);
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + u * kConsumers;
+      if (i >= total) break;
+      const int m = i / vecs, v = i % vecs;
+      const T* row = static_cast<const T*>(g.x) + m * g.x_row_stride;
+      raw[u] = load_coherent16(row, v);
+      if (g.prologue == GemvPrologue::RmsNorm) aux[u] = __ldg(reinterpret_cast<const uint4*>(g.norm_weight) + v);
+      else if (g.prologue == GemvPrologue::SiluMul) aux[u] = load_coherent16(row + g.k, v);
+      else if (g.prologue == GemvPrologue::SigmoidGate)
+        aux[u] = load_coherent16(static_cast<const T*>(g.x_gate) + m * g.x_gate_row_stride, v);
     }
-    uint4 packed;
-    packed.x = pack2<T>(f[0], f[1]), packed.y = pack2<T>(f[2], f[3]);
-    packed.z = pack2<T>(f[4], f[5]), packed.w = pack2<T>(f[6], f[7]);
-    *reinterpret_cast<uint4*>(xs + m * x_pitch + v * 16) = packed;
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + u * kConsumers;
+      if (i >= total) break;
+      const int m = i / vecs, v = i % vecs;
+      float f[8], a[8];
+      unpack16<T>(raw[u], f);
+      if (g.prologue != GemvPrologue::None) unpack16<T>(aux[u], a);
+      if (g.prologue == GemvPrologue::RmsNorm) {
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s = fmaf(f[e], f[e], s), f[e] *= a[e];
+#pragma unroll
+        for (int r = 0; r < kGemvMaxRows; ++r)
+          if (r == m) sumsq[r] += s;
+      } else if (g.prologue == GemvPrologue::SiluMul) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = f[e] / (1.f + __expf(-f[e])) * a[e];
+      } else if (g.prologue == GemvPrologue::SigmoidGate) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] *= sigmoid(a[e]);
+      }
+      uint4 packed;
+      packed.x = pack2<T>(f[0], f[1]), packed.y = pack2<T>(f[2], f[3]);
+      packed.z = pack2<T>(f[4], f[5]), packed.w = pack2<T>(f[6], f[7]);
+      *reinterpret_cast<uint4*>(xs + m * x_pitch + v * 16) = packed;
+    }
   }
   if (g.prologue == GemvPrologue::RmsNorm) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -206,12 +228,12 @@ __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, flo
   consumer_sync();
 }
 
-// y[m, n] = (rinv_m) acc (+ residual[m, n]), rounded once.
+// y[m, n] = (rinv_m) acc + residual, rounded once.
 template <typename T>
-__device__ __forceinline__ void store_y(const GemvParams& g, int m, int64_t n, float acc, const float* s_rinv) {
+__device__ __forceinline__ void store_y(const GemvParams& g, int m, int64_t n, float acc, float residual,
+                                        const float* s_rinv) {
   if (g.prologue == GemvPrologue::RmsNorm) acc *= s_rinv[m];
-  if (g.residual) acc += load_coherent(static_cast<const T*>(g.residual) + m * g.residual_row_stride + n);
-  static_cast<T*>(g.y)[m * g.y_row_stride + n] = from_float<T>(acc);
+  static_cast<T*>(g.y)[m * g.y_row_stride + n] = from_float<T>(acc + residual);
 }
 
 template <typename T>
@@ -247,6 +269,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool has_x = g8 < g.rows;
     const unsigned char* x_row = xs + g8 * x_pitch;
     for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
+      // Output (m, r) of the tile is thread m * kTileRows + r's; its residual is loaded now, so the
+      // L2 round trip overlaps the tile's slices instead of delaying the store.
+      const int out_m = threadIdx.x / kTileRows, out_r = threadIdx.x % kTileRows;
+      const int64_t out_n = t * kTileRows + out_r;
+      const bool is_out = threadIdx.x < kGemvMaxRows * kTileRows && out_m < g.rows && out_n < g.n;
+      const float residual =
+          is_out && g.residual
+              ? load_coherent(static_cast<const T*>(g.residual) + out_m * g.residual_row_stride + out_n)
+              : 0.f;
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int k0 = 0; k0 < g.k; k0 += kSliceK) {
         const int chunks = min(kSliceK, g.k - k0) / kChunkK;
@@ -268,15 +299,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       red[warp][g8][2 * q] = acc[0];
       red[warp][g8][2 * q + 1] = acc[1];
       consumer_sync();  // (the other buffer's readers finished before this barrier, too)
-      if (threadIdx.x < kGemvMaxRows * kTileRows) {
-        const int m = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
-        const int64_t n = t * kTileRows + r;
-        if (m < g.rows && n < g.n) {
-          float sum = 0.f;
+      if (is_out) {
+        float sum = 0.f;
 #pragma unroll
-          for (int w = 0; w < kConsumerWarps; ++w) sum += red[w][m][r];
-          store_y<T>(g, m, n, sum, s_rinv);
-        }
+        for (int w = 0; w < kConsumerWarps; ++w) sum += red[w][out_m][out_r];
+        store_y<T>(g, out_m, out_n, sum, residual, s_rinv);
       }
     }
   }
@@ -303,7 +330,13 @@ ChainPlan chain_plan(const GemvChainParams& p, int device) {
   constexpr size_t kStaticBytes = 8 * 1024;
   const size_t optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, "gemv_chain");
   const size_t room = optin > kStaticBytes + x_bytes ? optin - kStaticBytes - x_bytes : 0;
-  plan.slots = static_cast<int>(std::min<size_t>(kMaxSlots, room / kSlotBytes));
+  // LT2_GEMV_CHAIN_SLOTS caps the ring (a benchmarking knob: how the rate depends on the bytes in
+  // flight per SM).
+  static const int cap = [] {
+    const char* env = std::getenv("LT2_GEMV_CHAIN_SLOTS");
+    return env ? std::max(kMinSlots, std::min(kMaxSlots, std::atoi(env))) : kMaxSlots;
+  }();
+  plan.slots = static_cast<int>(std::min<size_t>(cap, room / kSlotBytes));
   plan.smem = static_cast<size_t>(plan.slots) * kSlotBytes + x_bytes;
   plan.blocks = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
   return plan;
