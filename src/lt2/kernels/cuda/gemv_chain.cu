@@ -82,24 +82,11 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 }
 // bytes of global memory at src -> shared memory at dst, completing that many bytes of `bar`'s
 // transaction count (TMA bulk copy: 16-byte aligned ends, a multiple of 16 bytes).
-// With evict_first, the copy's lines leave L2 first (weights are read once per step; x and the
-// residuals stay).
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                          bool evict_first) {
-  if (evict_first) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-            smem_address(dst)),
-        "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
-        : "memory");
-  } else {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_address(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_address(bar))
-                 : "memory");
-  }
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
 }
 // The consumer warps' own barrier (the producer warp never waits on the consumers).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
@@ -147,20 +134,9 @@ struct RingCursor {
 
 __device__ __forceinline__ int64_t tile_count(const GemvParams& g) { return (g.n + kTileRows - 1) / kTileRows; }
 
-// How the producer issues its copies (ChainTuning on the host).
-struct IssueOptions {
-  int lanes;         // producer lanes issuing a slot's row copies: 1 or kTileRows
-  bool evict_first;  // L2 evict-first hint on the weights
-};
-
-// Producer (the producer warp; lane 0 waits and arms, `lanes` lanes copy a row each): every slice
-// of every tile of every product this block computes, in order.
+// Producer (one lane): every slice of every tile of every product this block computes, in order.
 template <typename T>
-__device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty, int slots,
-                        IssueOptions issue) {
-  const int lane = threadIdx.x % 32;
-  if (lane >= issue.lanes) return;
-  const unsigned mask = issue.lanes == 32 ? 0xffffffffu : (1u << issue.lanes) - 1u;
+__device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty, int slots) {
   RingCursor c;
   for (int i = 0; i < p.products; ++i) {
     const GemvParams& g = p.product[i];
@@ -168,16 +144,12 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
     for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
       for (int k0 = 0; k0 < g.k; k0 += kSliceK) {
         const int len = min(kSliceK, g.k - k0);
-        if (lane == 0) {
-          mbarrier_wait(&empty[c.slot], c.parity ^ 1u);  // the consumers are done with the slot's last use
-          mbarrier_arrive_expect_tx(&full[c.slot], static_cast<uint32_t>(kTileRows * len * sizeof(T)));
-        }
-        __syncwarp(mask);
+        mbarrier_wait(&empty[c.slot], c.parity ^ 1u);  // the consumers are done with the slot's last use
+        mbarrier_arrive_expect_tx(&full[c.slot], static_cast<uint32_t>(kTileRows * len * sizeof(T)));
         unsigned char* slot = ring + static_cast<size_t>(c.slot) * kSlotBytes;
-        for (int r = lane; r < kTileRows; r += issue.lanes) {  // rows past N copy row N - 1, not written out
+        for (int r = 0; r < kTileRows; ++r) {  // rows past N copy row N - 1; their outputs are not written
           const int64_t row = min(t * kTileRows + r, g.n - 1);
-          bulk_copy(slot + r * kSlotPitch, w + row * g.k + k0, static_cast<uint32_t>(len * sizeof(T)), &full[c.slot],
-                    issue.evict_first);
+          bulk_copy(slot + r * kSlotPitch, w + row * g.k + k0, static_cast<uint32_t>(len * sizeof(T)), &full[c.slot]);
         }
         c.advance(slots);
       }
@@ -266,7 +238,7 @@ __device__ __forceinline__ void store_y(const GemvParams& g, int m, int64_t n, f
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch, IssueOptions issue) {
+    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;                                      // [slots][kTileRows][kSlotPitch]
@@ -282,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (warp == kConsumerWarps) {
-    produce<T>(p, ring, full, empty, slots, issue);
+    if (lane == 0) produce<T>(p, ring, full, empty, slots);
     return;
   }
 
@@ -338,31 +310,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Benchmarking knobs, read once from the environment (how the stream's rate depends on them):
-//   LT2_GEMV_CHAIN_SLOTS          caps the ring's slots (4..12; default: what shared memory holds)
-//   LT2_GEMV_CHAIN_ISSUE_LANES    1 (default) or 8 producer lanes issuing a slot's copies
-//   LT2_GEMV_CHAIN_EVICT_FIRST    1: L2 evict-first hint on the weight copies (default 0)
-//   LT2_GEMV_CHAIN_BLOCKS_PER_SM  1 (default) or 2 blocks per SM (two rings, two producers)
-struct ChainTuning {
-  int max_slots = kMaxSlots, blocks_per_sm = 1;
-  IssueOptions issue{1, false};
-};
-int env_int(const char* name, int fallback, int lo, int hi) {
-  const char* env = std::getenv(name);
-  return env ? std::max(lo, std::min(hi, std::atoi(env))) : fallback;
-}
-const ChainTuning& chain_tuning() {
-  static const ChainTuning t = [] {
-    ChainTuning c;
-    c.max_slots = env_int("LT2_GEMV_CHAIN_SLOTS", kMaxSlots, kMinSlots, kMaxSlots);
-    c.issue.lanes = env_int("LT2_GEMV_CHAIN_ISSUE_LANES", 1, 1, kTileRows) == 1 ? 1 : kTileRows;
-    c.issue.evict_first = env_int("LT2_GEMV_CHAIN_EVICT_FIRST", 0, 0, 1) == 1;
-    c.blocks_per_sm = env_int("LT2_GEMV_CHAIN_BLOCKS_PER_SM", 1, 1, 2);
-    return c;
-  }();
-  return t;
-}
-
 // Shared memory of one launch: the ring and x's rows (the widest x of the chain).
 struct ChainPlan {
   int slots = 0, x_pitch = 0, blocks = 0;
@@ -378,17 +325,20 @@ ChainPlan chain_plan(const GemvChainParams& p, int device) {
     rows = std::max(rows, p.product[i].rows), k = std::max<int64_t>(k, p.product[i].k);
   plan.x_pitch = padded_pitch(static_cast<int>(k * element_bytes(p.product[0].dtype)));
   const size_t x_bytes = static_cast<size_t>(rows) * plan.x_pitch;
-  // What the kernel's static shared memory (mbarriers, sums; 4.5 KB, rounded up) leaves of a
-  // block's share of the SM (one block per SM, or two with that knob).
+  // What the kernel's static shared memory (mbarriers, sums; 4.5 KB, rounded up) leaves of the
+  // per-block maximum (one block per SM).
   constexpr size_t kStaticBytes = 8 * 1024;
-  const ChainTuning& tuning = chain_tuning();
   const size_t optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, "gemv_chain");
-  const size_t per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device, "gemv_chain");
-  const size_t share = std::min(optin, per_sm / tuning.blocks_per_sm);
-  const size_t room = share > kStaticBytes + x_bytes ? share - kStaticBytes - x_bytes : 0;
-  plan.slots = static_cast<int>(std::min<size_t>(tuning.max_slots, room / kSlotBytes));
+  const size_t room = optin > kStaticBytes + x_bytes ? optin - kStaticBytes - x_bytes : 0;
+  // LT2_GEMV_CHAIN_SLOTS caps the ring (a benchmarking knob: how the rate depends on the bytes in
+  // flight per SM).
+  static const int cap = [] {
+    const char* env = std::getenv("LT2_GEMV_CHAIN_SLOTS");
+    return env ? std::max(kMinSlots, std::min(kMaxSlots, std::atoi(env))) : kMaxSlots;
+  }();
+  plan.slots = static_cast<int>(std::min<size_t>(cap, room / kSlotBytes));
   plan.smem = static_cast<size_t>(plan.slots) * kSlotBytes + x_bytes;
-  plan.blocks = tuning.blocks_per_sm * device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
+  plan.blocks = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
   return plan;
 }
 
@@ -469,8 +419,7 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
       cooperative.val.cooperative = 1;
       config.attrs = &cooperative;
       config.numAttrs = 1;
-      const cudaError_t err = cudaLaunchKernelEx(&config, gemv_chain_kernel<T>, p, barrier, plan.slots, plan.x_pitch,
-                                                 chain_tuning().issue);
+      const cudaError_t err = cudaLaunchKernelEx(&config, gemv_chain_kernel<T>, p, barrier, plan.slots, plan.x_pitch);
       LT2_CHECK(err == cudaSuccess, "gemv_chain launch failed: ", cudaGetErrorString(err));
     }
   });
