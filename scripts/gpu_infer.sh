@@ -47,20 +47,18 @@ if has decode; then
     "${PROFILE_ARGS[@]}" 2> /tmp/decode.err || tail -20 /tmp/decode.err
   cat "$OUT/decode_engine.md"
 fi
-if has cublas; then
-  LT2_FUSED_GEMV=0 $L bench decode -m "${CUBLAS_MODELS:-$MODELS}" -c "${CUBLAS_CONTEXTS:-4k}" -b "${BATCHES:-1,8,32}" \
-    --paths engine --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_cublas.json" \
-    --out-md "$OUT/decode_cublas.md" 2> /tmp/cublas.err || tail -20 /tmp/cublas.err
-  echo "with LT2_FUSED_GEMV=0 (projections through cuBLAS):"
-  cat "$OUT/decode_cublas.md"
-fi
-if has nochain; then
-  LT2_GEMV_CHAIN=0 $L bench decode -m "${NOCHAIN_MODELS:-$MODELS}" -c "${NOCHAIN_CONTEXTS:-8k}" -b "${BATCHES:-1,8,32}" \
-    --paths engine --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_nochain.json" \
-    --out-md "$OUT/decode_nochain.md" 2> /tmp/nochain.err || tail -20 /tmp/nochain.err
-  echo "with LT2_GEMV_CHAIN=0 (block tails as three GEMV launches):"
-  cat "$OUT/decode_nochain.md"
-fi
+# An A/B stage: engine decode cells with one environment switch set.
+#   ab_decode NAME SWITCH MODELS CONTEXTS "what the switch does"   -> $OUT/decode_NAME.{json,md}
+ab_decode() {
+  env "$2" $L bench decode -m "$3" -c "$4" -b "${BATCHES:-1,8,32}" --paths engine --steps "${STEPS:-10}" --warmup 2 \
+    --out-json "$OUT/decode_$1.json" --out-md "$OUT/decode_$1.md" 2> "/tmp/$1.err" || tail -20 "/tmp/$1.err"
+  echo "with $2 ($5):"
+  cat "$OUT/decode_$1.md"
+}
+has cublas && ab_decode cublas LT2_FUSED_GEMV=0 "${CUBLAS_MODELS:-$MODELS}" "${CUBLAS_CONTEXTS:-4k}" \
+  "projections through cuBLAS"
+has nochain && ab_decode nochain LT2_GEMV_CHAIN=0 "${NOCHAIN_MODELS:-$MODELS}" "${NOCHAIN_CONTEXTS:-8k}" \
+  "block tails as three GEMV launches"
 if has reference; then
   $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \
     --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_reference.json" --out-md "$OUT/decode_reference.md" \
