@@ -256,6 +256,24 @@ TEST(DSA, Options) {
   EXPECT_EQ(d->index_head_dim, 128);
 }
 
+// Packing the latent form keeps one copy of the absorption weights: wk_b and wv_b view their
+// transposed copies, so values are unchanged and a later update to a parameter shows in the copy
+// the fused decode reads.
+TEST(DSA, PackedAbsorptionWeightsFollowTheParameters) {
+  auto m = make_dsa(4, "latent", 8);
+  const auto wk_before = m->wk_b.clone(), wv_before = m->wv_b.clone();
+  m->pack_for_inference();
+  torch::NoGradGuard ng;
+  EXPECT_TRUE(torch::equal(m->wk_b, wk_before));
+  EXPECT_TRUE(torch::equal(m->wv_b, wv_before));
+  ASSERT_TRUE(m->wk_b_t.is_contiguous() && m->wv_b_t.is_contiguous());
+  m->wk_b.mul_(2);
+  m->wv_b.copy_(torch::randn_like(m->wv_b));
+  EXPECT_TRUE(torch::equal(m->wk_b_t, m->wk_b.transpose(1, 2)));
+  EXPECT_TRUE(torch::equal(m->wv_b_t, m->wv_b.transpose(1, 2)));
+  EXPECT_TRUE(torch::equal(m->wk_b, 2 * wk_before));
+}
+
 // ops::dsa_latent_prep_reference (the fused decode kernel's reference) on the packed projection
 // equals the unfused decode math: project()'s RoPE'd q, the cache rows step() writes at each
 // sequence's position, indexer_queries() and the lengths; both RoPE styles, the output gate packed in.

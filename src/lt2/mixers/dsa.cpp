@@ -146,8 +146,13 @@ void DSAImpl::pack_for_inference() {
   if (w_in.defined()) return;
   w_in = pack_linears(input_projections());
   torch::NoGradGuard ng;
+  // The absorption GEMVs read wk_b, wv_b transposed. The parameters become transposed views of
+  // those copies (one storage, as pack_linears does for w_in), so an update to a parameter after
+  // packing (a loaded checkpoint, a training step) reaches the fused decode too.
   wk_b_t = wk_b.transpose(1, 2).contiguous();
   wv_b_t = wv_b.transpose(1, 2).contiguous();
+  wk_b.set_data(wk_b_t.transpose(1, 2));
+  wv_b.set_data(wv_b_t.transpose(1, 2));
 }
 
 DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {

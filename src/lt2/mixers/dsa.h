@@ -102,7 +102,7 @@ class DSAImpl : public MixerImpl {
   torch::nn::LayerNorm index_k_norm{nullptr};
   // Inference (pack_for_inference), latent form; undefined otherwise.
   Tensor w_in;            // [wq; wkv_a; index_wq; index_wk; index_ww(; wgate)] packed, [N, d]
-  Tensor wk_b_t, wv_b_t;  // [H, d_c, D], [H, D, d_c]: wk_b, wv_b transposed (copies taken when packing)
+  Tensor wk_b_t, wv_b_t;  // [H, d_c, D], [H, D, d_c]: wk_b, wv_b transposed (the parameters view them)
   std::vector<torch::nn::Linear> input_projections() const;  // what w_in packs, in order
 
   // Queries and keys of x (exposed for tests: the fused decode's reference).
