@@ -22,8 +22,9 @@
 // Measured on an H200 (bench/results/gemv_chain_h200.txt): the 1.3B block tail (77.7 MB) in 34.0 us
 // against 36.4 us as three launches at 1 row, but slower from 4 rows (x staged whole by every
 // block); alone on the LM head the stream reaches 86% of the copy bandwidth (the register GEMV
-// 100%), the same with 4, 8 or 12 ring slots and with independent accumulators per mma, so the
-// TMA issue path, not the bytes in flight or the consumers' mma chain, is the limit to attack next.
+// 100%), the same with 4, 8 or 12 ring slots, with independent accumulators per mma and with 8
+// issuing lanes: neither the bytes in flight, the consumers' mma chain nor the issue rate; what
+// holds the TMA stream back is open (bench/NOTES.md lists what to try next).
 #include <cuda/atomic>
 
 #include <cstdlib>
