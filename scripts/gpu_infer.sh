@@ -10,6 +10,7 @@
 #   KERNEL_ARGS="--kernels gemv --batches 1,8"   arguments of the micro-benchmark
 #   STAGES may include "cublas": decode cells (CUBLAS_MODELS, CUBLAS_CONTEXTS=4k) with LT2_FUSED_GEMV=0 (projections through
 #   cuBLAS instead of the fused GEMV), for the A/B of that kernel
+#   "probe": bench/tma_stream_probe (HBM -> shared memory by TMA bulk copies vs register loads);
 #   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with LT2_GEMV_CHAIN=0 (each block's tail as
 #   three GEMV launches instead of one chained kernel), for the A/B of the chain
 set -uo pipefail
@@ -26,7 +27,7 @@ B=build-gpu
 log=/tmp/lt2_build.log
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
-  cmake --build $B -j "$(nproc)" --target lt2_cli test_gpu decode_kernels_bench >> $log 2>&1 ||
+  cmake --build $B -j "$(nproc)" --target lt2_cli test_gpu decode_kernels_bench tma_stream_probe >> $log 2>&1 ||
   { grep -E "error|Error" -A5 $log | head -80 | tee "$OUT/build_errors.txt"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 L=$B/apps/lt2/lt2
@@ -38,6 +39,10 @@ fi
 if has kernels; then
   $B/bench/decode_kernels_bench ${KERNEL_ARGS:-} > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"
   grep -v '^RESULT' "$OUT/decode_kernels.txt" | tail -60
+fi
+if has probe; then
+  $B/bench/tma_stream_probe > "$OUT/tma_stream_probe.txt" 2>&1 || tail -5 "$OUT/tma_stream_probe.txt"
+  cat "$OUT/tma_stream_probe.txt"
 fi
 PROFILE_ARGS=()
 [ "${PROFILE:-0}" -gt 0 ] && PROFILE_ARGS=(--profile "$PROFILE" --profile-md "$OUT/decode_profile.md")
