@@ -20,7 +20,11 @@
 #include <cstring>
 #include <vector>
 
+#include "lt2/kernels/cuda/tma.cuh"
+
 namespace {
+
+using namespace lt2::kernels;
 
 #define CHECK(call)                                                                       \
   do {                                                                                    \
@@ -35,21 +39,6 @@ constexpr int kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr int kMaxSlots = 64;
 constexpr int kRingBytes = 128 * 1024;  // the same bytes in flight per block for every slot size
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_address(bar)), "r"(parity)
-        : "memory");
-  }
-}
 
 // Register loads: each thread streams 16-byte vectors of its block's range, 4 in flight.
 __global__ void __launch_bounds__(256) register_stream(const uint4* src, size_t vecs_per_block, unsigned* sink) {
@@ -79,11 +68,10 @@ __global__ void __launch_bounds__(kThreads) tma_stream(const unsigned char* src,
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_address(&full[s])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(&empty[s])), "r"(kConsumerWarps)
-                   : "memory");
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarrier_init_fence();
   }
   __syncthreads();
   const size_t n_slots = bytes_per_block / copy;
@@ -97,16 +85,12 @@ __global__ void __launch_bounds__(kThreads) tma_stream(const unsigned char* src,
       const uint32_t parity = static_cast<uint32_t>((j / slots) & 1);
       if (lane == 0) {
         mbarrier_wait(&empty[s], parity ^ 1u);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(&full[s])),
-                     "r"(copy)
-                     : "memory");
+        mbarrier_arrive_expect_tx(&full[s], static_cast<uint32_t>(copy));
       }
       __syncwarp(mask);
       for (int k = lane; k < pieces; k += lanes)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                         smem_address(ring + static_cast<size_t>(s) * copy + k * piece)),
-                     "l"(base + j * copy + k * piece), "r"(piece), "r"(smem_address(&full[s]))
-                     : "memory");
+        bulk_copy(ring + static_cast<size_t>(s) * copy + k * piece, base + j * copy + k * piece,
+                  static_cast<uint32_t>(piece), &full[s]);
     }
     return;
   }
@@ -117,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) tma_stream(const unsigned char* src,
     const int v = threadIdx.x % (copy / 16);
     acc ^= reinterpret_cast<const uint4*>(ring + static_cast<size_t>(s) * copy)[v].x;
     __syncwarp();
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(&empty[s])) : "memory");
+    if (lane == 0) mbarrier_arrive(&empty[s]);
   }
   if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 #endif

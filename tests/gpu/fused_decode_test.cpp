@@ -18,12 +18,6 @@
 #include "lt2/ops/gated_linear.h"
 #include "lt2/ops/short_conv.h"
 
-#ifdef LT2_WITH_CUDA
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;

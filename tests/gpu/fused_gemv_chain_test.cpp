@@ -13,12 +13,6 @@
 #include "common/testing.h"
 #include "lt2/ops/fused_decode.h"
 
-#ifdef LT2_WITH_CUDA
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;

@@ -19,12 +19,6 @@
 #include "lt2/kernels/sparse_attention_decode.h"
 #include "lt2/ops/fused_sparse_attention.h"
 
-#ifdef LT2_WITH_CUDA
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;

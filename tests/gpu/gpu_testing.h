@@ -6,6 +6,13 @@
 
 #include "lt2/ops/fused_decode.h"
 
+// CUDA graphs, streams and device guards, which the graph-replay tests use.
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #define REQUIRE_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU"
 

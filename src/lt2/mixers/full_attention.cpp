@@ -134,7 +134,7 @@ std::optional<PendingProjection> FullAttentionImpl::step_residual_pending(const 
   auto raw = unpack_outputs(projections.unsqueeze(1), packed_layers());  // [B, 1, *] each
   if (auto pending = fused_decode(raw, pos, &state, x)) return pending;
   // The kernels after the GEMV do not take these inputs: the rest unfused, its result as is.
-  return PendingProjection{attend(raw, Tensor(), pos, &state, x).view({x.size(0), -1})};
+  return PendingProjection::done(attend(raw, Tensor(), pos, &state, x).view({x.size(0), -1}));
 }
 
 Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos,

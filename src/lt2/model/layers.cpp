@@ -99,19 +99,16 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
 // stream runs at ~86% of the copy bandwidth where the register GEMV reaches ~100%).
 constexpr int64_t kChainedTailMaxRows = 2;
 
-Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps,
-                                    Tensor& mixer_out) {
-  if (mixer.layer && !mixer.layer->bias.defined() && mixer.residual.defined() && use_packed(w13) &&
-      mixer.y.numel() / std::max<int64_t>(1, mixer.y.size(-1)) <= kChainedTailMaxRows) {
-    ops::ChainProduct projection{mixer.layer->weight}, gate_up{w13}, down_proj{w2->weight};
-    projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
-    gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;               // [a | b]
-    down_proj.fusion.silu_mul = true, down_proj.residual_of = 0;                           // h + ...
-    const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
-    if (!out.empty()) return out[2];
-  }
-  mixer_out = mixer.run();
-  return forward_residual(mixer_out, norm_weight, eps);
+Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps) {
+  if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(w13) ||
+      mixer.y.size(0) > kChainedTailMaxRows)
+    return {};
+  ops::ChainProduct projection{mixer.layer->weight}, gate_up{w13}, down_proj{w2->weight};
+  projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
+  gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;               // [a | b]
+  down_proj.fusion.silu_mul = true, down_proj.residual_of = 0;                           // h + ...
+  const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
+  return out.empty() ? Tensor() : out[2];
 }
 
 Tensor SwiGLUImpl::down(const Tensor& gate_up) {

@@ -34,11 +34,12 @@ Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, co
 // A decode half's output projection, not yet run: gated_linear_residual(y, layer, x_gate,
 // residual) (y [B, K], residual [B, d] or undefined), left to the block so it can run it in one
 // kernel with the FFN's products (SwiGLU::forward_residual's PendingProjection form). An
-// undefined layer means y is already the result.
+// undefined layer (done()) means y is already the result.
 struct PendingProjection {
   Tensor y;
   torch::nn::Linear layer{nullptr};
   Tensor x_gate, residual;
+  static PendingProjection done(Tensor result) { return {std::move(result), nullptr, {}, {}}; }
   Tensor run() const { return layer ? gated_linear_residual(y, layer, x_gate, residual) : y; }
 };
 
@@ -85,13 +86,12 @@ class SwiGLUImpl : public torch::nn::Module {
   // (ops::gemv_fused). Undefined when those GEMVs do not take the inputs (not packed, too many
   // rows, gradients, ...) before anything ran: the caller runs the unfused form.
   Tensor forward_residual(const Tensor& h, const Tensor& norm_weight, double eps);
-  // The same after the mixer's output projection: h = mixer.run(), then h + forward(rms_norm(h)),
-  // with the three products (the projection, w1|w3, w2) in one chained kernel
-  // (ops::gemv_chain_fused) where it applies and is faster (at most 2 rows, layers.cpp), else as
-  // run() and forward_residual. [B, d];
-  // undefined when neither fused form takes the inputs (nothing ran then but mixer.run()'s
-  // product, whose result is mixer_out).
-  Tensor forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps, Tensor& mixer_out);
+  // The same from the mixer's pending output projection: h + forward(rms_norm(h)) with
+  // h = mixer.run(), the three products (the projection, w1|w3, w2) in one chained kernel
+  // (ops::gemv_chain_fused), [B, d]. Undefined, having run nothing, where the chain does not apply
+  // or is not the faster form (more than 2 rows, layers.cpp): the caller runs mixer.run() and the
+  // form above.
+  Tensor forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps);
   // w2(silu(a) * b) of the packed w1|w3 output [..., 2 hidden] = [a | b].
   Tensor down(const Tensor& gate_up);
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};

@@ -36,6 +36,12 @@ using namespace detail;
 
 namespace {
 
+// An A/B switch read from the environment: on unless the variable is "0".
+bool env_switch_on(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
 // Why the kernels cannot take a tensor (empty when they can): defined, on CUDA, a kernel dtype.
 std::string activation_problem(const Tensor& t, const char* name) {
   if (!t.defined()) return cat(name, " is undefined");
@@ -535,10 +541,7 @@ kernels::GemvParams gemv_params(const Tensor& x2, const Tensor& w, const GemvFus
 }  // namespace
 
 bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusion) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("LT2_FUSED_GEMV");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
+  static const bool enabled = env_switch_on("LT2_FUSED_GEMV");
   return enabled && fused_elementwise_applies({x, w}) && gemv_problem(x, w, fusion).empty();
 }
 
@@ -593,19 +596,12 @@ std::string gemv_chain_problem(const Tensor& x, const std::vector<ChainProduct>&
   return "";
 }
 
-bool gemv_chain_switched_on() {
-  static const bool on = [] {
-    const char* env = std::getenv("LT2_GEMV_CHAIN");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
-  return on;
-}
-
 }  // namespace
 
 std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products) {
   std::vector<std::vector<int64_t>> out_sizes;
-  if (!gemv_chain_switched_on() || !fused_elementwise_applies({x}) || !gemv_chain_problem(x, products, out_sizes).empty())
+  static const bool enabled = env_switch_on("LT2_GEMV_CHAIN");
+  if (!enabled || !fused_elementwise_applies({x}) || !gemv_chain_problem(x, products, out_sizes).empty())
     return {};
 #ifdef LT2_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());

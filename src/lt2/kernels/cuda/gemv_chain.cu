@@ -34,6 +34,7 @@
 #include <utility>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
+#include "lt2/kernels/cuda/tma.cuh"
 
 namespace lt2::kernels {
 namespace {
@@ -57,38 +58,6 @@ struct GridBarrier {
 };
 __device__ GridBarrier g_grid_barriers[kMaxStreams];  // zero at module load; each use leaves count 0
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
-               : "memory");
-}
-// Blocks until the phase of `bar` with this parity has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_address(bar)), "r"(parity)
-        : "memory");
-  }
-}
-// bytes of global memory at src -> shared memory at dst, completing that many bytes of `bar`'s
-// transaction count (TMA bulk copy: 16-byte aligned ends, a multiple of 16 bytes).
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_address(dst)),
-               "l"(src), "r"(bytes), "r"(smem_address(bar))
-               : "memory");
-}
 // The consumer warps' own barrier (the producer warp never waits on the consumers).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 
@@ -251,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarrier_init_fence();
   }
   __syncthreads();
   if (warp == kConsumerWarps) {
@@ -369,7 +338,10 @@ GridBarrier* stream_barrier(int device, cudaStream_t stream) {
 
 }  // namespace
 
-std::string gemv_chain_problem(const GemvChainParams& p, int device) {
+namespace {
+
+// Why gemv_chain cannot take p on `device` (empty when it can); *plan gets the launch's plan.
+std::string chain_problem(const GemvChainParams& p, int device, ChainPlan* plan) {
   if (p.products < 1 || p.products > kGemvChainMaxProducts)
     return cat("1..", kGemvChainMaxProducts, " products, found ", p.products);
   if (device_attribute(cudaDevAttrComputeCapabilityMajor, device, "gemv_chain") < 9)
@@ -379,31 +351,38 @@ std::string gemv_chain_problem(const GemvChainParams& p, int device) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   for (int i = 0; i < p.products; ++i) {
     const GemvParams& g = p.product[i];
-    const std::string at = cat("product ", i, ": ");
-    if (g.dtype != dtype) return at + "every product in one dtype";
-    if (g.batch != 1 || g.y_gate) return at + "one product per GemvParams (batch 1) and no y_gate";
+    auto at = [i] { return cat("product ", i, ": "); };  // built only for an error
+    if (g.dtype != dtype) return at() + "every product in one dtype";
+    if (g.batch != 1 || g.y_gate) return at() + "one product per GemvParams (batch 1) and no y_gate";
     if (g.rows < 1 || g.rows > kGemvMaxRows || g.n < 1 || g.k < kChunkK || g.k % kChunkK != 0)
-      return cat(at, g.rows, " rows (1..", kGemvMaxRows, ") of K = ", g.k, " (a multiple of ", kChunkK, ") into N = ", g.n);
+      return cat(at(), g.rows, " rows (1..", kGemvMaxRows, ") of K = ", g.k, " (a multiple of ", kChunkK, ") into N = ", g.n);
     const int64_t row_bytes = g.x_row_stride * 2, k_bytes = static_cast<int64_t>(g.k) * 2;
     if (!aligned(g.x) || !aligned(g.w) || row_bytes % 16 != 0 || (g.x_gate && (!aligned(g.x_gate) || g.x_gate_row_stride * 2 % 16 != 0)))
-      return at + "x, x_gate and W 16-byte aligned, rows too";
-    if (k_bytes % 16 != 0) return at + "rows of W a multiple of 16 bytes";
-    if (g.prologue == GemvPrologue::RmsNorm && !g.norm_weight) return at + "the RmsNorm prologue needs its weight";
-    if (g.prologue == GemvPrologue::SigmoidGate && !g.x_gate) return at + "the SigmoidGate prologue needs x_gate";
+      return at() + "x, x_gate and W 16-byte aligned, rows too";
+    if (k_bytes % 16 != 0) return at() + "rows of W a multiple of 16 bytes";
+    if (g.prologue == GemvPrologue::RmsNorm && !g.norm_weight) return at() + "the RmsNorm prologue needs its weight";
+    if (g.prologue == GemvPrologue::SigmoidGate && !g.x_gate) return at() + "the SigmoidGate prologue needs x_gate";
   }
-  const ChainPlan plan = chain_plan(p, device);
-  if (plan.slots < kMinSlots)
-    return cat("x rows of the widest product leave room for ", plan.slots, " ring slots of shared memory (", kMinSlots,
-               " needed)");
+  *plan = chain_plan(p, device);
+  if (plan->slots < kMinSlots)
+    return cat("x rows of the widest product leave room for ", plan->slots, " ring slots of shared memory (",
+               kMinSlots, " needed)");
   return "";
+}
+
+}  // namespace
+
+std::string gemv_chain_problem(const GemvChainParams& p, int device) {
+  ChainPlan plan;
+  return chain_problem(p, device, &plan);
 }
 
 void gemv_chain(const GemvChainParams& p, void* stream) {
   int device = 0;
   cudaGetDevice(&device);
-  const std::string problem = gemv_chain_problem(p, device);
+  ChainPlan plan;
+  const std::string problem = chain_problem(p, device, &plan);
   LT2_CHECK(problem.empty(), "gemv_chain: ", problem);
-  const ChainPlan plan = chain_plan(p, device);
   const auto s = static_cast<cudaStream_t>(stream);
   GridBarrier* barrier = stream_barrier(device, s);
   dispatch_dtype(p.product[0].dtype, [&](auto t) {
