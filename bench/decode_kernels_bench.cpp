@@ -1,7 +1,7 @@
 // Micro-benchmark of the fused decode kernels (ops/fused_decode.h) at a preset's decode shapes:
 //   gdn_decode       GDN's step after its projections (gdn_decode_fused), the preset's GDN heads,
-//                    in the form the launcher picks; gdn_decode_per_head, gdn_decode_cluster
-//                    force one form (kernels::GdnDecodeForm)
+//                    in the form the launcher picks; gdn_decode_registers, gdn_decode_per_head,
+//                    gdn_decode_cluster force one form (kernels::GdnDecodeForm)
 //   recurrent_step   the generic recurrent step (recurrent_step_fused) on the same heads: delta
 //                    rule, one decay per head
 //   gdn_layer_step   the whole GDN layer's decode step (projections + kernel + o_proj)
@@ -62,10 +62,10 @@ struct Settings {
   std::string model = "lt2-full-gdn-1.3b", dtype = "bf16";
   std::vector<int64_t> batches{1, 8, 32};
   std::vector<int64_t> contexts{4096, 8192, 16384, 32768, 65536, 131072};
-  std::vector<std::string> kernels{"gdn_decode",     "gdn_decode_per_head", "gdn_decode_cluster",
-                                   "recurrent_step", "gdn_layer_step",      "attention",
-                                   "rms_norm",       "add_rms_norm",        "silu_mul",
-                                   "gemv",           "gemv_chain"};
+  std::vector<std::string> kernels{"gdn_decode",          "gdn_decode_registers", "gdn_decode_per_head",
+                                   "gdn_decode_cluster",  "recurrent_step",       "gdn_layer_step",
+                                   "attention",           "rms_norm",             "add_rms_norm",
+                                   "silu_mul",            "gemv",                 "gemv_chain"};
   std::vector<int> gemv_splits{0};  // 0: the K splits gemv picks
   int warmup = 5, iters = 20, reps = 10;
   bool reference = true;
@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
   app.add_option("--batches", s.batches, "Batch sizes")->delimiter(',')->capture_default_str();
   app.add_option("--contexts", s.contexts, "Keys per sequence for attention")->delimiter(',')->capture_default_str();
   app.add_option("--kernels", s.kernels,
-                 "Which rows: gdn_decode, gdn_decode_per_head, gdn_decode_cluster, recurrent_step, "
+                 "Which rows: gdn_decode, gdn_decode_registers, gdn_decode_per_head, gdn_decode_cluster, recurrent_step, "
                  "gdn_layer_step, attention, rms_norm, add_rms_norm, silu_mul, gemv, gemv_chain")
       ->delimiter(',')->capture_default_str();
   app.add_option("--dtype", s.dtype, "Activation dtype: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}))
@@ -352,8 +352,8 @@ int main(int argc, char** argv) {
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
     auto wants = [&](const std::string& k) { return std::count(s.kernels.begin(), s.kernels.end(), k) > 0; };
     std::shared_ptr<lt2::GatedDeltaNetImpl> gdn;
-    if (wants("gdn_decode") || wants("gdn_decode_per_head") || wants("gdn_decode_cluster") ||
-        wants("recurrent_step") || wants("gdn_layer_step"))
+    if (wants("gdn_decode") || wants("gdn_decode_registers") || wants("gdn_decode_per_head") ||
+        wants("gdn_decode_cluster") || wants("recurrent_step") || wants("gdn_layer_step"))
       gdn = make_gdn(cfg, dt);
 
     std::printf("\n| kernel | batch | context | us | MB moved | GB/s | %% copy BW | reference us | speed-up |\n"
@@ -400,6 +400,10 @@ int main(int argc, char** argv) {
     for (int64_t B : s.batches) {
       using lt2::kernels::GdnDecodeForm;
       if (wants("gdn_decode")) report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::Auto, "gdn_decode"));
+      if (wants("gdn_decode_registers") &&
+          lt2::kernels::gdn_decode_registers_supported(static_cast<int>(gdn->head_k_dim),
+                                                       static_cast<int>(gdn->head_v_dim)))
+        report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::Registers, "gdn_decode_registers"));
       if (wants("gdn_decode_per_head"))
         report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::PerHead, "gdn_decode_per_head"));
       if (wants("gdn_decode_cluster") &&

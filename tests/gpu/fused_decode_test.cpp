@@ -88,6 +88,8 @@ namespace {
 std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
   std::vector<kernels::GdnDecodeForm> forms{kernels::GdnDecodeForm::PerHead};
 #ifdef LT2_WITH_CUDA
+  if (kernels::gdn_decode_registers_supported(static_cast<int>(K), static_cast<int>(V)))
+    forms.push_back(kernels::GdnDecodeForm::Registers);
   if (kernels::gdn_decode_cluster_supported(static_cast<int>(K), static_cast<int>(V), c10::cuda::current_device()))
     forms.push_back(kernels::GdnDecodeForm::Cluster);
 #endif
@@ -95,7 +97,13 @@ std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
 }
 
 const char* form_name(kernels::GdnDecodeForm form) {
-  return form == kernels::GdnDecodeForm::Cluster ? "cluster" : form == kernels::GdnDecodeForm::PerHead ? "per-head" : "auto";
+  switch (form) {
+    case kernels::GdnDecodeForm::Registers: return "registers";
+    case kernels::GdnDecodeForm::PerHead: return "per-head";
+    case kernels::GdnDecodeForm::Cluster: return "cluster";
+    case kernels::GdnDecodeForm::Auto: break;
+  }
+  return "auto";
 }
 
 }  // namespace
@@ -106,10 +114,12 @@ TEST(FusedDecode, GdnStepMatchesReference) {
     int64_t B, H, K, V, W;
   };
   // (1, 1, 256, 512): four passes over the value columns (per-head form), eight tiles of 64
-  // (cluster form); V = 12, 40: one partial tile; W = 1: no conv window.
+  // (cluster form), two passes of 256 columns at 32 rows per thread (register form); V = 12, 40:
+  // one partial tile; V = 70: rows not 16-byte aligned, a partial column quad; K = 200: rows
+  // past K in the last row group, 10 passes (register form); W = 1: no conv window.
   const std::vector<Shape> shapes{{1, 2, 32, 64, 4}, {3, 4, 96, 192, 4}, {8, 2, 128, 256, 4},
                                   {3, 3, 6, 12, 4},  {2, 2, 64, 70, 3},  {1, 1, 256, 512, 4},
-                                  {2, 1, 16, 40, 1}};
+                                  {2, 1, 16, 40, 1}, {2, 2, 200, 1200, 4}};
   for (auto dt : {torch::kFloat32, torch::kBFloat16})
     for (bool use_gate : {true, false})
       for (const auto& s : shapes)

@@ -6,7 +6,9 @@
 // strides; fp32 relative RMS error < 1e-5, bf16 and fp16 < 5e-3. Every cache row a sequence does
 // not select is NaN, and the kernel also runs with NaN-poisoned output and split workspaces, so a
 // stray read or a missing write shows. Replayed from a CUDA graph with new counts, indices and
-// queries it equals the eager call. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// queries it equals the eager call. The latent preset in bf16 / fp16 (the tensor-core form) also on
+// its own: counts set per sequence (0, below a tile, at n), one split and several. Skips where no
+// CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -111,11 +113,35 @@ Tensor run_poisoned(const Inputs& in) {
             : in.q.scalar_type() == torch::kFloat16 ? kernels::DType::Float16
                                                     : kernels::DType::Float32;
   kernels::sparse_attention_decode(p, c10::cuda::getCurrentCUDAStream().stream());
-  if (splits > 1) {
-    EXPECT_FALSE(torch::isnan(partial_out).any().item<bool>()) << "a split partial left unwritten";
-    EXPECT_FALSE(torch::isnan(partial_lse).any().item<bool>()) << "a split lse left unwritten";
+  // The latent preset's tensor-core form runs fewer splits than the workspace holds: its partials
+  // fill the first [B, Hq, used, Dv] of it.
+  const int used = kernels::sparse_attention_decode_splits_used(p);
+  EXPECT_GE(used, 1);
+  EXPECT_LE(used, splits);
+  if (used > 1) {
+    EXPECT_FALSE(torch::isnan(partial_out.flatten().narrow(0, 0, B * Hq * used * Dv)).any().item<bool>())
+        << "a split partial left unwritten";
+    EXPECT_FALSE(torch::isnan(partial_lse.flatten().narrow(0, 0, B * Hq * used)).any().item<bool>())
+        << "a split lse left unwritten";
   }
   return out;
+}
+
+// The splits the launcher runs for in's shapes (without launching), and the count callers size the
+// workspace with.
+std::pair<int, int> splits_of(const Inputs& in) {
+  kernels::SparseAttentionDecodeParams p{};
+  p.k_cache = in.k.data_ptr(), p.v_cache = in.v.data_ptr();
+  p.k_batch_stride = in.k.stride(0), p.k_head_stride = in.k.stride(1), p.k_row_stride = in.k.stride(2);
+  p.v_batch_stride = in.v.stride(0), p.v_head_stride = in.v.stride(1), p.v_row_stride = in.v.stride(2);
+  p.batch = in.q.size(0), p.q_heads = in.q.size(1), p.kv_heads = in.k.size(1);
+  p.head_dim_k = in.k.size(3), p.head_dim_v = in.v.size(3), p.max_len = in.k.size(2), p.n = in.indices.size(1);
+  p.num_splits = kernels::sparse_attention_decode_num_splits(p.batch, p.kv_heads, p.q_heads / p.kv_heads, p.n,
+                                                             c10::cuda::current_device());
+  p.dtype = in.q.scalar_type() == torch::kBFloat16  ? kernels::DType::BFloat16
+            : in.q.scalar_type() == torch::kFloat16 ? kernels::DType::Float16
+                                                    : kernels::DType::Float32;
+  return {kernels::sparse_attention_decode_splits_used(p), p.num_splits};
 }
 #endif
 
@@ -124,8 +150,10 @@ Tensor run_poisoned(const Inputs& in) {
 TEST(FusedSparseAttention, MatchesFloat64Reference) {
   REQUIRE_FUSED_DECODE();
   const std::vector<Case> cases{
-      {1, 16, 1, 576, 512, 3000, 2048, true},    // DSA's latent preset at batch 1: 128 one-tile splits
-      {8, 16, 1, 576, 512, 2100, 2048, true},    // ... at batch 8
+      // DSA's latent preset at batch 1 (a count of 1 here; LatentTensorCoreForm sets counts):
+      // fp32 on CUDA cores, 128 one-tile splits; bf16 / fp16 the tensor-core form, 32 splits
+      {1, 16, 1, 576, 512, 3000, 2048, true},
+      {8, 16, 1, 576, 512, 2100, 2048, true},    // ... at batch 8 (tensor-core form: 16 splits)
       {3, 16, 1, 576, 512, 500, 100, true},      // a short list: partial tiles, idle splits
       {2, 16, 1, 576, 512, 40, 12, true},        // one split, written without the combine
       {3, 8, 1, 576, 512, 400, 150, false},      // separate 512-dim values, G 8
@@ -162,6 +190,70 @@ TEST(FusedSparseAttention, MatchesFloat64Reference) {
     }
 }
 
+// DSA's latent preset in bf16 / fp16 (Dk 576, Dv 512 aliased in the keys, 16 query heads over one
+// kv head): the launcher routes these to the tensor-core form (32-key tiles; fp32 and every other
+// shape take the CUDA-core kernel). Counts set per sequence: below n, one below a tile (1, 7, 17),
+// one at n, one that leaves a split's last tile partial and later splits empty; also a count of 0
+// (zeros). Which path each case hits (n 2048 on a 132-SM H200; tc::splits):
+//   B 1, n 2048: 32 splits of 2 tiles + combine (the workspace holds 128);
+//   B 8, n 2048: 16 splits of 4 tiles + combine;
+//   B 3, n 2048: 32 splits + combine, one count 0;
+//   B 1 and B 3, n 40 (2 tiles, the second partial): one split, `out` written without the combine;
+//   B 3, n 100 (4 tiles): 2 splits + combine; the count-5 sequence leaves split 1 empty.
+TEST(FusedSparseAttention, LatentTensorCoreForm) {
+  REQUIRE_FUSED_DECODE();
+  struct TcCase {
+    int64_t B, L, n;
+    std::vector<int64_t> counts;
+  };
+  const std::vector<TcCase> cases{
+      {1, 3000, 2048, {2048}},
+      {1, 2500, 2048, {1500}},
+      {8, 2100, 2048, {2048, 1, 17, 1000, 2047, 33, 640, 1999}},
+      {3, 2100, 2048, {700, 0, 2048}},
+      {1, 100, 40, {40}},
+      {3, 100, 40, {40, 7, 33}},
+      {3, 300, 100, {100, 5, 64}},
+  };
+  for (auto dt : {torch::kBFloat16, torch::kFloat16})
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const TcCase& tcase = cases[i];
+      const Case c{tcase.B, 16, 1, 576, 512, tcase.L, tcase.n, true};
+      torch::manual_seed(static_cast<uint64_t>(7000 + 100 * i + c.n));
+      auto in = make_inputs(c, dt);
+      in.counts = torch::tensor(tcase.counts, torch::kInt64).cuda();
+      poison_unselected(in.k, in.indices, in.counts);
+      int used = 0, workspace = 0;
+#ifdef LT2_WITH_CUDA
+      std::tie(used, workspace) = splits_of(in);
+#endif
+      SCOPED_TRACE(::testing::Message() << dt << " B" << c.B << " L" << c.L << " n" << c.n << " splits " << used
+                                        << " of " << workspace);
+      auto out = ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale);
+      EXPECT_TRUE(torch::isfinite(out).all().item<bool>()) << "a NaN row was read or an output left unwritten";
+      // Sequences with a count of 0 give zeros (the reference's softmax over nothing is NaN).
+      auto nonempty = (in.counts > 0).nonzero().flatten();
+      auto empty = (in.counts == 0).nonzero().flatten();
+      if (empty.numel() > 0) {
+        auto zeroed = out.index_select(0, empty);
+        EXPECT_TRUE(torch::equal(zeroed, torch::zeros_like(zeroed))) << "a count of 0 must give zeros";
+      }
+      EXPECT_LT(rel_err(out.index_select(0, nonempty), reference64(in).index_select(0, nonempty)), tolerance(dt));
+#ifdef LT2_WITH_CUDA
+      EXPECT_TRUE(torch::equal(run_poisoned(in), out)) << "output with NaN-poisoned buffers differs";
+      if (c.n == 2048) {
+        EXPECT_GT(used, 1);
+      }
+      if (c.n == 2048 && c.B == 1) {
+        EXPECT_LT(used, workspace) << "not the tensor-core form's split count";
+      }
+      if (c.n == 40) {
+        EXPECT_EQ(used, 1);
+      }
+#endif
+    }
+}
+
 TEST(FusedSparseAttention, Unsupported) {
   REQUIRE_FUSED_DECODE();
   auto q = torch::randn({2, 4, 96}, gpu(torch::kBFloat16));
@@ -186,7 +278,10 @@ TEST(FusedSparseAttention, Unsupported) {
 TEST(FusedSparseAttention, GraphReplayWithNewSelection) {
   REQUIRE_FUSED_DECODE();
   const std::vector<std::pair<Case, torch::ScalarType>> cases{
-      {{3, 16, 1, 576, 512, 3000, 2048, true}, torch::kBFloat16},
+      {{3, 16, 1, 576, 512, 3000, 2048, true}, torch::kBFloat16},  // tensor-core form, 32 splits
+      {{1, 16, 1, 576, 512, 3000, 2048, true}, torch::kFloat16},   // tensor-core form at batch 1
+      {{8, 16, 1, 576, 512, 2100, 2048, true}, torch::kBFloat16},  // tensor-core form at batch 8
+      {{2, 16, 1, 576, 512, 200, 40, true}, torch::kBFloat16},     // tensor-core form, one split
       {{2, 16, 16, 128, 128, 1000, 300, false}, torch::kFloat32}};
   for (const auto& [c, dt] : cases) {
     SCOPED_TRACE(::testing::Message() << dt << " Dk" << c.Dk << " Hkv" << c.Hkv);
@@ -204,6 +299,7 @@ TEST(FusedSparseAttention, GraphReplayWithNewSelection) {
       auto [indices, counts] = random_selection(c.B, c.L, c.n);
       in.indices.copy_(indices);
       in.counts.copy_(counts.flip(0));  // the full list first, a count of 1 last
+      if (c.B == 1) in.counts.fill_(c.n - 700 * replay);  // (random_selection's lone count is 1)
       in.q.copy_(torch::randn(in.q.sizes(), gpu(dt)));
       graph.replay();
       auto eager = ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale);

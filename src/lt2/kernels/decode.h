@@ -57,10 +57,13 @@ void recurrent_step(const RecurrentStepParams& p, void* stream);
 //   y = o * rsqrt(mean(o^2) + eps) * norm_weight * silu(gate)   (no gate factor when gate is null)
 // How gdn_decode spreads its work over the GPU.
 enum class GdnDecodeForm {
-  Auto,     // gdn_decode_form's choice
-  PerHead,  // one block per (sequence, head), in passes over the value columns
-  Cluster,  // one thread-block cluster per (sequence, head), a block per tile of value columns (sm_90)
+  Auto,       // gdn_decode_form's choice
+  Registers,  // one block per (sequence, head), S in registers (K <= kMaxGdnRegisterHeadK)
+  PerHead,    // one block per (sequence, head), S through shared memory in passes over the value columns
+  Cluster,    // one thread-block cluster per (sequence, head), a block per tile of value columns (sm_90)
 };
+// Largest key head dim of gdn_decode's register form (32 rows of S per thread).
+constexpr int kMaxGdnRegisterHeadK = 256;
 struct GdnDecodeParams {
   const void* q_raw;  // [B, H*K] (batch stride q_stride)
   const void* k_raw;  // [B, H*K]
@@ -87,10 +90,13 @@ struct GdnDecodeParams {
   GdnDecodeForm form;
 };
 void gdn_decode(const GdnDecodeParams& p, void* stream);
+// Whether the register form serves these head dims.
+bool gdn_decode_registers_supported(int head_k, int head_v);
 // Whether the cluster form serves these head dims on CUDA device `device`.
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device);
-// Auto's choice: the cluster form when one block per (sequence, head) would leave most SMs idle
-// (fewer blocks than half the SMs) and the cluster form serves the head dims, else the per-head form.
+// Auto's choice: the register form where it serves the head dims; else the cluster form when one
+// block per (sequence, head) would leave most SMs idle (fewer blocks than half the SMs) and the
+// cluster form serves the head dims, else the per-head form.
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device);
 
 // RMSNorm of rows in fp32, optionally after a residual add (a transformer block's `h = x + m;

@@ -19,9 +19,10 @@ constexpr int kSparseAttentionMaxSplits = 128;
 // For every sequence b and query head h (kv head hkv = h / G, G = Hq / Hkv):
 //   out[b, h] = sum_{j < counts[b]} softmax_j(scale * q[b, h] . k[b, hkv, r_j]) v[b, hkv, r_j],
 //   r_j = indices[b, j]
-// Grid = splits x Hkv x B: a block takes a slice of whole 16-key tiles of its sequence's index
-// list for all G query heads of its kv head, so each selected row is read once per kv head; a
-// combine kernel merges the splits' (max, sum, acc) partials.
+// Grid = splits x Hkv x B: a block takes a slice of whole tiles (16 keys; 32 in the latent
+// preset's tensor-core form) of its sequence's index list for all G query heads of its kv head,
+// so each selected row is read once per kv head; a combine kernel merges the splits' (max, sum,
+// acc) partials.
 //
 // The values may be the keys themselves (MLA's latent form, DSA's preset): v_cache == k_cache
 // with equal strides and head_dim_v <= head_dim_k makes the value of a row its first head_dim_v
@@ -59,7 +60,15 @@ inline bool sparse_attention_decode_supported(int head_dim_k, int head_dim_v, in
 // Splits of the index list for these shapes on CUDA device `device` (n = indices' row length,
 // groups = Hq / Hkv): enough blocks to fill the GPU, at least one 16-key tile per split, at most
 // kSparseAttentionMaxSplits. Depends on the shapes only, never on counts.
+// Callers size the workspace with it and pass it as num_splits.
 int sparse_attention_decode_num_splits(int batch, int kv_heads, int groups, int n, int device);
+
+// The splits the launcher actually runs for p on the current device: p.num_splits, or fewer
+// (never more) for the tensor-core form of DSA's latent preset (bf16 / fp16, Dk 576, Dv 512 aliased
+// in the keys, 16 query heads per kv head), whose longer splits keep the partials and the combine
+// small. Its partials fill the first batch x q_heads x used x head_dim_v (and batch x q_heads x
+// used) floats of the workspace, laid out as [B, Hq, used, Dv]. Depends on the shapes only.
+int sparse_attention_decode_splits_used(const SparseAttentionDecodeParams& p);
 
 void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream);
 

@@ -188,17 +188,44 @@ __device__ T* batch_window(void* window, int b, int W, int channels) {
   return static_cast<T*>(window) + static_cast<int64_t>(b) * (W - 1) * channels;
 }
 
+// q, k ([K]) and v ([V]) of (sequence b, head h) in shared memory: SiLU(ShortConv) of the new
+// inputs, the conv windows advanced in place. The calling block must own the whole head's
+// channels (it is their only reader and writer); the block's threads stride over them.
+template <typename T>
+__device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_q, float* s_k, float* s_v) {
+  const int K = p.head_k, V = p.head_v, W = p.conv_size;
+  const int qk_channels = p.heads * K, v_channels = p.heads * V;
+  T* q_window = batch_window<T>(p.q_conv_window, b, W, qk_channels);
+  T* k_window = batch_window<T>(p.k_conv_window, b, W, qk_channels);
+  T* v_window = batch_window<T>(p.v_conv_window, b, W, v_channels);
+  const T* q_raw = static_cast<const T*>(p.q_raw) + b * p.q_stride;
+  const T* k_raw = static_cast<const T*>(p.k_raw) + b * p.k_stride;
+  const T* v_raw = static_cast<const T*>(p.v_raw) + b * p.v_stride;
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    const int c = h * K + i;
+    s_q[i] = conv_silu(q_raw[c], static_cast<const T*>(p.q_conv_weight) + c * W, q_window + c, W, qk_channels);
+    s_k[i] = conv_silu(k_raw[c], static_cast<const T*>(p.k_conv_weight) + c * W, k_window + c, W, qk_channels);
+    conv_shift(q_raw[c], q_window + c, W, qk_channels);
+    conv_shift(k_raw[c], k_window + c, W, qk_channels);
+  }
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const int c = h * V + i;
+    s_v[i] = conv_silu(v_raw[c], static_cast<const T*>(p.v_conv_weight) + c * W, v_window + c, W, v_channels);
+    conv_shift(v_raw[c], v_window + c, W, v_channels);
+  }
+}
+
 // q, k ([K] in shared memory, after SiLU(conv)) scaled to unit L2 norm (+1e-6 under the root).
 // Every thread of the block calls it after a barrier that made s_q, s_k complete.
 __device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
   float qq = 0.f, kk = 0.f;
-  for (int i = threadIdx.x; i < K; i += kThreads) {
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
     qq += s_q[i] * s_q[i];
     kk += s_k[i] * s_k[i];
   }
   const float q_inv = rsqrtf(block_sum(qq, scratch) + 1e-6f);
   const float k_inv = rsqrtf(block_sum(kk, scratch) + 1e-6f);
-  for (int i = threadIdx.x; i < K; i += kThreads) {
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
     s_q[i] *= q_inv;
     s_k[i] *= k_inv;
   }
@@ -222,7 +249,7 @@ __device__ void store_gated_norm(const GdnDecodeParams& p, int b, int h, int v0,
   const T* weight = static_cast<const T*>(p.norm_weight);
   const T* gate = p.gate ? static_cast<const T*>(p.gate) + b * p.gate_stride + h * V : nullptr;
   T* y = static_cast<T*>(p.y) + (static_cast<int64_t>(b) * p.heads + h) * V;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
     float yi = s_o[i] * inv_rms * to_float(weight[v0 + i]);
     if (gate) {
       const float z = to_float(gate[v0 + i]);
@@ -240,7 +267,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     gdn_decode_kernel(const GdnDecodeParams p, int tile_cols, int pitch, bool vec16) {
   const int h = blockIdx.x, b = blockIdx.y;
-  const int K = p.head_k, V = p.head_v, H = p.heads, W = p.conv_size;
+  const int K = p.head_k, V = p.head_v, H = p.heads;
   extern __shared__ float smem[];
   float* tile = smem;             // [K, pitch]
   float* s_q = tile + K * pitch;  // [K]
@@ -253,27 +280,8 @@ __global__ void __launch_bounds__(kThreads)
   float* S = p.state + (static_cast<int64_t>(b) * H + h) * K * V;
   load_tile_async(S, K, V, 0, min(tile_cols, V), tile, pitch, vec16);
 
-  // Short convs of this head's channels, while the first tile is in flight. This block is the
-  // only reader and writer of these channels' windows.
-  const int qk_channels = H * K, v_channels = H * V;
-  T* q_window = batch_window<T>(p.q_conv_window, b, W, qk_channels);
-  T* k_window = batch_window<T>(p.k_conv_window, b, W, qk_channels);
-  T* v_window = batch_window<T>(p.v_conv_window, b, W, v_channels);
-  const T* q_raw = static_cast<const T*>(p.q_raw) + b * p.q_stride;
-  const T* k_raw = static_cast<const T*>(p.k_raw) + b * p.k_stride;
-  const T* v_raw = static_cast<const T*>(p.v_raw) + b * p.v_stride;
-  for (int i = threadIdx.x; i < K; i += kThreads) {
-    const int c = h * K + i;
-    s_q[i] = conv_silu(q_raw[c], static_cast<const T*>(p.q_conv_weight) + c * W, q_window + c, W, qk_channels);
-    s_k[i] = conv_silu(k_raw[c], static_cast<const T*>(p.k_conv_weight) + c * W, k_window + c, W, qk_channels);
-    conv_shift(q_raw[c], q_window + c, W, qk_channels);
-    conv_shift(k_raw[c], k_window + c, W, qk_channels);
-  }
-  for (int i = threadIdx.x; i < V; i += kThreads) {
-    const int c = h * V + i;
-    s_v[i] = conv_silu(v_raw[c], static_cast<const T*>(p.v_conv_weight) + c * W, v_window + c, W, v_channels);
-    conv_shift(v_raw[c], v_window + c, W, v_channels);
-  }
+  // Short convs of this head's channels, while the first tile is in flight.
+  head_conv_silu<T>(p, b, h, s_q, s_k, s_v);
   __syncthreads();
   l2_normalize_qk(s_q, s_k, K, scratch);
   float alpha, beta;
@@ -298,6 +306,145 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float inv_rms = rsqrtf(block_sum(oo, scratch) / V + p.norm_eps);
   store_gated_norm<T>(p, b, h, 0, V, s_o, inv_rms);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gdn_decode, register form: grid (H, B), one block per (sequence, head), S held in registers.
+// Lane l of a warp owns rows rg + 8 i (rg = l / 4, i < KR) of 4 consecutive value columns
+// (quad l % 4 of the warp's 16), so a warp covers 16 columns of all K rows and the column sums
+// over k (S^T k, S^T q) are sums over its 8 row groups: 3 shuffles, no barrier, no shared copy
+// of S. Every load of the step (S, the conv inputs and windows, the gates, the norm weight and
+// the output gate) is issued before the first result is needed, so a step costs about one memory
+// round trip plus S's transfer; the per-head form waits on ~4 dependent rounds and 3 barriers per
+// 32 columns. Heads wider than 16 x warps columns take passes over the columns.
+
+constexpr int kRegRowGroups = 8;   // row groups per warp (lane / 4)
+constexpr int kRegWarpCols = 16;   // value columns per warp and pass (4 lanes x 4)
+
+// Threads per block of the register form with KR rows per thread: 16 warps while a thread's
+// slab fits in ~128 registers, 8 beyond.
+__host__ __device__ constexpr int gdn_register_threads(int KR) { return KR <= 16 ? 512 : 256; }
+
+// 4 consecutive floats of a row at column c (< V): one 16-byte access when vec16, else the
+// columns below V one by one (the rest read as 0 and are not written).
+__device__ __forceinline__ float4 load4(const float* row, int c, int V, bool vec16) {
+  if (vec16) return *reinterpret_cast<const float4*>(row + c);
+  float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+  x.x = row[c];
+  if (c + 1 < V) x.y = row[c + 1];
+  if (c + 2 < V) x.z = row[c + 2];
+  if (c + 3 < V) x.w = row[c + 3];
+  return x;
+}
+__device__ __forceinline__ void store4(float* row, int c, int V, bool vec16, float4 x) {
+  if (vec16) {
+    *reinterpret_cast<float4*>(row + c) = x;
+    return;
+  }
+  row[c] = x.x;
+  if (c + 1 < V) row[c + 1] = x.y;
+  if (c + 2 < V) row[c + 2] = x.z;
+  if (c + 3 < V) row[c + 3] = x.w;
+}
+
+// Sum over the 8 row groups of a warp (lanes l, l ^ 4, l ^ 8, ...), to every lane.
+__device__ __forceinline__ float4 row_group_sum(float4 x) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    x.x += __shfl_xor_sync(0xffffffffu, x.x, off);
+    x.y += __shfl_xor_sync(0xffffffffu, x.y, off);
+    x.z += __shfl_xor_sync(0xffffffffu, x.z, off);
+    x.w += __shfl_xor_sync(0xffffffffu, x.w, off);
+  }
+  return x;
+}
+
+template <typename T, int KR>
+__global__ void __launch_bounds__(gdn_register_threads(KR))
+    gdn_decode_registers_kernel(const GdnDecodeParams p, bool vec16) {
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int K = p.head_k, V = p.head_v;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int rg = lane / 4, quad = lane % 4;
+  extern __shared__ float smem[];
+  float* s_q = smem;          // [K]
+  float* s_k = s_q + K;       // [K]
+  float* s_v = s_k + K;       // [V]
+  float* s_o = s_v + V;       // [V]: scale S^T q
+  float* scratch = s_o + V;   // [32]
+
+  float* S = p.state + (static_cast<int64_t>(b) * p.heads + h) * K * V;
+  float4 s[KR];  // S[rg + 8 i, c .. c + 3] of the current pass
+  auto load_pass = [&](int c) {
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+      const int r = rg + kRegRowGroups * i;
+      s[i] = r < K && c < V ? load4(S + static_cast<int64_t>(r) * V, c, V, vec16) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  const int pass_cols = kRegWarpCols * warps;
+  load_pass(warp * kRegWarpCols + 4 * quad);
+
+  // The epilogue's inputs of the first pass over the outputs, while S is in flight.
+  const T* norm_weight = static_cast<const T*>(p.norm_weight);
+  const T* gate = p.gate ? static_cast<const T*>(p.gate) + b * p.gate_stride + h * V : nullptr;
+  const int v_first = threadIdx.x;
+  const float w_first = v_first < V ? to_float(norm_weight[v_first]) : 0.f;
+  const float z_first = gate && v_first < V ? to_float(gate[v_first]) : 0.f;
+  float alpha, beta;
+  gdn_gates<T>(p, b, h, &alpha, &beta);
+
+  head_conv_silu<T>(p, b, h, s_q, s_k, s_v);
+  __syncthreads();
+  l2_normalize_qk(s_q, s_k, K, scratch);
+  __syncthreads();  // the normalised q, k are visible to every thread
+
+  for (int c0 = 0; c0 < V; c0 += pass_cols) {
+    const int c = c0 + warp * kRegWarpCols + 4 * quad;
+    if (c0 > 0) load_pass(c);
+    // u = beta (v - alpha S^T k), the decayed state's prediction error.
+    float4 pred = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+      const int r = rg + kRegRowGroups * i;
+      const float kr = r < K ? s_k[r] : 0.f;
+      pred.x += kr * s[i].x, pred.y += kr * s[i].y, pred.z += kr * s[i].z, pred.w += kr * s[i].w;
+    }
+    pred = row_group_sum(pred);
+    const float4 v = c < V ? load4(s_v, c, V, false) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 u = make_float4(beta * (v.x - alpha * pred.x), beta * (v.y - alpha * pred.y),
+                                 beta * (v.z - alpha * pred.z), beta * (v.w - alpha * pred.w));
+    // S <- alpha S + k u^T;  o = S^T q.
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+      const int r = rg + kRegRowGroups * i;
+      const float kr = r < K ? s_k[r] : 0.f, qr = r < K ? s_q[r] : 0.f;
+      s[i].x = alpha * s[i].x + kr * u.x, s[i].y = alpha * s[i].y + kr * u.y;
+      s[i].z = alpha * s[i].z + kr * u.z, s[i].w = alpha * s[i].w + kr * u.w;
+      o.x += qr * s[i].x, o.y += qr * s[i].y, o.z += qr * s[i].z, o.w += qr * s[i].w;
+      if (r < K && c < V) store4(S + static_cast<int64_t>(r) * V, c, V, vec16, s[i]);
+    }
+    o = row_group_sum(o);
+    if (rg == 0 && c < V)
+      store4(s_o, c, V, false, make_float4(p.scale * o.x, p.scale * o.y, p.scale * o.z, p.scale * o.w));
+  }
+  __syncthreads();  // s_o is complete
+
+  // Swish-gated RMSNorm over V.
+  float oo = 0.f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) oo += s_o[i] * s_o[i];
+  const float inv_rms = rsqrtf(block_sum(oo, scratch) / V + p.norm_eps);
+  T* y = static_cast<T*>(p.y) + (static_cast<int64_t>(b) * p.heads + h) * V;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float w = i == v_first ? w_first : to_float(norm_weight[i]);
+    float yi = s_o[i] * inv_rms * w;
+    if (gate) {
+      const float z = i == v_first ? z_first : to_float(gate[i]);
+      yi *= z * sigmoid(z);
+    }
+    y[i] = from_float<T>(yi);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -481,13 +628,41 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
   check_launch("gdn_decode (cluster form)");
 }
 
+// The register form: KR rows per thread for K <= 8 KR, enough warps for the head's columns in
+// one pass where the block allows.
+template <int KR>
+void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
+  const int warps = std::min(gdn_register_threads(KR) / 32, ceil_div(p.head_v, kRegWarpCols));
+  const size_t smem = sizeof(float) * (2 * p.head_k + 2 * p.head_v + 32);
+  const dim3 grid(p.heads, p.batch);
+  const bool vec16 = rows_16_byte_aligned(p.state, p.head_v);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    reserve_shared<gdn_decode_registers_kernel<T, KR>>(smem, "gdn_decode (register form)");
+    gdn_decode_registers_kernel<T, KR><<<grid, 32 * warps, smem, stream>>>(p, vec16);
+  });
+  check_launch("gdn_decode (register form)");
+}
+
+void launch_gdn_registers(const GdnDecodeParams& p, cudaStream_t stream) {
+  if (p.head_k <= 8 * kRegRowGroups) launch_gdn_registers_kr<8>(p, stream);
+  else if (p.head_k <= 12 * kRegRowGroups) launch_gdn_registers_kr<12>(p, stream);  // the 1.3B presets' K = 96
+  else if (p.head_k <= 16 * kRegRowGroups) launch_gdn_registers_kr<16>(p, stream);
+  else launch_gdn_registers_kr<32>(p, stream);
+}
+
 }  // namespace
+
+bool gdn_decode_registers_supported(int head_k, int head_v) {
+  return head_k >= 1 && head_k <= kMaxGdnRegisterHeadK && head_v >= 1;
+}
 
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
   return head_k >= 1 && head_k <= kMaxRecurrentHeadK && head_v >= 1 && gdn_cluster_fits(head_k, head_v, device);
 }
 
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device) {
+  if (gdn_decode_registers_supported(head_k, head_v)) return GdnDecodeForm::Registers;
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "gdn_decode");
   // Measured on an H200 (132 SMs) at the 1.3B GDN head (96 x 192): 16 (sequence, head) blocks,
   // cluster 9.1 us vs per head 13.0 us; 128 blocks, cluster 20.4 us vs per head 13.9 us. So the
@@ -509,8 +684,11 @@ void gdn_decode(const GdnDecodeParams& p, void* stream) {
   LT2_CHECK(form != GdnDecodeForm::Cluster || gdn_decode_cluster_supported(p.head_k, p.head_v, device),
             "gdn_decode: the cluster form needs an sm_90 device and K x tile columns within ", kGdnTileBytes,
             " bytes; K ", p.head_k, ", V ", p.head_v);
+  LT2_CHECK(form != GdnDecodeForm::Registers || gdn_decode_registers_supported(p.head_k, p.head_v),
+            "gdn_decode: the register form holds K <= ", kMaxGdnRegisterHeadK, " rows; K ", p.head_k);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (form == GdnDecodeForm::Cluster) launch_gdn_cluster(p, s);
+  if (form == GdnDecodeForm::Registers) launch_gdn_registers(p, s);
+  else if (form == GdnDecodeForm::Cluster) launch_gdn_cluster(p, s);
   else launch_gdn_per_head(p, s);
 }
 

@@ -1,6 +1,6 @@
 // Sparse flash-decoding (sparse_attention_decode.h): attention_decode's split/combine design over
-// a gathered list of cache rows. A split block of 128 threads takes whole 16-key tiles of its
-// sequence's index list and, for each tile:
+// a gathered list of cache rows. In the CUDA-core form (the tensor-core one is below) a split
+// block of 128 threads takes whole 16-key tiles of its sequence's index list and, for each tile:
 //   1. copies the 16 selected rows (keys, and values unless they alias the keys) into shared
 //      memory with 16-byte cp.async, double-buffered: tile t + 1 is in flight while t is computed;
 //      the row numbers are fetched two tiles ahead, so no load waits on an index load;
@@ -18,15 +18,24 @@
 // Floor. Bytes: B Hkv n (Dk + Dv, or Dk when the values alias the keys) x dtype size. DSA's latent
 // preset (B 8, n 2048, one kv head of 576 bf16 dims, aliased) reads 18.9 MB: 4.5 us at 4.2 TB/s;
 // its GQA form (Hkv 16, D 128, separate values) 134 MB: 32 us. FMAs: B Hkv n G (Dk + Dv): with
-// G = 16 the latent preset needs 285 M, >= 8.5 us at the H200's fp32 peak (132 SMs x 128 FMA x
-// 1.98 GHz), ~12 us if FMAs fill ~70% of the inner loops' issue slots (an estimate, not measured).
-// So for G >= 8 the CUDA cores, not the bandwidth, bound this kernel (by ~2-3x at 576 dims); the
-// step past it is tensor cores for bf16/fp16 (mma m16n8k16 with M = the 16 heads). For G <= 4 it
-// is memory bound.
+// G = 16 the latent preset needs 285 M, >= 8.5 us at the H200's fp32 peak, so on CUDA cores it is
+// FMA-bound (measured: 49 us at batch 8, 18 us at batch 1, plus a 9 us combine of 128 splits).
+// For G <= 4 it is memory bound.
 //
-// Tiles are 16 keys, not 32, for batch 1 on 132 SMs: the latent preset then splits its 2048 rows
-// into 128 one-tile splits (128 blocks; at batch 8, 32 splits of four tiles); the GQA form runs
-// 16 kv heads x 66 splits of two tiles.
+// Two forms:
+//   - tensor cores (sparse_attention_mma_kernel): bf16 / fp16, Dk 576, Dv 512 aliased in the
+//     keys, G 16, i.e. DSA's latent preset. mma m16n8k16 with M = the 16 heads: S = Q K^T and
+//     O += P V per 32-key tile, a 4-stage cp.async ring of tiles, 8 warps, one block per SM. The
+//     products are 71 MFLOP a sequence (0.57 GFLOP at batch 8), far below what mma.sync
+//     sustains, so the gather should bound it (not yet measured). It runs its own split count
+//     (tc::splits: about one block per SM, at least two tiles a split; n 2048 on 132 SMs: 32
+//     splits at batch 1, 16 at batch 8), never more than the caller's workspace
+//     (sparse_attention_decode_num_splits) holds, so the partials and the combine stay small
+//     (sparse_attention_decode_splits_used says how many);
+//   - CUDA cores (sparse_attention_split_kernel, below): every other shape, fp32, separate values
+//     and NSA. 16-key tiles so batch 1 fills 132 SMs: the latent preset in fp32 splits its 2048
+//     rows into 128 one-tile splits (at batch 8, 32 splits of four tiles); the GQA form runs 16 kv
+//     heads x 66 splits of two tiles.
 #include "lt2/kernels/sparse_attention_decode.h"
 
 #include <atomic>
@@ -425,6 +434,321 @@ void launch_groups(const SparseAttentionDecodeParams& p, int groups, bool alias,
   else launch_split<T, DK, DV, 16>(p, alias, stream);
 }
 
+
+// ---- Tensor-core form: the latent preset (bf16 / fp16, Dk 576, Dv 512 aliased in the keys, G 16).
+namespace tc {
+constexpr int kHeads = 16;  // the M of mma m16n8k16: the query heads of the kv head
+constexpr int kDk = 576, kDv = 512;
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kTileKeys = 32;         // keys per tile (rows per shared-memory stage)
+constexpr int kStages = 4;            // tiles in shared memory: kStages - 1 in flight while one is computed
+constexpr int kMinTilesPerSplit = 2;  // fewer, longer splits: each writes 32 KB of fp32 partials
+// Shared-memory row of a key: 1168 bytes, so the 8 rows an ldmatrix reads start 16 bytes apart
+// modulo 128 (distinct banks); the 16 padding bytes are never read.
+constexpr int kPitch = kDk + 8;
+constexpr int kChunks = kDk / 8;  // 16-byte chunks of a row (2-byte T)
+// Scores: warp w takes dims [144 (w % 4), +144) (9 k-steps) of keys [16 (w / 4), +16) (two n8
+// tiles); the four dim quarters are summed in shared memory.
+constexpr int kKSplit = 4;
+constexpr int kKSteps = kDk / 16 / kKSplit;
+constexpr int kRedPitch = kTileKeys + 8;   // floats: float2 stores of the 8 rows g hit 2 wavefronts
+constexpr int kProbPitch = kTileKeys + 8;  // T: the A-fragment loads of the 8 rows g hit distinct banks
+// Values: warp w owns output dims [64 w, +64) (8 n8 tiles) of all 16 heads.
+constexpr int kColsPerWarp = kDv / kWarps;
+static_assert(kKSplit * 2 == kWarps && kTileKeys == 2 * 16, "score warps: 4 dim quarters x 2 key halves");
+static_assert(kKSteps * 16 * kKSplit == kDk && kColsPerWarp == 64, "warp tiles must cover the head dims");
+static_assert((kTileKeys * kChunks) % kThreads == 0, "a tile's copies must split evenly over the threads");
+
+constexpr size_t kTileBytes = size_t{2} * kTileKeys * kPitch;
+constexpr size_t kRedOffset = kStages * kTileBytes;
+constexpr size_t kProbOffset = kRedOffset + size_t{4} * kKSplit * kHeads * kRedPitch;
+constexpr size_t kCorrOffset = kProbOffset + size_t{2} * kHeads * kProbPitch;
+constexpr size_t kMaxOffset = kCorrOffset + size_t{4} * kHeads;
+constexpr size_t kSumOffset = kMaxOffset + size_t{4} * kHeads;
+constexpr size_t kRowsOffset = kSumOffset + size_t{4} * kHeads;
+constexpr size_t kSmemBytes = kRowsOffset + size_t{4} * kStages * kTileKeys;  // 161,728 bytes
+static_assert(kProbOffset % 16 == 0 && kRowsOffset % 16 == 0, "sections stay 16-byte aligned");
+
+// Splits of the tensor-core form: about one block per SM (a block holds 158 KB of shared memory),
+// at least kMinTilesPerSplit tiles each, the tiles spread evenly (no split left empty by the
+// rounding at count = n), and never more than the caller's workspace holds.
+int splits(int batch, int kv_heads, int n, int sms, int workspace_splits) {
+  const int tiles = ceil_div(std::max(1, n), kTileKeys);
+  int target = ceil_div(sms, std::max(1, batch * kv_heads));
+  target = std::max(1, std::min(target, tiles / kMinTilesPerSplit));
+  const int per_split = ceil_div(tiles, target);
+  return std::clamp(std::min(ceil_div(tiles, per_split), workspace_splits), 1, kSparseAttentionMaxSplits);
+}
+}  // namespace tc
+
+// Four 8 x 8 matrices of 16-bit elements from shared memory; lanes 8 i .. 8 i + 7 give the row
+// addresses of matrix i (16-byte aligned), and lane 4 g + t receives in r[i] the pair (row g,
+// columns 2t, 2t + 1) of matrix i, the lower column in the low half.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+// The same, transposed: lane 4 g + t receives (rows 2t, 2t + 1, column g) of matrix i.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ uint32_t lds32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// The latent preset on tensor cores. Grid = splits x Hkv x B, 256 threads (8 warps), one block per
+// SM; a block takes whole 32-key tiles of its split, kStages of them in shared memory (cp.async,
+// the row numbers fetched a tile ahead of their copies). Per tile, with lane = 4 g + t
+// (mma_16816's fragment convention):
+//   S = Q K^T: A = Q [16 heads, 576], its fragments loaded once into registers (36 a warp: the
+//      warp's dim quarter); B = K^T, whose n8 columns are key rows with k contiguous, i.e. the
+//      shared-memory rows themselves: ldmatrix (not transposed) of 8 keys x 8 dims gives b0 / b1.
+//      The 4 dim quarters' partial sums meet in shared memory;
+//   online softmax in fp32, base 2, one half-warp per head row (2 keys a lane); P is rounded to
+//      T into shared memory, the row's rescale factor beside it;
+//   O += P V: A = P [16 heads, 32 keys] (two k-steps), B = V [keys, dims], the keys' first 512
+//      dims: ldmatrix.trans of 8 keys x 8 dims gives b0 / b1 (k = key). Each warp keeps its 64
+//      output dims of all 16 heads in 32 fp32 accumulators a thread.
+// Counts, empty splits, the partial format and the single-split direct write are the CUDA-core
+// kernel's.
+template <typename T>
+__global__ void __launch_bounds__(tc::kThreads, 1)
+    sparse_attention_mma_kernel(const SparseAttentionDecodeParams p) {
+  using namespace tc;
+  constexpr int TK = tc::kTileKeys, kThreads = tc::kThreads;  // (the CUDA-core form's names shadowed)
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* s_tiles = reinterpret_cast<T*>(smem);                             // [kStages][TK][kPitch]
+  float* s_red = reinterpret_cast<float*>(smem + kRedOffset);          // [kKSplit][16][kRedPitch]
+  T* s_prob = reinterpret_cast<T*>(smem + kProbOffset);                // [16][kProbPitch]
+  float* s_corr = reinterpret_cast<float*>(smem + kCorrOffset);        // [16] this tile's rescale
+  float* s_max = reinterpret_cast<float*>(smem + kMaxOffset);          // [16]
+  float* s_sum = reinterpret_cast<float*>(smem + kSumOffset);          // [16]
+  int* s_rows = reinterpret_cast<int*>(smem + kRowsOffset);            // [kStages][TK], -1: no key
+
+  const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int S = p.num_splits;
+  const int64_t count64 = p.counts[b];
+  const int count = static_cast<int>(count64 < 0 ? 0 : (count64 > p.n ? p.n : count64));
+  const int chunk = ceil_div(count, S * TK) * TK;
+  const int start = min(split * chunk, count), end = min(start + chunk, count);
+  const int64_t row0 = static_cast<int64_t>(b) * p.q_heads + hkv * kHeads;  // output row of head 0
+  T* out = static_cast<T*>(p.out);
+  // Output elements d, d + 1 (d even) of head h.
+  auto store2 = [&](int h, int d, float x, float y) {
+    const int64_t row = row0 + h;
+    if (S == 1) *reinterpret_cast<uint32_t*>(out + row * kDv + d) = pack2<T>(x, y);
+    else *reinterpret_cast<float2*>(p.partial_out + (row * S + split) * kDv + d) = make_float2(x, y);
+  };
+
+  if (start >= end) {  // nothing to attend: an empty partial (weight 0 in the combine), or zeros
+    for (int i = tid; i < kHeads * kDv / 2; i += kThreads) store2(i / (kDv / 2), 2 * (i % (kDv / 2)), 0.f, 0.f);
+    if (S > 1 && tid < kHeads) p.partial_lse[(row0 + tid) * S + split] = -INFINITY;
+    return;
+  }
+
+  const T* q_base = static_cast<const T*>(p.q) + b * p.q_batch_stride + hkv * kHeads * p.q_head_stride;
+  const T* k_head = static_cast<const T*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride;
+  const int64_t* indices = p.indices + static_cast<int64_t>(b) * p.n;
+  auto row_of = [&](int j) -> int {
+    if (j >= end) return -1;
+    const int64_t r = __ldg(indices + j);
+    return static_cast<int>(r < 0 ? 0 : (r >= p.max_len ? p.max_len - 1 : r));
+  };
+  auto load_tile = [&](int slot) {
+    const int* rows = s_rows + slot * TK;
+    T* dst = s_tiles + slot * TK * kPitch;
+#pragma unroll
+    for (int i = 0; i < TK * kChunks / kThreads; ++i) {
+      const int e = tid + i * kThreads, jj = e / kChunks, c = e % kChunks, r = rows[jj];
+      cp_async16(dst + jj * kPitch + c * 8, k_head + (r < 0 ? 0 : r * p.k_row_stride) + c * 8, r >= 0);
+    }
+  };
+
+  const int tiles = ceil_div(end - start, TK);
+  if (tid < TK) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) s_rows[s * TK + tid] = row_of(start + s * TK + tid);
+  }
+  __syncthreads();  // rows of tiles 0 .. kStages - 1 visible
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < tiles) load_tile(s);
+    cp_async_commit();  // possibly empty: group s is tile s
+  }
+  int next_rows = tid < TK ? row_of(start + kStages * TK + tid) : -1;
+
+  // Score warp roles and the A fragments of Q over the warp's dim quarter:
+  // qa[i] = Q[g][k + 2t, +1], Q[g + 8][k + 2t, +1], Q[g][k + 8 + 2t, +1], Q[g + 8][k + 8 + 2t, +1],
+  // k = 16 (9 kq + i). The scale is applied to the fp32 scores.
+  const int kq = warp % kKSplit, key_half = warp / kKSplit;
+  uint32_t qa[kKSteps][4];
+  {
+    const T* q_lo = q_base + g * p.q_head_stride + kq * kKSteps * 16 + 2 * t4;
+    const T* q_hi = q_lo + 8 * p.q_head_stride;
+#pragma unroll
+    for (int i = 0; i < kKSteps; ++i) {
+      qa[i][0] = __ldg(reinterpret_cast<const unsigned*>(q_lo + 16 * i));
+      qa[i][1] = __ldg(reinterpret_cast<const unsigned*>(q_hi + 16 * i));
+      qa[i][2] = __ldg(reinterpret_cast<const unsigned*>(q_lo + 16 * i + 8));
+      qa[i][3] = __ldg(reinterpret_cast<const unsigned*>(q_hi + 16 * i + 8));
+    }
+  }
+  // ldmatrix row addresses: lane = 8 mi + r gives row r of matrix mi.
+  const int mi = lane / 8, mr = lane % 8;
+  // Scores, matrix mi = (n8 tile mi / 2 of the warp's 16 keys, dims + 8 (mi % 2)): r[0], r[1] =
+  // b0, b1 of n-tile 0; r[2], r[3] of n-tile 1 (b0 = K[key g][k + 2t, +1], b1 = ...[k + 8 + 2t, +1]).
+  const int k_frag = (16 * key_half + 8 * (mi / 2) + mr) * kPitch + kq * kKSteps * 16 + 8 * (mi % 2);
+  // Values, matrix mi = (keys + 8 (mi % 2), dims + 8 (mi / 2)) transposed: r[0], r[1] = b0, b1 of
+  // the n-tile at dims c, r[2], r[3] of the one at c + 8 (b0 = V[key 2t, +1][c + g], b1 = keys + 8).
+  const int v_frag = (8 * (mi % 2) + mr) * kPitch + warp * kColsPerWarp + 8 * (mi / 2);
+  // Softmax: half-warp tid / 16 owns head row soft_row, lane tid % 16 keys soft_key, + 1.
+  const int soft_row = tid / 16, soft_key = 2 * (tid % 16);
+  const float score_scale = p.scale * kLog2e;
+
+  float m_run = -INFINITY, l_run = 0.f;  // of head soft_row (every lane of its half-warp)
+  float o[kColsPerWarp / 8][4];          // o[j] = O[g][c + 2t, +1], O[g + 8][c + 2t, +1], c = 64 warp + 8 j
+#pragma unroll
+  for (int j = 0; j < kColsPerWarp / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+
+  for (int t = 0; t < tiles; ++t) {
+    const int slot = t % kStages;
+    // The slot of tile t + kStages - 1 was last read in iteration t - 1, which ended with a barrier.
+    if (t + kStages - 1 < tiles) load_tile((t + kStages - 1) % kStages);
+    cp_async_commit();  // possibly empty: keeps group t meaning tile t
+    cp_async_wait<kStages - 1>();
+    __syncthreads();  // tile t landed for every thread's copies
+    const T* keys = s_tiles + slot * TK * kPitch;
+
+    {  // Partial scores of the warp's dim quarter x 16 keys; two accumulator chains per n-tile.
+      float acc[2][2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[n][c][e] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kKSteps; ++i) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, keys + k_frag + 16 * i);
+        mma_16816<T>(acc[0][i % 2], qa[i][0], qa[i][1], qa[i][2], qa[i][3], kb[0], kb[1]);
+        mma_16816<T>(acc[1][i % 2], qa[i][0], qa[i][1], qa[i][2], qa[i][3], kb[2], kb[3]);
+      }
+      float* red = s_red + kq * kHeads * kRedPitch;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int key = 16 * key_half + 8 * n + 2 * t4;
+        *reinterpret_cast<float2*>(red + g * kRedPitch + key) =
+            make_float2(acc[n][0][0] + acc[n][1][0], acc[n][0][1] + acc[n][1][1]);
+        *reinterpret_cast<float2*>(red + (g + 8) * kRedPitch + key) =
+            make_float2(acc[n][0][2] + acc[n][1][2], acc[n][0][3] + acc[n][1][3]);
+      }
+    }
+    __syncthreads();
+
+    {  // Online softmax of head soft_row over the tile (keys past the split's end: -inf, p 0).
+      float2 sc = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int q = 0; q < kKSplit; ++q) {
+        const float2 v = *reinterpret_cast<const float2*>(s_red + (q * kHeads + soft_row) * kRedPitch + soft_key);
+        sc.x += v.x, sc.y += v.y;
+      }
+      const int j = start + t * TK + soft_key;
+      const float s0 = j < end ? sc.x * score_scale : -INFINITY;
+      const float s1 = j + 1 < end ? sc.y * score_scale : -INFINITY;
+      float mx = fmaxf(s0, s1);
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_run, mx);        // finite: a tile's key 0 is valid
+      const float corr = exp2f(m_run - m_new);     // 0 on the first tile
+      const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
+      float sum = p0 + p1;
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      l_run = l_run * corr + sum;
+      m_run = m_new;
+      *reinterpret_cast<uint32_t*>(s_prob + soft_row * kProbPitch + soft_key) = pack2<T>(p0, p1);
+      if (tid % 16 == 0) s_corr[soft_row] = corr;
+    }
+    __syncthreads();
+
+    {  // O = corr O + P V over the tile's two 16-key k-steps.
+      const float c_lo = s_corr[g], c_hi = s_corr[g + 8];
+#pragma unroll
+      for (int j = 0; j < kColsPerWarp / 8; ++j) {
+        o[j][0] *= c_lo, o[j][1] *= c_lo;
+        o[j][2] *= c_hi, o[j][3] *= c_hi;
+      }
+#pragma unroll
+      for (int ks = 0; ks < TK / 16; ++ks) {
+        // a0 = P[g][16 ks + 2t, +1], a1 = P[g + 8][..], a2 = P[g][16 ks + 8 + 2t, +1], a3 = P[g + 8][..]
+        const T* pr = s_prob + g * kProbPitch + 16 * ks + 2 * t4;
+        const uint32_t a0 = lds32(pr), a1 = lds32(pr + 8 * kProbPitch);
+        const uint32_t a2 = lds32(pr + 8), a3 = lds32(pr + 8 * kProbPitch + 8);
+#pragma unroll
+        for (int jp = 0; jp < kColsPerWarp / 16; ++jp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, keys + v_frag + 16 * ks * kPitch + 16 * jp);
+          mma_16816<T>(o[2 * jp], a0, a1, a2, a3, vb[0], vb[1]);
+          mma_16816<T>(o[2 * jp + 1], a0, a1, a2, a3, vb[2], vb[3]);
+        }
+      }
+    }
+    // Rows of tile t + kStages into the slot tile t used (its copies were issued long ago).
+    if (tid < TK) s_rows[slot * TK + tid] = next_rows;
+    next_rows = tid < TK ? row_of(start + (t + kStages + 1) * TK + tid) : -1;
+    __syncthreads();  // slot t, the scores and the probabilities are free again
+  }
+  cp_async_wait<0>();  // only empty groups can remain; none may be pending at exit
+
+  if (tid % 16 == 0) {
+    s_max[soft_row] = m_run;
+    s_sum[soft_row] = l_run;
+  }
+  __syncthreads();
+  const float inv_lo = 1.f / s_sum[g], inv_hi = 1.f / s_sum[g + 8];
+#pragma unroll
+  for (int j = 0; j < kColsPerWarp / 8; ++j) {
+    const int d = warp * kColsPerWarp + 8 * j + 2 * t4;
+    store2(g, d, o[j][0] * inv_lo, o[j][1] * inv_lo);
+    store2(g + 8, d, o[j][2] * inv_hi, o[j][3] * inv_hi);
+  }
+  if (S > 1 && tid < kHeads) p.partial_lse[(row0 + tid) * S + split] = s_max[tid] + log2f(s_sum[tid]);
+}
+
+// Whether p takes the tensor-core form (values alias the keys: `alias`).
+bool use_mma_form(const SparseAttentionDecodeParams& p, int groups, bool alias) {
+  return (p.dtype == DType::BFloat16 || p.dtype == DType::Float16) && p.head_dim_k == tc::kDk &&
+         p.head_dim_v == tc::kDv && alias && groups == tc::kHeads;
+}
+
+bool values_alias_keys(const SparseAttentionDecodeParams& p) {
+  return p.v_cache == p.k_cache && p.v_batch_stride == p.k_batch_stride && p.v_head_stride == p.k_head_stride &&
+         p.v_row_stride == p.k_row_stride && p.head_dim_v <= p.head_dim_k;
+}
+
+int groups_of(const SparseAttentionDecodeParams& p) {
+  return p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0 ? p.q_heads / p.kv_heads : 0;
+}
+
+// The splits the launcher runs for p (see sparse_attention_decode_splits_used).
+int splits_used(const SparseAttentionDecodeParams& p) {
+  if (!use_mma_form(p, groups_of(p), values_alias_keys(p)) || p.num_splits <= 1) return p.num_splits;
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  LT2_CHECK(err == cudaSuccess, "sparse_attention_decode: no current CUDA device: ", cudaGetErrorString(err));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "sparse_attention_decode");
+  return tc::splits(p.batch, p.kv_heads, p.n, sms, p.num_splits);
+}
+
 }  // namespace
 
 int sparse_attention_decode_num_splits(int batch, int kv_heads, int groups, int n, int device) {
@@ -439,8 +763,10 @@ int sparse_attention_decode_num_splits(int batch, int kv_heads, int groups, int 
   return std::clamp(splits, 1, kSparseAttentionMaxSplits);
 }
 
+int sparse_attention_decode_splits_used(const SparseAttentionDecodeParams& p) { return splits_used(p); }
+
 void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream) {
-  const int groups = p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0 ? p.q_heads / p.kv_heads : 0;
+  const int groups = groups_of(p);
   LT2_CHECK(sparse_attention_decode_supported(p.head_dim_k, p.head_dim_v, groups),
             "sparse_attention_decode: head dims (", p.head_dim_k, ", ", p.head_dim_v, ") with ", p.q_heads,
             " query heads over ", p.kv_heads, " kv heads have no kernel instance (head dims (64, 64), "
@@ -456,24 +782,35 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
             p.batch, " and kv heads ", p.kv_heads, " must fit a grid dimension (at most 65535)");
   if (p.batch == 0) return;
   // The values are the keys' first Dv dims: read each row once.
-  const bool alias = p.v_cache == p.k_cache && p.v_batch_stride == p.k_batch_stride &&
-                     p.v_head_stride == p.k_head_stride && p.v_row_stride == p.k_row_stride &&
-                     p.head_dim_v <= p.head_dim_k;
+  const bool alias = values_alias_keys(p);
   auto s = static_cast<cudaStream_t>(stream);
+  // The tensor-core form runs its own (fewer) splits within the caller's workspace.
+  SparseAttentionDecodeParams run = p;
+  run.num_splits = splits_used(p);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    switch (p.head_dim_k) {
-      case 64: launch_groups<T, 64, 64>(p, groups, alias, s); break;
-      case 128: launch_groups<T, 128, 128>(p, groups, alias, s); break;
-      case 256: launch_groups<T, 256, 256>(p, groups, alias, s); break;
-      default: launch_groups<T, 576, 512>(p, groups, alias, s); break;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (use_mma_form(p, groups, alias)) {
+        reserve_shared<sparse_attention_mma_kernel<T>>(tc::kSmemBytes, "sparse_attention_decode");
+        const dim3 grid(run.num_splits, p.kv_heads, p.batch);
+        sparse_attention_mma_kernel<T><<<grid, tc::kThreads, tc::kSmemBytes, s>>>(run);
+        check_launch("sparse_attention_decode (tensor-core splits)");
+      }
     }
-    check_launch("sparse_attention_decode (splits)");
-    if (p.num_splits > 1) {
+    if (!use_mma_form(p, groups, alias)) {
+      switch (p.head_dim_k) {
+        case 64: launch_groups<T, 64, 64>(run, groups, alias, s); break;
+        case 128: launch_groups<T, 128, 128>(run, groups, alias, s); break;
+        case 256: launch_groups<T, 256, 256>(run, groups, alias, s); break;
+        default: launch_groups<T, 576, 512>(run, groups, alias, s); break;
+      }
+      check_launch("sparse_attention_decode (splits)");
+    }
+    if (run.num_splits > 1) {
       // A block per 128 output dims of a row: at batch 1 the latent preset has only 16 rows.
       const dim3 grid(p.batch * p.q_heads, ceil_div(p.head_dim_v, kCombineThreads));
       combine_splits_kernel<T, kSparseAttentionMaxSplits><<<grid, kCombineThreads, 0, s>>>(
-          p.partial_out, p.partial_lse, static_cast<T*>(p.out), p.num_splits, p.head_dim_v);
+          p.partial_out, p.partial_lse, static_cast<T*>(p.out), run.num_splits, p.head_dim_v);
       check_launch("sparse_attention_decode (combine)");
     }
   });
