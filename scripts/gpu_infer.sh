@@ -11,6 +11,8 @@
 #   STAGES may include "cublas": decode cells (CUBLAS_MODELS, CUBLAS_CONTEXTS=4k) with LT2_FUSED_GEMV=0 (projections through
 #   cuBLAS instead of the fused GEMV), for the A/B of that kernel
 #   "probe": bench/tma_stream_probe (HBM -> shared memory by TMA bulk copies vs register loads);
+#   "ncu": Nsight Compute on the micro-benchmark (NCU_KERNELS regex of kernel names, NCU_COUNT launches,
+#   NCU_BENCH_ARGS its arguments): speed of light, warp stall reasons, memory workload;
 #   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with LT2_GEMV_CHAIN=0 (each block's tail as
 #   three GEMV launches instead of one chained kernel), for the A/B of the chain
 set -uo pipefail
@@ -43,6 +45,17 @@ fi
 if has probe; then
   $B/bench/tma_stream_probe > "$OUT/tma_stream_probe.txt" 2>&1 || tail -5 "$OUT/tma_stream_probe.txt"
   cat "$OUT/tma_stream_probe.txt"
+fi
+if has ncu; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
+  if [ -n "$NCU" ]; then
+    "$NCU" --graph-profiling node -k "regex:${NCU_KERNELS:-.}" -c "${NCU_COUNT:-4}" --section SpeedOfLight \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+      $B/bench/decode_kernels_bench ${NCU_BENCH_ARGS:-} > "$OUT/ncu.txt" 2>&1 || tail -5 "$OUT/ncu.txt"
+    grep -E "^  [a-z_:]+.*\(|Duration|Memory Throughput|DRAM Throughput|Stall|Registers Per|Achieved Occ" "$OUT/ncu.txt" | head -60
+  else
+    echo "ncu: not on this machine"
+  fi
 fi
 PROFILE_ARGS=()
 [ "${PROFILE:-0}" -gt 0 ] && PROFILE_ARGS=(--profile "$PROFILE" --profile-md "$OUT/decode_profile.md")

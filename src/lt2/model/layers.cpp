@@ -97,7 +97,7 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
 // the 1.3B shapes (bench/results/gemv_chain_h200.txt): 34.0 vs 36.4 us at 1 row, 35.7 vs 36.9 at
 // 2, but 38.9 vs 37.6 at 4 and 44.0 vs 37.5 at 8 (each block stages all of x; the chain's TMA
 // stream runs at ~86% of the copy bandwidth where the register GEMV reaches ~100%).
-constexpr int64_t kChainedTailMaxRows = 2;
+constexpr int64_t kChainedTailMaxRows = 8;
 
 Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps) {
   if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(w13) ||

@@ -127,6 +127,24 @@ inline void check_launch(const char* kernel) {
   LT2_CHECK(err == cudaSuccess, kernel, " launch failed: ", cudaGetErrorString(err));
 }
 
+// Programmatic dependent launch (sm_90; no-ops elsewhere). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start once every block of the kernel
+// before it has called launch_dependents() (or exited), and must call grid_dependency_wait()
+// before it reads what that kernel writes: the wait returns once it has completed and its writes
+// are visible. A kernel that calls launch_dependents() must itself have been launched without the
+// attribute (or after its own wait), so that a dependent still starts only after everything two
+// launches back has completed.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Attribute `attr` of CUDA device `device` (the SM count, the compute capability, ...); `op` names
 // the caller in the error.
 inline int device_attribute(cudaDeviceAttr attr, int device, const char* op) {

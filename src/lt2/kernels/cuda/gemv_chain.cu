@@ -43,7 +43,7 @@ constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kTileRows = 8;               // weight rows per tile: the mma's N
-constexpr int kSliceK = 1024;              // K per ring slot
+constexpr int kSliceK = 2048;              // K per ring slot
 constexpr int kChunkK = 32;                // K per warp mma pair: 4 lanes x 8 elements
 // Bytes between a slot's rows (and x's rows): 64 past a multiple of 128, so the 16-byte loads of
 // lanes 0-7 (rows g = 0, 1, four lanes each) fall on distinct banks.
@@ -227,6 +227,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) produce<T>(p, ring, full, empty, slots);
     return;
   }
+  // Launched as a programmatic dependent: the producer streams weights (which no kernel writes)
+  // while the kernel before this one finishes; the consumers wait for it before reading x.
+  grid_dependency_wait();
 
   const int g8 = lane / 4, q = lane % 4;
   RingCursor c;
@@ -394,11 +397,13 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
       config.blockDim = dim3(kThreads);
       config.dynamicSmemBytes = plan.smem;
       config.stream = s;
-      cudaLaunchAttribute cooperative{};
-      cooperative.id = cudaLaunchAttributeCooperative;
-      cooperative.val.cooperative = 1;
-      config.attrs = &cooperative;
-      config.numAttrs = 1;
+      cudaLaunchAttribute attrs[2]{};
+      attrs[0].id = cudaLaunchAttributeCooperative;
+      attrs[0].val.cooperative = 1;
+      attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[1].val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = attrs;
+      config.numAttrs = 2;
       const cudaError_t err = cudaLaunchKernelEx(&config, gemv_chain_kernel<T>, p, barrier, plan.slots, plan.x_pitch);
       LT2_CHECK(err == cudaSuccess, "gemv_chain launch failed: ", cudaGetErrorString(err));
     }

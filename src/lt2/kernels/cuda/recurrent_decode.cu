@@ -201,17 +201,26 @@ __device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_
   const T* q_raw = static_cast<const T*>(p.q_raw) + b * p.q_stride;
   const T* k_raw = static_cast<const T*>(p.k_raw) + b * p.k_stride;
   const T* v_raw = static_cast<const T*>(p.v_raw) + b * p.v_stride;
-  for (int i = threadIdx.x; i < K; i += blockDim.x) {
-    const int c = h * K + i;
-    s_q[i] = conv_silu(q_raw[c], static_cast<const T*>(p.q_conv_weight) + c * W, q_window + c, W, qk_channels);
-    s_k[i] = conv_silu(k_raw[c], static_cast<const T*>(p.k_conv_weight) + c * W, k_window + c, W, qk_channels);
-    conv_shift(q_raw[c], q_window + c, W, qk_channels);
-    conv_shift(k_raw[c], k_window + c, W, qk_channels);
-  }
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const int c = h * V + i;
-    s_v[i] = conv_silu(v_raw[c], static_cast<const T*>(p.v_conv_weight) + c * W, v_window + c, W, v_channels);
-    conv_shift(v_raw[c], v_window + c, W, v_channels);
+  // One pass: a thread reads all of its channels' inputs, windows and taps before it writes any
+  // window, so those loads are in flight together (the windows' pointers may alias as far as
+  // the compiler knows, so interleaved shifts would serialise them into three round trips).
+  for (int i = threadIdx.x; i < max(K, V); i += blockDim.x) {
+    const int cq = h * K + i, cv = h * V + i;
+    float q = 0.f, k = 0.f, v = 0.f;
+    if (i < K) {
+      q = conv_silu(q_raw[cq], static_cast<const T*>(p.q_conv_weight) + cq * W, q_window + cq, W, qk_channels);
+      k = conv_silu(k_raw[cq], static_cast<const T*>(p.k_conv_weight) + cq * W, k_window + cq, W, qk_channels);
+    }
+    if (i < V) v = conv_silu(v_raw[cv], static_cast<const T*>(p.v_conv_weight) + cv * W, v_window + cv, W, v_channels);
+    if (i < K) {
+      s_q[i] = q, s_k[i] = k;
+      conv_shift(q_raw[cq], q_window + cq, W, qk_channels);
+      conv_shift(k_raw[cq], k_window + cq, W, qk_channels);
+    }
+    if (i < V) {
+      s_v[i] = v;
+      conv_shift(v_raw[cv], v_window + cv, W, v_channels);
+    }
   }
 }
 
@@ -362,6 +371,10 @@ __device__ __forceinline__ float4 row_group_sum(float4 x) {
 template <typename T, int KR>
 __global__ void __launch_bounds__(gdn_register_threads(KR))
     gdn_decode_registers_kernel(const GdnDecodeParams p, bool vec16) {
+  // A block tail chained after this step (gemv_chain, launched as a programmatic dependent)
+  // starts now on the SMs this grid leaves idle and streams its weights meanwhile; it waits for
+  // this step's y before reading it. This kernel is launched without the attribute.
+  launch_dependents();
   const int h = blockIdx.x, b = blockIdx.y;
   const int K = p.head_k, V = p.head_v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
