@@ -12,7 +12,7 @@
 #   cuBLAS instead of the fused GEMV), for the A/B of that kernel
 #   "probe": bench/tma_stream_probe (HBM -> shared memory by TMA bulk copies vs register loads);
 #   "ncu": Nsight Compute on the micro-benchmark (NCU_KERNELS regex of kernel names, NCU_COUNT launches,
-#   NCU_BENCH_ARGS its arguments): speed of light, warp stall reasons, memory workload;
+#   NCU_BENCH_ARGS its arguments, NCU_SECTIONS the report sections): speed of light, warp stalls, memory;
 #   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with LT2_GEMV_CHAIN=0 (each block's tail as
 #   three GEMV launches instead of one chained kernel), for the A/B of the chain
 set -uo pipefail
@@ -49,10 +49,12 @@ fi
 if has ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
   if [ -n "$NCU" ]; then
-    "$NCU" --graph-profiling node -k "regex:${NCU_KERNELS:-.}" -c "${NCU_COUNT:-4}" --section SpeedOfLight \
-      --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+    SECTIONS=()
+    for sec in ${NCU_SECTIONS:-SpeedOfLight WarpStateStats MemoryWorkloadAnalysis LaunchStats}; do SECTIONS+=(--section "$sec"); done
+    "$NCU" --graph-profiling node -k "regex:${NCU_KERNELS:-.}" -c "${NCU_COUNT:-4}" "${SECTIONS[@]}" --print-details all \
       $B/bench/decode_kernels_bench ${NCU_BENCH_ARGS:-} > "$OUT/ncu.txt" 2>&1 || tail -5 "$OUT/ncu.txt"
-    grep -E "^  [a-z_:]+.*\(|Duration|Memory Throughput|DRAM Throughput|Stall|Registers Per|Achieved Occ" "$OUT/ncu.txt" | head -60
+    grep -E "^  [a-z_:]+.*\(|Duration|DRAM Throughput|Stall|Executed Instructions|Issued Instructions|Warp Cycles Per Issued" \
+      "$OUT/ncu.txt" | head -60
   else
     echo "ncu: not on this machine"
   fi

@@ -115,7 +115,8 @@ TEST(FusedDecode, GdnStepMatchesReference) {
   };
   // (1, 1, 256, 512): four passes over the value columns (per-head form), eight tiles of 64
   // (cluster form), two passes of 256 columns at 32 rows per thread (register form); V = 12, 40:
-  // one partial tile; V = 70: rows not 16-byte aligned, a partial column quad; K = 200: rows
+  // one partial tile (register form: a partial warp of columns); V = 70: rows not 16-byte aligned
+  // (per-head and cluster forms only); K = 200: rows
   // past K in the last row group, 10 passes (register form); W = 1: no conv window.
   const std::vector<Shape> shapes{{1, 2, 32, 64, 4}, {3, 4, 96, 192, 4}, {8, 2, 128, 256, 4},
                                   {3, 3, 6, 12, 4},  {2, 2, 64, 70, 3},  {1, 1, 256, 512, 4},

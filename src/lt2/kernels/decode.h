@@ -58,7 +58,7 @@ void recurrent_step(const RecurrentStepParams& p, void* stream);
 // How gdn_decode spreads its work over the GPU.
 enum class GdnDecodeForm {
   Auto,       // gdn_decode_form's choice
-  Registers,  // one block per (sequence, head), S in registers (K <= kMaxGdnRegisterHeadK)
+  Registers,  // one block per (sequence, head), S in registers (K <= kMaxGdnRegisterHeadK, V % 4 == 0)
   PerHead,    // one block per (sequence, head), S through shared memory in passes over the value columns
   Cluster,    // one thread-block cluster per (sequence, head), a block per tile of value columns (sm_90)
 };
@@ -90,7 +90,7 @@ struct GdnDecodeParams {
   GdnDecodeForm form;
 };
 void gdn_decode(const GdnDecodeParams& p, void* stream);
-// Whether the register form serves these head dims.
+// Whether the register form serves these head dims (it also needs a 16-byte aligned state).
 bool gdn_decode_registers_supported(int head_k, int head_v);
 // Whether the cluster form serves these head dims on CUDA device `device`.
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device);

@@ -94,10 +94,10 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
 }
 
 // Rows up to which the chained block tail beats its three GEMV launches. Measured on an H200 at
-// the 1.3B shapes (bench/results/gemv_chain_h200.txt): 34.0 vs 36.4 us at 1 row, 35.7 vs 36.9 at
-// 2, but 38.9 vs 37.6 at 4 and 44.0 vs 37.5 at 8 (each block stages all of x; the chain's TMA
-// stream runs at ~86% of the copy bandwidth where the register GEMV reaches ~100%).
-constexpr int64_t kChainedTailMaxRows = 8;
+// the 1.3B shapes with 32 KB ring slots (bench/results/gemv_chain_h200.txt): 31.7 vs 36.4 us at
+// 1 row, 33.0 vs 36.9 at 2, 36.0 vs 37.6 at 4, but 42.2 vs 37.6 at 8 (every block stages all of
+// x: 180 KB of w2's inputs at 8 rows).
+constexpr int64_t kChainedTailMaxRows = 4;
 
 Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps) {
   if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(w13) ||

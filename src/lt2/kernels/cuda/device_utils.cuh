@@ -101,6 +101,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// block_sum of two values at once (one pair of barriers); `scratch` holds at least 32 float2.
+__device__ __forceinline__ float2 block_sum2(float2 v, float2* scratch) {
+  v.x = warp_sum(v.x), v.y = warp_sum(v.y);
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int n_warps = (blockDim.x * blockDim.y) / 32;
+  __syncthreads();
+  if (tid % 32 == 0) scratch[tid / 32] = v;
+  __syncthreads();
+  float2 total = make_float2(0.f, 0.f);
+  for (int w = 0; w < n_warps; ++w) total.x += scratch[w].x, total.y += scratch[w].y;
+  return total;
+}
+
 // RoPE of the n dims at `in` into `out` at position pos, the block's threads striding over the
 // n / 2 pairs: interleaved (2i, 2i + 1) or halves (i, i + n / 2), angle pos theta^(-2i / n) in
 // float64 (a float32 angle is off by ~1e-2 rad at 128k positions), the rotation in fp32.

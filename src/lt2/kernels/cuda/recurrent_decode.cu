@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
 // SiLU(causal conv) of one channel for the new input x_new. `window` points at this channel's
 // oldest slot, consecutive slots `channels` apart; `weight` at its taps.
 template <typename T>
-__device__ float conv_silu(T x_new, const T* weight, const T* window, int W, int channels) {
+__device__ __forceinline__ float conv_silu(T x_new, const T* weight, const T* window, int W, int channels) {
   float acc = to_float(weight[W - 1]) * to_float(x_new);
   for (int j = 0; j < W - 1; ++j) acc += to_float(weight[j]) * to_float(window[j * channels]);
   return acc * sigmoid(acc);
@@ -177,7 +177,7 @@ __device__ float conv_silu(T x_new, const T* weight, const T* window, int W, int
 
 // The window shift after conv_silu: drop the oldest input, append x_new.
 template <typename T>
-__device__ void conv_shift(T x_new, T* window, int W, int channels) {
+__device__ __forceinline__ void conv_shift(T x_new, T* window, int W, int channels) {
   for (int j = 0; j + 1 < W - 1; ++j) window[j * channels] = window[(j + 1) * channels];
   if (W > 1) window[(W - 2) * channels] = x_new;
 }
@@ -192,8 +192,9 @@ __device__ T* batch_window(void* window, int b, int W, int channels) {
 // inputs, the conv windows advanced in place. The calling block must own the whole head's
 // channels (it is their only reader and writer); the block's threads stride over them.
 template <typename T>
-__device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_q, float* s_k, float* s_v) {
-  const int K = p.head_k, V = p.head_v, W = p.conv_size;
+__device__ __forceinline__ void head_conv_silu_w(const GdnDecodeParams& p, int b, int h, float* s_q, float* s_k,
+                                                 float* s_v, const int W) {
+  const int K = p.head_k, V = p.head_v;
   const int qk_channels = p.heads * K, v_channels = p.heads * V;
   T* q_window = batch_window<T>(p.q_conv_window, b, W, qk_channels);
   T* k_window = batch_window<T>(p.k_conv_window, b, W, qk_channels);
@@ -224,6 +225,15 @@ __device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_
   }
 }
 
+// ShortConv's width in every preset: head_conv_silu unrolls its tap loops for it.
+constexpr int kCommonConvSize = 4;
+
+template <typename T>
+__device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_q, float* s_k, float* s_v) {
+  if (p.conv_size == kCommonConvSize) head_conv_silu_w<T>(p, b, h, s_q, s_k, s_v, kCommonConvSize);
+  else head_conv_silu_w<T>(p, b, h, s_q, s_k, s_v, p.conv_size);
+}
+
 // q, k ([K] in shared memory, after SiLU(conv)) scaled to unit L2 norm (+1e-6 under the root).
 // Every thread of the block calls it after a barrier that made s_q, s_k complete.
 __device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
@@ -232,8 +242,8 @@ __device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
     qq += s_q[i] * s_q[i];
     kk += s_k[i] * s_k[i];
   }
-  const float q_inv = rsqrtf(block_sum(qq, scratch) + 1e-6f);
-  const float k_inv = rsqrtf(block_sum(kk, scratch) + 1e-6f);
+  const float2 sums = block_sum2(make_float2(qq, kk), reinterpret_cast<float2*>(scratch));
+  const float q_inv = rsqrtf(sums.x + 1e-6f), k_inv = rsqrtf(sums.y + 1e-6f);
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     s_q[i] *= q_inv;
     s_k[i] *= k_inv;
@@ -319,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------------------------------------
 // gdn_decode, register form: grid (H, B), one block per (sequence, head), S held in registers.
-// Lane l of a warp owns rows rg + 8 i (rg = l / 4, i < KR) of 4 consecutive value columns
+// Lane l of a warp owns rows KR (l / 4) .. KR (l / 4) + KR - 1 of 4 consecutive value columns
 // (quad l % 4 of the warp's 16), so a warp covers 16 columns of all K rows and the column sums
 // over k (S^T k, S^T q) are sums over its 8 row groups: 3 shuffles, no barrier, no shared copy
 // of S. Every load of the step (S, the conv inputs and windows, the gates, the norm weight and
@@ -334,28 +344,6 @@ constexpr int kRegWarpCols = 16;   // value columns per warp and pass (4 lanes x
 // slab fits in ~128 registers, 8 beyond.
 __host__ __device__ constexpr int gdn_register_threads(int KR) { return KR <= 16 ? 512 : 256; }
 
-// 4 consecutive floats of a row at column c (< V): one 16-byte access when vec16, else the
-// columns below V one by one (the rest read as 0 and are not written).
-__device__ __forceinline__ float4 load4(const float* row, int c, int V, bool vec16) {
-  if (vec16) return *reinterpret_cast<const float4*>(row + c);
-  float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-  x.x = row[c];
-  if (c + 1 < V) x.y = row[c + 1];
-  if (c + 2 < V) x.z = row[c + 2];
-  if (c + 3 < V) x.w = row[c + 3];
-  return x;
-}
-__device__ __forceinline__ void store4(float* row, int c, int V, bool vec16, float4 x) {
-  if (vec16) {
-    *reinterpret_cast<float4*>(row + c) = x;
-    return;
-  }
-  row[c] = x.x;
-  if (c + 1 < V) row[c + 1] = x.y;
-  if (c + 2 < V) row[c + 2] = x.z;
-  if (c + 3 < V) row[c + 3] = x.w;
-}
-
 // Sum over the 8 row groups of a warp (lanes l, l ^ 4, l ^ 8, ...), to every lane.
 __device__ __forceinline__ float4 row_group_sum(float4 x) {
 #pragma unroll
@@ -369,8 +357,7 @@ __device__ __forceinline__ float4 row_group_sum(float4 x) {
 }
 
 template <typename T, int KR>
-__global__ void __launch_bounds__(gdn_register_threads(KR))
-    gdn_decode_registers_kernel(const GdnDecodeParams p, bool vec16) {
+__global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers_kernel(const GdnDecodeParams p) {
   // A block tail chained after this step (gemv_chain, launched as a programmatic dependent)
   // starts now on the SMs this grid leaves idle and streams its weights meanwhile; it waits for
   // this step's y before reading it. This kernel is launched without the attribute.
@@ -378,22 +365,22 @@ __global__ void __launch_bounds__(gdn_register_threads(KR))
   const int h = blockIdx.x, b = blockIdx.y;
   const int K = p.head_k, V = p.head_v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int rg = lane / 4, quad = lane % 4;
+  const int r0 = (lane / 4) * KR, quad = lane % 4;  // rows r0 .. r0 + KR - 1
+  constexpr int kRows = kRegRowGroups * KR;         // s_q, s_k are zero from K to kRows
   extern __shared__ float smem[];
-  float* s_q = smem;          // [K]
-  float* s_k = s_q + K;       // [K]
-  float* s_v = s_k + K;       // [V]
-  float* s_o = s_v + V;       // [V]: scale S^T q
-  float* scratch = s_o + V;   // [32]
+  float* s_q = smem;           // [kRows]
+  float* s_k = s_q + kRows;    // [kRows]
+  float* s_v = s_k + kRows;    // [V]
+  float* s_o = s_v + V;        // [V]: scale S^T q
+  float* scratch = s_o + V;    // [32]
 
   float* S = p.state + (static_cast<int64_t>(b) * p.heads + h) * K * V;
-  float4 s[KR];  // S[rg + 8 i, c .. c + 3] of the current pass
+  float4 s[KR];  // S[r0 + i, c .. c + 3] of the current pass (V % 4 == 0, rows 16-byte aligned)
   auto load_pass = [&](int c) {
 #pragma unroll
-    for (int i = 0; i < KR; ++i) {
-      const int r = rg + kRegRowGroups * i;
-      s[i] = r < K && c < V ? load4(S + static_cast<int64_t>(r) * V, c, V, vec16) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    for (int i = 0; i < KR; ++i)
+      s[i] = r0 + i < K && c < V ? *reinterpret_cast<const float4*>(S + static_cast<int64_t>(r0 + i) * V + c)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   const int pass_cols = kRegWarpCols * warps;
   load_pass(warp * kRegWarpCols + 4 * quad);
@@ -408,39 +395,43 @@ __global__ void __launch_bounds__(gdn_register_threads(KR))
   gdn_gates<T>(p, b, h, &alpha, &beta);
 
   head_conv_silu<T>(p, b, h, s_q, s_k, s_v);
+  for (int i = K + threadIdx.x; i < kRows; i += blockDim.x) s_q[i] = 0.f, s_k[i] = 0.f;
   __syncthreads();
   l2_normalize_qk(s_q, s_k, K, scratch);
   __syncthreads();  // the normalised q, k are visible to every thread
+  float kr[KR], qr[KR];  // this thread's rows of k and q (16-byte shared loads: r0 % 4 == 0)
+#pragma unroll
+  for (int i = 0; i < KR; i += 4) {
+    const float4 k4 = *reinterpret_cast<const float4*>(s_k + r0 + i);
+    const float4 q4 = *reinterpret_cast<const float4*>(s_q + r0 + i);
+    kr[i] = k4.x, kr[i + 1] = k4.y, kr[i + 2] = k4.z, kr[i + 3] = k4.w;
+    qr[i] = q4.x, qr[i + 1] = q4.y, qr[i + 2] = q4.z, qr[i + 3] = q4.w;
+  }
 
   for (int c0 = 0; c0 < V; c0 += pass_cols) {
     const int c = c0 + warp * kRegWarpCols + 4 * quad;
     if (c0 > 0) load_pass(c);
-    // u = beta (v - alpha S^T k), the decayed state's prediction error.
+    // u = beta (v - alpha S^T k), the decayed state's prediction error (rows past K add 0).
     float4 pred = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < KR; ++i) {
-      const int r = rg + kRegRowGroups * i;
-      const float kr = r < K ? s_k[r] : 0.f;
-      pred.x += kr * s[i].x, pred.y += kr * s[i].y, pred.z += kr * s[i].z, pred.w += kr * s[i].w;
-    }
+    for (int i = 0; i < KR; ++i)
+      pred.x += kr[i] * s[i].x, pred.y += kr[i] * s[i].y, pred.z += kr[i] * s[i].z, pred.w += kr[i] * s[i].w;
     pred = row_group_sum(pred);
-    const float4 v = c < V ? load4(s_v, c, V, false) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 v = c < V ? *reinterpret_cast<const float4*>(s_v + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 u = make_float4(beta * (v.x - alpha * pred.x), beta * (v.y - alpha * pred.y),
                                  beta * (v.z - alpha * pred.z), beta * (v.w - alpha * pred.w));
     // S <- alpha S + k u^T;  o = S^T q.
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < KR; ++i) {
-      const int r = rg + kRegRowGroups * i;
-      const float kr = r < K ? s_k[r] : 0.f, qr = r < K ? s_q[r] : 0.f;
-      s[i].x = alpha * s[i].x + kr * u.x, s[i].y = alpha * s[i].y + kr * u.y;
-      s[i].z = alpha * s[i].z + kr * u.z, s[i].w = alpha * s[i].w + kr * u.w;
-      o.x += qr * s[i].x, o.y += qr * s[i].y, o.z += qr * s[i].z, o.w += qr * s[i].w;
-      if (r < K && c < V) store4(S + static_cast<int64_t>(r) * V, c, V, vec16, s[i]);
+      s[i].x = alpha * s[i].x + kr[i] * u.x, s[i].y = alpha * s[i].y + kr[i] * u.y;
+      s[i].z = alpha * s[i].z + kr[i] * u.z, s[i].w = alpha * s[i].w + kr[i] * u.w;
+      o.x += qr[i] * s[i].x, o.y += qr[i] * s[i].y, o.z += qr[i] * s[i].z, o.w += qr[i] * s[i].w;
+      if (r0 + i < K && c < V) *reinterpret_cast<float4*>(S + static_cast<int64_t>(r0 + i) * V + c) = s[i];
     }
     o = row_group_sum(o);
-    if (rg == 0 && c < V)
-      store4(s_o, c, V, false, make_float4(p.scale * o.x, p.scale * o.y, p.scale * o.z, p.scale * o.w));
+    if (r0 == 0 && c < V)
+      *reinterpret_cast<float4*>(s_o + c) = make_float4(p.scale * o.x, p.scale * o.y, p.scale * o.z, p.scale * o.w);
   }
   __syncthreads();  // s_o is complete
 
@@ -646,13 +637,12 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
 template <int KR>
 void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
   const int warps = std::min(gdn_register_threads(KR) / 32, ceil_div(p.head_v, kRegWarpCols));
-  const size_t smem = sizeof(float) * (2 * p.head_k + 2 * p.head_v + 32);
+  const size_t smem = sizeof(float) * (2 * kRegRowGroups * KR + 2 * p.head_v + 32);
   const dim3 grid(p.heads, p.batch);
-  const bool vec16 = rows_16_byte_aligned(p.state, p.head_v);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     reserve_shared<gdn_decode_registers_kernel<T, KR>>(smem, "gdn_decode (register form)");
-    gdn_decode_registers_kernel<T, KR><<<grid, 32 * warps, smem, stream>>>(p, vec16);
+    gdn_decode_registers_kernel<T, KR><<<grid, 32 * warps, smem, stream>>>(p);
   });
   check_launch("gdn_decode (register form)");
 }
@@ -667,7 +657,7 @@ void launch_gdn_registers(const GdnDecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool gdn_decode_registers_supported(int head_k, int head_v) {
-  return head_k >= 1 && head_k <= kMaxGdnRegisterHeadK && head_v >= 1;
+  return head_k >= 1 && head_k <= kMaxGdnRegisterHeadK && head_v >= 4 && head_v % 4 == 0;
 }
 
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
@@ -697,8 +687,12 @@ void gdn_decode(const GdnDecodeParams& p, void* stream) {
   LT2_CHECK(form != GdnDecodeForm::Cluster || gdn_decode_cluster_supported(p.head_k, p.head_v, device),
             "gdn_decode: the cluster form needs an sm_90 device and K x tile columns within ", kGdnTileBytes,
             " bytes; K ", p.head_k, ", V ", p.head_v);
-  LT2_CHECK(form != GdnDecodeForm::Registers || gdn_decode_registers_supported(p.head_k, p.head_v),
-            "gdn_decode: the register form holds K <= ", kMaxGdnRegisterHeadK, " rows; K ", p.head_k);
+  // The register form moves S in 16-byte pieces: a misaligned state takes the per-head form.
+  const bool aligned = rows_16_byte_aligned(p.state, p.head_v);
+  if (p.form == GdnDecodeForm::Auto && form == GdnDecodeForm::Registers && !aligned) form = GdnDecodeForm::PerHead;
+  LT2_CHECK(form != GdnDecodeForm::Registers || (gdn_decode_registers_supported(p.head_k, p.head_v) && aligned),
+            "gdn_decode: the register form takes K <= ", kMaxGdnRegisterHeadK, ", V a multiple of 4 and a 16-byte ",
+            "aligned state; K ", p.head_k, ", V ", p.head_v);
   const auto s = static_cast<cudaStream_t>(stream);
   if (form == GdnDecodeForm::Registers) launch_gdn_registers(p, s);
   else if (form == GdnDecodeForm::Cluster) launch_gdn_cluster(p, s);
