@@ -545,11 +545,33 @@ bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusi
   return enabled && fused_elementwise_applies({x, w}) && gemv_problem(x, w, fusion).empty();
 }
 
+namespace {
+
+// Whether gemv_fused runs y = f(x) W^T as a one-product gemv_chain: persistent blocks streaming W
+// by TMA have no ragged last wave of row blocks. Measured on an H200 at the 1.3B shapes (1 / 8
+// rows, chain kernel vs the GEMV kernel; bench/results/gemv_chain_h200.txt): 9248 x 2048
+// 13.9 / 13.5 vs 14.5 / 15.1 us, 2048 x 3072 6.1 / 8.1 vs 7.8 / 8.4; but the LM head (525 MB)
+// 125 vs 124 and w2 with its SiLU·mul prologue at 8 rows 12.6 vs 11.3 (every block stages all
+// of x), so not those. (11264 x 2048 alone is 16.3 vs 15.2 at 1 row but 15.8 vs 16.6 at 8; the
+// blocks of the 1.3B presets chain it with its neighbours anyway.)
+constexpr double kChainedProductMaxBytes = 128e6;
+bool runs_as_chain(const Tensor& w, const GemvFusion& f) {
+  return !f.silu_mul && f.k_splits == 0 &&
+         static_cast<double>(w.numel()) * w.element_size() <= kChainedProductMaxBytes;
+}
+
+}  // namespace
+
 Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   const char* op = "gemv_fused";
   if (!fused_decode_available()) no_cuda(op);
   const auto problem = gemv_problem(x, w, f);
   LT2_CHECK(problem.empty(), op, ": ", problem);
+  if (runs_as_chain(w, f)) {
+    ChainProduct product{w};
+    product.fusion = f;
+    if (auto out = gemv_chain_fused(x, {product}); !out.empty()) return out[0];
+  }
 #ifdef LT2_WITH_CUDA
   const int64_t K = w.size(1), N = w.size(0), x_dim = f.silu_mul ? 2 * K : K;
   c10::cuda::CUDAGuard guard(x.device());

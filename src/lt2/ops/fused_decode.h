@@ -105,7 +105,9 @@ struct GemvFusion {
 };
 // y = f(x) W^T (nn.Linear without bias) through the fused GEMV: x [..., K] ([..., 2K] with
 // silu_mul) with at most kernels::kGemvMaxRows rows, W [N, K] contiguous, every tensor in one
-// kernel dtype on one CUDA device. Returns [..., N] in x's dtype.
+// kernel dtype on one CUDA device. Returns [..., N] in x's dtype. Products up to 128 MB without
+// silu_mul run as a one-product gemv_chain_fused where it takes them (measured faster), the rest
+// on the GEMV kernel.
 Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {});
 // Whether the decode path takes gemv_fused: fused_elementwise_applies to every tensor, the GEMV
 // takes the shapes, and LT2_FUSED_GEMV is not "0" in the environment (at::linear and the unfused
