@@ -19,12 +19,15 @@
 // fragments of two products. Warps split a slot's K; the block sums them per tile.
 // x is staged in shared memory once per product and block with its prologue applied, rounded to T
 // as the gemv kernels round their operands; RmsNorm's rsqrt is applied to the sums.
-// Measured on an H200 (bench/results/gemv_chain_h200.txt): the 1.3B block tail (77.7 MB) in 34.0 us
-// against 36.4 us as three launches at 1 row, but slower from 4 rows (x staged whole by every
-// block); alone on the LM head the stream reaches 86% of the copy bandwidth (the register GEMV
-// 100%), the same with 4, 8 or 12 ring slots, with independent accumulators per mma and with 8
-// issuing lanes: neither the bytes in flight, the consumers' mma chain nor the issue rate; what
-// holds the TMA stream back is open (bench/NOTES.md lists what to try next).
+// Slots are 8 rows x 2048 of K (32 KB, eight 4 KB copies): TMA's cost is per copy and per slot, and
+// bench/tma_stream_probe measured eight 2 KB copies per 16 KB slot at 70% of the copy bandwidth,
+// eight 4 KB copies per 32 KB slot at 101%.
+// Measured on an H200 (bench/results/gemv_chain_h200.txt): the LM head alone streams at 99% of the
+// copy bandwidth; the 1.3B block tail (77.7 MB, 18.4 us at the copy bandwidth) takes 31.7 us at
+// 1 row against 36.4 us as three launches (the rest is, by elimination, its two grid barriers
+// with x staging and the launch; not measured apart); from 8 rows the chain loses (every block stages all of x: 180 KB of w2's inputs).
+// Launched as a programmatic dependent (the kernel before it may release it early: the GDN step
+// does), so the producer streams weights while that kernel finishes.
 #include <cuda/atomic>
 
 #include <cstdlib>
@@ -50,7 +53,7 @@ constexpr int kChunkK = 32;                // K per warp mma pair: 4 lanes x 8 e
 __host__ __device__ constexpr int padded_pitch(int bytes) { return (bytes + 127) / 128 * 128 + 64; }
 constexpr int kSlotBytes = kTileRows * padded_pitch(kSliceK * 2);
 constexpr int kSlotPitch = padded_pitch(kSliceK * 2);
-constexpr int kMinSlots = 4, kMaxSlots = 12;  // 4 slots: 66 KB in flight per SM
+constexpr int kMinSlots = 4, kMaxSlots = 12;  // 4 slots: 133 KB in flight per SM
 constexpr int kMaxStreams = 64;               // grid barriers: one per (device, stream)
 
 struct GridBarrier {
