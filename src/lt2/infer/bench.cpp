@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -276,23 +277,43 @@ std::string bench_table(const std::vector<BenchCell>& cells) {
 }
 
 bool plot_bench(const std::vector<BenchCell>& cells, const std::string& mode, const std::string& png_path) {
-  // One series per (model, path, batch); points (context, tokens/s), OOM cells left out.
-  std::map<std::string, std::vector<std::pair<int64_t, double>>> series;
+  // One series per (model, path, batch); points (context, tokens/s), OOM cells left out. A model
+  // keeps one colour, a batch size one point shape, the reference path dashed lines, so that
+  // fifteen series stay tellable apart.
+  struct Series {
+    std::string model, path;
+    int64_t batch = 0;
+    std::vector<std::pair<int64_t, double>> points;
+  };
+  std::map<std::string, Series> series;
+  std::vector<std::string> models;
+  std::vector<int64_t> batches;
   for (const auto& c : cells) {
     if (c.mode != mode || c.oom) continue;
     const std::string key = mode == "decode" ? cat(c.model, " ", c.path, " b", c.batch) : c.model;
-    series[key].push_back({c.context, c.tokens_per_s});
+    auto& s = series[key];
+    s.model = c.model, s.path = c.path, s.batch = mode == "decode" ? c.batch : 0;
+    s.points.push_back({c.context, c.tokens_per_s});
+    if (std::find(models.begin(), models.end(), c.model) == models.end()) models.push_back(c.model);
+    if (std::find(batches.begin(), batches.end(), s.batch) == batches.end()) batches.push_back(s.batch);
   }
   if (series.empty()) return false;
+  static const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                   "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
+  constexpr int kPointTypes[] = {7, 5, 9, 11, 13, 1, 2, 3};
+  auto index_of = [](const auto& v, const auto& x) { return std::find(v.begin(), v.end(), x) - v.begin(); };
   std::string script = cat("set title ", gnuplot_quote(mode == "decode" ? "decode tokens/s vs context" : "prefill tokens/s vs context"),
                            "\nset xlabel 'context (tokens)'\nset ylabel 'tokens/s'\nset logscale xy 2\n"
                            "set key outside right\nset grid\nplot ");
   std::string data;
   bool first = true;
-  for (const auto& [key, pts] : series) {
-    script += cat(first ? "" : ", ", "'-' using 1:2 with linespoints title ", gnuplot_quote(key));
+  for (const auto& [key, s] : series) {
+    const auto colour = kColours[index_of(models, s.model) % std::size(kColours)];
+    const int point = kPointTypes[index_of(batches, s.batch) % std::size(kPointTypes)];
+    script += cat(first ? "" : ", ", "'-' using 1:2 with linespoints lw 2 lc rgb '", colour, "' pt ", point,
+                  " dt ", s.path == "reference" ? 2 : 1, " title ", gnuplot_quote(key));
     first = false;
-    for (const auto& [x, y] : pts) data += cat(x, " ", y, "\n");
+    for (const auto& [x, y] : s.points) data += cat(x, " ", y, "\n");
     data += "e\n";
   }
   return plot_png(png_path, script + "\n" + data, 1200, 650);

@@ -390,7 +390,8 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
   const std::string problem = chain_problem(p, device, &plan);
   LT2_CHECK(problem.empty(), "gemv_chain: ", problem);
   const auto s = static_cast<cudaStream_t>(stream);
-  GridBarrier* barrier = stream_barrier(device, s);
+  // One product has no grid barrier to meet (gemv_fused's one-product chains run on any stream).
+  GridBarrier* barrier = p.products > 1 ? stream_barrier(device, s) : nullptr;
   dispatch_dtype(p.product[0].dtype, [&](auto t) {
     using T = decltype(t);
     if constexpr (!std::is_same_v<T, float>) {
