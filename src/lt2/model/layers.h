@@ -87,10 +87,10 @@ class SwiGLUImpl : public torch::nn::Module {
   // rows, gradients, ...) before anything ran: the caller runs the unfused form.
   Tensor forward_residual(const Tensor& h, const Tensor& norm_weight, double eps);
   // The same from the mixer's pending output projection: h + forward(rms_norm(h)) with
-  // h = mixer.run(), the three products (the projection, w1|w3, w2) in one chained kernel
-  // (ops::gemv_chain_fused), [B, d]. Undefined, having run nothing, where the chain does not apply
-  // or is not the faster form (more than 2 rows, layers.cpp): the caller runs mixer.run() and the
-  // form above.
+  // h = mixer.run(), [B, d]: up to 4 rows the three products (the projection, w1|w3, w2) in one
+  // chained kernel (ops::gemv_chain_fused), above that the first two chained and w2 as one GEMV
+  // (layers.cpp has the measurements). Undefined, having run nothing, where the chain does not
+  // apply: the caller runs mixer.run() and the form above.
   Tensor forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps);
   // w2(silu(a) * b) of the packed w1|w3 output [..., 2 hidden] = [a | b].
   Tensor down(const Tensor& gate_up);

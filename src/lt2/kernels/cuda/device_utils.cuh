@@ -86,31 +86,23 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
+__device__ __forceinline__ float2 warp_sum(float2 v) { return make_float2(warp_sum(v.x), warp_sum(v.y)); }
+__device__ __forceinline__ void add_to(float& a, float b) { a += b; }
+__device__ __forceinline__ void add_to(float2& a, float2 b) { a.x += b.x, a.y += b.y; }
 
-// Sum of v over the whole block, returned to every thread. The block's thread count must be a
-// multiple of 32; `scratch` holds at least 32 floats. Safe to call repeatedly with one scratch.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Sum of v (a float, or a float2: two sums for one pair of barriers) over the whole block,
+// returned to every thread. The block's thread count must be a multiple of 32; `scratch` holds at
+// least 32 values. Safe to call repeatedly with one scratch.
+template <typename V>
+__device__ __forceinline__ V block_sum(V v, V* scratch) {
   v = warp_sum(v);
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int n_warps = (blockDim.x * blockDim.y) / 32;
   __syncthreads();  // the previous call's readers are done with scratch
   if (tid % 32 == 0) scratch[tid / 32] = v;
   __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < n_warps; ++w) total += scratch[w];
-  return total;
-}
-
-// block_sum of two values at once (one pair of barriers); `scratch` holds at least 32 float2.
-__device__ __forceinline__ float2 block_sum2(float2 v, float2* scratch) {
-  v.x = warp_sum(v.x), v.y = warp_sum(v.y);
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int n_warps = (blockDim.x * blockDim.y) / 32;
-  __syncthreads();
-  if (tid % 32 == 0) scratch[tid / 32] = v;
-  __syncthreads();
-  float2 total = make_float2(0.f, 0.f);
-  for (int w = 0; w < n_warps; ++w) total.x += scratch[w].x, total.y += scratch[w].y;
+  V total{};
+  for (int w = 0; w < n_warps; ++w) add_to(total, scratch[w]);
   return total;
 }
 

@@ -242,7 +242,7 @@ __device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
     qq += s_q[i] * s_q[i];
     kk += s_k[i] * s_k[i];
   }
-  const float2 sums = block_sum2(make_float2(qq, kk), reinterpret_cast<float2*>(scratch));
+  const float2 sums = block_sum(make_float2(qq, kk), reinterpret_cast<float2*>(scratch));
   const float q_inv = rsqrtf(sums.x + 1e-6f), k_inv = rsqrtf(sums.y + 1e-6f);
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     s_q[i] *= q_inv;
