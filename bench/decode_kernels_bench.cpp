@@ -14,9 +14,10 @@
 //                    o_proj, FFN w1|w3 and w2, the LM head): gemv_fused vs at::linear (cuBLAS),
 //                    both graph-replayed over enough weight copies that none is served from L2
 //   gemv_chain       a block's tail (the mixer's output projection with the residual, w1|w3 with
-//                    the RMSNorm, w2 with SiLU * mul and the residual) as one chained kernel
-//                    (gemv_chain_fused) vs its three gemv_fused launches, rotated like gemv; and
-//                    each gemv shape alone through the chain kernel (vs at::linear)
+//                    the RMSNorm and SiLU * mul as its epilogue, w2 with the residual) as one
+//                    chained kernel (gemv_chain_fused), and as a chain of two with a GEMV for w2,
+//                    vs its three gemv_fused launches, rotated like gemv; and each gemv shape
+//                    alone through the chain kernel (vs at::linear)
 // for each batch size. A kernel is captured `reps` times in one CUDA graph (as the engine runs it:
 // no launch gaps) and the replays are timed with CUDA events; the median per call is reported with
 // the bytes the call must move, GB/s and the % of a device-to-device copy measured in the same
@@ -275,9 +276,12 @@ Row bench_gemv(const Settings& s, int64_t N, int64_t K, int64_t B, torch::Scalar
 }
 
 // A block's decode tail on y [B, k_mix]: h = residual + y Wo^T, [a | b] = rms(h) W13^T,
-// out = h + (silu(a) b) W2^T, chained in one kernel against three gemv_fused launches. Calls rotate
-// over weight copies like bench_gemv.
-Row bench_gemv_chain(const Settings& s, int64_t d, int64_t k_mix, int64_t ffn, int64_t B, torch::ScalarType dt) {
+// out = h + (silu(a) b) W2^T, as the engine runs it (silu(a) b as w1|w3's epilogue), chained in
+// one kernel or (split_down) as a chain of the first two and a gemv_fused launch for w2, against
+// three gemv_fused launches (SiLU·mul as w2's prologue). Calls rotate over weight copies like
+// bench_gemv.
+Row bench_gemv_chain(const Settings& s, int64_t d, int64_t k_mix, int64_t ffn, int64_t B, torch::ScalarType dt,
+                     bool split_down) {
   torch::NoGradGuard ng;
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
   const double w_bytes = double(d * k_mix + 3 * ffn * d) * torch::elementSize(dt);
@@ -289,26 +293,37 @@ Row bench_gemv_chain(const Settings& s, int64_t d, int64_t k_mix, int64_t ffn, i
     lt2::ops::ChainProduct projection{torch::randn({d, k_mix}, opts) * 0.02},
         gate_up{torch::randn({2 * ffn, d}, opts) * 0.02}, down{torch::randn({d, ffn}, opts) * 0.02};
     projection.fusion.residual = residual;
-    gate_up.fusion.norm_weight = norm_weight;
-    down.fusion.silu_mul = true, down.residual_of = 0;
+    gate_up.fusion.norm_weight = norm_weight, gate_up.silu_mul_out = true;
+    down.residual_of = 0;
     chains.push_back({projection, gate_up, down});
   }
-  LT2_CHECK(!lt2::ops::gemv_chain_fused(y, chains[0]).empty(), "gemv_chain: the chain kernel does not take ", B,
-            " rows of d ", d, ", k ", k_mix, ", ffn ", ffn, " here");
+  auto run = [&](const std::vector<lt2::ops::ChainProduct>& c) {
+    if (!split_down) return !lt2::ops::gemv_chain_fused(y, c).empty();
+    const auto out = lt2::ops::gemv_chain_fused(y, {c[0], c[1]});
+    if (out.empty()) return false;
+    lt2::ops::GemvFusion add;
+    add.residual = out[0];
+    lt2::ops::gemv_fused(out[1], c[2].w, add);
+    return true;
+  };
+  LT2_CHECK(run(chains[0]), "gemv_chain: the chain kernel does not take ", B, " rows of d ", d, ", k ", k_mix,
+            ", ffn ", ffn, " here");
   Settings rotated = s;
   rotated.reps = std::max(s.reps, copies);
-  Row r{lt2::cat("gemv_chain ", d, "x", k_mix, "+", 2 * ffn, "x", d, "+", d, "x", ffn), B};
+  Row r{split_down ? lt2::cat("gemv_chain ", d, "x", k_mix, "+", 2 * ffn, "x", d, " + gemv ", d, "x", ffn)
+                   : lt2::cat("gemv_chain ", d, "x", k_mix, "+", 2 * ffn, "x", d, "+", d, "x", ffn),
+        B};
   int next = 0;
-  r.us = graph_us(rotated, [&] { lt2::ops::gemv_chain_fused(y, chains[next++ % copies]); });
-  r.bytes = w_bytes + double(B * (k_mix + 4 * d + 4 * ffn)) * torch::elementSize(dt);
+  r.us = graph_us(rotated, [&] { run(chains[next++ % copies]); });
+  r.bytes = w_bytes + double(B * (k_mix + 4 * d + 2 * ffn)) * torch::elementSize(dt);
   next = 0;
   if (s.reference)
     r.reference_us = graph_us(rotated, [&] {
       const auto& c = chains[next++ % copies];
       auto h = lt2::ops::gemv_fused(y, c[0].w, c[0].fusion);
       auto gu = lt2::ops::gemv_fused(h, c[1].w, c[1].fusion);
-      auto down = c[2].fusion;
-      down.residual = h;
+      lt2::ops::GemvFusion down;
+      down.silu_mul = true, down.residual = h;
       lt2::ops::gemv_fused(gu, c[2].w, down);
     });
   return r;
@@ -440,8 +455,11 @@ int main(int argc, char** argv) {
       for (int64_t B : s.batches)
         if (B <= lt2::kernels::kGemvMaxRows) {
           // The tail after GDN (o_proj's K is its value width) and after attention (K = d).
-          if (gdn) report(bench_gemv_chain(s, cfg.d_model, gdn->o_proj->weight.size(1), cfg.ffn_dim(), B, dt));
-          report(bench_gemv_chain(s, cfg.d_model, cfg.d_model, cfg.ffn_dim(), B, dt));
+          for (bool split_down : {false, true}) {
+            if (gdn)
+              report(bench_gemv_chain(s, cfg.d_model, gdn->o_proj->weight.size(1), cfg.ffn_dim(), B, dt, split_down));
+            report(bench_gemv_chain(s, cfg.d_model, cfg.d_model, cfg.ffn_dim(), B, dt, split_down));
+          }
           for (auto [N, K] : gemv_shapes) report(bench_gemv(s, N, K, B, dt, 0, true));
         }
     if (wants("attention"))

@@ -14,7 +14,9 @@
 #   "ncu": Nsight Compute on the micro-benchmark (NCU_KERNELS regex of kernel names, NCU_COUNT launches,
 #   NCU_BENCH_ARGS its arguments, NCU_SECTIONS the report sections): speed of light, warp stalls, memory;
 #   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with LT2_GEMV_CHAIN=0 (each block's tail as
-#   three GEMV launches instead of one chained kernel), for the A/B of the chain
+#   three GEMV launches instead of one chained kernel), for the A/B of the chain;
+#   "tail8": decode cells (TAIL_MODELS, TAIL_CONTEXTS=4k) with LT2_CHAINED_TAIL_MAX_ROWS=8 (the whole block tail
+#   chained at 5-8 rows too), for the A/B of that threshold
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -79,6 +81,8 @@ has cublas && ab_decode cublas LT2_FUSED_GEMV=0 "${CUBLAS_MODELS:-$MODELS}" "${C
   "projections through cuBLAS"
 has nochain && ab_decode nochain LT2_GEMV_CHAIN=0 "${NOCHAIN_MODELS:-$MODELS}" "${NOCHAIN_CONTEXTS:-8k}" \
   "block tails as three GEMV launches"
+has tail8 && ab_decode tail8 LT2_CHAINED_TAIL_MAX_ROWS=8 "${TAIL_MODELS:-$MODELS}" "${TAIL_CONTEXTS:-4k}" \
+  "the whole block tail chained at 5-8 rows"
 if has reference; then
   $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \
     --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_reference.json" --out-md "$OUT/decode_reference.md" \

@@ -5,6 +5,7 @@
 #include "common/engine_testing.h"
 #include "lt2/infer/bench.h"
 #include "lt2/infer/memory_plan.h"
+#include "lt2/mixers/dsa.h"
 #include "lt2/mixers/full_attention.h"
 #include "lt2/ops/sparse_attention.h"
 
@@ -158,6 +159,24 @@ TEST(MemoryPlan, StateBytesEqualWhatIsAllocated) {
       EXPECT_GT(plan.workspace_bytes, 0);
     }
   }
+}
+
+// DSA's inference forward makes dense index logits and masks over every key, in blocks of query
+// rows: the prefill workspace holds one block (all of a chunk's rows when they fit the budget).
+TEST(MemoryPlan, DsaPrefillWorkspaceHoldsOneQueryBlock) {
+  const int64_t max_len = 64, chunk = 16;
+  auto full = make_test_model(engine_config("full"), 1, torch::kFloat32);
+  auto dsa = make_test_model(engine_config("dsa"), 1, torch::kFloat32);
+  auto mixer = std::dynamic_pointer_cast<DSAImpl>(dsa->mixers()[0]);
+  ASSERT_TRUE(mixer);
+  const auto workspace = [&](LoopedLMImpl& m) {
+    return plan_memory(m, 1, max_len, torch::kFloat32, chunk, 0).workspace_bytes;
+  };
+  const int64_t whole = mixer->prefill_workspace_bytes(1, chunk, max_len);
+  EXPECT_EQ(workspace(*dsa), workspace(*full) + whole);
+  for (const auto& m : dsa->mixers()) std::dynamic_pointer_cast<DSAImpl>(m)->query_block_bytes = whole / 4;
+  EXPECT_EQ(mixer->prefill_workspace_bytes(1, chunk, max_len), whole / 4) << "a quarter of the rows per block";
+  EXPECT_EQ(workspace(*dsa), workspace(*full) + whole / 4);
 }
 
 TEST(MemoryPlan, DecodeBytesCountWeightsPerLoopAndTheCache) {

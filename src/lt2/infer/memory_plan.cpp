@@ -26,7 +26,11 @@ MemoryPlan plan_memory(const LoopedLMImpl& model, int64_t batch, int64_t max_len
   // Activations alive at once, with room for the widest mixer's projections and the fp32 copies
   // the recurrences make: ~12 d + 4 ffn values per prefill token; the decode step's logits.
   const int64_t d = cfg.d_model, ffn = cfg.ffn_dim(), V = cfg.vocab_size;
-  const int64_t prefill = std::min(prefill_chunk, max_len) * (12 * d + 4 * ffn) * 4;
+  // Mixers with dense score blocks (DSA's prefill) add one block's worth.
+  const int64_t chunk = std::min(prefill_chunk, max_len);
+  int64_t blocks = 0;
+  for (const auto& m : model.mixers()) blocks = std::max(blocks, m->prefill_workspace_bytes(1, chunk, max_len));
+  const int64_t prefill = chunk * (12 * d + 4 * ffn) * 4 + blocks;
   const int64_t decode = batch * (V * (elem + 4) + 16 * d * 4);
   p.workspace_bytes = std::max(prefill, decode);
 

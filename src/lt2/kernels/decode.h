@@ -231,6 +231,9 @@ struct GemvParams {
   // Output gate: y = sigmoid(y_gate) (...) before the residual, y_gate [rows, N] like y, or nullptr.
   const void* y_gate = nullptr;
   int64_t y_gate_row_stride = 0, y_gate_batch_stride = 0;
+  // gemv_chain only (gemv rejects it): W's two halves of n / 2 rows give a = x W_a^T, b = x W_b^T
+  // and y [rows, n / 2] = silu(a) * b (+ residual [rows, n / 2]), a and b not rounded apart.
+  bool silu_mul_out = false;
 };
 // Whether gemv takes `rows` rows of length k in dtype (1 <= rows <= kGemvMaxRows, k a whole
 // number of 16-byte vectors).

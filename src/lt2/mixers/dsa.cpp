@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/model/rope.h"
@@ -216,26 +217,58 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     v = latent ? k.narrow(-1, 0, latent_dim) : s->v.narrow(2, 0, start + T).to(h.q.scalar_type());
   }
   auto x_index = x.detach();  // the indexer learns only from its own loss
-  Tensor scores;              // [B, T, L] index scores
+  const bool indexer_grad = record && torch::GradMode::is_enabled();  // the indexer's own graph
+  Tensor iq, iw, index_k;  // [B, T, H_I, d_I], [B, T, H_I], [B, L, d_I]
   {
-    torch::AutoGradMode grad_for_loss(record && torch::GradMode::is_enabled());
-    auto [iq, iw] = indexer_queries(x_index, pos);
-    Tensor index_k = indexer_keys(x_index, pos);  // [B, T, d_I]
+    torch::AutoGradMode indexer_mode(indexer_grad);
+    std::tie(iq, iw) = indexer_queries(x_index, pos);
+    index_k = indexer_keys(x_index, pos);
     if (s) {
       s->index_keys.narrow(1, start, T).copy_(index_k);
       s->length = start + T;
       index_k = s->index_keys.narrow(1, 0, s->length).to(iq.scalar_type());
     }
-    scores = lightning_indexer_scores(iq, iw, index_k);
   }
   const int64_t L = k.size(2);
-  auto visible = window_mask(arange_long(start, start + T, x.device()),
-                             arange_long(0, L, x.device()), 0).expand_as(scores);  // [B, T, L]
-  auto attend = stage == IndexerStage::DenseWarmup ? visible : topk_mask(scores, visible, topk);
-  if (!record) return output(masked_attention(h.q, k, v, attend.unsqueeze(1), scale()), x);
-  auto [o, probs] = masked_attention_probs(h.q, k, v, attend.unsqueeze(1), scale());
-  indexer_losses.push_back(indexer_kl_loss(probs, scores, attend));
-  return output(o, x);
+  // Index scores [B, n, L] of query rows [r0, r0 + n) and the keys each attends to.
+  auto select = [&](int64_t r0, int64_t n) -> std::pair<Tensor, Tensor> {
+    torch::AutoGradMode indexer_mode(indexer_grad);
+    auto scores = lightning_indexer_scores(iq.narrow(1, r0, n), iw.narrow(1, r0, n), index_k);
+    auto visible = window_mask(arange_long(start + r0, start + r0 + n, x.device()), arange_long(0, L, x.device()), 0)
+                       .expand_as(scores);
+    return {scores, stage == IndexerStage::DenseWarmup ? visible : topk_mask(scores, visible, topk)};
+  };
+  if (record) {
+    auto [scores, attend] = select(0, T);
+    auto [o, probs] = masked_attention_probs(h.q, k, v, attend.unsqueeze(1), scale());
+    indexer_losses.push_back(indexer_kl_loss(probs, scores, attend));
+    return output(o, x);
+  }
+  // Without the loss the query rows are independent: blocks of them bound the dense [n, H_I, L]
+  // indexer logits and [H, n, L] attention masks (at 8192 rows of 32k keys, 64 index heads, a
+  // whole chunk's logits alone are 34 GB) to ~query_block_bytes.
+  const int64_t rows = query_block_rows(x.size(0), T, L);
+  std::vector<Tensor> outs;
+  for (int64_t r0 = 0; r0 < T; r0 += rows) {
+    const int64_t n = std::min(rows, T - r0);
+    auto attend = select(r0, n).second;  // [B, n, L]
+    outs.push_back(masked_attention(h.q.narrow(2, r0, n), k, v, attend.unsqueeze(1), scale()));  // [B, n, H, D_v]
+  }
+  return output(outs.size() == 1 ? outs[0] : torch::cat(outs, 1), x);
+}
+
+int64_t DSAImpl::query_row_bytes(int64_t batch, int64_t keys) const {
+  // fp32-sized: the logits and their ReLU (H_I each), the attention's mask per head, the scores,
+  // the visibility and top-k masks.
+  return batch * std::max<int64_t>(keys, 1) * (2 * index_heads + n_heads + 4) * 4;
+}
+
+int64_t DSAImpl::query_block_rows(int64_t batch, int64_t rows, int64_t keys) const {
+  return std::clamp<int64_t>(query_block_bytes / query_row_bytes(batch, keys), 1, std::max<int64_t>(rows, 1));
+}
+
+int64_t DSAImpl::prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
+  return query_block_rows(batch, rows, keys) * query_row_bytes(batch, keys);
 }
 
 std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,

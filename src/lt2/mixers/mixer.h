@@ -108,6 +108,9 @@ class MixerImpl : public torch::nn::Module {
   virtual bool supports_seq_pos() const { return false; }
   // Softmax-attention mixers say true (they take the SDPA output gate, Ouro's import maps them).
   virtual bool is_attention() const { return false; }
+  // Transient bytes of an inference forward of `rows` tokens per sequence over `keys` keys, beyond
+  // the few activations per token every mixer makes (memory planning: dense score blocks).
+  virtual int64_t prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const { return 0; }
 };
 
 using Mixer = std::shared_ptr<MixerImpl>;

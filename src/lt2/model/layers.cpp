@@ -1,6 +1,7 @@
 #include "lt2/model/layers.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "lt2/ops/fused_decode.h"
 
@@ -93,31 +94,39 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
   return ops::gemv_fused(gate_up, w2->weight, silu_add);
 }
 
-// Rows up to which the whole block tail (projection -> w1|w3 -> w2) is one chain. Measured on an
-// H200 at the 1.3B shapes with 32 KB ring slots (bench/results/gemv_chain_h200.txt): 31.7 vs
-// 36.4 us as three launches at 1 row, 33.0 vs 36.9 at 2, 36.0 vs 37.6 at 4, but 42.2 vs 37.6 at 8:
-// every block stages all of w2's x (SiLU·mul of 2 x 5632 inputs, 180 KB at 8 rows). Above it the
-// chain stops before w2 (whose x is the expensive one to stage) and w2 is one GEMV launch: each of
-// the other two products alone is faster in the chain kernel at 8 rows (8.1 vs 8.4 us, 15.8 vs
-// 16.6) and the chain hides the second one's ramp.
-constexpr int64_t kChainedTailMaxRows = 4;
+// Rows up to which the whole block tail (projection -> w1|w3 -> w2) is one chain; above it the
+// chain stops before w2 and w2 is one more launch. w1|w3 applies silu(a) * b as its epilogue, so
+// w2's x is hidden wide, plain, computed once (it was [a | b] with SiLU·mul applied by every
+// block that staged it: 180 KB per block at 8 rows, which made the 3-product chain lose there,
+// 42.2 vs 37.6 us; bench/results/gemv_chain_h200.txt). LT2_CHAINED_TAIL_MAX_ROWS overrides it
+// (a benchmarking knob: the A/B of the two forms in the engine).
+namespace {
+int64_t chained_tail_max_rows() {
+  static const int64_t rows = [] {
+    const char* env = std::getenv("LT2_CHAINED_TAIL_MAX_ROWS");
+    return env ? std::atoll(env) : int64_t{4};
+  }();
+  return rows;
+}
+}  // namespace
 
 Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps) {
   if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(w13)) return {};
   ops::ChainProduct projection{mixer.layer->weight}, gate_up{w13}, down_proj{w2->weight};
   projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
-  gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;               // [a | b]
-  down_proj.fusion.silu_mul = true, down_proj.residual_of = 0;                           // h + ...
-  if (mixer.y.size(0) <= kChainedTailMaxRows) {
+  gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;
+  gate_up.silu_mul_out = true;     // silu(a) * b
+  down_proj.residual_of = 0;       // h + ...
+  if (mixer.y.size(0) <= chained_tail_max_rows()) {
     const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
     return out.empty() ? Tensor() : out[2];
   }
-  const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up});  // {h, [a | b]}
+  const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up});  // {h, silu(a) * b}
   if (out.empty()) return {};
-  ops::GemvFusion silu_add;
-  silu_add.silu_mul = true, silu_add.residual = out[0];
-  if (!ops::gemv_fused_applies(out[1], w2->weight, silu_add)) return out[0] + down(out[1]);
-  return ops::gemv_fused(out[1], w2->weight, silu_add);
+  ops::GemvFusion add;
+  add.residual = out[0];
+  if (!ops::gemv_fused_applies(out[1], w2->weight, add)) return out[0] + apply_linear(out[1], w2);
+  return ops::gemv_fused(out[1], w2->weight, add);
 }
 
 Tensor SwiGLUImpl::down(const Tensor& gate_up) {

@@ -87,10 +87,11 @@ class LoopedLMImpl : public torch::nn::Module {
   Tensor rho;                          // [n_loops, d] LT2 loop residual gate (zero-init)
   torch::nn::Linear exit_gate{nullptr};// Ouro: Linear(d, 1) with bias
 
+  std::vector<Mixer> mixers() const;  // each layer's mixer (shared by the loops), in order
+
  private:
   ModelOutput forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts);
   ModelOutput vote(const Tensor& tokens, ModelState* state, const ForwardOptions& opts);
-  std::vector<Mixer> mixers() const;
 
   ModelConfig cfg_;
   std::vector<std::string> layer_mixers_;

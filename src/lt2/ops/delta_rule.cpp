@@ -1,9 +1,21 @@
 #include "lt2/ops/delta_rule.h"
 
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "lt2/ops/chunking.h"
 #include "lt2/util/error.h"
+
+#ifdef LT2_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "lt2/kernels/prefill.h"
+#endif
 
 namespace lt2::ops {
 
@@ -29,7 +41,100 @@ std::pair<Tensor, Tensor> delta_token(const Tensor& q, const Tensor& k, const Te
   return {o, S};
 }
 
+// Whether delta_rule_chunked runs its loop over the chunks as the CUDA kernel: fp32 on CUDA,
+// nothing for autograd to record (the kernel has no backward, so training keeps the loop), dims
+// the kernel serves, and LT2_DELTA_RULE_SCAN not "0".
+bool use_chunk_scan_kernel(const Tensor& v, torch::ScalarType dt, int64_t K, int64_t V, int64_t C,
+                           std::initializer_list<const Tensor*> inputs) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("LT2_DELTA_RULE_SCAN");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  if (!enabled || !v.is_cuda() || dt != torch::kFloat32) return false;
+  if (torch::GradMode::is_enabled())
+    for (const Tensor* t : inputs)
+      if (t->defined() && t->requires_grad()) return false;
+  return delta_rule_chunk_scan_supported(K, V, C, v.device());
+}
+
 }  // namespace
+
+bool delta_rule_chunk_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device) {
+#ifdef LT2_WITH_CUDA
+  if (!device.is_cuda() || K > kernels::kMaxScanHeadK || C > kernels::kMaxScanChunk || V > INT32_MAX)
+    return false;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return kernels::delta_rule_scan_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(C), index);
+#else
+  return false;
+#endif
+}
+
+ChunkScanResult delta_rule_chunk_scan_cuda(const Tensor& q_start, const Tensor& w, const Tensor& u,
+                                           const Tensor& a, const Tensor& kt, const Tensor& carry,
+                                           const Tensor& initial_state, int value_block) {
+  const char* op = "delta_rule_chunk_scan_cuda";
+#ifdef LT2_WITH_CUDA
+  auto shape = [](const Tensor& t) { return t.defined() ? cat(t.sizes()) : std::string("undefined"); };
+  LT2_CHECK(q_start.defined() && q_start.dim() == 5 && u.defined() && u.dim() == 5, op,
+            ": q_start must be [B, H, N, C, K] and u [B, H, N, C, V], found ", shape(q_start), " and ",
+            shape(u));
+  const int64_t B = q_start.size(0), H = q_start.size(1), N = q_start.size(2), C = q_start.size(3),
+                K = q_start.size(4), V = u.size(4);
+  const auto device = q_start.device();
+  LT2_CHECK(device.is_cuda(), op, ": the inputs must be CUDA tensors, found q_start on ", device);
+  // t: defined, the given shape, float32 on q_start's device.
+  auto check = [&](const Tensor& t, std::vector<int64_t> expected, const char* name) {
+    LT2_CHECK(t.defined() && t.sizes() == torch::IntArrayRef(expected), op, ": ", name, " must be ",
+              torch::IntArrayRef(expected), ", found ", shape(t));
+    LT2_CHECK(t.scalar_type() == torch::kFloat32 && t.device() == device, op, ": ", name,
+              " must be float32 on ", device, ", found ", t.scalar_type(), " on ", t.device());
+  };
+  check(q_start, {B, H, N, C, K}, "q_start");
+  check(w, {B, H, N, C, K}, "w");
+  check(u, {B, H, N, C, V}, "u");
+  check(a, {B, H, N, C, C}, "a");
+  check(kt, {B, H, N, K, C}, "kt");
+  const bool per_channel = carry.defined() && carry.dim() == 5 && carry.size(3) == K && K != 1;
+  check(carry, {B, H, N, per_channel ? K : 1, 1}, "carry (per head [B, H, N, 1, 1] or per key channel)");
+  if (initial_state.defined()) check(initial_state, {B, H, K, V}, "initial_state");
+  LT2_CHECK(delta_rule_chunk_scan_supported(K, V, C, device), op, ": no kernel for K ", K, ", V ", V, ", C ", C,
+            " on ", device, " (needs K and C multiples of 4, K <= ", kernels::kMaxScanHeadK, ", C <= ",
+            kernels::kMaxScanChunk, ", V a multiple of 8)");
+
+  // Packed, 16-byte aligned copies where the inputs are not (a contiguous view may start anywhere).
+  auto packed = [](const Tensor& t) {
+    auto c = t.contiguous();
+    return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+  };
+  const auto qc = packed(q_start), wc = packed(w), uc = packed(u), ac = packed(a), ktc = packed(kt),
+             cc = packed(carry);
+  const auto s0 = initial_state.defined() ? packed(initial_state) : Tensor();
+  c10::cuda::CUDAGuard guard(device);
+  auto o = torch::empty({B, H, N, C, V}, qc.options());
+  auto S = torch::empty({B, H, K, V}, qc.options());
+
+  kernels::DeltaRuleScanParams p{};
+  p.q = qc.data_ptr<float>();
+  p.w = wc.data_ptr<float>();
+  p.u = uc.data_ptr<float>();
+  p.a = ac.data_ptr<float>();
+  p.kt = ktc.data_ptr<float>();
+  p.carry = cc.data_ptr<float>();
+  p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
+  p.o = o.data_ptr<float>();
+  p.final_state = S.data_ptr<float>();
+  LT2_CHECK(N <= INT32_MAX, op, ": ", N, " chunks (at most ", INT32_MAX, ")");
+  p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.chunks = static_cast<int>(N);
+  p.chunk_size = static_cast<int>(C), p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V);
+  p.per_channel_carry = per_channel;
+  p.value_block = value_block;
+  kernels::delta_rule_scan(p, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  return {o, S};
+#else
+  throw Error(cat(op, ": this build has no CUDA kernels (configured with LT2_CUDA=OFF or without nvcc)"));
+#endif
+}
 
 RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& beta, const Tensor& g, double scale,
@@ -81,6 +186,11 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
   auto state_carry = G_last.exp().transpose(-1, -2);             // [B, H, N, 1 or K, 1]
 
   auto S = initial_or_zero_state(initial_state, B, H, K, V, dt, v.device());  // [B, H, K, V]
+  if (use_chunk_scan_kernel(v, dt, K, V, C, {&q, &k, &v, &beta, &g, &initial_state})) {
+    auto r = delta_rule_chunk_scan_cuda(Q_start, W, U, Aqk, K_end.transpose(-1, -2), state_carry,
+                                        initial_state.defined() ? S : Tensor());
+    return {from_chunks(r.o, T).to(v.scalar_type()), r.final_state};
+  }
   // unbind, not select: one backward node per tensor instead of a full-size zero fill per chunk.
   auto U_n = U.unbind(2), W_n = W.unbind(2), Q_n = Q_start.unbind(2), A_n = Aqk.unbind(2);
   auto Kt_n = K_end.transpose(-1, -2).unbind(2), carry_n = state_carry.unbind(2);

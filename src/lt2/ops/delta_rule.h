@@ -31,10 +31,33 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 //   V_new = U - W S
 //   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed) V_new)
 //   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new
-// Any T (the tail chunk is padded internally). Differentiable through autograd.
+// Any T (the tail chunk is padded internally). Differentiable through autograd. On CUDA in fp32
+// with nothing to differentiate (grad mode off, or no input requiring grad) and dims the kernel
+// serves, the loop over the chunks is one kernel launch (delta_rule_chunk_scan_cuda);
+// LT2_DELTA_RULE_SCAN=0 in the environment keeps the libtorch loop (A/B).
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);
+
+// The loop of delta_rule_chunked over the chunks on CUDA, in one kernel launch
+// (kernels/prefill.h: delta_rule_scan), for n = 0 .. N-1:
+//   V_new = U_n - W_n S;   O_n = Q_n S + A_n V_new;   S <- carry_n * S + Kt_n V_new
+// q_start, w [B, H, N, C, K], u [B, H, N, C, V], a [B, H, N, C, C], kt [B, H, N, K, C],
+// carry [B, H, N, 1 or K, 1] (per head or per key channel), initial_state [B, H, K, V] or
+// undefined (zeros): float32 CUDA tensors on one device, any strides (packed copies are made
+// where needed). value_block: value columns per block (8, 16, 32), 0 for the launcher's choice.
+// Needs dims delta_rule_chunk_scan_supported accepts; throws otherwise. Not differentiable.
+struct ChunkScanResult {
+  Tensor o;            // [B, H, N, C, V]
+  Tensor final_state;  // [B, H, K, V] float32, a new tensor
+};
+ChunkScanResult delta_rule_chunk_scan_cuda(const Tensor& q_start, const Tensor& w, const Tensor& u,
+                                           const Tensor& a, const Tensor& kt, const Tensor& carry,
+                                           const Tensor& initial_state, int value_block = 0);
+// Whether the kernel serves head dims K, V and chunk size C on `device` (false on CPU or without
+// CUDA kernels): K and C multiples of 4 with K <= 256, C <= 64, V a multiple of 8, and its shared
+// memory within the device's limit.
+bool delta_rule_chunk_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device);
 
 // One decode token: q, k [B, H, K], v [B, H, V], beta [B, H], g undefined / [B, H] / [B, H, K].
 // Updates `state` ([B, H, K, V]) in place and returns o [B, H, V] in v's dtype.

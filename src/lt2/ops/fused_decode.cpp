@@ -512,7 +512,8 @@ Tensor aligned_x_gate(const GemvFusion& f, int64_t K) {
 }
 
 // The kernel parameters of y = f(x) W^T for x2 [M, K or 2K] with aligned rows, the gate g2 of
-// aligned_x_gate (kept alive by the caller until the launch) and y [M, N].
+// aligned_x_gate (kept alive by the caller until the launch) and y [M, N] (or [M, N / 2]: the
+// chain's SiLU·mul epilogue).
 kernels::GemvParams gemv_params(const Tensor& x2, const Tensor& w, const GemvFusion& f, const Tensor& g2,
                                 const Tensor& y) {
   const int64_t K = w.size(1), N = w.size(0);
@@ -520,7 +521,7 @@ kernels::GemvParams gemv_params(const Tensor& x2, const Tensor& w, const GemvFus
   kernels::GemvParams p{};
   p.x = x2.data_ptr(), p.x_row_stride = x2.stride(0);
   p.w = w.data_ptr();
-  p.y = y.data_ptr(), p.y_row_stride = N;
+  p.y = y.data_ptr(), p.y_row_stride = y.size(-1);  // N, or N / 2 with the chain's SiLU·mul epilogue
   p.residual = r2.defined() ? r2.data_ptr() : nullptr;
   p.residual_row_stride = r2.defined() ? r2.stride(0) : 0;
   p.norm_weight = f.norm_weight.defined() ? f.norm_weight.data_ptr() : nullptr;
@@ -609,7 +610,10 @@ std::string gemv_chain_problem(const Tensor& x, const std::vector<ChainProduct>&
     }
     if (auto p = gemv_problem(x_sizes, x, pr.w, f); !p.empty()) return cat("product ", i, ": ", p);
     if (f.k_splits != 0) return cat("product ", i, ": a chain does not split K");
-    x_sizes.back() = pr.w.size(0);  // this product's output, the next one's x
+    if (pr.silu_mul_out && (pr.w.size(0) % 2 != 0 || f.residual.defined() || earlier))
+      return cat("product ", i, ": the SiLU·mul epilogue needs W's two halves (N even, found ", pr.w.size(0),
+                 ") and no residual");
+    x_sizes.back() = pr.silu_mul_out ? pr.w.size(0) / 2 : pr.w.size(0);  // this product's output, the next one's x
     if (earlier && out_sizes[pr.residual_of] != x_sizes)
       return cat("product ", i, ": its output ", torch::IntArrayRef(x_sizes), " and product ", pr.residual_of,
                  "'s (its residual) ", torch::IntArrayRef(out_sizes[pr.residual_of]), " differ");
@@ -638,7 +642,8 @@ std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainPro
     outputs.push_back(torch::empty(out_sizes[i], x.options().memory_format(torch::MemoryFormat::Contiguous)));
     gates.push_back(aligned_x_gate(f, pr.w.size(1)));
     params.product[i] = gemv_params(input, pr.w, f, gates.back(), outputs.back());
-    input = outputs.back().view({-1, pr.w.size(0)});
+    params.product[i].silu_mul_out = pr.silu_mul_out;
+    input = outputs.back().view({-1, out_sizes[i].back()});
   }
   if (!kernels::gemv_chain_problem(params, x.get_device()).empty()) return {};
   kernels::gemv_chain(params, current_stream(x));

@@ -122,6 +122,10 @@ struct ChainProduct {
   Tensor w;             // [N, K] contiguous, as gemv_fused's
   GemvFusion fusion;    // as gemv_fused's (k_splits 0)
   int residual_of = -1;  // >= 0: the residual is that earlier product's output (fusion.residual undefined)
+  // SwiGLU's silu(a) * b as the epilogue: W = [W_a; W_b] (packed w1|w3), a = f(x) W_a^T and
+  // b = f(x) W_b^T in fp32, y [..., N / 2] = silu(a) * b rounded once; no residual. The next
+  // product (w2) then reads a plain x half as wide as [a | b] (the chain stages it per block).
+  bool silu_mul_out = false;
 };
 // The products in one persistent kernel (kernels::gemv_chain): the next products' weights stream
 // in while a product finishes, instead of one launch each with its ramp and tail. Returns every

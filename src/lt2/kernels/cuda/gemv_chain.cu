@@ -25,7 +25,10 @@
 // Measured on an H200 (bench/results/gemv_chain_h200.txt): the LM head alone streams at 99% of the
 // copy bandwidth; the 1.3B block tail (77.7 MB, 18.4 us at the copy bandwidth) takes 31.7 us at
 // 1 row against 36.4 us as three launches (the rest is, by elimination, its two grid barriers
-// with x staging and the launch; not measured apart); from 8 rows the chain loses (every block stages all of x: 180 KB of w2's inputs).
+// with x staging and the launch; not measured apart). Every block stages all of a product's x, so
+// SwiGLU's silu(a) * b is w1|w3's epilogue (silu_mul_out: a tile is 4 rows of each half of W):
+// w2 then stages hidden plain values instead of 2 x hidden with SiLU·mul (180 KB at 8 rows, which
+// made the 3-product chain lose there: 42.2 vs 37.6 us).
 // Launched as a programmatic dependent (the kernel before it may release it early: the GDN step
 // does), so the producer streams weights while that kernel finishes.
 #include <cuda/atomic>
@@ -105,7 +108,20 @@ struct RingCursor {
   }
 };
 
-__device__ __forceinline__ int64_t tile_count(const GemvParams& g) { return (g.n + kTileRows - 1) / kTileRows; }
+// A tile is 8 weight rows, giving 8 columns of y; with the SiLU·mul epilogue it is 4 rows of each
+// half of W, rows j and n / 2 + j giving column j of y.
+__device__ __forceinline__ int tile_cols(const GemvParams& g) { return g.silu_mul_out ? kTileRows / 2 : kTileRows; }
+__device__ __forceinline__ int64_t y_cols(const GemvParams& g) { return g.silu_mul_out ? g.n / 2 : g.n; }
+__device__ __forceinline__ int64_t tile_count(const GemvParams& g) {
+  return (y_cols(g) + tile_cols(g) - 1) / tile_cols(g);
+}
+// W's row of tile t's row r. Columns past y's read its last column's rows (in bounds); their
+// outputs are not written.
+__device__ __forceinline__ int64_t tile_row(const GemvParams& g, int64_t t, int r) {
+  if (!g.silu_mul_out) return min(t * kTileRows + r, g.n - 1);
+  constexpr int kHalf = kTileRows / 2;
+  return (r < kHalf ? 0 : g.n / 2) + min(t * kHalf + r % kHalf, g.n / 2 - 1);
+}
 
 // Producer (one lane): every slice of every tile of every product this block computes, in order.
 template <typename T>
@@ -120,10 +136,9 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
         mbarrier_wait(&empty[c.slot], c.parity ^ 1u);  // the consumers are done with the slot's last use
         mbarrier_arrive_expect_tx(&full[c.slot], static_cast<uint32_t>(kTileRows * len * sizeof(T)));
         unsigned char* slot = ring + static_cast<size_t>(c.slot) * kSlotBytes;
-        for (int r = 0; r < kTileRows; ++r) {  // rows past N copy row N - 1; their outputs are not written
-          const int64_t row = min(t * kTileRows + r, g.n - 1);
-          bulk_copy(slot + r * kSlotPitch, w + row * g.k + k0, static_cast<uint32_t>(len * sizeof(T)), &full[c.slot]);
-        }
+        for (int r = 0; r < kTileRows; ++r)
+          bulk_copy(slot + r * kSlotPitch, w + tile_row(g, t, r) * g.k + k0, static_cast<uint32_t>(len * sizeof(T)),
+                    &full[c.slot]);
         c.advance(slots);
       }
     }
@@ -132,9 +147,10 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
 
 // x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
 // rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier. Each thread
-// issues the loads of kStageBatch vectors before using any: x sits in L2, and one round trip per
-// vector would cost ~15 us for 8 rows of w2's 2 x 5632 inputs.
-constexpr int kStageBatch = 8;
+// issues the loads of kStageBatch vectors before using any: x sits in L2, one round trip per
+// vector would cost ~15 us for 8 rows of w2's 2 x 5632 inputs, and 12 take w2's 8 x 5632 in two
+// round trips (8 took three; 162 registers, no spills).
+constexpr int kStageBatch = 12;
 template <typename T>
 __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],
                         float* s_rinv) {
@@ -201,11 +217,20 @@ __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, flo
   consumer_sync();
 }
 
-// y[m, n] = (rinv_m) acc + residual, rounded once.
+// y[m, n] = f(rinv_m sums[m][c]) + residual, rounded once: sums [warps][rows][8] are the warps'
+// partial sums of the tile, c its column of y; f is the identity, or with the SiLU·mul epilogue
+// silu(a) * b of the tile's rows c (a) and c + 4 (b).
 template <typename T>
-__device__ __forceinline__ void store_y(const GemvParams& g, int m, int64_t n, float acc, float residual,
-                                        const float* s_rinv) {
-  if (g.prologue == GemvPrologue::RmsNorm) acc *= s_rinv[m];
+__device__ __forceinline__ void store_y(const GemvParams& g, const float (*sums)[kGemvMaxRows][kTileRows], int m,
+                                        int c, int64_t n, float residual, const float* s_rinv) {
+  float acc = 0.f, up = 0.f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) {
+    acc += sums[w][m][c];
+    if (g.silu_mul_out) up += sums[w][m][c + kTileRows / 2];
+  }
+  if (g.prologue == GemvPrologue::RmsNorm) acc *= s_rinv[m], up *= s_rinv[m];
+  if (g.silu_mul_out) acc = acc / (1.f + __expf(-acc)) * up;
   static_cast<T*>(g.y)[m * g.y_row_stride + n] = from_float<T>(acc + residual);
 }
 
@@ -245,11 +270,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool has_x = g8 < g.rows;
     const unsigned char* x_row = xs + g8 * x_pitch;
     for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
-      // Output (m, r) of the tile is thread m * kTileRows + r's; its residual is loaded now, so the
-      // L2 round trip overlaps the tile's slices instead of delaying the store.
-      const int out_m = threadIdx.x / kTileRows, out_r = threadIdx.x % kTileRows;
-      const int64_t out_n = t * kTileRows + out_r;
-      const bool is_out = threadIdx.x < kGemvMaxRows * kTileRows && out_m < g.rows && out_n < g.n;
+      // Output (m, c) of the tile is thread m * cols + c's; its residual is loaded now, so the L2
+      // round trip overlaps the tile's slices instead of delaying the store.
+      const int cols = tile_cols(g), out_m = threadIdx.x / cols, out_c = threadIdx.x % cols;
+      const int64_t out_n = t * cols + out_c;
+      const bool is_out = out_m < g.rows && out_n < y_cols(g);
       const float residual =
           is_out && g.residual
               ? load_coherent(static_cast<const T*>(g.residual) + out_m * g.residual_row_stride + out_n)
@@ -275,12 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       red[warp][g8][2 * q] = acc[0];
       red[warp][g8][2 * q + 1] = acc[1];
       consumer_sync();  // (the other buffer's readers finished before this barrier, too)
-      if (is_out) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < kConsumerWarps; ++w) sum += red[w][out_m][out_r];
-        store_y<T>(g, out_m, out_n, sum, residual, s_rinv);
-      }
+      if (is_out) store_y<T>(g, red, out_m, out_c, out_n, residual, s_rinv);
     }
   }
 #endif
@@ -368,6 +388,7 @@ std::string chain_problem(const GemvChainParams& p, int device, ChainPlan* plan)
     if (k_bytes % 16 != 0) return at() + "rows of W a multiple of 16 bytes";
     if (g.prologue == GemvPrologue::RmsNorm && !g.norm_weight) return at() + "the RmsNorm prologue needs its weight";
     if (g.prologue == GemvPrologue::SigmoidGate && !g.x_gate) return at() + "the SigmoidGate prologue needs x_gate";
+    if (g.silu_mul_out && g.n % 2 != 0) return cat(at(), "the SiLU·mul epilogue needs W's two halves, found N = ", g.n);
   }
   *plan = chain_plan(p, device);
   if (plan->slots < kMinSlots)

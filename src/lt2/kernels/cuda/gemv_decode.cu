@@ -311,6 +311,7 @@ void gemv(const GemvParams& p, void* stream) {
             "gemv: the SigmoidGate prologue needs x_gate (and one product)");
   LT2_CHECK(p.batch >= 1 && p.batch <= 65535 && (p.batch == 1 || !p.residual), "gemv: batch ", p.batch,
             " (1..65535; a residual only with batch 1)");
+  LT2_CHECK(!p.silu_mul_out, "gemv: the SiLU·mul epilogue is gemv_chain's");
   LT2_CHECK(p.k_splits >= 0 && p.k_splits <= kGemvMaxKSplits, "gemv: k_splits ", p.k_splits, " (0 to pick, or 1..",
             kGemvMaxKSplits, ")");
   GemvParams q = p;

@@ -1,0 +1,49 @@
+// CUDA kernels for the prefill hot path (many tokens per sequence), in the style of decode.h: a
+// params struct per kernel, a launcher, plain kernels in kernels/cuda/. No libtorch here (the
+// tensor binding is ops::delta_rule_chunk_scan_cuda in ops/delta_rule.h). Pointers are device
+// pointers to packed (contiguous) fp32 tensors. The launchers enqueue on `stream` (a cudaStream_t)
+// and never synchronise, allocate or read device memory on the host.
+#pragma once
+#include <cstdint>
+
+namespace lt2::kernels {
+
+// Bounds of delta_rule_scan's shapes (the state slice and the chunk's matrices sit in shared memory).
+constexpr int kMaxScanHeadK = 256;  // key head dim K: a multiple of 4 in [4, 256]
+constexpr int kMaxScanChunk = 64;   // chunk size C: a multiple of 4 in [4, 64]
+// The value head dim V: any multiple of 8 (a block owns 8, 16 or 32 value columns of S).
+
+// The inter-chunk recurrence of the chunked delta rule (ops::delta_rule_chunked's loop), all N
+// chunks of every (sequence, head) in one launch; S [K, V] per (sequence, head), fp32:
+//   for n = 0 .. N-1:
+//     V_new = U_n - W_n S                  // [C, V]
+//     O_n   = Q_n S + A_n V_new            // [C, V]
+//     S     = carry_n * S + Kt_n V_new     // carry_n: one scalar, or one per key channel (row of S)
+// Every pointer below: fp32, packed in the order of its shape comment, 16-byte aligned.
+struct DeltaRuleScanParams {
+  const float* q;      // [B, H, N, C, K]  queries decayed to the chunk start, times the scale
+  const float* w;      // [B, H, N, C, K]  W of the UT transform
+  const float* u;      // [B, H, N, C, V]  U of the UT transform
+  const float* a;      // [B, H, N, C, C]  causal in-chunk scores (lower triangle), times the scale
+  const float* kt;     // [B, H, N, K, C]  keys decayed to the chunk end, transposed
+  const float* carry;  // [B, H, N, K] when per_channel_carry, else [B, H, N]: the chunk's decay of S
+  const float* initial_state;  // [B, H, K, V], or nullptr for zeros
+  float* o;                    // [B, H, N, C, V]
+  float* final_state;          // [B, H, K, V]: S after the last chunk (may alias initial_state)
+  int batch, heads, chunks, chunk_size, head_k, head_v;
+  bool per_channel_carry;
+  // Value columns per block: 8, 16 or 32 (dividing V), or 0 for delta_rule_scan_value_block's choice.
+  int value_block;
+};
+void delta_rule_scan(const DeltaRuleScanParams& p, void* stream);
+
+// The value block the launcher picks for value_block 0 on CUDA device `device`, or 0 when the
+// kernel does not serve these dims there (bounds above, or more shared memory than the device
+// gives): the widest of 32, 16, 8 that divides V and fits, narrowed (down to 8) while the grid
+// (V / value_block) x heads x batch has fewer blocks than the device has SMs.
+int delta_rule_scan_value_block(int batch, int heads, int head_k, int head_v, int chunk_size, int device);
+
+// Whether delta_rule_scan serves these dims on CUDA device `device` (for some value block).
+bool delta_rule_scan_supported(int head_k, int head_v, int chunk_size, int device);
+
+}  // namespace lt2::kernels

@@ -1,0 +1,292 @@
+// GPU (CTest label `gpu`): the CUDA scan over the chunks of the chunked delta rule (kernels/prefill.h,
+// ops::delta_rule_chunk_scan_cuda). delta_rule_chunked on CUDA under NoGrad (the kernel path) ==
+// the float64 recurrence and the fp32 chunked CPU path, output and final state (relative RMS error
+// < 1e-5), at several head dims, chunk sizes, batches, lengths off the chunk, with and without an
+// initial state, no gate / per-head / per-channel gates; the binding directly against a float64
+// loop for every value block, strided and misaligned inputs; the libtorch loop kept where the
+// kernel does not serve (unsupported dims, autograd); clear errors on bad input. Skips where no
+// CUDA GPU (or no CUDA kernels) is present.
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_testing.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "lt2/ops/delta_rule.h"
+#include "lt2/util/error.h"
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using torch::Tensor;
+using namespace lt2::gpu_testing;
+
+namespace {
+
+const auto f32 = torch::kFloat32;
+const auto f64 = torch::kFloat64;
+
+enum class Gate { None, Head, Channel };
+const char* gate_name(Gate g) { return g == Gate::None ? "no gate" : g == Gate::Head ? "per-head" : "per-channel"; }
+
+// Op inputs on the CPU in fp32: q, k [B, T, H, K] (unit keys, as the mixers give), v [B, T, H, V],
+// beta [B, T, H] in (0, 1), g <= 0 per the gate, s0 [B, H, K, V] or undefined.
+struct Inputs {
+  Tensor q, k, v, beta, g, s0;
+  double scale = 1.0;
+};
+
+Inputs make_inputs(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, Gate gate, bool with_state) {
+  Inputs in;
+  in.q = torch::randn({B, T, H, K}, f32);
+  in.k = torch::randn({B, T, H, K}, f32);
+  in.k = in.k / in.k.norm(2, -1, true);
+  in.v = torch::randn({B, T, H, V}, f32);
+  in.beta = torch::sigmoid(torch::randn({B, T, H}, f32));
+  if (gate == Gate::Head) in.g = -0.3 * torch::softplus(torch::randn({B, T, H}, f32));
+  if (gate == Gate::Channel) in.g = -0.3 * torch::softplus(torch::randn({B, T, H, K}, f32));
+  if (with_state) in.s0 = 0.5 * torch::randn({B, H, K, V}, f32);
+  in.scale = 1.0 / std::sqrt(static_cast<double>(K));
+  return in;
+}
+
+Tensor to(const Tensor& t, const torch::TensorOptions& o) { return t.defined() ? t.to(o) : t; }
+
+ops::RecurrenceResult chunked_on(const Inputs& in, const torch::TensorOptions& o, int64_t C) {
+  return ops::delta_rule_chunked(to(in.q, o), to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o), in.scale,
+                                 to(in.s0, o), C);
+}
+
+ops::RecurrenceResult recurrent_f64(const Inputs& in) {
+  const auto o = torch::TensorOptions().dtype(f64);
+  return ops::delta_rule_recurrent(to(in.q, o), to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o), in.scale,
+                                   to(in.s0, o));
+}
+
+// Throws lt2::Error whose message contains `what`.
+void expect_error(const std::function<void()>& f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one mentioning \"" << what << "\"";
+  } catch (const lt2::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+// The loop the kernel replaces, in float64 on the CPU (ops/delta_rule.h: delta_rule_chunk_scan_cuda).
+ops::ChunkScanResult scan_reference(const Tensor& q, const Tensor& w, const Tensor& u, const Tensor& a,
+                                    const Tensor& kt, const Tensor& carry, const Tensor& s0) {
+  auto c = [](const Tensor& t) { return t.to(torch::kCPU, f64); };
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), K = q.size(4), V = u.size(4);
+  Tensor S = s0.defined() ? c(s0) : torch::zeros({B, H, K, V}, f64);
+  std::vector<Tensor> outs;
+  for (int64_t n = 0; n < N; ++n) {
+    auto V_new = c(u).select(2, n) - torch::matmul(c(w).select(2, n), S);
+    outs.push_back(torch::matmul(c(q).select(2, n), S) + torch::matmul(c(a).select(2, n), V_new));
+    S = c(carry).select(2, n) * S + torch::matmul(c(kt).select(2, n), V_new);
+  }
+  return {torch::stack(outs, 2), S};
+}
+
+// Random inputs of the scan (CUDA, fp32), scaled so that the state stays bounded over the chunks.
+struct ScanInputs {
+  Tensor q, w, u, a, kt, carry, s0;
+};
+ScanInputs make_scan_inputs(int64_t B, int64_t H, int64_t N, int64_t C, int64_t K, int64_t V, bool per_channel,
+                            bool with_state) {
+  const auto o = gpu(f32);
+  ScanInputs s;
+  s.q = torch::randn({B, H, N, C, K}, o) / std::sqrt(static_cast<double>(K));
+  s.w = torch::randn({B, H, N, C, K}, o) * (0.3 / std::sqrt(static_cast<double>(K * C)));
+  s.u = torch::randn({B, H, N, C, V}, o);
+  s.a = torch::randn({B, H, N, C, C}, o).tril() / static_cast<double>(C);
+  s.kt = torch::randn({B, H, N, K, C}, o) * (0.3 / std::sqrt(static_cast<double>(C)));
+  s.carry = 0.5 + 0.5 * torch::rand({B, H, N, per_channel ? K : 1, 1}, o);
+  if (with_state) s.s0 = 0.5 * torch::randn({B, H, K, V}, o);
+  return s;
+}
+
+struct Shape {
+  int64_t B, T, H, K, V, C;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// delta_rule_chunked on CUDA (the kernel path) == float64 recurrence == fp32 chunked CPU path.
+
+TEST(DeltaRuleScan, ChunkedMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);  // the intra-chunk products in true fp32
+  // Head dims 16 / 32 up to 256 / 64, the 1.3B GDN head (96 x 192, with 16 heads: value blocks of
+  // 32 at B 2, 16 at B 1), chunks 16 and 64, lengths on and off the chunk; small grids take value
+  // blocks of 8.
+  const std::vector<Shape> shapes{{1, 45, 2, 16, 32, 16},   {3, 200, 2, 96, 192, 64}, {1, 130, 2, 128, 128, 64},
+                                  {3, 70, 1, 256, 64, 16},  {1, 100, 1, 256, 64, 64}, {2, 128, 16, 96, 192, 64},
+                                  {1, 77, 16, 96, 192, 64}, {2, 33, 3, 64, 40, 32}};
+  for (const auto& s : shapes)
+    for (Gate gate : {Gate::None, Gate::Head, Gate::Channel})
+      for (bool with_state : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
+                                          << " C" << s.C << " " << gate_name(gate)
+                                          << (with_state ? " initial state" : ""));
+        torch::manual_seed(s.B * 1000 + s.T + s.K + s.V + static_cast<int>(gate) * 7 + with_state);
+        ASSERT_TRUE(ops::delta_rule_chunk_scan_supported(s.K, s.V, s.C, torch::Device(torch::kCUDA, 0)));
+        const auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, gate, with_state);
+        ops::RecurrenceResult out;
+        {
+          torch::NoGradGuard no_grad;
+          out = chunked_on(in, gpu(f32), s.C);
+        }
+        const auto ref = recurrent_f64(in);
+        const auto cpu = chunked_on(in, torch::TensorOptions().dtype(f32), s.C);
+        EXPECT_EQ(out.o.scalar_type(), f32);
+        EXPECT_EQ(out.final_state.scalar_type(), f32);
+        EXPECT_TRUE(out.o.is_cuda());
+        EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5) << "output vs float64 recurrence";
+        EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "state vs float64 recurrence";
+        EXPECT_LT(rel_err(out.o.cpu(), cpu.o), 1e-5) << "output vs CPU chunked";
+        EXPECT_LT(rel_err(out.final_state.cpu(), cpu.final_state), 1e-5) << "state vs CPU chunked";
+      }
+}
+
+// bf16 activations compute in fp32 too (the kernel path), the output rounded to bf16.
+TEST(DeltaRuleScan, Bf16InputsMatchReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  torch::manual_seed(11);
+  auto in = make_inputs(2, 90, 4, 64, 128, Gate::Head, true);
+  for (Tensor* t : {&in.q, &in.k, &in.v}) *t = t->to(torch::kBFloat16);
+  ops::RecurrenceResult out;
+  {
+    torch::NoGradGuard no_grad;
+    out = chunked_on(in, torch::TensorOptions().device(torch::kCUDA), 64);
+  }
+  const auto ref = recurrent_f64(in);
+  EXPECT_EQ(out.o.scalar_type(), torch::kBFloat16);
+  EXPECT_LT(rel_err(out.o.cpu(), ref.o), tolerance(torch::kBFloat16));
+  EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5);  // fp32 from the same bf16 inputs
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binding directly: every value block, per-head and per-channel carries, strided and
+// misaligned inputs, against the loop in float64.
+
+TEST(DeltaRuleScan, BindingMatchesLoopForEveryValueBlock) {
+  REQUIRE_FUSED_DECODE();
+  struct S {
+    int64_t B, H, N, C, K, V;
+  };
+  for (const S s : {S{2, 3, 5, 16, 32, 64}, S{1, 2, 4, 64, 96, 192}, S{1, 1, 3, 64, 256, 32}, S{3, 2, 2, 20, 12, 96}})
+    for (int vb : {0, 8, 16, 32})
+      for (bool per_channel : {false, true})
+        for (bool with_state : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "B" << s.B << " H" << s.H << " N" << s.N << " C" << s.C << " K"
+                                            << s.K << " V" << s.V << " value block " << vb
+                                            << (per_channel ? " per-channel" : " per-head")
+                                            << (with_state ? " initial state" : ""));
+          torch::manual_seed(s.K * 100 + s.V + vb + per_channel * 3 + with_state);
+          const auto in = make_scan_inputs(s.B, s.H, s.N, s.C, s.K, s.V, per_channel, with_state);
+          const auto ref = scan_reference(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0);
+          const auto out = ops::delta_rule_chunk_scan_cuda(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0, vb);
+          EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5) << "output";
+          EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "state";
+        }
+}
+
+TEST(DeltaRuleScan, BindingTakesStridedAndMisalignedInputs) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(12);
+  const int64_t B = 2, H = 2, N = 3, C = 16, K = 32, V = 64;
+  const auto in = make_scan_inputs(B, H, N, C, K, V, true, true);
+  const auto ref = scan_reference(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0);
+  // u and w as views into one [.., V + K] tensor (as the binding's caller has them), kt as a
+  // transposed view, q starting one float into its storage (not 16-byte aligned), the state
+  // permuted.
+  auto uw = torch::cat({in.u, in.w}, -1);
+  auto kt_view = in.kt.transpose(-1, -2).contiguous().transpose(-1, -2);
+  auto q_off = torch::empty({in.q.numel() + 1}, gpu(f32)).narrow(0, 1, in.q.numel()).view(in.q.sizes());
+  q_off.copy_(in.q);
+  auto s0_perm = in.s0.permute({1, 0, 2, 3}).contiguous().permute({1, 0, 2, 3});
+  const auto out = ops::delta_rule_chunk_scan_cuda(q_off, uw.narrow(-1, V, K), uw.narrow(-1, 0, V), in.a, kt_view,
+                                                   in.carry, s0_perm);
+  EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5);
+  EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5);
+  // The inputs are left as they were (the final state is a new tensor).
+  EXPECT_EQ(rel_err(s0_perm.cpu(), in.s0.cpu()), 0.0);
+}
+
+TEST(DeltaRuleScan, BindingRejectsBadInput) {
+  REQUIRE_FUSED_DECODE();
+  const int64_t B = 1, H = 2, N = 2, C = 16, K = 32, V = 64;
+  const auto in = make_scan_inputs(B, H, N, C, K, V, false, true);
+  auto call = [&](const Tensor& q, const Tensor& w, const Tensor& u, const Tensor& a, const Tensor& kt,
+                  const Tensor& carry, const Tensor& s0, int vb = 0) {
+    return [=] { ops::delta_rule_chunk_scan_cuda(q, w, u, a, kt, carry, s0, vb); };
+  };
+  expect_error(call(in.q, in.w.narrow(-1, 0, K - 4), in.u, in.a, in.kt, in.carry, in.s0), "w must be");
+  expect_error(call(in.q, in.w, in.u.narrow(1, 0, 1), in.a, in.kt, in.carry, in.s0), "u must be");
+  expect_error(call(in.q, in.w, in.u, in.a.transpose(-1, -2).narrow(-1, 0, 8), in.kt, in.carry, in.s0), "a must be");
+  expect_error(call(in.q, in.w, in.u, in.a, in.kt.transpose(-1, -2), in.carry, in.s0), "kt must be");
+  expect_error(call(in.q, in.w, in.u, in.a, in.kt, in.carry.expand({B, H, N, 3, 1}), in.s0), "carry");
+  expect_error(call(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0.narrow(-1, 0, 8)), "initial_state must be");
+  expect_error(call(in.q.unsqueeze(0), in.w, in.u, in.a, in.kt, in.carry, in.s0), "q_start must be");
+  expect_error(call(in.q, in.w, in.u, in.a, in.kt, Tensor(), in.s0), "carry");
+  expect_error(call(in.q, in.w.to(f64), in.u, in.a, in.kt, in.carry, in.s0), "float32");
+  expect_error(call(in.q, in.w.cpu(), in.u, in.a, in.kt, in.carry, in.s0), "float32 on cuda");
+  expect_error(call(in.q.cpu(), in.w.cpu(), in.u.cpu(), in.a.cpu(), in.kt.cpu(), in.carry.cpu(), in.s0.cpu()),
+               "CUDA");
+  expect_error(call(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0, 24), "value_block");
+  expect_error(call(in.q, in.w, in.u.narrow(-1, 0, 40), in.a, in.kt, in.carry, in.s0.narrow(-1, 0, 40), 32),
+               "must divide V");
+  // Dims the kernel does not serve: K off a multiple of 4, C above 64, V off a multiple of 8.
+  const auto odd = make_scan_inputs(1, 1, 2, 16, 6, 12, false, false);
+  expect_error(call(odd.q, odd.w, odd.u, odd.a, odd.kt, odd.carry, odd.s0), "no kernel for K 6");
+  const auto big = make_scan_inputs(1, 1, 1, 80, 16, 16, false, false);
+  expect_error(call(big.q, big.w, big.u, big.a, big.kt, big.carry, big.s0), "no kernel");
+  EXPECT_FALSE(ops::delta_rule_chunk_scan_supported(6, 12, 16, torch::Device(torch::kCUDA, 0)));
+  EXPECT_FALSE(ops::delta_rule_chunk_scan_supported(32, 64, 80, torch::Device(torch::kCUDA, 0)));
+  EXPECT_FALSE(ops::delta_rule_chunk_scan_supported(32, 64, 16, torch::Device(torch::kCPU)));
+  EXPECT_TRUE(ops::delta_rule_chunk_scan_supported(256, 256, 64, torch::Device(torch::kCUDA, 0)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where the kernel does not serve, delta_rule_chunked on CUDA keeps the libtorch loop: dims off
+// the kernel's multiples, chunks it does not take, and autograd (the kernel has no backward).
+
+TEST(DeltaRuleScan, LoopKeptWhereKernelDoesNotServe) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  torch::manual_seed(13);
+  {
+    const auto in = make_inputs(2, 40, 2, 6, 12, Gate::Channel, true);  // K 6, V 12: no kernel
+    for (int64_t C : {16, 7}) {
+      torch::NoGradGuard no_grad;
+      const auto out = chunked_on(in, gpu(f32), C);
+      const auto ref = recurrent_f64(in);
+      EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5) << "C " << C;
+      EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "C " << C;
+    }
+  }
+  // Grad mode on with inputs that require grad: the loop, differentiable, equal to the kernel's result.
+  const auto in = make_inputs(1, 50, 2, 32, 64, Gate::Head, true);
+  auto q = in.q.to(gpu(f32)).requires_grad_(true);
+  const auto o = gpu(f32);
+  auto out = ops::delta_rule_chunked(q, to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o), in.scale,
+                                     to(in.s0, o), 16);
+  ASSERT_TRUE(out.o.requires_grad());
+  out.o.sum().backward();
+  ASSERT_TRUE(q.grad().defined());
+  EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
+  ops::RecurrenceResult fast;
+  {
+    torch::NoGradGuard no_grad;
+    fast = chunked_on(in, o, 16);
+  }
+  EXPECT_FALSE(fast.o.requires_grad());
+  EXPECT_LT(rel_err(fast.o, out.o.detach()), 1e-5);
+  EXPECT_LT(rel_err(fast.final_state, out.final_state.detach()), 1e-5);
+}
