@@ -5,7 +5,7 @@
 #   STAGES="test kernels decode reference prefill"   which parts run (default: all)
 #   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  GTEST_FILTER=*
 #   REF_CONTEXTS=4k,32k  REF_BATCHES=1,8  (the libtorch reference path: a subset, it is slow)
-#   PREFILL_CONTEXTS=4k,8k,16k,32k
+#   PREFILL_CONTEXTS=4k,8k,16k,32k  PREFILL_MODELS (default MODELS)  PROFILE_PREFILL=N (per-kernel table of N prefills)
 #   PROFILE=N          engine cells: also record N steps with the CUDA profiler (per-kernel table)
 #   KERNEL_ARGS="--kernels gemv --batches 1,8"   arguments of the micro-benchmark
 #   STAGES may include "cublas": decode cells (CUBLAS_MODELS, CUBLAS_CONTEXTS=4k) with LT2_FUSED_GEMV=0 (projections through
@@ -90,7 +90,9 @@ if has reference; then
   cat "$OUT/decode_reference.md"
 fi
 if has prefill; then
-  $L bench prefill -m "$MODELS" -c "${PREFILL_CONTEXTS:-4k,8k,16k,32k}" --out-json "$OUT/prefill.json" \
-    --out-md "$OUT/prefill.md" 2> /tmp/prefill.err || tail -20 /tmp/prefill.err
+  PREFILL_PROFILE=()
+  [ "${PROFILE_PREFILL:-0}" -gt 0 ] && PREFILL_PROFILE=(--profile "$PROFILE_PREFILL" --profile-md "$OUT/prefill_profile.md")
+  $L bench prefill -m "${PREFILL_MODELS:-$MODELS}" -c "${PREFILL_CONTEXTS:-4k,8k,16k,32k}" --out-json "$OUT/prefill.json" \
+    --out-md "$OUT/prefill.md" "${PREFILL_PROFILE[@]}" 2> /tmp/prefill.err || tail -20 /tmp/prefill.err
   cat "$OUT/prefill.md"
 fi

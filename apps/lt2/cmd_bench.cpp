@@ -141,6 +141,11 @@ void add_bench_command(CLI::App& app) {
 
   auto* prefill = bench->add_subcommand("prefill", "Prefill tokens/s of one prompt per (model, context), batch 1");
   add_grid_options(prefill, *args);
+  prefill->add_option("--profile", args->opts.profile_steps,
+                      "After timing, record this many prefills with the CUDA profiler and report the GPU time per "
+                      "kernel, busy time and the gaps between kernels (0: off)")
+      ->capture_default_str();
+  prefill->add_option("--profile-md", args->profile_md_path, "Write the per-kernel tables of --profile to this file");
   prefill->callback([args] { run_bench("prefill", *args, command_line()); });
 
   auto plot_in = std::make_shared<std::string>();

@@ -155,6 +155,7 @@ BenchCell run_prefill_cell(LoopedLM& model, const std::string& name, int64_t C, 
   c.memory_gb = device_used_gb();
   c.ms = 1e3 * s;
   c.tokens_per_s = double(C) / s;
+  if (o.profile_steps > 0) c.profile = profile_device_activity([&] { engine.prefill(0, prompt); }, o.profile_steps);
   return c;
 }
 
@@ -250,7 +251,8 @@ std::string bench_profile_tables(const std::vector<BenchCell>& cells, size_t top
   for (const auto& c : cells)
     if (c.profile.steps > 0)
       out += cat("### ", c.model, " ", c.path, ", context ", c.context, ", batch ", c.batch, ": ",
-                 std::round(c.ms * 100) / 100, " ms/step\n\n", kernel_profile_table(c.profile, top), "\n");
+                 std::round(c.ms * 100) / 100, c.mode == "prefill" ? " ms per prefill\n\n" : " ms/step\n\n",
+                 kernel_profile_table(c.profile, top), "\n");
   return out;
 }
 

@@ -34,7 +34,7 @@ struct BenchOptions {
   int64_t prefill_chunk = 8192;
   double memory_limit_gb = 0;                  // plan against this instead of the device's free memory
   uint64_t seed = 0;
-  int64_t profile_steps = 0;                   // decode engine cells: profile this many steps (0: off)
+  int64_t profile_steps = 0;                   // engine cells: profile this many decode steps / prefills (0: off)
 };
 
 struct BenchCell {
@@ -49,7 +49,7 @@ struct BenchCell {
   double floor_ms = 0;           // decode: gb_per_step / copy bandwidth
   double memory_gb = 0;          // device memory in use during the cell (planned on the CPU)
   double planned_gb = 0;         // weights + states + workspace from the plan
-  KernelProfile profile;         // decode engine cells with profile_steps > 0 (CUDA only)
+  KernelProfile profile;         // engine cells with profile_steps > 0 (CUDA only)
   nlohmann::json to_json() const;
 };
 
