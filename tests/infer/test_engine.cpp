@@ -161,8 +161,9 @@ TEST(MemoryPlan, StateBytesEqualWhatIsAllocated) {
   }
 }
 
-// DSA's inference forward makes dense index logits and masks over every key, in blocks of query
-// rows: the prefill workspace holds one block (all of a chunk's rows when they fit the budget).
+// DSA's inference forward makes dense index logits over every key in blocks of query rows, then
+// attends with every row's mask: the prefill workspace holds one block and the mask (a bool and
+// an fp32 copy per score).
 TEST(MemoryPlan, DsaPrefillWorkspaceHoldsOneQueryBlock) {
   const int64_t max_len = 64, chunk = 16;
   auto full = make_test_model(engine_config("full"), 1, torch::kFloat32);
@@ -172,11 +173,19 @@ TEST(MemoryPlan, DsaPrefillWorkspaceHoldsOneQueryBlock) {
   const auto workspace = [&](LoopedLMImpl& m) {
     return plan_memory(m, 1, max_len, torch::kFloat32, chunk, 0).workspace_bytes;
   };
-  const int64_t whole = mixer->prefill_workspace_bytes(1, chunk, max_len);
+  const auto set_budget = [&](int64_t bytes) {
+    for (const auto& m : dsa->mixers()) std::dynamic_pointer_cast<DSAImpl>(m)->query_block_bytes = bytes;
+  };
+  const int64_t whole = mixer->prefill_workspace_bytes(1, chunk, max_len);  // every row in one block
   EXPECT_EQ(workspace(*dsa), workspace(*full) + whole);
-  for (const auto& m : dsa->mixers()) std::dynamic_pointer_cast<DSAImpl>(m)->query_block_bytes = whole / 4;
-  EXPECT_EQ(mixer->prefill_workspace_bytes(1, chunk, max_len), whole / 4) << "a quarter of the rows per block";
-  EXPECT_EQ(workspace(*dsa), workspace(*full) + whole / 4);
+  set_budget(1);  // one row per block
+  const int64_t one_row = mixer->prefill_workspace_bytes(1, chunk, max_len);
+  const int64_t row = (whole - one_row) / (chunk - 1), mask = one_row - row;
+  EXPECT_GT(row, 0);
+  EXPECT_EQ(mask, chunk * max_len * 5) << "every row's attention mask";
+  set_budget(4 * row);
+  EXPECT_EQ(mixer->prefill_workspace_bytes(1, chunk, max_len), 4 * row + mask) << "4 rows per block";
+  EXPECT_EQ(workspace(*dsa), workspace(*full) + 4 * row + mask);
 }
 
 TEST(MemoryPlan, DecodeBytesCountWeightsPerLoopAndTheCache) {

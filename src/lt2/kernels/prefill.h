@@ -16,19 +16,20 @@ constexpr int kMaxScanChunk = 64;   // chunk size C: a multiple of 4 in [4, 64]
 // The inter-chunk recurrence of the chunked delta rule (ops::delta_rule_chunked's loop), all N
 // chunks of every (sequence, head) in one launch; S [K, V] per (sequence, head), fp32:
 //   for n = 0 .. N-1:
-//     V_new = U_n - W_n S                  // [C, V]
-//     O_n   = Q_n S + A_n V_new            // [C, V]
+//     S_n   = S                            // the state at the chunk's start, stored
+//     V_new = U_n - W_n S                  // [C, V], stored
 //     S     = carry_n * S + Kt_n V_new     // carry_n: one scalar, or one per key channel (row of S)
+// The outputs O_n = Q_n S_n + A_n V_new do not feed the recurrence: the binding computes them for
+// all chunks at once with two batched GEMMs.
 // Every pointer below: fp32, packed in the order of its shape comment, 16-byte aligned.
 struct DeltaRuleScanParams {
-  const float* q;      // [B, H, N, C, K]  queries decayed to the chunk start, times the scale
   const float* w;      // [B, H, N, C, K]  W of the UT transform
   const float* u;      // [B, H, N, C, V]  U of the UT transform
-  const float* a;      // [B, H, N, C, C]  causal in-chunk scores (lower triangle), times the scale
   const float* kt;     // [B, H, N, K, C]  keys decayed to the chunk end, transposed
   const float* carry;  // [B, H, N, K] when per_channel_carry, else [B, H, N]: the chunk's decay of S
   const float* initial_state;  // [B, H, K, V], or nullptr for zeros
-  float* o;                    // [B, H, N, C, V]
+  float* states;               // [B, H, N, K, V]: S_n
+  float* v_new;                // [B, H, N, C, V]
   float* final_state;          // [B, H, K, V]: S after the last chunk (may alias initial_state)
   int batch, heads, chunks, chunk_size, head_k, head_v;
   bool per_channel_carry;

@@ -244,23 +244,20 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     indexer_losses.push_back(indexer_kl_loss(probs, scores, attend));
     return output(o, x);
   }
-  // Without the loss the query rows are independent: blocks of them bound the dense [n, H_I, L]
-  // indexer logits and [H, n, L] attention masks (at 8192 rows of 32k keys, 64 index heads, a
-  // whole chunk's logits alone are 34 GB) to ~query_block_bytes.
+  // Without the loss the query rows are independent: the top-k of blocks of them bound the dense
+  // [n, H_I, L] indexer logits (at 8192 rows of 32k keys and 64 index heads a chunk's are 34 GB)
+  // to ~query_block_bytes; the attention then takes every row at once (its [T, L] mask is a byte
+  // a score, and few rows would leave the attention kernel's grid small).
   const int64_t rows = query_block_rows(x.size(0), T, L);
-  std::vector<Tensor> outs;
-  for (int64_t r0 = 0; r0 < T; r0 += rows) {
-    const int64_t n = std::min(rows, T - r0);
-    auto attend = select(r0, n).second;  // [B, n, L]
-    outs.push_back(masked_attention(h.q.narrow(2, r0, n), k, v, attend.unsqueeze(1), scale()));  // [B, n, H, D_v]
-  }
-  return output(outs.size() == 1 ? outs[0] : torch::cat(outs, 1), x);
+  std::vector<Tensor> masks;
+  for (int64_t r0 = 0; r0 < T; r0 += rows) masks.push_back(select(r0, std::min(rows, T - r0)).second);  // [B, n, L]
+  const auto attend = masks.size() == 1 ? masks[0] : torch::cat(masks, 1);                          // [B, T, L]
+  return output(masked_attention(h.q, k, v, attend.unsqueeze(1), scale()), x);
 }
 
 int64_t DSAImpl::query_row_bytes(int64_t batch, int64_t keys) const {
-  // fp32-sized: the logits and their ReLU (H_I each), the attention's mask per head, the scores,
-  // the visibility and top-k masks.
-  return batch * std::max<int64_t>(keys, 1) * (2 * index_heads + n_heads + 4) * 4;
+  // fp32-sized: the logits and their ReLU (H_I each), the scores, the visibility and top-k masks.
+  return batch * std::max<int64_t>(keys, 1) * (2 * index_heads + 4) * 4;
 }
 
 int64_t DSAImpl::query_block_rows(int64_t batch, int64_t rows, int64_t keys) const {
@@ -268,7 +265,9 @@ int64_t DSAImpl::query_block_rows(int64_t batch, int64_t rows, int64_t keys) con
 }
 
 int64_t DSAImpl::prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
-  return query_block_rows(batch, rows, keys) * query_row_bytes(batch, keys);
+  // One block's indexer tensors, and every row's attention mask (bool, and the attention's
+  // additive fp32 form of it).
+  return query_block_rows(batch, rows, keys) * query_row_bytes(batch, keys) + batch * rows * keys * 5;
 }
 
 std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,

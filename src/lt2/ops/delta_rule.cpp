@@ -107,22 +107,21 @@ ChunkScanResult delta_rule_chunk_scan_cuda(const Tensor& q_start, const Tensor& 
     auto c = t.contiguous();
     return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
   };
-  const auto qc = packed(q_start), wc = packed(w), uc = packed(u), ac = packed(a), ktc = packed(kt),
-             cc = packed(carry);
+  const auto wc = packed(w), uc = packed(u), ktc = packed(kt), cc = packed(carry);
   const auto s0 = initial_state.defined() ? packed(initial_state) : Tensor();
   c10::cuda::CUDAGuard guard(device);
-  auto o = torch::empty({B, H, N, C, V}, qc.options());
-  auto S = torch::empty({B, H, K, V}, qc.options());
+  auto states = torch::empty({B, H, N, K, V}, wc.options());  // S_n, the state at chunk n's start
+  auto v_new = torch::empty({B, H, N, C, V}, wc.options());
+  auto S = torch::empty({B, H, K, V}, wc.options());
 
   kernels::DeltaRuleScanParams p{};
-  p.q = qc.data_ptr<float>();
   p.w = wc.data_ptr<float>();
   p.u = uc.data_ptr<float>();
-  p.a = ac.data_ptr<float>();
   p.kt = ktc.data_ptr<float>();
   p.carry = cc.data_ptr<float>();
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
-  p.o = o.data_ptr<float>();
+  p.states = states.data_ptr<float>();
+  p.v_new = v_new.data_ptr<float>();
   p.final_state = S.data_ptr<float>();
   LT2_CHECK(N <= INT32_MAX, op, ": ", N, " chunks (at most ", INT32_MAX, ")");
   p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.chunks = static_cast<int>(N);
@@ -130,6 +129,8 @@ ChunkScanResult delta_rule_chunk_scan_cuda(const Tensor& q_start, const Tensor& 
   p.per_channel_carry = per_channel;
   p.value_block = value_block;
   kernels::delta_rule_scan(p, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  // O_n = Q_n S_n + A_n V_new for every chunk at once (nothing in the recurrence depends on them).
+  auto o = torch::matmul(q_start, states).add_(torch::matmul(a, v_new));  // [B, H, N, C, V]
   return {o, S};
 #else
   throw Error(cat(op, ": this build has no CUDA kernels (configured with LT2_CUDA=OFF or without nvcc)"));

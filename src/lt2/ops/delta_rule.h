@@ -39,9 +39,10 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);
 
-// The loop of delta_rule_chunked over the chunks on CUDA, in one kernel launch
-// (kernels/prefill.h: delta_rule_scan), for n = 0 .. N-1:
+// The loop of delta_rule_chunked over the chunks on CUDA, for n = 0 .. N-1:
 //   V_new = U_n - W_n S;   O_n = Q_n S + A_n V_new;   S <- carry_n * S + Kt_n V_new
+// as one kernel launch for the recurrence (kernels/prefill.h: delta_rule_scan, which stores each
+// chunk's starting S and V_new) and two batched GEMMs for every O_n.
 // q_start, w [B, H, N, C, K], u [B, H, N, C, V], a [B, H, N, C, C], kt [B, H, N, K, C],
 // carry [B, H, N, 1 or K, 1] (per head or per key channel), initial_state [B, H, K, V] or
 // undefined (zeros): float32 CUDA tensors on one device, any strides (packed copies are made

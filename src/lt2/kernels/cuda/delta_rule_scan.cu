@@ -3,15 +3,15 @@
 // libtorch kernels per chunk.
 //
 // Floor. The value columns of S [K, V] evolve independently, so a block owns S[:, v0 : v0 + VB]
-// of one (sequence, head) in shared memory for the whole scan. Per chunk and block it reads
-// Q_n, W_n [C, K], Kt_n [K, C], A_n [C, C], U_n[:, slice] [C, VB] and carry_n [1 or K] and
-// writes O_n[:, slice] [C, VB]; it does (3 C K + C^2) VB FMAs. At the 1.3B GDN head (K 96, V 192,
-// C 64, VB 32): 97 KiB read (mostly L2 hits: the V / VB blocks of a head read the same matrices),
-// 8 KiB written, 721k FMAs (1.44 MFLOP, ~15 FLOP per byte read). For a whole chunk of B 1, H 16:
-// 138 MFLOP, ~2 us at the H200's ~67 TFLOP/s fp32 (non-tensor) peak, against ~3 MB of HBM traffic
-// (0.6 us): compute bound, ~1 ms for the 512 chunks of a 32k-token call. The loop it replaces
-// runs 8 launch-bound kernels per chunk (3-5 us each, S [B, H, K, V] through HBM each time):
-// ~30 us per chunk, ~15 ms per call.
+// of one (sequence, head) in shared memory for the whole scan. Per chunk and block it reads W_n
+// [C, K], Kt_n [K, C], U_n[:, slice] [C, VB] and carry_n [1 or K], writes S_n and V_new (the
+// slices) and does 2 C K VB FMAs: at the 1.3B GDN head (K 96, V 192, C 64, VB 16) 49 KiB read
+// (mostly L2 hits: the V / VB blocks of a head read the same matrices), 10 KiB written, 197k FMAs.
+// The chunks of a block are sequential, so the scan is bound by each chunk's latency (its two
+// products, two barriers and the loads in flight), not by the device's FLOPs.
+// Measured on an H200 (bench/NOTES.md): the first form, which also computed O_n = Q_n S_n +
+// A_n V_new inside the loop (four products, four barriers per chunk), took 16.8 us per chunk
+// (1.07 ms per 4096-token call of lt2-gdn-1.3b); the loop it replaced, ~8 launches per chunk.
 //
 // Design.
 // - Grid (V / VB, H, B), 256 threads. Thread t owns value column j = t % VB of the slice and the
@@ -20,17 +20,14 @@
 //   read as 16-byte broadcasts (one row, or 32 / VB consecutive rows, per warp), the right one
 //   ([x][VB] rows, S or V_new) as one conflict-free word per lane. Plain fp32 FMAs: TF32 tensor
 //   cores would not hold the 1e-5 fp32 tolerance (DESIGN.md invariant 5).
-// - Per chunk: 1a P = Q_n S (registers); 1b V_new = U_n - W_n S (shared); 2 O_n = P + A_n V_new
-//   (straight to global); 3 S = carry_n * S + Kt_n V_new (each thread updates its own entries).
-// - The chunk's matrices stream in with cp.async into single buffers that rotate, so every load
-//   overlaps another phase and K 256 with C 64 still fits (W_n and Kt_n share one buffer):
-//     W_n      issued at the chunk start             lands during 1a
-//     Kt_n     issued after 1b (W_n done)            lands during 2
-//     Q_n+1    issued after 1b (Q_n done)            lands during 2, 3
-//     A_n+1    issued after 2 (A_n done)             lands during 3 and the next 1a
-//   U_n is read into registers at the chunk start and consumed at the end of 1b. Four barriers
-//   per chunk. Shared memory: 88 KiB at the 1.3B head with VB 32 (two blocks per SM; the launch
-//   bounds cap registers at 128 for that), 191 KiB at K 256, C 64, VB 32.
+// - Per chunk: store S_n (each thread its own entries); 1 V_new = U_n - W_n S (shared and
+//   global); 2 S = carry_n * S + Kt_n V_new (each thread updates its own entries). Two barriers.
+// - The chunk's matrices stream in with cp.async: Kt_n+1 and carry_n+1 (two buffers, taking
+//   turns) are issued as chunk n starts and have the whole chunk to land; W_n+1 is issued once
+//   phase 1 is done with W_n and lands during phase 2. U_n is read into registers at the chunk
+//   start. Shared memory at the 1.3B head with VB 16: 87 KiB (two blocks per SM; the launch
+//   bounds cap registers at 128 for that: VB 8 / 16 use 96, VB 32 128 with 4 bytes spilled);
+//   K 256 with C 64 fits with VB 8 or 16 only (226 KiB at 16).
 // - Left-matrix rows sit `broadcast_pitch` floats apart (a multiple of 4 that is 4 mod 8), so the
 //   2 or 4 rows a warp reads at once (VB 16 or 8) fall in distinct banks.
 // - VB: the widest of 32, 16, 8 dividing V, narrowed while the grid has fewer blocks than SMs
@@ -69,13 +66,13 @@ __host__ __device__ constexpr int broadcast_pitch(int cols) { return round_up(co
 
 // The block's shared memory, offsets in floats (all multiples of 4: 16-byte aligned).
 struct ScanLayout {
-  int pk, pc;  // row pitches of the [., K] and [., C] left matrices
-  int s;       // S slice       [K, VB]
-  int vn;      // V_new slice   [C, VB]
-  int b0;      // W_n [C, pk], then Kt_n [K, pc]
-  int q;       // Q_n [C, pk]
-  int a;       // A_n [C, pc]
-  int carry;   // carry_n [K] (or [1])
+  int pk, pc;     // row pitches of the [., K] and [., C] left matrices
+  int s;          // S slice       [K, VB]
+  int vn;         // V_new slice   [C, VB]
+  int w;          // W_n [C, pk]
+  int kt;         // Kt_n [K, pc], two buffers taking turns, kt_size apart
+  int carry;      // carry_n [K] (or [1]), two buffers with them, carry_size apart
+  int kt_size, carry_size;
   int total;
 };
 __host__ __device__ inline ScanLayout scan_layout(int K, int C, int VB) {
@@ -84,12 +81,12 @@ __host__ __device__ inline ScanLayout scan_layout(int K, int C, int VB) {
   l.pc = broadcast_pitch(C);
   l.s = 0;
   l.vn = l.s + K * VB;
-  l.b0 = l.vn + C * VB;
-  const int b0_size = C * l.pk > K * l.pc ? C * l.pk : K * l.pc;
-  l.q = l.b0 + b0_size;
-  l.a = l.q + C * l.pk;
-  l.carry = l.a + C * l.pc;
-  l.total = l.carry + round_up(K, 4);
+  l.w = l.vn + C * VB;
+  l.kt = l.w + C * l.pk;
+  l.kt_size = K * l.pc;
+  l.carry = l.kt + 2 * l.kt_size;
+  l.carry_size = round_up(K, 4);
+  l.total = l.carry + 2 * l.carry_size;
   return l;
 }
 
@@ -150,77 +147,68 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
   extern __shared__ __align__(16) float smem[];
   float* sS = smem + lay.s;
   float* sVn = smem + lay.vn;
-  float* sB0 = smem + lay.b0;
-  float* sQ = smem + lay.q;
-  float* sA = smem + lay.a;
-  float* sCarry = smem + lay.carry;
+  float* sW = smem + lay.w;
 
   // Chunk n of (sequence, head) bh: the first element of each per-chunk matrix.
-  auto q_of = [&](int n) { return p.q + ((bh * N + n) * C) * K; };
   auto w_of = [&](int n) { return p.w + ((bh * N + n) * C) * K; };
   auto kt_of = [&](int n) { return p.kt + ((bh * N + n) * K) * C; };
-  auto a_of = [&](int n) { return p.a + ((bh * N + n) * C) * C; };
-  auto uo_offset = [&](int n, int c) { return ((bh * N + n) * C + c) * V + v0 + j; };  // u, o
+  auto uv_offset = [&](int n, int c) { return ((bh * N + n) * C + c) * V + v0 + j; };  // u, v_new
   const int carry_dim = p.per_channel_carry ? K : 1;
+  // Kt_n and carry_n into buffer `b`.
+  auto load_kt_carry = [&](int n, int b) {
+    copy_rows_async(smem + lay.kt + b * lay.kt_size, lay.pc, kt_of(n), K, C);
+    const float* carry = p.carry + (bh * N + n) * carry_dim;
+    float* dst = smem + lay.carry + b * lay.carry_size;
+    if (p.per_channel_carry) copy_rows_async(dst, 0, carry, 1, K);
+    else if (threadIdx.x == 0) cp_async4(dst, carry);
+  };
 
-  // Prologue: Q_0 and A_0 in flight (the loop's state at a chunk start), S from the initial state.
-  if (N > 0) copy_rows_async(sQ, lay.pk, q_of(0), C, K);
-  cp_async_commit();
-  if (N > 0) copy_rows_async(sA, lay.pc, a_of(0), C, C);
+  // Prologue: W_0, Kt_0 and carry_0 in flight, S from the initial state.
+  if (N > 0) {
+    copy_rows_async(sW, lay.pk, w_of(0), C, K);
+    load_kt_carry(0, 0);
+  }
   cp_async_commit();
   const float* S0 = p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr;
   for (int k = rg; k < K; k += RG) sS[k * VB + j] = S0 ? S0[static_cast<int64_t>(k) * V + j] : 0.f;
 
   for (int n = 0; n < N; ++n) {
-    cp_async_wait<1>();  // Q_n landed (A_n may still be in flight)
-    __syncthreads();     // ... for every thread; the previous chunk's S update and Kt reads are done
-    copy_rows_async(sB0, lay.pk, w_of(n), C, K);  // W_n: lands during 1a
-    cp_async_commit();
-    float u[kChunkRows];  // U_n[c_i, j], consumed at the end of 1b
+    const int b = n & 1;
+    // S_n: the thread's own entries (written by itself in the last phase 2, or the prologue).
+    float* Sn = p.states + (bh * N + n) * K * V + v0;
+    for (int k = rg; k < K; k += RG) Sn[static_cast<int64_t>(k) * V + j] = sS[k * VB + j];
+    float u[kChunkRows];  // U_n[c_i, j]
 #pragma unroll
     for (int i = 0; i < kChunkRows; ++i) {
       const int c = rg + RG * i;
-      u[i] = c < C ? __ldg(p.u + uo_offset(n, c)) : 0.f;
+      u[i] = c < C ? __ldg(p.u + uv_offset(n, c)) : 0.f;
     }
+    cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
+    __syncthreads();     // ... for every thread; the last phase 2 (S, reads of buffer b ^ 1) is done
+    if (n + 1 < N) load_kt_carry(n + 1, b ^ 1);  // lands during this whole chunk
+    cp_async_commit();
 
-    // 1a: P = Q_n S.
-    float o[kChunkRows] = {};
-    rows_times_cols<VB>(o, sQ, lay.pk, C, sS, K, rg, j);
-    cp_async_wait<0>();  // W_n and A_n landed
-    __syncthreads();
-
-    // 1b: V_new = U_n - W_n S.
+    // 1: V_new = U_n - W_n S.
     float ws[kChunkRows] = {};
-    rows_times_cols<VB>(ws, sB0, lay.pk, C, sS, K, rg, j);
+    rows_times_cols<VB>(ws, sW, lay.pk, C, sS, K, rg, j);
 #pragma unroll
     for (int i = 0; i < kChunkRows; ++i) {
       const int c = rg + RG * i;
-      if (c < C) sVn[c * VB + j] = u[i] - ws[i];
+      if (c < C) {
+        const float v = u[i] - ws[i];
+        sVn[c * VB + j] = v;
+        p.v_new[uv_offset(n, c)] = v;
+      }
     }
-    __syncthreads();  // V_new complete; nobody reads W_n or Q_n any more
-    copy_rows_async(sB0, lay.pc, kt_of(n), K, C);  // Kt_n and carry_n: land during 2
-    const float* carry = p.carry + (bh * N + n) * carry_dim;
-    if (p.per_channel_carry) copy_rows_async(sCarry, 0, carry, 1, K);
-    else if (threadIdx.x == 0) cp_async4(sCarry, carry);
-    cp_async_commit();
-    if (n + 1 < N) copy_rows_async(sQ, lay.pk, q_of(n + 1), C, K);  // Q_n+1: lands during 2, 3
+    __syncthreads();  // V_new complete; nobody reads W_n any more
+    if (n + 1 < N) copy_rows_async(sW, lay.pk, w_of(n + 1), C, K);  // W_n+1: lands during 2
     cp_async_commit();
 
-    // 2: O_n = P + A_n V_new.
-    rows_times_cols<VB>(o, sA, lay.pc, C, sVn, C, rg, j);
-#pragma unroll
-    for (int i = 0; i < kChunkRows; ++i) {
-      const int c = rg + RG * i;
-      if (c < C) p.o[uo_offset(n, c)] = o[i];
-    }
-    cp_async_wait<1>();  // Kt_n and carry_n landed (Q_n+1 may still be in flight)
-    __syncthreads();     // ... for every thread; nobody reads A_n any more
-    if (n + 1 < N) copy_rows_async(sA, lay.pc, a_of(n + 1), C, C);  // A_n+1: lands during 3, 1a
-    cp_async_commit();
-
-    // 3: S = carry_n * S + Kt_n V_new, each thread on its own entries of S.
+    // 2: S = carry_n * S + Kt_n V_new, each thread on its own entries of S.
+    const float* sKt = smem + lay.kt + b * lay.kt_size;
+    const float* sCarry = smem + lay.carry + b * lay.carry_size;
     float kv[kStateRows] = {};
-    rows_times_cols<VB>(kv, sB0, lay.pc, K, sVn, C, rg, j);
+    rows_times_cols<VB>(kv, sKt, lay.pc, K, sVn, C, rg, j);
 #pragma unroll
     for (int i = 0; i < kStateRows; ++i) {
       const int k = rg + RG * i;
@@ -276,11 +264,10 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
             "delta_rule_scan: batch ", p.batch, " and heads ", p.heads, " must be in [0, 65535], chunks ",
             p.chunks, " >= 0");
   if (p.batch == 0 || p.heads == 0) return;
-  LT2_CHECK(p.final_state && (p.chunks == 0 || (p.q && p.w && p.u && p.a && p.kt && p.carry && p.o)),
+  LT2_CHECK(p.final_state && (p.chunks == 0 || (p.w && p.u && p.kt && p.carry && p.states && p.v_new)),
             "delta_rule_scan: every pointer but initial_state must be given (only final_state without chunks)");
-  LT2_CHECK(aligned16(p.q) && aligned16(p.w) && aligned16(p.a) && aligned16(p.kt) &&
-                (!p.per_channel_carry || aligned16(p.carry)),
-            "delta_rule_scan: q, w, a, kt (and a per-channel carry) must be 16-byte aligned");
+  LT2_CHECK(aligned16(p.w) && aligned16(p.kt) && (!p.per_channel_carry || aligned16(p.carry)),
+            "delta_rule_scan: w, kt (and a per-channel carry) must be 16-byte aligned");
   int device = 0;
   cudaGetDevice(&device);
   const int vb = p.value_block != 0 ? p.value_block
@@ -289,6 +276,8 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
             p.value_block, vb == 0 ? " (no value block fits this device's shared memory)" : "");
   LT2_CHECK(V % vb == 0, "delta_rule_scan: value_block ", vb, " must divide V ", V);
   const size_t smem = scan_smem_bytes(K, C, vb);
+  LT2_CHECK(smem <= max_shared_bytes(device), "delta_rule_scan: value_block ", vb, " at K ", K, ", C ", C, " needs ",
+            smem, " bytes of shared memory, the device gives ", max_shared_bytes(device));
   const dim3 grid(V / vb, p.heads, p.batch);
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
