@@ -134,9 +134,9 @@ TEST_P(DSAForms, SplitPrefillEqualsWhole) {
   expect_split_prefill(*m, random_x(2, 13, 32, 8), {1, 3, 6, 12});
 }
 
-// Inference selects the keys of the query rows in blocks bounded by query_block_bytes: one row
+// Inference runs the query rows in blocks bounded by query_block_bytes: one row
 // per block, a few rows, and one block give the same output, without a state and when
-// prefilling one (a block then scores the cached keys too).
+// prefilling one (a block then scores and attends over the cached keys too).
 TEST_P(DSAForms, QueryBlocksEqualOneBlock) {
   torch::NoGradGuard ng;
   auto m = make_dsa(4, GetParam());
@@ -147,7 +147,7 @@ TEST_P(DSAForms, QueryBlocksEqualOneBlock) {
     return torch::cat({first, m->forward(x.narrow(1, 5, 8), {5, 0}, state.get())}, 1);
   };
   const auto whole = m->forward(x, {0, 0}), whole_prefill = prefill();
-  for (int64_t budget : {int64_t{1}, int64_t{3} * 2 * 13 * (2 * 3 + 4) * 4}) {  // 1 row; 3 rows of 13 keys
+  for (int64_t budget : {int64_t{1}, int64_t{3} * 2 * 13 * (2 * 3 + 4) * 4}) {  // 1 row; 3 rows (indexer) of 13 keys
     m->query_block_bytes = budget;
     EXPECT_LT(rel_err(m->forward(x, {0, 0}), whole), 1e-12) << "budget " << budget;
     EXPECT_LT(rel_err(prefill(), whole_prefill), 1e-12) << "budget " << budget;

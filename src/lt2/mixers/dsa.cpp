@@ -244,30 +244,45 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     indexer_losses.push_back(indexer_kl_loss(probs, scores, attend));
     return output(o, x);
   }
-  // Without the loss the query rows are independent: the top-k of blocks of them bound the dense
-  // [n, H_I, L] indexer logits (at 8192 rows of 32k keys and 64 index heads a chunk's are 34 GB)
-  // to ~query_block_bytes; the attention then takes every row at once (its [T, L] mask is a byte
-  // a score, and few rows would leave the attention kernel's grid small).
-  const int64_t rows = query_block_rows(x.size(0), T, L);
-  std::vector<Tensor> masks;
-  for (int64_t r0 = 0; r0 < T; r0 += rows) masks.push_back(select(r0, std::min(rows, T - r0)).second);  // [B, n, L]
-  const auto attend = masks.size() == 1 ? masks[0] : torch::cat(masks, 1);                          // [B, T, L]
-  return output(masked_attention(h.q, k, v, attend.unsqueeze(1), scale()), x);
+  // Without the loss the query rows are independent, so blocks of them bound the dense tensors to
+  // ~query_block_bytes each: the indexer's [n, H_I, L] logits (at 8192 rows of 32k keys and 64
+  // index heads a chunk's are 34 GB), then the masked attention's [H, n, L] scores (its math
+  // path: the latent head's 576 dims take no fused kernel; 96 GB at 32k in one block). The two
+  // block sizes differ (H_I vs H per score): rows the attention kernels would leave idle are not
+  // spent on the indexer's budget.
+  const int64_t B = x.size(0);
+  std::vector<Tensor> parts;
+  const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
+  for (int64_t r0 = 0; r0 < T; r0 += index_rows) parts.push_back(select(r0, std::min(index_rows, T - r0)).second);
+  const auto attend = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);  // [B, T, L]
+  const int64_t attention_rows = block_rows(attention_row_bytes(B, L), T);
+  parts.clear();
+  for (int64_t r0 = 0; r0 < T; r0 += attention_rows) {
+    const int64_t n = std::min(attention_rows, T - r0);
+    parts.push_back(masked_attention(h.q.narrow(2, r0, n), k, v, attend.narrow(1, r0, n).unsqueeze(1), scale()));
+  }
+  return output(parts.size() == 1 ? parts[0] : torch::cat(parts, 1), x);  // [B, T, H, D_v] -> [B, T, d]
 }
 
-int64_t DSAImpl::query_row_bytes(int64_t batch, int64_t keys) const {
+int64_t DSAImpl::index_row_bytes(int64_t batch, int64_t keys) const {
   // fp32-sized: the logits and their ReLU (H_I each), the scores, the visibility and top-k masks.
   return batch * std::max<int64_t>(keys, 1) * (2 * index_heads + 4) * 4;
 }
 
-int64_t DSAImpl::query_block_rows(int64_t batch, int64_t rows, int64_t keys) const {
-  return std::clamp<int64_t>(query_block_bytes / query_row_bytes(batch, keys), 1, std::max<int64_t>(rows, 1));
+int64_t DSAImpl::attention_row_bytes(int64_t batch, int64_t keys) const {
+  // fp32: the scores, their softmax and the additive mask per head.
+  return batch * std::max<int64_t>(keys, 1) * n_heads * 3 * 4;
+}
+
+int64_t DSAImpl::block_rows(int64_t row_bytes, int64_t rows) const {
+  return std::clamp<int64_t>(query_block_bytes / row_bytes, 1, std::max<int64_t>(rows, 1));
 }
 
 int64_t DSAImpl::prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
-  // One block's indexer tensors, and every row's attention mask (bool, and the attention's
-  // additive fp32 form of it).
-  return query_block_rows(batch, rows, keys) * query_row_bytes(batch, keys) + batch * rows * keys * 5;
+  // The larger of the two blocks, and every row's top-k mask (a bool per score).
+  const int64_t index = block_rows(index_row_bytes(batch, keys), rows) * index_row_bytes(batch, keys);
+  const int64_t attention = block_rows(attention_row_bytes(batch, keys), rows) * attention_row_bytes(batch, keys);
+  return std::max(index, attention) + batch * rows * keys;
 }
 
 std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,

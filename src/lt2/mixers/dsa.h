@@ -74,7 +74,8 @@ class DSAImpl : public MixerImpl {
   std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
                                                          const Positions& pos, MixerState& state) override;
   bool is_attention() const override { return true; }
-  // One block of query rows (query_block_bytes) of dense index logits, and the attention's mask.
+  // One block of query rows (query_block_bytes) of dense index logits or attention scores, and
+  // every row's top-k mask.
   int64_t prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const override;
 
   // Indexer pieces (exposed for tests and the indexer loss).
@@ -84,8 +85,9 @@ class DSAImpl : public MixerImpl {
   std::vector<Tensor> indexer_parameters() const;
 
   IndexerStage stage = IndexerStage::Off;
-  // Without the indexer loss, forward selects the keys of the query rows in blocks whose dense
-  // index logits take about this many bytes (a long prefill's would not fit otherwise).
+  // Without the indexer loss, forward runs the query rows in blocks whose dense index logits, and
+  // then attention scores, take about this many bytes each (a long prefill's would not fit
+  // otherwise).
   int64_t query_block_bytes = int64_t{2} << 30;
   std::vector<Tensor> indexer_losses;  // recorded KL losses (scalars), see the stage comment
 
@@ -129,10 +131,11 @@ class DSAImpl : public MixerImpl {
   std::optional<PendingProjection> latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps,
                                                      bool residual, const Positions& pos, DSAState& s);
   Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
-  // Dense index logits bytes of one query row over `keys` keys, and the rows of one inference
-  // block.
-  int64_t query_row_bytes(int64_t batch, int64_t keys) const;
-  int64_t query_block_rows(int64_t batch, int64_t rows, int64_t keys) const;
+  // Bytes of one query row's dense index logits and of its attention scores over `keys` keys,
+  // and the rows of an inference block (of `rows`) at row_bytes each.
+  int64_t index_row_bytes(int64_t batch, int64_t keys) const;
+  int64_t attention_row_bytes(int64_t batch, int64_t keys) const;
+  int64_t block_rows(int64_t row_bytes, int64_t rows) const;
   double scale() const;  // softmax scale
   double index_weight_scale() const;  // H_I^-1/2 d_I^-1/2, on the index head weights
   double rope_theta;
