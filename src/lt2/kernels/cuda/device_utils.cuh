@@ -123,6 +123,14 @@ __device__ void rope_rotate(const In* in, Out* out, int n, bool interleaved, int
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
+// cp.async groups: commit this thread's copies issued since the last commit as one group; wait
+// until at most Pending of its committed groups are still in flight.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
 // torch.nn.functional.softplus with its default threshold 20.
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
 

@@ -117,12 +117,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(read ? 16 : 0)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Two blocks per SM as the occupancy target: it still leaves 255 registers a thread, and with it
 // ptxas keeps every instance free of spills (without it, the (128, 128) G = 16 ones spill).
