@@ -280,9 +280,8 @@ int64_t DSAImpl::block_rows(int64_t row_bytes, int64_t rows) const {
 
 int64_t DSAImpl::prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
   // The larger of the two blocks, and every row's top-k mask (a bool per score).
-  const int64_t index = block_rows(index_row_bytes(batch, keys), rows) * index_row_bytes(batch, keys);
-  const int64_t attention = block_rows(attention_row_bytes(batch, keys), rows) * attention_row_bytes(batch, keys);
-  return std::max(index, attention) + batch * rows * keys;
+  auto block = [&](int64_t row_bytes) { return block_rows(row_bytes, rows) * row_bytes; };
+  return std::max(block(index_row_bytes(batch, keys)), block(attention_row_bytes(batch, keys))) + batch * rows * keys;
 }
 
 std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,

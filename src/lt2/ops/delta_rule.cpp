@@ -1,18 +1,16 @@
 #include "lt2/ops/delta_rule.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "lt2/ops/chunking.h"
+#include "lt2/ops/fused_common.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "lt2/kernels/prefill.h"
 #endif
@@ -46,10 +44,7 @@ std::pair<Tensor, Tensor> delta_token(const Tensor& q, const Tensor& k, const Te
 // the kernel serves, and LT2_DELTA_RULE_SCAN not "0".
 bool use_chunk_scan_kernel(const Tensor& v, torch::ScalarType dt, int64_t K, int64_t V, int64_t C,
                            std::initializer_list<const Tensor*> inputs) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("LT2_DELTA_RULE_SCAN");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
+  static const bool enabled = detail::env_switch_on("LT2_DELTA_RULE_SCAN");
   if (!enabled || !v.is_cuda() || dt != torch::kFloat32) return false;
   if (torch::GradMode::is_enabled())
     for (const Tensor* t : inputs)
@@ -61,8 +56,7 @@ bool use_chunk_scan_kernel(const Tensor& v, torch::ScalarType dt, int64_t K, int
 
 bool delta_rule_chunk_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device) {
 #ifdef LT2_WITH_CUDA
-  if (!device.is_cuda() || K > kernels::kMaxScanHeadK || C > kernels::kMaxScanChunk || V > INT32_MAX)
-    return false;
+  if (!device.is_cuda() || K > INT32_MAX || V > INT32_MAX || C > INT32_MAX) return false;  // the kernel checks the rest
   const int index = device.has_index() ? device.index() : c10::cuda::current_device();
   return kernels::delta_rule_scan_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(C), index);
 #else
@@ -128,12 +122,12 @@ ChunkScanResult delta_rule_chunk_scan_cuda(const Tensor& q_start, const Tensor& 
   p.chunk_size = static_cast<int>(C), p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V);
   p.per_channel_carry = per_channel;
   p.value_block = value_block;
-  kernels::delta_rule_scan(p, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  kernels::delta_rule_scan(p, detail::current_stream(wc));
   // O_n = Q_n S_n + A_n V_new for every chunk at once (nothing in the recurrence depends on them).
   auto o = torch::matmul(q_start, states).add_(torch::matmul(a, v_new));  // [B, H, N, C, V]
   return {o, S};
 #else
-  throw Error(cat(op, ": this build has no CUDA kernels (configured with LT2_CUDA=OFF or without nvcc)"));
+  detail::no_cuda(op);
 #endif
 }
 

@@ -1,7 +1,10 @@
-// Pieces shared by the tensor bindings of the fused kernels (ops/fused_*.cpp): dtype mapping, the
-// current stream, error helpers. Internal to those files.
+// Pieces shared by the tensor bindings of the CUDA kernels (ops/fused_*.cpp, delta_rule.cpp):
+// dtype mapping, the current stream, error helpers, A/B switches. Internal to those files.
 #pragma once
 #include <torch/torch.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "lt2/kernels/decode.h"
 #include "lt2/util/error.h"
@@ -11,6 +14,12 @@
 #endif
 
 namespace lt2::ops::detail {
+
+// An A/B switch read from the environment: on unless the variable is "0".
+inline bool env_switch_on(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && std::strcmp(env, "0") == 0);
+}
 
 // The activation dtypes the kernels are instantiated for.
 inline bool kernel_dtype_ok(torch::ScalarType t) {

@@ -1,8 +1,6 @@
 #include "lt2/ops/fused_decode.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "lt2/kernels/decode.h"
@@ -35,12 +33,6 @@ namespace ops {
 using namespace detail;
 
 namespace {
-
-// An A/B switch read from the environment: on unless the variable is "0".
-bool env_switch_on(const char* name) {
-  const char* env = std::getenv(name);
-  return !(env && std::strcmp(env, "0") == 0);
-}
 
 // Why the kernels cannot take a tensor (empty when they can): defined, on CUDA, a kernel dtype.
 std::string activation_problem(const Tensor& t, const char* name) {

@@ -122,6 +122,7 @@ __device__ void rope_rotate(const In* in, Out* out, int n, bool interleaved, int
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 
 // cp.async groups: commit this thread's copies issued since the last commit as one group; wait
 // until at most Pending of its committed groups are still in flight.

@@ -189,7 +189,7 @@ __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, flo
           if (r == m) sumsq[r] += s;
       } else if (g.prologue == GemvPrologue::SiluMul) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) f[e] = f[e] / (1.f + __expf(-f[e])) * a[e];
+        for (int e = 0; e < 8; ++e) f[e] = silu(f[e]) * a[e];
       } else if (g.prologue == GemvPrologue::SigmoidGate) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] *= sigmoid(a[e]);
@@ -230,7 +230,7 @@ __device__ __forceinline__ void store_y(const GemvParams& g, const float (*sums)
     if (g.silu_mul_out) up += sums[w][m][c + kTileRows / 2];
   }
   if (g.prologue == GemvPrologue::RmsNorm) acc *= s_rinv[m], up *= s_rinv[m];
-  if (g.silu_mul_out) acc = acc / (1.f + __expf(-acc)) * up;
+  if (g.silu_mul_out) acc = silu(acc) * up;
   static_cast<T*>(g.y)[m * g.y_row_stride + n] = from_float<T>(acc + residual);
 }
 

@@ -52,7 +52,7 @@ __device__ __forceinline__ void load_x(const GemvParams& p, int m, int v, float*
     float b[VEC];
     unpack16<T>(__ldg(reinterpret_cast<const uint4*>(row + p.k) + v), b);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out[e] = out[e] / (1.f + __expf(-out[e])) * b[e];
+    for (int e = 0; e < VEC; ++e) out[e] = silu(out[e]) * b[e];
   } else if constexpr (PRO == GemvPrologue::SigmoidGate) {
     float gate[VEC];
     const T* gate_row = static_cast<const T*>(p.x_gate) + m * p.x_gate_row_stride;

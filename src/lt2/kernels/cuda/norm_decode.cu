@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kSiluMulThreads) silu_mul_kernel(const SiluMul
   const int c = static_cast<int>(idx - row * p.hidden);
   const T* in = static_cast<const T*>(p.gate_up) + row * p.row_stride;
   const float a = to_float(in[c]);
-  const T act = from_float<T>(a / (1.f + __expf(-a)));
+  const T act = from_float<T>(silu(a));
   static_cast<T*>(p.out)[idx] = from_float<T>(to_float(act) * to_float(in[p.hidden + c]));
 }
 
