@@ -16,7 +16,9 @@
 #   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with LT2_GEMV_CHAIN=0 (each block's tail as
 #   three GEMV launches instead of one chained kernel), for the A/B of the chain;
 #   "tail8": decode cells (TAIL_MODELS, TAIL_CONTEXTS=4k) with LT2_CHAINED_TAIL_MAX_ROWS=8 (the whole block tail
-#   chained at 5-8 rows too), for the A/B of that threshold
+#   chained at 5-8 rows too), for the A/B of that threshold;
+#   "nopdl": decode cells (NOPDL_MODELS, NOPDL_CONTEXTS=4k) with LT2_PDL=0 (every kernel launched after the one
+#   before it has ended, instead of as a programmatic dependent), for the A/B of that launch
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -83,6 +85,8 @@ has nochain && ab_decode nochain LT2_GEMV_CHAIN=0 "${NOCHAIN_MODELS:-$MODELS}" "
   "block tails as three GEMV launches"
 has tail8 && ab_decode tail8 LT2_CHAINED_TAIL_MAX_ROWS=8 "${TAIL_MODELS:-$MODELS}" "${TAIL_CONTEXTS:-4k}" \
   "the whole block tail chained at 5-8 rows"
+has nopdl && ab_decode nopdl LT2_PDL=0 "${NOPDL_MODELS:-$MODELS}" "${NOPDL_CONTEXTS:-4k}" \
+  "no programmatic dependent launches"
 if has reference; then
   $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \
     --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_reference.json" --out-md "$OUT/decode_reference.md" \

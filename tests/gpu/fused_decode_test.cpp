@@ -441,4 +441,57 @@ TEST(FusedDecode, GdnKernelGraphReplay) {
   }
 }
 
+// Steps launched back to back (each kernel a programmatic dependent of the step before it on
+// the same state and windows, in one graph) equal the same steps with the host waiting between
+// them, bit for bit: no step reads the state before the step before it has finished writing it.
+TEST(FusedDecode, GdnStepsBackToBackInAGraph) {
+  REQUIRE_FUSED_DECODE();
+  const int64_t B = 8, H = 16, K = 96, V = 192, W = 4, steps = 6;  // the 1.3B layer at batch 8
+  for (auto form : gdn_forms(K, V)) {
+    SCOPED_TRACE(form_name(form));
+    torch::manual_seed(11);
+    const auto bf16 = gpu(torch::kBFloat16);
+    ops::GdnDecodeArgs a;
+    a.q_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
+    a.k_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
+    a.v_conv_weight = torch::randn({H * V, 1, W}, bf16) * 0.5;
+    a.A_log = log_uniform_A_init(H, 1.0, 16.0).to(bf16);
+    a.dt_bias = inverse_softplus_dt_init(H).to(bf16);
+    a.norm_weight = 1 + 0.2 * torch::randn({V}, bf16);
+    a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
+    a.scale = 1.0 / std::sqrt(static_cast<double>(K));
+    a.form = form;
+    // Every step's inputs, made before the graph so that nothing runs between its kernels.
+    std::vector<ops::GdnDecodeArgs> inputs(steps, a);
+    for (auto& in : inputs) {
+      in.q = torch::randn({B, H * K}, bf16), in.k = torch::randn({B, H * K}, bf16);
+      in.v = torch::randn({B, H * V}, bf16), in.gate = torch::randn({B, H * V}, bf16);
+      in.a = torch::randn({B, H}, bf16), in.b = torch::randn({B, H}, bf16);
+    }
+    std::vector<Tensor> graph_st{torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1,
+                                 torch::randn({B, W - 1, H * K}, bf16), torch::randn({B, W - 1, H * K}, bf16),
+                                 torch::randn({B, W - 1, H * V}, bf16)};
+    std::vector<Tensor> waited_st;
+    for (const auto& t : graph_st) waited_st.push_back(t.clone());
+    std::vector<Tensor> waited_y;
+    for (const auto& in : inputs) {
+      waited_y.push_back(ops::gdn_decode_fused(in, waited_st[0], waited_st[1], waited_st[2], waited_st[3]));
+      torch::cuda::synchronize();
+    }
+
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    std::vector<Tensor> graph_y;
+    for (const auto& in : inputs)
+      graph_y.push_back(ops::gdn_decode_fused(in, graph_st[0], graph_st[1], graph_st[2], graph_st[3]));
+    graph.capture_end();
+    graph.replay();
+    torch::cuda::synchronize();
+    for (int64_t i = 0; i < steps; ++i) EXPECT_TRUE(torch::equal(graph_y[i], waited_y[i])) << "step " << i;
+    for (size_t i = 0; i < graph_st.size(); ++i)
+      EXPECT_TRUE(torch::equal(graph_st[i], waited_st[i])) << "state tensor " << i;
+  }
+}
+
 #endif  // LT2_WITH_CUDA

@@ -3,10 +3,8 @@
 #pragma once
 #include <torch/torch.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "lt2/kernels/decode.h"
+#include "lt2/util/env.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -15,11 +13,7 @@
 
 namespace lt2::ops::detail {
 
-// An A/B switch read from the environment: on unless the variable is "0".
-inline bool env_switch_on(const char* name) {
-  const char* env = std::getenv(name);
-  return !(env && std::strcmp(env, "0") == 0);
-}
+using lt2::env_switch_on;
 
 // The activation dtypes the kernels are instantiated for.
 inline bool kernel_dtype_ok(torch::ScalarType t) {

@@ -35,6 +35,7 @@ __device__ __forceinline__ int64_t q_row(const AttentionDecodeParams& p, int b, 
 
 template <typename T, int D, int GMAX>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(const AttentionDecodeParams p) {
+  dependent_kernel_start();
   using Shape = SplitShape<T, D>;
   constexpr int TPK = Shape::kThreadsPerKey, NV = Shape::kVecsPerThread, VEC = Shape::kVec;
   constexpr int E = Shape::kElems, GROUPS = Shape::kGroups, U = Shape::kUnroll;
@@ -199,10 +200,13 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(const Attenti
 template <typename T, int D>
 void launch_split(const AttentionDecodeParams& p, int groups, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.kv_heads, p.batch);
-  if (groups <= 1) attention_split_kernel<T, D, 1><<<grid, kThreads, 0, stream>>>(p);
-  else if (groups <= 2) attention_split_kernel<T, D, 2><<<grid, kThreads, 0, stream>>>(p);
-  else if (groups <= 4) attention_split_kernel<T, D, 4><<<grid, kThreads, 0, stream>>>(p);
-  else attention_split_kernel<T, D, 8><<<grid, kThreads, 0, stream>>>(p);
+  auto launch = [&](auto kernel) {
+    launch_dependent("attention_decode (splits)", kernel, grid, dim3(kThreads), 0, stream, {}, p);
+  };
+  if (groups <= 1) launch(attention_split_kernel<T, D, 1>);
+  else if (groups <= 2) launch(attention_split_kernel<T, D, 2>);
+  else if (groups <= 4) launch(attention_split_kernel<T, D, 4>);
+  else launch(attention_split_kernel<T, D, 8>);
 }
 
 }  // namespace
@@ -239,12 +243,10 @@ void attention_decode(const AttentionDecodeParams& p, void* stream) {
       case 128: launch_split<T, 128>(p, groups, s); break;
       default: launch_split<T, 256>(p, groups, s); break;
     }
-    check_launch("attention_decode (splits)");
-    if (p.num_splits > 1) {
-      combine_splits_kernel<T, kAttentionMaxSplits><<<p.batch * p.q_heads, kCombineThreads, 0, s>>>(
-          p.partial_out, p.partial_lse, static_cast<T*>(p.out), p.num_splits, p.head_dim);
-      check_launch("attention_decode (combine)");
-    }
+    if (p.num_splits > 1)
+      launch_dependent("attention_decode (combine)", combine_splits_kernel<T, kAttentionMaxSplits>,
+                       dim3(p.batch * p.q_heads), dim3(kCombineThreads), 0, s, {}, p.partial_out, p.partial_lse,
+                       static_cast<T*>(p.out), p.num_splits, p.head_dim);
   });
 }
 

@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "lt2/kernels/decode.h"
+#include "lt2/util/env.h"
 #include "lt2/util/error.h"
 
 namespace lt2::kernels {
@@ -158,6 +161,13 @@ __device__ __forceinline__ void launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// The start of a kernel launched through launch_dependent that has nothing to do before its
+// inputs are ready: wait for the kernel before it, then let the kernel after it launch, so that
+// kernel's blocks are placed and its launch paid while this one runs.
+__device__ __forceinline__ void dependent_kernel_start() {
+  grid_dependency_wait();
+  launch_dependents();
+}
 
 // Attribute `attr` of CUDA device `device` (the SM count, the compute capability, ...); `op` names
 // the caller in the error.
@@ -189,6 +199,48 @@ void reserve_shared(size_t bytes, const char* name) {
       cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   LT2_CHECK(err == cudaSuccess, name, ": cannot reserve shared memory: ", cudaGetErrorString(err));
   if (device < kMaxDevices) reserved[device].store(bytes);
+}
+
+// Launch attributes for launch_dependent's `extra`.
+inline cudaLaunchAttribute cooperative_launch() {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeCooperative;
+  a.val.cooperative = 1;
+  return a;
+}
+inline cudaLaunchAttribute cluster_launch(unsigned x) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = x, a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+  return a;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the `extra` attributes, launched as a
+// programmatic dependent of the kernel before it on the stream: it may start before that kernel
+// ends, so it must call grid_dependency_wait() before it touches memory an earlier kernel may
+// still use, and launch_dependents() only after that wait (dependent_kernel_start does both).
+// LT2_PDL=0 makes it an ordinary launch (the A/B switch of bench/NOTES.md).
+template <typename... Params, typename... Args>
+void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra, Args&&... args) {
+  static const bool programmatic = env_switch_on("LT2_PDL");
+  cudaLaunchAttribute attrs[4]{};
+  LT2_CHECK(extra.size() < 4, name, ": at most 3 extra launch attributes");
+  unsigned n = 0;
+  for (const cudaLaunchAttribute& a : extra) attrs[n++] = a;
+  if (programmatic) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = n;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  LT2_CHECK(err == cudaSuccess, name, " launch failed: ", cudaGetErrorString(err));
 }
 
 // Calls f(T{}) with T the CUDA type of dtype.

@@ -82,6 +82,7 @@ size_t mma_smem_bytes(int H, int D) { return sizeof(uint16_t) * H * mma_q_pitch(
 template <typename T, int HT>
 __global__ void __launch_bounds__(kMmaThreads)
     dsa_scores_mma_kernel(const DsaIndexScoresParams p, int tiles_per_block, int pitch) {
+  dependent_kernel_start();
   constexpr int H = 16 * HT, NT = 2 * HT;  // heads, n-tiles of 8 heads
   extern __shared__ __align__(16) unsigned char smem[];
   T* s_q = reinterpret_cast<T*>(smem);                     // [H, pitch]
@@ -203,7 +204,8 @@ void launch_scores_mma(const DsaIndexScoresParams& p, cudaStream_t stream) {
   const size_t smem = mma_smem_bytes(p.heads, p.head_dim);
   reserve_shared<dsa_scores_mma_kernel<T, HT>>(smem, "dsa_index_scores");
   const dim3 grid(ceil_div(n_tiles, tiles), p.batch);
-  dsa_scores_mma_kernel<T, HT><<<grid, kMmaThreads, smem, stream>>>(p, tiles, mma_q_pitch(p.head_dim));
+  launch_dependent("dsa_index_scores", dsa_scores_mma_kernel<T, HT>, grid, dim3(kMmaThreads), smem, stream, {}, p,
+                   tiles, mma_q_pitch(p.head_dim));
 }
 
 template <typename T>
@@ -342,6 +344,7 @@ __device__ __forceinline__ void count_in_bin(uint32_t* hist, uint32_t bin, bool 
 // memory (all of them up to 8 x kTopkCachedKeys entries a row); the passes re-read the rest.
 __global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const TopkSelectParams p, int cached) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  dependent_kernel_start();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), blocks = static_cast<int>(cluster.num_blocks());
@@ -525,21 +528,8 @@ void topk_select(const TopkSelectParams& p, void* stream) {
   const int cached = std::min(ceil_div(p.length, blocks), kTopkCachedKeys);  // a slice holds at most length / blocks
   const size_t smem = sizeof(uint32_t) * cached;
   reserve_shared<topk_select_kernel>(smem, "topk_select");
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks, p.batch);
-  config.blockDim = dim3(kTopkThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = blocks;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, topk_select_kernel, p, cached);
-  LT2_CHECK(err == cudaSuccess, "topk_select launch failed (it needs an sm_90 GPU): ", cudaGetErrorString(err));
-  check_launch("topk_select");
+  launch_dependent("topk_select (it needs an sm_90 GPU)", topk_select_kernel, dim3(blocks, p.batch),
+                   dim3(kTopkThreads), smem, static_cast<cudaStream_t>(stream), {cluster_launch(blocks)}, p, cached);
 }
 
 }  // namespace lt2::kernels

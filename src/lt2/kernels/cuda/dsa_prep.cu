@@ -19,6 +19,7 @@ constexpr int kPrepThreads = 128;
 
 template <typename T>
 __global__ void __launch_bounds__(kPrepThreads) dsa_latent_prep_kernel(const DsaLatentPrepParams p) {
+  dependent_kernel_start();
   __shared__ float scratch[32];
   __shared__ float s_key[kDsaIndexMaxHeadDim];  // the index key after its LayerNorm
   const int b = blockIdx.y, unit = blockIdx.x, tid = threadIdx.x;
@@ -86,9 +87,9 @@ void dsa_latent_prep(const DsaLatentPrepParams& p, void* stream) {
   const dim3 grid(static_cast<unsigned>(p.heads + p.index_heads + 2), static_cast<unsigned>(p.batch));
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    dsa_latent_prep_kernel<T><<<grid, kPrepThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    launch_dependent("dsa_latent_prep", dsa_latent_prep_kernel<T>, grid, dim3(kPrepThreads), 0,
+                     static_cast<cudaStream_t>(stream), {}, p);
   });
-  check_launch("dsa_latent_prep");
 }
 
 }  // namespace lt2::kernels

@@ -30,7 +30,7 @@
 // w2 then stages hidden plain values instead of 2 x hidden with SiLU·mul (180 KB at 8 rows, which
 // made the 3-product chain lose there: 42.2 vs 37.6 us).
 // Launched as a programmatic dependent (the kernel before it may release it early: the GDN step
-// does), so the producer streams weights while that kernel finishes.
+// and the other decode kernels do), so the producer streams weights while that kernel finishes.
 #include <cuda/atomic>
 
 #include <cstdlib>
@@ -256,8 +256,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   // Launched as a programmatic dependent: the producer streams weights (which no kernel writes)
-  // while the kernel before this one finishes; the consumers wait for it before reading x.
+  // while the kernel before this one finishes; the consumers wait for it before reading x, then
+  // release the next launch (a chain's blocks take the SMs as this one's exit).
   grid_dependency_wait();
+  launch_dependents();
 
   const int g8 = lane / 4, q = lane % 4;
   RingCursor c;
@@ -417,20 +419,8 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
     using T = decltype(t);
     if constexpr (!std::is_same_v<T, float>) {
       reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(static_cast<unsigned>(plan.blocks));
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = plan.smem;
-      config.stream = s;
-      cudaLaunchAttribute attrs[2]{};
-      attrs[0].id = cudaLaunchAttributeCooperative;
-      attrs[0].val.cooperative = 1;
-      attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[1].val.programmaticStreamSerializationAllowed = 1;
-      config.attrs = attrs;
-      config.numAttrs = 2;
-      const cudaError_t err = cudaLaunchKernelEx(&config, gemv_chain_kernel<T>, p, barrier, plan.slots, plan.x_pitch);
-      LT2_CHECK(err == cudaSuccess, "gemv_chain launch failed: ", cudaGetErrorString(err));
+      launch_dependent("gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
+                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
     }
   });
   check_launch("gemv_chain");

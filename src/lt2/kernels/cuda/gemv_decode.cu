@@ -89,6 +89,7 @@ constexpr int kMmaUnroll = 4;
 // 16 r .. 16 r + 15, its block of rank s over chunks [s, s + 1) * chunks_per_split of K.
 template <typename T, GemvPrologue PRO, bool SPLIT>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const GemvParams p, int chunks_per_split) {
+  dependent_kernel_start();
   __shared__ float s_c[kMmaWarps][kMmaRows][kMaxRows];
   __shared__ float s_sumsq[kMmaWarps][kMaxRows];
   __shared__ float s_block[kMmaRows * kMaxRows + kMaxRows];  // SPLIT: this block's sums, then x's squares
@@ -253,25 +254,12 @@ void launch_mma(const GemvParams& p, cudaStream_t stream) {
   const int64_t row_blocks = (p.n + kMmaRows - 1) / kMmaRows;
   const int chunks = p.k / kMmaChunk, chunks_per_split = (chunks + p.k_splits - 1) / p.k_splits;
   LT2_CHECK(row_blocks * p.k_splits <= INT32_MAX, "gemv: N = ", p.n, " is too many rows");
-  const auto blocks = static_cast<unsigned>(row_blocks * p.k_splits);
-  if (p.k_splits == 1) {
-    gemv_mma_kernel<T, PRO, false><<<dim3(blocks, 1, static_cast<unsigned>(p.batch)), kMmaWarps * 32, 0, stream>>>(
-        p, chunks);
-    return;
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks, 1, static_cast<unsigned>(p.batch));
-  config.blockDim = dim3(kMmaWarps * 32);
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(p.k_splits);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, gemv_mma_kernel<T, PRO, true>, p, chunks_per_split);
-  LT2_CHECK(err == cudaSuccess, "gemv (", p.k_splits, " K splits) launch failed: ", cudaGetErrorString(err));
+  const dim3 grid(static_cast<unsigned>(row_blocks * p.k_splits), 1, static_cast<unsigned>(p.batch));
+  if (p.k_splits == 1)
+    launch_dependent("gemv", gemv_mma_kernel<T, PRO, false>, grid, dim3(kMmaWarps * 32), 0, stream, {}, p, chunks);
+  else
+    launch_dependent("gemv (K splits)", gemv_mma_kernel<T, PRO, true>, grid, dim3(kMmaWarps * 32), 0, stream,
+                     {cluster_launch(static_cast<unsigned>(p.k_splits))}, p, chunks_per_split);
 }
 
 template <typename T, GemvPrologue PRO>

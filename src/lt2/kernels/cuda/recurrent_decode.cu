@@ -358,10 +358,11 @@ __device__ __forceinline__ float4 row_group_sum(float4 x) {
 
 template <typename T, int KR>
 __global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers_kernel(const GdnDecodeParams p) {
-  // A block tail chained after this step (gemv_chain, launched as a programmatic dependent)
-  // starts now on the SMs this grid leaves idle and streams its weights meanwhile; it waits for
-  // this step's y before reading it. This kernel is launched without the attribute.
-  launch_dependents();
+  // Launched as a programmatic dependent (its blocks are placed while the input projection ends;
+  // nothing is read before the wait, as an earlier step on the same state may still run). The
+  // block tail chained after it (gemv_chain) then starts on the SMs this grid leaves idle and
+  // streams its weights meanwhile; it waits for this step's y before reading it.
+  dependent_kernel_start();
   const int h = blockIdx.x, b = blockIdx.y;
   const int K = p.head_k, V = p.head_v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -642,9 +643,9 @@ void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     reserve_shared<gdn_decode_registers_kernel<T, KR>>(smem, "gdn_decode (register form)");
-    gdn_decode_registers_kernel<T, KR><<<grid, 32 * warps, smem, stream>>>(p);
+    launch_dependent("gdn_decode (register form)", gdn_decode_registers_kernel<T, KR>, grid, dim3(32 * warps), smem,
+                     stream, {}, p);
   });
-  check_launch("gdn_decode (register form)");
 }
 
 void launch_gdn_registers(const GdnDecodeParams& p, cudaStream_t stream) {

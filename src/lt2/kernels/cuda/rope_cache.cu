@@ -13,6 +13,7 @@ constexpr int kThreads = 64;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) rope_cache_kernel(const RopeCacheParams p) {
+  dependent_kernel_start();
   const int b = blockIdx.y, unit = blockIdx.x, D = p.head_dim;
   const int64_t pos = p.positions[b];
   if (unit < p.heads) {
@@ -49,9 +50,9 @@ void rope_cache_write(const RopeCacheParams& p, void* stream) {
   const dim3 grid(static_cast<unsigned>(p.heads + 2 * p.kv_heads), static_cast<unsigned>(p.batch));
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    rope_cache_kernel<T><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    launch_dependent("rope_cache_write", rope_cache_kernel<T>, grid, dim3(kThreads), 0,
+                     static_cast<cudaStream_t>(stream), {}, p);
   });
-  check_launch("rope_cache_write");
 }
 
 }  // namespace lt2::kernels

@@ -513,6 +513,7 @@ __device__ __forceinline__ uint32_t lds32(const void* p) { return *reinterpret_c
 template <typename T>
 __global__ void __launch_bounds__(tc::kThreads, 1)
     sparse_attention_mma_kernel(const SparseAttentionDecodeParams p) {
+  dependent_kernel_start();
   using namespace tc;
   constexpr int TK = tc::kTileKeys, kThreads = tc::kThreads;  // (the CUDA-core form's names shadowed)
   extern __shared__ __align__(16) unsigned char smem[];
@@ -787,8 +788,8 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
       if (use_mma_form(p, groups, alias)) {
         reserve_shared<sparse_attention_mma_kernel<T>>(tc::kSmemBytes, "sparse_attention_decode");
         const dim3 grid(run.num_splits, p.kv_heads, p.batch);
-        sparse_attention_mma_kernel<T><<<grid, tc::kThreads, tc::kSmemBytes, s>>>(run);
-        check_launch("sparse_attention_decode (tensor-core splits)");
+        launch_dependent("sparse_attention_decode (tensor-core splits)", sparse_attention_mma_kernel<T>, grid,
+                         dim3(tc::kThreads), tc::kSmemBytes, s, {}, run);
       }
     }
     if (!use_mma_form(p, groups, alias)) {
@@ -803,9 +804,9 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
     if (run.num_splits > 1) {
       // A block per 128 output dims of a row: at batch 1 the latent preset has only 16 rows.
       const dim3 grid(p.batch * p.q_heads, ceil_div(p.head_dim_v, kCombineThreads));
-      combine_splits_kernel<T, kSparseAttentionMaxSplits><<<grid, kCombineThreads, 0, s>>>(
-          p.partial_out, p.partial_lse, static_cast<T*>(p.out), run.num_splits, p.head_dim_v);
-      check_launch("sparse_attention_decode (combine)");
+      launch_dependent("sparse_attention_decode (combine)", combine_splits_kernel<T, kSparseAttentionMaxSplits>,
+                       grid, dim3(kCombineThreads), 0, s, {}, p.partial_out, p.partial_lse, static_cast<T*>(p.out),
+                       run.num_splits, p.head_dim_v);
     }
   });
 }

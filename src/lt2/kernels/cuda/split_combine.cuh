@@ -21,6 +21,7 @@ template <typename T, int kMaxSplits>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_splits_kernel(const float* partial_out, const float* partial_lse, T* out, int num_splits,
                           int dim) {
+  dependent_kernel_start();  // launched through launch_dependent
   __shared__ float s_w[kMaxSplits];
   const int64_t row = blockIdx.x;
   const int S = num_splits, D = dim;
