@@ -51,7 +51,6 @@ constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kTileRows = 8;               // weight rows per tile: the mma's N
 constexpr int kSliceK = 2048;              // K per ring slot
 constexpr int kChunkK = 32;                // K per warp mma pair: 4 lanes x 8 elements
-constexpr int kChunkBatch = 2;             // chunks a warp loads before multiplying them
 // Bytes between a slot's rows (and x's rows): 64 past a multiple of 128, so the 16-byte loads of
 // lanes 0-7 (rows g = 0, 1, four lanes each) fall on distinct banks.
 __host__ __device__ constexpr int padded_pitch(int bytes) { return (bytes + 127) / 128 * 128 + 64; }
@@ -149,10 +148,9 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
 // x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
 // rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier. Each thread
 // issues the loads of kStageBatch vectors before using any: x sits in L2, one round trip per
-// vector would cost ~15 us for 8 rows of w2's 2 x 5632 inputs, and 11 take w2's 8 x 5632 (22 a
-// thread) in two round trips (8 took three). 12 would leave the consumers' four accumulators no
-// room in the 168 registers a thread of a 9-warp block can have (3 warps on one SM quarter).
-constexpr int kStageBatch = 11;
+// vector would cost ~15 us for 8 rows of w2's 2 x 5632 inputs, and 12 take w2's 8 x 5632 in two
+// round trips (8 took three; 162 registers, no spills).
+constexpr int kStageBatch = 12;
 template <typename T>
 __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],
                         float* s_rinv) {
@@ -283,41 +281,26 @@ __global__ void __launch_bounds__(kThreads, 1)
           is_out && g.residual
               ? load_coherent(static_cast<const T*>(g.residual) + out_m * g.residual_row_stride + out_n)
               : 0.f;
-      // A warp loads kChunkBatch of its chunks before it multiplies any (their shared-memory
-      // latencies overlap) and spreads the products over four accumulators (a chunk's two products
-      // x the chunk's parity), summed at the end: its chain of dependent mmas per tile is 4 deep,
-      // not 16 (ncu: "fixed-latency dependency" was the first stall of the 8-row tail).
-      float acc[4][4] = {};
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int k0 = 0; k0 < g.k; k0 += kSliceK) {
         const int chunks = min(kSliceK, g.k - k0) / kChunkK;
         mbarrier_wait(&full[c.slot], c.parity);
         const unsigned char* w_row = ring + static_cast<size_t>(c.slot) * kSlotBytes + g8 * kSlotPitch;
-        for (int ch0 = warp; ch0 < chunks; ch0 += kChunkBatch * kConsumerWarps) {
-          uint4 wv[kChunkBatch], xv[kChunkBatch];
-#pragma unroll
-          for (int u = 0; u < kChunkBatch; ++u) {
-            const int ch = ch0 + u * kConsumerWarps;  // warp-uniform
-            wv[u] = xv[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (ch < chunks) {
-              wv[u] = *reinterpret_cast<const uint4*>(w_row + ch * (kChunkK * 2) + q * 16);
-              if (has_x) xv[u] = *reinterpret_cast<const uint4*>(x_row + (k0 + ch * kChunkK) * 2 + q * 16);
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < kChunkBatch; ++u) {
-            if (ch0 + u * kConsumerWarps >= chunks) break;
-            mma_16816<T>(acc[2 * (u % 2)], xv[u].x, 0u, xv[u].y, 0u, wv[u].x, wv[u].y);
-            mma_16816<T>(acc[2 * (u % 2) + 1], xv[u].z, 0u, xv[u].w, 0u, wv[u].z, wv[u].w);
-          }
+        for (int ch = warp; ch < chunks; ch += kConsumerWarps) {
+          const uint4 wv = *reinterpret_cast<const uint4*>(w_row + ch * (kChunkK * 2) + q * 16);
+          uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+          if (has_x) xv = *reinterpret_cast<const uint4*>(x_row + (k0 + ch * kChunkK) * 2 + q * 16);
+          mma_16816<T>(acc, xv.x, 0u, xv.y, 0u, wv.x, wv.y);
+          mma_16816<T>(acc, xv.z, 0u, xv.w, 0u, wv.z, wv.w);
         }
         __syncwarp();
         if (lane == 0) mbarrier_arrive(&empty[c.slot]);
         c.advance(slots);
       }
-      // acc[.][0], acc[.][1] = C[x row g8][tile rows 2q, 2q + 1].
+      // acc[0], acc[1] = C[x row g8][tile rows 2q, 2q + 1].
       float(*red)[kGemvMaxRows][kTileRows] = s_red[tiles_done++ & 1];
-      red[warp][g8][2 * q] = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
-      red[warp][g8][2 * q + 1] = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
+      red[warp][g8][2 * q] = acc[0];
+      red[warp][g8][2 * q + 1] = acc[1];
       consumer_sync();  // (the other buffer's readers finished before this barrier, too)
       if (is_out) store_y<T>(g, red, out_m, out_c, out_n, residual, s_rinv);
     }
