@@ -18,7 +18,8 @@
 #   "tail8": decode cells (TAIL_MODELS, TAIL_CONTEXTS=4k) with LT2_CHAINED_TAIL_MAX_ROWS=8 (the whole block tail
 #   chained at 5-8 rows too), for the A/B of that threshold;
 #   "nopdl": decode cells (NOPDL_MODELS, NOPDL_CONTEXTS=4k) with LT2_PDL=0 (every kernel launched after the one
-#   before it has ended, instead of as a programmatic dependent), for the A/B of that launch
+#   before it has ended, instead of as a programmatic dependent), for the A/B of that launch;
+#   "ab": decode cells (AB_MODELS, AB_CONTEXTS=4k) with AB_SWITCH (VAR=value) set, described by AB_WHAT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -87,6 +88,7 @@ has tail8 && ab_decode tail8 LT2_CHAINED_TAIL_MAX_ROWS=8 "${TAIL_MODELS:-$MODELS
   "the whole block tail chained at 5-8 rows"
 has nopdl && ab_decode nopdl LT2_PDL=0 "${NOPDL_MODELS:-$MODELS}" "${NOPDL_CONTEXTS:-4k}" \
   "no programmatic dependent launches"
+has ab && ab_decode ab "$AB_SWITCH" "${AB_MODELS:-$MODELS}" "${AB_CONTEXTS:-4k}" "${AB_WHAT:-the A/B switch}"
 if has reference; then
   $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \
     --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_reference.json" --out-md "$OUT/decode_reference.md" \
