@@ -234,8 +234,7 @@ __device__ __forceinline__ void store_y(const GemvParams& g, const float (*sums)
   static_cast<T*>(g.y)[m * g.y_row_stride + n] = from_float<T>(acc + residual);
 }
 
-// kSplitAcc: a chunk's second product into its own accumulator (A/B knob LT2_CHAIN_SPLIT_ACC=1).
-template <typename T, bool kSplitAcc>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -282,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           is_out && g.residual
               ? load_coherent(static_cast<const T*>(g.residual) + out_m * g.residual_row_stride + out_n)
               : 0.f;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc_hi[4] = {0.f, 0.f, 0.f, 0.f};
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int k0 = 0; k0 < g.k; k0 += kSliceK) {
         const int chunks = min(kSliceK, g.k - k0) / kChunkK;
         mbarrier_wait(&full[c.slot], c.parity);
@@ -292,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint4 xv = make_uint4(0u, 0u, 0u, 0u);
           if (has_x) xv = *reinterpret_cast<const uint4*>(x_row + (k0 + ch * kChunkK) * 2 + q * 16);
           mma_16816<T>(acc, xv.x, 0u, xv.y, 0u, wv.x, wv.y);
-          mma_16816<T>(kSplitAcc ? acc_hi : acc, xv.z, 0u, xv.w, 0u, wv.z, wv.w);
+          mma_16816<T>(acc, xv.z, 0u, xv.w, 0u, wv.z, wv.w);
         }
         __syncwarp();
         if (lane == 0) mbarrier_arrive(&empty[c.slot]);
@@ -300,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // acc[0], acc[1] = C[x row g8][tile rows 2q, 2q + 1].
       float(*red)[kGemvMaxRows][kTileRows] = s_red[tiles_done++ & 1];
-      red[warp][g8][2 * q] = kSplitAcc ? acc[0] + acc_hi[0] : acc[0];
-      red[warp][g8][2 * q + 1] = kSplitAcc ? acc[1] + acc_hi[1] : acc[1];
+      red[warp][g8][2 * q] = acc[0];
+      red[warp][g8][2 * q + 1] = acc[1];
       consumer_sync();  // (the other buffer's readers finished before this barrier, too)
       if (is_out) store_y<T>(g, red, out_m, out_c, out_n, residual, s_rinv);
     }
@@ -419,21 +418,9 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
   dispatch_dtype(p.product[0].dtype, [&](auto t) {
     using T = decltype(t);
     if constexpr (!std::is_same_v<T, float>) {
-      static const bool split_acc = [] {
-        const char* env = std::getenv("LT2_CHAIN_SPLIT_ACC");
-        return env && std::strcmp(env, "1") == 0;
-      }();
-      auto launch = [&](auto kernel) {
-        launch_dependent("gemv_chain", kernel, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads), plan.smem, s,
-                         {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
-      };
-      if (split_acc) {
-        reserve_shared<gemv_chain_kernel<T, true>>(plan.smem, "gemv_chain");
-        launch(gemv_chain_kernel<T, true>);
-      } else {
-        reserve_shared<gemv_chain_kernel<T, false>>(plan.smem, "gemv_chain");
-        launch(gemv_chain_kernel<T, false>);
-      }
+      reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
+      launch_dependent("gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
+                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
     }
   });
   check_launch("gemv_chain");
