@@ -444,11 +444,14 @@ TEST(FusedDecode, GdnKernelGraphReplay) {
 // Steps launched back to back (each kernel a programmatic dependent of the step before it on
 // the same state and windows, in one graph) equal the same steps with the host waiting between
 // them, bit for bit: no step reads the state before the step before it has finished writing it.
+// With state_settled (the register form loads S before its wait) each step follows a copy of its
+// inputs, as it follows the input projection in the layer.
 TEST(FusedDecode, GdnStepsBackToBackInAGraph) {
   REQUIRE_FUSED_DECODE();
   const int64_t B = 8, H = 16, K = 96, V = 192, W = 4, steps = 6;  // the 1.3B layer at batch 8
+  for (bool settled : {false, true})
   for (auto form : gdn_forms(K, V)) {
-    SCOPED_TRACE(form_name(form));
+    SCOPED_TRACE(::testing::Message() << form_name(form) << (settled ? " state_settled" : ""));
     torch::manual_seed(11);
     const auto bf16 = gpu(torch::kBFloat16);
     ops::GdnDecodeArgs a;
@@ -461,12 +464,16 @@ TEST(FusedDecode, GdnStepsBackToBackInAGraph) {
     a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
     a.scale = 1.0 / std::sqrt(static_cast<double>(K));
     a.form = form;
-    // Every step's inputs, made before the graph so that nothing runs between its kernels.
+    a.state_settled = settled;
+    // Every step's inputs, made before the graph so that nothing runs between its kernels but
+    // the copies of the settled case.
     std::vector<ops::GdnDecodeArgs> inputs(steps, a);
+    std::vector<Tensor> sources;
     for (auto& in : inputs) {
       in.q = torch::randn({B, H * K}, bf16), in.k = torch::randn({B, H * K}, bf16);
       in.v = torch::randn({B, H * V}, bf16), in.gate = torch::randn({B, H * V}, bf16);
       in.a = torch::randn({B, H}, bf16), in.b = torch::randn({B, H}, bf16);
+      sources.push_back(in.q.clone());
     }
     std::vector<Tensor> graph_st{torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1,
                                  torch::randn({B, W - 1, H * K}, bf16), torch::randn({B, W - 1, H * K}, bf16),
@@ -483,8 +490,10 @@ TEST(FusedDecode, GdnStepsBackToBackInAGraph) {
     at::cuda::CUDAGraph graph;
     graph.capture_begin();
     std::vector<Tensor> graph_y;
-    for (const auto& in : inputs)
-      graph_y.push_back(ops::gdn_decode_fused(in, graph_st[0], graph_st[1], graph_st[2], graph_st[3]));
+    for (int64_t i = 0; i < steps; ++i) {
+      if (settled) inputs[i].q.copy_(sources[i]);
+      graph_y.push_back(ops::gdn_decode_fused(inputs[i], graph_st[0], graph_st[1], graph_st[2], graph_st[3]));
+    }
     graph.capture_end();
     graph.replay();
     torch::cuda::synchronize();

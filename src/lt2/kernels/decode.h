@@ -88,6 +88,10 @@ struct GdnDecodeParams {
   bool allow_neg_eigval;
   DType dtype;  // of every non-state tensor above
   GdnDecodeForm form;
+  // No kernel that may still run when this step starts writes the state (the kernel before it on
+  // the stream is the caller's input projection): the register form then loads S before it waits
+  // for that kernel, so the load overlaps its end. Never for two steps on one state back to back.
+  bool state_settled;
 };
 void gdn_decode(const GdnDecodeParams& p, void* stream);
 // Whether the register form serves these head dims (it also needs a 16-byte aligned state).

@@ -96,6 +96,7 @@ Tensor GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, const Positio
   a.norm_weight = o_norm->weight;
   a.num_heads = num_heads, a.head_k_dim = head_k_dim, a.head_v_dim = head_v_dim;
   a.scale = scale(), a.norm_eps = norm_eps, a.allow_neg_eigval = allow_neg_eigval;
+  a.state_settled = true;  // the kernels just before are this layer's projections (p)
   auto y = ops::gdn_decode_fused(a, st.S, st.conv[0], st.conv[1], st.conv[2]);  // [B, H*V]
   if (!pos.seq_pos.defined()) st.length += 1;
   return y;

@@ -257,6 +257,8 @@ Tensor gdn_decode_fused(const GdnDecodeArgs& a, Tensor& state, Tensor& q_window,
   p.allow_neg_eigval = a.allow_neg_eigval;
   p.dtype = kernel_dtype(dt);
   p.form = a.form;
+  static const bool early_state = env_switch_on("LT2_GDN_EARLY_STATE");
+  p.state_settled = a.state_settled && early_state;
   kernels::gdn_decode(p, current_stream(state));
   return y;
 #else

@@ -45,6 +45,9 @@ struct GdnDecodeArgs {
   double scale = 1.0, norm_eps = 1e-5;
   bool allow_neg_eigval = false;
   kernels::GdnDecodeForm form = kernels::GdnDecodeForm::Auto;  // tests and benchmarks pick one
+  // The kernel launched just before this step is the caller's projection, which does not write
+  // the state (kernels::GdnDecodeParams::state_settled; LT2_GDN_EARLY_STATE=0 ignores it).
+  bool state_settled = false;
 };
 // Advances state ([B, H, K, V] fp32) and the conv windows ([B, W-1, C], activation dtype) in
 // place; returns y [B, H*V] (the swish-gated RMSNorm output, ready for o_proj).

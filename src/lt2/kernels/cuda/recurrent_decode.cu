@@ -358,11 +358,6 @@ __device__ __forceinline__ float4 row_group_sum(float4 x) {
 
 template <typename T, int KR>
 __global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers_kernel(const GdnDecodeParams p) {
-  // Launched as a programmatic dependent (its blocks are placed while the input projection ends;
-  // nothing is read before the wait, as an earlier step on the same state may still run). The
-  // block tail chained after it (gemv_chain) then starts on the SMs this grid leaves idle and
-  // streams its weights meanwhile; it waits for this step's y before reading it.
-  dependent_kernel_start();
   const int h = blockIdx.x, b = blockIdx.y;
   const int K = p.head_k, V = p.head_v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -377,14 +372,21 @@ __global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers
 
   float* S = p.state + (static_cast<int64_t>(b) * p.heads + h) * K * V;
   float4 s[KR];  // S[r0 + i, c .. c + 3] of the current pass (V % 4 == 0, rows 16-byte aligned)
-  auto load_pass = [&](int c) {
+  auto load_pass = [&](int c) {  // from L2 (__ldcg): a load issued before the wait sees no stale L1
 #pragma unroll
     for (int i = 0; i < KR; ++i)
-      s[i] = r0 + i < K && c < V ? *reinterpret_cast<const float4*>(S + static_cast<int64_t>(r0 + i) * V + c)
+      s[i] = r0 + i < K && c < V ? __ldcg(reinterpret_cast<const float4*>(S + static_cast<int64_t>(r0 + i) * V + c))
                                  : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   const int pass_cols = kRegWarpCols * warps;
-  load_pass(warp * kRegWarpCols + 4 * quad);
+  // Launched as a programmatic dependent: its blocks are placed while the input projection ends.
+  // Nothing that kernel writes is read before the wait; S only when the caller vouches that no
+  // kernel still running writes it (state_settled: an earlier step on the same state may run).
+  // The block tail chained after this step (gemv_chain) then starts on the SMs this grid leaves
+  // idle and streams its weights meanwhile; it waits for this step's y before reading it.
+  if (p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
+  dependent_kernel_start();
+  if (!p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
 
   // The epilogue's inputs of the first pass over the outputs, while S is in flight.
   const T* norm_weight = static_cast<const T*>(p.norm_weight);
