@@ -393,6 +393,34 @@ TEST(FusedDecode, GdnStepGraphReplay) {
   }
 }
 
+namespace {
+
+// bf16 weights of a GDN step of H heads (head dims K, V; conv width W) in `form`, for the graph
+// tests; the inputs are the caller's.
+ops::GdnDecodeArgs bf16_gdn_weights(int64_t H, int64_t K, int64_t V, int64_t W, kernels::GdnDecodeForm form) {
+  const auto bf16 = gpu(torch::kBFloat16);
+  ops::GdnDecodeArgs a;
+  a.q_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
+  a.k_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
+  a.v_conv_weight = torch::randn({H * V, 1, W}, bf16) * 0.5;
+  a.A_log = log_uniform_A_init(H, 1.0, 16.0).to(bf16);
+  a.dt_bias = inverse_softplus_dt_init(H).to(bf16);
+  a.norm_weight = 1 + 0.2 * torch::randn({V}, bf16);
+  a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(K));
+  a.form = form;
+  return a;
+}
+
+// A random GDN state (fp32) and its three bf16 conv windows: {S, q, k, v windows}.
+std::vector<Tensor> random_gdn_state(int64_t B, int64_t H, int64_t K, int64_t V, int64_t W) {
+  const auto bf16 = gpu(torch::kBFloat16);
+  return {torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1, torch::randn({B, W - 1, H * K}, bf16),
+          torch::randn({B, W - 1, H * K}, bf16), torch::randn({B, W - 1, H * V}, bf16)};
+}
+
+}  // namespace
+
 // gdn_decode_fused in each form captured once and replayed with new inputs: equals the eager
 // call on a twin state and windows, bit for bit (same kernel, same inputs).
 TEST(FusedDecode, GdnKernelGraphReplay) {
@@ -402,22 +430,11 @@ TEST(FusedDecode, GdnKernelGraphReplay) {
     SCOPED_TRACE(form_name(form));
     torch::manual_seed(7);
     const auto bf16 = gpu(torch::kBFloat16);
-    ops::GdnDecodeArgs a;
-    a.q_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
-    a.k_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
-    a.v_conv_weight = torch::randn({H * V, 1, W}, bf16) * 0.5;
-    a.A_log = log_uniform_A_init(H, 1.0, 16.0).to(bf16);
-    a.dt_bias = inverse_softplus_dt_init(H).to(bf16);
-    a.norm_weight = 1 + 0.2 * torch::randn({V}, bf16);
-    a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
-    a.scale = 1.0 / std::sqrt(static_cast<double>(K));
-    a.form = form;
+    auto a = bf16_gdn_weights(H, K, V, W, form);
     a.q = torch::randn({B, H * K}, bf16), a.k = torch::randn({B, H * K}, bf16);
     a.v = torch::randn({B, H * V}, bf16), a.gate = torch::randn({B, H * V}, bf16);
     a.a = torch::randn({B, H}, bf16), a.b = torch::randn({B, H}, bf16);
-    std::vector<Tensor> graph_st{torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1,
-                                 torch::randn({B, W - 1, H * K}, bf16), torch::randn({B, W - 1, H * K}, bf16),
-                                 torch::randn({B, W - 1, H * V}, bf16)};
+    auto graph_st = random_gdn_state(B, H, K, V, W);
     std::vector<Tensor> eager_st;
     for (const auto& t : graph_st) eager_st.push_back(t.clone());
     auto call = [&](std::vector<Tensor>& st) { return ops::gdn_decode_fused(a, st[0], st[1], st[2], st[3]); };
@@ -454,16 +471,7 @@ TEST(FusedDecode, GdnStepsBackToBackInAGraph) {
     SCOPED_TRACE(::testing::Message() << form_name(form) << (settled ? " state_settled" : ""));
     torch::manual_seed(11);
     const auto bf16 = gpu(torch::kBFloat16);
-    ops::GdnDecodeArgs a;
-    a.q_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
-    a.k_conv_weight = torch::randn({H * K, 1, W}, bf16) * 0.5;
-    a.v_conv_weight = torch::randn({H * V, 1, W}, bf16) * 0.5;
-    a.A_log = log_uniform_A_init(H, 1.0, 16.0).to(bf16);
-    a.dt_bias = inverse_softplus_dt_init(H).to(bf16);
-    a.norm_weight = 1 + 0.2 * torch::randn({V}, bf16);
-    a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
-    a.scale = 1.0 / std::sqrt(static_cast<double>(K));
-    a.form = form;
+    auto a = bf16_gdn_weights(H, K, V, W, form);
     a.state_settled = settled;
     // Every step's inputs, made before the graph so that nothing runs between its kernels but
     // the copies of the settled case.
@@ -475,9 +483,7 @@ TEST(FusedDecode, GdnStepsBackToBackInAGraph) {
       in.a = torch::randn({B, H}, bf16), in.b = torch::randn({B, H}, bf16);
       sources.push_back(in.q.clone());
     }
-    std::vector<Tensor> graph_st{torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1,
-                                 torch::randn({B, W - 1, H * K}, bf16), torch::randn({B, W - 1, H * K}, bf16),
-                                 torch::randn({B, W - 1, H * V}, bf16)};
+    auto graph_st = random_gdn_state(B, H, K, V, W);
     std::vector<Tensor> waited_st;
     for (const auto& t : graph_st) waited_st.push_back(t.clone());
     std::vector<Tensor> waited_y;
