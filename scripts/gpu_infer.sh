@@ -3,6 +3,7 @@
 # targets of the inference engine, runs the GPU-labelled tests, the fused-kernel micro-benchmark
 # and `lt2 bench decode|prefill`, and leaves at most 8 files in $OUT (the device tool's limit).
 #   STAGES="test kernels decode reference prefill"   which parts run (default: all)
+#   BUILD_TARGETS="lt2_cli test_gpu"   what to build (default: those two, decode_kernels_bench and tma_stream_probe)
 #   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  GTEST_FILTER=*
 #   REF_CONTEXTS=4k,32k  REF_BATCHES=1,8  (the libtorch reference path: a subset, it is slow)
 #   PREFILL_CONTEXTS=4k,8k,16k,32k  PREFILL_MODELS (default MODELS)  PROFILE_PREFILL=N (per-kernel table of N prefills)
@@ -34,7 +35,7 @@ B=build-gpu
 log=/tmp/lt2_build.log
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
-  cmake --build $B -j "$(nproc)" --target lt2_cli test_gpu decode_kernels_bench tma_stream_probe >> $log 2>&1 ||
+  cmake --build $B -j "$(nproc)" --target ${BUILD_TARGETS:-lt2_cli test_gpu decode_kernels_bench tma_stream_probe} >> $log 2>&1 ||
   { grep -E "error|Error" -A5 $log | head -80 | tee "$OUT/build_errors.txt"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 L=$B/apps/lt2/lt2
