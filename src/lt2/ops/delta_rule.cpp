@@ -6,6 +6,7 @@
 
 #include "lt2/ops/chunking.h"
 #include "lt2/ops/fused_common.h"
+#include "lt2/util/env.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -44,7 +45,7 @@ std::pair<Tensor, Tensor> delta_token(const Tensor& q, const Tensor& k, const Te
 // the kernel serves, and LT2_DELTA_RULE_SCAN not "0".
 bool use_chunk_scan_kernel(const Tensor& v, torch::ScalarType dt, int64_t K, int64_t V, int64_t C,
                            std::initializer_list<const Tensor*> inputs) {
-  static const bool enabled = detail::env_switch_on("LT2_DELTA_RULE_SCAN");
+  static const bool enabled = env_switch_on("LT2_DELTA_RULE_SCAN");
   if (!enabled || !v.is_cuda() || dt != torch::kFloat32) return false;
   if (torch::GradMode::is_enabled())
     for (const Tensor* t : inputs)

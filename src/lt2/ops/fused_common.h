@@ -1,10 +1,9 @@
 // Pieces shared by the tensor bindings of the CUDA kernels (ops/fused_*.cpp, delta_rule.cpp):
-// dtype mapping, the current stream, error helpers, A/B switches. Internal to those files.
+// dtype mapping, the current stream, error helpers. Internal to those files.
 #pragma once
 #include <torch/torch.h>
 
 #include "lt2/kernels/decode.h"
-#include "lt2/util/env.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -12,8 +11,6 @@
 #endif
 
 namespace lt2::ops::detail {
-
-using lt2::env_switch_on;
 
 // The activation dtypes the kernels are instantiated for.
 inline bool kernel_dtype_ok(torch::ScalarType t) {

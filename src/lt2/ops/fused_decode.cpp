@@ -5,6 +5,7 @@
 
 #include "lt2/kernels/decode.h"
 #include "lt2/ops/fused_common.h"
+#include "lt2/util/env.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA

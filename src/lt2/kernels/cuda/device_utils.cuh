@@ -201,6 +201,13 @@ void reserve_shared(size_t bytes, const char* name) {
   if (device < kMaxDevices) reserved[device].store(bytes);
 }
 
+// Whether launch_dependent launches programmatic dependents (LT2_PDL=0: ordinary launches, the
+// A/B switch of bench/NOTES.md).
+inline bool programmatic_launches() {
+  static const bool on = env_switch_on("LT2_PDL");
+  return on;
+}
+
 // Launch attributes for launch_dependent's `extra`.
 inline cudaLaunchAttribute cooperative_launch() {
   cudaLaunchAttribute a{};
@@ -219,16 +226,14 @@ inline cudaLaunchAttribute cluster_launch(unsigned x) {
 // programmatic dependent of the kernel before it on the stream: it may start before that kernel
 // ends, so it must call grid_dependency_wait() before it touches memory an earlier kernel may
 // still use, and launch_dependents() only after that wait (dependent_kernel_start does both).
-// LT2_PDL=0 makes it an ordinary launch (the A/B switch of bench/NOTES.md).
 template <typename... Params, typename... Args>
 void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra, Args&&... args) {
-  static const bool programmatic = env_switch_on("LT2_PDL");
   cudaLaunchAttribute attrs[4]{};
   LT2_CHECK(extra.size() < 4, name, ": at most 3 extra launch attributes");
   unsigned n = 0;
   for (const cudaLaunchAttribute& a : extra) attrs[n++] = a;
-  if (programmatic) {
+  if (programmatic_launches()) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }

@@ -258,8 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Launched as a programmatic dependent: the producer streams weights (which no kernel writes)
   // while the kernel before this one finishes; the consumers wait for it before reading x, then
   // release the next launch (a chain's blocks take the SMs as this one's exit).
-  grid_dependency_wait();
-  launch_dependents();
+  dependent_kernel_start();
 
   const int g8 = lane / 4, q = lane % 4;
   RingCursor c;
@@ -423,7 +422,6 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
                        plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
     }
   });
-  check_launch("gemv_chain");
 }
 
 }  // namespace lt2::kernels
