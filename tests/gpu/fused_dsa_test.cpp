@@ -5,7 +5,8 @@
 // set exactly on fp32 scores, tie-heavy rows included; dsa_index_topk == topk_select of the scores;
 // a captured CUDA graph replayed with new lengths == eager. dsa_latent_prep against its float64
 // reference (ops::dsa_latent_prep_reference) at several shapes, dtypes and RoPE styles, eagerly and
-// replayed from a graph with new positions; the latent DSA mixer's fused decode step (step and
+// replayed from a graph with new positions, with the q absorption folded in (against the reference
+// and the prep + gemv_batched path); the latent DSA mixer's fused decode step (step and
 // step_residual) as accurate as its libtorch path. Skips where no CUDA GPU (or no CUDA kernels)
 // is present.
 #include <gtest/gtest.h>
@@ -331,11 +332,15 @@ ops::DsaLatentPrepArgs with_output_copies(ops::DsaLatentPrepArgs a) {
 }
 
 // got (the kernel's outputs) against want (the reference's): the written values within tol, the
-// latent part of q unwritten, and every cache row but the one at each position unchanged.
+// latent part of q the absorbed q_nope W_uk with `absorb`, else unwritten, and every cache row but
+// the one at each position unchanged.
 void expect_prep_matches(const ops::DsaLatentPrepArgs& got, const ops::DsaLatentPrepArgs& want, double tol) {
   const int64_t dc = got.kv_norm_weight.size(0), dr = got.q.size(2) - dc, B = got.q.size(0);
   EXPECT_LT(rel_err(got.q.narrow(-1, dc, dr).cpu(), want.q.narrow(-1, dc, dr).cpu()), tol) << "q";
-  EXPECT_TRUE(torch::isnan(got.q.narrow(-1, 0, dc)).all().item<bool>()) << "q's latent part was written";
+  if (got.absorb.defined())
+    EXPECT_LT(rel_err(got.q.narrow(-1, 0, dc).cpu(), want.q.narrow(-1, 0, dc).cpu()), tol) << "q's latent part";
+  else
+    EXPECT_TRUE(torch::isnan(got.q.narrow(-1, 0, dc)).all().item<bool>()) << "q's latent part was written";
   EXPECT_LT(rel_err(got.index_q.cpu(), want.index_q.cpu()), tol) << "index_q";
   EXPECT_LT(rel_err(got.index_w.cpu(), want.index_w.cpu()), tol) << "index_w";
   EXPECT_TRUE(torch::equal(got.seq_lens.cpu(), want.seq_lens.cpu())) << "seq_lens";
@@ -382,6 +387,43 @@ TEST(FusedDsa, LatentPrepMatchesReference) {
     }
 }
 
+// The q absorption folded into the prep (absorb = W_uk transposed, [H, d_c, D]) against the
+// float64 reference and against the unfolded path (the prep, then gemv_batched where it applies).
+TEST(FusedDsa, LatentPrepFoldsQAbsorption) {
+  REQUIRE_FUSED_DECODE();
+  const auto& one_three_b = prep_shapes()[0];
+  auto at_batch = [&](int64_t B) {
+    auto s = one_three_b;
+    s.B = B;
+    return s;
+  };
+  const std::vector<PrepShape> shapes{
+      at_batch(1), at_batch(8),  // lt2-gdn-dsa-1.3b: 128 units of 64 columns
+      at_batch(32),              // four passes of 8 sequences
+      {3, 5, 24, 40, 6, 3, 200, 10, 17, RopeStyle::Interleaved, 10000.0},  // odd: a 40-column unit, D = 24
+      {2, 3, 16, 8, 2, 1, 8, 0, 5, RopeStyle::Half, 10000.0}};              // 8 columns, one chunk a half (fp32: two)
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (const auto& s : shapes) {
+      SCOPED_TRACE(cat(name(dt), " ", describe(s)));
+      torch::manual_seed(3 * s.B + s.H + s.dc);
+      auto got = prep_inputs(s, dt);
+      got.absorb = (torch::randn({s.H, s.dc, s.D}, gpu(torch::kFloat32)) / std::sqrt(static_cast<double>(s.D))).to(dt);
+      ASSERT_TRUE(ops::dsa_latent_prep_absorb_supported(got.q_raw, got.q, got.absorb));
+      const auto want = with_output_copies(got);
+      auto unfolded = with_output_copies(got);
+      unfolded.absorb = Tensor();
+      ops::dsa_latent_prep(got);
+      ops::dsa_latent_prep_reference(want);
+      expect_prep_matches(got, want, tolerance(dt));
+      const auto q_nope = got.q_raw.narrow(-1, 0, s.D), latent = unfolded.q.narrow(-1, 0, s.dc);
+      if (ops::gemv_batched_applies(q_nope, got.absorb)) {
+        ops::dsa_latent_prep(unfolded);
+        ops::gemv_batched(q_nope, got.absorb, latent);
+        EXPECT_LT(rel_err(got.q.cpu(), unfolded.q.cpu()), tolerance(dt)) << "against the unfolded path";
+      }
+    }
+}
+
 TEST(FusedDsa, LatentPrepRejectsBadInputs) {
   REQUIRE_FUSED_DECODE();
   const PrepShape s{2, 2, 64, 32, 8, 2, 16, 8, 10, RopeStyle::Half, 10000.0};
@@ -401,16 +443,27 @@ TEST(FusedDsa, LatentPrepRejectsBadInputs) {
   bad = a;
   bad.q = torch::empty({2, 2, 41}, gpu(torch::kBFloat16));  // d_c + d_r is 40
   EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+  bad = a;
+  bad.absorb = torch::randn({2, 32, 63}, gpu(torch::kBFloat16));  // D is 64
+  EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+  bad.absorb = torch::randn({2, 64, 32}, gpu(torch::kBFloat16)).transpose(1, 2);  // not contiguous
+  EXPECT_FALSE(ops::dsa_latent_prep_absorb_supported(bad.q_raw, bad.q, bad.absorb));
+  EXPECT_THROW(ops::dsa_latent_prep(bad), Error);
+  auto wide = prep_inputs({33, 2, 64, 32, 8, 2, 16, 8, 40, RopeStyle::Half, 10000.0}, torch::kBFloat16);
+  EXPECT_FALSE(ops::dsa_latent_prep_absorb_supported(wide.q_raw, wide.q, torch::randn({2, 32, 64}, gpu(torch::kBFloat16))))
+      << "33 sequences";
 }
 
 #ifdef LT2_WITH_CUDA
 
-// Captured once, replayed with new positions and projections: equals the reference each time.
+// Captured once (the q absorption folded in), replayed with new positions and projections: equals
+// the reference each time.
 TEST(FusedDsa, LatentPrepGraphReplayWithNewPositions) {
   REQUIRE_FUSED_DECODE();
   const auto& s = prep_shapes()[0];
   torch::manual_seed(11);
   auto a = prep_inputs(s, torch::kBFloat16);
+  a.absorb = torch::randn({s.H, s.dc, s.D}, gpu(torch::kBFloat16)) / std::sqrt(static_cast<double>(s.D));
   c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
   ops::dsa_latent_prep(a);  // warm-up
   at::cuda::CUDAGraph graph;

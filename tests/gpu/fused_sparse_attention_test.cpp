@@ -7,8 +7,9 @@
 // not select is NaN, and the kernel also runs with NaN-poisoned output and split workspaces, so a
 // stray read or a missing write shows. Replayed from a CUDA graph with new counts, indices and
 // queries it equals the eager call. The latent preset in bf16 / fp16 (the tensor-core form) also on
-// its own: counts set per sequence (0, below a tile, at n), one split and several. Skips where no
-// CUDA GPU (or no CUDA kernels) is present.
+// its own: counts set per sequence (0, below a tile, at n), one split and several. With DSA's
+// output absorption and gate folded into the combine: against float64 and the unfolded path, and
+// replayed from a graph. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -78,9 +79,10 @@ void poison_unselected(Tensor cache, const Tensor& indices, const Tensor& counts
   cache.masked_fill_(~selected.cuda().view({B, 1, L, 1}), std::nan(""));
 }
 
-Tensor reference64(const Inputs& in) {
+Tensor reference64(const Inputs& in, const Tensor& absorb = {}, const Tensor& gate = {}) {
+  auto to64 = [](const Tensor& t) { return t.defined() ? t.to(f64) : t; };
   return ops::sparse_attention_decode_reference(in.q.to(f64), in.k.to(f64), in.v.to(f64), in.indices,
-                                                in.counts, in.scale);
+                                                in.counts, in.scale, to64(absorb), to64(gate));
 }
 
 #ifdef LT2_WITH_CUDA
@@ -254,6 +256,61 @@ TEST(FusedSparseAttention, LatentTensorCoreForm) {
     }
 }
 
+// The output absorption and its gate folded into the combine, y = (o absorb[h]^T) * sigmoid(gate),
+// against float64 and against the unfolded path (o, then gemv_batched where it applies, else the
+// product in fp32 on o): DSA's latent preset (Dy 128) at batch 1 and 8 (the tensor-core form's 32
+// and 16 splits), a short list and one split (partials written without a combine of several);
+// clusters of 1, 2 and 4 blocks (Dv 64, 128, 256) at odd Dy; 32 sequences. With and without the
+// gate, the gate a strided view.
+TEST(FusedSparseAttention, FoldedAbsorptionMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  struct FoldCase {
+    Case c;
+    int64_t Dy;
+  };
+  const std::vector<FoldCase> cases{
+      {{1, 16, 1, 576, 512, 3000, 2048, true}, 128},  // lt2-gdn-dsa-1.3b, batch 1
+      {{8, 16, 1, 576, 512, 2100, 2048, true}, 128},  // ... batch 8
+      {{3, 16, 1, 576, 512, 500, 100, true}, 128},
+      {{2, 16, 1, 576, 512, 40, 12, true}, 128},      // one split
+      {{3, 6, 2, 64, 64, 50, 20, false}, 40},         // a cluster of one block
+      {{5, 4, 1, 128, 128, 200, 37, false}, 24},      // two blocks
+      {{32, 8, 1, 256, 256, 300, 64, false}, 128},    // four blocks, 32 sequences
+  };
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const auto& [c, Dy] = cases[i];
+      if (dt == torch::kFloat16 && i % 2 != 0) continue;
+      for (bool gated : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << dt << " B" << c.B << " Hq" << c.Hq << " Hkv" << c.Hkv << " Dk" << c.Dk
+                                          << " Dv" << c.Dv << " n" << c.n << " Dy" << Dy << (gated ? " gated" : ""));
+        torch::manual_seed(static_cast<uint64_t>(500 * i + c.n + gated));
+        auto in = make_inputs(c, dt);
+        poison_unselected(in.k, in.indices, in.counts);
+        if (!c.latent) poison_unselected(in.v, in.indices, in.counts);
+        const auto absorb =
+            (torch::randn({c.Hq, Dy, c.Dv}, gpu(torch::kFloat32)) / std::sqrt(static_cast<double>(c.Dv))).to(dt);
+        const auto gate = gated ? (torch::randn({c.B, c.Hq, Dy + 8}, gpu(torch::kFloat32)) * 2).to(dt).narrow(2, 4, Dy)
+                                : Tensor();
+        ASSERT_TRUE(ops::sparse_attention_absorb_supported(in.q, in.k, in.v, absorb, gate));
+        auto y = ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale, absorb, gate);
+        EXPECT_EQ(y.sizes(), torch::IntArrayRef({c.B, c.Hq, Dy}));
+        EXPECT_TRUE(torch::isfinite(y).all().item<bool>()) << "a NaN row was read or an output left unwritten";
+        EXPECT_LT(rel_err(y, reference64(in, absorb, gate)), tolerance(dt));
+        auto o = ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale);
+        Tensor unfolded;
+        if (ops::gemv_batched_applies(o, absorb, gate)) {
+          unfolded = torch::empty_like(y);
+          ops::gemv_batched(o, absorb, unfolded, gate);
+        } else {
+          unfolded = torch::einsum("bhc,hjc->bhj", {o.to(torch::kFloat32), absorb.to(torch::kFloat32)});
+          if (gated) unfolded = unfolded * torch::sigmoid(gate.to(torch::kFloat32));
+        }
+        EXPECT_LT(rel_err(y, unfolded), tolerance(dt)) << "against the unfolded path";
+      }
+    }
+}
+
 TEST(FusedSparseAttention, Unsupported) {
   REQUIRE_FUSED_DECODE();
   auto q = torch::randn({2, 4, 96}, gpu(torch::kBFloat16));
@@ -270,6 +327,19 @@ TEST(FusedSparseAttention, Unsupported) {
   auto k1 = torch::randn({1, 1, 10, 64}, gpu(torch::kBFloat16));
   EXPECT_THROW(ops::sparse_attention_decode(q1, k1, k1, idx.to(torch::kInt32), cnt, 1.0), lt2::Error);
   EXPECT_THROW(ops::sparse_attention_decode(q1, k1, k1, idx, cnt.cpu(), 1.0), lt2::Error);
+  // The folded absorption: absorb [Hq, Dy, Dv], gate [B, Hq, Dy], Dy <= 128, Dv a multiple of 64.
+  auto absorb = torch::randn({4, 32, 64}, gpu(torch::kBFloat16));
+  EXPECT_TRUE(ops::sparse_attention_absorb_supported(q1, k1, k1, absorb));
+  EXPECT_FALSE(ops::sparse_attention_absorb_supported(q1, k1, k1, torch::randn({4, 129, 64}, gpu(torch::kBFloat16))));
+  EXPECT_FALSE(ops::sparse_attention_absorb_supported(q1, k1, k1, absorb.transpose(1, 2).contiguous().transpose(1, 2)));
+  EXPECT_THROW(ops::sparse_attention_decode(q1, k1, k1, idx, cnt, 1.0, torch::randn({4, 32, 63}, gpu(torch::kBFloat16))),
+               lt2::Error);
+  EXPECT_THROW(ops::sparse_attention_decode(q1, k1, k1, idx, cnt, 1.0, absorb, torch::randn({1, 4, 31}, gpu(torch::kBFloat16))),
+               lt2::Error);
+  EXPECT_THROW(ops::sparse_attention_decode(q1, k1, k1, idx, cnt, 1.0, {}, torch::randn({1, 4, 32}, gpu(torch::kBFloat16))),
+               lt2::Error);  // a gate without absorb
+  auto q96 = torch::randn({1, 4, 96}, gpu(torch::kBFloat16)), k96 = torch::randn({1, 1, 10, 96}, gpu(torch::kBFloat16));
+  EXPECT_FALSE(ops::sparse_attention_absorb_supported(q96, k96, k96, torch::randn({4, 32, 96}, gpu(torch::kBFloat16))));
 }
 
 #ifdef LT2_WITH_CUDA
@@ -307,6 +377,35 @@ TEST(FusedSparseAttention, GraphReplayWithNewSelection) {
       EXPECT_TRUE(torch::equal(out, eager)) << "replay " << replay;
       EXPECT_LT(rel_err(out, reference64(in)), tolerance(dt)) << "replay " << replay;
     }
+  }
+}
+
+// The folded absorption captured once, replayed with new selections, queries and gates: equals the
+// eager call.
+TEST(FusedSparseAttention, FoldedAbsorptionGraphReplay) {
+  REQUIRE_FUSED_DECODE();
+  const Case c{8, 16, 1, 576, 512, 2100, 2048, true};
+  torch::manual_seed(13);
+  auto in = make_inputs(c, torch::kBFloat16);
+  const auto absorb = torch::randn({c.Hq, 128, c.Dv}, gpu(torch::kBFloat16)) / std::sqrt(static_cast<double>(c.Dv));
+  auto gate = torch::randn({c.B, c.Hq, 128}, gpu(torch::kBFloat16));
+  c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+  auto call = [&] { return ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale, absorb, gate); };
+  call();
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  auto y = call();
+  graph.capture_end();
+  for (int replay = 0; replay < 3; ++replay) {
+    auto [indices, counts] = random_selection(c.B, c.L, c.n);
+    in.indices.copy_(indices), in.counts.copy_(counts);
+    in.q.copy_(torch::randn(in.q.sizes(), gpu(torch::kBFloat16)));
+    gate.copy_(torch::randn_like(gate));
+    graph.replay();
+    auto eager = call();
+    torch::cuda::synchronize();
+    EXPECT_TRUE(torch::equal(y, eager)) << "replay " << replay;
+    EXPECT_LT(rel_err(y, reference64(in, absorb, gate)), tolerance(torch::kBFloat16)) << "replay " << replay;
   }
 }
 

@@ -66,6 +66,8 @@ void topk_select(const TopkSelectParams& p, void* stream);
 //   index_w[b, j]         = index_w_raw[b, j] * index_weight_scale                         (fp32)
 //   index_keys[b, t, :]   = RoPE_half on the first r dims of LayerNorm(index_k_raw[b])
 //   seq_lens[b] = t + 1,  counts[b] = min(t + 1, topk)      (what the index top-k and the attention take)
+// and, with absorb_w (the q absorption, else a separate batched GEMV's), for every head h:
+//   q[b, h, :d_c]         = q_raw[b, h, :D] absorb_w[h]^T       (absorb_w [H, d_c, D]: W_uk transposed)
 // RMSNorm: x rsqrt(mean(x^2) + eps) * kv_norm_weight; LayerNorm: (x - mean) rsqrt(var + eps) *
 // weight + bias (biased variance), both in fp32. RoPE (model/rope.h) on n dims at position t:
 // pair i (i < n/2) rotates by t * theta^(-2i/n), the angle and its cos/sin in float64; pairs are
@@ -83,6 +85,7 @@ struct DsaLatentPrepParams {
   const void* kv_norm_weight;         // [d_c]
   const void* index_norm_weight;      // [d_I]
   const void* index_norm_bias;        // [d_I]
+  const void* absorb_w;               // [H, d_c, D] contiguous, 16-byte aligned, or nullptr (q[:, :, :d_c] unwritten)
   void* q;                            // [B, H, d_c + d_r] contiguous
   void* k_cache;                      // [B, max_len, d_c + d_r], rows k_row_stride apart
   int64_t k_batch_stride, k_row_stride;
@@ -106,6 +109,15 @@ struct DsaLatentPrepParams {
 constexpr bool dsa_latent_prep_supported(int batch, int rope_dim, int index_head_dim, int index_rope_dim) {
   return batch >= 1 && batch <= 65535 && rope_dim % 2 == 0 && index_rope_dim % 2 == 0 && index_rope_dim >= 0 &&
          index_rope_dim <= index_head_dim && index_head_dim <= kDsaIndexMaxHeadDim;
+}
+// The q absorption's limits: at most kDsaAbsorbMaxRows sequences, head dims D of at most
+// kDsaAbsorbMaxDim that fill whole 16-byte vectors (a work unit holds its 64 weight rows and every
+// sequence's q_nope in shared memory).
+constexpr int kDsaAbsorbMaxRows = 32;
+constexpr int kDsaAbsorbMaxDim = 128;
+constexpr bool dsa_latent_prep_absorb_supported(int batch, int head_dim, int element_bytes) {
+  return batch >= 1 && batch <= kDsaAbsorbMaxRows && head_dim >= 1 && head_dim <= kDsaAbsorbMaxDim &&
+         head_dim * element_bytes % 16 == 0;
 }
 void dsa_latent_prep(const DsaLatentPrepParams& p, void* stream);
 

@@ -44,7 +44,16 @@ struct SparseAttentionDecodeParams {
   float* partial_lse;     // [B, Hq, splits] workspace, base-2 log-sum-exp of each split
   int batch, q_heads, kv_heads, head_dim_k, head_dim_v, max_len, n, num_splits;
   float scale;
-  DType dtype;  // of q, the caches and out
+  DType dtype;  // of q, the caches, out, absorb_w, gate and y
+  // The latent form's output absorption folded into the combine (absorb_w set; out unused):
+  //   y[b, h, :] = (out[b, h, :] absorb_w[h]^T) * sigmoid(gate[b, h, :])   (no sigmoid without gate)
+  // from the splits' fp32 partials, out never rounded, y rounded once. The splits then leave
+  // partials even when there is one, so the workspace holds at least one split.
+  const void* absorb_w = nullptr;  // [Hq, Dy, Dv] contiguous, 16-byte aligned (W_uv transposed)
+  const void* gate = nullptr;      // [B, Hq, Dy] with a contiguous last dim, or nullptr
+  int64_t gate_batch_stride = 0, gate_head_stride = 0;
+  void* y = nullptr;               // [B, Hq, Dy] contiguous
+  int absorb_dim = 0;              // Dy
 };
 
 // (Dk, Dv) pairs with a kernel instance: (64, 64), (128, 128), (256, 256) and the latent
@@ -55,6 +64,16 @@ inline bool sparse_attention_decode_supported(int head_dim_k, int head_dim_v, in
                      (head_dim_k == 64 || head_dim_k == 128 || head_dim_k == 256)) ||
                     (head_dim_k == 576 && head_dim_v == 512);
   return dims && groups >= 1 && groups <= kSparseAttentionMaxGroups;
+}
+
+// Whether the combine can fold the output absorption in: at most kSparseAbsorbMaxRows sequences,
+// Dv a multiple of 64 of at most 512 (a cluster of Dv / 64 blocks per head, each contracting 64 of
+// o's dims), 1 <= Dy <= kSparseAbsorbMaxDim (a thread per output dim).
+constexpr int kSparseAbsorbMaxRows = 32;
+constexpr int kSparseAbsorbMaxDim = 128;
+constexpr bool sparse_attention_absorb_supported(int batch, int head_dim_v, int absorb_dim) {
+  return batch >= 1 && batch <= kSparseAbsorbMaxRows && head_dim_v % 64 == 0 && head_dim_v >= 64 &&
+         head_dim_v <= 512 && absorb_dim >= 1 && absorb_dim <= kSparseAbsorbMaxDim;
 }
 
 // Splits of the index list for these shapes on CUDA device `device` (n = indices' row length,

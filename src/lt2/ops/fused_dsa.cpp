@@ -92,6 +92,30 @@ std::string prep_shape_problem(const DsaLatentPrepArgs& a) {
   if (a.topk < 1) return cat("topk must be >= 1, found ", a.topk);
   if (a.index_rope_dim < 0 || a.index_rope_dim > dI || a.index_rope_dim % 2 != 0)
     return cat("index_rope_dim must be even and in [0, ", dI, "], found ", a.index_rope_dim);
+  if (a.absorb.defined() && a.absorb.sizes() != torch::IntArrayRef({H, dc, a.q_raw.size(2) - dr}))
+    return cat("absorb must be [H, d_c, D] = [", H, ", ", dc, ", ", a.q_raw.size(2) - dr, "], found ", a.absorb.sizes());
+  return "";
+}
+
+// Why the prep kernel cannot fold the q absorption `absorb` in (empty when it can).
+std::string absorb_problem(const Tensor& q_raw, const Tensor& q, const Tensor& absorb) {
+  if (!q_raw.defined() || !q.defined() || !absorb.defined()) return "q_raw, q and absorb must be defined";
+  if (q_raw.dim() != 3 || q.dim() != 3 || absorb.dim() != 3 || absorb.size(0) != q_raw.size(1) ||
+      q_raw.size(2) - absorb.size(2) != q.size(2) - absorb.size(1))
+    return cat("q_raw must be [B, H, D + d_r], q [B, H, d_c + d_r] and absorb [H, d_c, D], found ", q_raw.sizes(),
+               ", ", q.sizes(), ", ", absorb.sizes());
+  if (!q_raw.is_cuda() || absorb.device() != q_raw.device() || absorb.scalar_type() != q_raw.scalar_type() ||
+      !kernel_dtype_ok(q_raw.scalar_type()))
+    return cat("absorb must be ", q_raw.scalar_type(), " on ", q_raw.device(), " like q_raw (a CUDA tensor of float32, "
+               "bfloat16 or float16), found ", absorb.scalar_type(), " on ", absorb.device());
+  if (!absorb.is_contiguous() || reinterpret_cast<uintptr_t>(absorb.data_ptr()) % 16 != 0)
+    return "absorb must be contiguous and 16-byte aligned";
+  const int64_t B = q_raw.size(0), D = absorb.size(2);
+  if (!kernels::dsa_latent_prep_absorb_supported(static_cast<int>(std::min<int64_t>(B, INT32_MAX)),
+                                                 static_cast<int>(std::min<int64_t>(D, INT32_MAX)),
+                                                 static_cast<int>(q_raw.element_size())))
+    return cat("batch ", B, " and head dim ", D, ": the folded absorption takes 1..", kernels::kDsaAbsorbMaxRows,
+               " sequences and head dims of at most ", kernels::kDsaAbsorbMaxDim, " filling whole 16-byte vectors");
   return "";
 }
 
@@ -100,6 +124,10 @@ std::string prep_shape_problem(const DsaLatentPrepArgs& a) {
 #endif
 
 }  // namespace
+
+bool dsa_latent_prep_absorb_supported(const Tensor& q_raw, const Tensor& q, const Tensor& absorb) {
+  return fused_decode_available() && absorb_problem(q_raw, q, absorb).empty();
+}
 
 bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t k) {
   return fused_decode_available() && index_problem(q, index_keys).empty() && k >= 1 && k <= index_keys.size(1);
@@ -209,6 +237,10 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
                 L <= INT32_MAX,
             op, ": batch ", B, " (at most 65535), index head dim ", dI, " (at most ", kernels::kDsaIndexMaxHeadDim,
             "), cache length ", L);
+  if (a.absorb.defined()) {
+    const auto absorb = absorb_problem(a.q_raw, a.q, a.absorb);
+    LT2_CHECK(absorb.empty(), op, ": ", absorb);
+  }
 #ifdef LT2_WITH_CUDA
   c10::cuda::CUDAGuard guard(device);
   // The norm weights in the activation dtype (no copy when they already are).
@@ -223,6 +255,7 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
   p.index_w_raw_stride = a.index_w_raw.stride(0);
   p.seq_pos = pos.data_ptr<int64_t>();
   p.kv_norm_weight = g_kv.data_ptr(), p.index_norm_weight = g_ik.data_ptr(), p.index_norm_bias = b_ik.data_ptr();
+  p.absorb_w = a.absorb.defined() ? a.absorb.data_ptr() : nullptr;
   p.q = a.q.data_ptr();
   p.k_cache = a.k_cache.data_ptr(), p.k_batch_stride = a.k_cache.stride(0), p.k_row_stride = a.k_cache.stride(2);
   p.index_q = a.index_q.data_ptr(), p.index_w = a.index_w.data_ptr<float>();
@@ -297,6 +330,8 @@ void dsa_latent_prep_reference(const DsaLatentPrepArgs& a) {
     a.index_keys[b][t].copy_(key);
   }
   a.q.narrow(-1, dc, dr).copy_(q_rope);
+  if (a.absorb.defined())
+    a.q.narrow(-1, 0, dc).copy_(torch::einsum("bhd,hcd->bhc", {q_raw.narrow(-1, 0, D), f64(a.absorb)}));
   a.index_q.copy_(index_q);
   a.index_w.copy_(index_w);
   a.seq_lens.copy_(pos + 1);

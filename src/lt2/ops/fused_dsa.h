@@ -44,7 +44,8 @@ bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t
 
 // The latent form's decode step between its packed input projection and its attention
 // (kernels::dsa_latent_prep has the math), for sequence b at position t = seq_pos[b]: RoPE of q's
-// rope dims into q[:, :, d_c:] (q[:, :, :d_c] is not written: the absorbed q_nope W_uk goes there),
+// rope dims into q[:, :, d_c:], with `absorb` the absorbed q_nope W_uk into q[:, :, :d_c] (without
+// it that part is not written: a separate product fills it),
 // the latent key row [RMSNorm(c) | RoPE(k_r)] into k_cache[b, 0, t], the index queries (RoPE_half
 // on their first index_rope_dim dims) into index_q, the scaled index weights into index_w, and the
 // index key (LayerNorm, then RoPE_half) into index_keys[b, t], and the lengths t + 1 and
@@ -60,6 +61,8 @@ struct DsaLatentPrepArgs {
   Tensor seq_pos;      // [B] int64
   Tensor kv_norm_weight;                      // [d_c]
   Tensor index_norm_weight, index_norm_bias;  // [d_I]
+  // [H, d_c, D] contiguous (W_uk transposed, wk_b_t), or undefined: q[b, h, :d_c] = q_raw[b, h, :D] absorb[h]^T
+  Tensor absorb;
   double kv_norm_eps = 1e-5, index_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeStyle rope_style = RopeStyle::Interleaved;  // of q's and the latent key's rope dims
@@ -76,11 +79,17 @@ struct DsaLatentPrepArgs {
   Tensor counts;      // [B] int64: min(seq_pos + 1, topk)
 };
 // The fused kernel: CUDA tensors on one device, every non-fp32 output and input in one kernel
-// dtype (the norm weights are cast to it), d_I <= kernels::kDsaIndexMaxHeadDim. One launch; no
-// host read of seq_pos, so a captured graph replays with new positions.
+// dtype (the norm weights are cast to it), d_I <= kernels::kDsaIndexMaxHeadDim; `absorb` only
+// where dsa_latent_prep_absorb_supported. One launch; no host read of seq_pos, so a captured graph
+// replays with new positions.
 void dsa_latent_prep(const DsaLatentPrepArgs& args);
+// Whether the kernel takes `absorb` for q_raw [B, H, D + d_r] (d_c + d_r from q's last dim):
+// [H, d_c, D] contiguous, 16-byte aligned, in q_raw's dtype on its CUDA device, at most
+// kernels::kDsaAbsorbMaxRows sequences, D <= kernels::kDsaAbsorbMaxDim filling whole 16-byte
+// vectors. Where it does not, q[:, :, :d_c] takes a separate product (gemv_batched).
+bool dsa_latent_prep_absorb_supported(const Tensor& q_raw, const Tensor& q, const Tensor& absorb);
 // The same math written plainly in float64 on the CPU (reads seq_pos on the host), results copied
-// into the outputs (any device and floating dtype): q[:, :, :d_c] is left as it is.
+// into the outputs (any device and floating dtype): q[:, :, :d_c] only with `absorb`.
 void dsa_latent_prep_reference(const DsaLatentPrepArgs& args);
 
 }  // namespace lt2::ops

@@ -72,20 +72,61 @@ std::string kernel_problem(const Tensor& q, const Tensor& k, const Tensor& v) {
   return "";
 }
 
+// Why absorb and gate do not fit q and v (empty when they do); any device.
+std::string absorb_shape_problem(const Tensor& q, const Tensor& v, const Tensor& absorb, const Tensor& gate) {
+  const int64_t B = q.size(0), Hq = q.size(1), Dv = v.size(3);
+  if (absorb.dim() != 3 || absorb.size(0) != Hq || absorb.size(2) != Dv)
+    return cat("absorb must be [Hq, Dy, Dv] = [", Hq, ", Dy, ", Dv, "], found ", absorb.sizes());
+  if (gate.defined() && (gate.sizes() != torch::IntArrayRef({B, Hq, absorb.size(1)}) || gate.stride(-1) != 1))
+    return cat("gate must be [B, Hq, Dy] = [", B, ", ", Hq, ", ", absorb.size(1), "] with a contiguous last dim, found ",
+               gate.sizes());
+  for (const Tensor* t : {&absorb, &gate})
+    if (t->defined() && (t->scalar_type() != q.scalar_type() || t->device() != q.device()))
+      return cat("absorb and gate must be ", q.scalar_type(), " on ", q.device(), " like q, found ", t->scalar_type(),
+                 " on ", t->device());
+  return "";
+}
+
+// Why the combine cannot fold absorb and gate in (empty when it can).
+std::string absorb_problem(const Tensor& q, const Tensor& v, const Tensor& absorb, const Tensor& gate) {
+  if (auto problem = absorb_shape_problem(q, v, absorb, gate); !problem.empty()) return problem;
+  if (!absorb.is_contiguous() || reinterpret_cast<uintptr_t>(absorb.data_ptr()) % 16 != 0)
+    return "absorb must be contiguous and 16-byte aligned";
+  const int64_t B = q.size(0), Dv = v.size(3), Dy = absorb.size(1);
+  if (!kernels::sparse_attention_absorb_supported(static_cast<int>(std::min<int64_t>(B, INT32_MAX)),
+                                                  static_cast<int>(Dv), static_cast<int>(std::min<int64_t>(Dy, INT32_MAX))))
+    return cat("batch ", B, ", Dv ", Dv, ", Dy ", Dy, ": the folded absorption takes 1..", kernels::kSparseAbsorbMaxRows,
+               " sequences, Dv a multiple of 64 up to 512 and 1..", kernels::kSparseAbsorbMaxDim, " output dims");
+  return "";
+}
+
 }  // namespace
+
+bool sparse_attention_absorb_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                       const Tensor& absorb, const Tensor& gate) {
+  return sparse_attention_decode_supported(q, k_cache, v_cache) && absorb.defined() &&
+         absorb_problem(q, v_cache, absorb, gate).empty();
+}
 
 bool sparse_attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache) {
   return fused_decode_available() && kernel_problem(q, k_cache, v_cache).empty();
 }
 
 Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               const Tensor& indices, const Tensor& counts, double scale) {
+                               const Tensor& indices, const Tensor& counts, double scale, const Tensor& absorb,
+                               const Tensor& gate) {
   const char* op = "sparse_attention_decode";
   if (!fused_decode_available()) no_cuda(op);
   const auto problem = kernel_problem(q, k_cache, v_cache);
   LT2_CHECK(problem.empty(), op, ": ", problem);
   const auto selection = selection_problem(q, indices, counts);
   LT2_CHECK(selection.empty(), op, ": ", selection);
+  LT2_CHECK(absorb.defined() || !gate.defined(), op, ": a gate needs absorb");
+  const bool absorbing = absorb.defined();
+  if (absorbing) {
+    const auto folding = absorb_problem(q, v_cache, absorb, gate);
+    LT2_CHECK(folding.empty(), op, ": ", folding);
+  }
   LT2_CHECK(indices.size(1) <= std::numeric_limits<int>::max(), op, ": ", indices.size(1),
             " indices per sequence out of range");
 #ifdef LT2_WITH_CUDA
@@ -97,8 +138,11 @@ Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
   const int splits = kernels::sparse_attention_decode_num_splits(
       static_cast<int>(B), static_cast<int>(Hkv), static_cast<int>(Hq / Hkv), static_cast<int>(n),
       q.device().index());
-  auto out = torch::empty({B, Hq, Dv}, q.options().memory_format(torch::MemoryFormat::Contiguous));
-  const SplitWorkspace partial(B, Hq, splits, Dv, q.options());
+  auto out = torch::empty({B, Hq, absorbing ? absorb.size(1) : Dv},  // y or o
+                          q.options().memory_format(torch::MemoryFormat::Contiguous));
+  // The folded absorption reads the partials even of one split (for which SplitWorkspace holds
+  // none: room for two then).
+  const SplitWorkspace partial(B, Hq, absorbing ? std::max(splits, 2) : splits, Dv, q.options());
   kernels::SparseAttentionDecodeParams p{};
   p.q = qc.data_ptr();
   p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1);
@@ -107,7 +151,12 @@ Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
   p.v_batch_stride = v_cache.stride(0), p.v_head_stride = v_cache.stride(1), p.v_row_stride = v_cache.stride(2);
   p.indices = idx.data_ptr<int64_t>();
   p.counts = cnt.data_ptr<int64_t>();
-  p.out = out.data_ptr();
+  if (absorbing) {
+    p.absorb_w = absorb.data_ptr(), p.y = out.data_ptr(), p.absorb_dim = static_cast<int>(absorb.size(1));
+    if (gate.defined()) p.gate = gate.data_ptr(), p.gate_batch_stride = gate.stride(0), p.gate_head_stride = gate.stride(1);
+  } else {
+    p.out = out.data_ptr();
+  }
   p.partial_out = partial.out_ptr(), p.partial_lse = partial.lse_ptr();
   p.batch = B, p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim_k = Dk, p.head_dim_v = Dv;
   p.max_len = L, p.n = n, p.num_splits = splits;
@@ -121,9 +170,15 @@ Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
 }
 
 Tensor sparse_attention_decode_reference(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                         const Tensor& indices, const Tensor& counts, double scale) {
+                                         const Tensor& indices, const Tensor& counts, double scale,
+                                         const Tensor& absorb, const Tensor& gate) {
   for (const auto& problem : {cache_problem(q, k_cache, v_cache), selection_problem(q, indices, counts)})
     LT2_CHECK(problem.empty(), "sparse_attention_decode_reference: ", problem);
+  LT2_CHECK(absorb.defined() || !gate.defined(), "sparse_attention_decode_reference: a gate needs absorb");
+  if (absorb.defined()) {
+    const auto problem = absorb_shape_problem(q, v_cache, absorb, gate);
+    LT2_CHECK(problem.empty(), "sparse_attention_decode_reference: ", problem);
+  }
   const int64_t B = q.size(0), Hq = q.size(1), Dk = q.size(2), Hkv = k_cache.size(1), L = k_cache.size(2);
   const int64_t Dv = v_cache.size(3), n = indices.size(1);
   auto used = torch::arange(n, indices.options()).unsqueeze(0) < counts.unsqueeze(1);  // [B, n]
@@ -135,8 +190,12 @@ Tensor sparse_attention_decode_reference(const Tensor& q, const Tensor& k_cache,
   auto qg = q.reshape({B, Hkv, Hq / Hkv, Dk}).to(accum_dtype(q));  // the G query heads of each kv head
   auto scores = torch::matmul(qg, gather(k_cache).transpose(2, 3)) * scale;  // [B, Hkv, G, n]
   scores = scores.masked_fill(~used.view({B, 1, 1, n}), -std::numeric_limits<double>::infinity());
-  auto out = torch::matmul(torch::softmax(scores, -1), gather(v_cache));  // [B, Hkv, G, Dv]
-  return out.reshape({B, Hq, Dv}).to(q.scalar_type());
+  auto out = torch::matmul(torch::softmax(scores, -1), gather(v_cache)).reshape({B, Hq, Dv});
+  if (absorb.defined()) {
+    out = torch::einsum("bhc,hjc->bhj", {out, absorb.to(accum_dtype(q))});  // [B, Hq, Dy]
+    if (gate.defined()) out = out * torch::sigmoid(gate.to(accum_dtype(q)));
+  }
+  return out.to(q.scalar_type());
 }
 
 }  // namespace lt2::ops

@@ -25,16 +25,28 @@ using torch::Tensor;
 // and 16-byte aligned (any batch, head and row strides); indices and counts on q's device. The
 // split count depends on the shapes only, so a captured graph replays with new counts, indices
 // and queries.
+//
+// With `absorb` (DSA's latent form: W_uv transposed, [Hq, Dy, Dv]) the output absorption and the
+// gate are folded into the splits' combine, and it returns y [B, Hq, Dy] in q's dtype:
+//   y[b, h] = (out[b, h] absorb[h]^T) * sigmoid(gate[b, h])   (gate [B, Hq, Dy], or no gate)
+// out in fp32, never rounded; y rounded once. Only where sparse_attention_absorb_supported.
 Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               const Tensor& indices, const Tensor& counts, double scale);
+                               const Tensor& indices, const Tensor& counts, double scale,
+                               const Tensor& absorb = {}, const Tensor& gate = {});
 // Whether sparse_attention_decode takes these tensors (the CUDA kernels are built, device,
 // dtypes, head dims, groups, cache alignment).
 bool sparse_attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
+// Whether it also folds in `absorb` (and `gate`): [Hq, Dy, Dv] contiguous and 16-byte aligned, gate
+// [B, Hq, Dy] with a contiguous last dim, both in q's dtype on its device; at most
+// kernels::kSparseAbsorbMaxRows sequences, Dv a multiple of 64 up to 512, Dy <= kSparseAbsorbMaxDim.
+bool sparse_attention_absorb_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                       const Tensor& absorb, const Tensor& gate = {});
 
 // The same math in libtorch ops on any device and floating dtype: gather the selected rows, masked
-// softmax and both products in fp32 (float64 for float64 inputs), output in q's dtype. Entries
-// past counts[b] are never gathered.
+// softmax and both products in fp32 (float64 for float64 inputs), then (with `absorb`) the
+// absorption and the gate, output in q's dtype. Entries past counts[b] are never gathered.
 Tensor sparse_attention_decode_reference(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                         const Tensor& indices, const Tensor& counts, double scale);
+                                         const Tensor& indices, const Tensor& counts, double scale,
+                                         const Tensor& absorb = {}, const Tensor& gate = {});
 
 }  // namespace lt2::ops

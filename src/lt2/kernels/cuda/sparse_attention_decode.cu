@@ -12,8 +12,9 @@
 //      keys (key groups, merged in shared memory at the end when there are several).
 // Every selected row is read from global memory once per kv head and used by all G query heads of
 // the block. The splits' (max, sum, acc) partials are merged by the combine kernel
-// (split_combine.cuh). The split count depends only on the shapes, the counts and indices are read
-// on the device, so a captured graph replays with new ones.
+// (split_combine.cuh), or, with DSA's output absorption folded in, by absorb_combine_kernel
+// (below). The split count depends only on the shapes, the counts and indices are read on the
+// device, so a captured graph replays with new ones.
 //
 // Floor. Bytes: B Hkv n (Dk + Dv, or Dk when the values alias the keys) x dtype size. DSA's latent
 // preset (B 8, n 2048, one kv head of 576 bf16 dims, aliased) reads 18.9 MB: 4.5 us at 4.2 TB/s;
@@ -37,6 +38,8 @@
 //     rows into 128 one-tile splits (at batch 8, 32 splits of four tiles); the GQA form runs 16 kv
 //     heads x 66 splits of two tiles.
 #include "lt2/kernels/sparse_attention_decode.h"
+
+#include <cooperative_groups.h>
 
 #include <atomic>
 
@@ -110,6 +113,12 @@ struct SparseShape {
   }
 };
 
+// Whether the splits leave fp32 partials for a combine (several splits, or the folded output
+// absorption) instead of writing out.
+__device__ __forceinline__ bool writes_partials(const SparseAttentionDecodeParams& p) {
+  return p.num_splits > 1 || p.absorb_w != nullptr;
+}
+
 // 16 bytes from global to shared memory without a register round trip; read = false zero-fills
 // the destination without touching `src` (a key past the split's end).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool read) {
@@ -155,16 +164,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int start = min(split * chunk, count), end = min(start + chunk, count);
   const int64_t row0 = static_cast<int64_t>(b) * p.q_heads + hkv * G;  // output row of head 0
   T* out = static_cast<T*>(p.out);
-  // Output element d of head g (g < G): the final value with one split, else this split's partial.
+  const bool partials = writes_partials(p);
+  // Output element d of head g (g < G): this split's partial, or the final value.
   auto store = [&](int g, int d, float value) {
     const int64_t row = row0 + g;
-    if (S == 1) out[row * DV + d] = from_float<T>(value);
-    else p.partial_out[(row * S + split) * DV + d] = value;
+    if (partials) p.partial_out[(row * S + split) * DV + d] = value;
+    else out[row * DV + d] = from_float<T>(value);
   };
 
   if (start >= end) {  // nothing to attend: an empty partial (weight 0 in the combine)
     for (int i = tid; i < G * DV; i += kThreads) store(i / DV, i % DV, 0.f);
-    if (S > 1 && tid < G) p.partial_lse[(row0 + tid) * S + split] = -INFINITY;
+    if (partials && tid < G) p.partial_lse[(row0 + tid) * S + split] = -INFINITY;
     return;
   }
 
@@ -407,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       store(g, d, a / s_sum[g]);
     }
   }
-  if (S > 1 && tid < G) p.partial_lse[(row0 + tid) * S + split] = s_max[tid] + log2f(s_sum[tid]);
+  if (partials && tid < G) p.partial_lse[(row0 + tid) * S + split] = s_max[tid] + log2f(s_sum[tid]);
 }
 
 template <typename T, int DK, int DV, int GMAX>
@@ -534,16 +544,17 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
   const int start = min(split * chunk, count), end = min(start + chunk, count);
   const int64_t row0 = static_cast<int64_t>(b) * p.q_heads + hkv * kHeads;  // output row of head 0
   T* out = static_cast<T*>(p.out);
+  const bool partials = writes_partials(p);
   // Output elements d, d + 1 (d even) of head h.
   auto store2 = [&](int h, int d, float x, float y) {
     const int64_t row = row0 + h;
-    if (S == 1) *reinterpret_cast<uint32_t*>(out + row * kDv + d) = pack2<T>(x, y);
-    else *reinterpret_cast<float2*>(p.partial_out + (row * S + split) * kDv + d) = make_float2(x, y);
+    if (partials) *reinterpret_cast<float2*>(p.partial_out + (row * S + split) * kDv + d) = make_float2(x, y);
+    else *reinterpret_cast<uint32_t*>(out + row * kDv + d) = pack2<T>(x, y);
   };
 
   if (start >= end) {  // nothing to attend: an empty partial (weight 0 in the combine), or zeros
     for (int i = tid; i < kHeads * kDv / 2; i += kThreads) store2(i / (kDv / 2), 2 * (i % (kDv / 2)), 0.f, 0.f);
-    if (S > 1 && tid < kHeads) p.partial_lse[(row0 + tid) * S + split] = -INFINITY;
+    if (partials && tid < kHeads) p.partial_lse[(row0 + tid) * S + split] = -INFINITY;
     return;
   }
 
@@ -716,7 +727,102 @@ __global__ void __launch_bounds__(tc::kThreads, 1)
     store2(g, d, o[j][0] * inv_lo, o[j][1] * inv_lo);
     store2(g + 8, d, o[j][2] * inv_hi, o[j][3] * inv_hi);
   }
-  if (S > 1 && tid < kHeads) p.partial_lse[(row0 + tid) * S + split] = s_max[tid] + log2f(s_sum[tid]);
+  if (partials && tid < kHeads) p.partial_lse[(row0 + tid) * S + split] = s_max[tid] + log2f(s_sum[tid]);
+}
+
+// ---- The combine with the output absorption folded in (p.absorb_w; DSA's latent form).
+namespace absorb {
+constexpr int kThreads = 128;  // one per output dim (Dy <= kSparseAbsorbMaxDim)
+constexpr int kCols = 64;      // dims of o a block merges and contracts
+static_assert(kThreads >= kSparseAbsorbMaxDim, "a thread per output dim");
+
+// Shared memory: the block's merged o [B][kCols], its partial y [B][Dy], the splits' weights [B][S].
+size_t smem_bytes(const SparseAttentionDecodeParams& p, int splits) {
+  return sizeof(float) * p.batch * (static_cast<size_t>(splits) + kCols + p.absorb_dim);
+}
+}  // namespace absorb
+
+// Grid = (Dv / 64) x Hq blocks in clusters of Dv / 64 (at most 8), one cluster per head h; block r
+// owns o's dims [64 r, 64 r + 64):
+//   1. before the dependency wait, thread j loads absorb_w[h, j, 64 r ..] (no kernel writes it)
+//      into registers, so its round trip overlaps the end of the split kernel;
+//   2. the splits' weights w_s = 2^(lse_s - M) / sum_s' 2^(lse_s' - M), a warp per sequence
+//      (all zeros for a sequence whose splits are all empty);
+//   3. o[b, 64 r + c] = sum_s w_s partial[b, h, s, 64 r + c] for every sequence b, in shared memory;
+//   4. thread j: partial y[b, j] = sum_c o[b, 64 r + c] absorb_w[h, j, 64 r + c], in shared memory;
+//   5. after a cluster barrier, block r sums the cluster's partial y over its share of the (b, j)
+//      through distributed shared memory, applies the gate and rounds once.
+// Every weight and partial element is read once, the sums are in a fixed order.
+template <typename T>
+__global__ void __launch_bounds__(absorb::kThreads)
+    absorb_combine_kernel(const SparseAttentionDecodeParams p, const int num_splits) {
+  namespace cg = cooperative_groups;
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T)), kChunks = absorb::kCols / VEC;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank()), blocks = static_cast<int>(cluster.num_blocks());
+  const int h = blockIdx.x / blocks, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int B = p.batch, S = num_splits, Hq = p.q_heads, Dv = p.head_dim_v, Dy = p.absorb_dim;
+  const int c0 = rank * absorb::kCols;
+  uint4 w[kChunks];
+  if (tid < Dy) {
+    const uint4* row =
+        reinterpret_cast<const uint4*>(static_cast<const T*>(p.absorb_w) + (static_cast<int64_t>(h) * Dy + tid) * Dv + c0);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) w[i] = __ldg(row + i);
+  }
+  dependent_kernel_start();
+
+  extern __shared__ __align__(16) float s_absorb[];
+  float* s_o = s_absorb;                  // [B][kCols] (first: its float4 reads stay aligned)
+  float* s_y = s_o + B * absorb::kCols;   // [B][Dy]
+  float* s_w = s_y + B * Dy;              // [B][S]
+  for (int b = warp; b < B; b += absorb::kThreads / 32) {
+    const float* lse = p.partial_lse + (static_cast<int64_t>(b) * Hq + h) * S;
+    float m = -INFINITY;
+    for (int s = lane; s < S; s += 32) m = fmaxf(m, lse[s]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float total = 0.f;
+    for (int s = lane; s < S; s += 32) total += m == -INFINITY ? 0.f : exp2f(lse[s] - m);
+    total = warp_sum(total);
+    const float inv_total = total > 0.f ? 1.f / total : 0.f;
+    for (int s = lane; s < S; s += 32) s_w[b * S + s] = m == -INFINITY ? 0.f : exp2f(lse[s] - m) * inv_total;
+  }
+  __syncthreads();
+  for (int i = tid; i < B * absorb::kCols; i += absorb::kThreads) {
+    const int b = i / absorb::kCols, c = i % absorb::kCols;
+    const float* part = p.partial_out + (static_cast<int64_t>(b) * Hq + h) * S * Dv + c0 + c;
+    float acc = 0.f;
+    for (int s = 0; s < S; ++s) acc = fmaf(s_w[b * S + s], part[static_cast<int64_t>(s) * Dv], acc);
+    s_o[i] = acc;
+  }
+  __syncthreads();
+  if (tid < Dy) {
+    float wf[absorb::kCols];
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) unpack16<T>(w[i], wf + i * VEC);
+    for (int b = 0; b < B; ++b) {
+      const float* o = s_o + b * absorb::kCols;  // one address per warp: a broadcast
+      float acc = 0.f;
+#pragma unroll
+      for (int c = 0; c < absorb::kCols; c += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(o + c);
+        acc = fmaf(wf[c + 3], v.w, fmaf(wf[c + 2], v.z, fmaf(wf[c + 1], v.y, fmaf(wf[c], v.x, acc))));
+      }
+      s_y[b * Dy + tid] = acc;
+    }
+  }
+  cluster.sync();  // every block's partial y is complete and visible
+  const T* gate = static_cast<const T*>(p.gate);
+  T* y = static_cast<T*>(p.y);
+  for (int i = rank * absorb::kThreads + tid; i < B * Dy; i += blocks * absorb::kThreads) {
+    const int b = i / Dy, j = i % Dy;
+    float acc = 0.f;
+    for (int r = 0; r < blocks; ++r) acc += cluster.map_shared_rank(s_y, r)[i];
+    if (gate) acc *= sigmoid(to_float(gate[b * p.gate_batch_stride + h * p.gate_head_stride + j]));
+    y[(static_cast<int64_t>(b) * Hq + h) * Dy + j] = from_float<T>(acc);
+  }
+  cluster.sync();  // no block exits while another reads its partial y
 }
 
 // Whether p takes the tensor-core form (values alias the keys: `alias`).
@@ -775,6 +881,11 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
             ", a workspace when more than one)");
   LT2_CHECK(p.batch >= 0 && p.batch <= 65535 && p.kv_heads <= 65535, "sparse_attention_decode: batch ",
             p.batch, " and kv heads ", p.kv_heads, " must fit a grid dimension (at most 65535)");
+  LT2_CHECK(!p.absorb_w || (sparse_attention_absorb_supported(p.batch, p.head_dim_v, p.absorb_dim) && p.y &&
+                            p.partial_out && p.partial_lse),
+            "sparse_attention_decode: the folded output absorption takes 1..", kSparseAbsorbMaxRows,
+            " sequences, Dv a multiple of 64 up to 512 and 1..", kSparseAbsorbMaxDim, " output dims, with y and a "
+            "workspace; found batch ", p.batch, ", Dv ", p.head_dim_v, ", Dy ", p.absorb_dim);
   if (p.batch == 0) return;
   // The values are the keys' first Dv dims: read each row once.
   const bool alias = values_alias_keys(p);
@@ -801,7 +912,12 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
       }
       check_launch("sparse_attention_decode (splits)");
     }
-    if (run.num_splits > 1) {
+    if (p.absorb_w) {
+      const int blocks = p.head_dim_v / absorb::kCols;
+      launch_dependent("sparse_attention_decode (combine with the output absorption)", absorb_combine_kernel<T>,
+                       dim3(blocks * p.q_heads), dim3(absorb::kThreads), absorb::smem_bytes(p, run.num_splits), s,
+                       {cluster_launch(blocks)}, run, run.num_splits);
+    } else if (run.num_splits > 1) {
       // A block per 128 output dims of a row: at batch 1 the latent preset has only 16 rows.
       const dim3 grid(p.batch * p.q_heads, ceil_div(p.head_dim_v, kCombineThreads));
       launch_dependent("sparse_attention_decode (combine)", combine_splits_kernel<T, kSparseAttentionMaxSplits>,
