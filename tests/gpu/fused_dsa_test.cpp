@@ -7,13 +7,14 @@
 // reference (ops::dsa_latent_prep_reference) at several shapes, dtypes and RoPE styles, eagerly and
 // replayed from a graph with new positions, with the q absorption folded in (against the reference
 // and the prep + gemv_batched path); the latent DSA mixer's fused decode step (step and
-// step_residual) as accurate as its libtorch path. Skips where no CUDA GPU (or no CUDA kernels)
+// step_residual) as accurate as its libtorch path, folded == unfolded. Skips where no CUDA GPU (or no CUDA kernels)
 // is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -489,7 +490,8 @@ TEST(FusedDsa, LatentPrepGraphReplayWithNewPositions) {
 // ---------------------------------------------------------------------------------------------
 // The latent DSA mixer's fused decode step (packed input GEMV, dsa_latent_prep, absorptions, index
 // top-k, sparse attention, gate, wo) against its libtorch path, both measured against a float64
-// CPU copy of the same weights. The top-k (32) covers every valid key, so bf16 rounding cannot
+// CPU copy of the same weights, and with the absorptions folded (the default) against unfolded
+// (LT2_DSA_FOLD=0). The top-k (32) covers every valid key, so bf16 rounding cannot
 // flip the selection between the paths.
 
 namespace {
@@ -549,6 +551,11 @@ TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
         auto s_fused = copy(s, torch::kCUDA, dt), s_ref = copy(s, torch::kCUDA, dt);
         auto s_exact = copy(s, torch::kCPU, torch::kFloat64);
         auto y_fused = run(*m, *s_fused, x, true, residual).cpu();
+        setenv("LT2_DSA_FOLD", "0", 1);  // the absorptions as batched GEMVs
+        auto s_unfolded = copy(s, torch::kCUDA, dt);
+        auto y_unfolded = run(*m, *s_unfolded, x, true, residual).cpu();
+        unsetenv("LT2_DSA_FOLD");
+        EXPECT_LT(rel_err(y_fused, y_unfolded), tolerance(dt)) << "folded against unfolded absorptions";
         auto y_ref = run(*m, *s_ref, x, false, residual).cpu();
         auto y_exact = run(*exact, *s_exact, x.cpu().to(f64), false, residual);
         const double ref_err = rel_err(y_ref, y_exact), fused_err = rel_err(y_fused, y_exact);

@@ -10,6 +10,7 @@
 #include "lt2/ops/fused_dsa.h"
 #include "lt2/ops/fused_sparse_attention.h"
 #include "lt2/ops/sparse_attention.h"
+#include "lt2/util/env.h"
 
 namespace lt2 {
 
@@ -318,15 +319,28 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   a.seq_lens = torch::empty({B}, pos.seq_pos.options()), a.counts = torch::empty({B}, pos.seq_pos.options());
   const auto q_nope = a.q_raw.narrow(-1, 0, D);                                // [B, H, D]
   const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
-  // The absorptions' batched GEMVs (the second's x is o [B, H, d_c], shaped like q's latent part).
-  if (!ops::gemv_batched_applies(q_nope, wk_b_t) || !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate))
+  // The absorptions q_latent[b, h] = q_nope[b, h] wk_b[h] and y[b, h] = (o[b, h] wv_b[h]) *
+  // sigmoid(gate[b, h]) folded into the prep and the attention's combine where their kernels take
+  // them (LT2_DSA_FOLD=0: never, the A/B switch), else batched GEMVs (the second's x is o
+  // [B, H, d_c], shaped like q's latent part).
+  const bool fold = env_switch_on("LT2_DSA_FOLD");
+  const bool fold_q = fold && ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, wk_b_t);
+  const bool fold_o = fold && ops::sparse_attention_absorb_supported(a.q, s.k, v_cache, wv_b_t, gate);
+  if ((!fold_q && !ops::gemv_batched_applies(q_nope, wk_b_t)) ||
+      (!fold_o && !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate)))
     return std::nullopt;
+  if (fold_q) a.absorb = wk_b_t;
   ops::dsa_latent_prep(a);
-  ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));  // q_latent[b, h] = q_nope[b, h] wk_b[h]
-  auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);      // [B, k]
-  auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale());            // [B, H, d_c]
-  auto y = torch::empty({B, H, D}, x.options());
-  ops::gemv_batched(o, wv_b_t, y, gate);  // y[b, h] = (o[b, h] wv_b[h]) * sigmoid(gate[b, h])
+  if (!fold_q) ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));
+  auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);  // [B, k]
+  Tensor y;                                                                               // [B, H, D]
+  if (fold_o) {
+    y = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale(), wv_b_t, gate);
+  } else {
+    auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale());  // [B, H, d_c]
+    y = torch::empty({B, H, D}, x.options());
+    ops::gemv_batched(o, wv_b_t, y, gate);
+  }
   return PendingProjection{y.view({B, H * D}), wo, {}, residual ? x2 : Tensor()};
 }
 
