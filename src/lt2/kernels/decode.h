@@ -258,24 +258,14 @@ void gemv(const GemvParams& p, void* stream);
 // Chains of 2+ products share one self-resetting grid barrier per (device, stream), at most 64
 // streams per device; one product needs none. The launch is a programmatic dependent of the
 // kernel before it, whose writes the consumers wait for before reading x.
-// GDN prelude: the chain first runs a GDN decode step (gdn, register form; its (sequence, head)
-// units dealt to the blocks' consumer warps) whose y is product 0's x, then meets the grid
-// barrier. The producers stream product 0's weights meanwhile, and the step's own launch, ramp
-// and drain are gone: at batch 8 a separate step fills ~128 SMs, so the chain after it could not
-// start its blocks, nor stream, until the step had left them.
 constexpr int kGemvChainMaxProducts = 4;
 struct GemvChainParams {
   GemvParams product[kGemvChainMaxProducts];
   int products = 0;
-  bool gdn_prelude = false;
-  GdnDecodeParams gdn{};  // with gdn_prelude: gdn.y == product[0].x, gdn.batch rows of heads * V
 };
 // Empty when gemv_chain takes p on CUDA device `device` (sm_90, bf16 / fp16, K a multiple of 32,
 // x rows in shared memory, ...), else what does not fit.
 std::string gemv_chain_problem(const GemvChainParams& p, int device);
-// Empty when gemv_chain takes gdn as its prelude, as far as the step alone decides (register form,
-// K <= 96, V even, bf16 / fp16, an 8-byte aligned state), else what does not fit.
-std::string gemv_chain_prelude_problem(const GdnDecodeParams& gdn);
 void gemv_chain(const GemvChainParams& p, void* stream);
 
 }  // namespace lt2::kernels

@@ -82,8 +82,7 @@ RecurrentState* GatedDeltaNetImpl::fused_state(const Tensor& x, MixerState& stat
   return fused ? st : nullptr;
 }
 
-ops::GdnDecodeStep GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, const Positions& pos,
-                                                 RecurrentState& st) {
+Tensor GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, const Positions& pos, RecurrentState& st) {
   LT2_CHECK(pos.seq_pos.defined() || st.length == pos.start, kind(), " state holds ", st.length,
             " tokens but the call starts at position ", pos.start);
   ops::GdnDecodeArgs a;
@@ -98,9 +97,9 @@ ops::GdnDecodeStep GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, c
   a.num_heads = num_heads, a.head_k_dim = head_k_dim, a.head_v_dim = head_v_dim;
   a.scale = scale(), a.norm_eps = norm_eps, a.allow_neg_eigval = allow_neg_eigval;
   a.state_settled = true;  // the kernels just before are this layer's projections (p)
-  auto step = ops::gdn_decode_prepare(a, st.S, st.conv[0], st.conv[1], st.conv[2]);  // y [B, H*V]
+  auto y = ops::gdn_decode_fused(a, st.S, st.conv[0], st.conv[1], st.conv[2]);  // [B, H*V]
   if (!pos.seq_pos.defined()) st.length += 1;
-  return step;
+  return y;
 }
 
 Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
@@ -114,9 +113,7 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   } else {
     for (const auto& l : input_projections()) parts.push_back(apply_linear(x, l).view({B, -1}));
   }
-  const auto core = fused_core(parts, pos, *st);
-  core.launch();
-  return apply_linear(core.y.view({B, 1, -1}), o_proj);
+  return apply_linear(fused_core(parts, pos, *st).view({B, 1, -1}), o_proj);
 }
 
 std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
@@ -128,11 +125,8 @@ std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const 
   const auto x2 = x.reshape({B, -1});
   const auto projections = normed_linear(x2, w_in, norm_weight, norm_eps);
   if (!projections.defined()) return std::nullopt;
-  // The step runs as the prelude of the block's tail chain where it can (PendingProjection).
-  auto core = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
-  PendingProjection pending{core.y, o_proj, {}, x2};
-  pending.mixer_step = std::move(core);
-  return pending;
+  const auto y = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
+  return PendingProjection{y, o_proj, {}, x2};
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {

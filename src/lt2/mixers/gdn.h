@@ -48,9 +48,8 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   // The state when the fused step (one kernel after the projections) takes x, else nullptr.
   RecurrentState* fused_state(const Tensor& x, MixerState& state) const;
   // The fused step on x's projections (q, k, v, a, b(, g), each [B, channels], in
-  // input_projections() order), set up but not launched (its y, the gated-normed output [B, H*V],
-  // is o_proj's input); the state's length already counts the token.
-  ops::GdnDecodeStep fused_core(const std::vector<Tensor>& projections, const Positions& pos, RecurrentState& st);
+  // input_projections() order); returns y, the gated-normed output [B, H*V] ready for o_proj.
+  Tensor fused_core(const std::vector<Tensor>& projections, const Positions& pos, RecurrentState& st);
 };
 
 }  // namespace lt2

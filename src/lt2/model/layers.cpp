@@ -117,12 +117,11 @@ Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor
   gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;
   gate_up.silu_mul_out = true;     // silu(a) * b
   down_proj.residual_of = 0;       // h + ...
-  const ops::GdnDecodeStep* prelude = mixer.mixer_step ? &*mixer.mixer_step : nullptr;
   if (mixer.y.size(0) <= chained_tail_max_rows()) {
-    const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj}, prelude);
+    const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
     return out.empty() ? Tensor() : out[2];
   }
-  const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up}, prelude);  // {h, silu(a) * b}
+  const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up});  // {h, silu(a) * b}
   if (out.empty()) return {};
   ops::GemvFusion add;
   add.residual = out[0];

@@ -2,10 +2,7 @@
 #pragma once
 #include <torch/torch.h>
 
-#include <optional>
-
 #include "lt2/config/model_config.h"
-#include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
 
@@ -37,19 +34,13 @@ Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, co
 // A decode half's output projection, not yet run: gated_linear_residual(y, layer, x_gate,
 // residual) (y [B, K], residual [B, d] or undefined), left to the block so it can run it in one
 // kernel with the FFN's products (SwiGLU::forward_residual's PendingProjection form). An
-// undefined layer (done()) means y is already the result. mixer_step, when set, is the mixer's
-// GDN step that computes y, not launched yet: that chain runs it as its prelude, or run() launches
-// it first. Exactly one of the two must run a pending projection.
+// undefined layer (done()) means y is already the result.
 struct PendingProjection {
   Tensor y;
   torch::nn::Linear layer{nullptr};
   Tensor x_gate, residual;
-  std::optional<ops::GdnDecodeStep> mixer_step{};
   static PendingProjection done(Tensor result) { return {std::move(result), nullptr, {}, {}}; }
-  Tensor run() const {
-    if (mixer_step) mixer_step->launch();
-    return layer ? gated_linear_residual(y, layer, x_gate, residual) : y;
-  }
+  Tensor run() const { return layer ? gated_linear_residual(y, layer, x_gate, residual) : y; }
 };
 
 // Truncated normal N(0, std) cut at +-3 std, in place (LT2/Lingua initialisation).

@@ -193,22 +193,6 @@ Tensor recurrent_step_fused(const Tensor& q, const Tensor& k, const Tensor& v, c
 
 Tensor gdn_decode_fused(const GdnDecodeArgs& a, Tensor& state, Tensor& q_window, Tensor& k_window,
                         Tensor& v_window) {
-  const auto step = gdn_decode_prepare(a, state, q_window, k_window, v_window);
-  step.launch();
-  return step.y;
-}
-
-void GdnDecodeStep::launch() const {
-#ifdef LT2_WITH_CUDA
-  c10::cuda::CUDAGuard guard(y.device());
-  kernels::gdn_decode(params, current_stream(y));
-#else
-  no_cuda("gdn_decode_fused");
-#endif
-}
-
-GdnDecodeStep gdn_decode_prepare(const GdnDecodeArgs& a, Tensor& state, Tensor& q_window, Tensor& k_window,
-                                 Tensor& v_window) {
   const char* op = "gdn_decode_fused";
   if (!fused_decode_available()) no_cuda(op);
   const auto act = activation_problem(a.q, "q");
@@ -251,11 +235,8 @@ GdnDecodeStep gdn_decode_prepare(const GdnDecodeArgs& a, Tensor& state, Tensor& 
             B, ", ", H, ", ", K, ", ", V, "], found ", state.sizes());
 #ifdef LT2_WITH_CUDA
   c10::cuda::CUDAGuard guard(state.device());
-  GdnDecodeStep step;
-  step.y = torch::empty({B, H * V}, a.q.options());
-  step.tensors = {a.q, a.k, a.v, a.a, a.b, a.gate, a.q_conv_weight, a.k_conv_weight, a.v_conv_weight,
-                  a.A_log, a.dt_bias, a.norm_weight, state, q_window, k_window, v_window};
-  kernels::GdnDecodeParams& p = step.params;
+  auto y = torch::empty({B, H * V}, a.q.options());
+  kernels::GdnDecodeParams p{};
   p.q_raw = a.q.data_ptr(), p.k_raw = a.k.data_ptr(), p.v_raw = a.v.data_ptr();
   p.a_raw = a.a.data_ptr(), p.b_raw = a.b.data_ptr();
   p.gate = a.gate.defined() ? a.gate.data_ptr() : nullptr;
@@ -271,7 +252,7 @@ GdnDecodeStep gdn_decode_prepare(const GdnDecodeArgs& a, Tensor& state, Tensor& 
   p.A_log = a.A_log.data_ptr(), p.dt_bias = a.dt_bias.data_ptr();
   p.norm_weight = a.norm_weight.data_ptr();
   p.state = state.data_ptr<float>();
-  p.y = step.y.data_ptr();
+  p.y = y.data_ptr();
   p.batch = B, p.heads = H, p.head_k = K, p.head_v = V, p.conv_size = W;
   p.scale = static_cast<float>(a.scale), p.norm_eps = static_cast<float>(a.norm_eps);
   p.allow_neg_eigval = a.allow_neg_eigval;
@@ -279,7 +260,8 @@ GdnDecodeStep gdn_decode_prepare(const GdnDecodeArgs& a, Tensor& state, Tensor& 
   p.form = a.form;
   static const bool early_state = env_switch_on("LT2_GDN_EARLY_STATE");
   p.state_settled = a.state_settled && early_state;
-  return step;
+  kernels::gdn_decode(p, current_stream(state));
+  return y;
 #else
   no_cuda(op);
 #endif
@@ -637,15 +619,11 @@ std::string gemv_chain_problem(const Tensor& x, const std::vector<ChainProduct>&
 
 }  // namespace
 
-std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products,
-                                     const GdnDecodeStep* prelude) {
+std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products) {
   std::vector<std::vector<int64_t>> out_sizes;
   static const bool enabled = env_switch_on("LT2_GEMV_CHAIN");
   if (!enabled || !fused_elementwise_applies({x}) || !gemv_chain_problem(x, products, out_sizes).empty())
     return {};
-  LT2_CHECK(!prelude || prelude->y.is_same(x), "gemv_chain_fused: the GDN prelude's y must be the chain's x");
-  // With a prelude, x is used as it is: a copy (rows not aligned) would read y before the step wrote it.
-  if (prelude && !rows_aligned(x.reshape({-1, x.size(-1)}))) return {};
 #ifdef LT2_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
   kernels::GemvChainParams params;
@@ -663,12 +641,6 @@ std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainPro
     input = outputs.back().view({-1, out_sizes[i].back()});
   }
   if (!kernels::gemv_chain_problem(params, x.get_device()).empty()) return {};
-  static const bool gdn_in_chain = env_switch_on("LT2_GDN_IN_CHAIN");
-  if (prelude && gdn_in_chain) {
-    params.gdn_prelude = true, params.gdn = prelude->params;
-    if (!kernels::gemv_chain_problem(params, x.get_device()).empty()) params.gdn_prelude = false;
-  }
-  if (prelude && !params.gdn_prelude) prelude->launch();
   kernels::gemv_chain(params, current_stream(x));
   return outputs;
 #else

@@ -53,17 +53,6 @@ struct GdnDecodeArgs {
 // place; returns y [B, H*V] (the swish-gated RMSNorm output, ready for o_proj).
 Tensor gdn_decode_fused(const GdnDecodeArgs& args, Tensor& state, Tensor& q_window, Tensor& k_window,
                         Tensor& v_window);
-// gdn_decode_fused checked and set up, y allocated, not launched: the block can run the step inside
-// its tail chain (gemv_chain_fused's prelude) instead of as a kernel of its own. It must be
-// launched once, by launch() or by that chain; it keeps its tensors alive until then.
-struct GdnDecodeStep {
-  kernels::GdnDecodeParams params{};
-  Tensor y;                     // [B, H*V], written by the step
-  std::vector<Tensor> tensors;  // every tensor params points into
-  void launch() const;
-};
-GdnDecodeStep gdn_decode_prepare(const GdnDecodeArgs& args, Tensor& state, Tensor& q_window, Tensor& k_window,
-                                 Tensor& v_window);
 // Whether gdn_decode_fused takes activations `x` with this state and key head dim.
 bool gdn_decode_fused_supported(const Tensor& x, const Tensor& state, int64_t head_k_dim);
 
@@ -146,11 +135,7 @@ struct ChainProduct {
 // product's output ([..., N_i] like x), or nothing, having run nothing, when the chain kernel does
 // not take these tensors (what gemv_fused takes, sm_90, bf16 / fp16, x rows within shared memory)
 // or LT2_GEMV_CHAIN is "0" in the environment: the caller then runs the products one by one.
-// prelude: the GDN step whose y is x, run as the chain's prelude (kernels::GemvChainParams) where
-// the kernel takes it and LT2_GDN_IN_CHAIN is not "0", else launched alone just before the
-// chain; when nothing is returned it has not been launched either.
-std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products,
-                                     const GdnDecodeStep* prelude = nullptr);
+std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products);
 
 // J independent products in one launch (kernels::gemv's batch): out[:, j] = x[:, j] W[j]^T, times
 // sigmoid(gate[:, j]) when gate is defined (an attention output gate). x [M, J, K] with at most

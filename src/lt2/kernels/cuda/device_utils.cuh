@@ -93,32 +93,17 @@ __device__ __forceinline__ float2 warp_sum(float2 v) { return make_float2(warp_s
 __device__ __forceinline__ void add_to(float& a, float b) { a += b; }
 __device__ __forceinline__ void add_to(float2& a, float2 b) { a.x += b.x, a.y += b.y; }
 
-// The threads that run a block-level routine together (block_sum, the GDN step): the whole
-// (1-D) block, or its first N threads meeting at named barrier Id (a warp-specialised kernel's
-// consumer warps, while its other warps go on without them).
-struct WholeBlock {
-  __device__ int rank() const { return threadIdx.x; }
-  __device__ int size() const { return blockDim.x; }
-  __device__ void sync() const { __syncthreads(); }
-};
-template <int N, int Id>
-struct LeadingThreads {
-  static_assert(N % 32 == 0 && Id > 0 && Id < 16, "whole warps, a named barrier other than 0");
-  __device__ int rank() const { return threadIdx.x; }
-  __device__ int size() const { return N; }
-  __device__ void sync() const { asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(N) : "memory"); }
-};
-
-// Sum of v (a float, or a float2: two sums for one pair of barriers) over the threads of group g,
-// returned to each of them. The group's thread count must be a multiple of 32; `scratch` holds at
+// Sum of v (a float, or a float2: two sums for one pair of barriers) over the whole block,
+// returned to every thread. The block's thread count must be a multiple of 32; `scratch` holds at
 // least 32 values. Safe to call repeatedly with one scratch.
-template <typename V, typename Group = WholeBlock>
-__device__ __forceinline__ V block_sum(V v, V* scratch, Group g = {}) {
+template <typename V>
+__device__ __forceinline__ V block_sum(V v, V* scratch) {
   v = warp_sum(v);
-  const int tid = g.rank(), n_warps = g.size() / 32;
-  g.sync();  // the previous call's readers are done with scratch
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int n_warps = (blockDim.x * blockDim.y) / 32;
+  __syncthreads();  // the previous call's readers are done with scratch
   if (tid % 32 == 0) scratch[tid / 32] = v;
-  g.sync();
+  __syncthreads();
   V total{};
   for (int w = 0; w < n_warps; ++w) add_to(total, scratch[w]);
   return total;

@@ -31,9 +31,6 @@
 // made the 3-product chain lose there: 42.2 vs 37.6 us).
 // Launched as a programmatic dependent (the kernel before it may release it early: the GDN step
 // and the other decode kernels do), so the producer streams weights while that kernel finishes.
-// With a GDN prelude (decode.h) the consumers first run the GDN step of the (sequence, head) units
-// dealt to their block (gdn_register_step, 6 value columns per lane so 8 warps cover the 1.3B
-// head's 192 in one pass), while the producer streams on.
 #include <cuda/atomic>
 
 #include <cstdlib>
@@ -43,7 +40,6 @@
 #include <utility>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
-#include "lt2/kernels/cuda/gdn_step.cuh"
 #include "lt2/kernels/cuda/tma.cuh"
 
 namespace lt2::kernels {
@@ -68,13 +64,8 @@ struct GridBarrier {
 };
 __device__ GridBarrier g_grid_barriers[kMaxStreams];  // zero at module load; each use leaves count 0
 
-// The consumer warps, with their own barrier (the producer warp never waits on the consumers).
-using Consumers = LeadingThreads<kConsumers, 1>;
-__device__ __forceinline__ void consumer_sync() { Consumers{}.sync(); }
-
-// The GDN prelude's register step: 12 rows per lane (K <= 96) and 6 value columns (8 warps x 24
-// columns = the 1.3B head's V = 192 in one pass).
-constexpr int kPreludeRowsPerLane = 12, kPreludeCols = 6;
+// The consumer warps' own barrier (the producer warp never waits on the consumers).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 
 // Every consumer of every block has passed its earlier stores before any goes on. Self-resetting
 // (count back to 0, generation advanced), so one barrier serves every launch on its stream.
@@ -243,10 +234,6 @@ __device__ __forceinline__ void store_y(const GemvParams& g, const float (*sums)
   static_cast<T*>(g.y)[m * g.y_row_stride + n] = from_float<T>(acc + residual);
 }
 
-// One instance per T for chains with and without the GDN prelude (a runtime branch): the chain's
-// code then stays warm in the instruction caches across the chains of a step. Measured with the
-// prelude as a second instance: ~2x the consumers' time in stage_x and the step, "no instruction"
-// the second stall reason (2.9 cycles per instruction against 0.5), the 1.3B tail 77 us.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch) {
@@ -271,29 +258,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Launched as a programmatic dependent: the producer streams weights (which no kernel writes)
   // while the kernel before this one finishes; the consumers wait for it before reading x, then
   // release the next launch (a chain's blocks take the SMs as this one's exit).
-  if (p.gdn_prelude) {
-    // The GDN step of each (sequence, head) unit dealt to this block (x's shared rows are free
-    // until product 0 stages them); its y is product 0's x, complete at the grid barrier below.
-    const GdnDecodeParams& gdn = p.gdn;
-    const int units = gdn.batch * gdn.heads;
-    if (blockIdx.x >= units) dependent_kernel_start();
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      if (u != blockIdx.x) consumer_sync();  // the unit before is done with shared memory
-      gdn_register_step<T, kPreludeRowsPerLane, kPreludeCols>(
-          gdn, u / gdn.heads, u % gdn.heads, reinterpret_cast<float*>(xs), Consumers{}, [&] {
-            if (u == blockIdx.x) dependent_kernel_start();
-          });
-    }
-  } else {
-    dependent_kernel_start();
-  }
+  dependent_kernel_start();
 
   const int g8 = lane / 4, q = lane % 4;
   RingCursor c;
   int tiles_done = 0;
   for (int i = 0; i < p.products; ++i) {
     const GemvParams& g = p.product[i];
-    if (i > 0 || p.gdn_prelude) grid_sync(barrier);  // product i - 1's (or the prelude's) y is complete
+    if (i > 0) grid_sync(barrier);  // product i - 1's y (this one's x or residual) is complete
     if (blockIdx.x >= tile_count(g)) continue;
     stage_x<T>(g, xs, x_pitch, s_sumsq, s_rinv);
     const bool has_x = g8 < g.rows;
@@ -349,9 +321,7 @@ ChainPlan chain_plan(const GemvChainParams& p, int device) {
   for (int i = 0; i < p.products; ++i)
     rows = std::max(rows, p.product[i].rows), k = std::max<int64_t>(k, p.product[i].k);
   plan.x_pitch = padded_pitch(static_cast<int>(k * element_bytes(p.product[0].dtype)));
-  size_t x_bytes = static_cast<size_t>(rows) * plan.x_pitch;
-  if (p.gdn_prelude)  // the prelude's step uses x's rows before product 0 stages them
-    x_bytes = std::max(x_bytes, sizeof(float) * gdn_register_smem_floats(kPreludeRowsPerLane, p.gdn.head_v));
+  const size_t x_bytes = static_cast<size_t>(rows) * plan.x_pitch;
   // What the kernel's static shared memory (mbarriers, sums; 4.5 KB, rounded up) leaves of the
   // per-block maximum (one block per SM).
   constexpr size_t kStaticBytes = 8 * 1024;
@@ -393,13 +363,6 @@ GridBarrier* stream_barrier(int device, cudaStream_t stream) {
   return b + it->second;
 }
 
-template <auto Kernel>
-void launch_chain(const GemvChainParams& p, const ChainPlan& plan, GridBarrier* barrier, cudaStream_t stream) {
-  reserve_shared<Kernel>(plan.smem, "gemv_chain");
-  launch_dependent("gemv_chain", Kernel, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads), plan.smem, stream,
-                   {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
-}
-
 }  // namespace
 
 namespace {
@@ -428,15 +391,6 @@ std::string chain_problem(const GemvChainParams& p, int device, ChainPlan* plan)
     if (g.prologue == GemvPrologue::SigmoidGate && !g.x_gate) return at() + "the SigmoidGate prologue needs x_gate";
     if (g.silu_mul_out && g.n % 2 != 0) return cat(at(), "the SiLU·mul epilogue needs W's two halves, found N = ", g.n);
   }
-  if (p.gdn_prelude) {
-    const GdnDecodeParams& gdn = p.gdn;
-    const GemvParams& first = p.product[0];
-    if (auto problem = gemv_chain_prelude_problem(gdn); !problem.empty()) return problem;
-    if (gdn.dtype != dtype) return "the GDN prelude in the chain's dtype";
-    if (first.x != gdn.y || first.rows != gdn.batch || first.k != static_cast<int64_t>(gdn.heads) * gdn.head_v ||
-        first.x_row_stride != first.k)
-      return "the GDN prelude's y [batch, heads * V] (contiguous) must be product 0's x";
-  }
   *plan = chain_plan(p, device);
   if (plan->slots < kMinSlots)
     return cat("x rows of the widest product leave room for ", plan->slots, " ring slots of shared memory (",
@@ -445,17 +399,6 @@ std::string chain_problem(const GemvChainParams& p, int device, ChainPlan* plan)
 }
 
 }  // namespace
-
-std::string gemv_chain_prelude_problem(const GdnDecodeParams& gdn) {
-  if (gdn.form != GdnDecodeForm::Auto && gdn.form != GdnDecodeForm::Registers)
-    return "the GDN prelude is the register form (form Auto or Registers)";
-  if (gdn.dtype == DType::Float32) return "the GDN prelude takes bf16 or fp16 (the chain's dtypes)";
-  if (!gdn_register_fits(kPreludeRowsPerLane, kPreludeCols, gdn.head_k, gdn.head_v) || gdn.conv_size < 1 ||
-      gdn.batch < 1 || gdn.heads < 1 || reinterpret_cast<uintptr_t>(gdn.state) % 8 != 0)
-    return cat("the GDN prelude takes K <= ", kRegRowGroups * kPreludeRowsPerLane, ", an even V and an 8-byte aligned ",
-               "state; K ", gdn.head_k, ", V ", gdn.head_v, ", batch ", gdn.batch, ", heads ", gdn.heads);
-  return "";
-}
 
 std::string gemv_chain_problem(const GemvChainParams& p, int device) {
   ChainPlan plan;
@@ -469,13 +412,14 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
   const std::string problem = chain_problem(p, device, &plan);
   LT2_CHECK(problem.empty(), "gemv_chain: ", problem);
   const auto s = static_cast<cudaStream_t>(stream);
-  // One product without a prelude has no grid barrier to meet (gemv_fused's one-product chains
-  // run on any stream).
-  GridBarrier* barrier = p.products > 1 || p.gdn_prelude ? stream_barrier(device, s) : nullptr;
+  // One product has no grid barrier to meet (gemv_fused's one-product chains run on any stream).
+  GridBarrier* barrier = p.products > 1 ? stream_barrier(device, s) : nullptr;
   dispatch_dtype(p.product[0].dtype, [&](auto t) {
     using T = decltype(t);
     if constexpr (!std::is_same_v<T, float>) {
-      launch_chain<gemv_chain_kernel<T>>(p, plan, barrier, s);
+      reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
+      launch_dependent("gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
+                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
     }
   });
 }

@@ -10,7 +10,6 @@
 #include <atomic>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
-#include "lt2/kernels/cuda/gdn_step.cuh"
 
 namespace lt2::kernels {
 namespace {
@@ -165,7 +164,101 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// gdn_decode, shared pieces of its per-head and cluster forms (the rest is in gdn_step.cuh).
+// gdn_decode, shared pieces of its two forms.
+
+// SiLU(causal conv) of one channel for the new input x_new. `window` points at this channel's
+// oldest slot, consecutive slots `channels` apart; `weight` at its taps.
+template <typename T>
+__device__ __forceinline__ float conv_silu(T x_new, const T* weight, const T* window, int W, int channels) {
+  float acc = to_float(weight[W - 1]) * to_float(x_new);
+  for (int j = 0; j < W - 1; ++j) acc += to_float(weight[j]) * to_float(window[j * channels]);
+  return acc * sigmoid(acc);
+}
+
+// The window shift after conv_silu: drop the oldest input, append x_new.
+template <typename T>
+__device__ __forceinline__ void conv_shift(T x_new, T* window, int W, int channels) {
+  for (int j = 0; j + 1 < W - 1; ++j) window[j * channels] = window[(j + 1) * channels];
+  if (W > 1) window[(W - 2) * channels] = x_new;
+}
+
+// One window of the batch: [W-1, channels] of sequence b.
+template <typename T>
+__device__ T* batch_window(void* window, int b, int W, int channels) {
+  return static_cast<T*>(window) + static_cast<int64_t>(b) * (W - 1) * channels;
+}
+
+// q, k ([K]) and v ([V]) of (sequence b, head h) in shared memory: SiLU(ShortConv) of the new
+// inputs, the conv windows advanced in place. The calling block must own the whole head's
+// channels (it is their only reader and writer); the block's threads stride over them.
+template <typename T>
+__device__ __forceinline__ void head_conv_silu_w(const GdnDecodeParams& p, int b, int h, float* s_q, float* s_k,
+                                                 float* s_v, const int W) {
+  const int K = p.head_k, V = p.head_v;
+  const int qk_channels = p.heads * K, v_channels = p.heads * V;
+  T* q_window = batch_window<T>(p.q_conv_window, b, W, qk_channels);
+  T* k_window = batch_window<T>(p.k_conv_window, b, W, qk_channels);
+  T* v_window = batch_window<T>(p.v_conv_window, b, W, v_channels);
+  const T* q_raw = static_cast<const T*>(p.q_raw) + b * p.q_stride;
+  const T* k_raw = static_cast<const T*>(p.k_raw) + b * p.k_stride;
+  const T* v_raw = static_cast<const T*>(p.v_raw) + b * p.v_stride;
+  // One pass: a thread reads all of its channels' inputs, windows and taps before it writes any
+  // window, so those loads are in flight together (the windows' pointers may alias as far as
+  // the compiler knows, so interleaved shifts would serialise them into three round trips).
+  for (int i = threadIdx.x; i < max(K, V); i += blockDim.x) {
+    const int cq = h * K + i, cv = h * V + i;
+    float q = 0.f, k = 0.f, v = 0.f;
+    if (i < K) {
+      q = conv_silu(q_raw[cq], static_cast<const T*>(p.q_conv_weight) + cq * W, q_window + cq, W, qk_channels);
+      k = conv_silu(k_raw[cq], static_cast<const T*>(p.k_conv_weight) + cq * W, k_window + cq, W, qk_channels);
+    }
+    if (i < V) v = conv_silu(v_raw[cv], static_cast<const T*>(p.v_conv_weight) + cv * W, v_window + cv, W, v_channels);
+    if (i < K) {
+      s_q[i] = q, s_k[i] = k;
+      conv_shift(q_raw[cq], q_window + cq, W, qk_channels);
+      conv_shift(k_raw[cq], k_window + cq, W, qk_channels);
+    }
+    if (i < V) {
+      s_v[i] = v;
+      conv_shift(v_raw[cv], v_window + cv, W, v_channels);
+    }
+  }
+}
+
+// ShortConv's width in every preset: head_conv_silu unrolls its tap loops for it.
+constexpr int kCommonConvSize = 4;
+
+template <typename T>
+__device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_q, float* s_k, float* s_v) {
+  if (p.conv_size == kCommonConvSize) head_conv_silu_w<T>(p, b, h, s_q, s_k, s_v, kCommonConvSize);
+  else head_conv_silu_w<T>(p, b, h, s_q, s_k, s_v, p.conv_size);
+}
+
+// q, k ([K] in shared memory, after SiLU(conv)) scaled to unit L2 norm (+1e-6 under the root).
+// Every thread of the block calls it after a barrier that made s_q, s_k complete.
+__device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
+  float qq = 0.f, kk = 0.f;
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    qq += s_q[i] * s_q[i];
+    kk += s_k[i] * s_k[i];
+  }
+  const float2 sums = block_sum(make_float2(qq, kk), reinterpret_cast<float2*>(scratch));
+  const float q_inv = rsqrtf(sums.x + 1e-6f), k_inv = rsqrtf(sums.y + 1e-6f);
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    s_q[i] *= q_inv;
+    s_k[i] *= k_inv;
+  }
+}
+
+// Decay alpha = exp(g) and beta of (sequence b, head h), fp32.
+template <typename T>
+__device__ void gdn_gates(const GdnDecodeParams& p, int b, int h, float* alpha, float* beta) {
+  const float a = to_float(static_cast<const T*>(p.a_raw)[b * p.a_stride + h]) +
+                  to_float(static_cast<const T*>(p.dt_bias)[h]);
+  *alpha = __expf(-__expf(to_float(static_cast<const T*>(p.A_log)[h])) * softplus(a));
+  *beta = sigmoid(to_float(static_cast<const T*>(p.b_raw)[b * p.b_stride + h]));
+  if (p.allow_neg_eigval) *beta *= 2.f;
+}
 
 // y[v0 + i] = o[i] * inv_rms * norm_weight[v0 + i] * silu(gate[v0 + i]) for i < n; s_o is scaled.
 template <typename T>
@@ -234,28 +327,132 @@ __global__ void __launch_bounds__(kThreads)
   store_gated_norm<T>(p, b, h, 0, V, s_o, inv_rms);
 }
 
-
 // ---------------------------------------------------------------------------------------------
-// gdn_decode, register form: grid (H, B), one block per (sequence, head), S held in registers
-// (gdn_register_step, 4 columns per lane).
+// gdn_decode, register form: grid (H, B), one block per (sequence, head), S held in registers.
+// Lane l of a warp owns rows KR (l / 4) .. KR (l / 4) + KR - 1 of 4 consecutive value columns
+// (quad l % 4 of the warp's 16), so a warp covers 16 columns of all K rows and the column sums
+// over k (S^T k, S^T q) are sums over its 8 row groups: 3 shuffles, no barrier, no shared copy
+// of S. Every load of the step (S, the conv inputs and windows, the gates, the norm weight and
+// the output gate) is issued before the first result is needed, so a step costs about one memory
+// round trip plus S's transfer; the per-head form waits on ~4 dependent rounds and 3 barriers per
+// 32 columns. Heads wider than 16 x warps columns take passes over the columns.
 
-constexpr int kRegCols = 4;  // value columns per lane: 16 per warp and pass
+constexpr int kRegRowGroups = 8;   // row groups per warp (lane / 4)
+constexpr int kRegWarpCols = 16;   // value columns per warp and pass (4 lanes x 4)
 
 // Threads per block of the register form with KR rows per thread: 16 warps while a thread's
 // slab fits in ~128 registers, 8 beyond.
 __host__ __device__ constexpr int gdn_register_threads(int KR) { return KR <= 16 ? 512 : 256; }
 
+// Sum over the 8 row groups of a warp (lanes l, l ^ 4, l ^ 8, ...), to every lane.
+__device__ __forceinline__ float4 row_group_sum(float4 x) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    x.x += __shfl_xor_sync(0xffffffffu, x.x, off);
+    x.y += __shfl_xor_sync(0xffffffffu, x.y, off);
+    x.z += __shfl_xor_sync(0xffffffffu, x.z, off);
+    x.w += __shfl_xor_sync(0xffffffffu, x.w, off);
+  }
+  return x;
+}
+
 template <typename T, int KR>
 __global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers_kernel(const GdnDecodeParams p) {
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int K = p.head_k, V = p.head_v;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int r0 = (lane / 4) * KR, quad = lane % 4;  // rows r0 .. r0 + KR - 1
+  constexpr int kRows = kRegRowGroups * KR;         // s_q, s_k are zero from K to kRows
   extern __shared__ float smem[];
+  float* s_q = smem;           // [kRows]
+  float* s_k = s_q + kRows;    // [kRows]
+  float* s_v = s_k + kRows;    // [V]
+  float* s_o = s_v + V;        // [V]: scale S^T q
+  float* scratch = s_o + V;    // [32]
+
+  float* S = p.state + (static_cast<int64_t>(b) * p.heads + h) * K * V;
+  float4 s[KR];  // S[r0 + i, c .. c + 3] of the current pass (V % 4 == 0, rows 16-byte aligned)
+  auto load_pass = [&](int c) {  // from L2 (__ldcg): a load issued before the wait sees no stale L1
+#pragma unroll
+    for (int i = 0; i < KR; ++i)
+      s[i] = r0 + i < K && c < V ? __ldcg(reinterpret_cast<const float4*>(S + static_cast<int64_t>(r0 + i) * V + c))
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  const int pass_cols = kRegWarpCols * warps;
   // Launched as a programmatic dependent: its blocks are placed while the input projection ends.
   // Nothing that kernel writes is read before the wait; S only when the caller vouches that no
   // kernel still running writes it (state_settled: an earlier step on the same state may run).
   // The block tail chained after this step (gemv_chain) then starts on the SMs this grid leaves
   // idle and streams its weights meanwhile; it waits for this step's y before reading it.
-  gdn_register_step<T, KR, kRegCols>(p, blockIdx.y, blockIdx.x, smem, WholeBlock{}, [] { dependent_kernel_start(); });
-}
+  if (p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
+  dependent_kernel_start();
+  if (!p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
 
+  // The epilogue's inputs of the first pass over the outputs, while S is in flight.
+  const T* norm_weight = static_cast<const T*>(p.norm_weight);
+  const T* gate = p.gate ? static_cast<const T*>(p.gate) + b * p.gate_stride + h * V : nullptr;
+  const int v_first = threadIdx.x;
+  const float w_first = v_first < V ? to_float(norm_weight[v_first]) : 0.f;
+  const float z_first = gate && v_first < V ? to_float(gate[v_first]) : 0.f;
+  float alpha, beta;
+  gdn_gates<T>(p, b, h, &alpha, &beta);
+
+  head_conv_silu<T>(p, b, h, s_q, s_k, s_v);
+  for (int i = K + threadIdx.x; i < kRows; i += blockDim.x) s_q[i] = 0.f, s_k[i] = 0.f;
+  __syncthreads();
+  l2_normalize_qk(s_q, s_k, K, scratch);
+  __syncthreads();  // the normalised q, k are visible to every thread
+  float kr[KR], qr[KR];  // this thread's rows of k and q (16-byte shared loads: r0 % 4 == 0)
+#pragma unroll
+  for (int i = 0; i < KR; i += 4) {
+    const float4 k4 = *reinterpret_cast<const float4*>(s_k + r0 + i);
+    const float4 q4 = *reinterpret_cast<const float4*>(s_q + r0 + i);
+    kr[i] = k4.x, kr[i + 1] = k4.y, kr[i + 2] = k4.z, kr[i + 3] = k4.w;
+    qr[i] = q4.x, qr[i + 1] = q4.y, qr[i + 2] = q4.z, qr[i + 3] = q4.w;
+  }
+
+  for (int c0 = 0; c0 < V; c0 += pass_cols) {
+    const int c = c0 + warp * kRegWarpCols + 4 * quad;
+    if (c0 > 0) load_pass(c);
+    // u = beta (v - alpha S^T k), the decayed state's prediction error (rows past K add 0).
+    float4 pred = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < KR; ++i)
+      pred.x += kr[i] * s[i].x, pred.y += kr[i] * s[i].y, pred.z += kr[i] * s[i].z, pred.w += kr[i] * s[i].w;
+    pred = row_group_sum(pred);
+    const float4 v = c < V ? *reinterpret_cast<const float4*>(s_v + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 u = make_float4(beta * (v.x - alpha * pred.x), beta * (v.y - alpha * pred.y),
+                                 beta * (v.z - alpha * pred.z), beta * (v.w - alpha * pred.w));
+    // S <- alpha S + k u^T;  o = S^T q.
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+      s[i].x = alpha * s[i].x + kr[i] * u.x, s[i].y = alpha * s[i].y + kr[i] * u.y;
+      s[i].z = alpha * s[i].z + kr[i] * u.z, s[i].w = alpha * s[i].w + kr[i] * u.w;
+      o.x += qr[i] * s[i].x, o.y += qr[i] * s[i].y, o.z += qr[i] * s[i].z, o.w += qr[i] * s[i].w;
+      if (r0 + i < K && c < V) *reinterpret_cast<float4*>(S + static_cast<int64_t>(r0 + i) * V + c) = s[i];
+    }
+    o = row_group_sum(o);
+    if (r0 == 0 && c < V)
+      *reinterpret_cast<float4*>(s_o + c) = make_float4(p.scale * o.x, p.scale * o.y, p.scale * o.z, p.scale * o.w);
+  }
+  __syncthreads();  // s_o is complete
+
+  // Swish-gated RMSNorm over V.
+  float oo = 0.f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) oo += s_o[i] * s_o[i];
+  const float inv_rms = rsqrtf(block_sum(oo, scratch) / V + p.norm_eps);
+  T* y = static_cast<T*>(p.y) + (static_cast<int64_t>(b) * p.heads + h) * V;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float w = i == v_first ? w_first : to_float(norm_weight[i]);
+    float yi = s_o[i] * inv_rms * w;
+    if (gate) {
+      const float z = i == v_first ? z_first : to_float(gate[i]);
+      yi *= z * sigmoid(z);
+    }
+    y[i] = from_float<T>(yi);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // gdn_decode, cluster form (sm_90): grid (tiles, H, B) in clusters of (tiles, 1, 1), so one
@@ -442,8 +639,8 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
 // one pass where the block allows.
 template <int KR>
 void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
-  const int warps = std::min(gdn_register_threads(KR) / 32, ceil_div(p.head_v, 4 * kRegCols));
-  const size_t smem = sizeof(float) * gdn_register_smem_floats(KR, p.head_v);
+  const int warps = std::min(gdn_register_threads(KR) / 32, ceil_div(p.head_v, kRegWarpCols));
+  const size_t smem = sizeof(float) * (2 * kRegRowGroups * KR + 2 * p.head_v + 32);
   const dim3 grid(p.heads, p.batch);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
@@ -463,7 +660,7 @@ void launch_gdn_registers(const GdnDecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool gdn_decode_registers_supported(int head_k, int head_v) {
-  return gdn_register_fits(kMaxGdnRegisterHeadK / kRegRowGroups, kRegCols, head_k, head_v);
+  return head_k >= 1 && head_k <= kMaxGdnRegisterHeadK && head_v >= 4 && head_v % 4 == 0;
 }
 
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
