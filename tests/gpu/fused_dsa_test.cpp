@@ -490,8 +490,8 @@ TEST(FusedDsa, LatentPrepGraphReplayWithNewPositions) {
 // ---------------------------------------------------------------------------------------------
 // The latent DSA mixer's fused decode step (packed input GEMV, dsa_latent_prep, absorptions, index
 // top-k, sparse attention, gate, wo) against its libtorch path, both measured against a float64
-// CPU copy of the same weights, and with the absorptions folded (the default) against unfolded
-// (LT2_DSA_FOLD=0). The top-k (32) covers every valid key, so bf16 rounding cannot
+// CPU copy of the same weights, and with the absorptions folded (LT2_DSA_FOLD_MAX_ROWS=32)
+// against unfolded (0). The top-k (32) covers every valid key, so bf16 rounding cannot
 // flip the selection between the paths.
 
 namespace {
@@ -550,11 +550,12 @@ TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
         };
         auto s_fused = copy(s, torch::kCUDA, dt), s_ref = copy(s, torch::kCUDA, dt);
         auto s_exact = copy(s, torch::kCPU, torch::kFloat64);
+        setenv("LT2_DSA_FOLD_MAX_ROWS", "32", 1);  // the absorptions folded
         auto y_fused = run(*m, *s_fused, x, true, residual).cpu();
-        setenv("LT2_DSA_FOLD", "0", 1);  // the absorptions as batched GEMVs
+        setenv("LT2_DSA_FOLD_MAX_ROWS", "0", 1);  // the absorptions as batched GEMVs
         auto s_unfolded = copy(s, torch::kCUDA, dt);
         auto y_unfolded = run(*m, *s_unfolded, x, true, residual).cpu();
-        unsetenv("LT2_DSA_FOLD");
+        unsetenv("LT2_DSA_FOLD_MAX_ROWS");
         EXPECT_LT(rel_err(y_fused, y_unfolded), tolerance(dt)) << "folded against unfolded absorptions";
         auto y_ref = run(*m, *s_ref, x, false, residual).cpu();
         auto y_exact = run(*exact, *s_exact, x.cpu().to(f64), false, residual);

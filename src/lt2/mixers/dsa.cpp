@@ -321,9 +321,11 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
   // The absorptions q_latent[b, h] = q_nope[b, h] wk_b[h] and y[b, h] = (o[b, h] wv_b[h]) *
   // sigmoid(gate[b, h]) folded into the prep and the attention's combine where their kernels take
-  // them (LT2_DSA_FOLD=0: never, the A/B switch), else batched GEMVs (the second's x is o
-  // [B, H, d_c], shaped like q's latent part).
-  const bool fold = env_switch_on("LT2_DSA_FOLD");
+  // them and B <= LT2_DSA_FOLD_MAX_ROWS (default 1; read per call: the A/B switch and the tests),
+  // else batched GEMVs (the second's x is o [B, H, d_c], shaped like q's latent part). Measured on
+  // an H200 (lt2-gdn-dsa-1.3b at 4k, both arms in one run; bench/results/decode_gdn_prelude_h200.md):
+  // folding saved 0.09 ms per step at batch 1 and cost 0.15 ms at batch 8.
+  const bool fold = B <= env_int("LT2_DSA_FOLD_MAX_ROWS", 1);
   const bool fold_q = fold && ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, wk_b_t);
   const bool fold_o = fold && ops::sparse_attention_absorb_supported(a.q, s.k, v_cache, wv_b_t, gate);
   if ((!fold_q && !ops::gemv_batched_applies(q_nope, wk_b_t)) ||

@@ -1,9 +1,9 @@
 #include "lt2/model/layers.h"
 
 #include <cmath>
-#include <cstdlib>
 
 #include "lt2/ops/fused_decode.h"
+#include "lt2/util/env.h"
 
 namespace lt2 {
 
@@ -102,10 +102,7 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
 // (a benchmarking knob: the A/B of the two forms in the engine).
 namespace {
 int64_t chained_tail_max_rows() {
-  static const int64_t rows = [] {
-    const char* env = std::getenv("LT2_CHAINED_TAIL_MAX_ROWS");
-    return env ? std::atoll(env) : int64_t{4};
-  }();
+  static const int64_t rows = env_int("LT2_CHAINED_TAIL_MAX_ROWS", 4);
   return rows;
 }
 }  // namespace

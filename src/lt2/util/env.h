@@ -11,4 +11,10 @@ inline bool env_switch_on(const char* name) {
   return !(env && std::strcmp(env, "0") == 0);
 }
 
+// A numeric knob: the variable's value, or `fallback` when it is not set.
+inline long long env_int(const char* name, long long fallback) {
+  const char* env = std::getenv(name);
+  return env ? std::atoll(env) : fallback;
+}
+
 }  // namespace lt2
