@@ -17,6 +17,11 @@ inline bool kernel_dtype_ok(torch::ScalarType t) {
   return t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16;
 }
 
+// A weight the kernels read whole with 16-byte loads: contiguous from a 16-byte aligned start.
+inline bool contiguous_aligned(const torch::Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
 // Whether t's rows (last dim) are contiguous and 16-byte aligned, as the kernels' 16-byte loads
 // need: its pointer and every stride a whole number of 16-byte vectors.
 inline bool rows_aligned(const torch::Tensor& t) {
@@ -49,12 +54,14 @@ inline kernels::DType kernel_dtype(torch::ScalarType t) {
   }
 }
 
-// The fp32 workspace of a split-K attention kernel: partial outputs [B, H, splits, D] and their
-// log-sum-exps [B, H, splits]; undefined (nullptr) with one split, which writes out directly.
+// The fp32 workspace of a split-K attention kernel whose splits leave partials for a combine:
+// partial outputs [B, H, splits, D] and their log-sum-exps [B, H, splits]; undefined (nullptr)
+// without `partials` (one split that writes out directly).
 struct SplitWorkspace {
   torch::Tensor out, lse;
-  SplitWorkspace(int64_t batch, int64_t heads, int splits, int64_t head_dim, const torch::TensorOptions& like) {
-    if (splits <= 1) return;
+  SplitWorkspace(int64_t batch, int64_t heads, int splits, int64_t head_dim, const torch::TensorOptions& like,
+                 bool partials) {
+    if (!partials) return;
     out = torch::empty({batch, heads, splits, head_dim}, like.dtype(torch::kFloat32));
     lse = torch::empty({batch, heads, splits}, like.dtype(torch::kFloat32));
   }

@@ -429,7 +429,7 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   const int splits = kernels::attention_decode_num_splits(static_cast<int>(B), static_cast<int>(Hkv),
                                                           static_cast<int>(L), q.device().index());
   auto out = torch::empty({B, Hq, D}, q.options());
-  const SplitWorkspace partial(B, Hq, splits, D, q.options());
+  const SplitWorkspace partial(B, Hq, splits, D, q.options(), splits > 1);
   kernels::AttentionDecodeParams p{};
   p.q = qc.data_ptr();
   p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1);
@@ -456,7 +456,7 @@ namespace {
 std::string gemv_problem(torch::IntArrayRef x_sizes, const Tensor& x_like, const Tensor& w, const GemvFusion& f) {
   for (const auto& p : {activation_problem(x_like, "x"), activation_problem(w, "w")})
     if (!p.empty()) return p;
-  if (w.dim() != 2 || !w.is_contiguous() || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0)
+  if (w.dim() != 2 || !contiguous_aligned(w))
     return cat("w must be a contiguous, 16-byte aligned [N, K], found ", w.sizes());
   const int64_t K = w.size(1), N = w.size(0), x_dim = f.silu_mul ? 2 * K : K;
   if (x_sizes.empty() || x_sizes.back() != x_dim)
@@ -654,7 +654,7 @@ namespace {
 std::string gemv_batched_problem(const Tensor& x, const Tensor& w, const Tensor& gate) {
   for (const auto& p : {activation_problem(x, "x"), activation_problem(w, "w")})
     if (!p.empty()) return p;
-  if (w.dim() != 3 || !w.is_contiguous() || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0)
+  if (w.dim() != 3 || !contiguous_aligned(w))
     return cat("w must be a contiguous, 16-byte aligned [J, N, K], found ", w.sizes());
   const int64_t J = w.size(0), N = w.size(1), K = w.size(2);
   if (x.dim() != 3 || x.size(1) != J || x.size(2) != K)

@@ -108,7 +108,7 @@ std::string absorb_problem(const Tensor& q_raw, const Tensor& q, const Tensor& a
       !kernel_dtype_ok(q_raw.scalar_type()))
     return cat("absorb must be ", q_raw.scalar_type(), " on ", q_raw.device(), " like q_raw (a CUDA tensor of float32, "
                "bfloat16 or float16), found ", absorb.scalar_type(), " on ", absorb.device());
-  if (!absorb.is_contiguous() || reinterpret_cast<uintptr_t>(absorb.data_ptr()) % 16 != 0)
+  if (!contiguous_aligned(absorb))
     return "absorb must be contiguous and 16-byte aligned";
   const int64_t B = q_raw.size(0), D = absorb.size(2);
   if (!kernels::dsa_latent_prep_absorb_supported(static_cast<int>(std::min<int64_t>(B, INT32_MAX)),

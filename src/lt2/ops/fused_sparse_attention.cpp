@@ -90,7 +90,7 @@ std::string absorb_shape_problem(const Tensor& q, const Tensor& v, const Tensor&
 // Why the combine cannot fold absorb and gate in (empty when it can).
 std::string absorb_problem(const Tensor& q, const Tensor& v, const Tensor& absorb, const Tensor& gate) {
   if (auto problem = absorb_shape_problem(q, v, absorb, gate); !problem.empty()) return problem;
-  if (!absorb.is_contiguous() || reinterpret_cast<uintptr_t>(absorb.data_ptr()) % 16 != 0)
+  if (!contiguous_aligned(absorb))
     return "absorb must be contiguous and 16-byte aligned";
   const int64_t B = q.size(0), Dv = v.size(3), Dy = absorb.size(1);
   if (!kernels::sparse_attention_absorb_supported(static_cast<int>(std::min<int64_t>(B, INT32_MAX)),
@@ -140,9 +140,8 @@ Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
       q.device().index());
   auto out = torch::empty({B, Hq, absorbing ? absorb.size(1) : Dv},  // y or o
                           q.options().memory_format(torch::MemoryFormat::Contiguous));
-  // The folded absorption reads the partials even of one split (for which SplitWorkspace holds
-  // none: room for two then).
-  const SplitWorkspace partial(B, Hq, absorbing ? std::max(splits, 2) : splits, Dv, q.options());
+  // The folded absorption reads the partials even of one split.
+  const SplitWorkspace partial(B, Hq, splits, Dv, q.options(), splits > 1 || absorbing);
   kernels::SparseAttentionDecodeParams p{};
   p.q = qc.data_ptr();
   p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1);

@@ -26,7 +26,6 @@ struct SplitShape {
   static_assert(D % (kVec * kThreadsPerKey) == 0, "head dim must fill whole 16-byte loads");
 };
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // Row offset of query head `head` of sequence b in the [B, Hq, ...] outputs and workspaces.
 __device__ __forceinline__ int64_t q_row(const AttentionDecodeParams& p, int b, int head) {

@@ -53,7 +53,6 @@ __device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-__host__ __device__ constexpr int round_up(int a, int b) { return (a + b - 1) / b * b; }
 
 // Shared-memory row pitch (floats) of a left matrix with `cols` columns: see the header comment.
 __host__ __device__ constexpr int broadcast_pitch(int cols) { return round_up(cols, 8) + 4; }

@@ -17,6 +17,10 @@
 
 namespace lt2::kernels {
 
+// Integer ceil(a / b) and a rounded up to a multiple of b (a >= 0, b > 0), for grids and layouts.
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }

@@ -53,8 +53,6 @@ namespace {
 
 
 // Lengths are at most kDsaMaxLength, so the int sums below cannot overflow.
-__host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
-int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
 // The sequence's valid length, clamped to [0, max_len].
 __device__ __forceinline__ int valid_length(const int64_t* seq_lens, int b, int max_len) {

@@ -27,7 +27,6 @@ constexpr int kPrepThreads = 128;
 constexpr int kAbsorbCols = kPrepThreads / 2;
 constexpr int kAbsorbPassRows = 8;
 
-__host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 int absorb_units(const DsaLatentPrepParams& p) {
   return p.absorb_w ? p.heads * ceil_div(p.latent_dim, kAbsorbCols) : 0;

@@ -20,8 +20,6 @@ constexpr int kStepTileElems = 4096;                // recurrent_step: ~16 KiB t
 constexpr int kGdnTileBytes = 128 * 1024;           // gdn_decode: up to 128 KiB of S per pass
 constexpr int kMaxGdnClusterBlocks = 8;             // the portable cluster size
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
 __device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));

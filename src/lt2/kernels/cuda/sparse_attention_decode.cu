@@ -56,7 +56,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr size_t round16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-__host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 template <typename T, int DK, int DV, int GMAX>
 struct SparseShape {
@@ -737,8 +736,8 @@ constexpr int kCols = 64;      // dims of o a block merges and contracts
 static_assert(kThreads >= kSparseAbsorbMaxDim, "a thread per output dim");
 
 // Shared memory: the block's merged o [B][kCols], its partial y [B][Dy], the splits' weights [B][S].
-size_t smem_bytes(const SparseAttentionDecodeParams& p, int splits) {
-  return sizeof(float) * p.batch * (static_cast<size_t>(splits) + kCols + p.absorb_dim);
+size_t smem_bytes(const SparseAttentionDecodeParams& p) {
+  return sizeof(float) * p.batch * (static_cast<size_t>(p.num_splits) + kCols + p.absorb_dim);
 }
 }  // namespace absorb
 
@@ -755,13 +754,13 @@ size_t smem_bytes(const SparseAttentionDecodeParams& p, int splits) {
 // Every weight and partial element is read once, the sums are in a fixed order.
 template <typename T>
 __global__ void __launch_bounds__(absorb::kThreads)
-    absorb_combine_kernel(const SparseAttentionDecodeParams p, const int num_splits) {
+    absorb_combine_kernel(const SparseAttentionDecodeParams p) {
   namespace cg = cooperative_groups;
   constexpr int VEC = 16 / static_cast<int>(sizeof(T)), kChunks = absorb::kCols / VEC;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), blocks = static_cast<int>(cluster.num_blocks());
   const int h = blockIdx.x / blocks, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int B = p.batch, S = num_splits, Hq = p.q_heads, Dv = p.head_dim_v, Dy = p.absorb_dim;
+  const int B = p.batch, S = p.num_splits, Hq = p.q_heads, Dv = p.head_dim_v, Dy = p.absorb_dim;
   const int c0 = rank * absorb::kCols;
   uint4 w[kChunks];
   if (tid < Dy) {
@@ -915,8 +914,8 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
     if (p.absorb_w) {
       const int blocks = p.head_dim_v / absorb::kCols;
       launch_dependent("sparse_attention_decode (combine with the output absorption)", absorb_combine_kernel<T>,
-                       dim3(blocks * p.q_heads), dim3(absorb::kThreads), absorb::smem_bytes(p, run.num_splits), s,
-                       {cluster_launch(blocks)}, run, run.num_splits);
+                       dim3(blocks * p.q_heads), dim3(absorb::kThreads), absorb::smem_bytes(run), s,
+                       {cluster_launch(blocks)}, run);
     } else if (run.num_splits > 1) {
       // A block per 128 output dims of a row: at batch 1 the latent preset has only 16 rows.
       const dim3 grid(p.batch * p.q_heads, ceil_div(p.head_dim_v, kCombineThreads));
