@@ -4,6 +4,7 @@
 # and `lt2 bench decode|prefill`, and leaves at most 8 files in $OUT (the device tool's limit).
 #   STAGES="test kernels decode reference prefill"   which parts run (default: all)
 #   BUILD_TARGETS="lt2_cli test_gpu"   what to build (default: those two, decode_kernels_bench and tma_stream_probe)
+#   PREBUILT=build-prebuilt   carried lt2 and test_gpu (scripts/prebuild_gpu.sh) instead of the build: stages test and decode-like
 #   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  GTEST_FILTER=*
 #   REF_CONTEXTS=4k,32k  REF_BATCHES=1,8  (the libtorch reference path: a subset, it is slow)
 #   PREFILL_CONTEXTS=4k,8k,16k,32k  PREFILL_MODELS (default MODELS)  PROFILE_PREFILL=N (per-kernel table of N prefills)
@@ -32,16 +33,30 @@ export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'i
 export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=build-gpu
+L=$B/apps/lt2/lt2
+TEST_GPU=$B/tests/test_gpu
 log=/tmp/lt2_build.log
 t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
-  cmake --build $B -j "$(nproc)" --target ${BUILD_TARGETS:-lt2_cli test_gpu decode_kernels_bench tma_stream_probe} >> $log 2>&1 ||
-  { grep -E "error|Error" -A5 $log | head -80 | tee "$OUT/build_errors.txt"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-L=$B/apps/lt2/lt2
+# PREBUILT=dir: binaries built and stripped on the CPU machine (scripts/prebuild_gpu.sh), carried instead of
+# building here (~110 s a call). Used only if they start; otherwise this builds as usual.
+if [ -n "${PREBUILT:-}" ]; then
+  export LD_LIBRARY_PATH="$PWD/$PREBUILT:$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+  if "$PREBUILT/lt2" --help > /tmp/prebuilt.log 2>&1 && "$PREBUILT/test_gpu" --gtest_list_tests > /dev/null 2>> /tmp/prebuilt.log; then
+    L=$PREBUILT/lt2 TEST_GPU=$PREBUILT/test_gpu
+    echo "prebuilt binaries of $(cat "$PREBUILT/COMMIT" 2> /dev/null) on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+  else
+    echo "prebuilt binaries do not start here (building instead):"; tail -3 /tmp/prebuilt.log
+  fi
+fi
+if [ "$L" = "$B/apps/lt2/lt2" ]; then
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
+    cmake --build $B -j "$(nproc)" --target ${BUILD_TARGETS:-lt2_cli test_gpu decode_kernels_bench tma_stream_probe} >> $log 2>&1 ||
+    { grep -E "error|Error" -A5 $log | head -80 | tee "$OUT/build_errors.txt"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+fi
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 if has test; then
-  $B/tests/test_gpu --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_gpu.log" 2>&1
+  $TEST_GPU --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_gpu.log" 2>&1
   grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" "$OUT/test_gpu.log" | head -30
 fi
 if has kernels; then
