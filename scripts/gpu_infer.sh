@@ -21,7 +21,8 @@
 #   chained at 5-8 rows too), for the A/B of that threshold;
 #   "nopdl": decode cells (NOPDL_MODELS, NOPDL_CONTEXTS=4k) with LT2_PDL=0 (every kernel launched after the one
 #   before it has ended, instead of as a programmatic dependent), for the A/B of that launch;
-#   "ab": decode cells (AB_MODELS, AB_CONTEXTS=4k) with AB_SWITCH (VAR=value) set, described by AB_WHAT
+#   "ab": decode cells (AB_MODELS, AB_CONTEXTS=4k) with AB_SWITCH (VAR=value) set, described by AB_WHAT;
+#   "abs": the same for each of AB_SWITCHES (space-separated VAR=value words) into decode_abs.{md,json}
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -105,6 +106,29 @@ has tail8 && ab_decode tail8 LT2_CHAINED_TAIL_MAX_ROWS=8 "${TAIL_MODELS:-$MODELS
 has nopdl && ab_decode nopdl LT2_PDL=0 "${NOPDL_MODELS:-$MODELS}" "${NOPDL_CONTEXTS:-4k}" \
   "no programmatic dependent launches"
 has ab && ab_decode ab "$AB_SWITCH" "${AB_MODELS:-$MODELS}" "${AB_CONTEXTS:-4k}" "${AB_WHAT:-the A/B switch}"
+# "abs": one decode A/B per switch of AB_SWITCHES (space-separated VAR=value[,value...] words), all into
+# $OUT/decode_abs.md and $OUT/decode_abs.json ({switch: that run's JSON}).
+if has abs; then
+  i=0
+  for sw in ${AB_SWITCHES:-}; do
+    i=$((i + 1))
+    env "$sw" $L bench decode -m "${AB_MODELS:-$MODELS}" -c "${AB_CONTEXTS:-4k}" -b "${BATCHES:-1,8,32}" --paths engine \
+      --steps "${STEPS:-10}" --warmup 2 --out-json "/tmp/abs_$i.json" --out-md "/tmp/abs_$i.md" 2> "/tmp/abs_$i.err" ||
+      tail -20 "/tmp/abs_$i.err"
+    { echo "with $sw:"; cat "/tmp/abs_$i.md"; echo; } | tee -a "$OUT/decode_abs.md"
+  done
+  python3 - "$OUT/decode_abs.json" ${AB_SWITCHES:-} << 'PY'
+import json, sys
+out, switches = sys.argv[1], sys.argv[2:]
+runs = {}
+for i, sw in enumerate(switches, 1):
+    try:
+        runs[sw] = json.load(open(f"/tmp/abs_{i}.json"))
+    except (OSError, ValueError) as e:
+        runs[sw] = {"error": str(e)}
+json.dump(runs, open(out, "w"), indent=1)
+PY
+fi
 if has reference; then
   $L bench decode -m "$MODELS" -c "${REF_CONTEXTS:-4k,32k}" -b "${REF_BATCHES:-1,8}" --paths reference \
     --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/decode_reference.json" --out-md "$OUT/decode_reference.md" \

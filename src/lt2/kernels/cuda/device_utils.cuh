@@ -7,9 +7,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
+#include <sstream>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "lt2/kernels/decode.h"
 #include "lt2/util/env.h"
@@ -205,11 +210,22 @@ void reserve_shared(size_t bytes, const char* name) {
   if (device < kMaxDevices) reserved[device].store(bytes);
 }
 
-// Whether launch_dependent launches programmatic dependents (LT2_PDL=0: ordinary launches, the
-// A/B switch of bench/NOTES.md).
-inline bool programmatic_launches() {
+// Whether launch_dependent launches kernel `name` as a programmatic dependent. The A/B switches of
+// bench/NOTES.md: LT2_PDL=0 makes every launch an ordinary one; LT2_PDL_OFF=gemv,topk only the
+// launches whose name starts with one of the comma-separated prefixes.
+inline bool programmatic_launch(const char* name) {
   static const bool on = env_switch_on("LT2_PDL");
-  return on;
+  static const std::vector<std::string> off = [] {
+    std::vector<std::string> prefixes;
+    std::stringstream list(std::getenv("LT2_PDL_OFF") ? std::getenv("LT2_PDL_OFF") : "");
+    for (std::string prefix; std::getline(list, prefix, ',');)
+      if (!prefix.empty()) prefixes.push_back(prefix);
+    return prefixes;
+  }();
+  if (!on) return false;
+  for (const auto& prefix : off)
+    if (std::strncmp(name, prefix.c_str(), prefix.size()) == 0) return false;
+  return true;
 }
 
 // Launch attributes for launch_dependent's `extra`.
@@ -237,7 +253,7 @@ void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, di
   LT2_CHECK(extra.size() < 4, name, ": at most 3 extra launch attributes");
   unsigned n = 0;
   for (const cudaLaunchAttribute& a : extra) attrs[n++] = a;
-  if (programmatic_launches()) {
+  if (programmatic_launch(name)) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }

@@ -10,6 +10,7 @@
 #include <atomic>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
+#include "lt2/util/env.h"
 
 namespace lt2::kernels {
 namespace {
@@ -233,7 +234,8 @@ __device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_
 }
 
 // q, k ([K] in shared memory, after SiLU(conv)) scaled to unit L2 norm (+1e-6 under the root).
-// Every thread of the block calls it after a barrier that made s_q, s_k complete.
+// Every thread of the block calls it after a barrier that made s_q, s_k complete; `scratch` holds
+// two floats per warp of the block.
 __device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
   float qq = 0.f, kk = 0.f;
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
@@ -327,35 +329,65 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------------------------------------
 // gdn_decode, register form: grid (H, B), one block per (sequence, head), S held in registers.
-// Lane l of a warp owns rows KR (l / 4) .. KR (l / 4) + KR - 1 of 4 consecutive value columns
-// (quad l % 4 of the warp's 16), so a warp covers 16 columns of all K rows and the column sums
+// Lane l of a warp owns rows KR (l / 4) .. KR (l / 4) + KR - 1 of CL consecutive value columns
+// (quad l % 4 of the warp's 4 CL), so a warp covers 4 CL columns of all K rows and the column sums
 // over k (S^T k, S^T q) are sums over its 8 row groups: 3 shuffles, no barrier, no shared copy
 // of S. Every load of the step (S, the conv inputs and windows, the gates, the norm weight and
 // the output gate) is issued before the first result is needed, so a step costs about one memory
 // round trip plus S's transfer; the per-head form waits on ~4 dependent rounds and 3 barriers per
-// 32 columns. Heads wider than 16 x warps columns take passes over the columns.
+// 32 columns. Heads wider than 4 CL x warps columns take passes over the columns.
+// CL = 4 (GdnDecodeForm::Registers): 12 warps at the 1.3B head (K 96, V 192), 48 floats of S a
+// thread. CL = 2 (RegistersTwoCols): 24 warps, 24 floats a thread: a warp's chain of dependent
+// instructions (the step is bound by it, not by memory: ncu at batch 1 showed ~1,400 instructions
+// a warp at ~13 cycles each with 12 warps a SM) is shorter and twice the warps hide its latency.
 
-constexpr int kRegRowGroups = 8;   // row groups per warp (lane / 4)
-constexpr int kRegWarpCols = 16;   // value columns per warp and pass (4 lanes x 4)
+constexpr int kRegRowGroups = 8;  // row groups per warp (lane / 4)
+constexpr int kRegMaxTwoColRows = 12;  // rows per thread the 2-column form takes (K <= 96)
 
-// Threads per block of the register form with KR rows per thread: 16 warps while a thread's
-// slab fits in ~128 registers, 8 beyond.
-__host__ __device__ constexpr int gdn_register_threads(int KR) { return KR <= 16 ? 512 : 256; }
-
-// Sum over the 8 row groups of a warp (lanes l, l ^ 4, l ^ 8, ...), to every lane.
-__device__ __forceinline__ float4 row_group_sum(float4 x) {
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    x.x += __shfl_xor_sync(0xffffffffu, x.x, off);
-    x.y += __shfl_xor_sync(0xffffffffu, x.y, off);
-    x.z += __shfl_xor_sync(0xffffffffu, x.z, off);
-    x.w += __shfl_xor_sync(0xffffffffu, x.w, off);
-  }
-  return x;
+// Threads per block of the register form with KR rows and CL columns per thread: with 4 columns,
+// 16 warps while a thread's slab fits in ~128 registers, 8 beyond; with 2 columns (KR <= 12),
+// 24 warps (80 registers a thread).
+__host__ __device__ constexpr int gdn_register_threads(int KR, int CL) {
+  return CL == 2 ? 768 : (KR <= 16 ? 512 : 256);
 }
 
-template <typename T, int KR>
-__global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers_kernel(const GdnDecodeParams p) {
+// CL consecutive fp32 values of a 16-byte (CL 4) or 8-byte (CL 2) aligned row, moved as one access.
+__device__ __forceinline__ void load_cols_cg(float (&d)[4], const float* src) {
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
+  d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
+}
+__device__ __forceinline__ void load_cols_cg(float (&d)[2], const float* src) {
+  const float2 v = __ldcg(reinterpret_cast<const float2*>(src));
+  d[0] = v.x, d[1] = v.y;
+}
+__device__ __forceinline__ void load_cols(float (&d)[4], const float* src) {
+  const float4 v = *reinterpret_cast<const float4*>(src);
+  d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
+}
+__device__ __forceinline__ void load_cols(float (&d)[2], const float* src) {
+  const float2 v = *reinterpret_cast<const float2*>(src);
+  d[0] = v.x, d[1] = v.y;
+}
+__device__ __forceinline__ void store_cols(float* dst, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store_cols(float* dst, const float (&v)[2]) {
+  *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+}
+
+// Sum over the 8 row groups of a warp (lanes l, l ^ 4, l ^ 8, ...), to every lane.
+template <int CL>
+__device__ __forceinline__ void row_group_sum(float (&x)[CL]) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1)
+#pragma unroll
+    for (int j = 0; j < CL; ++j) x[j] += __shfl_xor_sync(0xffffffffu, x[j], off);
+}
+
+template <typename T, int KR, int CL>
+__global__ void __launch_bounds__(gdn_register_threads(KR, CL))
+    gdn_decode_registers_kernel(const GdnDecodeParams p) {
+  constexpr int kWarpCols = 4 * CL;  // value columns per warp and pass
   const int h = blockIdx.x, b = blockIdx.y;
   const int K = p.head_k, V = p.head_v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -366,25 +398,28 @@ __global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers
   float* s_k = s_q + kRows;    // [kRows]
   float* s_v = s_k + kRows;    // [V]
   float* s_o = s_v + V;        // [V]: scale S^T q
-  float* scratch = s_o + V;    // [32]
+  float* scratch = s_o + V;    // [64]: block_sum's float2 per warp (up to 32 warps)
 
   float* S = p.state + (static_cast<int64_t>(b) * p.heads + h) * K * V;
-  float4 s[KR];  // S[r0 + i, c .. c + 3] of the current pass (V % 4 == 0, rows 16-byte aligned)
+  float s[KR][CL];  // S[r0 + i, c .. c + CL - 1] of the current pass (V % 4 == 0, aligned rows)
   auto load_pass = [&](int c) {  // from L2 (__ldcg): a load issued before the wait sees no stale L1
 #pragma unroll
-    for (int i = 0; i < KR; ++i)
-      s[i] = r0 + i < K && c < V ? __ldcg(reinterpret_cast<const float4*>(S + static_cast<int64_t>(r0 + i) * V + c))
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < KR; ++i) {
+      if (r0 + i < K && c < V) load_cols_cg(s[i], S + static_cast<int64_t>(r0 + i) * V + c);
+      else
+#pragma unroll
+        for (int j = 0; j < CL; ++j) s[i][j] = 0.f;
+    }
   };
-  const int pass_cols = kRegWarpCols * warps;
+  const int pass_cols = kWarpCols * warps;
   // Launched as a programmatic dependent: its blocks are placed while the input projection ends.
   // Nothing that kernel writes is read before the wait; S only when the caller vouches that no
   // kernel still running writes it (state_settled: an earlier step on the same state may run).
   // The block tail chained after this step (gemv_chain) then starts on the SMs this grid leaves
   // idle and streams its weights meanwhile; it waits for this step's y before reading it.
-  if (p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
+  if (p.state_settled) load_pass(warp * kWarpCols + CL * quad);
   dependent_kernel_start();
-  if (!p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
+  if (!p.state_settled) load_pass(warp * kWarpCols + CL * quad);
 
   // The epilogue's inputs of the first pass over the outputs, while S is in flight.
   const T* norm_weight = static_cast<const T*>(p.norm_weight);
@@ -410,29 +445,37 @@ __global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers
   }
 
   for (int c0 = 0; c0 < V; c0 += pass_cols) {
-    const int c = c0 + warp * kRegWarpCols + 4 * quad;
+    const int c = c0 + warp * kWarpCols + CL * quad;
     if (c0 > 0) load_pass(c);
     // u = beta (v - alpha S^T k), the decayed state's prediction error (rows past K add 0).
-    float4 pred = make_float4(0.f, 0.f, 0.f, 0.f);
+    float pred[CL] = {};
 #pragma unroll
     for (int i = 0; i < KR; ++i)
-      pred.x += kr[i] * s[i].x, pred.y += kr[i] * s[i].y, pred.z += kr[i] * s[i].z, pred.w += kr[i] * s[i].w;
-    pred = row_group_sum(pred);
-    const float4 v = c < V ? *reinterpret_cast<const float4*>(s_v + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 u = make_float4(beta * (v.x - alpha * pred.x), beta * (v.y - alpha * pred.y),
-                                 beta * (v.z - alpha * pred.z), beta * (v.w - alpha * pred.w));
+#pragma unroll
+      for (int j = 0; j < CL; ++j) pred[j] += kr[i] * s[i][j];
+    row_group_sum(pred);
+    float v[CL] = {};
+    if (c < V) load_cols(v, s_v + c);
+    float u[CL];
+#pragma unroll
+    for (int j = 0; j < CL; ++j) u[j] = beta * (v[j] - alpha * pred[j]);
     // S <- alpha S + k u^T;  o = S^T q.
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    float o[CL] = {};
 #pragma unroll
     for (int i = 0; i < KR; ++i) {
-      s[i].x = alpha * s[i].x + kr[i] * u.x, s[i].y = alpha * s[i].y + kr[i] * u.y;
-      s[i].z = alpha * s[i].z + kr[i] * u.z, s[i].w = alpha * s[i].w + kr[i] * u.w;
-      o.x += qr[i] * s[i].x, o.y += qr[i] * s[i].y, o.z += qr[i] * s[i].z, o.w += qr[i] * s[i].w;
-      if (r0 + i < K && c < V) *reinterpret_cast<float4*>(S + static_cast<int64_t>(r0 + i) * V + c) = s[i];
+#pragma unroll
+      for (int j = 0; j < CL; ++j) {
+        s[i][j] = alpha * s[i][j] + kr[i] * u[j];
+        o[j] += qr[i] * s[i][j];
+      }
+      if (r0 + i < K && c < V) store_cols(S + static_cast<int64_t>(r0 + i) * V + c, s[i]);
     }
-    o = row_group_sum(o);
-    if (r0 == 0 && c < V)
-      *reinterpret_cast<float4*>(s_o + c) = make_float4(p.scale * o.x, p.scale * o.y, p.scale * o.z, p.scale * o.w);
+    row_group_sum(o);
+    if (r0 == 0 && c < V) {
+#pragma unroll
+      for (int j = 0; j < CL; ++j) o[j] *= p.scale;
+      store_cols(s_o + c, o);
+    }
   }
   __syncthreads();  // s_o is complete
 
@@ -633,26 +676,34 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
   check_launch("gdn_decode (cluster form)");
 }
 
-// The register form: KR rows per thread for K <= 8 KR, enough warps for the head's columns in
-// one pass where the block allows.
-template <int KR>
+// The register form: KR rows and CL columns per thread for K <= 8 KR, enough warps for the head's
+// columns in one pass where the block allows.
+template <int KR, int CL>
 void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
-  const int warps = std::min(gdn_register_threads(KR) / 32, ceil_div(p.head_v, kRegWarpCols));
-  const size_t smem = sizeof(float) * (2 * kRegRowGroups * KR + 2 * p.head_v + 32);
+  const int warps = std::min(gdn_register_threads(KR, CL) / 32, ceil_div(p.head_v, 4 * CL));
+  const size_t smem = sizeof(float) * (2 * kRegRowGroups * KR + 2 * p.head_v + 64);
   const dim3 grid(p.heads, p.batch);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    reserve_shared<gdn_decode_registers_kernel<T, KR>>(smem, "gdn_decode (register form)");
-    launch_dependent("gdn_decode (register form)", gdn_decode_registers_kernel<T, KR>, grid, dim3(32 * warps), smem,
-                     stream, {}, p);
+    reserve_shared<gdn_decode_registers_kernel<T, KR, CL>>(smem, "gdn_decode (register form)");
+    launch_dependent("gdn_decode (register form)", gdn_decode_registers_kernel<T, KR, CL>, grid, dim3(32 * warps),
+                     smem, stream, {}, p);
   });
 }
 
-void launch_gdn_registers(const GdnDecodeParams& p, cudaStream_t stream) {
-  if (p.head_k <= 8 * kRegRowGroups) launch_gdn_registers_kr<8>(p, stream);
-  else if (p.head_k <= 12 * kRegRowGroups) launch_gdn_registers_kr<12>(p, stream);  // the 1.3B presets' K = 96
-  else if (p.head_k <= 16 * kRegRowGroups) launch_gdn_registers_kr<16>(p, stream);
-  else launch_gdn_registers_kr<32>(p, stream);
+void launch_gdn_registers(const GdnDecodeParams& p, bool two_cols, cudaStream_t stream) {
+  if (two_cols) {
+    if (p.head_k <= 8 * kRegRowGroups) launch_gdn_registers_kr<8, 2>(p, stream);
+    else launch_gdn_registers_kr<kRegMaxTwoColRows, 2>(p, stream);  // the 1.3B presets' K = 96
+  } else if (p.head_k <= 8 * kRegRowGroups) {
+    launch_gdn_registers_kr<8, 4>(p, stream);
+  } else if (p.head_k <= 12 * kRegRowGroups) {
+    launch_gdn_registers_kr<12, 4>(p, stream);
+  } else if (p.head_k <= 16 * kRegRowGroups) {
+    launch_gdn_registers_kr<16, 4>(p, stream);
+  } else {
+    launch_gdn_registers_kr<32, 4>(p, stream);
+  }
 }
 
 }  // namespace
@@ -661,11 +712,19 @@ bool gdn_decode_registers_supported(int head_k, int head_v) {
   return head_k >= 1 && head_k <= kMaxGdnRegisterHeadK && head_v >= 4 && head_v % 4 == 0;
 }
 
+bool gdn_decode_registers_two_cols_supported(int head_k, int head_v) {
+  return gdn_decode_registers_supported(head_k, head_v) && head_k <= kRegRowGroups * kRegMaxTwoColRows;
+}
+
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
   return head_k >= 1 && head_k <= kMaxRecurrentHeadK && head_v >= 1 && gdn_cluster_fits(head_k, head_v, device);
 }
 
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device) {
+  // LT2_GDN_LANE_COLS=4: the 4-column register form where the 2-column one also serves (the A/B
+  // switch of the two).
+  if (gdn_decode_registers_two_cols_supported(head_k, head_v) && env_int("LT2_GDN_LANE_COLS", 2) != 4)
+    return GdnDecodeForm::RegistersTwoCols;
   if (gdn_decode_registers_supported(head_k, head_v)) return GdnDecodeForm::Registers;
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "gdn_decode");
   // Measured on an H200 (132 SMs) at the 1.3B GDN head (96 x 192): 16 (sequence, head) blocks,
@@ -688,14 +747,21 @@ void gdn_decode(const GdnDecodeParams& p, void* stream) {
   LT2_CHECK(form != GdnDecodeForm::Cluster || gdn_decode_cluster_supported(p.head_k, p.head_v, device),
             "gdn_decode: the cluster form needs an sm_90 device and K x tile columns within ", kGdnTileBytes,
             " bytes; K ", p.head_k, ", V ", p.head_v);
-  // The register form moves S in 16-byte pieces: a misaligned state takes the per-head form.
+  // The register forms move S in 16- or 8-byte pieces: a misaligned state takes the per-head form.
   const bool aligned = rows_16_byte_aligned(p.state, p.head_v);
-  if (p.form == GdnDecodeForm::Auto && form == GdnDecodeForm::Registers && !aligned) form = GdnDecodeForm::PerHead;
+  if (p.form == GdnDecodeForm::Auto && !aligned &&
+      (form == GdnDecodeForm::Registers || form == GdnDecodeForm::RegistersTwoCols))
+    form = GdnDecodeForm::PerHead;
   LT2_CHECK(form != GdnDecodeForm::Registers || (gdn_decode_registers_supported(p.head_k, p.head_v) && aligned),
             "gdn_decode: the register form takes K <= ", kMaxGdnRegisterHeadK, ", V a multiple of 4 and a 16-byte ",
             "aligned state; K ", p.head_k, ", V ", p.head_v);
+  LT2_CHECK(form != GdnDecodeForm::RegistersTwoCols ||
+                (gdn_decode_registers_two_cols_supported(p.head_k, p.head_v) && aligned),
+            "gdn_decode: the 2-column register form takes K <= ", kRegRowGroups * kRegMaxTwoColRows,
+            ", V a multiple of 4 and a 16-byte aligned state; K ", p.head_k, ", V ", p.head_v);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (form == GdnDecodeForm::Registers) launch_gdn_registers(p, s);
+  if (form == GdnDecodeForm::Registers || form == GdnDecodeForm::RegistersTwoCols)
+    launch_gdn_registers(p, form == GdnDecodeForm::RegistersTwoCols, s);
   else if (form == GdnDecodeForm::Cluster) launch_gdn_cluster(p, s);
   else launch_gdn_per_head(p, s);
 }
