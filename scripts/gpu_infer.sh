@@ -106,13 +106,14 @@ has tail8 && ab_decode tail8 LT2_CHAINED_TAIL_MAX_ROWS=8 "${TAIL_MODELS:-$MODELS
 has nopdl && ab_decode nopdl LT2_PDL=0 "${NOPDL_MODELS:-$MODELS}" "${NOPDL_CONTEXTS:-4k}" \
   "no programmatic dependent launches"
 has ab && ab_decode ab "$AB_SWITCH" "${AB_MODELS:-$MODELS}" "${AB_CONTEXTS:-4k}" "${AB_WHAT:-the A/B switch}"
-# "abs": one decode A/B per switch of AB_SWITCHES (space-separated VAR=value[,value...] words), all into
+# "abs": one decode A/B per switch of AB_SWITCHES (space-separated VAR=value[,value...] words, several
+# variables of one arm joined by '+'), all into
 # $OUT/decode_abs.md and $OUT/decode_abs.json ({switch: that run's JSON}).
 if has abs; then
   i=0
   for sw in ${AB_SWITCHES:-}; do
     i=$((i + 1))
-    env "$sw" $L bench decode -m "${AB_MODELS:-$MODELS}" -c "${AB_CONTEXTS:-4k}" -b "${BATCHES:-1,8,32}" --paths engine \
+    env ${sw//+/ } $L bench decode -m "${AB_MODELS:-$MODELS}" -c "${AB_CONTEXTS:-4k}" -b "${BATCHES:-1,8,32}" --paths engine \
       --steps "${STEPS:-10}" --warmup 2 --out-json "/tmp/abs_$i.json" --out-md "/tmp/abs_$i.md" 2> "/tmp/abs_$i.err" ||
       tail -20 "/tmp/abs_$i.err"
     { echo "with $sw:"; cat "/tmp/abs_$i.md"; echo; } | tee -a "$OUT/decode_abs.md"

@@ -101,10 +101,11 @@ bool gdn_decode_registers_supported(int head_k, int head_v);
 bool gdn_decode_registers_two_cols_supported(int head_k, int head_v);
 // Whether the cluster form serves these head dims on CUDA device `device`.
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device);
-// Auto's choice: the 2-column register form where it serves the head dims (LT2_GDN_LANE_COLS=4: the
-// 4-column one), then the register form; else the cluster form when one
-// block per (sequence, head) would leave most SMs idle (fewer blocks than half the SMs) and the
-// cluster form serves the head dims, else the per-head form.
+// Auto's choice, with "few blocks" meaning that one block per (sequence, head) would leave most SMs
+// idle (fewer blocks than half the SMs): where a register form serves the head dims, the 4-column
+// one with few blocks, else the 2-column one where it serves them (LT2_GDN_LANE_COLS=2 or 4 forces
+// one); otherwise the cluster form with few blocks where it serves the head dims, else the
+// per-head form.
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device);
 
 // RMSNorm of rows in fp32, optionally after a residual add (a transformer block's `h = x + m;

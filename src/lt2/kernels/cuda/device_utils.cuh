@@ -243,17 +243,20 @@ inline cudaLaunchAttribute cluster_launch(unsigned x) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the `extra` attributes, launched as a
-// programmatic dependent of the kernel before it on the stream: it may start before that kernel
-// ends, so it must call grid_dependency_wait() before it touches memory an earlier kernel may
-// still use, and launch_dependents() only after that wait (dependent_kernel_start does both).
+// programmatic dependent of the kernel before it on the stream where `as_dependent` (and
+// programmatic_launch(name)): it may start before that kernel ends, so it must call
+// grid_dependency_wait() before it touches memory an earlier kernel may still use, and
+// launch_dependents() only after that wait (dependent_kernel_start does both). Otherwise an
+// ordinary launch, after which the kernel's wait returns at once.
 template <typename... Params, typename... Args>
-void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra, Args&&... args) {
+void launch_maybe_dependent(bool as_dependent, const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                            size_t smem, cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra,
+                            Args&&... args) {
   cudaLaunchAttribute attrs[4]{};
   LT2_CHECK(extra.size() < 4, name, ": at most 3 extra launch attributes");
   unsigned n = 0;
   for (const cudaLaunchAttribute& a : extra) attrs[n++] = a;
-  if (programmatic_launch(name)) {
+  if (as_dependent && programmatic_launch(name)) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -266,6 +269,13 @@ void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, di
   config.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   LT2_CHECK(err == cudaSuccess, name, " launch failed: ", cudaGetErrorString(err));
+}
+
+// launch_maybe_dependent, always as a programmatic dependent (unless the switches say otherwise).
+template <typename... Params, typename... Args>
+void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra, Args&&... args) {
+  launch_maybe_dependent(true, name, kernel, grid, block, smem, stream, extra, std::forward<Args>(args)...);
 }
 
 // Calls f(T{}) with T the CUDA type of dtype.

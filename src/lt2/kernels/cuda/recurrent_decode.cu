@@ -678,32 +678,39 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
 
 // The register form: KR rows and CL columns per thread for K <= 8 KR, enough warps for the head's
 // columns in one pass where the block allows.
+// as_dependent: launched as a programmatic dependent of the input projection (see gdn_decode).
 template <int KR, int CL>
-void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
+void launch_gdn_registers_kr(const GdnDecodeParams& p, bool as_dependent, cudaStream_t stream) {
   const int warps = std::min(gdn_register_threads(KR, CL) / 32, ceil_div(p.head_v, 4 * CL));
   const size_t smem = sizeof(float) * (2 * kRegRowGroups * KR + 2 * p.head_v + 64);
   const dim3 grid(p.heads, p.batch);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     reserve_shared<gdn_decode_registers_kernel<T, KR, CL>>(smem, "gdn_decode (register form)");
-    launch_dependent("gdn_decode (register form)", gdn_decode_registers_kernel<T, KR, CL>, grid, dim3(32 * warps),
-                     smem, stream, {}, p);
+    launch_maybe_dependent(as_dependent, "gdn_decode (register form)", gdn_decode_registers_kernel<T, KR, CL>, grid,
+                           dim3(32 * warps), smem, stream, {}, p);
   });
 }
 
-void launch_gdn_registers(const GdnDecodeParams& p, bool two_cols, cudaStream_t stream) {
+void launch_gdn_registers(const GdnDecodeParams& p, bool two_cols, bool as_dependent, cudaStream_t stream) {
   if (two_cols) {
-    if (p.head_k <= 8 * kRegRowGroups) launch_gdn_registers_kr<8, 2>(p, stream);
-    else launch_gdn_registers_kr<kRegMaxTwoColRows, 2>(p, stream);  // the 1.3B presets' K = 96
+    if (p.head_k <= 8 * kRegRowGroups) launch_gdn_registers_kr<8, 2>(p, as_dependent, stream);
+    else launch_gdn_registers_kr<kRegMaxTwoColRows, 2>(p, as_dependent, stream);  // the 1.3B presets' K = 96
   } else if (p.head_k <= 8 * kRegRowGroups) {
-    launch_gdn_registers_kr<8, 4>(p, stream);
+    launch_gdn_registers_kr<8, 4>(p, as_dependent, stream);
   } else if (p.head_k <= 12 * kRegRowGroups) {
-    launch_gdn_registers_kr<12, 4>(p, stream);
+    launch_gdn_registers_kr<12, 4>(p, as_dependent, stream);
   } else if (p.head_k <= 16 * kRegRowGroups) {
-    launch_gdn_registers_kr<16, 4>(p, stream);
+    launch_gdn_registers_kr<16, 4>(p, as_dependent, stream);
   } else {
-    launch_gdn_registers_kr<32, 4>(p, stream);
+    launch_gdn_registers_kr<32, 4>(p, as_dependent, stream);
   }
+}
+
+// Whether one block per (sequence, head) leaves most SMs idle (fewer blocks than half of them).
+bool gdn_few_blocks(int batch, int heads, int device) {
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "gdn_decode");
+  return 2 * static_cast<int64_t>(batch) * heads < static_cast<int64_t>(sms);
 }
 
 }  // namespace
@@ -721,16 +728,20 @@ bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
 }
 
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device) {
-  // LT2_GDN_LANE_COLS=4: the 4-column register form where the 2-column one also serves (the A/B
-  // switch of the two).
-  if (gdn_decode_registers_two_cols_supported(head_k, head_v) && env_int("LT2_GDN_LANE_COLS", 2) != 4)
-    return GdnDecodeForm::RegistersTwoCols;
-  if (gdn_decode_registers_supported(head_k, head_v)) return GdnDecodeForm::Registers;
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "gdn_decode");
+  const bool few_blocks = gdn_few_blocks(batch, heads, device);
+  if (gdn_decode_registers_supported(head_k, head_v)) {
+    // Measured on an H200 (lt2 bench decode, 4k, 1.3B presets, one run; bench/results/
+    // decode_gdn_two_cols_h200.md): at batch 1 (16 blocks) the 4-column form is faster (lt2-gdn
+    // 4.53 ms a step against 4.63 to 4.76 with 2 columns); at batch 8 (128 blocks) the 2-column
+    // one launched as an ordinary kernel is (5.51 against 5.65). LT2_GDN_LANE_COLS=2 or 4 forces one.
+    const long long cols = env_int("LT2_GDN_LANE_COLS", 0);
+    const bool two_cols = cols == 2 || (cols != 4 && !few_blocks);
+    return two_cols && gdn_decode_registers_two_cols_supported(head_k, head_v) ? GdnDecodeForm::RegistersTwoCols
+                                                                                : GdnDecodeForm::Registers;
+  }
   // Measured on an H200 (132 SMs) at the 1.3B GDN head (96 x 192): 16 (sequence, head) blocks,
   // cluster 9.1 us vs per head 13.0 us; 128 blocks, cluster 20.4 us vs per head 13.9 us. So the
   // cluster form only while the per-head grid leaves most SMs idle.
-  const bool few_blocks = 2 * static_cast<int64_t>(batch) * heads < static_cast<int64_t>(sms);
   return few_blocks && gdn_decode_cluster_supported(head_k, head_v, device) ? GdnDecodeForm::Cluster
                                                                             : GdnDecodeForm::PerHead;
 }
@@ -760,8 +771,12 @@ void gdn_decode(const GdnDecodeParams& p, void* stream) {
             "gdn_decode: the 2-column register form takes K <= ", kRegRowGroups * kRegMaxTwoColRows,
             ", V a multiple of 4 and a 16-byte aligned state; K ", p.head_k, ", V ", p.head_v);
   const auto s = static_cast<cudaStream_t>(stream);
+  // The register step is a programmatic dependent of its input projection only while its grid
+  // leaves most SMs idle. On a full grid its blocks, placed early, cost more than the overlap
+  // gains: at batch 8 the 2-column form took 6.42 ms a lt2-gdn-dsa step as a dependent, 6.17 as
+  // an ordinary launch (same run as above).
   if (form == GdnDecodeForm::Registers || form == GdnDecodeForm::RegistersTwoCols)
-    launch_gdn_registers(p, form == GdnDecodeForm::RegistersTwoCols, s);
+    launch_gdn_registers(p, form == GdnDecodeForm::RegistersTwoCols, gdn_few_blocks(p.batch, p.heads, device), s);
   else if (form == GdnDecodeForm::Cluster) launch_gdn_cluster(p, s);
   else launch_gdn_per_head(p, s);
 }
