@@ -1,8 +1,7 @@
 // Micro-benchmark of the fused decode kernels (ops/fused_decode.h) at a preset's decode shapes:
 //   gdn_decode       GDN's step after its projections (gdn_decode_fused), the preset's GDN heads,
-//                    in the form the launcher picks; gdn_decode_registers,
-//                    gdn_decode_registers_two_cols, gdn_decode_per_head, gdn_decode_cluster force
-//                    one form (kernels::GdnDecodeForm)
+//                    in the form the launcher picks; gdn_decode_registers, gdn_decode_per_head,
+//                    gdn_decode_cluster force one form (kernels::GdnDecodeForm)
 //   recurrent_step   the generic recurrent step (recurrent_step_fused) on the same heads: delta
 //                    rule, one decay per head
 //   gdn_layer_step   the whole GDN layer's decode step (projections + kernel + o_proj)
@@ -368,8 +367,7 @@ int main(int argc, char** argv) {
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
     auto wants = [&](const std::string& k) { return std::count(s.kernels.begin(), s.kernels.end(), k) > 0; };
     std::shared_ptr<lt2::GatedDeltaNetImpl> gdn;
-    if (wants("gdn_decode") || wants("gdn_decode_registers") || wants("gdn_decode_registers_two_cols") ||
-        wants("gdn_decode_per_head") ||
+    if (wants("gdn_decode") || wants("gdn_decode_registers") || wants("gdn_decode_per_head") ||
         wants("gdn_decode_cluster") || wants("recurrent_step") || wants("gdn_layer_step"))
       gdn = make_gdn(cfg, dt);
 
@@ -421,10 +419,6 @@ int main(int argc, char** argv) {
           lt2::kernels::gdn_decode_registers_supported(static_cast<int>(gdn->head_k_dim),
                                                        static_cast<int>(gdn->head_v_dim)))
         report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::Registers, "gdn_decode_registers"));
-      if (wants("gdn_decode_registers_two_cols") &&
-          lt2::kernels::gdn_decode_registers_two_cols_supported(static_cast<int>(gdn->head_k_dim),
-                                                                static_cast<int>(gdn->head_v_dim)))
-        report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::RegistersTwoCols, "gdn_decode_registers_two_cols"));
       if (wants("gdn_decode_per_head"))
         report(bench_gdn_decode(s, *gdn, B, dt, GdnDecodeForm::PerHead, "gdn_decode_per_head"));
       if (wants("gdn_decode_cluster") &&

@@ -90,8 +90,6 @@ std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
 #ifdef LT2_WITH_CUDA
   if (kernels::gdn_decode_registers_supported(static_cast<int>(K), static_cast<int>(V)))
     forms.push_back(kernels::GdnDecodeForm::Registers);
-  if (kernels::gdn_decode_registers_two_cols_supported(static_cast<int>(K), static_cast<int>(V)))
-    forms.push_back(kernels::GdnDecodeForm::RegistersTwoCols);
   if (kernels::gdn_decode_cluster_supported(static_cast<int>(K), static_cast<int>(V), c10::cuda::current_device()))
     forms.push_back(kernels::GdnDecodeForm::Cluster);
 #endif
@@ -101,7 +99,6 @@ std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
 const char* form_name(kernels::GdnDecodeForm form) {
   switch (form) {
     case kernels::GdnDecodeForm::Registers: return "registers";
-    case kernels::GdnDecodeForm::RegistersTwoCols: return "registers, 2 columns";
     case kernels::GdnDecodeForm::PerHead: return "per-head";
     case kernels::GdnDecodeForm::Cluster: return "cluster";
     case kernels::GdnDecodeForm::Auto: break;
@@ -121,7 +118,7 @@ TEST(FusedDecode, GdnStepMatchesReference) {
   // one partial tile (register form: a partial warp of columns); V = 70: rows not 16-byte aligned
   // (per-head and cluster forms only); K = 200: rows
   // past K in the last row group, 10 passes (register form); W = 1: no conv window; (80, 400):
-  // rows past K and three passes of 192, 192 and 16 columns in the 2-column register form.
+  // rows past K and two passes of 256 and 144 columns (register form).
   const std::vector<Shape> shapes{{1, 2, 32, 64, 4}, {3, 4, 96, 192, 4}, {8, 2, 128, 256, 4},
                                   {3, 3, 6, 12, 4},  {2, 2, 64, 70, 3},  {1, 1, 256, 512, 4},
                                   {2, 1, 16, 40, 1}, {2, 2, 200, 1200, 4}, {2, 2, 80, 400, 4}};

@@ -59,7 +59,6 @@ void recurrent_step(const RecurrentStepParams& p, void* stream);
 enum class GdnDecodeForm {
   Auto,       // gdn_decode_form's choice
   Registers,  // one block per (sequence, head), S in registers (K <= kMaxGdnRegisterHeadK, V % 4 == 0)
-  RegistersTwoCols,  // the same with 2 value columns a lane instead of 4: twice the warps (K <= 96)
   PerHead,    // one block per (sequence, head), S through shared memory in passes over the value columns
   Cluster,    // one thread-block cluster per (sequence, head), a block per tile of value columns (sm_90)
 };
@@ -97,15 +96,11 @@ struct GdnDecodeParams {
 void gdn_decode(const GdnDecodeParams& p, void* stream);
 // Whether the register form serves these head dims (it also needs a 16-byte aligned state).
 bool gdn_decode_registers_supported(int head_k, int head_v);
-// Whether the 2-column register form serves these head dims (it also needs a 16-byte aligned state).
-bool gdn_decode_registers_two_cols_supported(int head_k, int head_v);
 // Whether the cluster form serves these head dims on CUDA device `device`.
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device);
-// Auto's choice, with "few blocks" meaning that one block per (sequence, head) would leave most SMs
-// idle (fewer blocks than half the SMs): where a register form serves the head dims, the 4-column
-// one with few blocks, else the 2-column one where it serves them (LT2_GDN_LANE_COLS=2 or 4 forces
-// one); otherwise the cluster form with few blocks where it serves the head dims, else the
-// per-head form.
+// Auto's choice: the register form where it serves the head dims; else the cluster form when one
+// block per (sequence, head) would leave most SMs idle (fewer blocks than half the SMs) and the
+// cluster form serves the head dims, else the per-head form.
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device);
 
 // RMSNorm of rows in fp32, optionally after a residual add (a transformer block's `h = x + m;

@@ -228,6 +228,20 @@ inline bool programmatic_launch(const char* name) {
   return true;
 }
 
+// Whether a grid of `blocks` blocks leaves most SMs of CUDA device `device` idle (fewer blocks than
+// half of them). The decode kernels with one block per (sequence, head) launch as programmatic
+// dependents only on such grids: on fuller ones their blocks, placed while the kernel before
+// still runs, measured slower than ordinary launches (the GDN step and DSA's prep, index scores
+// and sparse attention at batch 8 on the H200: bench/NOTES.md, session of 2026-12-02 morning).
+inline bool grid_leaves_sms_idle(int64_t blocks, int device) {
+  return 2 * blocks < device_attribute(cudaDevAttrMultiProcessorCount, device, "grid size");
+}
+inline bool grid_leaves_sms_idle(int64_t blocks) {
+  int device = 0;
+  cudaGetDevice(&device);
+  return grid_leaves_sms_idle(blocks, device);
+}
+
 // Launch attributes for launch_dependent's `extra`.
 inline cudaLaunchAttribute cooperative_launch() {
   cudaLaunchAttribute a{};

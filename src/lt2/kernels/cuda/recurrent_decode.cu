@@ -10,7 +10,6 @@
 #include <atomic>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
-#include "lt2/util/env.h"
 
 namespace lt2::kernels {
 namespace {
@@ -234,8 +233,7 @@ __device__ void head_conv_silu(const GdnDecodeParams& p, int b, int h, float* s_
 }
 
 // q, k ([K] in shared memory, after SiLU(conv)) scaled to unit L2 norm (+1e-6 under the root).
-// Every thread of the block calls it after a barrier that made s_q, s_k complete; `scratch` holds
-// two floats per warp of the block.
+// Every thread of the block calls it after a barrier that made s_q, s_k complete.
 __device__ void l2_normalize_qk(float* s_q, float* s_k, int K, float* scratch) {
   float qq = 0.f, kk = 0.f;
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
@@ -329,65 +327,35 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------------------------------------
 // gdn_decode, register form: grid (H, B), one block per (sequence, head), S held in registers.
-// Lane l of a warp owns rows KR (l / 4) .. KR (l / 4) + KR - 1 of CL consecutive value columns
-// (quad l % 4 of the warp's 4 CL), so a warp covers 4 CL columns of all K rows and the column sums
+// Lane l of a warp owns rows KR (l / 4) .. KR (l / 4) + KR - 1 of 4 consecutive value columns
+// (quad l % 4 of the warp's 16), so a warp covers 16 columns of all K rows and the column sums
 // over k (S^T k, S^T q) are sums over its 8 row groups: 3 shuffles, no barrier, no shared copy
 // of S. Every load of the step (S, the conv inputs and windows, the gates, the norm weight and
 // the output gate) is issued before the first result is needed, so a step costs about one memory
 // round trip plus S's transfer; the per-head form waits on ~4 dependent rounds and 3 barriers per
-// 32 columns. Heads wider than 4 CL x warps columns take passes over the columns.
-// CL = 4 (GdnDecodeForm::Registers): 12 warps at the 1.3B head (K 96, V 192), 48 floats of S a
-// thread. CL = 2 (RegistersTwoCols): 24 warps, 24 floats a thread: a warp's chain of dependent
-// instructions (the step is bound by it, not by memory: ncu at batch 1 showed ~1,400 instructions
-// a warp at ~13 cycles each with 12 warps a SM) is shorter and twice the warps hide its latency.
+// 32 columns. Heads wider than 16 x warps columns take passes over the columns.
 
-constexpr int kRegRowGroups = 8;  // row groups per warp (lane / 4)
-constexpr int kRegMaxTwoColRows = 12;  // rows per thread the 2-column form takes (K <= 96)
+constexpr int kRegRowGroups = 8;   // row groups per warp (lane / 4)
+constexpr int kRegWarpCols = 16;   // value columns per warp and pass (4 lanes x 4)
 
-// Threads per block of the register form with KR rows and CL columns per thread: with 4 columns,
-// 16 warps while a thread's slab fits in ~128 registers, 8 beyond; with 2 columns (KR <= 12),
-// 24 warps (80 registers a thread).
-__host__ __device__ constexpr int gdn_register_threads(int KR, int CL) {
-  return CL == 2 ? 768 : (KR <= 16 ? 512 : 256);
-}
-
-// CL consecutive fp32 values of a 16-byte (CL 4) or 8-byte (CL 2) aligned row, moved as one access.
-__device__ __forceinline__ void load_cols_cg(float (&d)[4], const float* src) {
-  const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
-  d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
-}
-__device__ __forceinline__ void load_cols_cg(float (&d)[2], const float* src) {
-  const float2 v = __ldcg(reinterpret_cast<const float2*>(src));
-  d[0] = v.x, d[1] = v.y;
-}
-__device__ __forceinline__ void load_cols(float (&d)[4], const float* src) {
-  const float4 v = *reinterpret_cast<const float4*>(src);
-  d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
-}
-__device__ __forceinline__ void load_cols(float (&d)[2], const float* src) {
-  const float2 v = *reinterpret_cast<const float2*>(src);
-  d[0] = v.x, d[1] = v.y;
-}
-__device__ __forceinline__ void store_cols(float* dst, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void store_cols(float* dst, const float (&v)[2]) {
-  *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
-}
+// Threads per block of the register form with KR rows per thread: 16 warps while a thread's
+// slab fits in ~128 registers, 8 beyond.
+__host__ __device__ constexpr int gdn_register_threads(int KR) { return KR <= 16 ? 512 : 256; }
 
 // Sum over the 8 row groups of a warp (lanes l, l ^ 4, l ^ 8, ...), to every lane.
-template <int CL>
-__device__ __forceinline__ void row_group_sum(float (&x)[CL]) {
+__device__ __forceinline__ float4 row_group_sum(float4 x) {
 #pragma unroll
-  for (int off = 4; off < 32; off <<= 1)
-#pragma unroll
-    for (int j = 0; j < CL; ++j) x[j] += __shfl_xor_sync(0xffffffffu, x[j], off);
+  for (int off = 4; off < 32; off <<= 1) {
+    x.x += __shfl_xor_sync(0xffffffffu, x.x, off);
+    x.y += __shfl_xor_sync(0xffffffffu, x.y, off);
+    x.z += __shfl_xor_sync(0xffffffffu, x.z, off);
+    x.w += __shfl_xor_sync(0xffffffffu, x.w, off);
+  }
+  return x;
 }
 
-template <typename T, int KR, int CL>
-__global__ void __launch_bounds__(gdn_register_threads(KR, CL))
-    gdn_decode_registers_kernel(const GdnDecodeParams p) {
-  constexpr int kWarpCols = 4 * CL;  // value columns per warp and pass
+template <typename T, int KR>
+__global__ void __launch_bounds__(gdn_register_threads(KR)) gdn_decode_registers_kernel(const GdnDecodeParams p) {
   const int h = blockIdx.x, b = blockIdx.y;
   const int K = p.head_k, V = p.head_v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -398,28 +366,25 @@ __global__ void __launch_bounds__(gdn_register_threads(KR, CL))
   float* s_k = s_q + kRows;    // [kRows]
   float* s_v = s_k + kRows;    // [V]
   float* s_o = s_v + V;        // [V]: scale S^T q
-  float* scratch = s_o + V;    // [64]: block_sum's float2 per warp (up to 32 warps)
+  float* scratch = s_o + V;    // [32]
 
   float* S = p.state + (static_cast<int64_t>(b) * p.heads + h) * K * V;
-  float s[KR][CL];  // S[r0 + i, c .. c + CL - 1] of the current pass (V % 4 == 0, aligned rows)
+  float4 s[KR];  // S[r0 + i, c .. c + 3] of the current pass (V % 4 == 0, rows 16-byte aligned)
   auto load_pass = [&](int c) {  // from L2 (__ldcg): a load issued before the wait sees no stale L1
 #pragma unroll
-    for (int i = 0; i < KR; ++i) {
-      if (r0 + i < K && c < V) load_cols_cg(s[i], S + static_cast<int64_t>(r0 + i) * V + c);
-      else
-#pragma unroll
-        for (int j = 0; j < CL; ++j) s[i][j] = 0.f;
-    }
+    for (int i = 0; i < KR; ++i)
+      s[i] = r0 + i < K && c < V ? __ldcg(reinterpret_cast<const float4*>(S + static_cast<int64_t>(r0 + i) * V + c))
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
   };
-  const int pass_cols = kWarpCols * warps;
+  const int pass_cols = kRegWarpCols * warps;
   // Launched as a programmatic dependent: its blocks are placed while the input projection ends.
   // Nothing that kernel writes is read before the wait; S only when the caller vouches that no
   // kernel still running writes it (state_settled: an earlier step on the same state may run).
   // The block tail chained after this step (gemv_chain) then starts on the SMs this grid leaves
   // idle and streams its weights meanwhile; it waits for this step's y before reading it.
-  if (p.state_settled) load_pass(warp * kWarpCols + CL * quad);
+  if (p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
   dependent_kernel_start();
-  if (!p.state_settled) load_pass(warp * kWarpCols + CL * quad);
+  if (!p.state_settled) load_pass(warp * kRegWarpCols + 4 * quad);
 
   // The epilogue's inputs of the first pass over the outputs, while S is in flight.
   const T* norm_weight = static_cast<const T*>(p.norm_weight);
@@ -445,37 +410,29 @@ __global__ void __launch_bounds__(gdn_register_threads(KR, CL))
   }
 
   for (int c0 = 0; c0 < V; c0 += pass_cols) {
-    const int c = c0 + warp * kWarpCols + CL * quad;
+    const int c = c0 + warp * kRegWarpCols + 4 * quad;
     if (c0 > 0) load_pass(c);
     // u = beta (v - alpha S^T k), the decayed state's prediction error (rows past K add 0).
-    float pred[CL] = {};
+    float4 pred = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < KR; ++i)
-#pragma unroll
-      for (int j = 0; j < CL; ++j) pred[j] += kr[i] * s[i][j];
-    row_group_sum(pred);
-    float v[CL] = {};
-    if (c < V) load_cols(v, s_v + c);
-    float u[CL];
-#pragma unroll
-    for (int j = 0; j < CL; ++j) u[j] = beta * (v[j] - alpha * pred[j]);
+      pred.x += kr[i] * s[i].x, pred.y += kr[i] * s[i].y, pred.z += kr[i] * s[i].z, pred.w += kr[i] * s[i].w;
+    pred = row_group_sum(pred);
+    const float4 v = c < V ? *reinterpret_cast<const float4*>(s_v + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 u = make_float4(beta * (v.x - alpha * pred.x), beta * (v.y - alpha * pred.y),
+                                 beta * (v.z - alpha * pred.z), beta * (v.w - alpha * pred.w));
     // S <- alpha S + k u^T;  o = S^T q.
-    float o[CL] = {};
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < KR; ++i) {
-#pragma unroll
-      for (int j = 0; j < CL; ++j) {
-        s[i][j] = alpha * s[i][j] + kr[i] * u[j];
-        o[j] += qr[i] * s[i][j];
-      }
-      if (r0 + i < K && c < V) store_cols(S + static_cast<int64_t>(r0 + i) * V + c, s[i]);
+      s[i].x = alpha * s[i].x + kr[i] * u.x, s[i].y = alpha * s[i].y + kr[i] * u.y;
+      s[i].z = alpha * s[i].z + kr[i] * u.z, s[i].w = alpha * s[i].w + kr[i] * u.w;
+      o.x += qr[i] * s[i].x, o.y += qr[i] * s[i].y, o.z += qr[i] * s[i].z, o.w += qr[i] * s[i].w;
+      if (r0 + i < K && c < V) *reinterpret_cast<float4*>(S + static_cast<int64_t>(r0 + i) * V + c) = s[i];
     }
-    row_group_sum(o);
-    if (r0 == 0 && c < V) {
-#pragma unroll
-      for (int j = 0; j < CL; ++j) o[j] *= p.scale;
-      store_cols(s_o + c, o);
-    }
+    o = row_group_sum(o);
+    if (r0 == 0 && c < V)
+      *reinterpret_cast<float4*>(s_o + c) = make_float4(p.scale * o.x, p.scale * o.y, p.scale * o.z, p.scale * o.w);
   }
   __syncthreads();  // s_o is complete
 
@@ -676,41 +633,27 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
   check_launch("gdn_decode (cluster form)");
 }
 
-// The register form: KR rows and CL columns per thread for K <= 8 KR, enough warps for the head's
-// columns in one pass where the block allows.
+// The register form: KR rows per thread for K <= 8 KR, enough warps for the head's columns in
+// one pass where the block allows.
 // as_dependent: launched as a programmatic dependent of the input projection (see gdn_decode).
-template <int KR, int CL>
+template <int KR>
 void launch_gdn_registers_kr(const GdnDecodeParams& p, bool as_dependent, cudaStream_t stream) {
-  const int warps = std::min(gdn_register_threads(KR, CL) / 32, ceil_div(p.head_v, 4 * CL));
-  const size_t smem = sizeof(float) * (2 * kRegRowGroups * KR + 2 * p.head_v + 64);
+  const int warps = std::min(gdn_register_threads(KR) / 32, ceil_div(p.head_v, kRegWarpCols));
+  const size_t smem = sizeof(float) * (2 * kRegRowGroups * KR + 2 * p.head_v + 32);
   const dim3 grid(p.heads, p.batch);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    reserve_shared<gdn_decode_registers_kernel<T, KR, CL>>(smem, "gdn_decode (register form)");
-    launch_maybe_dependent(as_dependent, "gdn_decode (register form)", gdn_decode_registers_kernel<T, KR, CL>, grid,
+    reserve_shared<gdn_decode_registers_kernel<T, KR>>(smem, "gdn_decode (register form)");
+    launch_maybe_dependent(as_dependent, "gdn_decode (register form)", gdn_decode_registers_kernel<T, KR>, grid,
                            dim3(32 * warps), smem, stream, {}, p);
   });
 }
 
-void launch_gdn_registers(const GdnDecodeParams& p, bool two_cols, bool as_dependent, cudaStream_t stream) {
-  if (two_cols) {
-    if (p.head_k <= 8 * kRegRowGroups) launch_gdn_registers_kr<8, 2>(p, as_dependent, stream);
-    else launch_gdn_registers_kr<kRegMaxTwoColRows, 2>(p, as_dependent, stream);  // the 1.3B presets' K = 96
-  } else if (p.head_k <= 8 * kRegRowGroups) {
-    launch_gdn_registers_kr<8, 4>(p, as_dependent, stream);
-  } else if (p.head_k <= 12 * kRegRowGroups) {
-    launch_gdn_registers_kr<12, 4>(p, as_dependent, stream);
-  } else if (p.head_k <= 16 * kRegRowGroups) {
-    launch_gdn_registers_kr<16, 4>(p, as_dependent, stream);
-  } else {
-    launch_gdn_registers_kr<32, 4>(p, as_dependent, stream);
-  }
-}
-
-// Whether one block per (sequence, head) leaves most SMs idle (fewer blocks than half of them).
-bool gdn_few_blocks(int batch, int heads, int device) {
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device, "gdn_decode");
-  return 2 * static_cast<int64_t>(batch) * heads < static_cast<int64_t>(sms);
+void launch_gdn_registers(const GdnDecodeParams& p, bool as_dependent, cudaStream_t stream) {
+  if (p.head_k <= 8 * kRegRowGroups) launch_gdn_registers_kr<8>(p, as_dependent, stream);
+  else if (p.head_k <= 12 * kRegRowGroups) launch_gdn_registers_kr<12>(p, as_dependent, stream);  // the 1.3B presets' K = 96
+  else if (p.head_k <= 16 * kRegRowGroups) launch_gdn_registers_kr<16>(p, as_dependent, stream);
+  else launch_gdn_registers_kr<32>(p, as_dependent, stream);
 }
 
 }  // namespace
@@ -719,29 +662,16 @@ bool gdn_decode_registers_supported(int head_k, int head_v) {
   return head_k >= 1 && head_k <= kMaxGdnRegisterHeadK && head_v >= 4 && head_v % 4 == 0;
 }
 
-bool gdn_decode_registers_two_cols_supported(int head_k, int head_v) {
-  return gdn_decode_registers_supported(head_k, head_v) && head_k <= kRegRowGroups * kRegMaxTwoColRows;
-}
-
 bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
   return head_k >= 1 && head_k <= kMaxRecurrentHeadK && head_v >= 1 && gdn_cluster_fits(head_k, head_v, device);
 }
 
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device) {
-  const bool few_blocks = gdn_few_blocks(batch, heads, device);
-  if (gdn_decode_registers_supported(head_k, head_v)) {
-    // Measured on an H200 (lt2 bench decode, 4k, 1.3B presets, one run; bench/results/
-    // decode_gdn_two_cols_h200.md): at batch 1 (16 blocks) the 4-column form is faster (lt2-gdn
-    // 4.53 ms a step against 4.63 to 4.76 with 2 columns); at batch 8 (128 blocks) the 2-column
-    // one launched as an ordinary kernel is (5.51 against 5.65). LT2_GDN_LANE_COLS=2 or 4 forces one.
-    const long long cols = env_int("LT2_GDN_LANE_COLS", 0);
-    const bool two_cols = cols == 2 || (cols != 4 && !few_blocks);
-    return two_cols && gdn_decode_registers_two_cols_supported(head_k, head_v) ? GdnDecodeForm::RegistersTwoCols
-                                                                                : GdnDecodeForm::Registers;
-  }
+  if (gdn_decode_registers_supported(head_k, head_v)) return GdnDecodeForm::Registers;
   // Measured on an H200 (132 SMs) at the 1.3B GDN head (96 x 192): 16 (sequence, head) blocks,
   // cluster 9.1 us vs per head 13.0 us; 128 blocks, cluster 20.4 us vs per head 13.9 us. So the
   // cluster form only while the per-head grid leaves most SMs idle.
+  const bool few_blocks = grid_leaves_sms_idle(static_cast<int64_t>(batch) * heads, device);
   return few_blocks && gdn_decode_cluster_supported(head_k, head_v, device) ? GdnDecodeForm::Cluster
                                                                             : GdnDecodeForm::PerHead;
 }
@@ -758,25 +688,18 @@ void gdn_decode(const GdnDecodeParams& p, void* stream) {
   LT2_CHECK(form != GdnDecodeForm::Cluster || gdn_decode_cluster_supported(p.head_k, p.head_v, device),
             "gdn_decode: the cluster form needs an sm_90 device and K x tile columns within ", kGdnTileBytes,
             " bytes; K ", p.head_k, ", V ", p.head_v);
-  // The register forms move S in 16- or 8-byte pieces: a misaligned state takes the per-head form.
+  // The register form moves S in 16-byte pieces: a misaligned state takes the per-head form.
   const bool aligned = rows_16_byte_aligned(p.state, p.head_v);
-  if (p.form == GdnDecodeForm::Auto && !aligned &&
-      (form == GdnDecodeForm::Registers || form == GdnDecodeForm::RegistersTwoCols))
-    form = GdnDecodeForm::PerHead;
+  if (p.form == GdnDecodeForm::Auto && form == GdnDecodeForm::Registers && !aligned) form = GdnDecodeForm::PerHead;
   LT2_CHECK(form != GdnDecodeForm::Registers || (gdn_decode_registers_supported(p.head_k, p.head_v) && aligned),
             "gdn_decode: the register form takes K <= ", kMaxGdnRegisterHeadK, ", V a multiple of 4 and a 16-byte ",
             "aligned state; K ", p.head_k, ", V ", p.head_v);
-  LT2_CHECK(form != GdnDecodeForm::RegistersTwoCols ||
-                (gdn_decode_registers_two_cols_supported(p.head_k, p.head_v) && aligned),
-            "gdn_decode: the 2-column register form takes K <= ", kRegRowGroups * kRegMaxTwoColRows,
-            ", V a multiple of 4 and a 16-byte aligned state; K ", p.head_k, ", V ", p.head_v);
   const auto s = static_cast<cudaStream_t>(stream);
-  // The register step is a programmatic dependent of its input projection only while its grid
-  // leaves most SMs idle. On a full grid its blocks, placed early, cost more than the overlap
-  // gains: at batch 8 the 2-column form took 6.42 ms a lt2-gdn-dsa step as a dependent, 6.17 as
-  // an ordinary launch (same run as above).
-  if (form == GdnDecodeForm::Registers || form == GdnDecodeForm::RegistersTwoCols)
-    launch_gdn_registers(p, form == GdnDecodeForm::RegistersTwoCols, gdn_few_blocks(p.batch, p.heads, device), s);
+  // A programmatic dependent of its input projection only on a small grid (see
+  // grid_leaves_sms_idle): at batch 8 (128 blocks) the ordinary launch measured 0.1-0.2 ms a step
+  // faster on every 1.3B preset, at batch 1 (16 blocks) the dependent one 0.1 ms faster.
+  if (form == GdnDecodeForm::Registers)
+    launch_gdn_registers(p, grid_leaves_sms_idle(static_cast<int64_t>(p.batch) * p.heads, device), s);
   else if (form == GdnDecodeForm::Cluster) launch_gdn_cluster(p, s);
   else launch_gdn_per_head(p, s);
 }
