@@ -44,6 +44,9 @@ if [ -n "${PREBUILT:-}" ]; then
   export LD_LIBRARY_PATH="$PWD/$PREBUILT:$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
   if "$PREBUILT/lt2" --help > /tmp/prebuilt.log 2>&1 && "$PREBUILT/test_gpu" --gtest_list_tests > /dev/null 2>> /tmp/prebuilt.log; then
     L=$PREBUILT/lt2 TEST_GPU=$PREBUILT/test_gpu
+    for stage in kernels probe ncu; do
+      [[ " $STAGES " == *" $stage "* ]] && echo "stage $stage needs bench/ binaries, which PREBUILT does not carry: skipped"
+    done
     echo "prebuilt binaries of $(cat "$PREBUILT/COMMIT" 2> /dev/null) on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
   else
     echo "prebuilt binaries do not start here (building instead):"; tail -3 /tmp/prebuilt.log
@@ -60,6 +63,8 @@ if has test; then
   $TEST_GPU --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_gpu.log" 2>&1
   grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" "$OUT/test_gpu.log" | head -30
 fi
+# With PREBUILT the bench/ binaries are not built: those stages are skipped (said above).
+[ "$L" != "$B/apps/lt2/lt2" ] && STAGES=$(echo " $STAGES " | sed -E 's/ (kernels|probe|ncu) / /g; s/ (kernels|probe|ncu) / /g')
 if has kernels; then
   $B/bench/decode_kernels_bench ${KERNEL_ARGS:-} > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"
   grep -v '^RESULT' "$OUT/decode_kernels.txt" | tail -60
