@@ -36,6 +36,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 B=build-gpu
 L=$B/apps/lt2/lt2
 TEST_GPU=$B/tests/test_gpu
+prebuilt=0
 log=/tmp/lt2_build.log
 t0=$(date +%s)
 # PREBUILT=dir: binaries built and stripped on the CPU machine (scripts/prebuild_gpu.sh), carried instead of
@@ -43,16 +44,21 @@ t0=$(date +%s)
 if [ -n "${PREBUILT:-}" ]; then
   export LD_LIBRARY_PATH="$PWD/$PREBUILT:$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
   if "$PREBUILT/lt2" --help > /tmp/prebuilt.log 2>&1 && "$PREBUILT/test_gpu" --gtest_list_tests > /dev/null 2>> /tmp/prebuilt.log; then
-    L=$PREBUILT/lt2 TEST_GPU=$PREBUILT/test_gpu
-    for stage in kernels probe ncu; do
-      [[ " $STAGES " == *" $stage "* ]] && echo "stage $stage needs bench/ binaries, which PREBUILT does not carry: skipped"
+    L=$PREBUILT/lt2 TEST_GPU=$PREBUILT/test_gpu prebuilt=1
+    kept=
+    for stage in $STAGES; do  # the bench/ binaries are not carried
+      case $stage in
+        kernels | probe | ncu) echo "stage $stage needs bench/ binaries, which PREBUILT does not carry: skipped" ;;
+        *) kept="$kept $stage" ;;
+      esac
     done
+    STAGES=$kept
     echo "prebuilt binaries of $(cat "$PREBUILT/COMMIT" 2> /dev/null) on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
   else
     echo "prebuilt binaries do not start here (building instead):"; tail -3 /tmp/prebuilt.log
   fi
 fi
-if [ "$L" = "$B/apps/lt2/lt2" ]; then
+if [ $prebuilt = 0 ]; then
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
     cmake --build $B -j "$(nproc)" --target ${BUILD_TARGETS:-lt2_cli test_gpu decode_kernels_bench tma_stream_probe} >> $log 2>&1 ||
     { grep -E "error|Error" -A5 $log | head -80 | tee "$OUT/build_errors.txt"; exit 1; }
@@ -63,8 +69,6 @@ if has test; then
   $TEST_GPU --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_gpu.log" 2>&1
   grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" "$OUT/test_gpu.log" | head -30
 fi
-# With PREBUILT the bench/ binaries are not built: those stages are skipped (said above).
-[ "$L" != "$B/apps/lt2/lt2" ] && STAGES=$(echo " $STAGES " | sed -E 's/ (kernels|probe|ncu) / /g; s/ (kernels|probe|ncu) / /g')
 if has kernels; then
   $B/bench/decode_kernels_bench ${KERNEL_ARGS:-} > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"
   grep -v '^RESULT' "$OUT/decode_kernels.txt" | tail -60
@@ -95,12 +99,14 @@ if has decode; then
   cat "$OUT/decode_engine.md"
 fi
 # An A/B stage: engine decode cells with one environment switch set.
-#   ab_decode NAME SWITCH MODELS CONTEXTS "what the switch does"   -> $OUT/decode_NAME.{json,md}
+#   ab_decode NAME SWITCH MODELS CONTEXTS "what the switch does" [DIR]   -> DIR/decode_NAME.{json,md} (DIR: $OUT)
+# SWITCH is VAR=value, or several joined by '+'.
 ab_decode() {
-  env "$2" $L bench decode -m "$3" -c "$4" -b "${BATCHES:-1,8,32}" --paths engine --steps "${STEPS:-10}" --warmup 2 \
-    --out-json "$OUT/decode_$1.json" --out-md "$OUT/decode_$1.md" 2> "/tmp/$1.err" || tail -20 "/tmp/$1.err"
+  local dir=${6:-$OUT}
+  env ${2//+/ } $L bench decode -m "$3" -c "$4" -b "${BATCHES:-1,8,32}" --paths engine --steps "${STEPS:-10}" \
+    --warmup 2 --out-json "$dir/decode_$1.json" --out-md "$dir/decode_$1.md" 2> "/tmp/$1.err" || tail -20 "/tmp/$1.err"
   echo "with $2 ($5):"
-  cat "$OUT/decode_$1.md"
+  cat "$dir/decode_$1.md"
 }
 has cublas && ab_decode cublas LT2_FUSED_GEMV=0 "${CUBLAS_MODELS:-$MODELS}" "${CUBLAS_CONTEXTS:-4k}" \
   "projections through cuBLAS"
@@ -118,10 +124,7 @@ if has abs; then
   i=0
   for sw in ${AB_SWITCHES:-}; do
     i=$((i + 1))
-    env ${sw//+/ } $L bench decode -m "${AB_MODELS:-$MODELS}" -c "${AB_CONTEXTS:-4k}" -b "${BATCHES:-1,8,32}" --paths engine \
-      --steps "${STEPS:-10}" --warmup 2 --out-json "/tmp/abs_$i.json" --out-md "/tmp/abs_$i.md" 2> "/tmp/abs_$i.err" ||
-      tail -20 "/tmp/abs_$i.err"
-    { echo "with $sw:"; cat "/tmp/abs_$i.md"; echo; } | tee -a "$OUT/decode_abs.md"
+    { ab_decode "abs_$i" "$sw" "${AB_MODELS:-$MODELS}" "${AB_CONTEXTS:-4k}" "arm $i" /tmp; echo; } | tee -a "$OUT/decode_abs.md"
   done
   python3 - "$OUT/decode_abs.json" ${AB_SWITCHES:-} << 'PY'
 import json, sys
@@ -129,7 +132,7 @@ out, switches = sys.argv[1], sys.argv[2:]
 runs = {}
 for i, sw in enumerate(switches, 1):
     try:
-        runs[sw] = json.load(open(f"/tmp/abs_{i}.json"))
+        runs[sw] = json.load(open(f"/tmp/decode_abs_{i}.json"))
     except (OSError, ValueError) as e:
         runs[sw] = {"error": str(e)}
 json.dump(runs, open(out, "w"), indent=1)

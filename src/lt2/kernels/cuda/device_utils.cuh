@@ -236,11 +236,6 @@ inline bool programmatic_launch(const char* name) {
 inline bool grid_leaves_sms_idle(int64_t blocks, int device) {
   return 2 * blocks < device_attribute(cudaDevAttrMultiProcessorCount, device, "grid size");
 }
-inline bool grid_leaves_sms_idle(int64_t blocks) {
-  int device = 0;
-  cudaGetDevice(&device);
-  return grid_leaves_sms_idle(blocks, device);
-}
 
 // Launch attributes for launch_dependent's `extra`.
 inline cudaLaunchAttribute cooperative_launch() {
@@ -290,6 +285,19 @@ template <typename... Params, typename... Args>
 void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra, Args&&... args) {
   launch_maybe_dependent(true, name, kernel, grid, block, smem, stream, extra, std::forward<Args>(args)...);
+}
+
+// launch_maybe_dependent for the decode kernels that start with nothing to do before their wait:
+// a programmatic dependent only where the grid leaves most SMs of the current device idle
+// (grid_leaves_sms_idle).
+template <typename... Params, typename... Args>
+void launch_dependent_on_small_grid(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra,
+                                    Args&&... args) {
+  int device = 0;
+  cudaGetDevice(&device);
+  const bool small = grid_leaves_sms_idle(static_cast<int64_t>(grid.x) * grid.y * grid.z, device);
+  launch_maybe_dependent(small, name, kernel, grid, block, smem, stream, extra, std::forward<Args>(args)...);
 }
 
 // Calls f(T{}) with T the CUDA type of dtype.

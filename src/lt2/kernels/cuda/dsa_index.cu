@@ -202,9 +202,8 @@ void launch_scores_mma(const DsaIndexScoresParams& p, cudaStream_t stream) {
   const size_t smem = mma_smem_bytes(p.heads, p.head_dim);
   reserve_shared<dsa_scores_mma_kernel<T, HT>>(smem, "dsa_index_scores");
   const dim3 grid(ceil_div(n_tiles, tiles), p.batch);
-  launch_maybe_dependent(grid_leaves_sms_idle(static_cast<int64_t>(grid.x) * grid.y), "dsa_index_scores",
-                         dsa_scores_mma_kernel<T, HT>, grid, dim3(kMmaThreads), smem, stream, {}, p, tiles,
-                         mma_q_pitch(p.head_dim));
+  launch_dependent_on_small_grid("dsa_index_scores", dsa_scores_mma_kernel<T, HT>, grid, dim3(kMmaThreads), smem,
+                                 stream, {}, p, tiles, mma_q_pitch(p.head_dim));
 }
 
 template <typename T>
@@ -527,10 +526,9 @@ void topk_select(const TopkSelectParams& p, void* stream) {
   const int cached = std::min(ceil_div(p.length, blocks), kTopkCachedKeys);  // a slice holds at most length / blocks
   const size_t smem = sizeof(uint32_t) * cached;
   reserve_shared<topk_select_kernel>(smem, "topk_select");
-  launch_maybe_dependent(grid_leaves_sms_idle(static_cast<int64_t>(blocks) * p.batch),
-                         "topk_select (it needs an sm_90 GPU)", topk_select_kernel, dim3(blocks, p.batch),
-                         dim3(kTopkThreads), smem, static_cast<cudaStream_t>(stream), {cluster_launch(blocks)}, p,
-                         cached);
+  launch_dependent_on_small_grid("topk_select (it needs an sm_90 GPU)", topk_select_kernel, dim3(blocks, p.batch),
+                                 dim3(kTopkThreads), smem, static_cast<cudaStream_t>(stream),
+                                 {cluster_launch(blocks)}, p, cached);
 }
 
 }  // namespace lt2::kernels

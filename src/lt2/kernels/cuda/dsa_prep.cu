@@ -187,8 +187,8 @@ void dsa_latent_prep(const DsaLatentPrepParams& p, void* stream) {
     using T = decltype(t);
     const size_t smem = absorb_smem_bytes(p, sizeof(T));
     reserve_shared<dsa_latent_prep_kernel<T>>(smem, "dsa_latent_prep");
-    launch_maybe_dependent(grid_leaves_sms_idle(grid.x), "dsa_latent_prep", dsa_latent_prep_kernel<T>, grid,
-                           dim3(kPrepThreads), smem, static_cast<cudaStream_t>(stream), {}, p, absorbing);
+    launch_dependent_on_small_grid("dsa_latent_prep", dsa_latent_prep_kernel<T>, grid, dim3(kPrepThreads), smem,
+                                   static_cast<cudaStream_t>(stream), {}, p, absorbing);
   });
 }
 
