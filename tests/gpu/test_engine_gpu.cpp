@@ -222,3 +222,40 @@ TEST(EngineGpu, FusedDsaGraphReplayEqualsEagerStep) {
   }
 }
 
+
+// Each block's tail chain computing the next block's input projections (LT2_CHAIN_NEXT_INPUT)
+// runs the same kernel code on the same tiles as the separate projection: the same logits bit for
+// bit, with the whole tail chained (3 rows) and with w2 in a second chain (6 rows), in bf16 (the
+// chain's dtypes), for the LT2 families with fused decode steps.
+TEST(EngineGpu, ChainedNextInputEqualsSeparateProjection) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard ng;
+  std::vector<ModelConfig> configs;
+  for (const auto& f : families())
+    if (f.form == ModelForm::LT2 && f.pattern.find("nsa") == std::string::npos)
+      configs.push_back(f.pattern.find("dsa") == std::string::npos ? family_config(f) : fused_dsa_config());
+  for (auto& cfg : configs) {
+    cfg.n_layers = 3;  // two block boundaries a loop
+    for (int64_t batch : {3, 6}) {
+      SCOPED_TRACE(cat(cfg.layer_pattern, ", batch ", batch));
+      auto m = make_test_model(cfg, 3, torch::kBFloat16);
+      m->to(torch::kCUDA);
+      m->eval();
+      EngineOptions eo;
+      eo.max_batch = batch;
+      eo.max_len = 40;
+      eo.cuda_graphs = false;
+      Engine chained(m, eo), separate(m, eo);
+      chained.fill_random(23, 3);
+      separate.fill_random(23, 3);
+      for (int step = 0; step < 3; ++step) {
+        auto tok = torch::randint(m->config().vocab_size, {batch}, torch::kLong);
+        setenv("LT2_CHAIN_NEXT_INPUT", "0", 1);
+        auto ls = separate.decode(tok).cpu();
+        unsetenv("LT2_CHAIN_NEXT_INPUT");
+        auto lc = chained.decode(tok).cpu();
+        EXPECT_TRUE(torch::equal(lc, ls)) << "step " << step << ": rel err " << rel_err(lc.to(torch::kFloat64), ls.to(torch::kFloat64));
+      }
+    }
+  }
+}

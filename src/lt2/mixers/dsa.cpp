@@ -10,6 +10,7 @@
 #include "lt2/ops/fused_dsa.h"
 #include "lt2/ops/fused_sparse_attention.h"
 #include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/streams.h"
 #include "lt2/util/env.h"
 
 namespace lt2 {
@@ -285,17 +286,20 @@ int64_t DSAImpl::prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t ke
   return std::max(block(index_row_bytes(batch, keys)), block(attention_row_bytes(batch, keys))) + batch * rows * keys;
 }
 
+bool DSAImpl::fused_step_may_apply(const Positions& pos, const DSAState& s) const {
+  return latent && pos.seq_pos.defined() && use_packed(w_in) && fused_decode_enabled() &&
+         stage != IndexerStage::DenseWarmup && topk < s.k.size(2);
+}
+
 std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,
                                                             double norm_eps, bool residual, const Positions& pos,
-                                                            DSAState& s) {
-  if (!latent || !pos.seq_pos.defined() || !use_packed(w_in) || !fused_decode_enabled() ||
-      stage == IndexerStage::DenseWarmup || topk >= s.k.size(2))
-    return std::nullopt;
+                                                            DSAState& s, const Tensor& projections) {
+  if (!fused_step_may_apply(pos, s)) return std::nullopt;
   const int64_t B = x.size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
   const auto x2 = x.reshape({B, -1});
   ops::GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
-  if (!ops::gemv_fused_applies(x2, w_in, norm)) return std::nullopt;
+  if (!projections.defined() && !ops::gemv_fused_applies(x2, w_in, norm)) return std::nullopt;
   ops::DsaLatentPrepArgs a;
   a.q = torch::empty({B, H, dc + dr}, x.options());  // per head [q_nope W_uk | RoPE(q_rope)]
   a.index_q = torch::empty({B, index_heads, index_head_dim}, x.options());
@@ -304,7 +308,8 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   if (!ops::dsa_index_topk_supported(a.index_q, s.index_keys, topk) ||
       !ops::sparse_attention_decode_supported(a.q, s.k, v_cache))
     return std::nullopt;
-  const auto parts = unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections());  // [B, N_i] views
+  const auto parts = unpack_outputs(projections.defined() ? projections : ops::gemv_fused(x2, w_in, norm),
+                                    input_projections());  // [B, N_i] views
   a.q_raw = parts[0].view({B, H, D + dr});
   a.kv_raw = parts[1];
   a.index_q_raw = parts[2].view({B, index_heads, index_head_dim});
@@ -320,21 +325,35 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   const auto q_nope = a.q_raw.narrow(-1, 0, D);                                // [B, H, D]
   const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
   // The absorptions q_latent[b, h] = q_nope[b, h] wk_b[h] and y[b, h] = (o[b, h] wv_b[h]) *
-  // sigmoid(gate[b, h]) folded into the prep and the attention's combine where their kernels take
-  // them and B <= LT2_DSA_FOLD_MAX_ROWS (default 1; read per call: the A/B switch and the tests),
-  // else batched GEMVs (the second's x is o [B, H, d_c], shaped like q's latent part). Measured on
-  // an H200 (lt2-gdn-dsa-1.3b at 4k, both arms in one run; bench/results/decode_gdn_prelude_h200.md):
-  // folding saved 0.09 ms per step at batch 1 and cost 0.15 ms at batch 8.
-  const bool fold = B <= env_int("LT2_DSA_FOLD_MAX_ROWS", 1);
-  const bool fold_q = fold && ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, wk_b_t);
-  const bool fold_o = fold && ops::sparse_attention_absorb_supported(a.q, s.k, v_cache, wv_b_t, gate);
+  // sigmoid(gate[b, h]) are folded into the prep and the attention's combine where their kernels
+  // take them and B <= LT2_DSA_FOLD_Q_MAX_ROWS / LT2_DSA_FOLD_O_MAX_ROWS (default 1 each; read per
+  // call: the A/B switches and the tests), else batched GEMVs (the second's x is o [B, H, d_c],
+  // shaped like q's latent part). Measured on an H200 (lt2-gdn-dsa-1.3b at 4k, both arms in one
+  // run; bench/results/decode_gdn_prelude_h200.md): folding both saved 0.09 ms per step at batch 1
+  // and cost 0.15 ms at batch 8.
+  const bool fold_q = B <= env_int("LT2_DSA_FOLD_Q_MAX_ROWS", 1) &&
+                      ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, wk_b_t);
+  const bool fold_o = B <= env_int("LT2_DSA_FOLD_O_MAX_ROWS", 1) &&
+                      ops::sparse_attention_absorb_supported(a.q, s.k, v_cache, wv_b_t, gate);
   if ((!fold_q && !ops::gemv_batched_applies(q_nope, wk_b_t)) ||
       (!fold_o && !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate)))
     return std::nullopt;
   if (fold_q) a.absorb = wk_b_t;
-  ops::dsa_latent_prep(a);
-  if (!fold_q) ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));
-  auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);  // [B, k]
+  Tensor idx;  // [B, k]
+  const auto select = [&] {
+    ops::dsa_latent_prep(a);
+    idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);
+  };
+  if (fold_q) {
+    select();
+  } else {
+    // The unfolded q absorption reads only the projection's output and writes only q's latent part,
+    // which the prep does not touch: it runs on a second stream beside the prep, the index scores
+    // and the top-k (LT2_DSA_FORK=0: before them on one stream).
+    ops::run_beside(
+        x.device(), [&] { ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc)); }, select,
+        env_switch_on("LT2_DSA_FORK"));
+  }
   Tensor y;                                                                               // [B, H, D]
   if (fold_o) {
     y = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale(), wv_b_t, gate);
@@ -348,8 +367,14 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
 
 std::optional<PendingProjection> DSAImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
                                                                 double norm_eps, const Positions& pos,
-                                                                MixerState& state) {
-  return latent_fused_step(x, norm_weight, norm_eps, /*residual=*/true, pos, dynamic_cast<DSAState&>(state));
+                                                                MixerState& state, const Tensor& projections) {
+  return latent_fused_step(x, norm_weight, norm_eps, /*residual=*/true, pos, dynamic_cast<DSAState&>(state),
+                           projections);
+}
+
+Tensor DSAImpl::decode_input_weight(const Tensor&, const Positions& pos, const MixerState& state) const {
+  const auto* s = dynamic_cast<const DSAState*>(&state);
+  return s && fused_step_may_apply(pos, *s) ? w_in : Tensor();
 }
 
 Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
