@@ -286,20 +286,17 @@ int64_t DSAImpl::prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t ke
   return std::max(block(index_row_bytes(batch, keys)), block(attention_row_bytes(batch, keys))) + batch * rows * keys;
 }
 
-bool DSAImpl::fused_step_may_apply(const Positions& pos, const DSAState& s) const {
-  return latent && pos.seq_pos.defined() && use_packed(w_in) && fused_decode_enabled() &&
-         stage != IndexerStage::DenseWarmup && topk < s.k.size(2);
-}
-
 std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,
                                                             double norm_eps, bool residual, const Positions& pos,
-                                                            DSAState& s, const Tensor& projections) {
-  if (!fused_step_may_apply(pos, s)) return std::nullopt;
+                                                            DSAState& s) {
+  if (!latent || !pos.seq_pos.defined() || !use_packed(w_in) || !fused_decode_enabled() ||
+      stage == IndexerStage::DenseWarmup || topk >= s.k.size(2))
+    return std::nullopt;
   const int64_t B = x.size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
   const auto x2 = x.reshape({B, -1});
   ops::GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
-  if (!projections.defined() && !ops::gemv_fused_applies(x2, w_in, norm)) return std::nullopt;
+  if (!ops::gemv_fused_applies(x2, w_in, norm)) return std::nullopt;
   ops::DsaLatentPrepArgs a;
   a.q = torch::empty({B, H, dc + dr}, x.options());  // per head [q_nope W_uk | RoPE(q_rope)]
   a.index_q = torch::empty({B, index_heads, index_head_dim}, x.options());
@@ -308,8 +305,7 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   if (!ops::dsa_index_topk_supported(a.index_q, s.index_keys, topk) ||
       !ops::sparse_attention_decode_supported(a.q, s.k, v_cache))
     return std::nullopt;
-  const auto parts = unpack_outputs(projections.defined() ? projections : ops::gemv_fused(x2, w_in, norm),
-                                    input_projections());  // [B, N_i] views
+  const auto parts = unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections());  // [B, N_i] views
   a.q_raw = parts[0].view({B, H, D + dr});
   a.kv_raw = parts[1];
   a.index_q_raw = parts[2].view({B, index_heads, index_head_dim});
@@ -367,14 +363,8 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
 
 std::optional<PendingProjection> DSAImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
                                                                 double norm_eps, const Positions& pos,
-                                                                MixerState& state, const Tensor& projections) {
-  return latent_fused_step(x, norm_weight, norm_eps, /*residual=*/true, pos, dynamic_cast<DSAState&>(state),
-                           projections);
-}
-
-Tensor DSAImpl::decode_input_weight(const Tensor&, const Positions& pos, const MixerState& state) const {
-  const auto* s = dynamic_cast<const DSAState*>(&state);
-  return s && fused_step_may_apply(pos, *s) ? w_in : Tensor();
+                                                                MixerState& state) {
+  return latent_fused_step(x, norm_weight, norm_eps, /*residual=*/true, pos, dynamic_cast<DSAState&>(state));
 }
 
 Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {

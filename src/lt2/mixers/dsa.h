@@ -72,9 +72,7 @@ class DSAImpl : public MixerImpl {
   // The latent form's decode with the block's RMSNorm folded into the packed input GEMV, wo (with
   // the residual add) pending (latent_fused_step); nullopt where the fused kernels do not apply.
   std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                         const Positions& pos, MixerState& state,
-                                                         const Tensor& projections = {}) override;
-  Tensor decode_input_weight(const Tensor& x, const Positions& pos, const MixerState& state) const override;
+                                                         const Positions& pos, MixerState& state) override;
   bool is_attention() const override { return true; }
   // One block of query rows (query_block_bytes) of dense index logits or attention scores, and
   // every row's top-k mask.
@@ -126,15 +124,12 @@ class DSAImpl : public MixerImpl {
   // whole cache with slots past each sequence's length masked, attention over the top-k.
   Tensor step_at(const Tensor& x, const Positions& pos, DSAState& s);
   // The latent form's step_at on fused kernels: one GEMV for every input projection (with the
-  // RMSNorm prologue when norm_weight is defined; `projections` when the caller ran it),
-  // ops::dsa_latent_prep, the absorbed q_nope W_uk, the index top-k, sparse attention over the
-  // latent cache, o W_uv with the output gate; wo (plus x with `residual`) pending. nullopt, before
-  // the state changes, when the kernels do not take the inputs.
-  // The conditions of latent_fused_step that do not depend on the kernels' shape checks.
-  bool fused_step_may_apply(const Positions& pos, const DSAState& s) const;
+  // RMSNorm prologue when norm_weight is defined), ops::dsa_latent_prep, the absorbed q_nope W_uk,
+  // the index top-k, sparse attention over the latent cache, o W_uv with the output gate; wo (plus
+  // x with `residual`) pending. nullopt, before the state changes, when the kernels do not take
+  // the inputs.
   std::optional<PendingProjection> latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                     bool residual, const Positions& pos, DSAState& s,
-                                                     const Tensor& projections = {});
+                                                     bool residual, const Positions& pos, DSAState& s);
   Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
   // Bytes of one query row's dense index logits and of its attention scores over `keys` keys,
   // and the rows of an inference block (of `rows`) at row_bytes each.

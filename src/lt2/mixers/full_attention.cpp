@@ -127,19 +127,14 @@ Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerSt
 
 std::optional<PendingProjection> FullAttentionImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
                                                                           double norm_eps, const Positions& pos,
-                                                                          MixerState& state, const Tensor& projections) {
+                                                                          MixerState& state) {
   if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return std::nullopt;
-  const auto parts = projections.defined() ? projections
-                                           : normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
-  if (!parts.defined()) return std::nullopt;
-  auto raw = unpack_outputs(parts.unsqueeze(1), packed_layers());  // [B, 1, *] each
+  const auto projections = normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
+  if (!projections.defined()) return std::nullopt;
+  auto raw = unpack_outputs(projections.unsqueeze(1), packed_layers());  // [B, 1, *] each
   if (auto pending = fused_decode(raw, pos, &state, x)) return pending;
   // The kernels after the GEMV do not take these inputs: the rest unfused, its result as is.
   return PendingProjection::done(attend(raw, Tensor(), pos, &state, x).view({x.size(0), -1}));
-}
-
-Tensor FullAttentionImpl::decode_input_weight(const Tensor&, const Positions& pos, const MixerState& state) const {
-  return pos.seq_pos.defined() && use_packed(w_in) && dynamic_cast<const KVCache*>(&state) ? w_in : Tensor();
 }
 
 Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos,

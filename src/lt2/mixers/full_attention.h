@@ -51,9 +51,7 @@ class FullAttentionImpl : public MixerImpl {
   // Decode at per-sequence positions with the block's norm folded into the packed projection's
   // GEMV, wo (with the output gate and the residual add) pending; nullopt where it does not apply.
   std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                         const Positions& pos, MixerState& state,
-                                                         const Tensor& projections = {}) override;
-  Tensor decode_input_weight(const Tensor& x, const Positions& pos, const MixerState& state) const override;
+                                                         const Positions& pos, MixerState& state) override;
 
   // The pieces subclasses (window, dsa) reuse around their own attention pattern.
   struct Projections {

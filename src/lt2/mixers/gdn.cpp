@@ -72,15 +72,14 @@ RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st,
   return in;
 }
 
-bool GatedDeltaNetImpl::fused_step_applies(const Tensor& x, const MixerState& state) const {
-  const auto* st = dynamic_cast<const RecurrentState*>(&state);
-  return st && x.dim() == 3 && x.size(1) == 1 && num_v_heads == num_heads && fused_decode_enabled() &&
-         !at::autocast::is_autocast_enabled(at::kCUDA) && x.scalar_type() == A_log.scalar_type() &&
-         st->conv[0].scalar_type() == x.scalar_type() && ops::gdn_decode_fused_supported(x, st->S, head_k_dim);
-}
-
 RecurrentState* GatedDeltaNetImpl::fused_state(const Tensor& x, MixerState& state) const {
-  return fused_step_applies(x, state) ? &dynamic_cast<RecurrentState&>(state) : nullptr;
+  auto* st = dynamic_cast<RecurrentState*>(&state);
+  const bool fused = st && x.dim() == 3 && x.size(1) == 1 && num_v_heads == num_heads &&
+                     fused_decode_enabled() && !at::autocast::is_autocast_enabled(at::kCUDA) &&
+                     x.scalar_type() == A_log.scalar_type() &&
+                     st->conv[0].scalar_type() == x.scalar_type() &&
+                     ops::gdn_decode_fused_supported(x, st->S, head_k_dim);
+  return fused ? st : nullptr;
 }
 
 Tensor GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, const Positions& pos, RecurrentState& st) {
@@ -97,7 +96,7 @@ Tensor GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, const Positio
   a.norm_weight = o_norm->weight;
   a.num_heads = num_heads, a.head_k_dim = head_k_dim, a.head_v_dim = head_v_dim;
   a.scale = scale(), a.norm_eps = norm_eps, a.allow_neg_eigval = allow_neg_eigval;
-  a.state_settled = true;  // the kernel just before computed this layer's projections (p): none writes S
+  a.state_settled = true;  // the kernels just before are this layer's projections (p)
   auto y = ops::gdn_decode_fused(a, st.S, st.conv[0], st.conv[1], st.conv[2]);  // [B, H*V]
   if (!pos.seq_pos.defined()) st.length += 1;
   return y;
@@ -119,19 +118,15 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
 
 std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
                                                                           double norm_eps, const Positions& pos,
-                                                                          MixerState& state, const Tensor& projections) {
+                                                                          MixerState& state) {
   auto* st = fused_state(x, state);
   if (!st || !use_packed(w_in)) return std::nullopt;
   const int64_t B = x.size(0);
   const auto x2 = x.reshape({B, -1});
-  const auto parts = projections.defined() ? projections : normed_linear(x2, w_in, norm_weight, norm_eps);  // [B, N]
-  if (!parts.defined()) return std::nullopt;
-  const auto y = fused_core(unpack_outputs(parts, input_projections()), pos, *st);
+  const auto projections = normed_linear(x2, w_in, norm_weight, norm_eps);
+  if (!projections.defined()) return std::nullopt;
+  const auto y = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
   return PendingProjection{y, o_proj, {}, x2};
-}
-
-Tensor GatedDeltaNetImpl::decode_input_weight(const Tensor& x, const Positions&, const MixerState& state) const {
-  return use_packed(w_in) && fused_step_applies(x, state) ? w_in : Tensor();
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {

@@ -27,9 +27,7 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   // The same fused step with the block's RMSNorm folded into the packed input GEMV, o_proj (with
   // the residual add) pending, when the GEMVs take the inputs.
   std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                         const Positions& pos, MixerState& state,
-                                                         const Tensor& projections = {}) override;
-  Tensor decode_input_weight(const Tensor& x, const Positions& pos, const MixerState& state) const override;
+                                                         const Positions& pos, MixerState& state) override;
   std::string kind() const override { return "gdn"; }
   // Packs q/k/v/a/b(/g) projections into w_in: the fused step then reads them in one GEMV.
   void pack_for_inference() override;
@@ -47,9 +45,7 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
 
  private:
   std::vector<torch::nn::Linear> input_projections() const;  // what w_in packs, in order
-  // Whether the fused step (one kernel after the projections) takes x with `state`; the state as
-  // a RecurrentState where it does, else nullptr.
-  bool fused_step_applies(const Tensor& x, const MixerState& state) const;
+  // The state when the fused step (one kernel after the projections) takes x, else nullptr.
   RecurrentState* fused_state(const Tensor& x, MixerState& state) const;
   // The fused step on x's projections (q, k, v, a, b(, g), each [B, channels], in
   // input_projections() order); returns y, the gated-normed output [B, H*V] ready for o_proj.

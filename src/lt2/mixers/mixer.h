@@ -92,20 +92,11 @@ class MixerImpl : public torch::nn::Module {
   // the residual add folded into the mixer's own kernels (x: [B, 1, d], the residual stream), its
   // output projection (with the add) left pending so the block can chain it with the FFN's
   // products. nullopt, before anything ran, when the mixer has no such form for these inputs: the
-  // block then runs the norm, step() and the add itself. `projections`, when defined, is the step's
-  // first product rms_norm(x, norm_weight, eps) W_in^T [B, N] (W_in = decode_input_weight()),
-  // already computed by the block before, chained with its FFN's products; the mixer then reads it
-  // instead of running that product (and may still return nullopt: the block then ignores it).
+  // block then runs the norm, step() and the add itself.
   virtual std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight,
                                                                  double norm_eps, const Positions& pos,
-                                                                 MixerState& state, const Tensor& projections = {}) {
+                                                                 MixerState& state) {
     return std::nullopt;
-  }
-  // The packed weight W_in [N, d] of step_residual_pending's first product for an x shaped like
-  // `x` (its values do not matter) at `pos` with `state`, for a caller that computes `projections`
-  // ahead; undefined where step_residual_pending would not take them.
-  virtual Tensor decode_input_weight(const Tensor& x, const Positions& pos, const MixerState& state) const {
-    return {};
   }
   // step_residual_pending with the projection run: [B, 1, d], or undefined.
   Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,

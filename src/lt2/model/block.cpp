@@ -17,37 +17,18 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& m
 }
 
 Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  if (state && x.size(1) == 1) return decode(x, pos, *state).first;
-  return forward_unfused(x, pos, state);
-}
-
-std::pair<Tensor, Tensor> BlockImpl::decode(const Tensor& x, const Positions& pos, MixerState& state,
-                                            const Tensor& projections, const BlockImpl* next,
-                                            const MixerState* next_state) {
-  if (!mixer_post_norm) {
+  if (state && x.size(1) == 1 && !mixer_post_norm) {
     // Decode of a pre-norm block with its norms and adds folded into the mixer's and the FFN's
     // kernels, where they have such forms (both check their own inputs), the mixer's output
-    // projection chained with the FFN's products (and next's input projection) where that applies.
-    if (auto pending =
-            mixer->step_residual_pending(x, mixer_norm->weight, mixer_norm->eps, pos, state, projections)) {
-      const auto tail = ffn->forward_residual(*pending, ffn_norm->weight, ffn_norm->eps,
-                                              next && next_state ? next->input_projection(x, pos, *next_state)
-                                                                 : NextProjection{});
-      if (tail.out.defined()) return {tail.out.view(x.sizes()), tail.next};
+    // projection chained with the FFN's products where that applies.
+    if (auto pending = mixer->step_residual_pending(x, mixer_norm->weight, mixer_norm->eps, pos, *state)) {
+      if (auto out = ffn->forward_residual(*pending, ffn_norm->weight, ffn_norm->eps); out.defined())
+        return out.view(x.sizes());
       const auto h = pending->run().view(x.sizes());
       auto out = ffn->forward_residual(h, ffn_norm->weight, ffn_norm->eps);
-      return {out.defined() ? out : h + ffn(ffn_norm(h)), {}};
+      return out.defined() ? out : h + ffn(ffn_norm(h));
     }
   }
-  return {forward_unfused(x, pos, &state), {}};
-}
-
-NextProjection BlockImpl::input_projection(const Tensor& x, const Positions& pos, const MixerState& state) const {
-  if (mixer_post_norm) return {};
-  return {mixer->decode_input_weight(x, pos, state), mixer_norm->weight, mixer_norm->eps};
-}
-
-Tensor BlockImpl::forward_unfused(const Tensor& x, const Positions& pos, MixerState* state) {
   auto xin = mixer_norm(x);
   Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer->forward(xin, pos, state);
   if (mixer_post_norm) m = mixer_post_norm(m);

@@ -95,8 +95,7 @@ Tensor SwiGLUImpl::forward_residual(const Tensor& h, const Tensor& norm_weight, 
 }
 
 // Rows up to which the whole block tail (projection -> w1|w3 -> w2) is one chain; above it the
-// chain stops before w2 and w2 is one more launch (chained with the next block's input projection
-// where there is one). w1|w3 applies silu(a) * b as its epilogue, so
+// chain stops before w2 and w2 is one more launch. w1|w3 applies silu(a) * b as its epilogue, so
 // w2's x is hidden wide, plain, computed once (it was [a | b] with SiLU·mul applied by every
 // block that staged it: 180 KB per block at 8 rows, which made the 3-product chain lose there,
 // 42.2 vs 37.6 us; bench/results/gemv_chain_h200.txt). LT2_CHAINED_TAIL_MAX_ROWS overrides it
@@ -108,36 +107,23 @@ int64_t chained_tail_max_rows() {
 }
 }  // namespace
 
-SwiGLUImpl::TailOutput SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight,
-                                                    double eps, const NextProjection& next) {
+Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps) {
   if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(w13)) return {};
-  ops::ChainProduct projection{mixer.layer->weight}, gate_up{w13}, down_proj{w2->weight}, next_in{next.weight};
+  ops::ChainProduct projection{mixer.layer->weight}, gate_up{w13}, down_proj{w2->weight};
   projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
   gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;
-  gate_up.silu_mul_out = true;  // silu(a) * b
-  next_in.fusion.norm_weight = next.norm_weight, next_in.fusion.norm_eps = next.eps;
-  // The chain with next's product appended, where there is one and the chain takes it: the output
-  // of its last product before next's, and next's.
-  const auto with_next = [&](const Tensor& x, std::vector<ops::ChainProduct> products) -> TailOutput {
-    if (!next.weight.defined()) return {};
-    products.push_back(next_in);
-    const auto y = ops::gemv_chain_fused(x, products);
-    return y.empty() ? TailOutput{} : TailOutput{y[y.size() - 2], y.back()};
-  };
+  gate_up.silu_mul_out = true;     // silu(a) * b
+  down_proj.residual_of = 0;       // h + ...
   if (mixer.y.size(0) <= chained_tail_max_rows()) {
-    down_proj.residual_of = 0;  // h + ...
-    if (auto tail = with_next(mixer.y, {projection, gate_up, down_proj}); tail.out.defined()) return tail;
     const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
-    return {out.empty() ? Tensor() : out[2], {}};
+    return out.empty() ? Tensor() : out[2];
   }
   const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up});  // {h, silu(a) * b}
   if (out.empty()) return {};
-  down_proj.fusion.residual = out[0];
-  if (auto tail = with_next(out[1], {down_proj}); tail.out.defined()) return tail;
   ops::GemvFusion add;
   add.residual = out[0];
-  if (!ops::gemv_fused_applies(out[1], w2->weight, add)) return {out[0] + apply_linear(out[1], w2), {}};
-  return {ops::gemv_fused(out[1], w2->weight, add), {}};
+  if (!ops::gemv_fused_applies(out[1], w2->weight, add)) return out[0] + apply_linear(out[1], w2);
+  return ops::gemv_fused(out[1], w2->weight, add);
 }
 
 Tensor SwiGLUImpl::down(const Tensor& gate_up) {

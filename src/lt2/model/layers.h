@@ -43,15 +43,6 @@ struct PendingProjection {
   Tensor run() const { return layer ? gated_linear_residual(y, layer, x_gate, residual) : y; }
 };
 
-// The next block's mixer input projection rms_norm(out, norm_weight, eps) W^T, which a decode
-// block tail may compute in its last chained kernel (W: MixerImpl::decode_input_weight). An
-// undefined weight: none.
-struct NextProjection {
-  Tensor weight;  // [N, d]
-  Tensor norm_weight;
-  double eps = 0;
-};
-
 // Truncated normal N(0, std) cut at +-3 std, in place (LT2/Lingua initialisation).
 void trunc_normal_(Tensor w, double std);
 
@@ -95,18 +86,12 @@ class SwiGLUImpl : public torch::nn::Module {
   // (ops::gemv_fused). Undefined when those GEMVs do not take the inputs (not packed, too many
   // rows, gradients, ...) before anything ran: the caller runs the unfused form.
   Tensor forward_residual(const Tensor& h, const Tensor& norm_weight, double eps);
-  // The same from the mixer's pending output projection: out = h + forward(rms_norm(h)) with
+  // The same from the mixer's pending output projection: h + forward(rms_norm(h)) with
   // h = mixer.run(), [B, d]: up to 4 rows the three products (the projection, w1|w3, w2) in one
-  // chained kernel (ops::gemv_chain_fused), above that the first two chained and w2 in a second
-  // chain (layers.cpp has the measurements). With `next`, the last chain also computes next's
-  // product on out (TailOutput::next; undefined where the chain does not take it). Undefined out,
-  // having run nothing, where the chain does not apply: the caller runs mixer.run() and the form
-  // above.
-  struct TailOutput {
-    Tensor out, next;  // [B, d], [B, N]
-  };
-  TailOutput forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps,
-                              const NextProjection& next = {});
+  // chained kernel (ops::gemv_chain_fused), above that the first two chained and w2 as one GEMV
+  // (layers.cpp has the measurements). Undefined, having run nothing, where the chain does not
+  // apply: the caller runs mixer.run() and the form above.
+  Tensor forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps);
   // w2(silu(a) * b) of the packed w1|w3 output [..., 2 hidden] = [a | b].
   Tensor down(const Tensor& gate_up);
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};

@@ -1,12 +1,10 @@
 #include "lt2/model/looped_lm.h"
 
 #include <cmath>
-#include <tuple>
 
 #include "lt2/model/checkpointing.h"
 #include "lt2/model/layers.h"
 #include "lt2/model/pattern.h"
-#include "lt2/util/env.h"
 
 namespace lt2 {
 
@@ -86,20 +84,8 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
   Tensor x = h;
   const int64_t N = cfg_.n_layers;
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
-  if (!state || x.size(1) != 1) {
-    for (int64_t l = 0; l < N; ++l) x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr);
-    return x;
-  }
-  // Decode: each block's last chained kernel also computes the next block's input projections
-  // (LT2_CHAIN_NEXT_INPUT=0: every block runs its own; the A/B switch, read per call for the tests).
-  const bool chain_next = env_switch_on("LT2_CHAIN_NEXT_INPUT");
-  Tensor projections;  // block l's, when block l - 1 computed them
-  for (int64_t l = 0; l < N; ++l) {
-    const bool chained = chain_next && l + 1 < N;
-    std::tie(x, projections) = blocks_[l]->decode(x, pos, *state->mixers[first + l], projections,
-                                                  chained ? blocks_[l + 1].get() : nullptr,
-                                                  chained ? state->mixers[first + l + 1].get() : nullptr);
-  }
+  for (int64_t l = 0; l < N; ++l)
+    x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr);
   return x;
 }
 
