@@ -490,9 +490,8 @@ TEST(FusedDsa, LatentPrepGraphReplayWithNewPositions) {
 // ---------------------------------------------------------------------------------------------
 // The latent DSA mixer's fused decode step (packed input GEMV, dsa_latent_prep, absorptions, index
 // top-k, sparse attention, gate, wo) against its libtorch path, both measured against a float64
-// CPU copy of the same weights, with the absorptions folded (LT2_DSA_FOLD_{Q,O}_MAX_ROWS=32)
-// against unfolded (0), and the unfolded q absorption on a second stream (LT2_DSA_FORK) bit for bit
-// against the same kernels on one stream. The top-k (32) covers every valid key, so bf16 rounding cannot
+// CPU copy of the same weights, and with the absorptions folded (LT2_DSA_FOLD_{Q,O}_MAX_ROWS=32)
+// against unfolded (0). The top-k (32) covers every valid key, so bf16 rounding cannot
 // flip the selection between the paths.
 
 namespace {
@@ -557,18 +556,11 @@ TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
         };
         set_folds("32");  // the absorptions folded
         auto y_fused = run(*m, *s_fused, x, true, residual).cpu();
-        set_folds("0");  // the absorptions as batched GEMVs, the q absorption on a second stream
-        auto s_unfolded = copy(s, torch::kCUDA, dt), s_serial = copy(s, torch::kCUDA, dt);
+        set_folds("0");  // the absorptions as batched GEMVs
+        auto s_unfolded = copy(s, torch::kCUDA, dt);
         auto y_unfolded = run(*m, *s_unfolded, x, true, residual).cpu();
-        setenv("LT2_DSA_FORK", "0", 1);  // the same kernels on one stream
-        auto y_serial = run(*m, *s_serial, x, true, residual).cpu();
-        unsetenv("LT2_DSA_FORK");
         unsetenv("LT2_DSA_FOLD_Q_MAX_ROWS");
         unsetenv("LT2_DSA_FOLD_O_MAX_ROWS");
-        EXPECT_TRUE(torch::equal(y_unfolded, y_serial)) << "the forked step against the serial one";
-        for (auto [got, want] : {std::pair{s_unfolded->k, s_serial->k},
-                                 std::pair{s_unfolded->index_keys, s_serial->index_keys}})
-          EXPECT_TRUE(torch::equal(got, want)) << "cache of the forked step against the serial one";
         EXPECT_LT(rel_err(y_fused, y_unfolded), tolerance(dt)) << "folded against unfolded absorptions";
         auto y_ref = run(*m, *s_ref, x, false, residual).cpu();
         auto y_exact = run(*exact, *s_exact, x.cpu().to(f64), false, residual);

@@ -10,7 +10,6 @@
 #include "lt2/ops/fused_dsa.h"
 #include "lt2/ops/fused_sparse_attention.h"
 #include "lt2/ops/sparse_attention.h"
-#include "lt2/ops/streams.h"
 #include "lt2/util/env.h"
 
 namespace lt2 {
@@ -326,7 +325,8 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   // call: the A/B switches and the tests), else batched GEMVs (the second's x is o [B, H, d_c],
   // shaped like q's latent part). Measured on an H200 (lt2-gdn-dsa-1.3b at 4k, both arms in one
   // run; bench/results/decode_gdn_prelude_h200.md): folding both saved 0.09 ms per step at batch 1
-  // and cost 0.15 ms at batch 8.
+  // and cost 0.15 ms at batch 8; folding only q at batch 8 changed nothing (6.04 against 6.04 ms;
+  // bench/results/decode_dsa_ab_h200.md).
   const bool fold_q = B <= env_int("LT2_DSA_FOLD_Q_MAX_ROWS", 1) &&
                       ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, wk_b_t);
   const bool fold_o = B <= env_int("LT2_DSA_FOLD_O_MAX_ROWS", 1) &&
@@ -335,21 +335,9 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
       (!fold_o && !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate)))
     return std::nullopt;
   if (fold_q) a.absorb = wk_b_t;
-  Tensor idx;  // [B, k]
-  const auto select = [&] {
-    ops::dsa_latent_prep(a);
-    idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);
-  };
-  if (fold_q) {
-    select();
-  } else {
-    // The unfolded q absorption reads only the projection's output and writes only q's latent part,
-    // which the prep does not touch: it runs on a second stream beside the prep, the index scores
-    // and the top-k (LT2_DSA_FORK=0: before them on one stream).
-    ops::run_beside(
-        x.device(), [&] { ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc)); }, select,
-        env_switch_on("LT2_DSA_FORK"));
-  }
+  ops::dsa_latent_prep(a);
+  if (!fold_q) ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));
+  auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);  // [B, k]
   Tensor y;                                                                               // [B, H, D]
   if (fold_o) {
     y = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale(), wv_b_t, gate);

@@ -323,33 +323,20 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-// hist[bin] += 1 for the active lanes; every lane of the warp calls it. With `by_bin`, the lanes
-// of one bin add together, one atomic per distinct bin of the warp: the top digits of similar
-// scores fall in a few bins, where an atomic per lane serialises on them. Without it (the A/B arm,
-// LT2_TOPK_MATCH_ANY=0), one atomic when the whole warp shares a bin (ties, -inf padding), else
-// one per lane.
-__device__ __forceinline__ void count_in_bin(uint32_t* hist, uint32_t bin, bool active, bool by_bin) {
+// hist[bin] += 1 for the active lanes; every lane of the warp calls it. The lanes of one bin add
+// together, one atomic per distinct bin of the warp (runs of equal scores, -inf padding and the
+// top digits of similar scores put many lanes on one bin).
+__device__ __forceinline__ void count_in_bin(uint32_t* hist, uint32_t bin, bool active) {
   const unsigned lanes = __ballot_sync(0xffffffffu, active);
-  if (lanes == 0) return;
-  if (by_bin) {
-    if (!active) return;
-    const unsigned peers = __match_any_sync(lanes, bin);  // the active lanes of this bin
-    if (static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-    return;
-  }
-  const int leader = __ffs(lanes) - 1;
-  const uint32_t leader_bin = __shfl_sync(0xffffffffu, bin, leader);
-  if (__all_sync(0xffffffffu, !active || bin == leader_bin)) {
-    if (static_cast<int>(threadIdx.x % 32) == leader) atomicAdd(&hist[leader_bin], __popc(lanes));
-  } else if (active) {
-    atomicAdd(&hist[bin], 1u);
-  }
+  if (!active) return;
+  const unsigned peers = __match_any_sync(lanes, bin);  // the active lanes of this bin
+  if (static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
 }
 
 // Grid (cluster blocks, B) in clusters of (blocks, 1, 1): one cluster per row. A block reads its
 // slice's scores from global memory once, keeping the keys of the first `cached` entries in shared
 // memory (all of them up to 8 x kTopkCachedKeys entries a row); the passes re-read the rest.
-__global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const TopkSelectParams p, int cached, bool by_bin) {
+__global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const TopkSelectParams p, int cached) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   dependent_kernel_start();
   namespace cg = cooperative_groups;
@@ -387,7 +374,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const TopkSel
     for (int base = lo + 32 * warp; base < hi; base += kTopkThreads) {  // warp-uniform trip count
       const int i = base + lane;
       const uint32_t key = i < hi ? key_at(i) : 0;
-      count_in_bin(s_hist, (key >> shift) & 0xffu, i < hi && (key & mask) == prefix, by_bin);
+      count_in_bin(s_hist, (key >> shift) & 0xffu, i < hi && (key & mask) == prefix);
     }
     cluster.sync();  // every block's histogram is complete and visible
     if (tid < kTopkBins) {
@@ -534,11 +521,10 @@ void topk_select(const TopkSelectParams& p, void* stream) {
   const int blocks = std::clamp(ceil_div(p.length, kTopkEntriesPerBlock), 1, kTopkMaxBlocks);
   const int cached = std::min(ceil_div(p.length, blocks), kTopkCachedKeys);  // a slice holds at most length / blocks
   const size_t smem = sizeof(uint32_t) * cached;
-  static const bool by_bin = env_switch_on("LT2_TOPK_MATCH_ANY");
   reserve_shared<topk_select_kernel>(smem, "topk_select");
   launch_dependent_on_small_grid("topk_select (it needs an sm_90 GPU)", topk_select_kernel, dim3(blocks, p.batch),
                                  dim3(kTopkThreads), smem, static_cast<cudaStream_t>(stream),
-                                 {cluster_launch(blocks)}, p, cached, by_bin);
+                                 {cluster_launch(blocks)}, p, cached);
 }
 
 }  // namespace lt2::kernels
