@@ -255,11 +255,14 @@ void launch_mma(const GemvParams& p, cudaStream_t stream) {
   const int chunks = p.k / kMmaChunk, chunks_per_split = (chunks + p.k_splits - 1) / p.k_splits;
   LT2_CHECK(row_blocks * p.k_splits <= INT32_MAX, "gemv: N = ", p.n, " is too many rows");
   const dim3 grid(static_cast<unsigned>(row_blocks * p.k_splits), 1, static_cast<unsigned>(p.batch));
+  // The kernel does nothing before its grid-dependency wait, so like the other such decode kernels
+  // it launches as a programmatic dependent only on a grid that leaves most SMs idle.
   if (p.k_splits == 1)
-    launch_dependent("gemv", gemv_mma_kernel<T, PRO, false>, grid, dim3(kMmaWarps * 32), 0, stream, {}, p, chunks);
+    launch_dependent_on_small_grid("gemv", gemv_mma_kernel<T, PRO, false>, grid, dim3(kMmaWarps * 32), 0, stream, {},
+                                   p, chunks);
   else
-    launch_dependent("gemv (K splits)", gemv_mma_kernel<T, PRO, true>, grid, dim3(kMmaWarps * 32), 0, stream,
-                     {cluster_launch(static_cast<unsigned>(p.k_splits))}, p, chunks_per_split);
+    launch_dependent_on_small_grid("gemv (K splits)", gemv_mma_kernel<T, PRO, true>, grid, dim3(kMmaWarps * 32), 0,
+                                   stream, {cluster_launch(static_cast<unsigned>(p.k_splits))}, p, chunks_per_split);
 }
 
 template <typename T, GemvPrologue PRO>
