@@ -58,9 +58,6 @@ constexpr int kSlotBytes = kTileRows * padded_pitch(kSliceK * 2);
 constexpr int kSlotPitch = padded_pitch(kSliceK * 2);
 constexpr int kMinSlots = 4, kMaxSlots = 12;  // 4 slots: 133 KB in flight per SM
 constexpr int kMaxStreams = 64;               // grid barriers: one per (device, stream)
-// The warps that store a tile's outputs (thread m * cols + c stores row m, column c).
-constexpr int kStoreWarps = 2;
-static_assert(kStoreWarps * 32 >= kGemvMaxRows * kTileRows, "a storing thread per output of a tile");
 
 struct GridBarrier {
   unsigned count, generation;
@@ -245,16 +242,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* ring = smem;                                      // [slots][kTileRows][kSlotPitch]
   unsigned char* xs = smem + static_cast<size_t>(slots) * kSlotBytes;  // [rows][x_pitch]
   __shared__ __align__(8) uint64_t full[kMaxSlots], empty[kMaxSlots];
-  // Per-warp sums of a tile, two tiles in turn: red_full[b] completes when every consumer warp has
-  // written buffer b, red_empty[b] when the store warps have read it.
-  __shared__ __align__(8) uint64_t red_full[2], red_empty[2];
-  __shared__ float s_red[2][kConsumerWarps][kGemvMaxRows][kTileRows];
+  __shared__ float s_red[2][kConsumerWarps][kGemvMaxRows][kTileRows];  // per-warp sums, two tiles in turn
   __shared__ float s_sumsq[kConsumerWarps][kGemvMaxRows];
   __shared__ float s_rinv[kGemvMaxRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], kConsumerWarps);
-    for (int b = 0; b < 2; ++b) mbarrier_init(&red_full[b], kConsumerWarps), mbarrier_init(&red_empty[b], kStoreWarps);
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -303,23 +296,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) mbarrier_arrive(&empty[c.slot]);
         c.advance(slots);
       }
-      // acc[0], acc[1] = C[x row g8][tile rows 2q, 2q + 1]. The warps meet only through the
-      // buffer's mbarriers, not a block barrier a tile: a warp goes on to the next tile's slices
-      // while the store warps wait for this tile's last sums.
-      const int buf = tiles_done & 1;
-      const uint32_t use = (tiles_done++ >> 1) & 1u;  // parity of the buffer's current use
-      float(*red)[kGemvMaxRows][kTileRows] = s_red[buf];
-      mbarrier_wait(&red_empty[buf], use ^ 1u);  // its previous tile is stored
+      // acc[0], acc[1] = C[x row g8][tile rows 2q, 2q + 1].
+      float(*red)[kGemvMaxRows][kTileRows] = s_red[tiles_done++ & 1];
       red[warp][g8][2 * q] = acc[0];
       red[warp][g8][2 * q + 1] = acc[1];
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&red_full[buf]);
-      if (warp < kStoreWarps) {
-        mbarrier_wait(&red_full[buf], use);
-        if (is_out) store_y<T>(g, red, out_m, out_c, out_n, residual, s_rinv);
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&red_empty[buf]);
-      }
+      consumer_sync();  // (the other buffer's readers finished before this barrier, too)
+      if (is_out) store_y<T>(g, red, out_m, out_c, out_n, residual, s_rinv);
     }
   }
 #endif
