@@ -119,7 +119,8 @@ has nopdl && ab_decode nopdl LT2_PDL=0 "${NOPDL_MODELS:-$MODELS}" "${NOPDL_CONTE
 has ab && ab_decode ab "$AB_SWITCH" "${AB_MODELS:-$MODELS}" "${AB_CONTEXTS:-4k}" "${AB_WHAT:-the A/B switch}"
 # "abs": one decode A/B per switch of AB_SWITCHES (space-separated VAR=value[,value...] words, several
 # variables of one arm joined by '+'), all into
-# $OUT/decode_abs.md and $OUT/decode_abs.json ({switch: that run's JSON}).
+# $OUT/decode_abs.md and $OUT/decode_abs.json ({"arm i: switch": that run's JSON}; a switch may repeat,
+# e.g. the control arm first and last, to see the call's drift).
 if has abs; then
   i=0
   for sw in ${AB_SWITCHES:-}; do
@@ -132,9 +133,9 @@ out, switches = sys.argv[1], sys.argv[2:]
 runs = {}
 for i, sw in enumerate(switches, 1):
     try:
-        runs[sw] = json.load(open(f"/tmp/decode_abs_{i}.json"))
+        runs[f"arm {i}: {sw}"] = json.load(open(f"/tmp/decode_abs_{i}.json"))
     except (OSError, ValueError) as e:
-        runs[sw] = {"error": str(e)}
+        runs[f"arm {i}: {sw}"] = {"error": str(e)}
 json.dump(runs, open(out, "w"), indent=1)
 PY
 fi

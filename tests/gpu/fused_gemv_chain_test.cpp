@@ -6,8 +6,7 @@
 // form, or as w2's prologue) at 1..8 rows, K off the ring's slices, N off the 8-row tiles (and
 // the epilogue's 4-column tiles), the 1.3B shapes; the same as gemv_fused one product at a time;
 // CUDA-graph replay with new inputs == eager; many launches on two streams (each stream's grid
-// barrier resets itself); the L2 prefetch hint changes no output; what it does not take runs
-// nothing. Skips where no CUDA GPU.
+// barrier resets itself); what it does not take runs nothing. Skips where no CUDA GPU.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -213,39 +212,6 @@ TEST(FusedGemvChain, ManyLaunchesOnTwoStreams) {
   for (int s = 0; s < 2; ++s)
     for (int j = 0; j < 3; ++j) EXPECT_TRUE(torch::equal(first[j], last[s][j])) << "stream " << s << " product " << j;
 #endif
-}
-
-// The L2 prefetch hint (GemvFusion::next_weight on the last product) moves bytes into L2 only:
-// every output is bit-identical with and without it, whatever the hinted weight's shape (N off
-// the tiles, K off the slices, larger than the per-block budget), in a chain and in gemv_fused.
-TEST(FusedGemvChain, PrefetchHintChangesNothing) {
-  REQUIRE_FUSED_DECODE();
-  torch::NoGradGuard ng;
-  torch::manual_seed(25);
-  const auto bf = gpu(torch::kBFloat16);
-  for (int64_t M : {1, 8}) {
-    BlockTail tail(M, 1056, 2080, 1120, true, torch::kBFloat16);
-    const auto plain = ops::gemv_chain_fused(tail.y, tail.products());
-    ASSERT_EQ(plain.size(), 3u);
-    for (auto next : {torch::randn({4101, 2056}, bf), torch::randn({9, 40}, bf), torch::randn({1200, 6000}, bf)}) {
-      auto hinted = tail.products();
-      hinted.back().fusion.next_weight = next;
-      const auto got = ops::gemv_chain_fused(tail.y, hinted);
-      ASSERT_EQ(got.size(), 3u) << "next " << next.sizes();
-      for (int j = 0; j < 3; ++j) EXPECT_TRUE(torch::equal(plain[j], got[j])) << "M " << M << " product " << j;
-      ops::GemvFusion f = hinted[0].fusion;
-      const auto alone = ops::gemv_fused(tail.y, tail.wo, f);
-      f.next_weight = next;
-      EXPECT_TRUE(torch::equal(alone, ops::gemv_fused(tail.y, tail.wo, f))) << "M " << M;
-    }
-  }
-  // A hint the kernel cannot read is an error of the call, not a silent skip.
-  auto x = torch::randn({2, 256}, bf);
-  ops::GemvFusion f;
-  f.next_weight = torch::randn({64, 256}, gpu(torch::kFloat32));
-  EXPECT_FALSE(ops::gemv_fused_applies(x, torch::randn({128, 256}, bf), f)) << "next_weight in another dtype";
-  f.next_weight = torch::randn({256, 64}, bf).t();
-  EXPECT_FALSE(ops::gemv_fused_applies(x, torch::randn({128, 256}, bf), f)) << "next_weight not contiguous";
 }
 
 TEST(FusedGemvChain, WhatItDoesNotTakeRunsNothing) {

@@ -262,14 +262,6 @@ constexpr int kGemvChainMaxProducts = 4;
 struct GemvChainParams {
   GemvParams product[kGemvChainMaxProducts];
   int products = 0;
-  // A hint, or nullptr: the weight [next_n, next_k] (the products' dtype, 16-byte aligned, rows a
-  // multiple of 16 bytes) of the chain launched next on the stream. Each block, once its producer
-  // has issued its own weights' copies, prefetches into L2 the first slices of next_w that the
-  // same block of that chain will read (at most LT2_GEMV_CHAIN_PREFETCH_KB, default 64, per block):
-  // HBM then works through this chain's drain and the kernels between the two chains.
-  const void* next_w = nullptr;
-  int64_t next_n = 0;
-  int next_k = 0;
 };
 // Empty when gemv_chain takes p on CUDA device `device` (sm_90, bf16 / fp16, K a multiple of 32,
 // x rows in shared memory, ...), else what does not fit.

@@ -294,7 +294,7 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   const int64_t B = x.size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
   const auto x2 = x.reshape({B, -1});
   ops::GemvFusion norm;
-  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps, norm.next_weight = wo->weight;
+  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
   if (!ops::gemv_fused_applies(x2, w_in, norm)) return std::nullopt;
   ops::DsaLatentPrepArgs a;
   a.q = torch::empty({B, H, dc + dr}, x.options());  // per head [q_nope W_uk | RoPE(q_rope)]

@@ -69,7 +69,6 @@ class DSAImpl : public MixerImpl {
   bool supports_seq_pos() const override { return true; }
   // GQA form: the attention block's packing; latent form: w_in and the transposed wk_b, wv_b.
   void pack_for_inference() override;
-  Tensor decode_input_weight() const override { return w_in; }
   // The latent form's decode with the block's RMSNorm folded into the packed input GEMV, wo (with
   // the residual add) pending (latent_fused_step); nullopt where the fused kernels do not apply.
   std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,

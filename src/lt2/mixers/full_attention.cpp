@@ -129,8 +129,7 @@ std::optional<PendingProjection> FullAttentionImpl::step_residual_pending(const 
                                                                           double norm_eps, const Positions& pos,
                                                                           MixerState& state) {
   if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return std::nullopt;
-  const auto projections =
-      normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps, wo->weight);  // [B, N]
+  const auto projections = normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
   if (!projections.defined()) return std::nullopt;
   auto raw = unpack_outputs(projections.unsqueeze(1), packed_layers());  // [B, 1, *] each
   if (auto pending = fused_decode(raw, pos, &state, x)) return pending;

@@ -70,7 +70,6 @@ class FullAttentionImpl : public MixerImpl {
   // gate: the gate's pre-activation when already computed (Projections::gate).
   Tensor output(const Tensor& o, const Tensor& x, const Tensor& gate = {});
   void pack_for_inference() override;
-  Tensor decode_input_weight() const override { return w_in; }
   Tensor w_in;  // packed [wq; wk; wv; wgate] (inference), or undefined
 
   int64_t n_heads, n_kv_heads, head_dim;

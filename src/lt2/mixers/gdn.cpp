@@ -123,7 +123,7 @@ std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const 
   if (!st || !use_packed(w_in)) return std::nullopt;
   const int64_t B = x.size(0);
   const auto x2 = x.reshape({B, -1});
-  const auto projections = normed_linear(x2, w_in, norm_weight, norm_eps, o_proj->weight);
+  const auto projections = normed_linear(x2, w_in, norm_weight, norm_eps);
   if (!projections.defined()) return std::nullopt;
   const auto y = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
   return PendingProjection{y, o_proj, {}, x2};

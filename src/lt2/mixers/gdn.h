@@ -31,7 +31,6 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   std::string kind() const override { return "gdn"; }
   // Packs q/k/v/a/b(/g) projections into w_in: the fused step then reads them in one GEMV.
   void pack_for_inference() override;
-  Tensor decode_input_weight() const override { return w_in; }
   double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_k_dim)); }  // K^-1/2
 
   int64_t num_heads, num_v_heads, head_k_dim, head_v_dim;

@@ -104,9 +104,6 @@ class MixerImpl : public torch::nn::Module {
     const auto pending = step_residual_pending(x, norm_weight, norm_eps, pos, state);
     return pending ? pending->run().view(x.sizes()) : Tensor();
   }
-  // The weight its fused decode step reads first (the packed input projection), or undefined: the
-  // block before hands it to its last chain as an L2 prefetch hint (ops::GemvFusion::next_weight).
-  virtual Tensor decode_input_weight() const { return {}; }
   // Whether `step` accepts per-sequence positions (Positions::seq_pos).
   virtual bool supports_seq_pos() const { return false; }
   // Softmax-attention mixers say true (they take the SDPA output gate, Ouro's import maps them).

@@ -22,8 +22,7 @@ Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* sta
     // kernels, where they have such forms (both check their own inputs), the mixer's output
     // projection chained with the FFN's products where that applies.
     if (auto pending = mixer->step_residual_pending(x, mixer_norm->weight, mixer_norm->eps, pos, *state)) {
-      if (auto out = ffn->forward_residual(*pending, ffn_norm->weight, ffn_norm->eps, next_input_weight);
-          out.defined())
+      if (auto out = ffn->forward_residual(*pending, ffn_norm->weight, ffn_norm->eps); out.defined())
         return out.view(x.sizes());
       const auto h = pending->run().view(x.sizes());
       auto out = ffn->forward_residual(h, ffn_norm->weight, ffn_norm->eps);

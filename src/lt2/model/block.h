@@ -19,9 +19,6 @@ class BlockImpl : public torch::nn::Module {
   SwiGLU ffn{nullptr};
   RMSNorm mixer_norm{nullptr}, ffn_norm{nullptr};
   RMSNorm mixer_post_norm{nullptr}, ffn_post_norm{nullptr};  // sandwich norm only
-  // The next block's mixer's decode_input_weight (set by LoopedLM::pack_for_inference), or
-  // undefined: this block's last decode chain prefetches it into L2.
-  Tensor next_input_weight;
 };
 TORCH_MODULE(Block);
 

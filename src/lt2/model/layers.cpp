@@ -50,10 +50,9 @@ Tensor apply_linear(const Tensor& x, const torch::nn::Linear& layer) {
   return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : apply_linear(x, layer->weight);
 }
 
-Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps,
-                     const Tensor& next_weight) {
+Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
   ops::GemvFusion norm;
-  norm.norm_weight = norm_weight, norm.norm_eps = eps, norm.next_weight = next_weight;
+  norm.norm_weight = norm_weight, norm.norm_eps = eps;
   return ops::gemv_fused_applies(x, w, norm) ? ops::gemv_fused(x, w, norm) : Tensor();
 }
 
@@ -108,24 +107,21 @@ int64_t chained_tail_max_rows() {
 }
 }  // namespace
 
-Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps,
-                                    const Tensor& next_weight) {
+Tensor SwiGLUImpl::forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps) {
   if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(w13)) return {};
   ops::ChainProduct projection{mixer.layer->weight}, gate_up{w13}, down_proj{w2->weight};
   projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
   gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;
   gate_up.silu_mul_out = true;     // silu(a) * b
   down_proj.residual_of = 0;       // h + ...
-  down_proj.fusion.next_weight = next_weight;
   if (mixer.y.size(0) <= chained_tail_max_rows()) {
     const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
     return out.empty() ? Tensor() : out[2];
   }
-  gate_up.fusion.next_weight = w2->weight;
   const auto out = ops::gemv_chain_fused(mixer.y, {projection, gate_up});  // {h, silu(a) * b}
   if (out.empty()) return {};
   ops::GemvFusion add;
-  add.residual = out[0], add.next_weight = next_weight;
+  add.residual = out[0];
   if (!ops::gemv_fused_applies(out[1], w2->weight, add)) return out[0] + apply_linear(out[1], w2);
   return ops::gemv_fused(out[1], w2->weight, add);
 }

@@ -23,13 +23,11 @@ Tensor apply_linear(const Tensor& x, const torch::nn::Linear& layer);
 // fused GEMV (ops::gemv_fused), as the mixers' and SwiGLU's step_residual forms use them:
 //   normed_linear          rms_norm(x, norm_weight, eps) W^T (x [..., K]; norm_weight undefined:
 //                          x W^T); undefined where the fused GEMV does not take them, so the
-//                          caller runs its unfused path. next_weight: the weight the next chain
-//                          reads first, an L2 prefetch hint (ops::GemvFusion::next_weight).
+//                          caller runs its unfused path.
 //   gated_linear_residual  residual + (y * sigmoid(x_gate)) W^T (y, x_gate [..., K], residual
 //                          [..., d]; either undefined: left out), one fused GEMV where it applies,
 //                          at::linear and elementwise ops otherwise.
-Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps,
-                     const Tensor& next_weight = {});
+Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps);
 Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
                              const Tensor& residual);
 
@@ -92,10 +90,8 @@ class SwiGLUImpl : public torch::nn::Module {
   // h = mixer.run(), [B, d]: up to 4 rows the three products (the projection, w1|w3, w2) in one
   // chained kernel (ops::gemv_chain_fused), above that the first two chained and w2 as one GEMV
   // (layers.cpp has the measurements). Undefined, having run nothing, where the chain does not
-  // apply: the caller runs mixer.run() and the form above. next_weight: the weight the next
-  // block's decode reads first, or undefined; the last chain prefetches it (an L2 hint).
-  Tensor forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps,
-                          const Tensor& next_weight = {});
+  // apply: the caller runs mixer.run() and the form above.
+  Tensor forward_residual(const PendingProjection& mixer, const Tensor& norm_weight, double eps);
   // w2(silu(a) * b) of the packed w1|w3 output [..., 2 hidden] = [a | b].
   Tensor down(const Tensor& gate_up);
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};

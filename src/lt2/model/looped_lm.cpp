@@ -236,9 +236,6 @@ void LoopedLMImpl::pack_for_inference() {
     b->ffn->pack();
     b->mixer->pack_for_inference();
   }
-  // The stack loops: the last block's next is the first.
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    blocks_[l]->next_input_weight = blocks_[(l + 1) % blocks_.size()]->mixer->decode_input_weight();
 }
 
 int64_t LoopedLMImpl::num_parameters(bool exclude_embeddings) const {

@@ -484,13 +484,6 @@ std::string gemv_problem(torch::IntArrayRef x_sizes, const Tensor& x_like, const
                  f.residual.sizes());
     all.push_back(&f.residual);
   }
-  if (f.next_weight.defined()) {
-    const auto& nw = f.next_weight;
-    if (nw.dim() != 2 || !contiguous_aligned(nw) || nw.size(1) * nw.element_size() % 16 != 0)
-      return cat("next_weight must be a contiguous, 16-byte aligned [N, K] with rows a multiple of 16 bytes, found ",
-                 nw.sizes());
-    all.push_back(&nw);
-  }
   for (const Tensor* t : all)
     if (t->scalar_type() != x_like.scalar_type() || t->device() != x_like.device())
       return cat("every tensor must be ", x_like.scalar_type(), " on ", x_like.device(), " like x");
@@ -646,9 +639,6 @@ std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainPro
     params.product[i] = gemv_params(input, pr.w, f, gates.back(), outputs.back());
     params.product[i].silu_mul_out = pr.silu_mul_out;
     input = outputs.back().view({-1, out_sizes[i].back()});
-  }
-  if (const Tensor& next = products.back().fusion.next_weight; next.defined()) {
-    params.next_w = next.data_ptr(), params.next_n = next.size(0), params.next_k = static_cast<int>(next.size(1));
   }
   if (!kernels::gemv_chain_problem(params, x.get_device()).empty()) return {};
   kernels::gemv_chain(params, current_stream(x));

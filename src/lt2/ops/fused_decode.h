@@ -105,11 +105,6 @@ struct GemvFusion {
   Tensor x_gate;          // defined: y = (x * sigmoid(x_gate)) W^T, x_gate [..., K] (attention's output gate)
   Tensor residual;        // defined: y = residual + ..., [..., N]
   int k_splits = 0;       // K split over a thread-block cluster: 0 picks (kernels::gemv_k_splits)
-  // A hint, or undefined: the weight [N', K'] (contiguous, x's dtype and device) that the next
-  // chain on this stream reads first. Where this product is the last of a chain (a gemv_fused run
-  // as a one-product chain included), the chain's blocks prefetch its first slices into L2 once
-  // their own weights are in flight (kernels::GemvChainParams::next_w). Ignored elsewhere.
-  Tensor next_weight;
 };
 // y = f(x) W^T (nn.Linear without bias) through the fused GEMV: x [..., K] ([..., 2K] with
 // silu_mul) with at most kernels::kGemvMaxRows rows, W [N, K] contiguous, every tensor in one

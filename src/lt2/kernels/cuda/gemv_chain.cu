@@ -31,11 +31,6 @@
 // made the 3-product chain lose there: 42.2 vs 37.6 us).
 // Launched as a programmatic dependent (the kernel before it may release it early: the GDN step
 // and the other decode kernels do), so the producer streams weights while that kernel finishes.
-// The other way round, a chain cannot start before the one before it has left the SMs (one block
-// per SM), and the kernels between two chains (the mixer's step) move few bytes: HBM idles
-// through the drain, the step and the next ramp. So a chain that knows the weight the next chain
-// reads first (GemvChainParams::next_w) has each producer, once its own copies are issued,
-// prefetch into L2 the slices of it that the same block of the next chain reads first.
 #include <cuda/atomic>
 
 #include <cstdlib>
@@ -128,51 +123,26 @@ __device__ __forceinline__ int64_t tile_row(const GemvParams& g, int64_t t, int 
   return (r < kHalf ? 0 : g.n / 2) + min(t * kHalf + r % kHalf, g.n / 2 - 1);
 }
 
-// Calls visit(tile, k0, len) for every slice of every tile of g this block computes, in order,
-// while visit returns true.
-template <typename Visit>
-__device__ __forceinline__ bool for_each_slice(const GemvParams& g, Visit&& visit) {
-  for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x)
-    for (int k0 = 0; k0 < g.k; k0 += kSliceK)
-      if (!visit(t, k0, min(kSliceK, g.k - k0))) return false;
-  return true;
-}
-
-// Producer (one lane): every slice of every tile of every product this block computes, in order;
-// then the next chain's first slices for this block into L2, up to prefetch_bytes.
+// Producer (one lane): every slice of every tile of every product this block computes, in order.
 template <typename T>
-__device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty, int slots,
-                        int prefetch_bytes, bool evict_first) {
-  const uint64_t policy = l2_evict_first_policy();
+__device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty, int slots) {
   RingCursor c;
   for (int i = 0; i < p.products; ++i) {
     const GemvParams& g = p.product[i];
     const T* w = static_cast<const T*>(g.w);
-    for_each_slice(g, [&](int64_t t, int k0, int len) {
-      mbarrier_wait(&empty[c.slot], c.parity ^ 1u);  // the consumers are done with the slot's last use
-      mbarrier_arrive_expect_tx(&full[c.slot], static_cast<uint32_t>(kTileRows * len * sizeof(T)));
-      unsigned char* slot = ring + static_cast<size_t>(c.slot) * kSlotBytes;
-      for (int r = 0; r < kTileRows; ++r) {
-        const T* src = w + tile_row(g, t, r) * g.k + k0;
-        const auto bytes = static_cast<uint32_t>(len * sizeof(T));
-        if (evict_first) bulk_copy(slot + r * kSlotPitch, src, bytes, &full[c.slot], policy);
-        else bulk_copy(slot + r * kSlotPitch, src, bytes, &full[c.slot]);
+    for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
+      for (int k0 = 0; k0 < g.k; k0 += kSliceK) {
+        const int len = min(kSliceK, g.k - k0);
+        mbarrier_wait(&empty[c.slot], c.parity ^ 1u);  // the consumers are done with the slot's last use
+        mbarrier_arrive_expect_tx(&full[c.slot], static_cast<uint32_t>(kTileRows * len * sizeof(T)));
+        unsigned char* slot = ring + static_cast<size_t>(c.slot) * kSlotBytes;
+        for (int r = 0; r < kTileRows; ++r)
+          bulk_copy(slot + r * kSlotPitch, w + tile_row(g, t, r) * g.k + k0, static_cast<uint32_t>(len * sizeof(T)),
+                    &full[c.slot]);
+        c.advance(slots);
       }
-      c.advance(slots);
-      return true;
-    });
+    }
   }
-  if (!p.next_w || prefetch_bytes <= 0) return;
-  GemvParams next{};
-  next.w = p.next_w, next.n = p.next_n, next.k = p.next_k;
-  const T* w = static_cast<const T*>(next.w);
-  int left = prefetch_bytes;
-  for_each_slice(next, [&](int64_t t, int k0, int len) {
-    const auto bytes = static_cast<uint32_t>(len * sizeof(T));
-    for (int r = 0; r < kTileRows; ++r) prefetch_l2(w + tile_row(next, t, r) * next.k + k0, bytes);
-    left -= kTileRows * bytes;
-    return left > 0;
-  });
 }
 
 // x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
@@ -266,8 +236,7 @@ __device__ __forceinline__ void store_y(const GemvParams& g, const float (*sums)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch, int prefetch_bytes,
-                      bool evict_first) {
+    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;                                      // [slots][kTileRows][kSlotPitch]
@@ -283,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (warp == kConsumerWarps) {
-    if (lane == 0) produce<T>(p, ring, full, empty, slots, prefetch_bytes, evict_first);
+    if (lane == 0) produce<T>(p, ring, full, empty, slots);
     return;
   }
   // Launched as a programmatic dependent: the producer streams weights (which no kernel writes)
@@ -342,8 +311,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 struct ChainPlan {
   int slots = 0, x_pitch = 0, blocks = 0;
   size_t smem = 0;
-  int prefetch_bytes = 0;    // of the next chain's weights per block, into L2
-  bool evict_first = false;  // the weights' copies leave L2 first
 };
 
 size_t element_bytes(DType dtype) { return dtype == DType::Float32 ? 4 : 2; }
@@ -369,18 +336,6 @@ ChainPlan chain_plan(const GemvChainParams& p, int device) {
   plan.slots = static_cast<int>(std::min<size_t>(cap, room / kSlotBytes));
   plan.smem = static_cast<size_t>(plan.slots) * kSlotBytes + x_bytes;
   plan.blocks = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
-  // Benchmarking knobs: LT2_GEMV_CHAIN_PREFETCH_KB (per block; 0: no prefetch) and
-  // LT2_GEMV_CHAIN_EVICT_FIRST (1: the weights' copies carry L2's evict-first policy).
-  static const int prefetch_kb = [] {
-    const char* env = std::getenv("LT2_GEMV_CHAIN_PREFETCH_KB");
-    return env ? std::max(0, std::min(1024, std::atoi(env))) : 64;
-  }();
-  static const bool evict_first = [] {
-    const char* env = std::getenv("LT2_GEMV_CHAIN_EVICT_FIRST");
-    return env && std::strcmp(env, "1") == 0;
-  }();
-  plan.prefetch_bytes = p.next_w ? prefetch_kb * 1024 : 0;
-  plan.evict_first = evict_first;
   return plan;
 }
 
@@ -436,9 +391,6 @@ std::string chain_problem(const GemvChainParams& p, int device, ChainPlan* plan)
     if (g.prologue == GemvPrologue::SigmoidGate && !g.x_gate) return at() + "the SigmoidGate prologue needs x_gate";
     if (g.silu_mul_out && g.n % 2 != 0) return cat(at(), "the SiLU·mul epilogue needs W's two halves, found N = ", g.n);
   }
-  if (p.next_w && (!aligned(p.next_w) || p.next_n < 1 || p.next_k < 8 || p.next_k % 8 != 0))
-    return cat("the next chain's weight (the prefetch hint) 16-byte aligned, [N >= 1, K a multiple of 8], found [",
-               p.next_n, ", ", p.next_k, "]");
   *plan = chain_plan(p, device);
   if (plan->slots < kMinSlots)
     return cat("x rows of the widest product leave room for ", plan->slots, " ring slots of shared memory (",
@@ -467,8 +419,7 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
     if constexpr (!std::is_same_v<T, float>) {
       reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
       launch_dependent("gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
-                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch,
-                       plan.prefetch_bytes, plan.evict_first);
+                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
     }
   });
 }
