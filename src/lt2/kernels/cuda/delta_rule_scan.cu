@@ -42,15 +42,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// cp.async: 4- and 16-byte global -> shared copies (committed and waited for with device_utils.cuh's
-// cp_async_commit / cp_async_wait).
+// cp.async: 4-byte global -> shared copies (the 16-byte ones are device_utils.cuh's cp_async16;
+// both committed and waited for with its cp_async_commit / cp_async_wait).
 __device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
 

@@ -136,6 +136,12 @@ __device__ void rope_rotate(const In* in, Out* out, int n, bool interleaved, int
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 
+// 16 bytes global -> shared by cp.async through L2 only (.cg: no stale L1 line of what another
+// block wrote), no registers held while in flight; 16-byte aligned ends.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
 // cp.async groups: commit this thread's copies issued since the last commit as one group; wait
 // until at most Pending of its committed groups are still in flight.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -145,16 +145,43 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
   }
 }
 
+// Position (m, v) of vector i = m * vecs + v of x's [rows, vecs] 16-byte vectors, stepped by
+// kConsumers (a thread's next vector) without a division per step.
+struct VecCursor {
+  int m, v, step_m, step_v, vecs;
+  __device__ VecCursor(int i, int vecs_)
+      : m(i / vecs_), v(i % vecs_), step_m(kConsumers / vecs_), step_v(kConsumers % vecs_), vecs(vecs_) {}
+  __device__ void next() {
+    m += step_m, v += step_v;
+    if (v >= vecs) v -= vecs, ++m;
+  }
+};
+
 // x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
 // rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier. Each thread
 // issues the loads of kStageBatch vectors before using any: x sits in L2, one round trip per
 // vector would cost ~15 us for 8 rows of w2's 2 x 5632 inputs, and 12 take w2's 8 x 5632 in two
-// round trips (8 took three; 162 registers, no spills).
+// round trips (8 took three; 162 registers, no spills). Without a prologue (w2's x, GDN's o_proj's)
+// x is copied as it is by cp.async: every vector in flight at once, no registers held, no
+// unpacking and rounding, no division per vector for its (m, v). At 8 rows this staging was the
+// consumers' largest cost (31% of the tail's warp samples under ncu, instruction-bound with 8
+// warps per SM; bench/results/gemv_chain_sass8_h200.md). (A register copy beside the prologue
+// path spilled at the 9-warp block's 168-register cap, and a cursor in the prologue path too.)
 constexpr int kStageBatch = 12;
 template <typename T>
 __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],
-                        float* s_rinv) {
+                        float* s_rinv, bool copy_plain) {
   const int vecs = g.k / 8, total = static_cast<int>(g.rows) * vecs;
+  const T* x = static_cast<const T*>(g.x);
+  if (copy_plain && g.prologue == GemvPrologue::None) {
+    VecCursor at(threadIdx.x, vecs);
+    for (int i = threadIdx.x; i < total; i += kConsumers, at.next())
+      cp_async16(xs + at.m * x_pitch + at.v * 16, x + at.m * g.x_row_stride + at.v * 8);
+    cp_async_commit();
+    cp_async_wait<0>();
+    consumer_sync();
+    return;
+  }
   float sumsq[kGemvMaxRows];
 #pragma unroll
   for (int m = 0; m < kGemvMaxRows; ++m) sumsq[m] = 0.f;
@@ -165,7 +192,7 @@ __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, flo
       const int i = base + u * kConsumers;
       if (i >= total) break;
       const int m = i / vecs, v = i % vecs;
-      const T* row = static_cast<const T*>(g.x) + m * g.x_row_stride;
+      const T* row = x + m * g.x_row_stride;
       raw[u] = load_coherent16(row, v);
       if (g.prologue == GemvPrologue::RmsNorm) aux[u] = __ldg(reinterpret_cast<const uint4*>(g.norm_weight) + v);
       else if (g.prologue == GemvPrologue::SiluMul) aux[u] = load_coherent16(row + g.k, v);
@@ -236,7 +263,7 @@ __device__ __forceinline__ void store_y(const GemvParams& g, const float (*sums)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch) {
+    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch, bool copy_plain_x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;                                      // [slots][kTileRows][kSlotPitch]
@@ -267,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const GemvParams& g = p.product[i];
     if (i > 0) grid_sync(barrier);  // product i - 1's y (this one's x or residual) is complete
     if (blockIdx.x >= tile_count(g)) continue;
-    stage_x<T>(g, xs, x_pitch, s_sumsq, s_rinv);
+    stage_x<T>(g, xs, x_pitch, s_sumsq, s_rinv, copy_plain_x);
     const bool has_x = g8 < g.rows;
     const unsigned char* x_row = xs + g8 * x_pitch;
     for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
@@ -337,6 +364,16 @@ ChainPlan chain_plan(const GemvChainParams& p, int device) {
   plan.smem = static_cast<size_t>(plan.slots) * kSlotBytes + x_bytes;
   plan.blocks = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
   return plan;
+}
+
+// LT2_GEMV_CHAIN_COPY_X=0 stages x without a prologue through the prologue path (a benchmarking
+// knob: the A/B of the cp.async copy).
+bool copy_plain_x() {
+  static const bool on = [] {
+    const char* env = std::getenv("LT2_GEMV_CHAIN_COPY_X");
+    return !env || std::strcmp(env, "0") != 0;
+  }();
+  return on;
 }
 
 // The grid barrier of (device, stream): its own, so chains on different streams never share one.
@@ -419,7 +456,8 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
     if constexpr (!std::is_same_v<T, float>) {
       reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
       launch_dependent("gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
-                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
+                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch,
+                       copy_plain_x());
     }
   });
 }
