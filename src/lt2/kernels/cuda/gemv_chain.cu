@@ -165,15 +165,16 @@ struct VecCursor {
 // x is copied as it is by cp.async: every vector in flight at once, no registers held, no
 // unpacking and rounding, no division per vector for its (m, v). At 8 rows this staging was the
 // consumers' largest cost (31% of the tail's warp samples under ncu, instruction-bound with 8
-// warps per SM; bench/results/gemv_chain_sass8_h200.md). (A register copy beside the prologue
-// path spilled at the 9-warp block's 168-register cap, and a cursor in the prologue path too.)
+// warps per SM; bench/results/gemv_chain_sass8_h200.md); the copy took 0.23-0.24 ms off every
+// LT2 preset's batch-8 step (decode_copy_x_h200.md). (A register copy beside the prologue path
+// spilled at the 9-warp block's 168-register cap, and a cursor in the prologue path too.)
 constexpr int kStageBatch = 12;
 template <typename T>
 __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],
-                        float* s_rinv, bool copy_plain) {
+                        float* s_rinv) {
   const int vecs = g.k / 8, total = static_cast<int>(g.rows) * vecs;
   const T* x = static_cast<const T*>(g.x);
-  if (copy_plain && g.prologue == GemvPrologue::None) {
+  if (g.prologue == GemvPrologue::None) {
     VecCursor at(threadIdx.x, vecs);
     for (int i = threadIdx.x; i < total; i += kConsumers, at.next())
       cp_async16(xs + at.m * x_pitch + at.v * 16, x + at.m * g.x_row_stride + at.v * 8);
@@ -206,7 +207,7 @@ __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, flo
       const int m = i / vecs, v = i % vecs;
       float f[8], a[8];
       unpack16<T>(raw[u], f);
-      if (g.prologue != GemvPrologue::None) unpack16<T>(aux[u], a);
+      unpack16<T>(aux[u], a);
       if (g.prologue == GemvPrologue::RmsNorm) {
         float s = 0.f;
 #pragma unroll
@@ -217,7 +218,7 @@ __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, flo
       } else if (g.prologue == GemvPrologue::SiluMul) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] = silu(f[e]) * a[e];
-      } else if (g.prologue == GemvPrologue::SigmoidGate) {
+      } else {  // SigmoidGate
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] *= sigmoid(a[e]);
       }
@@ -263,7 +264,7 @@ __device__ __forceinline__ void store_y(const GemvParams& g, const float (*sums)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch, bool copy_plain_x) {
+    gemv_chain_kernel(const GemvChainParams p, GridBarrier* barrier, int slots, int x_pitch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;                                      // [slots][kTileRows][kSlotPitch]
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const GemvParams& g = p.product[i];
     if (i > 0) grid_sync(barrier);  // product i - 1's y (this one's x or residual) is complete
     if (blockIdx.x >= tile_count(g)) continue;
-    stage_x<T>(g, xs, x_pitch, s_sumsq, s_rinv, copy_plain_x);
+    stage_x<T>(g, xs, x_pitch, s_sumsq, s_rinv);
     const bool has_x = g8 < g.rows;
     const unsigned char* x_row = xs + g8 * x_pitch;
     for (int64_t t = blockIdx.x; t < tile_count(g); t += gridDim.x) {
@@ -364,16 +365,6 @@ ChainPlan chain_plan(const GemvChainParams& p, int device) {
   plan.smem = static_cast<size_t>(plan.slots) * kSlotBytes + x_bytes;
   plan.blocks = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
   return plan;
-}
-
-// LT2_GEMV_CHAIN_COPY_X=0 stages x without a prologue through the prologue path (a benchmarking
-// knob: the A/B of the cp.async copy).
-bool copy_plain_x() {
-  static const bool on = [] {
-    const char* env = std::getenv("LT2_GEMV_CHAIN_COPY_X");
-    return !env || std::strcmp(env, "0") != 0;
-  }();
-  return on;
 }
 
 // The grid barrier of (device, stream): its own, so chains on different streams never share one.
@@ -456,8 +447,7 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
     if constexpr (!std::is_same_v<T, float>) {
       reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
       launch_dependent("gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
-                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch,
-                       copy_plain_x());
+                       plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
     }
   });
 }
