@@ -154,20 +154,25 @@ std::vector<int64_t> ks_for(int64_t L) {
 
 TEST(FusedDsa, TopkSelectMatchesTopkIndices) {
   REQUIRE_FUSED_DECODE();
-  // One block (L <= 4096), clusters of 2, 5 and 8 blocks; 131072: 8 slices of 16384 entries, all
-  // cached in shared memory; 200000: the rest of every slice re-read from global memory.
-  for (int64_t L : {1, 7, 100, 4096, 5000, 20000, 40000, 131072, 200000}) {
-    torch::manual_seed(L);
-    const auto scores = tie_heavy_rows(L);
-    const auto all = torch::ones_like(scores, torch::kBool);
-    for (int64_t k : ks_for(L)) {
-      SCOPED_TRACE(::testing::Message() << "L" << L << " k" << k);
-      auto out = torch::full({scores.size(0), k}, -1, gpu(torch::kInt64));
-      auto idx = ops::topk_select(scores, k, Tensor(), out);
-      EXPECT_EQ(idx.data_ptr(), out.data_ptr());
-      expect_same_sets(idx, topk_indices(scores, all, k), "no lengths");
+  // One block (L <= 4096), clusters of 2, 5 and 8 blocks; with the portable cap, 131072: 8 slices
+  // of 16384 entries, all cached in shared memory; 200000: the rest of every slice re-read from
+  // global memory. Uncapped (where the device places 16-block clusters): 10 and 16 blocks.
+  for (const char* cap : {"8", "16"}) {
+    setenv("LT2_TOPK_MAX_BLOCKS", cap, 1);
+    for (int64_t L : {1, 7, 100, 4096, 5000, 20000, 40000, 131072, 200000}) {
+      torch::manual_seed(L);
+      const auto scores = tie_heavy_rows(L);
+      const auto all = torch::ones_like(scores, torch::kBool);
+      for (int64_t k : ks_for(L)) {
+        SCOPED_TRACE(::testing::Message() << "cap " << cap << " L" << L << " k" << k);
+        auto out = torch::full({scores.size(0), k}, -1, gpu(torch::kInt64));
+        auto idx = ops::topk_select(scores, k, Tensor(), out);
+        EXPECT_EQ(idx.data_ptr(), out.data_ptr());
+        expect_same_sets(idx, topk_indices(scores, all, k), "no lengths");
+      }
     }
   }
+  unsetenv("LT2_TOPK_MAX_BLOCKS");
 }
 
 // With seq_lens, entries past a length are never read (NaN and +inf there) and rank as -inf.

@@ -40,10 +40,15 @@
 //   each block keeps its slice's keys in shared memory (up to 16384 a block, so rows up to 131072
 //   entries entirely; the passes re-read the rest of longer rows). Then the kernel is bound by one
 //   L2 round trip, at most 10 cluster barriers and the shared-memory passes: a few microseconds
-//   for a whole batch.
+//   for a whole batch. Above 32k entries a row takes a non-portable cluster of up to 16 blocks
+//   where the device can place one: at 128k x 1, 8 blocks took 30.9 us per call
+//   (bench/results/decode_profile_dsa128k_h200.md), each pass walking 16k entries per block.
 #include <cooperative_groups.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "lt2/kernels/cuda/device_utils.cuh"
 #include "lt2/kernels/dsa_decode.h"
@@ -308,7 +313,8 @@ void launch_scores_fma(const DsaIndexScoresParams& p, cudaStream_t stream) {
 
 constexpr int kTopkThreads = 512;
 constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kTopkMaxBlocks = 8;         // the portable cluster size
+constexpr int kTopkPortableBlocks = 8;    // the portable cluster size
+constexpr int kTopkMaxBlocks = 16;        // the non-portable one of sm_90 (where the device allows it)
 constexpr int kTopkEntriesPerBlock = 4096;  // a row takes another block per this many entries
 constexpr int kTopkBins = 256;            // 8-bit digits: 4 passes at most
 constexpr int kTopkRoundPerWarp = 256;    // compaction: consecutive entries per warp per round
@@ -513,12 +519,45 @@ void dsa_index_scores(const DsaIndexScoresParams& p, void* stream) {
   check_launch("dsa_index_scores");
 }
 
+namespace {
+
+// The most blocks a top-k cluster may have on `device`: 16 where a 16-block cluster of the kernel
+// (with its largest shared memory) can be resident, else the portable 8.
+int topk_device_max_blocks(int device) {
+  static std::mutex mutex;
+  static std::map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(device); it != cache.end()) return it->second;
+  int blocks = kTopkPortableBlocks;
+  const size_t smem = sizeof(uint32_t) * kTopkCachedKeys;
+  reserve_shared<topk_select_kernel>(smem, "topk_select");
+  if (cudaFuncSetAttribute(topk_select_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(kTopkMaxBlocks, 1), config.blockDim = dim3(kTopkThreads), config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute cluster = cluster_launch(kTopkMaxBlocks);
+    config.attrs = &cluster, config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, topk_select_kernel, &config) == cudaSuccess && clusters >= 1)
+      blocks = kTopkMaxBlocks;
+  }
+  cudaGetLastError();  // a refused query leaves the portable size, not an error for the next launch
+  return cache[device] = blocks;
+}
+
+}  // namespace
+
 void topk_select(const TopkSelectParams& p, void* stream) {
   LT2_CHECK(p.length >= 1 && p.length <= kDsaMaxLength && p.k >= 1 && p.k <= p.length, "topk_select: k = ", p.k,
             " of ", p.length, " entries (1 <= k <= length <= ", kDsaMaxLength, ")");
   LT2_CHECK(p.batch >= 0 && p.batch <= 65535, "topk_select: batch ", p.batch, " (at most 65535)");
   if (p.batch == 0) return;
-  const int blocks = std::clamp(ceil_div(p.length, kTopkEntriesPerBlock), 1, kTopkMaxBlocks);
+  int device = 0;
+  cudaGetDevice(&device);
+  // LT2_TOPK_MAX_BLOCKS caps the cluster (read per call: a benchmarking knob and the tests' way to
+  // run both sizes).
+  const char* cap = std::getenv("LT2_TOPK_MAX_BLOCKS");
+  const int max_blocks = std::clamp(cap ? std::atoi(cap) : kTopkMaxBlocks, 1, topk_device_max_blocks(device));
+  const int blocks = std::clamp(ceil_div(p.length, kTopkEntriesPerBlock), 1, max_blocks);
   const int cached = std::min(ceil_div(p.length, blocks), kTopkCachedKeys);  // a slice holds at most length / blocks
   const size_t smem = sizeof(uint32_t) * cached;
   reserve_shared<topk_select_kernel>(smem, "topk_select");
