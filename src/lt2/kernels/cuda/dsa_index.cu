@@ -27,8 +27,9 @@
 //
 // topk_select: a radix select on the 32-bit order-preserving key of each score (topk_indices'
 //   map: negative floats bits inverted, others sign bit set; -0 taken as +0), 8 bits a pass from
-//   the top, then one compaction pass. One thread-block cluster (sm_90) per row, of up to 8
-//   blocks; block r owns a contiguous slice of the row. Each pass, every block builds the
+//   the top, then one compaction pass. One thread-block cluster (sm_90) per row, of a block per
+//   4,096 entries up to 16 blocks (8 where the device cannot place 16); block r owns a contiguous
+//   slice of the row. Each pass, every block builds the
 //   histogram of the next digit over its slice's entries that still match the chosen prefix; the
 //   cluster barrier makes them visible, every block sums all of them through distributed shared
 //   memory and finds the same digit: the bin holding the need-th largest remaining entry. The
@@ -37,8 +38,9 @@
 //   (all equal keys after 4 passes), each in ascending index: a block's offsets come from the
 //   counts of the lower ranks, a warp's from a scan over the block's warps, a lane's from ballots.
 //   Floor: the scores are fresh in L2 (B L 4 bytes: 1 MB at B = 8, L = 32k) and are read once:
-//   each block keeps its slice's keys in shared memory (up to 16384 a block, so rows up to 131072
-//   entries entirely; the passes re-read the rest of longer rows). Then the kernel is bound by one
+//   each block keeps its slice's keys in shared memory (up to 16384 a block, so rows up to
+//   131072 entries entirely with 8 blocks, 262144 with 16; the passes re-read the rest of longer
+//   rows). Then the kernel is bound by one
 //   L2 round trip, at most 10 cluster barriers and the shared-memory passes: a few microseconds
 //   for a whole batch. Above 32k entries a row takes a non-portable cluster of up to 16 blocks
 //   where the device can place one: at 128k x 1, 8 blocks took 30.9 us per call
@@ -341,7 +343,7 @@ __device__ __forceinline__ void count_in_bin(uint32_t* hist, uint32_t bin, bool 
 
 // Grid (cluster blocks, B) in clusters of (blocks, 1, 1): one cluster per row. A block reads its
 // slice's scores from global memory once, keeping the keys of the first `cached` entries in shared
-// memory (all of them up to 8 x kTopkCachedKeys entries a row); the passes re-read the rest.
+// memory (all of them up to blocks x kTopkCachedKeys entries a row); the passes re-read the rest.
 __global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const TopkSelectParams p, int cached) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   dependent_kernel_start();
