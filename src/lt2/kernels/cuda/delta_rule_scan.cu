@@ -42,14 +42,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// cp.async: 4-byte global -> shared copies (the 16-byte ones are device_utils.cuh's cp_async16;
-// both committed and waited for with its cp_async_commit / cp_async_wait).
-__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-
 // Shared-memory row pitch (floats) of a left matrix with `cols` columns: see the header comment.
 __host__ __device__ constexpr int broadcast_pitch(int cols) { return round_up(cols, 8) + 4; }
 

@@ -142,6 +142,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
+// 4 bytes global -> shared by cp.async (.ca: 4-byte copies cannot bypass L1); 4-byte aligned ends.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
 // cp.async groups: commit this thread's copies issued since the last commit as one group; wait
 // until at most Pending of its committed groups are still in flight.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -145,18 +145,6 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
   }
 }
 
-// Position (m, v) of vector i = m * vecs + v of x's [rows, vecs] 16-byte vectors, stepped by
-// kConsumers (a thread's next vector) without a division per step.
-struct VecCursor {
-  int m, v, step_m, step_v, vecs;
-  __device__ VecCursor(int i, int vecs_)
-      : m(i / vecs_), v(i % vecs_), step_m(kConsumers / vecs_), step_v(kConsumers % vecs_), vecs(vecs_) {}
-  __device__ void next() {
-    m += step_m, v += step_v;
-    if (v >= vecs) v -= vecs, ++m;
-  }
-};
-
 // x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
 // rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier. Each thread
 // issues the loads of kStageBatch vectors before using any: x sits in L2, one round trip per
@@ -167,7 +155,8 @@ struct VecCursor {
 // consumers' largest cost (31% of the tail's warp samples under ncu, instruction-bound with 8
 // warps per SM; bench/results/gemv_chain_sass8_h200.md); the copy took 0.23-0.24 ms off every
 // LT2 preset's batch-8 step (decode_copy_x_h200.md). (A register copy beside the prologue path
-// spilled at the 9-warp block's 168-register cap, and a cursor in the prologue path too.)
+// spilled at the 9-warp block's 168-register cap, and so did a division-free (row, column)
+// cursor in the prologue path, which keeps its divisions.)
 constexpr int kStageBatch = 12;
 template <typename T>
 __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],
@@ -175,9 +164,9 @@ __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, flo
   const int vecs = g.k / 8, total = static_cast<int>(g.rows) * vecs;
   const T* x = static_cast<const T*>(g.x);
   if (g.prologue == GemvPrologue::None) {
-    VecCursor at(threadIdx.x, vecs);
-    for (int i = threadIdx.x; i < total; i += kConsumers, at.next())
-      cp_async16(xs + at.m * x_pitch + at.v * 16, x + at.m * g.x_row_stride + at.v * 8);
+    for (int m = 0; m < g.rows; ++m)
+      for (int v = threadIdx.x; v < vecs; v += kConsumers)
+        cp_async16(xs + m * x_pitch + v * 16, x + m * g.x_row_stride + v * 8);
     cp_async_commit();
     cp_async_wait<0>();
     consumer_sync();

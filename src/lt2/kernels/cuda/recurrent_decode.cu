@@ -20,11 +20,6 @@ constexpr int kStepTileElems = 4096;                // recurrent_step: ~16 KiB t
 constexpr int kGdnTileBytes = 128 * 1024;           // gdn_decode: up to 128 KiB of S per pass
 constexpr int kMaxGdnClusterBlocks = 8;             // the portable cluster size
 
-
-__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
-}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 // Columns [v0, v0 + tw) of S ([K, V] row-major) <-> tile ([K, pitch] in shared memory). vec16:
