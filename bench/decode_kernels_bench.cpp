@@ -41,7 +41,8 @@
 #include "lt2/mixers/full_attention.h"
 #include "lt2/mixers/gdn.h"
 #include "lt2/mixers/registry.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/delta_rule.h"
 #include "lt2/ops/fused_common.h"
 #include "lt2/ops/fused_decode.h"
@@ -110,10 +111,10 @@ double graph_us(const Settings& s, const std::function<void()>& f) {
 
 // Microseconds per eager call of f with the fused decode kernels off (the libtorch reference).
 double reference_us(const Settings& s, const std::function<void()>& f) {
-  lt2::set_fused_decode(false);
-  const double us = 1e3 * median_ms(s.warmup, s.iters, f);
-  lt2::set_fused_decode(true);
-  return us;
+  lt2::DecodeOptions reference;
+  reference.fused = false;
+  lt2::DecodeOptionsGuard guard(reference);
+  return 1e3 * median_ms(s.warmup, s.iters, f);
 }
 
 double bytes_of(const std::vector<Tensor>& ts) {

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git python3 python3-pip
+  build-essential cmake ninja-build ccache pkg-config git python3 python3-pip
   nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libbenchmark-dev
   gnuplot-nox r-cran-janeaustenr
   libgloo-dev  # headers only: c10d's ProcessGroupGloo.hpp includes them; the wheel does not ship them

@@ -16,6 +16,7 @@ struct BenchArgs {
   BenchOptions opts;
   std::vector<std::string> contexts{"4k"}, batches{"1"};
   std::string json_path, md_path, png_path, profile_md_path;
+  std::vector<std::string> decode_options;  // name=value
   bool json_stdout = false;
 };
 
@@ -49,6 +50,11 @@ void run_bench(const std::string& mode, BenchArgs& a, const std::string& command
   for (const auto& b : a.batches) a.opts.batches.push_back(parse_count(b, "--batches"));
   for (const auto& p : a.opts.paths)
     LT2_CHECK(p == "engine" || p == "reference", "--paths: expected engine or reference, found '", p, "'");
+  for (const auto& setting : a.decode_options) {
+    const auto eq = setting.find('=');
+    LT2_CHECK(eq != std::string::npos, "--decode-option: expected name=value, found '", setting, "'");
+    a.opts.decode.set(setting.substr(0, eq), setting.substr(eq + 1));
+  }
   const double copy_gbs = mode == "decode" ? measure_copy_bandwidth_gbs(a.opts.device) : 0;
   const std::string device = a.opts.device == "cuda" ? kernels::device_name(0) : "cpu";
   if (copy_gbs > 0) std::fprintf(stderr, "device %s, measured copy bandwidth %.0f GB/s\n", device.c_str(), copy_gbs);
@@ -65,7 +71,8 @@ void run_bench(const std::string& mode, BenchArgs& a, const std::string& command
   auto cells = mode == "decode" ? bench_decode(a.opts, copy_gbs, progress) : bench_prefill(a.opts, progress);
   nlohmann::json j{{"mode", mode}, {"command", command_line}, {"date", today()}, {"device", device},
                    {"copy_bandwidth_gbs", copy_gbs}, {"dtype", a.opts.dtype}, {"steps", a.opts.steps},
-                   {"warmup", a.opts.warmup}, {"cells", nlohmann::json::array()}};
+                   {"warmup", a.opts.warmup}, {"decode_options", a.opts.decode.describe()},
+                   {"cells", nlohmann::json::array()}};
   for (const auto& c : cells) j["cells"].push_back(c.to_json());
   const std::string table = bench_table(cells);
   if (!a.json_path.empty()) write_file_atomic(a.json_path, j.dump(2) + "\n");
@@ -91,6 +98,12 @@ void add_grid_options(CLI::App* cmd, BenchArgs& a) {
       ->capture_default_str();
   cmd->add_option("--device", a.opts.device, "cuda or cpu")->capture_default_str();
   cmd->add_option("--prefill-chunk", a.opts.prefill_chunk, "Prompt tokens per prefill forward")->capture_default_str();
+  std::string names;
+  for (const auto& n : DecodeOptions::names()) names += (names.empty() ? "" : ", ") + n;
+  cmd->add_option("--decode-option", a.decode_options,
+                  "name=value, repeatable: an engine kernel switch or bound (A/B runs; docs/decode.md). Names: " +
+                      names)
+      ->delimiter(';');
   cmd->add_option("--memory-limit-gb", a.opts.memory_limit_gb,
                   "Plan against this many GB instead of the device's free memory (cells that do not fit are OOM)")
       ->capture_default_str();

@@ -207,17 +207,16 @@ std::shared_ptr<GatedDeltaNetImpl> make_gdn(const ModelConfig& cfg, torch::Scala
 }
 
 // Prefills `pre` tokens of x ([B, T, d]) with forward, then steps the rest one token at a time
-// with the fused switch at `fused`. Returns the step outputs [B, T - pre, d] and the state.
+// with the fused kernels on or off. Returns the step outputs [B, T - pre, d] and the state.
 std::pair<Tensor, std::unique_ptr<MixerState>> decode(GatedDeltaNetImpl& m, const Tensor& x, int64_t pre,
                                                       bool fused) {
   torch::NoGradGuard ng;
   const int64_t B = x.size(0), T = x.size(1);
   auto state = m.make_state(B, T, x.options());
   m.forward(x.narrow(1, 0, pre), Positions{0}, state.get());
-  set_fused_decode(fused);
+  FusedDecode options(fused);
   std::vector<Tensor> ys;
   for (int64_t t = pre; t < T; ++t) ys.push_back(m.step(x.narrow(1, t, 1), Positions{t}, *state));
-  set_fused_decode(true);
   return {torch::cat(ys, 1), std::move(state)};
 }
 
@@ -225,7 +224,6 @@ std::pair<Tensor, std::unique_ptr<MixerState>> decode(GatedDeltaNetImpl& m, cons
 
 TEST(FusedDecode, GdnMixerStepFusedEqualsReference) {
   REQUIRE_FUSED_DECODE();
-  FusedDecodeSwitch restore;
   // Default options; no output gate with beta in (0, 2); GVA (two value heads per q/k head): the
   // GDN kernel does not serve it, the generic recurrent kernel does.
   for (const json& opts : {json::object(), json{{"use_gate", false}, {"allow_neg_eigval", true}},
@@ -250,7 +248,6 @@ TEST(FusedDecode, GdnMixerStepFusedEqualsReference) {
 // weights) as the bf16 reference step, and within 5e-3.
 TEST(FusedDecode, GdnMixerStepBf16) {
   REQUIRE_FUSED_DECODE();
-  FusedDecodeSwitch restore;
   auto cfg = gdn_config(json::object());
   auto m = make_gdn(cfg, torch::kBFloat16);
   auto m64 = make_gdn(cfg, torch::kBFloat16);

@@ -21,7 +21,7 @@
 #include "common/testing.h"
 #include "lt2/mixers/dsa.h"
 #include "lt2/mixers/registry.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 #include "lt2/ops/fused_dsa.h"
 #include "lt2/ops/sparse_attention.h"
 #include "lt2/util/error.h"
@@ -157,8 +157,9 @@ TEST(FusedDsa, TopkSelectMatchesTopkIndices) {
   // One block (L <= 4096), clusters of 2, 5 and 8 blocks; with the portable cap, 131072: 8 slices
   // of 16384 entries, all cached in shared memory; 200000: the rest of every slice re-read from
   // global memory. Uncapped (where the device places 16-block clusters): 10 and 16 blocks.
-  for (const char* cap : {"8", "16"}) {
-    setenv("LT2_TOPK_MAX_BLOCKS", cap, 1);
+  for (int cap : {8, 16}) {
+    FusedDecode capped(true);
+    capped.options.topk_max_blocks = cap;
     for (int64_t L : {1, 7, 100, 4096, 5000, 20000, 40000, 131072, 200000}) {
       torch::manual_seed(L);
       const auto scores = tie_heavy_rows(L);
@@ -172,7 +173,6 @@ TEST(FusedDsa, TopkSelectMatchesTopkIndices) {
       }
     }
   }
-  unsetenv("LT2_TOPK_MAX_BLOCKS");
 }
 
 // With seq_lens, entries past a length are never read (NaN and +inf there) and rank as -inf.
@@ -495,7 +495,7 @@ TEST(FusedDsa, LatentPrepGraphReplayWithNewPositions) {
 // ---------------------------------------------------------------------------------------------
 // The latent DSA mixer's fused decode step (packed input GEMV, dsa_latent_prep, absorptions, index
 // top-k, sparse attention, gate, wo) against its libtorch path, both measured against a float64
-// CPU copy of the same weights, and with the absorptions folded (LT2_DSA_FOLD_{Q,O}_MAX_ROWS=32)
+// CPU copy of the same weights, and with the absorptions folded (DecodeOptions::dsa_fold_{q,o}_max_rows 32)
 // against unfolded (0). The top-k (32) covers every valid key, so bf16 rounding cannot
 // flip the selection between the paths.
 
@@ -522,7 +522,7 @@ std::shared_ptr<DSAImpl> make_latent_dsa(RopeStyle style, torch::ScalarType dt, 
 TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
   REQUIRE_FUSED_DECODE();
   at::globalContext().setAllowTF32CuBLAS(false);
-  FusedDecodeSwitch restore;
+  FusedDecode options(true);
   torch::NoGradGuard ng;
   const int64_t B = 3, L = 48;
   for (auto style : {RopeStyle::Interleaved, RopeStyle::Half})
@@ -538,7 +538,7 @@ TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
       auto norm_weight = 1 + 0.2 * torch::randn({256}, gpu(dt));
       const Positions pos(0, 0, torch::tensor({5L, 31L, 0L}).cuda());  // lengths <= top-k
       const auto run = [&](MixerImpl& mixer, DSAState& st, const Tensor& in, bool fused, bool residual) {
-        set_fused_decode(fused);
+        options.options.fused = fused;
         const Positions p(0, 0, pos.seq_pos.to(in.device()));
         if (!residual) return mixer.step(in, p, st);
         const double eps = 1e-5;
@@ -555,17 +555,15 @@ TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
         };
         auto s_fused = copy(s, torch::kCUDA, dt), s_ref = copy(s, torch::kCUDA, dt);
         auto s_exact = copy(s, torch::kCPU, torch::kFloat64);
-        const auto set_folds = [](const char* rows) {
-          setenv("LT2_DSA_FOLD_Q_MAX_ROWS", rows, 1);
-          setenv("LT2_DSA_FOLD_O_MAX_ROWS", rows, 1);
+        const auto set_folds = [&](int64_t rows) {
+          options.options.dsa_fold_q_max_rows = options.options.dsa_fold_o_max_rows = rows;
         };
-        set_folds("32");  // the absorptions folded
+        set_folds(32);  // the absorptions folded
         auto y_fused = run(*m, *s_fused, x, true, residual).cpu();
-        set_folds("0");  // the absorptions as batched GEMVs
+        set_folds(0);  // the absorptions as batched GEMVs
         auto s_unfolded = copy(s, torch::kCUDA, dt);
         auto y_unfolded = run(*m, *s_unfolded, x, true, residual).cpu();
-        unsetenv("LT2_DSA_FOLD_Q_MAX_ROWS");
-        unsetenv("LT2_DSA_FOLD_O_MAX_ROWS");
+        set_folds(1);
         EXPECT_LT(rel_err(y_fused, y_unfolded), tolerance(dt)) << "folded against unfolded absorptions";
         auto y_ref = run(*m, *s_ref, x, false, residual).cpu();
         auto y_exact = run(*exact, *s_exact, x.cpu().to(f64), false, residual);

@@ -11,7 +11,7 @@
 #include "gpu/gpu_testing.h"
 
 #include "common/testing.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 #include "lt2/ops/fused_decode.h"
 
 using namespace lt2;
@@ -152,7 +152,7 @@ TEST(FusedGemv, ApplyLinearTakesItOnlyWhereItApplies) {
   EXPECT_FALSE(ops::gemv_fused_applies(many, w));  // a GEMM: cuBLAS
   EXPECT_FALSE(ops::gemv_fused_applies(few, w.t().contiguous().t()));  // W not contiguous
   for (const auto& x : {few, many})
-    EXPECT_LT(rel_err(apply_linear(x, w).cpu(), reference(x, w)), 5e-3);
+    EXPECT_LT(rel_err(ops::linear(x, w).cpu(), reference(x, w)), 5e-3);
   {
     torch::AutoGradMode grad(true);  // autograd needs at::linear
     EXPECT_FALSE(ops::gemv_fused_applies(few, w.detach().requires_grad_()));

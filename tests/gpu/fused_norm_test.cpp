@@ -11,7 +11,7 @@
 
 #include "common/testing.h"
 #include "lt2/model/block.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 #include "lt2/ops/fused_decode.h"
 
 using namespace lt2;
@@ -99,7 +99,6 @@ TEST(FusedNorm, SiluMulMatchesReference) {
 // libtorch path, in fp32 and bf16.
 TEST(FusedNorm, BlockAndSwiGLUFusedEqualReference) {
   REQUIRE_FUSED_DECODE();
-  FusedDecodeSwitch restore;
   torch::NoGradGuard ng;
   auto cfg = lt2::testing::tiny_config("gdn");
   cfg.d_model = 96;  // d and the FFN width off multiples of 256
@@ -115,12 +114,11 @@ TEST(FusedNorm, BlockAndSwiGLUFusedEqualReference) {
     auto x = torch::randn({B, T, cfg.d_model}, gpu(dt));
     // Prefill T - 1 tokens, then one decode step: the block's outputs [B, T, d] and the FFN's.
     auto run = [&](bool fused) {
-      set_fused_decode(fused);
+      FusedDecode options(fused);
       auto state = block->mixer->make_state(B, T, x.options());
       auto y_pre = block->forward(x.narrow(1, 0, T - 1), Positions{0}, state.get());
       auto y_step = block->forward(x.narrow(1, T - 1, 1), Positions{T - 1}, state.get());
-      auto f = block->ffn->forward(x);
-      set_fused_decode(true);
+      auto f = ops::swiglu(*block->ffn, x);
       return std::make_pair(torch::cat({y_pre, y_step}, 1), f);
     };
     auto [y_fused, f_fused] = run(true);

@@ -64,7 +64,6 @@ Tensor positions() { return torch::tensor({0L, 15L, 63L, 95L, 40L}, torch::Tenso
 TEST(FusedNsa, StepMatchesReference) {
   REQUIRE_FUSED_DECODE();
   at::globalContext().setAllowTF32CuBLAS(false);
-  FusedDecodeSwitch restore;
   torch::NoGradGuard ng;
   for (const std::string form : {"paper", "simplified"}) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
@@ -81,11 +80,11 @@ TEST(FusedNsa, StepMatchesReference) {
       torch::manual_seed(9);
       auto x = torch::randn({kBatch, 1, 256}, gpu(dt));
       const Positions pos(0, 0, positions());
-      set_fused_decode(true);
       auto got = m->step(x, pos, *fused);
-      set_fused_decode(false);
-      auto want = m->step(x, pos, *reference);
-      set_fused_decode(true);
+      auto want = [&] {
+        FusedDecode off(false);
+        return m->step(x, pos, *reference);
+      }();
       EXPECT_LT(rel_err(got, want), tolerance(dt));
       // The state updates (cache rows, compressed blocks) are the same libtorch ops on both paths.
       auto a = fused->tensors(), b = reference->tensors();

@@ -10,7 +10,7 @@
 
 #include "common/testing.h"
 #include "lt2/mixers/full_attention.h"
-#include "lt2/model/rope.h"
+#include "lt2/nn/rope.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_decode.h"
 
 // CUDA graphs, streams and device guards, which the graph-replay tests use.
@@ -33,9 +34,12 @@ inline const char* name(torch::ScalarType dt) {
   return dt == torch::kFloat32 ? "fp32" : dt == torch::kBFloat16 ? "bf16" : "fp16";
 }
 
-// Restores the process-wide fused-decode switch when a test ends, however it ends.
-struct FusedDecodeSwitch {
-  ~FusedDecodeSwitch() { lt2::set_fused_decode(true); }
+// Decode options with the fused kernels on or off (and any other field set on `options`), in
+// force on this thread while the object lives.
+struct FusedDecode {
+  explicit FusedDecode(bool on) { options.fused = on; }
+  lt2::DecodeOptions options;
+  lt2::DecodeOptionsGuard guard{options};
 };
 
 }  // namespace lt2::gpu_testing

@@ -157,16 +157,15 @@ void expect_fused_matches_reference(LoopedLM& m, int64_t batch, int64_t max_len,
   eo.max_batch = batch;
   eo.max_len = max_len;
   eo.cuda_graphs = false;
-  Engine fused(m, eo), reference(m, eo);
+  EngineOptions ro = eo;
+  ro.decode.fused = false;
+  Engine fused(m, eo), reference(m, ro);
   fused.fill_random(filled, seed);
   reference.fill_random(filled, seed);
   for (int step = 0; step < 3; ++step) {
     auto tok = torch::randint(m->config().vocab_size, {batch}, torch::kLong);
-    set_fused_decode(true);
     auto lf = fused.decode(tok).cpu();
-    set_fused_decode(false);
     auto lr = reference.decode(tok).cpu();
-    set_fused_decode(true);
     EXPECT_LT(rel_err(lf, lr), 2e-5) << "step " << step;
   }
 }

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "lt2/model/pattern.h"
+#include "lt2/config/layer_pattern.h"
 #include "lt2/util/fs.h"
 
 namespace lt2 {
@@ -54,8 +54,8 @@ void ModelConfig::validate() const {
   LT2_CHECK(!(form == ModelForm::LT2 && exit_gate), w,
             ": 'exit_gate' is only for form 'ouro'");
   LT2_CHECK(mixer_options.is_object(), w, ": 'mixer' must be an object of per-mixer settings");
-  // Resolving the pattern checks its syntax and that every mixer name is registered.
-  resolve_pattern(*this);
+  // The pattern's syntax; its mixer names are checked against the registry when a model is built.
+  layer_pattern_names(*this);
 }
 
 json ModelConfig::to_json() const {

@@ -98,9 +98,12 @@ BenchCell run_decode_cell(LoopedLM& model, const std::string& name, const std::s
   std::function<void()> step;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ModelState> state;
-  set_fused_decode(path == "engine");
+  DecodeOptions reference_options;
+  reference_options.fused = false;
+  DecodeOptionsGuard decode_options(path == "engine" ? o.decode : reference_options);
   if (path == "engine") {
     EngineOptions eo;
+    eo.decode = o.decode;
     eo.max_batch = B;
     eo.max_len = max_len;
     eo.prefill_chunk = o.prefill_chunk;
@@ -123,7 +126,6 @@ BenchCell run_decode_cell(LoopedLM& model, const std::string& name, const std::s
   const double s = seconds_per_call(dev, o.steps, step);
   c.memory_gb = device_used_gb();
   if (engine && o.profile_steps > 0) c.profile = profile_device_activity(step, o.profile_steps);
-  set_fused_decode(true);
   c.ms = 1e3 * s;
   c.tokens_per_s = double(B) / s;
   if (copy_gbs > 0) c.bandwidth_pct = 100.0 * (c.gb_per_step / s) / copy_gbs;
@@ -146,6 +148,7 @@ BenchCell run_prefill_cell(LoopedLM& model, const std::string& name, int64_t C, 
   eo.max_batch = 1;
   eo.max_len = C;
   eo.prefill_chunk = o.prefill_chunk;
+  eo.decode = o.decode;
   eo.cuda_graphs = false;  // prefill does not replay graphs
   Engine engine(model, eo);
   torch::manual_seed(o.seed);

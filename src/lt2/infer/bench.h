@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lt2/infer/kernel_profile.h"
+#include "lt2/ops/decode_options.h"
 
 namespace lt2 {
 
@@ -35,6 +36,7 @@ struct BenchOptions {
   double memory_limit_gb = 0;                  // plan against this instead of the device's free memory
   uint64_t seed = 0;
   int64_t profile_steps = 0;                   // engine cells: profile this many decode steps / prefills (0: off)
+  DecodeOptions decode;                        // the engine's kernels and launch settings (A/B switches)
 };
 
 struct BenchCell {

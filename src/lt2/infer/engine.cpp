@@ -27,6 +27,7 @@ struct Engine::Graphs {
 };
 
 Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), opts_(opts) {
+  DecodeOptionsGuard decode_options(opts_.decode);
   LT2_CHECK(opts_.max_batch > 0 && opts_.max_len > 0 && opts_.prefill_chunk > 0,
             "engine: max_batch, max_len and prefill_chunk must be > 0, found ", opts_.max_batch, ", ",
             opts_.max_len, ", ", opts_.prefill_chunk);
@@ -101,6 +102,7 @@ Tensor Engine::decode_eager(const Tensor& tokens, const Tensor& positions, Model
 }
 
 Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
+  DecodeOptionsGuard decode_options(opts_.decode);
   LT2_CHECK(slot >= 0 && slot < opts_.max_batch, "engine: slot ", slot, " outside [0, ", opts_.max_batch, ")");
   LT2_CHECK(prompt.dim() == 1 && prompt.numel() >= 1 && prompt.numel() <= opts_.max_len,
             "engine: a prompt is [T] tokens with 1 <= T <= max_len (", opts_.max_len, "), found shape ",
@@ -124,6 +126,7 @@ Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
 }
 
 Tensor Engine::decode(const Tensor& tokens) {
+  DecodeOptionsGuard decode_options(opts_.decode);
   LT2_CHECK(tokens.dim() == 1 && tokens.numel() >= 1 && tokens.numel() <= opts_.max_batch,
             "engine: decode takes [n] tokens with 1 <= n <= max_batch (", opts_.max_batch, "), found shape ",
             tokens.sizes());

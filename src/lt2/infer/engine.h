@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lt2/model/looped_lm.h"
+#include "lt2/ops/decode_options.h"
 
 namespace lt2 {
 
@@ -26,6 +27,7 @@ struct EngineOptions {
   int64_t prefill_chunk = 2048; // prompt tokens per prefill forward
   bool cuda_graphs = true;      // capture and replay the decode step (CUDA only)
   bool every_bucket = true;     // buckets 1, 2, 4, ..., max_batch; false: max_batch only
+  DecodeOptions decode;         // the kernels and launch settings of everything the engine runs
 };
 
 class Engine {

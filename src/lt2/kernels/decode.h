@@ -92,6 +92,7 @@ struct GdnDecodeParams {
   // the stream is the caller's input projection): the register form then loads S before it waits
   // for that kernel, so the load overlaps its end. Never for two steps on one state back to back.
   bool state_settled;
+  bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
 };
 void gdn_decode(const GdnDecodeParams& p, void* stream);
 // Whether the register form serves these head dims (it also needs a 16-byte aligned state).
@@ -156,6 +157,7 @@ struct AttentionDecodeParams {
   int batch, q_heads, kv_heads, head_dim, max_len, num_splits;
   float scale;
   DType dtype;  // of q, the caches and out
+  bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
 };
 // Head dims with a kernel instance.
 bool attention_decode_head_dim_supported(int head_dim);
@@ -190,6 +192,7 @@ struct RopeCacheParams {
   double theta;
   bool interleaved;
   DType dtype;  // of every tensor but positions
+  bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
 };
 // Whether rope_cache_write takes these sizes (D even and <= kRopeCacheMaxHeadDim, B and heads in a grid).
 bool rope_cache_write_supported(int batch, int heads, int kv_heads, int head_dim);
@@ -238,6 +241,7 @@ struct GemvParams {
   // gemv_chain only (gemv rejects it): W's two halves of n / 2 rows give a = x W_a^T, b = x W_b^T
   // and y [rows, n / 2] = silu(a) * b (+ residual [rows, n / 2]), a and b not rounded apart.
   bool silu_mul_out = false;
+  bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
 };
 // Whether gemv takes `rows` rows of length k in dtype (1 <= rows <= kGemvMaxRows, k a whole
 // number of 16-byte vectors).
@@ -262,6 +266,8 @@ constexpr int kGemvChainMaxProducts = 4;
 struct GemvChainParams {
   GemvParams product[kGemvChainMaxProducts];
   int products = 0;
+  int max_slots = 0;  // cap on the weight ring's slots; 0: as many as shared memory holds
+  bool pdl = true;    // a programmatic dependent launch (DecodeOptions::pdl_for)
 };
 // Empty when gemv_chain takes p on CUDA device `device` (sm_90, bf16 / fp16, K a multiple of 32,
 // x rows in shared memory, ...), else what does not fit.

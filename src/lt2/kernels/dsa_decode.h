@@ -31,6 +31,7 @@ struct DsaIndexScoresParams {
   float* scores;            // [B, max_len] fp32 contiguous; every element is written
   int batch, heads, head_dim, max_len;
   DType dtype;  // of q and keys
+  bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
 };
 // Whether dsa_index_scores takes these shapes (1..kDsaIndexMaxHeads heads, head dim
 // 1..kDsaIndexMaxHeadDim). bf16/fp16 with heads and head dim multiples of 16 and 16-byte aligned
@@ -54,6 +55,8 @@ struct TopkSelectParams {
   const int64_t* seq_lens;  // [B], or nullptr: every entry of a row takes part
   int64_t* indices;         // [B, k] contiguous
   int batch, length, k;     // 1 <= k <= length
+  int max_blocks = 0;       // cap on the cluster's blocks; 0: the largest the device places
+  bool pdl = true;          // a programmatic dependent launch where the grid is small
 };
 void topk_select(const TopkSelectParams& p, void* stream);
 
@@ -103,6 +106,7 @@ struct DsaLatentPrepParams {
   bool interleaved;  // the RoPE layout of q's and the latent key's rope dims
   float kv_norm_eps, index_norm_eps, index_weight_scale;
   DType dtype;  // of every tensor above but seq_pos and index_w
+  bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
 };
 // Whether dsa_latent_prep takes these dims (even rope dims, r <= d_I <= kDsaIndexMaxHeadDim, a
 // batch of at most 65535).

@@ -54,6 +54,7 @@ struct SparseAttentionDecodeParams {
   int64_t gate_batch_stride = 0, gate_head_stride = 0;
   void* y = nullptr;               // [B, Hq, Dy] contiguous
   int absorb_dim = 0;              // Dy
+  bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
 };
 
 // (Dk, Dv) pairs with a kernel instance: (64, 64), (128, 128), (256, 256) and the latent

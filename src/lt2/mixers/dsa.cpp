@@ -5,12 +5,12 @@
 #include <tuple>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/model/rope.h"
+#include "lt2/nn/rope.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/ops/fused_dsa.h"
 #include "lt2/ops/fused_sparse_attention.h"
 #include "lt2/ops/sparse_attention.h"
-#include "lt2/util/env.h"
+#include "lt2/ops/decode_options.h"
 
 namespace lt2 {
 
@@ -163,11 +163,11 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
     return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)};
   }
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
-  auto qf = apply_linear(x, wq).view({B, T, n_heads, D + latent_rope_dim});
+  auto qf = ops::linear(x, wq).view({B, T, n_heads, D + latent_rope_dim});
   auto q_rope = apply_rope(qf.narrow(-1, D, latent_rope_dim), pos, rope_theta, rope_style);
   auto q_latent = torch::einsum("bthd,hdc->bthc", {qf.narrow(-1, 0, D), wk_b});  // [B, T, H, d_c]
-  auto kv = apply_linear(x, wkv_a);                                                           // [B, T, d_c + d_r]
-  auto c = kv_norm(kv.narrow(-1, 0, latent_dim)).unsqueeze(2);                  // [B, T, 1, d_c]
+  auto kv = ops::linear(x, wkv_a);                                                           // [B, T, d_c + d_r]
+  auto c = ops::rms_norm(kv.narrow(-1, 0, latent_dim), kv_norm).unsqueeze(2);                  // [B, T, 1, d_c]
   auto k_rope = apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), pos,
                            rope_theta, rope_style);                             // [B, T, 1, d_r]
   auto k = torch::cat({c, k_rope}, -1).transpose(1, 2);                         // [B, 1, T, d_c + d_r]
@@ -177,20 +177,20 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
 Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
   if (!latent) return attn->output(o, x);
   auto y = torch::einsum("bthc,hcd->bthd", {o, wv_b}).reshape({x.size(0), x.size(1), n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(apply_linear(x, wgate));
-  return apply_linear(y, wo);
+  if (wgate) y = y * torch::sigmoid(ops::linear(x, wgate));
+  return ops::linear(y, wo);
 }
 
 std::pair<Tensor, Tensor> DSAImpl::indexer_queries(const Tensor& x, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = apply_linear(x, index_wq).view({B, T, index_heads, index_head_dim});
+  auto q = ops::linear(x, index_wq).view({B, T, index_heads, index_head_dim});
   q = rope_prefix(q, index_rope_dim, pos, rope_theta, RopeStyle::Half);
-  auto w = apply_linear(x, index_ww) * index_weight_scale();
+  auto w = ops::linear(x, index_ww) * index_weight_scale();
   return {q, w};
 }
 
 Tensor DSAImpl::indexer_keys(const Tensor& x, const Positions& pos) {
-  auto k = index_k_norm(apply_linear(x, index_wk)).unsqueeze(2);  // [B, T, 1, d_I]
+  auto k = index_k_norm(ops::linear(x, index_wk)).unsqueeze(2);  // [B, T, 1, d_I]
   return rope_prefix(k, index_rope_dim, pos, rope_theta, RopeStyle::Half).squeeze(2);
 }
 
@@ -321,15 +321,14 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
   // The absorptions q_latent[b, h] = q_nope[b, h] wk_b[h] and y[b, h] = (o[b, h] wv_b[h]) *
   // sigmoid(gate[b, h]) are folded into the prep and the attention's combine where their kernels
-  // take them and B <= LT2_DSA_FOLD_Q_MAX_ROWS / LT2_DSA_FOLD_O_MAX_ROWS (default 1 each; read per
-  // call: the A/B switches and the tests), else batched GEMVs (the second's x is o [B, H, d_c],
-  // shaped like q's latent part). Measured on an H200 (lt2-gdn-dsa-1.3b at 4k, both arms in one
-  // run; bench/results/decode_gdn_prelude_h200.md): folding both saved 0.09 ms per step at batch 1
-  // and cost 0.15 ms at batch 8; folding only q at batch 8 changed nothing (6.04 against 6.04 ms;
-  // bench/results/decode_dsa_ab_h200.md).
-  const bool fold_q = B <= env_int("LT2_DSA_FOLD_Q_MAX_ROWS", 1) &&
+  // take them and B is within DecodeOptions::dsa_fold_q_max_rows / dsa_fold_o_max_rows (1 each:
+  // folding saves time at one row and costs it at eight, where the batched GEMVs stream the
+  // absorption weights once for every row), else batched GEMVs (the second's x is o [B, H, d_c],
+  // shaped like q's latent part).
+  const auto& options = decode_options();
+  const bool fold_q = B <= options.dsa_fold_q_max_rows &&
                       ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, wk_b_t);
-  const bool fold_o = B <= env_int("LT2_DSA_FOLD_O_MAX_ROWS", 1) &&
+  const bool fold_o = B <= options.dsa_fold_o_max_rows &&
                       ops::sparse_attention_absorb_supported(a.q, s.k, v_cache, wv_b_t, gate);
   if ((!fold_q && !ops::gemv_batched_applies(q_nope, wk_b_t)) ||
       (!fold_o && !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate)))

@@ -38,7 +38,7 @@
 // attention, wo: about ten kernels a layer instead of ~70.
 #pragma once
 #include "lt2/mixers/full_attention.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 
 namespace lt2 {
 

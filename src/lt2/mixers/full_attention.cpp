@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/model/layers.h"
-#include "lt2/model/rope.h"
+#include "lt2/ops/projections.h"
+#include "lt2/nn/rope.h"
 #include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
@@ -88,7 +88,7 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
 }
 
 std::vector<Tensor> FullAttentionImpl::projections(const Tensor& x) {
-  if (use_packed(w_in)) return unpack_outputs(apply_linear(x, w_in), packed_layers());
+  if (use_packed(w_in)) return unpack_outputs(ops::linear(x, w_in), packed_layers());
   std::vector<Tensor> out{wq(x), wk(x), wv(x)};
   if (wgate) out.push_back(wgate(x));
   return out;
@@ -118,7 +118,7 @@ void FullAttentionImpl::pack_for_inference() {
 Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x, const Tensor& gate) {
   auto y = o.reshape({o.size(0), o.size(1), n_heads * head_dim});
   if (wgate) y = y * torch::sigmoid(gate.defined() ? gate : wgate(x));
-  return apply_linear(y, wo);
+  return ops::linear(y, wo);
 }
 
 Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
@@ -129,7 +129,7 @@ std::optional<PendingProjection> FullAttentionImpl::step_residual_pending(const 
                                                                           double norm_eps, const Positions& pos,
                                                                           MixerState& state) {
   if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return std::nullopt;
-  const auto projections = normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
+  const auto projections = ops::normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
   if (!projections.defined()) return std::nullopt;
   auto raw = unpack_outputs(projections.unsqueeze(1), packed_layers());  // [B, 1, *] each
   if (auto pending = fused_decode(raw, pos, &state, x)) return pending;

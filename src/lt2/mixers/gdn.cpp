@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 #include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
@@ -109,11 +109,11 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   // One GEMV for every input projection when packed (the parts are strided views of its output).
   std::vector<Tensor> parts;
   if (use_packed(w_in)) {
-    parts = unpack_outputs(apply_linear(x.view({B, -1}), w_in), input_projections());
+    parts = unpack_outputs(ops::linear(x.view({B, -1}), w_in), input_projections());
   } else {
-    for (const auto& l : input_projections()) parts.push_back(apply_linear(x, l).view({B, -1}));
+    for (const auto& l : input_projections()) parts.push_back(ops::linear(x, l).view({B, -1}));
   }
-  return apply_linear(fused_core(parts, pos, *st).view({B, 1, -1}), o_proj);
+  return ops::linear(fused_core(parts, pos, *st).view({B, 1, -1}), o_proj);
 }
 
 std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
@@ -123,7 +123,7 @@ std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const 
   if (!st || !use_packed(w_in)) return std::nullopt;
   const int64_t B = x.size(0);
   const auto x2 = x.reshape({B, -1});
-  const auto projections = normed_linear(x2, w_in, norm_weight, norm_eps);
+  const auto projections = ops::normed_linear(x2, w_in, norm_weight, norm_eps);
   if (!projections.defined()) return std::nullopt;
   const auto y = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
   return PendingProjection{y, o_proj, {}, x2};

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 
 namespace lt2 {
 

@@ -5,8 +5,8 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/mixers/full_attention.h"
-#include "lt2/model/layers.h"
-#include "lt2/model/rope.h"
+#include "lt2/ops/projections.h"
+#include "lt2/nn/rope.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/ops/fused_sparse_attention.h"
 #include "lt2/ops/sparse_attention.h"

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 #include "lt2/ops/delta_rule.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/ops/gated_linear.h"

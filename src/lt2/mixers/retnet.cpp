@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/model/layers.h"
-#include "lt2/model/rope.h"
+#include "lt2/ops/projections.h"
+#include "lt2/nn/rope.h"
 
 namespace lt2 {
 

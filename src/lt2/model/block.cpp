@@ -1,6 +1,7 @@
 #include "lt2/model/block.h"
 
 #include "lt2/mixers/registry.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
@@ -22,26 +23,27 @@ Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* sta
     // kernels, where they have such forms (both check their own inputs), the mixer's output
     // projection chained with the FFN's products where that applies.
     if (auto pending = mixer->step_residual_pending(x, mixer_norm->weight, mixer_norm->eps, pos, *state)) {
-      if (auto out = ffn->forward_residual(*pending, ffn_norm->weight, ffn_norm->eps); out.defined())
+      if (auto out = ops::swiglu_residual(*ffn, *pending, ffn_norm->weight, ffn_norm->eps, decode_options().chained_tail_max_rows);
+          out.defined())
         return out.view(x.sizes());
       const auto h = pending->run().view(x.sizes());
-      auto out = ffn->forward_residual(h, ffn_norm->weight, ffn_norm->eps);
-      return out.defined() ? out : h + ffn(ffn_norm(h));
+      auto out = ops::swiglu_residual(*ffn, h, ffn_norm->weight, ffn_norm->eps);
+      return out.defined() ? out : h + ops::swiglu(*ffn, ops::rms_norm(h, ffn_norm));
     }
   }
-  auto xin = mixer_norm(x);
+  auto xin = ops::rms_norm(x, mixer_norm);
   Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer->forward(xin, pos, state);
-  if (mixer_post_norm) m = mixer_post_norm(m);
+  if (mixer_post_norm) m = ops::rms_norm(m, mixer_post_norm);
   Tensor h, f;
   if (ops::fused_elementwise_applies({x, m, ffn_norm->weight}) && m.sizes() == x.sizes()) {
     auto r = ops::add_rms_norm_fused(x, m, ffn_norm->weight, ffn_norm->eps);  // h = x + m and its norm, one launch
     h = r.h;
-    f = ffn(r.y);
+    f = ops::swiglu(*ffn, r.y);
   } else {
     h = x + m;
-    f = ffn(ffn_norm(h));
+    f = ops::swiglu(*ffn, ops::rms_norm(h, ffn_norm));
   }
-  if (ffn_post_norm) f = ffn_post_norm(f);
+  if (ffn_post_norm) f = ops::rms_norm(f, ffn_post_norm);
   return h + f;
 }
 

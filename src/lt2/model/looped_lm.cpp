@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "lt2/model/checkpointing.h"
-#include "lt2/model/layers.h"
+#include "lt2/ops/projections.h"
 #include "lt2/model/pattern.h"
 
 namespace lt2 {
@@ -90,7 +90,7 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
 }
 
 Tensor LoopedLMImpl::head(const Tensor& normed_hidden) {
-  return output ? apply_linear(normed_hidden, output) : apply_linear(normed_hidden, tok_embeddings->weight);
+  return output ? ops::linear(normed_hidden, output) : ops::linear(normed_hidden, tok_embeddings->weight);
 }
 
 std::vector<Mixer> LoopedLMImpl::mixers() const {
@@ -159,13 +159,13 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   for (int64_t loop = 0; loop < T; ++loop) {
     auto one_loop = [this, loop, start, state, ouro, &opts](const Tensor& prev) {
       Tensor next = run_stack(prev, loop, start, state, opts.seq_pos);
-      if (ouro) return norm(next);
+      if (ouro) return ops::rms_norm(next, norm);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;
     };
     h = recompute ? checkpointed(one_loop, h) : one_loop(h);
     if (ouro) exits.push_back(h);
-    if (opts.loop_logits && opts.compute_logits) out.loop_logits.push_back(head(ouro ? h : norm(h)));
+    if (opts.loop_logits && opts.compute_logits) out.loop_logits.push_back(head(ouro ? h : ops::rms_norm(h, norm)));
   }
   if (state && !per_seq) {
     state->length = start + tokens.size(1);
@@ -173,7 +173,7 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
     for (int64_t i = 0; i < group_size; ++i)
       state->mixers[state_group_ * group_size + i]->length = state->length;
   }
-  out.hidden = ouro ? h : norm(h);
+  out.hidden = ouro ? h : ops::rms_norm(h, norm);
   if (!opts.compute_logits) return out;
   // Prefill needs only the last position's logits (a 32k-token prompt's would be 8 GB at a 128k vocab).
   LT2_CHECK(!(opts.last_logits_only && opts.loop_logits), "last_logits_only and loop_logits exclude each other");

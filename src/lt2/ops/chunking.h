@@ -5,7 +5,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
-#include "lt2/model/layers.h"  // accum_dtype: the dtype the recurrences compute in
+#include "lt2/nn/linear.h"  // accum_dtype: the dtype the recurrences compute in
 
 namespace lt2::ops {
 

@@ -6,7 +6,7 @@
 
 #include "lt2/ops/chunking.h"
 #include "lt2/ops/fused_common.h"
-#include "lt2/util/env.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -42,11 +42,10 @@ std::pair<Tensor, Tensor> delta_token(const Tensor& q, const Tensor& k, const Te
 
 // Whether delta_rule_chunked runs its loop over the chunks as the CUDA kernel: fp32 on CUDA,
 // nothing for autograd to record (the kernel has no backward, so training keeps the loop), dims
-// the kernel serves, and LT2_DELTA_RULE_SCAN not "0".
+// the kernel serves, and DecodeOptions::delta_rule_scan on.
 bool use_chunk_scan_kernel(const Tensor& v, torch::ScalarType dt, int64_t K, int64_t V, int64_t C,
                            std::initializer_list<const Tensor*> inputs) {
-  static const bool enabled = env_switch_on("LT2_DELTA_RULE_SCAN");
-  if (!enabled || !v.is_cuda() || dt != torch::kFloat32) return false;
+  if (!decode_options().delta_rule_scan || !v.is_cuda() || dt != torch::kFloat32) return false;
   if (torch::GradMode::is_enabled())
     for (const Tensor* t : inputs)
       if (t->defined() && t->requires_grad()) return false;

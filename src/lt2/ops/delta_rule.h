@@ -34,7 +34,7 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 // Any T (the tail chunk is padded internally). Differentiable through autograd. On CUDA in fp32
 // with nothing to differentiate (grad mode off, or no input requiring grad) and dims the kernel
 // serves, the loop over the chunks is one kernel launch (delta_rule_chunk_scan_cuda);
-// LT2_DELTA_RULE_SCAN=0 in the environment keeps the libtorch loop (A/B).
+// DecodeOptions::delta_rule_scan off keeps the libtorch loop (A/B).
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);

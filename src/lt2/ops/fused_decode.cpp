@@ -5,7 +5,7 @@
 
 #include "lt2/kernels/decode.h"
 #include "lt2/ops/fused_common.h"
-#include "lt2/util/env.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -15,12 +15,7 @@
 
 namespace lt2 {
 
-namespace {
-std::atomic<bool> fused_decode_switch{true};
-}  // namespace
-
-void set_fused_decode(bool on) { fused_decode_switch = on; }
-bool fused_decode_enabled() { return fused_decode_available() && fused_decode_switch; }
+bool fused_decode_enabled() { return fused_decode_available() && decode_options().fused; }
 bool fused_decode_available() {
 #ifdef LT2_WITH_CUDA
   return true;
@@ -258,8 +253,8 @@ Tensor gdn_decode_fused(const GdnDecodeArgs& a, Tensor& state, Tensor& q_window,
   p.allow_neg_eigval = a.allow_neg_eigval;
   p.dtype = kernel_dtype(dt);
   p.form = a.form;
-  static const bool early_state = env_switch_on("LT2_GDN_EARLY_STATE");
-  p.state_settled = a.state_settled && early_state;
+  p.state_settled = a.state_settled && decode_options().gdn_early_state;
+  p.pdl = decode_options().pdl_for("gdn_decode");
   kernels::gdn_decode(p, current_stream(state));
   return y;
 #else
@@ -402,6 +397,7 @@ Tensor rope_cache_write(const Tensor& q, const Tensor& k, const Tensor& v, const
   p.max_len = k_cache.size(2);
   p.theta = theta, p.interleaved = interleaved;
   p.dtype = kernel_dtype(q.scalar_type());
+  p.pdl = decode_options().pdl_for("rope_cache_write");
   kernels::rope_cache_write(p, current_stream(q));
   return q_out;
 #else
@@ -442,6 +438,7 @@ Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   p.batch = B, p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim = D, p.max_len = L, p.num_splits = splits;
   p.scale = static_cast<float>(scale);
   p.dtype = kernel_dtype(q.scalar_type());
+  p.pdl = decode_options().pdl_for("attention_decode");
   kernels::attention_decode(p, current_stream(q));
   return out;
 #else
@@ -537,8 +534,7 @@ kernels::GemvParams gemv_params(const Tensor& x2, const Tensor& w, const GemvFus
 }  // namespace
 
 bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusion) {
-  static const bool enabled = env_switch_on("LT2_FUSED_GEMV");
-  return enabled && fused_elementwise_applies({x, w}) && gemv_problem(x, w, fusion).empty();
+  return decode_options().fused_gemv && fused_elementwise_applies({x, w}) && gemv_problem(x, w, fusion).empty();
 }
 
 namespace {
@@ -577,7 +573,9 @@ Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& f) {
   sizes.back() = N;
   auto y = torch::empty(sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
   const auto g2 = aligned_x_gate(f, K);
-  kernels::gemv(gemv_params(x2, w, f, g2, y), current_stream(x));
+  auto p = gemv_params(x2, w, f, g2, y);
+  p.pdl = decode_options().pdl_for("gemv");
+  kernels::gemv(p, current_stream(x));
   return y;
 #else
   no_cuda(op);
@@ -621,8 +619,7 @@ std::string gemv_chain_problem(const Tensor& x, const std::vector<ChainProduct>&
 
 std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products) {
   std::vector<std::vector<int64_t>> out_sizes;
-  static const bool enabled = env_switch_on("LT2_GEMV_CHAIN");
-  if (!enabled || !fused_elementwise_applies({x}) || !gemv_chain_problem(x, products, out_sizes).empty())
+  if (!decode_options().gemv_chain || !fused_elementwise_applies({x}) || !gemv_chain_problem(x, products, out_sizes).empty())
     return {};
 #ifdef LT2_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
@@ -640,6 +637,8 @@ std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainPro
     params.product[i].silu_mul_out = pr.silu_mul_out;
     input = outputs.back().view({-1, out_sizes[i].back()});
   }
+  params.max_slots = decode_options().gemv_chain_slots;
+  params.pdl = decode_options().pdl_for("gemv_chain");
   if (!kernels::gemv_chain_problem(params, x.get_device()).empty()) return {};
   kernels::gemv_chain(params, current_stream(x));
   return outputs;
@@ -701,6 +700,7 @@ void gemv_batched(const Tensor& x, const Tensor& w, const Tensor& out, const Ten
   p.prologue = kernels::GemvPrologue::None;
   p.rows = M, p.n = N, p.k = static_cast<int>(K), p.batch = J;
   p.dtype = kernel_dtype(x.scalar_type());
+  p.pdl = decode_options().pdl_for("gemv");
   kernels::gemv(p, current_stream(x));
 #endif
 }

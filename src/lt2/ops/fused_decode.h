@@ -10,10 +10,8 @@
 
 namespace lt2 {
 
-// Process-wide switch (default on): the decode paths of the mixers take the fused kernels when it
-// is on and the inputs are on CUDA, and the libtorch reference otherwise (benchmarks time both).
-void set_fused_decode(bool on);
-// The switch, and false in a build without the CUDA kernels.
+// Whether the decode paths take the fused kernels: DecodeOptions::fused of the options in force
+// (ops/decode_options.h), and false in a build without the CUDA kernels.
 bool fused_decode_enabled();
 // True when this build has the CUDA kernels.
 bool fused_decode_available();
@@ -46,7 +44,7 @@ struct GdnDecodeArgs {
   bool allow_neg_eigval = false;
   kernels::GdnDecodeForm form = kernels::GdnDecodeForm::Auto;  // tests and benchmarks pick one
   // The kernel launched just before this step is the caller's projection, which does not write
-  // the state (kernels::GdnDecodeParams::state_settled; LT2_GDN_EARLY_STATE=0 ignores it).
+  // the state (kernels::GdnDecodeParams::state_settled; DecodeOptions::gdn_early_state off ignores it).
   bool state_settled = false;
 };
 // Advances state ([B, H, K, V] fp32) and the conv windows ([B, W-1, C], activation dtype) in
@@ -113,7 +111,7 @@ struct GemvFusion {
 // on the GEMV kernel.
 Tensor gemv_fused(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {});
 // Whether the decode path takes gemv_fused: fused_elementwise_applies to every tensor, the GEMV
-// takes the shapes, and LT2_FUSED_GEMV is not "0" in the environment (at::linear and the unfused
+// takes the shapes, and DecodeOptions::fused_gemv is on (at::linear and the unfused
 // elementwise ops then: an A/B switch).
 bool gemv_fused_applies(const Tensor& x, const Tensor& w, const GemvFusion& fusion = {});
 
@@ -134,7 +132,7 @@ struct ChainProduct {
 // in while a product finishes, instead of one launch each with its ramp and tail. Returns every
 // product's output ([..., N_i] like x), or nothing, having run nothing, when the chain kernel does
 // not take these tensors (what gemv_fused takes, sm_90, bf16 / fp16, x rows within shared memory)
-// or LT2_GEMV_CHAIN is "0" in the environment: the caller then runs the products one by one.
+// or DecodeOptions::gemv_chain is off: the caller then runs the products one by one.
 std::vector<Tensor> gemv_chain_fused(const Tensor& x, const std::vector<ChainProduct>& products);
 
 // J independent products in one launch (kernels::gemv's batch): out[:, j] = x[:, j] W[j]^T, times

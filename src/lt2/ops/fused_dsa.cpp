@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lt2/kernels/dsa_decode.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/util/error.h"
@@ -163,6 +164,7 @@ Tensor dsa_index_scores(const Tensor& q, const Tensor& w, const Tensor& index_ke
   p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.head_dim = static_cast<int>(q.size(2));
   p.max_len = static_cast<int>(L);
   p.dtype = kernel_dtype(q.scalar_type());
+  p.pdl = decode_options().pdl_for("dsa_index_scores");
   kernels::dsa_index_scores(p, current_stream(q));
   return scores;
 #else
@@ -191,6 +193,8 @@ Tensor topk_select(const Tensor& scores, int64_t k, const Tensor& seq_lens, cons
   p.seq_lens = lens.defined() ? lens.data_ptr<int64_t>() : nullptr;
   p.indices = indices.data_ptr<int64_t>();
   p.batch = static_cast<int>(B), p.length = static_cast<int>(L), p.k = static_cast<int>(k);
+  p.max_blocks = decode_options().topk_max_blocks;
+  p.pdl = decode_options().pdl_for("topk_select");
   kernels::topk_select(p, current_stream(scores));
   return indices;
 #else
@@ -270,6 +274,7 @@ void dsa_latent_prep(const DsaLatentPrepArgs& a) {
   p.kv_norm_eps = static_cast<float>(a.kv_norm_eps), p.index_norm_eps = static_cast<float>(a.index_norm_eps);
   p.index_weight_scale = static_cast<float>(a.index_weight_scale);
   p.dtype = kernel_dtype(dt);
+  p.pdl = decode_options().pdl_for("dsa_latent_prep");
   kernels::dsa_latent_prep(p, current_stream(a.q_raw));
 #endif
 }

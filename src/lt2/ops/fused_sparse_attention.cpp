@@ -4,7 +4,8 @@
 #include <string>
 
 #include "lt2/kernels/sparse_attention_decode.h"
-#include "lt2/model/layers.h"
+#include "lt2/nn/linear.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
 #include "lt2/ops/fused_decode.h"
 #include "lt2/util/error.h"
@@ -161,6 +162,7 @@ Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
   p.max_len = L, p.n = n, p.num_splits = splits;
   p.scale = static_cast<float>(scale);
   p.dtype = kernel_dtype(q.scalar_type());
+  p.pdl = decode_options().pdl_for("sparse_attention_decode");
   kernels::sparse_attention_decode(p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
   return out;
 #else

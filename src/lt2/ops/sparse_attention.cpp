@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "lt2/model/layers.h"
+#include "lt2/nn/linear.h"
 #include "lt2/util/error.h"
 
 namespace lt2 {

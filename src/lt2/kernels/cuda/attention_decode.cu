@@ -200,7 +200,7 @@ template <typename T, int D>
 void launch_split(const AttentionDecodeParams& p, int groups, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.kv_heads, p.batch);
   auto launch = [&](auto kernel) {
-    launch_dependent("attention_decode (splits)", kernel, grid, dim3(kThreads), 0, stream, {}, p);
+    launch_dependent(p.pdl, "attention_decode (splits)", kernel, grid, dim3(kThreads), 0, stream, {}, p);
   };
   if (groups <= 1) launch(attention_split_kernel<T, D, 1>);
   else if (groups <= 2) launch(attention_split_kernel<T, D, 2>);
@@ -243,7 +243,7 @@ void attention_decode(const AttentionDecodeParams& p, void* stream) {
       default: launch_split<T, 256>(p, groups, s); break;
     }
     if (p.num_splits > 1)
-      launch_dependent("attention_decode (combine)", combine_splits_kernel<T, kAttentionMaxSplits>,
+      launch_dependent(p.pdl, "attention_decode (combine)", combine_splits_kernel<T, kAttentionMaxSplits>,
                        dim3(p.batch * p.q_heads), dim3(kCombineThreads), 0, s, {}, p.partial_out, p.partial_lse,
                        static_cast<T*>(p.out), p.num_splits, p.head_dim);
   });

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "lt2/kernels/decode.h"
-#include "lt2/util/env.h"
 #include "lt2/util/error.h"
 
 namespace lt2::kernels {
@@ -221,24 +220,6 @@ void reserve_shared(size_t bytes, const char* name) {
   if (device < kMaxDevices) reserved[device].store(bytes);
 }
 
-// Whether launch_dependent launches kernel `name` as a programmatic dependent. The A/B switches of
-// bench/NOTES.md: LT2_PDL=0 makes every launch an ordinary one; LT2_PDL_OFF=gemv,topk only the
-// launches whose name starts with one of the comma-separated prefixes.
-inline bool programmatic_launch(const char* name) {
-  static const bool on = env_switch_on("LT2_PDL");
-  static const std::vector<std::string> off = [] {
-    std::vector<std::string> prefixes;
-    std::stringstream list(std::getenv("LT2_PDL_OFF") ? std::getenv("LT2_PDL_OFF") : "");
-    for (std::string prefix; std::getline(list, prefix, ',');)
-      if (!prefix.empty()) prefixes.push_back(prefix);
-    return prefixes;
-  }();
-  if (!on) return false;
-  for (const auto& prefix : off)
-    if (std::strncmp(name, prefix.c_str(), prefix.size()) == 0) return false;
-  return true;
-}
-
 // Whether a grid of `blocks` blocks leaves most SMs of CUDA device `device` idle (fewer blocks than
 // half of them). The decode kernels with one block per (sequence, head) launch as programmatic
 // dependents only on such grids: on fuller ones their blocks, placed while the kernel before
@@ -263,8 +244,7 @@ inline cudaLaunchAttribute cluster_launch(unsigned x) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the `extra` attributes, launched as a
-// programmatic dependent of the kernel before it on the stream where `as_dependent` (and
-// programmatic_launch(name)): it may start before that kernel ends, so it must call
+// programmatic dependent of the kernel before it on the stream where `as_dependent`: it may start before that kernel ends, so it must call
 // grid_dependency_wait() before it touches memory an earlier kernel may still use, and
 // launch_dependents() only after that wait (dependent_kernel_start does both). Otherwise an
 // ordinary launch, after which the kernel's wait returns at once.
@@ -276,7 +256,7 @@ void launch_maybe_dependent(bool as_dependent, const char* name, void (*kernel)(
   LT2_CHECK(extra.size() < 4, name, ": at most 3 extra launch attributes");
   unsigned n = 0;
   for (const cudaLaunchAttribute& a : extra) attrs[n++] = a;
-  if (as_dependent && programmatic_launch(name)) {
+  if (as_dependent) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -291,24 +271,25 @@ void launch_maybe_dependent(bool as_dependent, const char* name, void (*kernel)(
   LT2_CHECK(err == cudaSuccess, name, " launch failed: ", cudaGetErrorString(err));
 }
 
-// launch_maybe_dependent, always as a programmatic dependent (unless the switches say otherwise).
+// launch_maybe_dependent as a programmatic dependent where `pdl` (the params' pdl field, which the
+// ops set from DecodeOptions::pdl_for).
 template <typename... Params, typename... Args>
-void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+void launch_dependent(bool pdl, const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra, Args&&... args) {
-  launch_maybe_dependent(true, name, kernel, grid, block, smem, stream, extra, std::forward<Args>(args)...);
+  launch_maybe_dependent(pdl, name, kernel, grid, block, smem, stream, extra, std::forward<Args>(args)...);
 }
 
 // launch_maybe_dependent for the decode kernels that start with nothing to do before their wait:
 // a programmatic dependent only where the grid leaves most SMs of the current device idle
-// (grid_leaves_sms_idle).
+// (grid_leaves_sms_idle), and `pdl`.
 template <typename... Params, typename... Args>
-void launch_dependent_on_small_grid(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+void launch_dependent_on_small_grid(bool pdl, const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                     cudaStream_t stream, std::initializer_list<cudaLaunchAttribute> extra,
                                     Args&&... args) {
   int device = 0;
   cudaGetDevice(&device);
   const bool small = grid_leaves_sms_idle(static_cast<int64_t>(grid.x) * grid.y * grid.z, device);
-  launch_maybe_dependent(small, name, kernel, grid, block, smem, stream, extra, std::forward<Args>(args)...);
+  launch_maybe_dependent(pdl && small, name, kernel, grid, block, smem, stream, extra, std::forward<Args>(args)...);
 }
 
 // Calls f(T{}) with T the CUDA type of dtype.

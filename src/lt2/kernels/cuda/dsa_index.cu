@@ -209,7 +209,7 @@ void launch_scores_mma(const DsaIndexScoresParams& p, cudaStream_t stream) {
   const size_t smem = mma_smem_bytes(p.heads, p.head_dim);
   reserve_shared<dsa_scores_mma_kernel<T, HT>>(smem, "dsa_index_scores");
   const dim3 grid(ceil_div(n_tiles, tiles), p.batch);
-  launch_dependent_on_small_grid("dsa_index_scores", dsa_scores_mma_kernel<T, HT>, grid, dim3(kMmaThreads), smem,
+  launch_dependent_on_small_grid(p.pdl, "dsa_index_scores", dsa_scores_mma_kernel<T, HT>, grid, dim3(kMmaThreads), smem,
                                  stream, {}, p, tiles, mma_q_pitch(p.head_dim));
 }
 
@@ -555,15 +555,12 @@ void topk_select(const TopkSelectParams& p, void* stream) {
   if (p.batch == 0) return;
   int device = 0;
   cudaGetDevice(&device);
-  // LT2_TOPK_MAX_BLOCKS caps the cluster (read per call: a benchmarking knob and the tests' way to
-  // run both sizes).
-  const char* cap = std::getenv("LT2_TOPK_MAX_BLOCKS");
-  const int max_blocks = std::clamp(cap ? std::atoi(cap) : kTopkMaxBlocks, 1, topk_device_max_blocks(device));
+  const int max_blocks = std::clamp(p.max_blocks > 0 ? p.max_blocks : kTopkMaxBlocks, 1, topk_device_max_blocks(device));
   const int blocks = std::clamp(ceil_div(p.length, kTopkEntriesPerBlock), 1, max_blocks);
   const int cached = std::min(ceil_div(p.length, blocks), kTopkCachedKeys);  // a slice holds at most length / blocks
   const size_t smem = sizeof(uint32_t) * cached;
   reserve_shared<topk_select_kernel>(smem, "topk_select");
-  launch_dependent_on_small_grid("topk_select (it needs an sm_90 GPU)", topk_select_kernel, dim3(blocks, p.batch),
+  launch_dependent_on_small_grid(p.pdl, "topk_select (it needs an sm_90 GPU)", topk_select_kernel, dim3(blocks, p.batch),
                                  dim3(kTopkThreads), smem, static_cast<cudaStream_t>(stream),
                                  {cluster_launch(blocks)}, p, cached);
 }

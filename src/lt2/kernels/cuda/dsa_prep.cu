@@ -187,7 +187,7 @@ void dsa_latent_prep(const DsaLatentPrepParams& p, void* stream) {
     using T = decltype(t);
     const size_t smem = absorb_smem_bytes(p, sizeof(T));
     reserve_shared<dsa_latent_prep_kernel<T>>(smem, "dsa_latent_prep");
-    launch_dependent_on_small_grid("dsa_latent_prep", dsa_latent_prep_kernel<T>, grid, dim3(kPrepThreads), smem,
+    launch_dependent_on_small_grid(p.pdl, "dsa_latent_prep", dsa_latent_prep_kernel<T>, grid, dim3(kPrepThreads), smem,
                                    static_cast<cudaStream_t>(stream), {}, p, absorbing);
   });
 }

@@ -344,12 +344,9 @@ ChainPlan chain_plan(const GemvChainParams& p, int device) {
   constexpr size_t kStaticBytes = 8 * 1024;
   const size_t optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, "gemv_chain");
   const size_t room = optin > kStaticBytes + x_bytes ? optin - kStaticBytes - x_bytes : 0;
-  // LT2_GEMV_CHAIN_SLOTS caps the ring (a benchmarking knob: how the rate depends on the bytes in
-  // flight per SM).
-  static const int cap = [] {
-    const char* env = std::getenv("LT2_GEMV_CHAIN_SLOTS");
-    return env ? std::max(kMinSlots, std::min(kMaxSlots, std::atoi(env))) : kMaxSlots;
-  }();
+  // p.max_slots caps the ring (a benchmarking knob: how the rate depends on the bytes in flight per
+  // SM).
+  const int cap = p.max_slots > 0 ? std::max(kMinSlots, std::min(kMaxSlots, p.max_slots)) : kMaxSlots;
   plan.slots = static_cast<int>(std::min<size_t>(cap, room / kSlotBytes));
   plan.smem = static_cast<size_t>(plan.slots) * kSlotBytes + x_bytes;
   plan.blocks = device_attribute(cudaDevAttrMultiProcessorCount, device, "gemv_chain");
@@ -435,7 +432,7 @@ void gemv_chain(const GemvChainParams& p, void* stream) {
     using T = decltype(t);
     if constexpr (!std::is_same_v<T, float>) {
       reserve_shared<gemv_chain_kernel<T>>(plan.smem, "gemv_chain");
-      launch_dependent("gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
+      launch_dependent(p.pdl, "gemv_chain", gemv_chain_kernel<T>, dim3(static_cast<unsigned>(plan.blocks)), dim3(kThreads),
                        plan.smem, s, {cooperative_launch()}, p, barrier, plan.slots, plan.x_pitch);
     }
   });

@@ -258,10 +258,10 @@ void launch_mma(const GemvParams& p, cudaStream_t stream) {
   // The kernel does nothing before its grid-dependency wait, so like the other such decode kernels
   // it launches as a programmatic dependent only on a grid that leaves most SMs idle.
   if (p.k_splits == 1)
-    launch_dependent_on_small_grid("gemv", gemv_mma_kernel<T, PRO, false>, grid, dim3(kMmaWarps * 32), 0, stream, {},
+    launch_dependent_on_small_grid(p.pdl, "gemv", gemv_mma_kernel<T, PRO, false>, grid, dim3(kMmaWarps * 32), 0, stream, {},
                                    p, chunks);
   else
-    launch_dependent_on_small_grid("gemv (K splits)", gemv_mma_kernel<T, PRO, true>, grid, dim3(kMmaWarps * 32), 0,
+    launch_dependent_on_small_grid(p.pdl, "gemv (K splits)", gemv_mma_kernel<T, PRO, true>, grid, dim3(kMmaWarps * 32), 0,
                                    stream, {cluster_launch(static_cast<unsigned>(p.k_splits))}, p, chunks_per_split);
 }
 

@@ -637,7 +637,7 @@ void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     reserve_shared<gdn_decode_registers_kernel<T, KR>>(smem, "gdn_decode (register form)");
-    launch_dependent_on_small_grid("gdn_decode (register form)", gdn_decode_registers_kernel<T, KR>, grid,
+    launch_dependent_on_small_grid(p.pdl, "gdn_decode (register form)", gdn_decode_registers_kernel<T, KR>, grid,
                                    dim3(32 * warps), smem, stream, {}, p);
   });
 }

@@ -50,7 +50,7 @@ void rope_cache_write(const RopeCacheParams& p, void* stream) {
   const dim3 grid(static_cast<unsigned>(p.heads + 2 * p.kv_heads), static_cast<unsigned>(p.batch));
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    launch_dependent("rope_cache_write", rope_cache_kernel<T>, grid, dim3(kThreads), 0,
+    launch_dependent(p.pdl, "rope_cache_write", rope_cache_kernel<T>, grid, dim3(kThreads), 0,
                      static_cast<cudaStream_t>(stream), {}, p);
   });
 }

@@ -898,7 +898,7 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
       if (use_mma_form(p, groups, alias)) {
         reserve_shared<sparse_attention_mma_kernel<T>>(tc::kSmemBytes, "sparse_attention_decode");
         const dim3 grid(run.num_splits, p.kv_heads, p.batch);
-        launch_dependent_on_small_grid("sparse_attention_decode (tensor-core splits)", sparse_attention_mma_kernel<T>,
+        launch_dependent_on_small_grid(p.pdl, "sparse_attention_decode (tensor-core splits)", sparse_attention_mma_kernel<T>,
                                        grid, dim3(tc::kThreads), tc::kSmemBytes, s, {}, run);
       }
     }
@@ -913,13 +913,13 @@ void sparse_attention_decode(const SparseAttentionDecodeParams& p, void* stream)
     }
     if (p.absorb_w) {
       const int blocks = p.head_dim_v / absorb::kCols;
-      launch_dependent_on_small_grid("sparse_attention_decode (combine with the output absorption)",
+      launch_dependent_on_small_grid(p.pdl, "sparse_attention_decode (combine with the output absorption)",
                                      absorb_combine_kernel<T>, dim3(blocks * p.q_heads), dim3(absorb::kThreads),
                                      absorb::smem_bytes(run), s, {cluster_launch(blocks)}, run);
     } else if (run.num_splits > 1) {
       // A block per 128 output dims of a row: at batch 1 the latent preset has only 16 rows.
       const dim3 grid(p.batch * p.q_heads, ceil_div(p.head_dim_v, kCombineThreads));
-      launch_dependent_on_small_grid("sparse_attention_decode (combine)",
+      launch_dependent_on_small_grid(p.pdl, "sparse_attention_decode (combine)",
                                      combine_splits_kernel<T, kSparseAttentionMaxSplits>, grid, dim3(kCombineThreads),
                                      0, s, {}, p.partial_out, p.partial_lse, static_cast<T*>(p.out), run.num_splits,
                                      p.head_dim_v);

@@ -1,6 +1,6 @@
-#include "lt2/model/rope.h"
+#include "lt2/nn/rope.h"
 
-#include "lt2/model/layers.h"
+#include "lt2/nn/linear.h"
 
 namespace lt2 {
 

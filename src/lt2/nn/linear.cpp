@@ -1,0 +1,56 @@
+#include "lt2/nn/linear.h"
+
+#include <cmath>
+
+#include "lt2/util/error.h"
+
+namespace lt2 {
+
+void trunc_normal_(Tensor w, double std) {
+  torch::NoGradGuard ng;
+  // Re-draw by inverse CDF on [-3, 3] std, like torch.nn.init.trunc_normal_.
+  auto lo = 0.5 * (1.0 + std::erf(-3.0 / std::sqrt(2.0)));
+  auto hi = 0.5 * (1.0 + std::erf(3.0 / std::sqrt(2.0)));
+  w.uniform_(2 * lo - 1, 2 * hi - 1);
+  w.erfinv_();
+  w.mul_(std * std::sqrt(2.0));
+  w.clamp_(-3 * std, 3 * std);
+}
+
+torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias) {
+  torch::nn::Linear lin(torch::nn::LinearOptions(in, out).bias(bias));
+  if (std > 0) trunc_normal_(lin->weight, std);
+  else lin->weight.data().zero_();
+  if (bias) lin->bias.data().zero_();
+  return lin;
+}
+
+Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
+  torch::NoGradGuard ng;
+  std::vector<Tensor> weights;
+  for (const auto& l : layers) {
+    LT2_CHECK(!l->bias.defined(), "pack_linears: only bias-free layers are packed");
+    weights.push_back(l->weight);
+  }
+  auto packed = torch::cat(weights, 0);  // [sum out, in]
+  int64_t row = 0;
+  for (const auto& l : layers) {
+    const int64_t n = l->weight.size(0);
+    l->weight.set_data(packed.narrow(0, row, n));
+    row += n;
+  }
+  return packed;
+}
+
+std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers) {
+  std::vector<Tensor> out;
+  int64_t col = 0;
+  for (const auto& l : layers) {
+    const int64_t n = l->weight.size(0);
+    out.push_back(y.narrow(-1, col, n));
+    col += n;
+  }
+  return out;
+}
+
+}  // namespace lt2

@@ -1,0 +1,98 @@
+#include "lt2/ops/decode_options.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "lt2/util/error.h"
+
+namespace lt2 {
+
+namespace {
+
+const DecodeOptions kDefaults{};
+thread_local const DecodeOptions* current = &kDefaults;
+
+bool parse_bool(const std::string& name, const std::string& v) {
+  if (v == "1" || v == "on" || v == "true") return true;
+  if (v == "0" || v == "off" || v == "false") return false;
+  throw Error(cat("decode option '", name, "': expected 1/0 (on/off, true/false), found '", v, "'"));
+}
+
+int64_t parse_int(const std::string& name, const std::string& v, int64_t lo, int64_t hi) {
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used == v.size() && n >= lo && n <= hi) return n;
+  } catch (const std::exception&) {
+  }
+  throw Error(cat("decode option '", name, "': expected an integer in [", lo, ", ", hi, "], found '", v, "'"));
+}
+
+std::vector<std::string> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  std::stringstream list(v);
+  for (std::string item; std::getline(list, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const auto& item : items) s += (s.empty() ? "" : ",") + item;
+  return s;
+}
+
+}  // namespace
+
+bool DecodeOptions::pdl_for(const char* kernel) const {
+  if (!pdl) return false;
+  for (const auto& prefix : pdl_off)
+    if (std::strncmp(kernel, prefix.c_str(), prefix.size()) == 0) return false;
+  return true;
+}
+
+const std::vector<std::string>& DecodeOptions::names() {
+  static const std::vector<std::string> n = {
+      "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
+      "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
+  return n;
+}
+
+void DecodeOptions::set(const std::string& name, const std::string& v) {
+  if (name == "fused") fused = parse_bool(name, v);
+  else if (name == "fused_gemv") fused_gemv = parse_bool(name, v);
+  else if (name == "gemv_chain") gemv_chain = parse_bool(name, v);
+  else if (name == "chained_tail_max_rows") chained_tail_max_rows = parse_int(name, v, 0, 1 << 20);
+  else if (name == "gdn_early_state") gdn_early_state = parse_bool(name, v);
+  else if (name == "delta_rule_scan") delta_rule_scan = parse_bool(name, v);
+  else if (name == "dsa_fold_q_max_rows") dsa_fold_q_max_rows = parse_int(name, v, 0, 1 << 20);
+  else if (name == "dsa_fold_o_max_rows") dsa_fold_o_max_rows = parse_int(name, v, 0, 1 << 20);
+  else if (name == "topk_max_blocks") topk_max_blocks = static_cast<int>(parse_int(name, v, 0, 16));
+  else if (name == "gemv_chain_slots") gemv_chain_slots = static_cast<int>(parse_int(name, v, 0, 64));
+  else if (name == "pdl") pdl = parse_bool(name, v);
+  else if (name == "pdl_off") pdl_off = split_list(v);
+  else throw Error(cat("unknown decode option '", name, "' (known: ", join(names()), ")"));
+}
+
+std::vector<std::string> DecodeOptions::describe() const {
+  auto b = [](bool on) { return std::string(on ? "1" : "0"); };
+  return {"fused=" + b(fused),
+          "fused_gemv=" + b(fused_gemv),
+          "gemv_chain=" + b(gemv_chain),
+          cat("chained_tail_max_rows=", chained_tail_max_rows),
+          "gdn_early_state=" + b(gdn_early_state),
+          "delta_rule_scan=" + b(delta_rule_scan),
+          cat("dsa_fold_q_max_rows=", dsa_fold_q_max_rows),
+          cat("dsa_fold_o_max_rows=", dsa_fold_o_max_rows),
+          cat("topk_max_blocks=", topk_max_blocks),
+          cat("gemv_chain_slots=", gemv_chain_slots),
+          "pdl=" + b(pdl),
+          "pdl_off=" + join(pdl_off)};
+}
+
+const DecodeOptions& decode_options() { return *current; }
+
+DecodeOptionsGuard::DecodeOptionsGuard(const DecodeOptions& options) : previous_(current) { current = &options; }
+DecodeOptionsGuard::~DecodeOptionsGuard() { current = previous_; }
+
+}  // namespace lt2

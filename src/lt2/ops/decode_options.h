@@ -1,0 +1,69 @@
+// How the inference paths run: which fused CUDA kernels they take and the kernels' launch
+// settings. Every field is an A/B switch or a tuning bound; the defaults are the measured best
+// (docs/decode.md has the knob table and what each one traded). The engine owns one
+// DecodeOptions and installs it (DecodeOptionsGuard) around everything it runs; the ops read the
+// options in force and pass the kernel settings down in the kernels' params. Outside any guard
+// the defaults apply.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lt2 {
+
+struct DecodeOptions {
+  // The fused CUDA kernels at all: off runs the libtorch reference ops (the reference path of
+  // `lt2 bench --paths reference`). Without CUDA kernels in the build it has no effect.
+  bool fused = true;
+  // The projections as the fused tensor-core GEMV (off: cuBLAS through at::linear).
+  bool fused_gemv = true;
+  // A block's dependent products in one persistent chained kernel (off: one GEMV each).
+  bool gemv_chain = true;
+  // Rows up to which the whole block tail (output projection, w1|w3, w2) is one chain; above it
+  // the chain stops before w2.
+  int64_t chained_tail_max_rows = 4;
+  // The GDN step loads its state before waiting on the projection launched just before it.
+  bool gdn_early_state = true;
+  // Prefill's delta-rule chunk loop as one CUDA kernel (no-grad, fp32 recurrences).
+  bool delta_rule_scan = true;
+  // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
+  // into the attention's combine.
+  int64_t dsa_fold_q_max_rows = 1;
+  int64_t dsa_fold_o_max_rows = 1;
+  // Cap on the thread-block cluster of DSA's top-k (0: the largest the device places, up to 16;
+  // 8 is the portable size).
+  int topk_max_blocks = 0;
+  // Cap on the chain kernel's TMA ring slots (0: as many as shared memory holds).
+  int gemv_chain_slots = 0;
+  // Programmatic dependent launches of the decode kernels (off: every launch an ordinary one).
+  bool pdl = true;
+  // Kernel-name prefixes launched plainly even with pdl on ("gemv", "topk", ...).
+  std::vector<std::string> pdl_off;
+
+  // Whether the kernel named `kernel` launches as a programmatic dependent.
+  bool pdl_for(const char* kernel) const;
+  // Sets the field `name` (as in docs/decode.md and `lt2 bench --decode-option`) from text;
+  // throws lt2::Error naming the field and the expected value on a bad name or value.
+  void set(const std::string& name, const std::string& value);
+  // Every field with its value, as "name=value" (the benchmark's JSON records them).
+  std::vector<std::string> describe() const;
+  // The field names `set` takes.
+  static const std::vector<std::string>& names();
+};
+
+// The options in force on this thread: the innermost DecodeOptionsGuard's, else the defaults.
+const DecodeOptions& decode_options();
+
+// Installs `options` on this thread until destroyed (nests; restores the previous ones).
+class DecodeOptionsGuard {
+ public:
+  explicit DecodeOptionsGuard(const DecodeOptions& options);
+  ~DecodeOptionsGuard();
+  DecodeOptionsGuard(const DecodeOptionsGuard&) = delete;
+  DecodeOptionsGuard& operator=(const DecodeOptionsGuard&) = delete;
+
+ private:
+  const DecodeOptions* previous_;
+};
+
+}  // namespace lt2

@@ -1,0 +1,80 @@
+#include "lt2/ops/projections.h"
+
+#include "lt2/ops/fused_decode.h"
+
+namespace lt2::ops {
+
+Tensor linear(const Tensor& x, const Tensor& weight) {
+  return gemv_fused_applies(x, weight) ? gemv_fused(x, weight) : at::linear(x, weight);
+}
+
+Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
+  return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : linear(x, layer->weight);
+}
+
+Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
+  if (fused_elementwise_applies({x, norm->weight})) return rms_norm_fused(x, norm->weight, norm->eps);
+  return lt2::rms_norm(x, norm->weight, norm->eps);
+}
+
+Tensor ops::normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
+  GemvFusion norm;
+  norm.norm_weight = norm_weight, norm.norm_eps = eps;
+  return gemv_fused_applies(x, w, norm) ? gemv_fused(x, w, norm) : Tensor();
+}
+
+Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
+                             const Tensor& residual) {
+  GemvFusion f;
+  f.x_gate = x_gate, f.residual = residual;
+  if (!layer->bias.defined() && gemv_fused_applies(y, layer->weight, f)) return gemv_fused(y, layer->weight, f);
+  const auto out = linear(x_gate.defined() ? y * torch::sigmoid(x_gate) : y, layer);
+  return residual.defined() ? residual + out : out;
+}
+
+Tensor swiglu(const SwiGLUImpl& ffn, const Tensor& x) {
+  if (use_packed(ffn.w13)) return swiglu_down(ffn, linear(x, ffn.w13));
+  return ffn.w2(torch::silu(ffn.w1(x)) * ffn.w3(x));
+}
+
+Tensor swiglu_down(const SwiGLUImpl& ffn, const Tensor& gate_up) {
+  const int64_t n = ffn.hidden();
+  if (fused_elementwise_applies({gate_up})) return linear(silu_mul_fused(gate_up), ffn.w2);
+  return linear(torch::silu(gate_up.narrow(-1, 0, n)) * gate_up.narrow(-1, n, n), ffn.w2);
+}
+
+Tensor swiglu_residual(const SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weight, double eps) {
+  if (!use_packed(ffn.w13)) return {};
+  const auto gate_up = ops::normed_linear(h, ffn.w13, norm_weight, eps);  // [..., 2 hidden]
+  if (!gate_up.defined()) return {};
+  GemvFusion silu_add;
+  silu_add.silu_mul = true, silu_add.residual = h;
+  if (!gemv_fused_applies(gate_up, ffn.w2->weight, silu_add)) return h + swiglu_down(ffn, gate_up);
+  return gemv_fused(gate_up, ffn.w2->weight, silu_add);
+}
+
+// Up to `chained_tail_max_rows` the whole block tail (projection -> w1|w3 -> w2) is one chain;
+// above it the chain stops before w2 and w2 is one more launch. w1|w3 applies silu(a) * b as its
+// epilogue, so w2's x is hidden wide and computed once; at 8 rows a block staging that x for the
+// third product holds 180 KB, which makes the 3-product chain the slower form there.
+Tensor swiglu_residual(const SwiGLUImpl& ffn, const PendingProjection& mixer, const Tensor& norm_weight,
+                       double eps, int64_t chained_tail_max_rows) {
+  if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(ffn.w13)) return {};
+  ChainProduct projection{mixer.layer->weight}, gate_up{ffn.w13}, down_proj{ffn.w2->weight};
+  projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
+  gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;
+  gate_up.silu_mul_out = true;     // silu(a) * b
+  down_proj.residual_of = 0;       // h + ...
+  if (mixer.y.size(0) <= chained_tail_max_rows) {
+    const auto out = gemv_chain_fused(mixer.y, {projection, gate_up, down_proj});
+    return out.empty() ? Tensor() : out[2];
+  }
+  const auto out = gemv_chain_fused(mixer.y, {projection, gate_up});  // {h, silu(a) * b}
+  if (out.empty()) return {};
+  GemvFusion add;
+  add.residual = out[0];
+  if (!gemv_fused_applies(out[1], ffn.w2->weight, add)) return out[0] + linear(out[1], ffn.w2);
+  return gemv_fused(out[1], ffn.w2->weight, add);
+}
+
+}  // namespace lt2::ops

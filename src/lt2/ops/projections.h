@@ -1,0 +1,69 @@
+// Projections, norms and the FFN with their dispatch: a fused CUDA kernel where one applies to the
+// inputs (decode: few rows, no gradient, fused kernels on), the reference math of nn/ otherwise.
+// Callers never choose the path themselves.
+#pragma once
+#include <torch/torch.h>
+
+#include "lt2/nn/linear.h"
+#include "lt2/nn/norm.h"
+#include "lt2/nn/swiglu.h"
+
+namespace lt2 {
+namespace ops {
+
+// x W^T with W [out, in] (no bias): the fused GEMV at decode, at::linear otherwise; the layer form
+// takes its weight and bias.
+Tensor linear(const Tensor& x, const Tensor& weight);
+Tensor linear(const Tensor& x, const torch::nn::Linear& layer);
+
+// RMSNorm of x with the module's weight: one fused launch with no casts where it applies.
+Tensor rms_norm(const Tensor& x, const RMSNorm& norm);
+
+// The two ends of a pre-norm block's decode half with their elementwise work folded into the
+// fused GEMV (gemv_fused), as the mixers' and the FFN's residual forms use them:
+//   normed_linear          rms_norm(x, norm_weight, eps) W^T (x [..., K]; norm_weight undefined:
+//                          x W^T); undefined where the fused GEMV does not take them, so the
+//                          caller runs its unfused path.
+//   gated_linear_residual  residual + (y * sigmoid(x_gate)) W^T (y, x_gate [..., K], residual
+//                          [..., d]; either undefined: left out), one fused GEMV where it applies,
+//                          at::linear and elementwise ops otherwise.
+Tensor ops::normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps);
+Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
+                             const Tensor& residual);
+
+}  // namespace ops
+
+// A decode half's output projection, not yet run: gated_linear_residual(y, layer, x_gate,
+// residual) (y [B, K], residual [B, d] or undefined), left to the block so it can run it in one
+// kernel with the FFN's products (ops::swiglu_residual). An undefined layer (done()) means y is
+// already the result.
+struct PendingProjection {
+  Tensor y;
+  torch::nn::Linear layer{nullptr};
+  Tensor x_gate, residual;
+  static PendingProjection done(Tensor result) { return {std::move(result), nullptr, {}, {}}; }
+  Tensor run() const { return layer ? ops::gated_linear_residual(y, layer, x_gate, residual) : y; }
+};
+
+namespace ops {
+
+// The FFN on x: the packed w1|w3 product (one GEMV at decode) once SwiGLUImpl::pack ran and no
+// gradient is recorded, the module's reference form otherwise.
+Tensor swiglu(const SwiGLUImpl& ffn, const Tensor& x);
+// w2(silu(a) * b) of the packed w1|w3 output [..., 2 hidden] = [a | b].
+Tensor swiglu_down(const SwiGLUImpl& ffn, const Tensor& gate_up);
+// The pre-norm block's second half, h + ffn(rms_norm(h, norm_weight, eps)), at decode with the
+// norm folded into the packed w1|w3 GEMV and silu * mul and the add into w2's (gemv_fused).
+// Undefined when those GEMVs do not take the inputs (not packed, too many rows, gradients, ...)
+// before anything ran: the caller runs the unfused form.
+Tensor swiglu_residual(const SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weight, double eps);
+// The same from the mixer's pending output projection: h + ffn(rms_norm(h)) with h = mixer.run(),
+// [B, d]: up to `chained_tail_max_rows` rows the three products (the projection, w1|w3, w2) in one
+// chained kernel (gemv_chain_fused), above that the first two chained and w2 as one GEMV.
+// Undefined, having run nothing, where the chain does not apply: the caller runs mixer.run() and
+// the form above.
+Tensor swiglu_residual(const SwiGLUImpl& ffn, const PendingProjection& mixer, const Tensor& norm_weight,
+                       double eps, int64_t chained_tail_max_rows);
+
+}  // namespace ops
+}  // namespace lt2
