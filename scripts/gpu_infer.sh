@@ -10,19 +10,21 @@
 #   PREFILL_CONTEXTS=4k,8k,16k,32k  PREFILL_MODELS (default MODELS)  PROFILE_PREFILL=N (per-kernel table of N prefills)
 #   PROFILE=N          engine cells: also record N steps with the CUDA profiler (per-kernel table)
 #   KERNEL_ARGS="--kernels gemv --batches 1,8"   arguments of the micro-benchmark
-#   STAGES may include "cublas": decode cells (CUBLAS_MODELS, CUBLAS_CONTEXTS=4k) with LT2_FUSED_GEMV=0 (projections through
+#   STAGES may include "cublas": decode cells (CUBLAS_MODELS, CUBLAS_CONTEXTS=4k) with fused_gemv=0 (projections through
 #   cuBLAS instead of the fused GEMV), for the A/B of that kernel
 #   "probe": bench/tma_stream_probe (HBM -> shared memory by TMA bulk copies vs register loads);
 #   "ncu": Nsight Compute on the micro-benchmark (NCU_KERNELS regex of kernel names, NCU_COUNT launches,
 #   NCU_BENCH_ARGS its arguments, NCU_SECTIONS the report sections): speed of light, warp stalls, memory;
-#   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with LT2_GEMV_CHAIN=0 (each block's tail as
+#   and "nochain": decode cells (NOCHAIN_MODELS, NOCHAIN_CONTEXTS=8k) with gemv_chain=0 (each block's tail as
 #   three GEMV launches instead of one chained kernel), for the A/B of the chain;
-#   "tail8": decode cells (TAIL_MODELS, TAIL_CONTEXTS=4k) with LT2_CHAINED_TAIL_MAX_ROWS=8 (the whole block tail
+#   "tail8": decode cells (TAIL_MODELS, TAIL_CONTEXTS=4k) with chained_tail_max_rows=8 (the whole block tail
 #   chained at 5-8 rows too), for the A/B of that threshold;
-#   "nopdl": decode cells (NOPDL_MODELS, NOPDL_CONTEXTS=4k) with LT2_PDL=0 (every kernel launched after the one
+#   "nopdl": decode cells (NOPDL_MODELS, NOPDL_CONTEXTS=4k) with pdl=0 (every kernel launched after the one
 #   before it has ended, instead of as a programmatic dependent), for the A/B of that launch;
-#   "ab": decode cells (AB_MODELS, AB_CONTEXTS=4k) with AB_SWITCH (VAR=value) set, described by AB_WHAT;
-#   "abs": the same for each of AB_SWITCHES (space-separated VAR=value words) into decode_abs.{md,json}
+#   "ab": decode cells (AB_MODELS, AB_CONTEXTS=4k) with AB_SWITCH (a decode option name=value) set, described by
+#   AB_WHAT;
+#   "abs": the same for each of AB_SWITCHES (space-separated name=value words) into decode_abs.{md,json}
+#   (the decode options: `lt2 bench decode --help`, docs/decode.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -98,27 +100,28 @@ if has decode; then
     "${PROFILE_ARGS[@]}" 2> /tmp/decode.err || tail -20 /tmp/decode.err
   cat "$OUT/decode_engine.md"
 fi
-# An A/B stage: engine decode cells with one environment switch set.
+# An A/B stage: engine decode cells with decode options set.
 #   ab_decode NAME SWITCH MODELS CONTEXTS "what the switch does" [DIR]   -> DIR/decode_NAME.{json,md} (DIR: $OUT)
-# SWITCH is VAR=value, or several joined by '+'.
+# SWITCH is name=value (a DecodeOptions field), or several joined by '+'.
 ab_decode() {
-  local dir=${6:-$OUT}
-  env ${2//+/ } $L bench decode -m "$3" -c "$4" -b "${BATCHES:-1,8,32}" --paths engine --steps "${STEPS:-10}" \
+  local dir=${6:-$OUT} options=()
+  for setting in ${2//+/ }; do options+=(--decode-option "$setting"); done
+  $L bench decode "${options[@]}" -m "$3" -c "$4" -b "${BATCHES:-1,8,32}" --paths engine --steps "${STEPS:-10}" \
     --warmup 2 --out-json "$dir/decode_$1.json" --out-md "$dir/decode_$1.md" 2> "/tmp/$1.err" || tail -20 "/tmp/$1.err"
   echo "with $2 ($5):"
   cat "$dir/decode_$1.md"
 }
-has cublas && ab_decode cublas LT2_FUSED_GEMV=0 "${CUBLAS_MODELS:-$MODELS}" "${CUBLAS_CONTEXTS:-4k}" \
+has cublas && ab_decode cublas fused_gemv=0 "${CUBLAS_MODELS:-$MODELS}" "${CUBLAS_CONTEXTS:-4k}" \
   "projections through cuBLAS"
-has nochain && ab_decode nochain LT2_GEMV_CHAIN=0 "${NOCHAIN_MODELS:-$MODELS}" "${NOCHAIN_CONTEXTS:-8k}" \
+has nochain && ab_decode nochain gemv_chain=0 "${NOCHAIN_MODELS:-$MODELS}" "${NOCHAIN_CONTEXTS:-8k}" \
   "block tails as three GEMV launches"
-has tail8 && ab_decode tail8 LT2_CHAINED_TAIL_MAX_ROWS=8 "${TAIL_MODELS:-$MODELS}" "${TAIL_CONTEXTS:-4k}" \
+has tail8 && ab_decode tail8 chained_tail_max_rows=8 "${TAIL_MODELS:-$MODELS}" "${TAIL_CONTEXTS:-4k}" \
   "the whole block tail chained at 5-8 rows"
-has nopdl && ab_decode nopdl LT2_PDL=0 "${NOPDL_MODELS:-$MODELS}" "${NOPDL_CONTEXTS:-4k}" \
+has nopdl && ab_decode nopdl pdl=0 "${NOPDL_MODELS:-$MODELS}" "${NOPDL_CONTEXTS:-4k}" \
   "no programmatic dependent launches"
 has ab && ab_decode ab "$AB_SWITCH" "${AB_MODELS:-$MODELS}" "${AB_CONTEXTS:-4k}" "${AB_WHAT:-the A/B switch}"
-# "abs": one decode A/B per switch of AB_SWITCHES (space-separated VAR=value[,value...] words, several
-# variables of one arm joined by '+'), all into
+# "abs": one decode A/B per switch of AB_SWITCHES (space-separated name=value[,value...] words, several
+# options of one arm joined by '+'), all into
 # $OUT/decode_abs.md and $OUT/decode_abs.json ({"arm i: switch": that run's JSON}; a switch may repeat,
 # e.g. the control arm first and last, to see the call's drift).
 if has abs; then

@@ -44,7 +44,7 @@ void run_generate(GenerateArgs a) {
   // characters split across tokens appear once complete.
   std::vector<int32_t> generated;
   std::string shown;
-  auto res = generate(*model, prompt, a.opts, [&](int64_t t) {
+  auto res = generate(model, prompt, a.opts, [&](int64_t t) {
     generated.push_back(static_cast<int32_t>(t));
     if (!a.json_out) {
       std::string text = tok.decode(generated, /*skip_special=*/true);

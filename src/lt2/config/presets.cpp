@@ -4,13 +4,13 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "lt2/util/environment.h"
 #include "lt2/util/fs.h"
 
 namespace lt2 {
 
 std::string preset_dir() {
-  if (const char* env = std::getenv("LT2_CONFIG_DIR")) return env;
-  return LT2_DEFAULT_CONFIG_DIR;
+  return environment().config_dir.value_or(LT2_DEFAULT_CONFIG_DIR);
 }
 
 std::vector<std::string> preset_names() {

@@ -7,7 +7,8 @@
 
 namespace lt2 {
 
-// The folder holding the presets: $LT2_CONFIG_DIR if set, else the source tree's configs/.
+// The folder holding the presets: $LT2_CONFIG_DIR if set (util/environment.h), else the source
+// tree's configs/.
 std::string preset_dir();
 // Names of the presets (file names without .json), sorted.
 std::vector<std::string> preset_names();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "lt2/infer/engine.h"
 #include "lt2/util/error.h"
 
 namespace lt2 {
@@ -14,35 +15,31 @@ double ms_since(std::chrono::steady_clock::time_point t0, const torch::Device& d
 }
 }  // namespace
 
-GenerateResult generate(LoopedLMImpl& model, const std::vector<int64_t>& prompt,
-                        const GenerateOptions& opts, const std::function<bool(int64_t)>& on_token) {
+GenerateResult generate(LoopedLM model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                        const std::function<bool(int64_t)>& on_token) {
   LT2_CHECK(!prompt.empty(), "generate: the prompt is empty (give at least one token)");
   LT2_CHECK(opts.max_new_tokens >= 0 && opts.prefill_chunk > 0,
             "generate: max_new_tokens must be >= 0 and prefill_chunk > 0");
   Sampler::validate(opts.sampling);
-  const int64_t V = model.config().vocab_size;
+  const int64_t V = model->config().vocab_size;
   for (auto t : prompt) LT2_CHECK(t >= 0 && t < V, "prompt token ", t, " is outside the vocabulary [0, ", V, ")");
-  auto param = model.parameters().front();
-  const auto device = param.device();
+  const auto device = model->parameters().front().device();
   torch::NoGradGuard ng;
-  model.eval();
+  model->eval();
 
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
-  auto state = model.make_state(1, res.prompt_tokens + opts.max_new_tokens,
-                                torch::TensorOptions().dtype(param.scalar_type()).device(device));
-  res.state_bytes = state->bytes();
+  EngineOptions eo;
+  eo.max_batch = 1;
+  eo.max_len = res.prompt_tokens + std::max<int64_t>(opts.max_new_tokens, 1);
+  eo.prefill_chunk = opts.prefill_chunk;
+  eo.decode = opts.decode;
+  Engine engine(model, eo);
+  res.state_bytes = engine.state().bytes();
   Sampler sampler(opts.sampling, opts.seed);
-  auto long_opts = torch::TensorOptions().dtype(torch::kLong);
 
   auto t0 = std::chrono::steady_clock::now();
-  torch::Tensor last_logits;
-  for (int64_t begin = 0; begin < res.prompt_tokens; begin += opts.prefill_chunk) {
-    const int64_t n = std::min(opts.prefill_chunk, res.prompt_tokens - begin);
-    auto chunk = torch::tensor(std::vector<int64_t>(prompt.begin() + begin, prompt.begin() + begin + n), long_opts)
-                     .view({1, n}).to(device);
-    last_logits = model.forward(chunk, state.get()).logits.select(1, n - 1).squeeze(0);  // [V]
-  }
+  torch::Tensor last_logits = engine.prefill(0, torch::tensor(prompt, torch::kLong));  // [V]
   res.prefill_ms = ms_since(t0, device);
 
   t0 = std::chrono::steady_clock::now();
@@ -52,8 +49,7 @@ GenerateResult generate(LoopedLMImpl& model, const std::vector<int64_t>& prompt,
     if (on_token && !on_token(next)) break;
     if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), next) != opts.stop_tokens.end()) break;
     if (i + 1 == opts.max_new_tokens) break;
-    auto tok = torch::full({1, 1}, next, long_opts.device(device));
-    last_logits = model.forward(tok, state.get()).logits.select(1, 0).squeeze(0);
+    last_logits = engine.decode(torch::full({1}, next, torch::kLong)).select(0, 0);  // [V]
   }
   res.decode_ms = ms_since(t0, device);
   return res;

@@ -1,11 +1,12 @@
-// Text generation with a looped model: chunked prefill of the prompt into a preallocated decode
-// state (one mixer state per (loop, layer)), then one token at a time.
+// Text generation with a looped model through the inference Engine (one slot): chunked prefill of
+// the prompt, then one token at a time (on CUDA a replayed graph per step).
 #pragma once
 #include <functional>
 #include <vector>
 
 #include "lt2/infer/sampling.h"
 #include "lt2/model/looped_lm.h"
+#include "lt2/ops/decode_options.h"
 
 namespace lt2 {
 
@@ -15,6 +16,7 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 0;
   std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
+  DecodeOptions decode;              // the engine's kernels and launch settings
 };
 
 struct GenerateResult {
@@ -27,8 +29,8 @@ struct GenerateResult {
 };
 
 // on_token is called with each new token as soon as it is chosen; returning false stops.
-GenerateResult generate(LoopedLMImpl& model, const std::vector<int64_t>& prompt,
-                        const GenerateOptions& opts,
+// The model goes into eval mode and has its projections packed for inference (same values).
+GenerateResult generate(LoopedLM model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                         const std::function<bool(int64_t)>& on_token = nullptr);
 
 }  // namespace lt2

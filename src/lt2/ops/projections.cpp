@@ -9,7 +9,7 @@ Tensor linear(const Tensor& x, const Tensor& weight) {
 }
 
 Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
-  return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : linear(x, layer->weight);
+  return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : ops::linear(x, layer->weight);
 }
 
 Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
@@ -17,7 +17,7 @@ Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
   return lt2::rms_norm(x, norm->weight, norm->eps);
 }
 
-Tensor ops::normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
+Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
   GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = eps;
   return gemv_fused_applies(x, w, norm) ? gemv_fused(x, w, norm) : Tensor();
@@ -28,22 +28,22 @@ Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, co
   GemvFusion f;
   f.x_gate = x_gate, f.residual = residual;
   if (!layer->bias.defined() && gemv_fused_applies(y, layer->weight, f)) return gemv_fused(y, layer->weight, f);
-  const auto out = linear(x_gate.defined() ? y * torch::sigmoid(x_gate) : y, layer);
+  const auto out = ops::linear(x_gate.defined() ? y * torch::sigmoid(x_gate) : y, layer);
   return residual.defined() ? residual + out : out;
 }
 
-Tensor swiglu(const SwiGLUImpl& ffn, const Tensor& x) {
-  if (use_packed(ffn.w13)) return swiglu_down(ffn, linear(x, ffn.w13));
-  return ffn.w2(torch::silu(ffn.w1(x)) * ffn.w3(x));
+Tensor swiglu(SwiGLUImpl& ffn, const Tensor& x) {
+  if (use_packed(ffn.w13)) return swiglu_down(ffn, ops::linear(x, ffn.w13));
+  return ffn.forward(x);
 }
 
-Tensor swiglu_down(const SwiGLUImpl& ffn, const Tensor& gate_up) {
+Tensor swiglu_down(SwiGLUImpl& ffn, const Tensor& gate_up) {
   const int64_t n = ffn.hidden();
-  if (fused_elementwise_applies({gate_up})) return linear(silu_mul_fused(gate_up), ffn.w2);
-  return linear(torch::silu(gate_up.narrow(-1, 0, n)) * gate_up.narrow(-1, n, n), ffn.w2);
+  if (fused_elementwise_applies({gate_up})) return ops::linear(silu_mul_fused(gate_up), ffn.w2);
+  return ops::linear(torch::silu(gate_up.narrow(-1, 0, n)) * gate_up.narrow(-1, n, n), ffn.w2);
 }
 
-Tensor swiglu_residual(const SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weight, double eps) {
+Tensor swiglu_residual(SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weight, double eps) {
   if (!use_packed(ffn.w13)) return {};
   const auto gate_up = ops::normed_linear(h, ffn.w13, norm_weight, eps);  // [..., 2 hidden]
   if (!gate_up.defined()) return {};
@@ -57,7 +57,7 @@ Tensor swiglu_residual(const SwiGLUImpl& ffn, const Tensor& h, const Tensor& nor
 // above it the chain stops before w2 and w2 is one more launch. w1|w3 applies silu(a) * b as its
 // epilogue, so w2's x is hidden wide and computed once; at 8 rows a block staging that x for the
 // third product holds 180 KB, which makes the 3-product chain the slower form there.
-Tensor swiglu_residual(const SwiGLUImpl& ffn, const PendingProjection& mixer, const Tensor& norm_weight,
+Tensor swiglu_residual(SwiGLUImpl& ffn, const PendingProjection& mixer, const Tensor& norm_weight,
                        double eps, int64_t chained_tail_max_rows) {
   if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(ffn.w13)) return {};
   ChainProduct projection{mixer.layer->weight}, gate_up{ffn.w13}, down_proj{ffn.w2->weight};
@@ -73,7 +73,7 @@ Tensor swiglu_residual(const SwiGLUImpl& ffn, const PendingProjection& mixer, co
   if (out.empty()) return {};
   GemvFusion add;
   add.residual = out[0];
-  if (!gemv_fused_applies(out[1], ffn.w2->weight, add)) return out[0] + linear(out[1], ffn.w2);
+  if (!gemv_fused_applies(out[1], ffn.w2->weight, add)) return out[0] + ops::linear(out[1], ffn.w2);
   return gemv_fused(out[1], ffn.w2->weight, add);
 }
 

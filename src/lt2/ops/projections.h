@@ -27,7 +27,7 @@ Tensor rms_norm(const Tensor& x, const RMSNorm& norm);
 //   gated_linear_residual  residual + (y * sigmoid(x_gate)) W^T (y, x_gate [..., K], residual
 //                          [..., d]; either undefined: left out), one fused GEMV where it applies,
 //                          at::linear and elementwise ops otherwise.
-Tensor ops::normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps);
+Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps);
 Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
                              const Tensor& residual);
 
@@ -49,20 +49,20 @@ namespace ops {
 
 // The FFN on x: the packed w1|w3 product (one GEMV at decode) once SwiGLUImpl::pack ran and no
 // gradient is recorded, the module's reference form otherwise.
-Tensor swiglu(const SwiGLUImpl& ffn, const Tensor& x);
+Tensor swiglu(SwiGLUImpl& ffn, const Tensor& x);
 // w2(silu(a) * b) of the packed w1|w3 output [..., 2 hidden] = [a | b].
-Tensor swiglu_down(const SwiGLUImpl& ffn, const Tensor& gate_up);
+Tensor swiglu_down(SwiGLUImpl& ffn, const Tensor& gate_up);
 // The pre-norm block's second half, h + ffn(rms_norm(h, norm_weight, eps)), at decode with the
 // norm folded into the packed w1|w3 GEMV and silu * mul and the add into w2's (gemv_fused).
 // Undefined when those GEMVs do not take the inputs (not packed, too many rows, gradients, ...)
 // before anything ran: the caller runs the unfused form.
-Tensor swiglu_residual(const SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weight, double eps);
+Tensor swiglu_residual(SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weight, double eps);
 // The same from the mixer's pending output projection: h + ffn(rms_norm(h)) with h = mixer.run(),
 // [B, d]: up to `chained_tail_max_rows` rows the three products (the projection, w1|w3, w2) in one
 // chained kernel (gemv_chain_fused), above that the first two chained and w2 as one GEMV.
 // Undefined, having run nothing, where the chain does not apply: the caller runs mixer.run() and
 // the form above.
-Tensor swiglu_residual(const SwiGLUImpl& ffn, const PendingProjection& mixer, const Tensor& norm_weight,
+Tensor swiglu_residual(SwiGLUImpl& ffn, const PendingProjection& mixer, const Tensor& norm_weight,
                        double eps, int64_t chained_tail_max_rows);
 
 }  // namespace ops

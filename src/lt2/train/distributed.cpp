@@ -36,6 +36,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "lt2/util/environment.h"
 #include "lt2/util/error.h"
 
 extern char** environ;
@@ -174,7 +175,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, torch::Device device, std::chrono
   // ignored, the write fails with EPIPE and the collective reports the lost peer.
   ::signal(SIGPIPE, SIG_IGN);
   // A rank started by `lt2 train --nproc` ends with its launcher, which hosts the store.
-  if (const auto launcher = env_int("LT2_LAUNCHER_PID")) {
+  if (const auto launcher = environment().launcher_pid) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     LT2_CHECK(::getppid() == *launcher, who, ": the `lt2 train --nproc` launcher (pid ", *launcher, ") has gone");
   }
@@ -498,7 +499,7 @@ void run_local_ranks(int nproc, const std::string& exe, const std::vector<std::s
 
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / nproc);
   const std::vector<std::string> ours{"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                      "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "LT2_LAUNCHER_PID"};
+                                      "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", kLauncherPidVariable};
   std::vector<std::string> inherited;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
@@ -521,7 +522,7 @@ void run_local_ranks(int nproc, const std::string& exe, const std::vector<std::s
     for (const auto& kv : {cat("RANK=", r), cat("LOCAL_RANK=", r), cat("WORLD_SIZE=", nproc),
                            cat("LOCAL_WORLD_SIZE=", nproc), std::string("MASTER_ADDR=127.0.0.1"),
                            cat("MASTER_PORT=", port), std::string("TORCHELASTIC_USE_AGENT_STORE=True"),
-                           cat("LT2_LAUNCHER_PID=", ::getpid())})
+                           cat(kLauncherPidVariable, "=", ::getpid())})
       env_s.push_back(kv);
     std::vector<char*> envp;
     for (auto& kv : env_s) envp.push_back(kv.data());

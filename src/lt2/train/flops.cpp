@@ -1,6 +1,6 @@
 #include "lt2/train/flops.h"
 
-#include <cstdlib>
+#include "lt2/util/environment.h"
 
 namespace lt2 {
 
@@ -20,7 +20,7 @@ double forward_flops_per_token(const LoopedLMImpl& model, int64_t seq_len) {
 }
 
 double peak_flops(const std::string& device_name) {
-  if (const char* env = std::getenv("LT2_PEAK_TFLOPS")) return std::atof(env) * 1e12;
+  if (const auto tflops = environment().peak_tflops) return *tflops * 1e12;
   if (device_name.find("H100") != std::string::npos || device_name.find("H200") != std::string::npos ||
       device_name.find("GH200") != std::string::npos)
     return 989e12;  // dense bf16, SXM
