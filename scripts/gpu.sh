@@ -3,6 +3,9 @@
 # first with scripts/gpu_deps.sh). Builds with CUDA, runs every test (GPU-labelled ones included),
 # runs the training-throughput benchmarks, copies logs and JSON to $OUT, and prints a short table.
 #   STAGE=all|build|test|bench  (default all)   BENCH_STEPS=30
+# The test stage writes the GPU test record $OUT/gpu_tests.json (scripts/gpu_status.py --record) from
+# test_gpu's JSON report; copy it to bench/results/gpu_tests.json and run scripts/gpu_status.py
+# --update-readme. LT2_COMMIT=<commit> names the commit where the tree has no .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -32,8 +35,12 @@ run_tests() {
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest.log" | tail -15
 }
 if [[ $STAGE == all || $STAGE == test ]]; then
-  run_tests -L gpu  # the GPU-labelled tests first: they are what only this machine can run
+  rm -f /tmp/test_gpu.json
+  # The GPU-labelled tests first: they are what only this machine can run.
+  GTEST_OUTPUT=json:/tmp/test_gpu.json run_tests -L gpu
   cp "$OUT/ctest.log" "$OUT/ctest_gpu.log"
+  python3 scripts/gpu_status.py --record --gtest-json /tmp/test_gpu.json --log "$OUT/ctest_gpu.log" \
+    --command "STAGE=$STAGE scripts/gpu.sh" ${LT2_COMMIT:+--commit "$LT2_COMMIT"} --out "$OUT/gpu_tests.json"
 fi
 
 if [[ $STAGE == all || $STAGE == bench ]]; then

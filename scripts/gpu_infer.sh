@@ -3,6 +3,10 @@
 # targets of the inference engine, runs the GPU-labelled tests, the fused-kernel micro-benchmark
 # and `lt2 bench decode|prefill`, and leaves at most 8 files in $OUT (the device tool's limit).
 #   STAGES="test kernels decode reference prefill"   which parts run (default: all)
+#   The test stage writes the GPU test record $OUT/gpu_tests.json (scripts/gpu_status.py --record: commit,
+#   kernels/ops hash, pass/fail per test, totals, date, device); test_gpu's console log stays in /tmp/test_gpu.log.
+#   Copy the record to bench/results/gpu_tests.json and run scripts/gpu_status.py --update-readme.
+#   LT2_COMMIT=<commit> names the commit where the tree has no .git (with PREBUILT, build-prebuilt/COMMIT does)
 #   BUILD_TARGETS="lt2_cli test_gpu"   what to build (default: those two, decode_kernels_bench and tma_stream_probe)
 #   PREBUILT=build-prebuilt   carried lt2 and test_gpu (scripts/prebuild_gpu.sh) instead of the build: stages test and decode-like
 #   MODELS=lt-1.3b,...  CONTEXTS=4k,...  BATCHES=1,8,32  STEPS=10  GTEST_FILTER=*
@@ -30,6 +34,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-test kernels decode reference prefill}
+CALL="STAGES=\"$STAGES\"${PREBUILT:+ PREBUILT=$PREBUILT}${GTEST_FILTER:+ GTEST_FILTER=$GTEST_FILTER} scripts/gpu_infer.sh"
 MODELS=${MODELS:-lt-1.3b,lt2-gdn-1.3b,lt2-full-gdn-1.3b,lt2-gdn-dsa-1.3b,ouro-1.4b}
 ROOT=$PWD/.deps/root/usr
 export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
@@ -68,8 +73,19 @@ if [ $prebuilt = 0 ]; then
 fi
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 if has test; then
-  $TEST_GPU --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test_gpu.log" 2>&1
-  grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" "$OUT/test_gpu.log" | head -30
+  rm -f /tmp/test_gpu.json
+  $TEST_GPU --gtest_filter="${GTEST_FILTER:-*}" --gtest_output=json:/tmp/test_gpu.json > /tmp/test_gpu.log 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" /tmp/test_gpu.log | head -30
+  # The record: the binaries' commit and source hash when they were carried, else this tree's.
+  record=()
+  [ -n "${LT2_COMMIT:-}" ] && record=(--commit "$LT2_COMMIT")
+  if [ $prebuilt = 1 ]; then
+    [ -s "$PREBUILT/COMMIT" ] && record=(--commit "$(cat "$PREBUILT/COMMIT")")
+    [ -s "$PREBUILT/SOURCE_HASH" ] && record+=(--source-hash "$(cat "$PREBUILT/SOURCE_HASH")")
+  fi
+  python3 scripts/gpu_status.py --record --gtest-json /tmp/test_gpu.json --log /tmp/test_gpu.log --rc $rc \
+    --filter "${GTEST_FILTER:-*}" --command "$CALL" "${record[@]}" --out "$OUT/gpu_tests.json"
 fi
 if has kernels; then
   $B/bench/decode_kernels_bench ${KERNEL_ARGS:-} > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"

@@ -2,7 +2,8 @@
 # Builds lt2 and test_gpu here (the CPU machine compiles the CUDA code too), strips them and puts them with
 # the one shared library they need beyond libtorch and the CUDA runtime into build-prebuilt/, to carry to the
 # GPU machine: `run` with carry ["build-prebuilt"] and PREBUILT=build-prebuilt scripts/gpu_infer.sh.
-# COMMIT records the commit (and whether the tree had changes) the binaries were built from.
+# COMMIT records the commit (and whether the tree had changes) the binaries were built from, SOURCE_HASH the
+# kernels/ops hash of the sources they were built from (scripts/gpu_status.py --hash), for the GPU test record.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ninja -C build -j "$(nproc)" lt2_cli test_gpu
@@ -11,4 +12,5 @@ strip -o build-prebuilt/lt2 build/apps/lt2/lt2
 strip -o build-prebuilt/test_gpu build/tests/test_gpu
 cp -L "$(ldd build/apps/lt2/lt2 | awk '/libpcre2-8/ {print $3}')" build-prebuilt/
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src apps tests || echo '+changes')" > build-prebuilt/COMMIT
+python3 scripts/gpu_status.py --hash > build-prebuilt/SOURCE_HASH
 du -sh build-prebuilt

@@ -256,9 +256,10 @@ void gemv(const GemvParams& p, void* stream);
 // a grid-wide barrier; meanwhile each block's producer warp streams the weights of the products
 // after it into a shared-memory ring with TMA bulk copies, which the barrier does not stop. HBM
 // thus stays busy across the boundaries where separate launches ramp down and up (each GEMV
-// launch pays ~4-6 us of ramp and tail: bench/NOTES.md). Every product is a GemvParams with one
-// product (batch 1), no y_gate and k_splits ignored; x may be an earlier product's y, a residual
-// an earlier product's y or the chain's input. Blocks: one per SM, co-resident (cooperative launch).
+// launch pays ~4-6 us of ramp and tail: bench/results/gemv_splits_h200.txt). Every product is a
+// GemvParams with one product (batch 1), no y_gate and k_splits ignored; x may be an earlier
+// product's y, a residual an earlier product's y or the chain's input. Blocks: one per SM,
+// co-resident (cooperative launch).
 // Chains of 2+ products share one self-resetting grid barrier per (device, stream), at most 64
 // streams per device; one product needs none. The launch is a programmatic dependent of the
 // kernel before it, whose writes the consumers wait for before reading x.

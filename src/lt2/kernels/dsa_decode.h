@@ -1,6 +1,6 @@
-// Fused CUDA kernels for the decode step of DeepSeek Sparse Attention's selection (spec/mixers.md
-// §6.1): the lightning indexer's scores of one new token per sequence against its index-key cache,
-// and the top-k selection over them. Same conventions as decode.h: a params struct per kernel, a
+// Fused CUDA kernels for the decode step of DeepSeek Sparse Attention's selection: the lightning
+// indexer's scores of one new token per sequence against its index-key cache, and the top-k
+// selection over them. Same conventions as decode.h: a params struct per kernel, a
 // launcher that picks the template instance, plain kernels in kernels/cuda/dsa_index.cu; device
 // pointers, strides in elements, the last dim of every tensor contiguous. The launchers enqueue on
 // `stream` (a cudaStream_t) and never synchronise, allocate or read device memory on the host, and

@@ -1,6 +1,6 @@
 // Sparse flash-decoding: one new query token per sequence attends to a LIST of selected rows of
-// its KV cache (DeepSeek Sparse Attention's top-k tokens, later NSA's selected blocks; spec/
-// mixers.md §6–7). Same conventions as decode.h: a params struct, a launcher that picks the
+// its KV cache (DeepSeek Sparse Attention's top-k tokens, NSA's selected blocks and window). Same
+// conventions as decode.h: a params struct, a launcher that picks the
 // template instance, plain kernels in kernels/cuda/sparse_attention_decode.cu; device pointers,
 // strides in elements, the last dim of every tensor contiguous, fp32 accumulation. The launcher
 // enqueues on `stream` (a cudaStream_t) and never synchronises, allocates or reads device memory

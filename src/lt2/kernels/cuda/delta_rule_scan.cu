@@ -1,6 +1,6 @@
 // The inter-chunk scan of the chunked delta rule (prefill.h: delta_rule_scan), one launch for all
-// chunks of all (sequence, head) pairs, replacing ops::delta_rule_chunked's host loop of ~8
-// libtorch kernels per chunk.
+// chunks of all (sequence, head) pairs, where ops::delta_rule_chunked would otherwise loop on the
+// host over ~8 libtorch kernels per chunk.
 //
 // Floor. The value columns of S [K, V] evolve independently, so a block owns S[:, v0 : v0 + VB]
 // of one (sequence, head) in shared memory for the whole scan. Per chunk and block it reads W_n
@@ -8,10 +8,11 @@
 // slices) and does 2 C K VB FMAs: at the 1.3B GDN head (K 96, V 192, C 64, VB 16) 49 KiB read
 // (mostly L2 hits: the V / VB blocks of a head read the same matrices), 10 KiB written, 197k FMAs.
 // The chunks of a block are sequential, so the scan is bound by each chunk's latency (its two
-// products, two barriers and the loads in flight), not by the device's FLOPs.
-// Measured on an H200 (bench/NOTES.md): the first form, which also computed O_n = Q_n S_n +
-// A_n V_new inside the loop (four products, four barriers per chunk), took 16.8 us per chunk
-// (1.07 ms per 4096-token call of lt2-gdn-1.3b); the loop it replaced, ~8 launches per chunk.
+// products, two barriers and the loads in flight), not by the device's FLOPs. That is why the
+// outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the
+// binding computes them for all chunks with two batched GEMMs): inside it they would double each
+// chunk's chain of products and barriers. A 4096-token lt2-gdn-1.3b prefill spends 0.63 ms per
+// call here, 9.8 us per chunk (bench/results/prefill_profile_h200.md).
 //
 // Design.
 // - Grid (V / VB, H, B), 256 threads. Thread t owns value column j = t % VB of the slice and the
@@ -19,7 +20,7 @@
 //   phase is one primitive, rows_times_cols: acc[i] += sum_x L[row_i][x] R[x][j], the left matrix
 //   read as 16-byte broadcasts (one row, or 32 / VB consecutive rows, per warp), the right one
 //   ([x][VB] rows, S or V_new) as one conflict-free word per lane. Plain fp32 FMAs: TF32 tensor
-//   cores would not hold the 1e-5 fp32 tolerance (DESIGN.md invariant 5).
+//   cores would not hold the 1e-5 fp32 tolerance of the GPU tests (tests/gpu/gpu_testing.h).
 // - Per chunk: store S_n (each thread its own entries); 1 V_new = U_n - W_n S (shared and
 //   global); 2 S = carry_n * S + Kt_n V_new (each thread updates its own entries). Two barriers.
 // - The chunk's matrices stream in with cp.async: Kt_n+1 and carry_n+1 (two buffers, taking

@@ -221,10 +221,11 @@ void reserve_shared(size_t bytes, const char* name) {
 }
 
 // Whether a grid of `blocks` blocks leaves most SMs of CUDA device `device` idle (fewer blocks than
-// half of them). The decode kernels with one block per (sequence, head) launch as programmatic
-// dependents only on such grids: on fuller ones their blocks, placed while the kernel before
-// still runs, measured slower than ordinary launches (the GDN step and DSA's prep, index scores
-// and sparse attention at batch 8 on the H200: bench/NOTES.md, session of 2026-12-02 morning).
+// half of them). The decode kernels with one block per (sequence, head) have nothing to do before
+// their wait, so an early launch can only hide the launch latency: they launch as programmatic
+// dependents only on such grids. On fuller grids (the GDN step and DSA's prep, index scores and
+// sparse attention at batch 8) the ordinary launch is the faster one (bench/notes/decode_engine.md,
+// the launch policy).
 inline bool grid_leaves_sms_idle(int64_t blocks, int device) {
   return 2 * blocks < device_attribute(cudaDevAttrMultiProcessorCount, device, "grid size");
 }

@@ -40,11 +40,11 @@
 //   Floor: the scores are fresh in L2 (B L 4 bytes: 1 MB at B = 8, L = 32k) and are read once:
 //   each block keeps its slice's keys in shared memory (up to 16384 a block, so rows up to
 //   131072 entries entirely with 8 blocks, 262144 with 16; the passes re-read the rest of longer
-//   rows). Then the kernel is bound by one
-//   L2 round trip, at most 10 cluster barriers and the shared-memory passes: a few microseconds
-//   for a whole batch. Above 32k entries a row takes a non-portable cluster of up to 16 blocks
-//   where the device can place one: at 128k x 1, 8 blocks took 30.9 us per call
-//   (bench/results/decode_profile_dsa128k_h200.md), each pass walking 16k entries per block.
+//   rows). Then the kernel is bound by one L2 round trip, at most 10 cluster barriers and the
+//   shared-memory passes: a few microseconds for a whole batch. Long rows are bound by the passes
+//   over each block's slice, so above 32k entries a row takes a non-portable cluster of up to 16
+//   blocks where the device can place one: a block then walks at most 8,192 entries of a 128k row
+//   per pass (bench/results/decode_topk16_h200.md has the 16-block cluster against 8).
 #include <cooperative_groups.h>
 
 #include <atomic>

@@ -1,8 +1,8 @@
 // Dependent decode products in one persistent kernel (decode.h: gemv_chain).
 //
 // Why: each separate GEMV launch pays ~4-6 us of ramp and tail (the launch, the first loads in
-// flight, the last blocks draining): measured, 2048 x 3072 takes 7.2 us where its 12.6 MB need
-// 3.0 us at the copy bandwidth, and the 1.3B LT2 step runs ~340 of them (bench/NOTES.md). The
+// flight, the last blocks draining): 2048 x 3072 takes 7.2 us where its 12.6 MB need 3.0 us at the
+// copy bandwidth (bench/results/gemv_splits_h200.txt), and a 1.3B LT2 step has ~340 products. The
 // weights do not depend on the activations, so a block can fetch the next product's weights while
 // the current product finishes and while the grid waits for that product's y to be complete.
 //
@@ -21,14 +21,14 @@
 // as the gemv kernels round their operands; RmsNorm's rsqrt is applied to the sums.
 // Slots are 8 rows x 2048 of K (32 KB, eight 4 KB copies): TMA's cost is per copy and per slot, and
 // bench/tma_stream_probe measured eight 2 KB copies per 16 KB slot at 70% of the copy bandwidth,
-// eight 4 KB copies per 32 KB slot at 101%.
-// Measured on an H200 (bench/results/gemv_chain_h200.txt): the LM head alone streams at 99% of the
-// copy bandwidth; the 1.3B block tail (77.7 MB, 18.4 us at the copy bandwidth) takes 31.7 us at
-// 1 row against 36.4 us as three launches (the rest is, by elimination, its two grid barriers
-// with x staging and the launch; not measured apart). Every block stages all of a product's x, so
-// SwiGLU's silu(a) * b is w1|w3's epilogue (silu_mul_out: a tile is 4 rows of each half of W):
-// w2 then stages hidden plain values instead of 2 x hidden with SiLU·mul (180 KB at 8 rows, which
-// made the 3-product chain lose there: 42.2 vs 37.6 us).
+// eight 4 KB copies per 32 KB slot at 101% (bench/results/tma_stream_probe_h200.md).
+// Floor and rate (bench/results/gemv_chain_h200.txt, H200): the LM head alone streams at the copy
+// bandwidth; the 1.3B block tail (77.7 MB, 18.4 us at the copy bandwidth) takes 31.7 us at 1 row
+// against 36.4 us as three launches in the same run, the rest being its two grid barriers with x
+// staging and the launch. Every block stages all of a product's x, so SwiGLU's silu(a) * b is
+// w1|w3's epilogue (silu_mul_out: a tile is 4 rows of each half of W): w2 then stages `hidden`
+// plain values per row, not 2 x hidden with SiLU·mul applied by every block (180 KB per block at
+// 8 rows).
 // Launched as a programmatic dependent (the kernel before it may release it early: the GDN step
 // and the other decode kernels do), so the producer streams weights while that kernel finishes.
 #include <cuda/atomic>
@@ -146,17 +146,17 @@ __device__ void produce(const GemvChainParams& p, unsigned char* ring, uint64_t*
 }
 
 // x of product g into shared memory ([rows, x_pitch bytes]) with its prologue applied; RmsNorm's
-// rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier. Each thread
-// issues the loads of kStageBatch vectors before using any: x sits in L2, one round trip per
-// vector would cost ~15 us for 8 rows of w2's 2 x 5632 inputs, and 12 take w2's 8 x 5632 in two
-// round trips (8 took three; 162 registers, no spills). Without a prologue (w2's x, GDN's o_proj's)
-// x is copied as it is by cp.async: every vector in flight at once, no registers held, no
-// unpacking and rounding, no division per vector for its (m, v). At 8 rows this staging was the
-// consumers' largest cost (31% of the tail's warp samples under ncu, instruction-bound with 8
-// warps per SM; bench/results/gemv_chain_sass8_h200.md); the copy took 0.23-0.24 ms off every
-// LT2 preset's batch-8 step (decode_copy_x_h200.md). (A register copy beside the prologue path
-// spilled at the 9-warp block's 168-register cap, and so did a division-free (row, column)
-// cursor in the prologue path, which keeps its divisions.)
+// rsqrt(mean(x^2) + eps) per row into s_rinv. Consumers only; ends with their barrier. At 8 rows
+// staging is the consumers' largest cost (ncu puts 31% of the 8-row tail's warp samples here,
+// instruction-bound with 8 warps per SM: bench/results/gemv_chain_sass8_h200.md), so:
+// - without a prologue (w2's x after the SiLU·mul epilogue, o_proj's where the mixer has no output
+//   gate) x is copied as it is by cp.async: every vector in flight at once, no registers held, no
+//   unpacking, rounding or division per vector;
+// - with one, each thread issues the loads of kStageBatch vectors before using any: x sits in L2,
+//   one round trip per vector would cost ~15 us for 8 rows of a 2 x 5632 SiLU·mul input, and 12 at
+//   a time take 8 rows of 5632 in two round trips. This path keeps a division per vector for its
+//   (m, v): a division-free cursor, like a second copy path beside it, spills at the 9-warp
+//   block's 168-register cap.
 constexpr int kStageBatch = 12;
 template <typename T>
 __device__ void stage_x(const GemvParams& g, unsigned char* xs, int x_pitch, float (*s_sumsq)[kGemvMaxRows],

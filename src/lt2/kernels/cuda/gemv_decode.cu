@@ -18,9 +18,10 @@
 //     one per SM) and K = 5632 that is 6 dependent trips per SM and HBM idles between them. So the
 //     blocks of a thread-block cluster share the 16 rows, each reading one slice of K, and rank 0
 //     adds up their partial sums through distributed shared memory (no global workspace, no
-//     second launch). Measured on an H200 (bench/NOTES.md): 2 splits take 2048 x 5632 from 12.9
-//     to 11.0 us and 2048 x 3072 from 8.0 to 7.2 us, but every shape with 2+ blocks per SM loses
-//     (cluster scheduling), as do 4 splits; so gemv_k_splits splits only under-filled grids.
+//     second launch). On an H200 (bench/results/gemv_splits_h200.txt) 2 splits take 2048 x 5632
+//     from 12.9 to 11.0 us and 2048 x 3072 from 8.0 to 7.2 us, while every shape with 2+ blocks
+//     per SM loses by splitting (cluster scheduling); so gemv_k_splits splits only under-filled
+//     grids.
 //   fma (fp32, or K off 32): a block of 128 threads computes 4 weight rows with fp32 FMAs,
 //     threads striding over 16-byte vectors of K.
 // RmsNorm's statistic needs all of x's row: each thread adds up the squares of the x values it
@@ -81,8 +82,9 @@ __device__ __forceinline__ void store_y(const GemvParams& p, int m, int64_t n, f
 constexpr int kMmaWarps = 8;
 constexpr int kMmaRows = 16;    // weight rows per block (the mma's M)
 constexpr int kMmaChunk = 32;   // k per warp trip: 4 lanes x 8 elements
-// Chunks whose loads are in flight together. Measured (bench/NOTES.md): 2 and 4 equal, 8 slower
-// (5.81 / 5.73 / 6.40 ms per lt2-gdn step at batch 1); a cp.async ring in shared memory slower too.
+// Chunks whose loads are in flight together per warp trip: 4. Fewer gain nothing in the engine,
+// more are slower (likely the registers they take), and so is staging the loads through a
+// cp.async ring in shared memory (bench/notes/gemv_chain.md, the GEMV kernel).
 constexpr int kMmaUnroll = 4;
 
 // Grid (row blocks x k_splits) in clusters of (k_splits, 1, 1): cluster r computes weight rows

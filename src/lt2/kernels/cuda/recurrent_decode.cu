@@ -627,8 +627,8 @@ void launch_gdn_cluster(const GdnDecodeParams& p, cudaStream_t stream) {
 // The register form: KR rows per thread for K <= 8 KR, enough warps for the head's columns in
 // one pass where the block allows.
 // A programmatic dependent of its input projection only on a small grid (launch_dependent_on_small_grid):
-// at batch 8 (128 blocks) the ordinary launch measured 0.1-0.2 ms a step faster on every 1.3B
-// preset, at batch 1 (16 blocks) the dependent one 0.1 ms faster.
+// at batch 1 (16 blocks) the early launch hides the launch latency, while at batch 8 (128 blocks)
+// the ordinary launch is faster on every 1.3B preset (bench/notes/decode_engine.md, launch policy).
 template <int KR>
 void launch_gdn_registers_kr(const GdnDecodeParams& p, cudaStream_t stream) {
   const int warps = std::min(gdn_register_threads(KR) / 32, ceil_div(p.head_v, kRegWarpCols));
@@ -661,9 +661,10 @@ bool gdn_decode_cluster_supported(int head_k, int head_v, int device) {
 
 GdnDecodeForm gdn_decode_form(int batch, int heads, int head_k, int head_v, int device) {
   if (gdn_decode_registers_supported(head_k, head_v)) return GdnDecodeForm::Registers;
-  // Measured on an H200 (132 SMs) at the 1.3B GDN head (96 x 192): 16 (sequence, head) blocks,
-  // cluster 9.1 us vs per head 13.0 us; 128 blocks, cluster 20.4 us vs per head 13.9 us. So the
-  // cluster form only while the per-head grid leaves most SMs idle.
+  // The cluster form spreads a head over several SMs, which pays only while the per-head grid
+  // leaves most SMs idle: at the 1.3B GDN head (96 x 192) on an H200 (132 SMs), 16 (sequence, head)
+  // blocks take 9.1 us as clusters against 13.0 per head, 128 blocks 20.1 against 13.7
+  // (bench/results/decode_kernels_h200.txt).
   const bool few_blocks = grid_leaves_sms_idle(static_cast<int64_t>(batch) * heads, device);
   return few_blocks && gdn_decode_cluster_supported(head_k, head_v, device) ? GdnDecodeForm::Cluster
                                                                             : GdnDecodeForm::PerHead;

@@ -20,15 +20,17 @@
 // preset (B 8, n 2048, one kv head of 576 bf16 dims, aliased) reads 18.9 MB: 4.5 us at 4.2 TB/s;
 // its GQA form (Hkv 16, D 128, separate values) 134 MB: 32 us. FMAs: B Hkv n G (Dk + Dv): with
 // G = 16 the latent preset needs 285 M, >= 8.5 us at the H200's fp32 peak, so on CUDA cores it is
-// FMA-bound (measured: 49 us at batch 8, 18 us at batch 1, plus a 9 us combine of 128 splits).
-// For G <= 4 it is memory bound.
+// FMA-bound, which is why that preset runs the tensor-core form below. For G <= 4 it is memory
+// bound.
 //
 // Two forms:
 //   - tensor cores (sparse_attention_mma_kernel): bf16 / fp16, Dk 576, Dv 512 aliased in the
 //     keys, G 16, i.e. DSA's latent preset. mma m16n8k16 with M = the 16 heads: S = Q K^T and
 //     O += P V per 32-key tile, a 4-stage cp.async ring of tiles, 8 warps, one block per SM. The
 //     products are 71 MFLOP a sequence (0.57 GFLOP at batch 8), far below what mma.sync
-//     sustains, so the gather should bound it (not yet measured). It runs its own split count
+//     sustains, so the gather should bound it; in the engine it takes ~12 us a call at 4k x 8
+//     against 4.5 us of bytes (bench/results/decode_h200.md), each tile a dependent chain of
+//     scores, softmax and P V with its barriers. It runs its own split count
 //     (tc::splits: about one block per SM, at least two tiles a split; n 2048 on 132 SMs: 32
 //     splits at batch 1, 16 at batch 8), never more than the caller's workspace
 //     (sparse_attention_decode_num_splits) holds, so the partials and the combine stay small
