@@ -5,7 +5,7 @@
 # machine's drift. The baseline is a source tree carried as an ignored folder, e.g.
 #   git archive <commit> CMakeLists.txt src apps tests bench configs scripts | tar -x -C .baseline
 # and is built here (lt2_cli only). Writes $OUT/decode_compare.{json,md}: per cell, each arm's
-# ms/step, and new/base as the ratio of the arms' medians.
+# ms/step, and new/base as the ratio of the arms' medians; each arm's own JSON is $OUT/compare_arm<i>.json.
 #   BASE=.baseline  BASE_COMMIT / NEW_COMMIT=<names for the record>  ARMS="base new base new"
 #   MODELS=...  CONTEXTS=4k,32k  BATCHES=1,8  STEPS=10
 set -uo pipefail
@@ -33,14 +33,14 @@ for arm in ${ARMS:-base new base new}; do
   i=$((i + 1))
   bin=$NEW; [ "$arm" = base ] && bin=$OLD
   "$bin" bench decode -m "$MODELS" -c "${CONTEXTS:-4k,32k}" -b "${BATCHES:-1,8}" --paths engine \
-    --steps "${STEPS:-10}" --warmup 2 --out-json "/tmp/compare_$i.json" 2> "/tmp/compare_$i.err" > /dev/null ||
+    --steps "${STEPS:-10}" --warmup 2 --out-json "$OUT/compare_arm$i.json" 2> "/tmp/compare_$i.err" > /dev/null ||
     tail -5 "/tmp/compare_$i.err"
   echo "arm $i ($arm) done"
 done
 python3 - "$OUT" "${BASE_COMMIT:-base}" "${NEW_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo new)}" ${ARMS:-base new base new} << 'PY'
 import json, statistics, sys
 out, base_name, new_name, arms = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-runs = [json.load(open(f"/tmp/compare_{i}.json")) for i in range(1, len(arms) + 1)]
+runs = [json.load(open(f"{out}/compare_arm{i}.json")) for i in range(1, len(arms) + 1)]
 cells = {}
 for arm, run in zip(arms, runs):
     for c in run["cells"]:
