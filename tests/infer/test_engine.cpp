@@ -29,8 +29,7 @@ ModelConfig engine_config(const std::string& pattern, ModelForm form = ModelForm
 
 // Full attention that declines per-sequence positions: stands in for a mixer the engine refuses.
 struct FixedStartAttention : FullAttentionImpl {
-  using FullAttentionImpl::FullAttentionImpl;
-  bool supports_seq_pos() const override { return false; }
+  explicit FixedStartAttention(const ModelConfig& cfg) : FullAttentionImpl(cfg) { caps_.seq_pos = false; }
   std::string kind() const override { return "fixed-start"; }
 };
 

@@ -48,7 +48,7 @@ inline void expect_forward_equals_steps(MixerImpl& m, const torch::Tensor& x, in
                                         double tol = 1e-10) {
   torch::NoGradGuard ng;
   auto whole = m.forward(x, {0, loop});
-  auto state = m.make_loop_state(x.size(0), x.size(1) + 3, f64(), loop);
+  auto state = m.make_state(x.size(0), x.size(1) + 3, f64(), {loop});
   for (int64_t t = 0; t < x.size(1); ++t) {
     auto o = m.step(x.narrow(1, t, 1), {t, loop}, *state);
     EXPECT_LT(rel_err(o, whole.narrow(1, t, 1)), tol) << "token " << t << " loop " << loop;
@@ -64,7 +64,7 @@ inline void expect_split_prefill(MixerImpl& m, const torch::Tensor& x, const std
   const int64_t T = x.size(1);
   auto whole = m.forward(x, {0, loop});
   for (int64_t a : splits) {
-    auto state = m.make_loop_state(x.size(0), T + 2, f64(), loop);
+    auto state = m.make_state(x.size(0), T + 2, f64(), {loop});
     auto first = m.forward(x.narrow(1, 0, a), {0, loop}, state.get());
     auto second = m.forward(x.narrow(1, a, T - a), {a, loop}, state.get());
     EXPECT_LT(rel_err(torch::cat({first, second}, 1), whole), tol) << "split at " << a;
@@ -74,7 +74,7 @@ inline void expect_split_prefill(MixerImpl& m, const torch::Tensor& x, const std
   }
   for (size_t i = 0; i + 1 < splits.size(); ++i) {
     const int64_t a = splits[i], b = splits[i + 1];
-    auto state = m.make_loop_state(x.size(0), T, f64(), loop);
+    auto state = m.make_state(x.size(0), T, f64(), {loop});
     std::vector<torch::Tensor> parts = {m.forward(x.narrow(1, 0, a), {0, loop}, state.get()),
                                         m.forward(x.narrow(1, a, b - a), {a, loop}, state.get()),
                                         m.forward(x.narrow(1, b, T - b), {b, loop}, state.get())};

@@ -142,7 +142,7 @@ TEST_P(DSAForms, QueryBlocksEqualOneBlock) {
   auto m = make_dsa(4, GetParam());
   auto x = random_x(2, 13, 32, 9);
   auto prefill = [&] {
-    auto state = m->make_loop_state(2, 13, f64(), 0);
+    auto state = m->make_state(2, 13, f64(), {0});
     auto first = m->forward(x.narrow(1, 0, 5), {0, 0}, state.get());
     return torch::cat({first, m->forward(x.narrow(1, 5, 8), {5, 0}, state.get())}, 1);
   };

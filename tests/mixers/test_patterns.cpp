@@ -134,9 +134,13 @@ TEST(Patterns, RandomRedrawsEveryTrainingForward) {
   torch::NoGradGuard ng;
   for (int i = 0; i < 8; ++i) {
     m->forward(tok);
+    // The window each (layer, loop) slot's mixer used: its window for the slot's draw.
     std::vector<int64_t> slots;
-    for (auto& mx : mixers_of(m))
-      for (int64_t w : std::dynamic_pointer_cast<WindowAttentionImpl>(mx)->loop_windows()) {
+    const auto layers = mixers_of(m);
+    for (int64_t l = 0; l < static_cast<int64_t>(layers.size()); ++l)
+      for (int64_t loop = 0; loop < cfg.n_loops; ++loop) {
+        const int64_t w = std::dynamic_pointer_cast<WindowAttentionImpl>(layers[l])
+                              ->window_for({loop, slot_draw(m->last_draw(), loop, l)});
         slots.push_back(w);
         EXPECT_TRUE(w == 0 || w == 3) << w;
         (w == 0 ? full : window)++;
@@ -160,9 +164,8 @@ TEST(Patterns, RandomVotesAtInference) {
   ASSERT_EQ(draws.size(), 5u);
   torch::Tensor mean_p;
   for (auto& d : draws) {
-    apply_slot_draw(mixers_of(m), d);
     auto h = m->tok_embeddings(tok);
-    for (int64_t loop = 0; loop < cfg.n_loops; ++loop) h = m->run_stack(h, loop, 0, nullptr) + m->rho[loop] * h;
+    for (int64_t loop = 0; loop < cfg.n_loops; ++loop) h = m->run_stack(h, loop, 0, nullptr, {}, d) + m->rho[loop] * h;
     auto p = torch::softmax(m->head(m->norm(h)), -1);
     mean_p = mean_p.defined() ? mean_p + p / 5.0 : p / 5.0;
   }

@@ -70,7 +70,7 @@ TEST(Window, DecodeMemoryStaysAtWindowSlots) {
   auto m = std::dynamic_pointer_cast<WindowAttentionImpl>(make_f64("window", cfg));
   const int64_t B = 2, D = m->head_dim, H_kv = m->n_kv_heads, max_len = 1000;
   for (int64_t loop = 0; loop < 3; ++loop) {
-    auto state = m->make_loop_state(B, max_len, f64(), loop);
+    auto state = m->make_state(B, max_len, f64(), {loop});
     const int64_t slots = loop == 2 ? max_len : m->window_at(loop);
     EXPECT_EQ(state->bytes(), 2 * B * H_kv * slots * D * 8) << "loop " << loop;
     if (loop == 2) continue;
@@ -81,7 +81,7 @@ TEST(Window, DecodeMemoryStaysAtWindowSlots) {
     EXPECT_EQ(dynamic_cast<RingKVCache&>(*state).slots(), slots);
   }
   // A state too small for the loop's window is refused.
-  auto small = m->make_loop_state(B, max_len, f64(), 0);
+  auto small = m->make_state(B, max_len, f64(), {0});
   auto x = random_x(B, 1, cfg.d_model);
   EXPECT_THROW(m->step(x, {0, 1}, *small), Error);
 }

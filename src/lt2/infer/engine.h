@@ -33,7 +33,7 @@ struct EngineOptions {
 class Engine {
  public:
   // The model must be in eval mode on its final device and dtype; every mixer must decode with
-  // per-sequence positions (MixerImpl::supports_seq_pos), else an error names the one that does not.
+  // per-sequence positions (MixerCaps::seq_pos), else an error names the one that does not.
   // The engine packs the model's projections (LoopedLMImpl::pack_for_inference; same values).
   Engine(LoopedLM model, EngineOptions opts);
   ~Engine();

@@ -84,6 +84,12 @@ DSAImpl::DSAImpl(const ModelConfig& cfg, const json& o)
       head_dim(cfg.dim_head()),
       rope_theta(cfg.rope_theta),
       rope_style(cfg.rope_style) {
+  caps_.attention_like = true;
+  caps_.seq_pos = true;
+  caps_.aux_loss = true;
+  caps_.prefill_workspace = [](const MixerImpl& self, int64_t batch, int64_t rows, int64_t keys) {
+    return static_cast<const DSAImpl&>(self).workspace_bytes(batch, rows, keys);
+  };
   const std::string where = "mixer.dsa";
   json_reject_unknown(o, {"topk", "index_heads", "index_head_dim", "index_rope_dim", "attention",
                           "latent_dim", "latent_rope_dim"}, where);
@@ -279,7 +285,7 @@ int64_t DSAImpl::block_rows(int64_t row_bytes, int64_t rows) const {
   return std::clamp<int64_t>(query_block_bytes / row_bytes, 1, std::max<int64_t>(rows, 1));
 }
 
-int64_t DSAImpl::prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
+int64_t DSAImpl::workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
   // The larger of the two blocks, and every row's top-k mask (a bool per score).
   auto block = [&](int64_t row_bytes) { return block_rows(row_bytes, rows) * row_bytes; };
   return std::max(block(index_row_bytes(batch, keys)), block(attention_row_bytes(batch, keys))) + batch * rows * keys;
@@ -434,7 +440,7 @@ Tensor DSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
 }
 
 std::unique_ptr<MixerState> DSAImpl::make_state(int64_t batch, int64_t max_len,
-                                                torch::TensorOptions opts) const {
+                                                torch::TensorOptions opts, const LoopSettings& loop) const {
   auto s = std::make_unique<DSAState>();
   if (latent) {
     s->k = torch::zeros({batch, 1, max_len, latent_dim + latent_rope_dim}, opts);
@@ -446,6 +452,20 @@ std::unique_ptr<MixerState> DSAImpl::make_state(int64_t batch, int64_t max_len,
   s->topk = topk;
   return s;
 }
+
+void DSAImpl::IndexerAuxLoss::set_stage(AuxLossStage s) {
+  self->stage = s == AuxLossStage::Warmup ? IndexerStage::DenseWarmup
+                : s == AuxLossStage::Joint ? IndexerStage::Sparse
+                                           : IndexerStage::Off;
+}
+
+std::vector<Tensor> DSAImpl::IndexerAuxLoss::take() {
+  auto out = std::move(self->indexer_losses);
+  self->indexer_losses.clear();
+  return out;
+}
+
+std::vector<Tensor> DSAImpl::IndexerAuxLoss::parameters() const { return self->indexer_parameters(); }
 
 void set_indexer_stage(torch::nn::Module& model, IndexerStage stage) {
   if (auto* d = dynamic_cast<DSAImpl*>(&model)) d->stage = stage;

@@ -6,7 +6,7 @@
 // softmax attention reads only the top-k keys of each query (all of them when fewer are visible),
 // one token set shared by all heads of the layer. Ties in the index scores go to the lower
 // position. The selection carries no gradient, and the indexer sees its input detached: it learns
-// only from its KL loss (spec §6.2; train/indexer_loss.h), the rest of the layer only from the
+// only from its KL loss (spec §6.2; the auxiliary-loss hook, train/aux_loss.h), the rest of the layer only from the
 // model's loss.
 //
 // Attention forms (option "attention"):
@@ -16,7 +16,8 @@
 //            head h: q_h = [q^nope_h W_uk,h | RoPE(q^rope_h)],  key = [c | k_r],  value = c,
 //            scale (D + d_r)^-1/2;  o_h = (softmax . c) W_uv,h  [D];  out = W_o(concat_h o_h * gate)
 //
-// Indexer training stages (set by the trainer, set_indexer_stage below):
+// Indexer training stages (set through the auxiliary-loss hook, MixerImpl::aux_loss(), or
+// set_indexer_stage below):
 //   off           sparse attention, no indexer loss (inference, or a fixed indexer)
 //   dense_warmup  dense causal attention; each parallel forward records KL(p || softmax(I)) over
 //                 all visible keys (only the indexer should train: the trainer freezes the rest)
@@ -64,19 +65,16 @@ class DSAImpl : public MixerImpl {
   Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
-                                         torch::TensorOptions opts) const override;
+                                         torch::TensorOptions opts, const LoopSettings& loop = {}) const override;
   std::string kind() const override { return "dsa"; }
-  bool supports_seq_pos() const override { return true; }
   // GQA form: the attention block's packing; latent form: w_in and the transposed wk_b, wv_b.
   void pack_for_inference() override;
   // The latent form's decode with the block's RMSNorm folded into the packed input GEMV, wo (with
   // the residual add) pending (latent_fused_step); nullopt where the fused kernels do not apply.
   std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
                                                          const Positions& pos, MixerState& state) override;
-  bool is_attention() const override { return true; }
-  // One block of query rows (query_block_bytes) of dense index logits or attention scores, and
-  // every row's top-k mask.
-  int64_t prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const override;
+  // The indexer's KL loss (stages: AuxLossStage Warmup = dense_warmup, Joint = sparse).
+  AuxLoss* aux_loss() override { return &aux_; }
 
   // Indexer pieces (exposed for tests and the indexer loss).
   // x: [B, T, d] -> queries [B, T, H_I, d_I] and head weights [B, T, H_I] (scales folded in).
@@ -136,6 +134,17 @@ class DSAImpl : public MixerImpl {
   int64_t index_row_bytes(int64_t batch, int64_t keys) const;
   int64_t attention_row_bytes(int64_t batch, int64_t keys) const;
   int64_t block_rows(int64_t row_bytes, int64_t rows) const;
+  // caps().prefill_workspace: one block of query rows (query_block_bytes) of dense index logits
+  // or attention scores, and every row's top-k mask.
+  int64_t workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const;
+  struct IndexerAuxLoss : AuxLoss {
+    explicit IndexerAuxLoss(DSAImpl* d) : self(d) {}
+    void set_stage(AuxLossStage s) override;
+    std::vector<Tensor> take() override;
+    std::vector<Tensor> parameters() const override;
+    DSAImpl* self;
+  };
+  IndexerAuxLoss aux_{this};
   double scale() const;  // softmax scale
   double index_weight_scale() const;  // H_I^-1/2 d_I^-1/2, on the index head weights
   double rope_theta;

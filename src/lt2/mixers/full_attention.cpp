@@ -77,6 +77,8 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
       head_dim(cfg.dim_head()),
       rope_theta(cfg.rope_theta),
       rope_style(cfg.rope_style) {
+  caps_.attention_like = true;
+  caps_.seq_pos = true;
   const int64_t d = cfg.d_model;
   const double std = cfg.init_scale();
   wq = register_module("wq", make_linear(d, n_heads * head_dim, std));
@@ -183,7 +185,7 @@ std::optional<PendingProjection> FullAttentionImpl::fused_decode(const std::vect
 }
 
 std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,
-                                                          torch::TensorOptions opts) const {
+                                                          torch::TensorOptions opts, const LoopSettings& loop) const {
   auto s = std::make_unique<KVCache>();
   s->k = torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts);
   s->v = torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts);

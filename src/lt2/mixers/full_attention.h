@@ -44,10 +44,8 @@ class FullAttentionImpl : public MixerImpl {
   explicit FullAttentionImpl(const ModelConfig& cfg);
   Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
-                                         torch::TensorOptions opts) const override;
+                                         torch::TensorOptions opts, const LoopSettings& loop = {}) const override;
   std::string kind() const override { return "full"; }
-  bool supports_seq_pos() const override { return true; }
-  bool is_attention() const override { return true; }
   // Decode at per-sequence positions with the block's norm folded into the packed projection's
   // GEMV, wo (with the output gate and the residual add) pending; nullopt where it does not apply.
   std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,

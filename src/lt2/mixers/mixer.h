@@ -1,12 +1,14 @@
 // The token-mixer contract (DESIGN.md, "The mixer contract"). Every mixer (full attention, GDN,
-// window, ...) is a torch::nn::Module with a parallel `forward`, a one-token `step` and a state
-// allocated once, up front, by `make_state`.
+// window, ...) is a torch::nn::Module with a parallel `forward`, a one-token `step`, a state
+// allocated once, up front, by `make_state`, and its capabilities as data (MixerCaps). Registering
+// a mixer (registry.h) puts it under the invariant suite (tests/mixers/test_mixer_invariants.cpp).
 #pragma once
 #include <torch/torch.h>
 
 #include <optional>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,6 +23,8 @@ using torch::Tensor;
 
 // Decode state of one mixer for one (layer, loop) pair: a KV cache, a recurrent matrix + conv
 // window, a ring buffer, ... Allocated once by make_state; updated in place.
+class MixerImpl;
+
 struct MixerState {
   virtual ~MixerState() = default;
   // Bytes this state holds (the engine sums them for memory planning).
@@ -39,6 +43,48 @@ struct MixerState {
   int64_t length = 0;
 };
 
+// What a mixer can do beyond forward / step / make_state, as data (set by its constructor, read
+// through MixerImpl::caps()): callers decide from it instead of asking through more virtuals.
+struct MixerCaps {
+  // Softmax attention over the tokens (full, window, DSA): takes the SDPA output gate.
+  bool attention_like = false;
+  // `step` accepts per-sequence positions (Positions::seq_pos), so the Engine can decode sequences
+  // of different lengths together.
+  bool seq_pos = false;
+  // Behaviour depends on per-loop settings (Positions::loop and Positions::slot, and the
+  // LoopSettings given to make_state): a window size per loop, a drawn full/window slot.
+  bool per_loop = false;
+  // Records an auxiliary training loss in its parallel forward (MixerImpl::aux_loss()).
+  bool aux_loss = false;
+  // Transient bytes of an inference forward of `rows` tokens per sequence over `keys` keys, beyond
+  // the few activations per token every mixer makes (memory planning: dense score blocks). Empty
+  // for mixers without such blocks.
+  std::function<int64_t(const MixerImpl& self, int64_t batch, int64_t rows, int64_t keys)> prefill_workspace;
+};
+
+// Training stage of a mixer's auxiliary loss (MixerCaps::aux_loss):
+//   Off     nothing recorded (inference, or the auxiliary part fixed);
+//   Warmup  the mixer runs its warm-up form and records the loss; only its auxiliary parameters
+//           train, on that loss alone;
+//   Joint   its normal form; the loss is recorded and added to the model's loss.
+enum class AuxLossStage { Off, Warmup, Joint };
+
+// The auxiliary-loss side of a mixer (MixerImpl::aux_loss()). Each parallel forward without a
+// state records one loss (a scalar) while the stage is not Off, until taken.
+class AuxLoss {
+ public:
+  virtual ~AuxLoss() = default;
+  virtual void set_stage(AuxLossStage stage) = 0;
+  // The recorded losses, in forward order; clears them.
+  virtual std::vector<Tensor> take() = 0;
+  // The parameters the auxiliary loss trains (all that the warm-up trains).
+  virtual std::vector<Tensor> parameters() const = 0;
+};
+
+// The mixer contract: forward, step, make_state and kind, capabilities as data (caps()), an
+// optional auxiliary loss, and the decode fast path (pack_for_inference, step_residual_pending).
+// Per-loop settings reach the mixer through its arguments (Positions, LoopSettings); a mixer never
+// changes behaviour because the model reconfigured it.
 class MixerImpl : public torch::nn::Module {
  public:
   // x: [B, T, d]. Parallel over the sequence (training, prefill). With a state, continue from it
@@ -50,18 +96,20 @@ class MixerImpl : public torch::nn::Module {
     return forward(x, pos, &state);
   }
   // A state for `batch` sequences of at most `max_len` tokens. `opts` carries the device and the
-  // model dtype (KV caches use it; recurrent states are always fp32).
-  virtual std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
-                                                 torch::TensorOptions opts) const = 0;
-  // The state of this mixer for loop iteration `loop` (0-based) of the looped stack. Mixers whose
-  // behaviour depends on the loop (a window size per loop) size the state for it; the default is
-  // the same state in every loop.
-  virtual std::unique_ptr<MixerState> make_loop_state(int64_t batch, int64_t max_len,
-                                                      torch::TensorOptions opts, int64_t loop) const {
-    return make_state(batch, max_len, opts);
-  }
+  // model dtype (KV caches use it; recurrent states are always fp32). `loop` says which (loop,
+  // slot) the state serves: mixers with per-loop settings (caps().per_loop) size it for them;
+  // the default (loop -1) serves every loop.
+  virtual std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len, torch::TensorOptions opts,
+                                                 const LoopSettings& loop = {}) const = 0;
   // Registered name ("full", "gdn", ...).
   virtual std::string kind() const = 0;
+  const MixerCaps& caps() const { return caps_; }
+  // The auxiliary loss (caps().aux_loss), or nullptr.
+  virtual AuxLoss* aux_loss() { return nullptr; }
+  // caps().prefill_workspace for these sizes, 0 when the mixer has none.
+  int64_t prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
+    return caps_.prefill_workspace ? caps_.prefill_workspace(*this, batch, rows, keys) : 0;
+  }
   // Inference: pack the projections that read the same input into one matrix (pack_linears in
   // model/layers.h) so a decode step runs one GEMV instead of several. Same values; no-op default.
   virtual void pack_for_inference() {}
@@ -81,13 +129,9 @@ class MixerImpl : public torch::nn::Module {
     const auto pending = step_residual_pending(x, norm_weight, norm_eps, pos, state);
     return pending ? pending->run().view(x.sizes()) : Tensor();
   }
-  // Whether `step` accepts per-sequence positions (Positions::seq_pos).
-  virtual bool supports_seq_pos() const { return false; }
-  // Softmax-attention mixers say true (they take the SDPA output gate, Ouro's import maps them).
-  virtual bool is_attention() const { return false; }
-  // Transient bytes of an inference forward of `rows` tokens per sequence over `keys` keys, beyond
-  // the few activations per token every mixer makes (memory planning: dense score blocks).
-  virtual int64_t prefill_workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const { return 0; }
+
+ protected:
+  MixerCaps caps_;  // set by each mixer's constructor
 };
 
 using Mixer = std::shared_ptr<MixerImpl>;

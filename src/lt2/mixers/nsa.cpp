@@ -57,6 +57,7 @@ NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
       head_dim(cfg.dim_head()),
       rope_theta(cfg.rope_theta),
       rope_style(cfg.rope_style) {
+  caps_.seq_pos = true;
   const std::string where = "mixer.nsa";
   json_reject_unknown(o, {"form", "compress_block", "compress_stride", "select_block", "select_count",
                           "local_blocks", "window", "compression", "compress_hidden", "shared_kv"},
@@ -314,7 +315,7 @@ Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
 }
 
 std::unique_ptr<MixerState> NSAImpl::make_state(int64_t batch, int64_t max_len,
-                                                torch::TensorOptions opts) const {
+                                                torch::TensorOptions opts, const LoopSettings& loop) const {
   auto s = std::make_unique<NSAState>();
   for (size_t set = 0; set < wk.size(); ++set) {
     s->k.push_back(torch::zeros({batch, n_kv_heads, max_len, head_dim}, opts));

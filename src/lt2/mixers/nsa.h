@@ -56,11 +56,10 @@ class NSAImpl : public MixerImpl {
   NSAImpl(const ModelConfig& cfg, const json& options);
   Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
-                                         torch::TensorOptions opts) const override;
+                                         torch::TensorOptions opts, const LoopSettings& loop = {}) const override;
   std::string kind() const override { return "nsa"; }
   // One token per sequence; per-sequence positions go to step_at.
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
-  bool supports_seq_pos() const override { return true; }
   // Decode with per-sequence positions (x [B, 1, d], token b at pos.seq_pos[b] = p_b): the K/V
   // caches written at p_b; the block ending at p_b compressed and written where one completes;
   // the three branches over each sequence's own tokens <= p_b. Fixed shapes, no host read of the

@@ -99,7 +99,7 @@ Tensor RecurrentMixerImpl::step(const Tensor& x, const Positions& pos, MixerStat
 }
 
 std::unique_ptr<MixerState> RecurrentMixerImpl::make_state(int64_t batch, int64_t max_len,
-                                                           torch::TensorOptions opts) const {
+                                                           torch::TensorOptions opts, const LoopSettings& loop) const {
   auto st = std::make_unique<RecurrentState>();
   const auto state_dtype = opts.dtype() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;  // fp32 states
   st->S = torch::zeros({batch, state_heads, state_k, state_v}, opts.dtype(state_dtype));

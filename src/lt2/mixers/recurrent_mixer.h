@@ -56,9 +56,9 @@ class RecurrentMixerImpl : public MixerImpl {
   Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
-                                         torch::TensorOptions opts) const override;
+                                         torch::TensorOptions opts, const LoopSettings& loop = {}) const override;
   // Positions do not enter the recurrence: any per-sequence lengths decode together.
-  bool supports_seq_pos() const override { return true; }
+  RecurrentMixerImpl() { caps_.seq_pos = true; }
 
   // x: [B, T, d] -> the op's inputs. `state` (may be null) supplies and advances the conv
   // windows; `start` is the absolute position of x's first token.

@@ -14,6 +14,9 @@ Tensor retention_log_decay(int64_t num_heads, torch::ScalarType dt, const torch:
 }
 
 RetNetImpl::RetNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
+  // RoPE on q and k reads the call's start position, which per-sequence decode does not give
+  // project(): the Engine must not batch RetNet sequences of different lengths.
+  caps_.seq_pos = false;
   const std::string where = "mixer_options.retnet";
   const json opts = cfg.options_for("retnet");
   json_reject_unknown(opts, {"num_heads", "expand_k", "expand_v", "chunk_size"}, where);

@@ -40,20 +40,27 @@ int64_t RingKVCache::decode_bytes(int64_t length) const {
 
 WindowAttentionImpl::WindowAttentionImpl(const ModelConfig& cfg, int64_t window,
                                          std::vector<int64_t> loop_windows)
-    : FullAttentionImpl(cfg), base_window(window) {
-  set_loop_windows(std::move(loop_windows));
-}
-
-void WindowAttentionImpl::set_loop_windows(std::vector<int64_t> loop_windows) {
-  for (int64_t w : loop_windows)
+    : FullAttentionImpl(cfg), base_window(window), loop_windows_(std::move(loop_windows)) {
+  for (int64_t w : loop_windows_)
     LT2_CHECK(w >= 0, "window: window sizes must be >= 0 (0 = full attention), found ", w);
-  loop_windows_ = std::move(loop_windows);
+  caps_.per_loop = true;
 }
 
 int64_t WindowAttentionImpl::window_at(int64_t loop) const {
   LT2_CHECK(loop >= 0 && loop < static_cast<int64_t>(loop_windows_.size()), "window: loop ", loop,
             " has no window (", loop_windows_.size(), " loops configured)");
   return loop_windows_[loop];
+}
+
+int64_t WindowAttentionImpl::window_for(const LoopSettings& s) const {
+  switch (s.slot) {
+    case SlotDraw::Full: return 0;
+    case SlotDraw::Window: return base_window;
+    case SlotDraw::Configured: break;
+  }
+  if (s.loop >= 0) return window_at(s.loop);
+  const bool any_full = std::count(loop_windows_.begin(), loop_windows_.end(), 0) > 0;
+  return any_full ? 0 : *std::max_element(loop_windows_.begin(), loop_windows_.end());
 }
 
 std::unique_ptr<RingKVCache> WindowAttentionImpl::make_ring(int64_t batch, int64_t max_len,
@@ -69,23 +76,16 @@ std::unique_ptr<RingKVCache> WindowAttentionImpl::make_ring(int64_t batch, int64
 }
 
 std::unique_ptr<MixerState> WindowAttentionImpl::make_state(int64_t batch, int64_t max_len,
-                                                            torch::TensorOptions opts) const {
-  const bool any_full = std::count(loop_windows_.begin(), loop_windows_.end(), 0) > 0;
-  const int64_t widest = any_full ? 0 : *std::max_element(loop_windows_.begin(), loop_windows_.end());
-  return make_ring(batch, max_len, opts, widest);
-}
-
-std::unique_ptr<MixerState> WindowAttentionImpl::make_loop_state(int64_t batch, int64_t max_len,
-                                                                 torch::TensorOptions opts,
-                                                                 int64_t loop) const {
-  return make_ring(batch, max_len, opts, window_at(loop));
+                                                            torch::TensorOptions opts,
+                                                            const LoopSettings& loop) const {
+  return make_ring(batch, max_len, opts, window_for(loop));
 }
 
 RingKVCache& WindowAttentionImpl::ring_for(MixerState& state, const Positions& pos) const {
   auto& ring = dynamic_cast<RingKVCache&>(state);
   LT2_CHECK(pos.seq_pos.defined() || ring.length == pos.start, "window state holds ", ring.length,
             " tokens but the call starts at position ", pos.start);
-  const int64_t W = window_at(pos.loop);
+  const int64_t W = window_for(pos.loop_settings());
   LT2_CHECK(ring.slots() >= (W > 0 ? std::min(W, ring.max_len) : ring.max_len),
             "window state has ", ring.slots(), " slots, too few for window ", W, " in loop ",
             pos.loop, " (make the state for this loop)");
@@ -94,7 +94,7 @@ RingKVCache& WindowAttentionImpl::ring_for(MixerState& state, const Positions& p
 
 Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
   if (state && x.size(1) == 1) return step(x, pos, *state);
-  const int64_t T = x.size(1), W = window_at(pos.loop);
+  const int64_t T = x.size(1), W = window_for(pos.loop_settings());
   auto [q, k, v, gate] = project(x, pos);
   auto qh = q.transpose(1, 2);  // [B, H, T, D]
   auto q_pos = positions(pos.start, T, x.device());
@@ -120,7 +120,7 @@ Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, Mixer
 }
 
 Tensor WindowAttentionImpl::step_at(const Tensor& x, const Positions& pos, RingKVCache& ring) {
-  const int64_t W = window_at(pos.loop), S = ring.slots(), B = x.size(0);
+  const int64_t W = window_for(pos.loop_settings()), S = ring.slots(), B = x.size(0);
   auto [q, k, v, gate] = project(x, pos);
   const auto& p = pos.seq_pos;  // [B]
   cache_write_at(ring.k, k.transpose(1, 2), p.remainder(S));
@@ -144,7 +144,7 @@ Tensor WindowAttentionImpl::step_at(const Tensor& x, const Positions& pos, RingK
 Tensor WindowAttentionImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   auto& ring = ring_for(state, pos);
   if (pos.seq_pos.defined()) return step_at(x, pos, ring);
-  const int64_t W = window_at(pos.loop), S = ring.slots();
+  const int64_t W = window_for(pos.loop_settings()), S = ring.slots();
   auto [q, k, v, gate] = project(x, pos);
   // Write the new token first, then attend over the valid slots: no copy of the cache.
   const int64_t slot = pos.start % S;

@@ -27,24 +27,25 @@ struct RingKVCache : MixerState {
 
 class WindowAttentionImpl : public FullAttentionImpl {
  public:
-  // window: the configured W; loop_windows: W per loop iteration (0 = full), one per loop.
+  // window: the configured W; loop_windows: W per loop iteration (0 = full), one per loop. Fixed
+  // for the mixer's life: a random pattern's draws arrive in Positions::slot and LoopSettings.
   WindowAttentionImpl(const ModelConfig& cfg, int64_t window, std::vector<int64_t> loop_windows);
   Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr) override;
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
-  // A state that serves every loop (sized for the widest window).
-  std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
-                                         torch::TensorOptions opts) const override;
-  std::unique_ptr<MixerState> make_loop_state(int64_t batch, int64_t max_len,
-                                              torch::TensorOptions opts, int64_t loop) const override;
+  // A state sized for the window of `loop` (LoopSettings::loop -1: for every loop, the widest).
+  std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len, torch::TensorOptions opts,
+                                         const LoopSettings& loop = {}) const override;
   std::string kind() const override { return "window"; }
-  bool supports_seq_pos() const override { return true; }
 
+  // The configured W of loop `loop` (option "windows", else "window"; 0 = full).
   int64_t window_at(int64_t loop) const;
-  // Replaces the window of every loop (LT2's random full/window patterns re-draw them).
-  void set_loop_windows(std::vector<int64_t> loop_windows);
+  // The W a call with these settings uses: a random pattern's drawn slot (Full: 0; Window: the
+  // configured "window") or, for SlotDraw::Configured, window_at(loop). Loop -1 (a state for
+  // every loop): the widest configured W.
+  int64_t window_for(const LoopSettings& s) const;
   const std::vector<int64_t>& loop_windows() const { return loop_windows_; }
   // The configured W (option "window"): what a "window" slot of a random pattern uses.
-  int64_t base_window;
+  const int64_t base_window;
 
  private:
   std::unique_ptr<RingKVCache> make_ring(int64_t batch, int64_t max_len, torch::TensorOptions opts,

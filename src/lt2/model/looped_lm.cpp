@@ -74,18 +74,20 @@ LoopedLMImpl::LoopedLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
 
 std::string LoopedLMImpl::first_mixer_without_seq_pos() const {
   for (const auto& b : blocks_)
-    if (!b->mixer->supports_seq_pos()) return b->mixer->kind();
+    if (!b->mixer->caps().seq_pos) return b->mixer->kind();
   return "";
 }
 
 Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
-                               const Tensor& seq_pos) {
+                               const Tensor& seq_pos, const Tensor& draw) {
   Positions pos{start, loop, seq_pos};
   Tensor x = h;
   const int64_t N = cfg_.n_layers;
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
-  for (int64_t l = 0; l < N; ++l)
+  for (int64_t l = 0; l < N; ++l) {
+    pos.slot = slot_draw(draw, loop, l);
     x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr);
+  }
   return x;
 }
 
@@ -100,20 +102,19 @@ std::vector<Mixer> LoopedLMImpl::mixers() const {
 }
 
 ModelOutput LoopedLMImpl::forward(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
-  if (!random_slots_) return forward_once(tokens, state, opts);
+  if (!random_slots_) return forward_once(tokens, state, opts, {});
   if (!is_training()) return vote(tokens, state, opts);
-  apply_slot_draw(mixers(), random_slots_->draw(cfg_.n_loops, cfg_.n_layers));
-  return forward_once(tokens, state, opts);
+  last_draw_ = random_slots_->draw(cfg_.n_loops, cfg_.n_layers);
+  return forward_once(tokens, state, opts, last_draw_);
 }
 
 ModelOutput LoopedLMImpl::vote(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
   const int64_t start = state ? state->length : 0, K = vote_draws_.size();
   std::vector<ModelOutput> draws;
   for (int64_t k = 0; k < K; ++k) {
-    apply_slot_draw(mixers(), vote_draws_[k]);
     state_group_ = k;
     if (state) state->length = start;
-    draws.push_back(forward_once(tokens, state, opts));
+    draws.push_back(forward_once(tokens, state, opts, vote_draws_[k]));
   }
   state_group_ = 0;
   // log(mean_k softmax(logits_k)), in the accumulation dtype.
@@ -133,7 +134,8 @@ ModelOutput LoopedLMImpl::vote(const Tensor& tokens, ModelState* state, const Fo
   return out;
 }
 
-ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts) {
+ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts,
+                                       const Tensor& draw) {
   LT2_CHECK(tokens.dim() == 2, "tokens must be [B, T], found ", tokens.dim(), " dims");
   const bool per_seq = opts.seq_pos.defined();
   const int64_t start = state && !per_seq ? state->length : 0;
@@ -157,8 +159,8 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   std::vector<Tensor> exits;  // Ouro: normed hidden of each loop
   Tensor h = tok_embeddings(tokens);
   for (int64_t loop = 0; loop < T; ++loop) {
-    auto one_loop = [this, loop, start, state, ouro, &opts](const Tensor& prev) {
-      Tensor next = run_stack(prev, loop, start, state, opts.seq_pos);
+    auto one_loop = [this, loop, start, state, ouro, &opts, draw](const Tensor& prev) {
+      Tensor next = run_stack(prev, loop, start, state, opts.seq_pos, draw);
       if (ouro) return ops::rms_norm(next, norm);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;
@@ -223,10 +225,10 @@ std::unique_ptr<ModelState> LoopedLMImpl::make_state(int64_t batch, int64_t max_
   s->max_len = max_len;
   const int64_t groups = random_slots_ ? static_cast<int64_t>(vote_draws_.size()) : 1;
   for (int64_t k = 0; k < groups; ++k) {
-    if (random_slots_) apply_slot_draw(mixers(), vote_draws_[k]);  // states sized for draw k
+    const Tensor draw = random_slots_ ? vote_draws_[k] : Tensor();  // states sized for draw k
     for (int64_t loop = 0; loop < cfg_.n_loops; ++loop)
       for (int64_t l = 0; l < cfg_.n_layers; ++l)
-        s->mixers.push_back(blocks_[l]->mixer->make_loop_state(batch, max_len, opts, loop));
+        s->mixers.push_back(blocks_[l]->mixer->make_state(batch, max_len, opts, {loop, slot_draw(draw, loop, l)}));
   }
   return s;
 }

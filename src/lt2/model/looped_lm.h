@@ -39,7 +39,7 @@ struct ForwardOptions {
   // Decode with per-sequence positions (the engine): tokens [B, 1], sequence b's token at position
   // seq_pos[b] ([B] int64 on the model's device). The state's lengths are neither checked nor
   // advanced, and nothing reads device values on the host (CUDA-graph capturable). Every mixer
-  // must support it (MixerImpl::supports_seq_pos).
+  // must support it (MixerCaps::seq_pos).
   Tensor seq_pos;
 };
 
@@ -64,10 +64,11 @@ class LoopedLMImpl : public torch::nn::Module {
                       const ForwardOptions& opts = {});
   std::unique_ptr<ModelState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts = {}) const;
-  // The stack F applied once (loop index `loop`, 0-based) to h: [B, T, d].
+  // The stack F applied once (loop index `loop`, 0-based) to h: [B, T, d]. `draw` (random
+  // patterns, [n_loops, n_layers] bool, true = full) gives each layer's mixer its slot's draw.
   // With a state it uses the states of the current vote draw (random patterns).
   Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
-                   const Tensor& seq_pos = {});
+                   const Tensor& seq_pos = {}, const Tensor& draw = {});
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
 
   int64_t num_parameters(bool exclude_embeddings = false) const;
@@ -88,9 +89,12 @@ class LoopedLMImpl : public torch::nn::Module {
   torch::nn::Linear exit_gate{nullptr};// Ouro: Linear(d, 1) with bias
 
   std::vector<Mixer> mixers() const;  // each layer's mixer (shared by the loops), in order
+  // The slot draw of the last training forward (random patterns; undefined before one).
+  const Tensor& last_draw() const { return last_draw_; }
 
  private:
-  ModelOutput forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts);
+  ModelOutput forward_once(const Tensor& tokens, ModelState* state, const ForwardOptions& opts,
+                           const Tensor& draw);
   ModelOutput vote(const Tensor& tokens, ModelState* state, const ForwardOptions& opts);
 
   ModelConfig cfg_;
@@ -98,6 +102,7 @@ class LoopedLMImpl : public torch::nn::Module {
   std::vector<Block> blocks_;
   std::optional<RandomSlots> random_slots_;  // "random:a:b" patterns
   std::vector<Tensor> vote_draws_;           // their K inference draws
+  Tensor last_draw_;                         // the last training forward's draw
   int64_t state_group_ = 0;                  // states of vote draw k: mixers[k T N ...]
 };
 TORCH_MODULE(LoopedLM);

@@ -3,7 +3,6 @@
 #include "lt2/config/layer_pattern.h"
 #include "lt2/config/model_config.h"
 #include "lt2/mixers/registry.h"
-#include "lt2/mixers/window.h"
 
 namespace lt2 {
 
@@ -35,18 +34,11 @@ std::vector<Tensor> RandomSlots::vote_draws(int64_t n_loops, int64_t n_layers) c
   return draws;
 }
 
-void apply_slot_draw(const std::vector<Mixer>& layer_mixers, const Tensor& draw) {
-  const int64_t n_loops = draw.size(0);
-  LT2_CHECK(draw.size(1) == static_cast<int64_t>(layer_mixers.size()), "slot draw for ", draw.size(1),
-            " layers, model has ", layer_mixers.size());
-  auto full = draw.accessor<bool, 2>();
-  for (size_t l = 0; l < layer_mixers.size(); ++l) {
-    auto* w = dynamic_cast<WindowAttentionImpl*>(layer_mixers[l].get());
-    if (!w) continue;
-    std::vector<int64_t> windows(n_loops);
-    for (int64_t loop = 0; loop < n_loops; ++loop) windows[loop] = full[loop][l] ? 0 : w->base_window;
-    w->set_loop_windows(windows);
-  }
+SlotDraw slot_draw(const Tensor& draw, int64_t loop, int64_t layer) {
+  if (!draw.defined()) return SlotDraw::Configured;
+  LT2_CHECK(draw.dim() == 2 && loop < draw.size(0) && layer < draw.size(1), "slot draw ", draw.sizes(),
+            " has no slot (loop ", loop, ", layer ", layer, ")");
+  return draw[loop][layer].item<bool>() ? SlotDraw::Full : SlotDraw::Window;
 }
 
 }  // namespace lt2

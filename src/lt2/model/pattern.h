@@ -7,7 +7,8 @@
 //   "front:k:X:Y" / "back:k:X:Y"   Y on the first (last) k layers, X elsewhere
 //   "random:a:b"                   every layer the `window` mixer; each (layer, loop) slot is full
 //                                  attention with probability a / (a + b), else a window of the
-//                                  configured W (see RandomSlots)
+//                                  configured W (see RandomSlots); the model passes each
+//                                  slot's draw to its mixer (Positions::slot, LoopSettings)
 // A window per loop ("128 -> 256 -> 512 -> full") is the window mixer's option
 // `windows: [128, 256, 512, 0]` (mixers/window.h), with any of the forms above.
 #pragma once
@@ -42,8 +43,9 @@ struct RandomSlots {
 // The random-slot settings when cfg.layer_pattern is "random:a:b", nothing otherwise.
 std::optional<RandomSlots> random_slots(const ModelConfig& cfg);
 
-// Gives every window mixer of `layer_mixers` (index = layer) the windows of `draw`
-// ([n_loops, n_layers] bool): W = 0 (full) on true slots, its configured W elsewhere.
-void apply_slot_draw(const std::vector<Mixer>& layer_mixers, const Tensor& draw);
+// The draw of slot (loop, layer) in `draw` ([n_loops, n_layers] bool, true = full): what the
+// mixer of that layer receives in Positions::slot and LoopSettings::slot. Configured when `draw`
+// is undefined (no random pattern).
+SlotDraw slot_draw(const Tensor& draw, int64_t loop, int64_t layer);
 
 }  // namespace lt2

@@ -7,6 +7,18 @@
 
 namespace lt2 {
 
+// A random full/window layer pattern's draw for one (layer, loop) slot ("random:a:b",
+// model/pattern.h): Configured = the mixer's own setting for the loop; Full = attend to every key;
+// Window = the mixer's configured window (option "window").
+enum class SlotDraw : uint8_t { Configured, Full, Window };
+
+// The per-loop settings a mixer receives (caps().per_loop mixers read them): in Positions for
+// forward and step, alone for make_state.
+struct LoopSettings {
+  int64_t loop = -1;  // loop iteration (0-based); -1 (make_state only): a state for every loop
+  SlotDraw slot = SlotDraw::Configured;
+};
+
 // Where the tokens of a call sit: token t of the input has absolute position `start + t` (the same
 // for every sequence of the batch), inside loop iteration `loop` (0-based) of the looped stack.
 //
@@ -15,16 +27,19 @@ namespace lt2 {
 // token per sequence and sequence b's token sits at position seq_pos[b]; `start` is ignored, and
 // the mixer neither checks nor advances `MixerState::length` (the engine owns the lengths). Nothing
 // on this path reads device values on the host, so a CUDA graph captures it and replays it with new
-// positions. Mixers that cannot serve it say so (`supports_seq_pos`).
+// positions. Mixers that cannot serve it say so (MixerCaps::seq_pos).
 struct Positions {
   Positions() = default;
-  Positions(int64_t start_, int64_t loop_ = 0, torch::Tensor seq_pos_ = {})
+  Positions(int64_t start_, int64_t loop_ = 0, torch::Tensor seq_pos_ = {}, SlotDraw slot_ = SlotDraw::Configured)
       : start(start_),
         loop(loop_),
+        slot(slot_),
         seq_pos(std::move(seq_pos_)),
         seq_lens(seq_pos.defined() ? seq_pos + 1 : torch::Tensor()) {}
   int64_t start = 0;
   int64_t loop = 0;
+  SlotDraw slot = SlotDraw::Configured;  // this (layer, loop) slot's draw (random patterns)
+  LoopSettings loop_settings() const { return {loop, slot}; }
   torch::Tensor seq_pos;   // [B] int64, or undefined
   // [B] int64: seq_pos + 1, the tokens each sequence holds with the new one. Made once per pass
   // over the stack, not by each of its attention layers (one kernel each at decode).

@@ -41,9 +41,10 @@ struct TrainConfig {
   Objective objective = Objective::CE;
   double ouro_entropy_beta = 0.05;
   double gate_min_gain = 0.005;
-  // DSA lightning-indexer training (spec/mixers.md §6.2): "off"; "dense_warmup" (dense attention,
-  // only the indexers train, on their KL loss); "sparse" (top-k attention, LM loss plus
-  // indexer_loss_coef x the KL on the selected set, indexer input detached).
+  // Training of mixers with an auxiliary loss (MixerCaps::aux_loss; the sparse-attention indexers
+  // of spec/mixers.md §6.2): "off"; "dense_warmup" (AuxLossStage::Warmup: only what the auxiliary
+  // losses train, on those losses alone); "sparse" (AuxLossStage::Joint: LM loss plus
+  // indexer_loss_coef x the auxiliary losses).
   std::string indexer_stage = "off";
   double indexer_loss_coef = 1.0;
   // Data-parallel runs (lt2/train/distributed.h): seconds a rank waits for its peers (joining, each

@@ -11,13 +11,12 @@
 
 #include "lt2/config/presets.h"
 #include "lt2/kernels/kernels.h"
-#include "lt2/mixers/dsa.h"
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/train/autocast.h"
 #include "lt2/train/batches.h"
 #include "lt2/train/distributed.h"
 #include "lt2/train/flops.h"
-#include "lt2/train/indexer_loss.h"
+#include "lt2/train/aux_loss.h"
 #include "lt2/train/losses.h"
 #include "lt2/train/optimizer.h"
 #include "lt2/train/run_checkpoint.h"
@@ -140,11 +139,13 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
     for (auto& p : model_->named_parameters())
       p.value().set_requires_grad(p.key().rfind("exit_gate.", 0) == 0);
   }
-  const auto stage = parse_indexer_stage(cfg_.indexer_stage);
-  set_indexer_stage(*model_, stage);
-  if (stage == IndexerStage::DenseWarmup) {
-    LT2_CHECK(!indexer_parameters(*model_).empty(), "indexer_stage 'dense_warmup' needs a model with DSA layers");
-    freeze_except_indexers(*model_);
+  // Mixers with an auxiliary loss: the warm-up trains only what that loss trains.
+  const auto stage = parse_aux_loss_stage(cfg_.indexer_stage);
+  set_aux_loss_stage(*model_, stage);
+  if (stage == AuxLossStage::Warmup) {
+    LT2_CHECK(!aux_loss_parameters(*model_).empty(), "indexer_stage 'dense_warmup' needs a model with a mixer "
+              "that has an auxiliary loss");
+    freeze_except_aux_parameters(*model_);
   }
   LT2_CHECK(cfg_.objective == Objective::CE || model_->exit_gate,
             "objective '", to_string(cfg_.objective), "' needs an Ouro-form model with an exit gate");
@@ -207,7 +208,7 @@ double Trainer::evaluate() {
     ForwardOptions fo;
     fo.exit_at_loop = model_->exit_gate ? model_->config().n_loops : -1;
     auto out = model_->forward(x.to(I.device), nullptr, fo);
-    indexer_loss(*model_);  // drop the indexer KLs this forward recorded
+    aux_loss(*model_);  // drop the auxiliary losses this forward recorded
     total += cross_entropy(out.logits, y.to(I.device)).item<double>();
   }
   model_->train();
@@ -256,9 +257,10 @@ StepMetrics Trainer::run() {
           case Objective::Ouro: loss = ouro_loss(out, y, cfg_.ouro_entropy_beta); break;
           case Objective::OuroGate: loss = ouro_gate_loss(out, y, cfg_.gate_min_gain); break;
         }
-        // DSA indexers: the warm-up trains on their KL alone; the sparse stage adds it.
-        if (auto kl = indexer_loss(*model_); kl.defined())
-          loss = cfg_.indexer_stage == "dense_warmup" ? kl : loss + cfg_.indexer_loss_coef * kl;
+        // Auxiliary losses of the mixers: the warm-up trains on them alone; the joint stage adds them.
+        if (auto aux = aux_loss(*model_); aux.defined())
+          loss = parse_aux_loss_stage(cfg_.indexer_stage) == AuxLossStage::Warmup ? aux
+                                                                                  : loss + cfg_.indexer_loss_coef * aux;
       }
       // The last local backward reduces the gradients as they become final.
       if (I.grads && k + 1 == I.micros.size()) I.grads->begin_last_backward();
