@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "lt2/train/distributed.h"
+#include "lt2/train/launcher.h"
 #include "lt2/train/trainer.h"
 #include "lt2/util/fs.h"
 

@@ -223,7 +223,7 @@ TEST(DataParallel, KilledRankEndsTheJobWithinTheTimeout) {
   const std::string dir = fresh_dir("lt2_dp_killed");
   const double timeout = 5;
   auto ranks = two_training_ranks(dir, timeout);
-  kill(ranks[1].pid, SIGKILL);
+  kill(ranks[1].pid(), SIGKILL);
   wait_process(ranks[1], kRunLimit);
   auto e = wait_process(ranks[0], timeout + kRunLimit);
   const std::string log = read_text(dir + "/rank0.log");
@@ -240,9 +240,9 @@ TEST(DataParallel, FrozenRankEndsTheJobAfterTheTimeout) {
   const std::string dir = fresh_dir("lt2_dp_frozen");
   const double timeout = 3;
   auto ranks = two_training_ranks(dir, timeout);
-  kill(ranks[1].pid, SIGSTOP);
+  kill(ranks[1].pid(), SIGSTOP);
   auto e = wait_process(ranks[0], timeout + kRunLimit);
-  kill(ranks[1].pid, SIGKILL);
+  kill(ranks[1].pid(), SIGKILL);
   wait_process(ranks[1], kRunLimit);
   const std::string log = read_text(dir + "/rank0.log");
   ASSERT_TRUE(e.finished) << log;

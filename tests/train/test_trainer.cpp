@@ -178,3 +178,76 @@ TEST(Trainer, DsaIndexerWarmupTrainsOnlyTheIndexer) {
   auto lm = losses_of(second);
   EXPECT_LT(lm.back(), lm.front());
 }
+
+namespace {
+
+// Callbacks of a client with its own data and state: batches drawn from (step, micro), a constant
+// learning rate, a stop test, checkpoints from the after-step hook carrying a counter of its own.
+struct CallbackClient {
+  int64_t stop_at = 0;
+  int64_t counter = 0;  // the client's state: steps seen, over every resume
+  std::vector<double> losses;
+  std::unique_ptr<Trainer> trainer;
+
+  CallbackClient(const TrainConfig& cfg, bool resume, int64_t stop) : stop_at(stop) {
+    TrainerCallbacks cb;
+    cb.model_config = [] {
+      auto m = lt2::testing::tiny_config();
+      m.vocab_size = 50;
+      return m;
+    };
+    // The trainer seeds the RNG from (seed, step, micro) before asking for a micro-batch.
+    cb.batch = [](int64_t, int64_t) {
+      auto x = torch::randint(50, {2, 17}, torch::kLong);
+      return Batch{x.narrow(1, 0, 16), x.narrow(1, 1, 16), {}};
+    };
+    cb.lr = [](int64_t) { return 3e-3; };
+    cb.stop_before = [this](int64_t step) { return step >= stop_at; };
+    cb.after_step = [this](const StepMetrics& m) {
+      losses.push_back(m.loss);
+      ++counter;
+      if (m.step % 2 == 0) trainer->save(m.step);
+    };
+    cb.save_state = [this] { return json{{"counter", counter}}; };
+    cb.load_state = [this](const json& state) { counter = state.at("counter").get<int64_t>(); };
+    cb.keep_checkpoints = 1;
+    cb.run_files = false;
+    cb.step_lines = false;
+    trainer = std::make_unique<Trainer>(cfg, resume, std::move(cb));
+  }
+};
+
+}  // namespace
+
+TEST(Trainer, CallbacksDriveTheLoopAndResumeExactly) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_callbacks").string();
+  lt2::remove_tree(dir);
+  TrainConfig cfg;
+  cfg.model = "unused: the callbacks give the model config";
+  cfg.out_dir = dir + "/whole";
+  cfg.device = "cpu";
+  cfg.grad_accum = 2;
+  cfg.steps = 1000;  // the stop test ends the run
+  CallbackClient whole(cfg, false, 6);
+  whole.trainer->run();
+  ASSERT_EQ(whole.losses.size(), 6u);
+  EXPECT_FALSE(fs::exists(cfg.out_dir + "/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(cfg.out_dir + "/ckpt-4"));  // one checkpoint kept
+  EXPECT_EQ(latest_checkpoint(cfg.out_dir), cfg.out_dir + "/ckpt-6");
+
+  cfg.out_dir = dir + "/split";
+  CallbackClient first(cfg, false, 4);
+  first.trainer->run();
+  CallbackClient second(cfg, true, 6);
+  EXPECT_EQ(second.trainer->start_step(), 4);
+  EXPECT_EQ(second.counter, 4);  // restored by load_state
+  second.trainer->run();
+  EXPECT_EQ(second.counter, 6);
+  ASSERT_EQ(second.losses.size(), 2u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first.losses[i], whole.losses[i]) << "step " << i + 1;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(second.losses[i], whole.losses[4 + i]) << "step " << 5 + i;
+  auto a = load_checkpoint(latest_checkpoint(dir + "/whole"));
+  auto b = load_checkpoint(latest_checkpoint(dir + "/split"));
+  auto pb = b->named_parameters();
+  for (const auto& p : a->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+}

@@ -2,13 +2,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "lt2/config/presets.h"
-#include "lt2/model/checkpoint_io.h"
 #include "lt2/tasks/report.h"
 #include "lt2/train/autocast.h"
 #include "lt2/train/optimizer.h"
-#include "lt2/train/run_checkpoint.h"
 #include "lt2/train/trainer.h"
 #include "lt2/util/fs.h"
 #include "lt2/util/gnuplot.h"
@@ -172,17 +171,20 @@ json read_results(const std::string& out_dir) {
 // Runner
 
 struct TaskRunner::Impl {
-  torch::Device device{torch::kCPU};
-  bool autocast = false;
-  LoopedLM model{nullptr};
-  std::unique_ptr<AdamW> opt;
-  std::vector<torch::Tensor> params;
   Curriculum curriculum;
+  std::unique_ptr<Trainer> trainer;
   int64_t step = 0, start_step = 0, saved_step = -1;
   double train_seconds = 0;
   std::FILE* log = nullptr;
   int64_t eval_n = 0;  // n of the cached eval set
   Example eval_set;    // on the device
+  // This run() call: its limits and start, and how it ended.
+  RunLimits limits;
+  Clock::time_point run_start;
+  RunStatus status = RunStatus::Running;
+  // Steps since the last log line.
+  double window_loss = 0, window_seconds = 0;
+  int64_t window_steps = 0;
 
   void say(const std::string& line) const {
     if (!log) return;
@@ -193,24 +195,51 @@ struct TaskRunner::Impl {
 
 TaskRunner::~TaskRunner() = default;
 
+namespace {
+
+// The trainer settings of a task run: one micro-batch of batch_size examples per step, no step
+// budget (the curriculum ends the run), no evaluation or checkpoint schedule of its own.
+TrainConfig trainer_config(const TaskRunConfig& c) {
+  TrainConfig t;
+  t.model = c.model;
+  t.out_dir = c.out_dir;
+  t.device = c.device;
+  t.dtype = c.dtype;
+  t.batch_size = c.batch_size;
+  t.grad_accum = 1;
+  t.steps = std::numeric_limits<int64_t>::max();
+  t.lr = c.lr;
+  t.warmup = c.warmup;
+  t.weight_decay = c.weight_decay;
+  t.beta1 = c.beta1;
+  t.beta2 = c.beta2;
+  t.eps = c.eps;
+  t.clip = c.clip;
+  t.seed = c.seed;
+  t.log_every = c.log_every;
+  t.eval_every = 0;
+  t.save_every = 0;
+  return t;
+}
+
+// Logits of the exit the task scores: the last loop's (Ouro form: its exit at loop T).
+torch::Tensor forward_logits(LoopedLM& model, const torch::Tensor& tokens) {
+  ForwardOptions fo;
+  fo.exit_at_loop = model->exit_gate ? model->config().n_loops : -1;
+  return model->forward(tokens, nullptr, fo).logits;  // [B, L, V]
+}
+
+}  // namespace
+
 TaskRunner::TaskRunner(TaskRunConfig cfg, bool resume, std::FILE* log)
     : cfg_(std::move(cfg)), impl_(std::make_unique<Impl>()) {
   cfg_.validate();
   auto& I = *impl_;
   I.log = log;
-  const bool cuda = torch::cuda::is_available();
-  LT2_CHECK(!(cfg_.device == "cuda" && !cuda), "device 'cuda' requested but no CUDA GPU is available");
-  I.device = (cfg_.device == "cuda" || (cfg_.device == "auto" && cuda)) ? torch::Device(torch::kCUDA)
-                                                                        : torch::Device(torch::kCPU);
-  LT2_CHECK(!(cfg_.dtype == "bf16" && !I.device.is_cuda()),
-            "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
-  I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
-
-  const std::string& out = cfg_.out_dir;
+  const std::string out = cfg_.out_dir;
   const std::string config_path = out + "/run_config.json";
-  std::string ckpt;
   if (resume) {
-    ckpt = latest_checkpoint(out);
+    const std::string ckpt = latest_checkpoint(out);
     LT2_CHECK(!ckpt.empty(), "--resume: no checkpoint in '", out, "' (no 'latest' file)");
     LT2_CHECK(path_exists(config_path), "--resume: '", out, "' has a checkpoint but no run_config.json: not a task run folder");
     const auto stored = TaskRunConfig::from_json(load_json_file(config_path), "'" + config_path + "'");
@@ -218,197 +247,196 @@ TaskRunner::TaskRunner(TaskRunConfig cfg, bool resume, std::FILE* log)
     std::string listed;
     for (const auto& d : diffs) listed += "\n  " + d;
     LT2_CHECK(diffs.empty(), "--resume: the run in '", out, "' was started with another config:", listed);
-    const std::string state_path = ckpt + "/trainer_state.json";
-    try {
-      const json state = load_json_file(state_path);
-      I.curriculum = Curriculum::from_json(state.at("curriculum"));
-      I.step = state.at("step").get<int64_t>();
-      I.train_seconds = state.at("train_seconds").get<double>();
-    } catch (const json::exception& e) {
-      throw Error(cat("'", state_path, "' is not the state of a task run: ", e.what()));
-    }
-    I.model = load_checkpoint(ckpt);
-    I.saved_step = I.step;
   } else {
     LT2_CHECK(!path_exists(out + "/latest"), "'", out, "' already holds a run (", out,
               "/latest exists): pass --resume to continue it, or choose another output folder");
     I.curriculum = Curriculum(cfg_.curriculum);
-    const ModelConfig mcfg = resolve_model_config(cfg_);
-    torch::manual_seed(cfg_.seed);
-    I.model = LoopedLM(mcfg);
   }
-  I.start_step = I.step;
-  const int64_t task_vocab = vocab_size(cfg_.task_params(stage_n(1)));
-  LT2_CHECK(I.model->config().vocab_size >= task_vocab, "checkpoint model has vocab_size ",
-            I.model->config().vocab_size, " < the task's ", task_vocab);
-  I.model->to(I.device);
 
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (auto& p : I.model->named_parameters()) {
-    named.emplace_back(p.key(), p.value());
-    I.params.push_back(p.value());
-  }
-  I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
-  if (resume) I.opt->load_state_dict(load_tensor_map(ckpt + "/optimizer.safetensors"));
+  // The curriculum as callbacks of the trainer's loop.
+  TrainerCallbacks cb;
+  cb.model_config = [this] { return resolve_model_config(cfg_); };
+  // Step s trains on train-stream examples [s B, (s + 1) B) of the current stage's n.
+  cb.batch = [this](int64_t step, int64_t) {
+    const int64_t B = cfg_.batch_size;
+    Example e = make_batch(cfg_.task_params(impl_->curriculum.n()), cfg_.seed, Stream::Train, step * B, B);
+    return Batch{e.tokens, e.targets, e.mask};
+  };
+  cb.loss = [](LoopedLM& model, const Batch& b) {
+    return masked_cross_entropy(forward_logits(model, b.inputs), b.targets, b.mask);
+  };
+  // min_ratio 1: constant after the warm-up (so the total step count does not matter).
+  cb.lr = [this](int64_t step) { return lr_at(step, step + 1, cfg_.warmup, cfg_.lr, /*min_ratio=*/1.0); };
+  cb.stop_before = [this](int64_t) {
+    auto& I = *impl_;
+    if (I.curriculum.finished()) return true;
+    if ((I.limits.stop_at_step > 0 && I.step >= I.limits.stop_at_step) ||
+        (I.limits.max_seconds > 0 && seconds_since(I.run_start) >= I.limits.max_seconds)) {
+      I.status = RunStatus::Stopped;
+      return true;
+    }
+    return false;
+  };
+  cb.after_step = [this](const StepMetrics& m) { on_step(m); };
+  cb.save_state = [this] {
+    return json{{"curriculum", impl_->curriculum.to_json()}, {"train_seconds", impl_->train_seconds},
+                {"run_config", cfg_.to_json()}};
+  };
+  cb.load_state = [this, out](const json& state) {
+    try {
+      impl_->curriculum = Curriculum::from_json(state.at("curriculum"));
+      impl_->train_seconds = state.at("train_seconds").get<double>();
+    } catch (const json::exception& e) {
+      throw Error(cat("'", latest_checkpoint(out), "/trainer_state.json' is not the state of a task run: ", e.what()));
+    }
+  };
+  cb.keep_checkpoints = 1;
+  cb.run_files = false;   // run_config.json and results.json instead
+  cb.step_lines = false;  // a line per log_every steps with the stage: on_step
+  cb.data_parallel = false;
+  I.trainer = std::make_unique<Trainer>(trainer_config(cfg_), resume, std::move(cb));
+  I.step = I.start_step = I.trainer->start_step();
+  if (resume) I.saved_step = I.step;
+  const auto& model = I.trainer->model();
+  const int64_t task_vocab = vocab_size(cfg_.task_params(stage_n(1)));
+  LT2_CHECK(model->config().vocab_size >= task_vocab, "checkpoint model has vocab_size ",
+            model->config().vocab_size, " < the task's ", task_vocab);
 
   make_dirs(out);
   write_file_atomic(config_path, cfg_.to_json().dump(2) + "\n");
 }
 
-const ModelConfig& TaskRunner::model_config() const { return impl_->model->config(); }
-int64_t TaskRunner::num_parameters() const { return impl_->model->num_parameters(); }
+const ModelConfig& TaskRunner::model_config() const { return impl_->trainer->model()->config(); }
+int64_t TaskRunner::num_parameters() const { return impl_->trainer->model()->num_parameters(); }
 int64_t TaskRunner::start_step() const { return impl_->start_step; }
+
+std::pair<AnswerCounts, double> TaskRunner::evaluate() {
+  auto& I = *impl_;
+  Trainer& t = *I.trainer;
+  LoopedLM& model = t.model();
+  const int64_t B = cfg_.batch_size;
+  const int64_t n = I.curriculum.n();
+  if (I.eval_n != n) {  // the held-out set of this stage, generated once
+    Example e = make_batch(cfg_.task_params(n), cfg_.seed, Stream::Eval, 0, cfg_.eval_examples);
+    I.eval_set = {e.tokens.to(t.device()), e.targets.to(t.device()), e.mask.to(t.device())};
+    I.eval_n = n;
+  }
+  torch::NoGradGuard ng;
+  model->eval();
+  AnswerCounts counts;
+  double loss_sum = 0;
+  for (int64_t first = 0; first < cfg_.eval_examples; first += B) {
+    const int64_t b = std::min(B, cfg_.eval_examples - first);
+    const auto tokens = I.eval_set.tokens.narrow(0, first, b);    // [b, L]
+    const auto targets = I.eval_set.targets.narrow(0, first, b);  // [b, L]
+    const auto mask = I.eval_set.mask.narrow(0, first, b);        // [b, L]
+    AutocastScope ac(t.autocast());
+    const auto logits = forward_logits(model, tokens);
+    const AnswerCounts c = count_correct(logits, targets, mask);
+    loss_sum += masked_cross_entropy(logits, targets, mask).item<double>() * static_cast<double>(c.answers);
+    counts += c;
+  }
+  model->train();
+  return {counts, loss_sum / static_cast<double>(counts.answers)};
+}
+
+void TaskRunner::save() {
+  auto& I = *impl_;
+  if (I.saved_step == I.step) return;
+  I.trainer->save(I.step);
+  I.saved_step = I.step;
+}
+
+void TaskRunner::write_results() {
+  auto& I = *impl_;
+  const auto& model = I.trainer->model();
+  const auto& mcfg = model->config();
+  json stages = json::array();
+  for (const auto& r : I.curriculum.results()) stages.push_back(to_json(r));
+  json evals = json::array();
+  for (const auto& e : I.curriculum.evals()) evals.push_back(to_json(e));
+  json j{{"status", to_string(I.status)},
+         {"task", cfg_.task},
+         {"step", I.step},
+         {"n_max", I.curriculum.score()},
+         {"stages", stages},
+         {"evals", evals},
+         {"eval_examples", cfg_.eval_examples},
+         {"train_seconds", I.train_seconds},
+         {"ms_per_step", I.step > 0 ? 1000 * I.train_seconds / static_cast<double>(I.step) : 0.0},
+         {"model", {{"name", mcfg.name},
+                    {"layer_pattern", mcfg.layer_pattern},
+                    {"layer_mixers", model->layer_mixers()},
+                    {"n_loops", mcfg.n_loops},
+                    {"n_layers", mcfg.n_layers},
+                    {"d_model", mcfg.d_model},
+                    {"n_heads", mcfg.n_heads},
+                    {"vocab_size", mcfg.vocab_size},
+                    {"parameters", model->num_parameters()}}},
+         {"config", cfg_.to_json()}};
+  if (!I.curriculum.finished())
+    j["current_stage"] = {{"stage", I.curriculum.stage()}, {"n", I.curriculum.n()},
+                          {"start_step", I.curriculum.stage_start_step()}};
+  write_file_atomic(cfg_.out_dir + "/results.json", j.dump(2) + "\n");
+}
+
+// After each trainer step: the log line every log_every steps, and an evaluation every eval_every
+// steps of a stage (and at its budget's end) that may advance the curriculum, then a checkpoint
+// and results.json.
+void TaskRunner::on_step(const StepMetrics& m) {
+  auto& I = *impl_;
+  const int64_t stage = I.curriculum.stage(), n = I.curriculum.n();
+  I.step = m.step;
+  const double step_seconds = m.ms / 1000;
+  I.train_seconds += step_seconds;
+  I.window_loss += m.loss;
+  I.window_seconds += step_seconds;
+  ++I.window_steps;
+
+  if (I.step % cfg_.log_every == 0) {
+    const double k = static_cast<double>(I.window_steps);
+    I.say(format("step %7lld | stage %lld (n %lld) | loss %.4f | gnorm %7.3f | lr %.2e | %7.1f ms/step",
+                 (long long)I.step, (long long)stage, (long long)n, I.window_loss / k, m.grad_norm, m.lr,
+                 1000 * I.window_seconds / k));
+    I.window_loss = I.window_seconds = 0;
+    I.window_steps = 0;
+  }
+  const int64_t in_stage = I.step - I.curriculum.stage_start_step();
+  if (in_stage % cfg_.eval_every == 0 || I.step == I.curriculum.stage_end_step()) {
+    const auto [counts, eval_loss] = evaluate();
+    const double exact = static_cast<double>(counts.examples_correct) / static_cast<double>(counts.examples);
+    const double answers = static_cast<double>(counts.answers_correct) / static_cast<double>(counts.answers);
+    const auto event = I.curriculum.record_eval(I.step, exact, answers, eval_loss);
+    std::string what;
+    if (event == Curriculum::Event::Advanced)
+      what = format(" | solved in %lld steps -> stage %lld (n %lld)", (long long)in_stage,
+                    (long long)I.curriculum.stage(), (long long)I.curriculum.n());
+    else if (event == Curriculum::Event::Finished)
+      what = format(I.curriculum.results().back().solved ? " | solved in %lld steps: curriculum done"
+                                                         : " | budget of %lld steps spent: curriculum done",
+                    (long long)in_stage);
+    I.say(format("eval  %7lld | stage %lld (n %lld) | exact match %.4f | answers %.4f | loss %.4f",
+                 (long long)I.step, (long long)stage, (long long)n, exact, answers, eval_loss) + what);
+    save();
+    write_results();
+  }
+}
 
 TaskRunSummary TaskRunner::run(const RunLimits& limits) {
   auto& I = *impl_;
-  const auto run_start = Clock::now();
-  const int64_t B = cfg_.batch_size;
-  const auto& mcfg = I.model->config();
-  const bool ouro_exit = static_cast<bool>(I.model->exit_gate);
-
-  auto forward_logits = [&](const torch::Tensor& tokens) {
-    ForwardOptions fo;
-    fo.exit_at_loop = ouro_exit ? mcfg.n_loops : -1;  // Ouro form: the last loop's logits
-    return I.model->forward(tokens, nullptr, fo).logits;  // [B, L, V]
-  };
-
-  auto evaluate = [&]() {
-    const int64_t n = I.curriculum.n();
-    if (I.eval_n != n) {  // the held-out set of this stage, generated once
-      Example e = make_batch(cfg_.task_params(n), cfg_.seed, Stream::Eval, 0, cfg_.eval_examples);
-      I.eval_set = {e.tokens.to(I.device), e.targets.to(I.device), e.mask.to(I.device)};
-      I.eval_n = n;
-    }
-    torch::NoGradGuard ng;
-    I.model->eval();
-    AnswerCounts counts;
-    double loss_sum = 0;
-    for (int64_t first = 0; first < cfg_.eval_examples; first += B) {
-      const int64_t b = std::min(B, cfg_.eval_examples - first);
-      const auto tokens = I.eval_set.tokens.narrow(0, first, b);    // [b, L]
-      const auto targets = I.eval_set.targets.narrow(0, first, b);  // [b, L]
-      const auto mask = I.eval_set.mask.narrow(0, first, b);        // [b, L]
-      AutocastScope ac(I.autocast);
-      const auto logits = forward_logits(tokens);
-      const AnswerCounts c = count_correct(logits, targets, mask);
-      loss_sum += masked_cross_entropy(logits, targets, mask).item<double>() * static_cast<double>(c.answers);
-      counts += c;
-    }
-    I.model->train();
-    return std::make_pair(counts, loss_sum / static_cast<double>(counts.answers));
-  };
-
-  auto save = [&]() {
-    if (I.saved_step == I.step) return;
-    const json state{{"step", I.step}, {"curriculum", I.curriculum.to_json()},
-                     {"train_seconds", I.train_seconds}, {"run_config", cfg_.to_json()}};
-    save_rotating_checkpoint(cfg_.out_dir, I.step, I.model,
-                             {safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
-                              text_writer("trainer_state.json", state.dump(2) + "\n")},
-                             /*keep=*/1);
-    I.saved_step = I.step;
-  };
-
-  RunStatus status = RunStatus::Running;
-  auto write_results = [&]() {
-    json stages = json::array();
-    for (const auto& r : I.curriculum.results()) stages.push_back(to_json(r));
-    json evals = json::array();
-    for (const auto& e : I.curriculum.evals()) evals.push_back(to_json(e));
-    json j{{"status", to_string(status)},
-           {"task", cfg_.task},
-           {"step", I.step},
-           {"n_max", I.curriculum.score()},
-           {"stages", stages},
-           {"evals", evals},
-           {"eval_examples", cfg_.eval_examples},
-           {"train_seconds", I.train_seconds},
-           {"ms_per_step", I.step > 0 ? 1000 * I.train_seconds / static_cast<double>(I.step) : 0.0},
-           {"model", {{"name", mcfg.name},
-                      {"layer_pattern", mcfg.layer_pattern},
-                      {"layer_mixers", I.model->layer_mixers()},
-                      {"n_loops", mcfg.n_loops},
-                      {"n_layers", mcfg.n_layers},
-                      {"d_model", mcfg.d_model},
-                      {"n_heads", mcfg.n_heads},
-                      {"vocab_size", mcfg.vocab_size},
-                      {"parameters", I.model->num_parameters()}}},
-           {"config", cfg_.to_json()}};
-    if (!I.curriculum.finished())
-      j["current_stage"] = {{"stage", I.curriculum.stage()}, {"n", I.curriculum.n()},
-                            {"start_step", I.curriculum.stage_start_step()}};
-    write_file_atomic(cfg_.out_dir + "/results.json", j.dump(2) + "\n");
-  };
-
-  I.model->train();
-  double window_loss = 0, window_seconds = 0;
-  int64_t window_steps = 0;
-  while (!I.curriculum.finished()) {
-    if ((limits.stop_at_step > 0 && I.step >= limits.stop_at_step) ||
-        (limits.max_seconds > 0 && seconds_since(run_start) >= limits.max_seconds)) {
-      status = RunStatus::Stopped;
-      break;
-    }
-    const auto t0 = Clock::now();
-    const int64_t stage = I.curriculum.stage(), n = I.curriculum.n();
-    torch::manual_seed(cfg_.seed + 1000003ULL * static_cast<uint64_t>(I.step + 1));
-    const Example batch = make_batch(cfg_.task_params(n), cfg_.seed, Stream::Train, I.step * B, B);
-    torch::Tensor loss;
-    {
-      AutocastScope ac(I.autocast);
-      const auto logits = forward_logits(batch.tokens.to(I.device));
-      loss = masked_cross_entropy(logits, batch.targets.to(I.device), batch.mask.to(I.device));
-    }
-    loss.backward();
-    const double grad_norm = clip_grad_norm(I.params, cfg_.clip);  // synchronises the device
-    // min_ratio 1: constant after the warm-up (so the total step count does not matter).
-    const double lr = lr_at(I.step, I.step + 1, cfg_.warmup, cfg_.lr, /*min_ratio=*/1.0);
-    I.opt->step(lr);
-    I.opt->zero_grad();
-    const double loss_value = loss.item<double>();
-    ++I.step;
-    LT2_CHECK(std::isfinite(loss_value), "loss is not finite at step ", I.step,
-              " (lower the learning rate)");
-    const double step_seconds = seconds_since(t0);
-    I.train_seconds += step_seconds;
-    window_loss += loss_value;
-    window_seconds += step_seconds;
-    ++window_steps;
-
-    if (I.step % cfg_.log_every == 0) {
-      const double k = static_cast<double>(window_steps);
-      I.say(format("step %7lld | stage %lld (n %lld) | loss %.4f | gnorm %7.3f | lr %.2e | %7.1f ms/step",
-                   (long long)I.step, (long long)stage, (long long)n, window_loss / k, grad_norm, lr,
-                   1000 * window_seconds / k));
-      window_loss = window_seconds = 0;
-      window_steps = 0;
-    }
-    const int64_t in_stage = I.step - I.curriculum.stage_start_step();
-    if (in_stage % cfg_.eval_every == 0 || I.step == I.curriculum.stage_end_step()) {
-      const auto [counts, eval_loss] = evaluate();
-      const double exact = static_cast<double>(counts.examples_correct) / static_cast<double>(counts.examples);
-      const double answers = static_cast<double>(counts.answers_correct) / static_cast<double>(counts.answers);
-      const auto event = I.curriculum.record_eval(I.step, exact, answers, eval_loss);
-      std::string what;
-      if (event == Curriculum::Event::Advanced)
-        what = format(" | solved in %lld steps -> stage %lld (n %lld)", (long long)in_stage,
-                      (long long)I.curriculum.stage(), (long long)I.curriculum.n());
-      else if (event == Curriculum::Event::Finished)
-        what = format(I.curriculum.results().back().solved ? " | solved in %lld steps: curriculum done"
-                                                           : " | budget of %lld steps spent: curriculum done",
-                      (long long)in_stage);
-      I.say(format("eval  %7lld | stage %lld (n %lld) | exact match %.4f | answers %.4f | loss %.4f",
-                   (long long)I.step, (long long)stage, (long long)n, exact, answers, eval_loss) + what);
-      save();
-      write_results();
-    }
-  }
-  if (I.curriculum.finished()) status = RunStatus::Finished;
+  I.limits = limits;
+  I.run_start = Clock::now();
+  I.status = RunStatus::Running;
+  I.window_loss = I.window_seconds = 0;
+  I.window_steps = 0;
+  I.trainer->run();  // until the curriculum finishes or a limit is hit (stop_before)
+  if (I.curriculum.finished()) I.status = RunStatus::Finished;
   save();  // a stop between evaluations resumes from here
   write_results();
 
+  const auto& mcfg = I.trainer->model()->config();
   TaskRunSummary s;
-  s.status = status;
+  s.status = I.status;
   s.step = I.step;
   s.n_max = I.curriculum.score();
   s.stages = I.curriculum.results();

@@ -1,6 +1,9 @@
 // The curriculum runner behind `lt2 tasks run`: trains a looped model on a synthetic task (tasks/
 // generators.h) stage by stage (tasks/curriculum.h), evaluating every `eval_every` steps of a
-// stage on held-out examples, and resumes exactly after an interruption.
+// stage on held-out examples, and resumes exactly after an interruption. The loop is the
+// Trainer's (train/trainer.h); the curriculum plugs into it as callbacks: the current stage's
+// batches, the masked loss, the constant schedule, a stop test, evaluation and stage switching
+// after each step, and its state in every checkpoint.
 //
 // Step s trains on train-stream examples [s B, (s + 1) B) of the current stage's n; the torch RNG
 // is re-seeded from (seed, s) (random patterns draw from it), so a step depends only on its
@@ -12,8 +15,8 @@
 //   run_config.json   the resolved TaskRunConfig (checked on --resume)
 //   results.json      status, n_max, per-stage results, every evaluation (rewritten at each one)
 //   curve.png         exact-match and per-answer accuracy vs step, stage starts marked (gnuplot)
-//   ckpt-<step>/      config.json, model.safetensors, optimizer.safetensors, state.json (step,
-//                     curriculum, timing), written at every evaluation and when the run stops
+//   ckpt-<step>/      config.json, model.safetensors, optimizer.safetensors, trainer_state.json
+//                     (step, curriculum, timing), written at every evaluation and when the run stops
 //   latest            name of the newest complete checkpoint folder
 #pragma once
 #include <cstdint>
@@ -25,6 +28,7 @@
 #include "lt2/config/model_config.h"
 #include "lt2/tasks/curriculum.h"
 #include "lt2/tasks/generators.h"
+#include "lt2/train/trainer.h"
 
 namespace lt2::tasks {
 
@@ -104,6 +108,11 @@ class TaskRunner {
   int64_t start_step() const;
 
  private:
+  // The curriculum's parts of the trainer's loop (train/trainer.h, TrainerCallbacks).
+  void on_step(const StepMetrics& m);
+  std::pair<AnswerCounts, double> evaluate();  // on the stage's held-out examples: counts, loss
+  void save();                                 // a checkpoint of this step, unless there is one
+  void write_results();
   struct Impl;
   TaskRunConfig cfg_;
   std::unique_ptr<Impl> impl_;

@@ -1,14 +1,7 @@
 #include "lt2/tasks/sweep.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cctype>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -18,33 +11,13 @@
 #include "lt2/tasks/report.h"
 #include "lt2/util/fs.h"
 #include "lt2/util/gnuplot.h"
-
-extern char** environ;
+#include "lt2/util/process.h"
 
 namespace lt2::tasks {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 std::string cell_label(const SweepCell& c) { return cat(c.model.label, " T=", c.n_loops); }
-
-// Starts `exe args...` with stdout and stderr appended to `log_path`.
-pid_t spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& log_path) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  std::vector<char*> argv{const_cast<char*>(exe.c_str())};
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  LT2_CHECK(rc == 0, "cannot start '", exe, "': ", std::strerror(rc));
-  return pid;
-}
 
 // The last non-empty line of a file ("" when absent).
 std::string last_line(const std::string& path) {
@@ -259,9 +232,9 @@ json run_sweep(const SweepConfig& cfg, const std::string& lt2_exe, std::FILE* lo
 
   struct Running {
     size_t cell;
-    Clock::time_point start;
+    Process child;
   };
-  std::map<pid_t, Running> running;
+  std::vector<Running> running;
   std::map<size_t, std::string> failures;  // cell -> what went wrong
   size_t started = 0;
   const size_t total = todo.size();
@@ -273,42 +246,41 @@ json run_sweep(const SweepConfig& cfg, const std::string& lt2_exe, std::FILE* lo
       make_dirs(c.run.out_dir);
       const bool resume = path_exists(c.run.out_dir + "/latest");
       if (!resume) write_file_atomic(c.run.out_dir + "/run_config.json", c.run.to_json().dump(2) + "\n");
-      std::vector<std::string> args{"tasks", "run", "--config", c.run.out_dir + "/run_config.json"};
-      if (resume) args.push_back("--resume");
+      std::vector<std::string> argv{lt2_exe, "tasks", "run", "--config", c.run.out_dir + "/run_config.json"};
+      if (resume) argv.push_back("--resume");
       if (cfg.max_seconds > 0) {
-        args.push_back("--max-seconds");
-        args.push_back(cat(cfg.max_seconds));
+        argv.push_back("--max-seconds");
+        argv.push_back(cat(cfg.max_seconds));
       }
       if (cfg.threads_per_run > 0) {
-        args.push_back("--threads");
-        args.push_back(std::to_string(cfg.threads_per_run));
+        argv.push_back("--threads");
+        argv.push_back(std::to_string(cfg.threads_per_run));
       }
-      const pid_t pid = spawn(lt2_exe, args, c.run.out_dir + "/log.txt");
-      running[pid] = {i, Clock::now()};
+      SpawnOptions opts;
+      opts.output = c.run.out_dir + "/log.txt";
+      opts.append = true;
+      running.push_back({i, Process::spawn(argv, opts)});
       say(cat("[", ++started, "/", total, "] start ", cell_label(c), resume ? " (resume)" : "", " -> ",
               c.run.out_dir, "/log.txt"));
     }
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) {
-      LT2_CHECK(errno == EINTR, "sweep: waitpid failed: ", std::strerror(errno));
-      continue;
-    }
-    auto it = running.find(pid);
-    if (it == running.end()) continue;  // not one of the runs
-    const auto& c = cells[it->second.cell];
-    const double seconds = std::chrono::duration<double>(Clock::now() - it->second.start).count();
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (ok) {
+    std::vector<Process*> children;
+    for (auto& r : running) children.push_back(&r.child);
+    const int done = wait_any(children);
+    LT2_CHECK(done >= 0, "sweep: lost track of the running cells");
+    const size_t cell = running[done].cell;
+    const auto& c = cells[cell];
+    const Process& child = running[done].child;
+    if (child.status().ok()) {
       const json res = read_results(c.run.out_dir);
       say(cat("done  ", cell_label(c), ": ", res.value("status", "?"), ", n_max ", res.value("n_max", 0),
-              ", ", res.value("step", 0), " steps, ", format_fixed(seconds, 1), " s"));
+              ", ", res.value("step", 0), " steps, ", format_fixed(child.seconds(), 1), " s"));
     } else {
-      const std::string why = WIFEXITED(status) ? cat("exit ", WEXITSTATUS(status)) : cat("signal ", WTERMSIG(status));
-      failures[it->second.cell] = cat(why, ": ", last_line(c.run.out_dir + "/log.txt"));
-      say(cat("FAIL  ", cell_label(c), " (", failures[it->second.cell], ")"));
+      const ExitStatus& st = child.status();
+      const std::string why = st.exited() ? cat("exit ", st.code()) : cat("signal ", st.signal());
+      failures[cell] = cat(why, ": ", last_line(c.run.out_dir + "/log.txt"));
+      say(cat("FAIL  ", cell_label(c), " (", failures[cell], ")"));
     }
-    running.erase(it);
+    running.erase(running.begin() + done);
   }
 
   json table = sweep_table(cfg);

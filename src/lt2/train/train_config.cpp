@@ -11,11 +11,11 @@ std::string to_string(Objective o) {
   return "?";
 }
 
-void TrainConfig::validate() const {
+void TrainConfig::validate(bool needs_train_data) const {
   const std::string w = "train config";
   LT2_CHECK(!model.empty() || !init_from.empty(), w,
             ": 'model' (a model config path or preset name) or 'init_from' (a checkpoint) is required");
-  LT2_CHECK(!train_data.empty(), w, ": 'train_data' (a token shard) is required");
+  LT2_CHECK(!needs_train_data || !train_data.empty(), w, ": 'train_data' (a token shard) is required");
   LT2_CHECK(device == "auto" || device == "cpu" || device == "cuda", w,
             ": 'device' must be auto, cpu or cuda, found '", device, "'");
   LT2_CHECK(dtype == "auto" || dtype == "fp32" || dtype == "bf16", w,

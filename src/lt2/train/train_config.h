@@ -52,7 +52,9 @@ struct TrainConfig {
   double dist_timeout = 600;
   double dist_bucket_mb = 25;
 
-  void validate() const;
+  // Throws lt2::Error naming the field. Without needs_train_data, train_data may be empty (the
+  // trainer's callbacks give the batches: TrainerCallbacks in train/trainer.h).
+  void validate(bool needs_train_data = true) const;
   json to_json() const;
   static TrainConfig from_json(const json& j, const std::string& where = "train config");
 };

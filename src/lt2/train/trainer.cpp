@@ -14,7 +14,8 @@
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/train/autocast.h"
 #include "lt2/train/batches.h"
-#include "lt2/train/distributed.h"
+#include "lt2/train/gradient_reducer.h"
+#include "lt2/train/rendezvous.h"
 #include "lt2/train/flops.h"
 #include "lt2/train/aux_loss.h"
 #include "lt2/train/losses.h"
@@ -55,7 +56,7 @@ struct Trainer::Impl {
   torch::Device device{torch::kCPU};
   bool autocast = false;
   std::unique_ptr<AdamW> opt;
-  std::unique_ptr<BatchSampler> train, val;
+  std::unique_ptr<BatchSampler> train, val;  // the shard's (null when callbacks give the batches)
   std::vector<torch::Tensor> params;
   std::string tokenizer_path;  // tokenizer.json beside the training shard, copied into checkpoints
   double flops_per_token = 0, peak = 0;
@@ -78,6 +79,8 @@ uint64_t micro_seed(uint64_t seed, int64_t step, int64_t micro) {
 }  // namespace
 
 int Trainer::rank() const { return impl_->group ? impl_->group->rank() : 0; }
+torch::Device Trainer::device() const { return impl_->device; }
+bool Trainer::autocast() const { return impl_->autocast; }
 int Trainer::world_size() const { return impl_->group ? impl_->group->world_size() : 1; }
 
 std::string latest_checkpoint(const std::string& out_dir) {
@@ -91,14 +94,15 @@ std::string latest_checkpoint(const std::string& out_dir) {
   return dir;
 }
 
-Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std::make_shared<Impl>()) {
-  cfg_.validate();
+Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
+    : cfg_(std::move(cfg)), cb_(std::move(callbacks)), impl_(std::make_shared<Impl>()) {
+  cfg_.validate(/*needs_train_data=*/!cb_.batch);
   auto& I = *impl_;
   const bool cuda = torch::cuda::is_available();
   LT2_CHECK(!(cfg_.device == "cuda" && !cuda), "device 'cuda' requested but no CUDA GPU is available");
   I.device = (cfg_.device == "cuda" || (cfg_.device == "auto" && cuda)) ? torch::Device(torch::kCUDA)
                                                                         : torch::Device(torch::kCPU);
-  const auto dist = DistEnv::from_environment();
+  const auto dist = cb_.data_parallel ? DistEnv::from_environment() : std::nullopt;
   I.micros = local_micro_batches(cfg_.grad_accum, dist ? dist->rank : 0, dist ? dist->world_size : 1);
   if (dist) {
     if (I.device.is_cuda()) {  // one GPU per rank: LOCAL_RANK's
@@ -115,19 +119,26 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
             "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
   I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
 
-  auto train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
+  std::shared_ptr<const ShardReader> train_shard;
+  if (!cb_.batch) train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
   std::string ckpt;
   if (resume) {
     ckpt = latest_checkpoint(cfg_.out_dir);
     LT2_CHECK(!ckpt.empty(), "--resume: no checkpoint in '", cfg_.out_dir, "' (no 'latest' file)");
     auto state = load_json_file(ckpt + "/trainer_state.json");
     start_step_ = state.at("step").get<int64_t>();
+    if (cb_.load_state) cb_.load_state(state);
     model_ = load_checkpoint(ckpt);
   } else if (!cfg_.init_from.empty()) {  // a later stage starting from an earlier stage's weights
     model_ = load_checkpoint(cfg_.init_from);
   } else {
-    ModelConfig mcfg = load_model_config(cfg_.model);
-    if (mcfg.vocab_size == 0) mcfg.vocab_size = train_shard->vocab_size();
+    ModelConfig mcfg;
+    if (cb_.model_config) {
+      mcfg = cb_.model_config();
+    } else {
+      mcfg = load_model_config(cfg_.model);
+      if (mcfg.vocab_size == 0) mcfg.vocab_size = train_shard->vocab_size();
+    }
     torch::manual_seed(cfg_.seed);
     model_ = LoopedLM(mcfg);
   }
@@ -163,21 +174,24 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
   I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
   if (resume) I.opt->load_state_dict(load_tensor_map(ckpt + "/optimizer.safetensors"));
 
-  LT2_CHECK(train_shard->vocab_size() <= mcfg.vocab_size, "training shard '", cfg_.train_data,
-            "' has vocabulary ", train_shard->vocab_size(), " but the model's vocab_size is ",
-            mcfg.vocab_size);
-  I.train = std::make_unique<BatchSampler>(train_shard, cfg_.seq_len, cfg_.seed);
-  if (!cfg_.val_data.empty())
-    I.val = std::make_unique<BatchSampler>(std::make_shared<const ShardReader>(cfg_.val_data), cfg_.seq_len, cfg_.seed);
-  const auto tok = fs::path(cfg_.train_data).parent_path() / "tokenizer.json";
-  if (fs::exists(tok)) I.tokenizer_path = tok.string();
+  if (train_shard) {
+    LT2_CHECK(train_shard->vocab_size() <= mcfg.vocab_size, "training shard '", cfg_.train_data,
+              "' has vocabulary ", train_shard->vocab_size(), " but the model's vocab_size is ",
+              mcfg.vocab_size);
+    I.train = std::make_unique<BatchSampler>(train_shard, cfg_.seq_len, cfg_.seed);
+    if (!cfg_.val_data.empty())
+      I.val = std::make_unique<BatchSampler>(std::make_shared<const ShardReader>(cfg_.val_data), cfg_.seq_len, cfg_.seed);
+    const auto tok = fs::path(cfg_.train_data).parent_path() / "tokenizer.json";
+    if (fs::exists(tok)) I.tokenizer_path = tok.string();
+  }
 
   I.flops_per_token = 3 * forward_flops_per_token(*model_, cfg_.seq_len);
   if (I.device.is_cuda()) {
     I.peak = peak_flops(kernels::device_name(I.device.index() < 0 ? 0 : I.device.index()));
   }
 
-  if (!I.main) return;  // rank 0 alone writes the run folder
+  I.tty = cb_.step_lines && ::isatty(STDERR_FILENO);
+  if (!I.main || !cb_.run_files) return;  // rank 0 alone writes the run folder
   make_dirs(cfg_.out_dir);
   write_file_atomic(cfg_.out_dir + "/train_config.json", cfg_.to_json().dump(2) + "\n");
   // metrics.jsonl: keep what the resumed-from checkpoint had seen, drop what came after it.
@@ -192,11 +206,11 @@ Trainer::Trainer(TrainConfig cfg, bool resume) : cfg_(std::move(cfg)), impl_(std
   }
   write_file_atomic(metrics_path, kept);
   I.metrics.open(metrics_path, std::ios::app);
-  I.tty = ::isatty(STDERR_FILENO);
 }
 
 double Trainer::evaluate() {
   auto& I = *impl_;
+  LT2_CHECK(I.train, "Trainer::evaluate: no token shard (the client's callbacks give the batches; it evaluates itself)");
   BatchSampler& src = I.val ? *I.val : *I.train;
   torch::NoGradGuard ng;
   model_->eval();
@@ -224,10 +238,14 @@ std::string Trainer::save(int64_t step) {
   auto& I = *impl_;
   if (!I.main) return "";
   json state{{"step", step}, {"seed", cfg_.seed}, {"world_size", world_size()}, {"train_config", cfg_.to_json()}};
+  if (cb_.save_state) {
+    const json extra_state = cb_.save_state();  // held: items() refers into it
+    for (const auto& [key, value] : extra_state.items()) state[key] = value;
+  }
   std::vector<FileWriter> extra{safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
                                 text_writer("trainer_state.json", state.dump(2) + "\n")};
   if (!I.tokenizer_path.empty()) extra.push_back(text_writer("tokenizer.json", read_file(I.tokenizer_path)));
-  return save_rotating_checkpoint(cfg_.out_dir, step, model_, extra, /*keep=*/2);
+  return save_rotating_checkpoint(cfg_.out_dir, step, model_, extra, cb_.keep_checkpoints);
 }
 
 StepMetrics Trainer::run() {
@@ -237,16 +255,28 @@ StepMetrics Trainer::run() {
   model_->train();
   auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start_step_; step < cfg_.steps; ++step) {
+    if (cb_.stop_before && cb_.stop_before(step)) break;
     auto t0 = std::chrono::steady_clock::now();
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(I.device));
     for (size_t k = 0; k < I.micros.size(); ++k) {
       const int64_t micro = I.micros[k];
       torch::manual_seed(micro_seed(cfg_.seed, step, micro));
-      auto [x, y] = I.train->sample(step, micro, cfg_.batch_size);
-      x = x.to(I.device, /*non_blocking=*/true);
-      y = y.to(I.device, true);
+      Batch b;
+      if (cb_.batch) {
+        b = cb_.batch(step, micro);
+      } else {
+        std::tie(b.inputs, b.targets) = I.train->sample(step, micro, cfg_.batch_size);
+      }
+      b.inputs = b.inputs.to(I.device, /*non_blocking=*/true);
+      b.targets = b.targets.to(I.device, true);
+      if (b.mask.defined()) b.mask = b.mask.to(I.device, true);
+      const auto& x = b.inputs;
+      const auto& y = b.targets;
       torch::Tensor loss;
-      {
+      if (cb_.loss) {
+        AutocastScope ac(I.autocast);
+        loss = cb_.loss(model_, b);
+      } else {
         AutocastScope ac(I.autocast);
         ForwardOptions fo;
         fo.checkpoint_loops = cfg_.checkpoint_loops;
@@ -273,7 +303,7 @@ StepMetrics Trainer::run() {
       I.group->all_reduce_sum(loss_sum, cat("loss sum (step ", m.step, ")"));
     }
     m.grad_norm = clip_grad_norm(I.params, cfg_.clip);
-    m.lr = lr_at(step, cfg_.steps, cfg_.warmup, cfg_.lr, cfg_.min_lr_ratio);
+    m.lr = cb_.lr ? cb_.lr(step) : lr_at(step, cfg_.steps, cfg_.warmup, cfg_.lr, cfg_.min_lr_ratio);
     I.opt->step(m.lr);
     I.opt->zero_grad();
     m.loss = loss_sum.item<double>() / static_cast<double>(cfg_.grad_accum);
@@ -284,12 +314,12 @@ StepMetrics Trainer::run() {
     LT2_CHECK(std::isfinite(m.loss), "loss is not finite at step ", m.step,
               " (lower the learning rate, or check the data)");
 
-    if (I.main) {
+    if (I.main && I.metrics.is_open()) {
       I.metrics << json{{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
                         {"ms", m.ms}, {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}}.dump()
                 << "\n";
     }
-    if (I.main && (m.step % cfg_.log_every == 0 || m.step == cfg_.steps)) {
+    if (I.main && cb_.step_lines && (m.step % cfg_.log_every == 0 || m.step == cfg_.steps)) {
       const std::string line = format_step_line(m, cfg_.steps, I.device.is_cuda());
       if (I.tty) std::fprintf(stderr, "\r\033[K");
       std::printf("%s\n", line.c_str());
@@ -301,17 +331,18 @@ StepMetrics Trainer::run() {
       std::fprintf(stderr, "%s", progress_bar(step + 1, cfg_.steps, left).c_str());
     }
     if (on_step) on_step(m);
+    if (cb_.after_step) cb_.after_step(m);
     const bool last = m.step == cfg_.steps;
     if (last || (cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0)) {
       double val = evaluate();
       if (I.main) {
-        I.metrics << json{{"step", m.step}, {"val_loss", val}}.dump() << "\n";
+        if (I.metrics.is_open()) I.metrics << json{{"step", m.step}, {"val_loss", val}}.dump() << "\n";
         if (I.tty) std::fprintf(stderr, "\r\033[K");
         std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f\n", static_cast<long long>(m.step), val, std::exp(val));
         std::fflush(stdout);
       }
     }
-    if (I.main) I.metrics.flush();
+    if (I.main && I.metrics.is_open()) I.metrics.flush();
     if (I.main && (last || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0))) {
       auto dir = save(m.step);
       if (I.tty) std::fprintf(stderr, "\r\033[K");

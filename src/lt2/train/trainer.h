@@ -1,7 +1,12 @@
-// Trainer: the `lt2 train` loop. One log line per step (step, loss, grad norm, lr, ms, tokens/s,
-// MFU on GPU), a JSONL metrics file, evaluation on a held-out shard, checkpoints every K steps and
-// at the end, and an exact --resume (the batches and the per-micro-batch RNG depend only on the
-// step and the micro-batch).
+// Trainer: the training loop of lt2, behind `lt2 train` and `lt2 tasks run`. One log line per step
+// (step, loss, grad norm, lr, ms, tokens/s, MFU on GPU), a JSONL metrics file, evaluation on a
+// held-out shard, checkpoints every K steps and at the end, and an exact --resume (the batches and
+// the per-micro-batch RNG depend only on the step and the micro-batch).
+//
+// Clients with their own data, schedule and evaluation (the task curriculum, tasks/runner.h) plug
+// into the same loop through TrainerCallbacks: a batch source, a loss, a learning-rate schedule,
+// a stop test before each step, a hook after each step (evaluate, checkpoint, change stage), and
+// extra state saved in and restored from every checkpoint.
 //
 // Data-parallel when the environment describes a job (WORLD_SIZE, RANK, ...: torchrun or
 // `lt2 train --nproc`; lt2/train/distributed.h): each rank runs its share of the step's
@@ -26,15 +31,51 @@
 namespace lt2 {
 
 struct StepMetrics {
-  int64_t step = 0;
+  int64_t step = 0;  // steps done, this one included
   double loss = 0, grad_norm = 0, lr = 0, ms = 0, tokens_per_s = 0, mfu = 0;
+};
+
+// One micro-batch, on the CPU (the trainer moves it): inputs and targets [B, T] int64; mask [B, T]
+// marks the positions a custom loss scores (undefined when every position counts).
+struct Batch {
+  torch::Tensor inputs, targets, mask;
+};
+
+// What a client plugs into the loop; every member is optional (unset: the `lt2 train` behaviour).
+struct TrainerCallbacks {
+  // The model of a fresh run (no resume, no init_from); the trainer seeds the RNG from cfg.seed
+  // and builds it. Default: cfg.model with the training shard's vocabulary.
+  std::function<ModelConfig()> model_config;
+  // Micro-batch `micro` of step `step`: a function of (step, micro) and of the client's state
+  // (a curriculum stage), never of what ran before, so resume stays exact. Default: the training
+  // shard (cfg.train_data, then not required).
+  std::function<Batch(int64_t step, int64_t micro)> batch;
+  // The loss of one micro-batch, under autocast. Default: cfg.objective on every position (plus
+  // the DSA indexer loss of cfg.indexer_stage).
+  std::function<torch::Tensor(LoopedLM& model, const Batch& batch)> loss;
+  // The learning rate of step `step` (0-based). Default: warm-up, then cosine to cfg.steps.
+  std::function<double(int64_t step)> lr;
+  // Called before step `step` (0-based): true ends run() there.
+  std::function<bool(int64_t step)> stop_before;
+  // Called after every step (after its log line and on_step): evaluate, checkpoint with save(),
+  // move to another stage.
+  std::function<void(const StepMetrics&)> after_step;
+  // Extra fields of trainer_state.json, written with every checkpoint; on --resume, called with
+  // that file's contents before anything trains.
+  std::function<json()> save_state;
+  std::function<void(const json&)> load_state;
+  int keep_checkpoints = 2;   // newest ckpt-* folders kept
+  bool run_files = true;      // train_config.json and metrics.jsonl in cfg.out_dir
+  bool step_lines = true;     // the step line every cfg.log_every steps (and a progress bar on a tty)
+  bool data_parallel = true;  // join the data-parallel job the environment describes, if any
 };
 
 class Trainer {
  public:
   // With resume, continues from `cfg.out_dir/latest` (an error if there is none).
-  Trainer(TrainConfig cfg, bool resume);
-  // Trains until cfg.steps; returns the last step's metrics.
+  Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks = {});
+  // Trains until cfg.steps (or until callbacks.stop_before says so); returns the last step's
+  // metrics (step 0 when none ran).
   StepMetrics run();
   // Mean loss over cfg.eval_batches held-out batches (train shard when no val shard). In a
   // data-parallel job every rank evaluates its share and every rank must call it.
@@ -45,6 +86,8 @@ class Trainer {
 
   LoopedLM& model() { return model_; }
   const TrainConfig& config() const { return cfg_; }
+  torch::Device device() const;
+  bool autocast() const;  // bf16 autocast in forward (CUDA, dtype auto or bf16)
   int64_t start_step() const { return start_step_; }
   // This process's rank and the number of ranks (0 and 1 outside a data-parallel job).
   int rank() const;
@@ -55,6 +98,7 @@ class Trainer {
  private:
   struct Impl;
   TrainConfig cfg_;
+  TrainerCallbacks cb_;
   LoopedLM model_{nullptr};
   std::shared_ptr<Impl> impl_;
   int64_t start_step_ = 0;
