@@ -27,7 +27,7 @@ inline torch::TensorOptions gpu(torch::ScalarType dt) {
   return torch::TensorOptions().device(torch::kCUDA).dtype(dt);
 }
 
-// DESIGN.md invariant 5: relative RMS error below 1e-5 in fp32, 5e-3 in bf16 (and fp16).
+// Invariant 5 of docs/architecture.md: relative RMS error below 1e-5 in fp32, 5e-3 in bf16 (and fp16).
 inline double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
 
 inline const char* name(torch::ScalarType dt) {

@@ -1,6 +1,6 @@
 // Ouro import: a small Ouro-format checkpoint (bf16 weights under HF keys + an Ouro config.json)
 // loads into LoopedLM, whose every loop's logits and exit distribution match an independent
-// plain-libtorch evaluation of Ouro's forward (spec/models.md §3) in float64.
+// plain-libtorch evaluation of Ouro's forward (Ouro's published modeling code) in float64.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

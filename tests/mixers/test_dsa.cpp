@@ -1,5 +1,5 @@
 // DeepSeek Sparse Attention (mixers/dsa.h): lightning indexer, deterministic top-k, sparse
-// attention in GQA and latent forms, the indexer KL signal and its stages; DESIGN.md invariants.
+// attention in GQA and latent forms, the indexer KL signal and its stages; the invariants of docs/architecture.md.
 #include <gtest/gtest.h>
 
 #include "lt2/mixers/dsa.h"

@@ -1,4 +1,4 @@
-// The mixer contract's invariants (DESIGN.md "The mixer contract"), run over every registered
+// The mixer contract's invariants (docs/architecture.md, "The mixer contract"), run over every registered
 // mixer: registering a mixer is enough to put it under this suite. Float64 on the CPU, tiny shapes:
 //   - the parallel (chunked) forward == the one-token recurrence `step`, token by token from an
 //     empty state (for the linear mixers this is chunked form == naive recurrence);

@@ -1,6 +1,6 @@
 // Native Sparse Attention (mixers/nsa.h): the paper's block-importance sum, forced blocks and top-n
 // selection, a per-query reference of all three branches, the all-selected degenerate case, and
-// DESIGN.md invariants for the paper and simplified forms.
+// the invariants of docs/architecture.md for the paper and simplified forms.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
 // Sliding-window attention (mixers/window.h): W keys including the current one, per-loop windows,
-// ring-buffer decode state of W slots; DESIGN.md invariants in float64.
+// ring-buffer decode state of W slots; the invariants of docs/architecture.md in float64.
 #include <gtest/gtest.h>
 
 #include "lt2/mixers/full_attention.h"

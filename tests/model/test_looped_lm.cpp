@@ -1,4 +1,4 @@
-// Model invariants (DESIGN.md): decode == full forward, split prefill == whole, rho = 0 gives the
+// Model invariants (docs/architecture.md): decode == full forward, split prefill == whole, rho = 0 gives the
 // plain loop, Ouro exit distribution sums to 1, float64 gradients match finite differences.
 #include <gtest/gtest.h>
 

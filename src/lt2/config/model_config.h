@@ -8,7 +8,7 @@
 
 namespace lt2 {
 
-// How the loop is wired (spec/models.md §1 and §3).
+// How the loop is wired (the LT2 and Ouro papers).
 //   lt2:  pre-norm blocks; h_tau = F(h_{tau-1}) + rho_tau * h_{tau-1}; one final norm; CE on the last loop.
 //   ouro: sandwich-norm blocks; the final norm after every loop feeds the next loop; exit gate.
 enum class ModelForm { LT2, Ouro };

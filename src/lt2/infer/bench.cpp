@@ -154,8 +154,8 @@ BenchCell run_prefill_cell(LoopedLM& model, const std::string& name, int64_t C, 
   torch::manual_seed(o.seed);
   auto prompt = torch::randint(model->config().vocab_size, {C}, torch::kLong).to(dev);
   // Warm-up over up to two chunks, so that a prompt's second chunk (attention over a cached prefix,
-  // a masked path) has run once before the timed prefill: its first use in a process cost lt-1.3b's
-  // 16k cell ~0.7 s on the H200 when the warm-up was one 256-token chunk (bench/NOTES.md).
+  // a masked path with a one-time cost at its first use in a process) has run once before the
+  // timed prefill (bench/notes/prefill.md).
   engine.prefill(0, prompt.narrow(0, 0, std::min<int64_t>(C, 2 * o.prefill_chunk)));
   const double s = seconds_per_call(dev, 1, [&] { engine.prefill(0, prompt); });
   c.memory_gb = device_used_gb();

@@ -1,4 +1,4 @@
-// The inference Engine (DESIGN.md "infer/"): `max_batch` sequence slots over one preallocated
+// The inference Engine (docs/decode.md): `max_batch` sequence slots over one preallocated
 // ModelState (a mixer state per (loop, layer) pair, N x T of them), each slot with its own length.
 //
 //   prefill(slot, prompt)  resets the slot and runs the prompt through it in chunks (the parallel

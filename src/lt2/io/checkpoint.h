@@ -1,4 +1,4 @@
-// Checkpoint folders, model-agnostic part (HF style, DESIGN.md "Checkpoints"):
+// Checkpoint folders, model-agnostic part (HF style, docs/architecture.md "Checkpoints"):
 //   config.json, model.safetensors (or model.safetensors.index.json + shards), tokenizer.json,
 //   optimizer.safetensors, trainer_state.json.
 // Folders are written all-or-nothing: every file goes to a temporary name first and only when all

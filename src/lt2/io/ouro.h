@@ -1,4 +1,4 @@
-// Ouro checkpoints (spec/models.md §3): an HF folder whose config.json has model_type "ouro" and
+// Ouro checkpoints (ByteDance's Ouro, HF format): an HF folder whose config.json has model_type "ouro" and
 // whose model.safetensors holds bf16 weights under HF names. This maps the config to a ModelConfig
 // of form "ouro" and our parameter names to Ouro's keys:
 //   model.embed_tokens.weight                              -> tok_embeddings.weight

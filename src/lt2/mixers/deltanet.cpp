@@ -41,7 +41,7 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   conv_channels = {key_dim, key_dim, value_dim};
 }
 
-RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
+RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;

@@ -1,4 +1,4 @@
-// DeepSeek Sparse Attention (spec/mixers.md §6): a lightning indexer scores every causally visible
+// DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer scores every causally visible
 // key of each query,
 //   I[t, s] = sum_j w[t, j] * ReLU(q^I[t, j] . k^I[s])         (H_I heads, one indexer key per token)
 //   q^I = RoPE(x W_qI),  k^I = RoPE(LayerNorm(x W_kI)),  w = x W_w * H_I^-1/2 * d_I^-1/2

@@ -1,5 +1,5 @@
 // Full causal softmax attention (MHA / GQA) with RoPE and the optional SDPA output gate
-// (spec/models.md §1, "SDPA output gate"):
+// (the LT2 paper's "SDPA output gate"):
 //   q = RoPE(x W_q), k = RoPE(x W_k), v = x W_v          per head
 //   o = SDPA(q, k, v) (causal)                            [B, T, H, D]
 //   out = W_o( concat_heads(o) * sigmoid(x W_gate) )      W_gate zero-initialised (gate optional)

@@ -56,7 +56,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm
   conv_channels = {key_dim, key_dim, value_dim};
 }
 
-RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
+RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;

@@ -1,4 +1,4 @@
-// Gated DeltaNet (spec/mixers.md §1; fla GatedDeltaNet; LT2 settings in spec/models.md §1):
+// Gated DeltaNet (Yang et al. 2024; fla GatedDeltaNet; the LT2 paper's settings):
 //   q, k = L2norm(SiLU(ShortConv(x W_q|k)))             [B, T, H, K]
 //   v    = SiLU(ShortConv(x W_v))                        [B, T, HV, V], V = K * expand_v
 //   g    = -exp(A_log) * softplus(x W_a + dt_bias)       [B, T, HV] log-decay
@@ -18,7 +18,7 @@ namespace lt2 {
 class GatedDeltaNetImpl : public RecurrentMixerImpl {
  public:
   explicit GatedDeltaNetImpl(const ModelConfig& cfg);
-  RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
+  RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   // On CUDA with the fused decode switch on and one value head per q/k head: the projections,
   // then the whole recurrent step in one kernel (ops::gdn_decode_fused), then o_proj. Otherwise

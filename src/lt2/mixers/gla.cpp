@@ -49,7 +49,7 @@ GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : nor
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
-RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
+RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentState* st, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   auto q = q_proj(x), k = k_proj(x), v = v_proj(x);

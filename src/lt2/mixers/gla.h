@@ -16,7 +16,7 @@ namespace lt2 {
 class GatedLinearAttentionImpl : public RecurrentMixerImpl {
  public:
   explicit GatedLinearAttentionImpl(const ModelConfig& cfg);
-  RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
+  RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "gla"; }
 

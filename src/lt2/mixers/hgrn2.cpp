@@ -32,7 +32,7 @@ HGRN2Impl::HGRN2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   state_heads = num_heads, state_k = expand_ratio, state_v = head_i_dim;
 }
 
-RecurrenceInputs HGRN2Impl::project(const Tensor& x, RecurrentState*, int64_t) {
+RecurrenceInputs HGRN2Impl::project(const Tensor& x, RecurrentState*, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;

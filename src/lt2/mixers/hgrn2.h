@@ -14,7 +14,7 @@ namespace lt2 {
 class HGRN2Impl : public RecurrentMixerImpl {
  public:
   explicit HGRN2Impl(const ModelConfig& cfg);
-  RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
+  RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "hgrn2"; }
 

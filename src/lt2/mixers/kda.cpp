@@ -52,7 +52,7 @@ KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const ModelConfig& cfg) : norm_ep
   conv_channels = {key_dim, key_dim, value_dim};
 }
 
-RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState* st, int64_t) {
+RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState* st, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;

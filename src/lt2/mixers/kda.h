@@ -1,4 +1,4 @@
-// Kimi Delta Attention (spec/mixers.md §2; fla KimiDeltaAttention; LT2: head dim d/H, expand_v 1):
+// Kimi Delta Attention (Kimi Linear; fla KimiDeltaAttention; LT2: head dim d/H, expand_v 1):
 //   q, k = L2norm(SiLU(ShortConv(x W_q|k)))                      [B, T, H, K]
 //   v    = SiLU(ShortConv(x W_v))                                 [B, T, HV, V]
 //   g    = -exp(A_log[h]) * softplus(f_proj(x) + dt_bias[h, :])   [B, T, HV, K] per-channel log-decay,
@@ -17,7 +17,7 @@ namespace lt2 {
 class KimiDeltaAttentionImpl : public RecurrentMixerImpl {
  public:
   explicit KimiDeltaAttentionImpl(const ModelConfig& cfg);
-  RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
+  RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "kda"; }
 

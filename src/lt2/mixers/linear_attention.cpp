@@ -30,7 +30,7 @@ LinearAttentionImpl::LinearAttentionImpl(const ModelConfig& cfg) : norm_eps(cfg.
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
-RecurrenceInputs LinearAttentionImpl::project(const Tensor& x, RecurrentState*, int64_t) {
+RecurrenceInputs LinearAttentionImpl::project(const Tensor& x, RecurrentState*, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1);
   RecurrenceInputs in;
   in.q = (torch::elu(q_proj(x)) + 1).view({B, T, num_heads, head_k_dim});

@@ -44,7 +44,7 @@ Mamba2Impl::Mamba2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   conv_channels = {conv_dim};
 }
 
-RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, int64_t) {
+RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1), GN = n_groups * state_size;
   const int64_t heads_per_group = num_heads / n_groups;
   const auto ct = accum_dtype(x);

@@ -1,4 +1,4 @@
-// Mamba2 / SSD (spec/mixers.md §3; state-spaces/mamba Mamba2; LT2: expand 2, state 64, conv 4,
+// Mamba2 / SSD (Dao and Gu 2024; state-spaces/mamba Mamba2; LT2: expand 2, state 64, conv 4,
 // head dim 2d/H):
 //   [z | xBC | dt] = x W_in                            z, x: d_inner = expand * d; B, C: G * N
 //   x, B, C = split(SiLU(Conv1d(xBC) + conv bias))     x [B, T, H, P]; B, C [B, T, G, N]
@@ -18,7 +18,7 @@ namespace lt2 {
 class Mamba2Impl : public RecurrentMixerImpl {
  public:
   explicit Mamba2Impl(const ModelConfig& cfg);
-  RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
+  RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "mamba2"; }
 

@@ -1,4 +1,4 @@
-// The token-mixer contract (DESIGN.md, "The mixer contract"). Every mixer (full attention, GDN,
+// The token-mixer contract (docs/architecture.md, "The mixer contract"). Every mixer (full attention, GDN,
 // window, ...) is a torch::nn::Module with a parallel `forward`, a one-token `step`, a state
 // allocated once, up front, by `make_state`, and its capabilities as data (MixerCaps). Registering
 // a mixer (registry.h) puts it under the invariant suite (tests/mixers/test_mixer_invariants.cpp).

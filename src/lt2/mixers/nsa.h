@@ -1,4 +1,4 @@
-// Native Sparse Attention (spec/mixers.md §7). Each query head h at position t mixes three softmax
+// Native Sparse Attention (Yuan et al. 2025). Each query head h at position t mixes three softmax
 // attention branches with per-head sigmoid gates:
 //   o_t = g_cmp * Attn(q_t, K_cmp, V_cmp) + g_slc * Attn(q_t, K_slc, V_slc) + g_win * Attn(q_t, K_win, V_win)
 //   [g_cmp, g_slc, g_win] = sigmoid(x W_g + b)      per head; W_g zero, b = [-2, -2, +2] at init

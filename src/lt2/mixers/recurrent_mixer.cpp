@@ -63,7 +63,7 @@ Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState
     LT2_CHECK(pos.seq_pos.defined() || st->length == pos.start, kind(), " state holds ", st->length,
               " tokens but the call starts at position ", pos.start);
   }
-  auto in = project(x, st, pos.start);
+  auto in = project(x, st, pos);
   Tensor o;  // [B, T, H, V]
   if (decode) {
     LT2_CHECK(st && x.size(1) == 1, kind(), ": step takes one token [B, 1, d] and a state, found ",

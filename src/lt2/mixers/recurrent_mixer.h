@@ -57,12 +57,13 @@ class RecurrentMixerImpl : public MixerImpl {
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts, const LoopSettings& loop = {}) const override;
-  // Positions do not enter the recurrence: any per-sequence lengths decode together.
+  // Positions do not enter the recurrence, and a mixer whose projections use them (RetNet's RoPE)
+  // reads them from `pos`, per sequence when pos.seq_pos is set: any lengths decode together.
   RecurrentMixerImpl() { caps_.seq_pos = true; }
 
   // x: [B, T, d] -> the op's inputs. `state` (may be null) supplies and advances the conv
-  // windows; `start` is the absolute position of x's first token.
-  virtual RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) = 0;
+  // windows; `pos` places x's tokens (a start, or one position per sequence at decode).
+  virtual RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) = 0;
   // o: [B, T, H, V] (the op's output) -> [B, T, d].
   virtual Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) = 0;
 

@@ -14,9 +14,6 @@ Tensor retention_log_decay(int64_t num_heads, torch::ScalarType dt, const torch:
 }
 
 RetNetImpl::RetNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
-  // RoPE on q and k reads the call's start position, which per-sequence decode does not give
-  // project(): the Engine must not batch RetNet sequences of different lengths.
-  caps_.seq_pos = false;
   const std::string where = "mixer_options.retnet";
   const json opts = cfg.options_for("retnet");
   json_reject_unknown(opts, {"num_heads", "expand_k", "expand_v", "chunk_size"}, where);
@@ -45,12 +42,12 @@ RetNetImpl::RetNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
-RecurrenceInputs RetNetImpl::project(const Tensor& x, RecurrentState*, int64_t start) {
+RecurrenceInputs RetNetImpl::project(const Tensor& x, RecurrentState*, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;
-  in.q = apply_rope(q_proj(x).view({B, T, num_heads, head_k_dim}), start, 1e4, RopeStyle::Half);  // [B, T, H, K]
-  in.k = apply_rope(k_proj(x).view({B, T, num_heads, head_k_dim}), start, 1e4, RopeStyle::Half);  // [B, T, H, K]
+  in.q = apply_rope(q_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
+  in.k = apply_rope(k_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
   in.v = v_proj(x).view({B, T, num_heads, head_v_dim});                          // [B, T, H, V]
   in.g = retention_log_decay(num_heads, ct, x.device()).expand({B, T, num_heads});
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));

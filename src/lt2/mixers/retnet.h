@@ -1,4 +1,4 @@
-// RetNet multi-scale retention (spec/mixers.md §4; fla MultiScaleRetention defaults):
+// RetNet multi-scale retention (Sun et al. 2023; fla MultiScaleRetention defaults):
 //   q, k = RoPE(x W_q|k)  (rotate-half, theta 1e4, over the key head dim)   [B, T, H, K]
 //   v    = x W_v                                                           [B, T, H, V]
 //   S_t  = gamma_h S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t K^-1/2,  gamma_h = 1 - 2^(-5-h)
@@ -14,7 +14,7 @@ namespace lt2 {
 class RetNetImpl : public RecurrentMixerImpl {
  public:
   explicit RetNetImpl(const ModelConfig& cfg);
-  RecurrenceInputs project(const Tensor& x, RecurrentState* state, int64_t start) override;
+  RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "retnet"; }
 

@@ -1,4 +1,4 @@
-// Sliding-window softmax attention (spec/mixers.md §5): the full-attention block (same projections,
+// Sliding-window softmax attention (Longformer / Mistral style): the full-attention block (same projections,
 // RoPE, GQA and SDPA output gate, so its weights are interchangeable with `full`) whose query at
 // position i sees the W keys [i - W + 1, i], itself included. W may differ per loop iteration
 // (LT2's loop-level windows, e.g. 128 -> 256 -> 512 -> full); W = 0 means full causal attention.

@@ -1,4 +1,4 @@
-// LoopedLM checkpoint folders (DESIGN.md "Checkpoints"): config.json (our ModelConfig) +
+// LoopedLM checkpoint folders (docs/architecture.md, "Checkpoints"): config.json (our ModelConfig) +
 // model.safetensors, written all-or-nothing; loading accepts our folders and Ouro folders
 // (config.json with model_type "ouro", see lt2/io/ouro.h). The file-level machinery is in
 // lt2/io/checkpoint.h; this layer adds what needs the model (it lives in lt2_model, above lt2_io).

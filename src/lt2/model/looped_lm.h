@@ -1,5 +1,5 @@
 // LoopedLM = embedding -> T loops over N weight-shared blocks -> final norm -> LM head
-// (DESIGN.md "The looped model", spec/models.md §1 and §3).
+// (docs/architecture.md, "The looped model"; the LT2 and Ouro papers).
 //   LT2:  h_0 = Emb(x); h_tau = F(h_{tau-1}) + rho_tau * h_{tau-1}; logits = W_out(norm(h_T))
 //   Ouro: h = Emb(x); per loop: h = norm(F(h)); exit_t = h; logits_t = lm_head(exit_t);
 //         lambda_t = sigmoid(exit_gate(exit_t)); p_t = lambda_t prod_{j<t}(1 - lambda_j), p_T = rest

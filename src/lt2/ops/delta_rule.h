@@ -1,4 +1,4 @@
-// The gated delta rule family (spec/mixers.md §1.2-1.4, §2.2-2.4), state S [B, H, K, V]:
+// The gated delta rule family (DeltaNet, Gated DeltaNet and KDA: the WY/UT chunked form), state S [B, H, K, V]:
 //   S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * S_t^T q_t
 // with the log-gate g_t (<= 0):
 //   undefined     DeltaNet (no decay)

@@ -1,4 +1,4 @@
-// Reference math of the sparse softmax-attention mixers (spec/mixers.md §5–7), in plain libtorch
+// Reference math of the sparse softmax-attention mixers (sliding window, DSA, NSA), in plain libtorch
 // ops (CPU and GPU, autograd): masked attention, deterministic top-k, the DSA lightning indexer and
 // its KL training signal, and NSA's block compression and block selection.
 //

@@ -1,4 +1,4 @@
-// The curriculum of spec/models.md §2 as a state machine independent of the model, plus the
+// The LT2 paper's curriculum as a state machine independent of the model, plus the
 // masked metrics and loss of the synthetic tasks.
 //
 // Stage k (1-based) trains on n = 2^(k+2): 8, 16, 32, 64, 128, 256 for k = 1..6. A stage starts

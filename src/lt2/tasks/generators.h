@@ -1,4 +1,4 @@
-// Synthetic tasks of the state-tracking + recall curriculum (spec/models.md §2): seeded,
+// Synthetic tasks of the state-tracking + recall curriculum (the LT2 paper): seeded,
 // reproducible generators whose train and eval streams never share an example.
 //
 // Vocabulary (fixed per task kind, independent of n, so one model serves every stage):

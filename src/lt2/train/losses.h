@@ -1,4 +1,4 @@
-// Training objectives (spec/models.md §1 and §3).
+// Training objectives (LT2: the last loop; Ouro: the loop exits).
 #pragma once
 #include <torch/torch.h>
 

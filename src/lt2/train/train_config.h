@@ -42,7 +42,7 @@ struct TrainConfig {
   double ouro_entropy_beta = 0.05;
   double gate_min_gain = 0.005;
   // Training of mixers with an auxiliary loss (MixerCaps::aux_loss; the sparse-attention indexers
-  // of spec/mixers.md §6.2): "off"; "dense_warmup" (AuxLossStage::Warmup: only what the auxiliary
+  // of DeepSeek-V3.2): "off"; "dense_warmup" (AuxLossStage::Warmup: only what the auxiliary
   // losses train, on those losses alone); "sparse" (AuxLossStage::Joint: LM loss plus
   // indexer_loss_coef x the auxiliary losses).
   std::string indexer_stage = "off";
