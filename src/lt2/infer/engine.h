@@ -26,6 +26,9 @@ struct EngineOptions {
   int64_t prefill_chunk = 2048; // prompt tokens per prefill forward
   bool cuda_graphs = true;      // capture and replay the decode step (CUDA only)
   bool every_bucket = true;     // buckets 1, 2, 4, ..., max_batch; false: max_batch only
+  // Options of every forward (loops, Ouro exit control); the engine sets last_logits_only and
+  // seq_pos itself.
+  ForwardOptions forward;
 };
 
 class Engine {

@@ -41,7 +41,7 @@ GenerateResult generate(LoopedLMImpl& model, const std::vector<int64_t>& prompt,
     const int64_t n = std::min(opts.prefill_chunk, res.prompt_tokens - begin);
     auto chunk = torch::tensor(std::vector<int64_t>(prompt.begin() + begin, prompt.begin() + begin + n), long_opts)
                      .view({1, n}).to(device);
-    last_logits = model.forward(chunk, state.get()).logits.select(1, n - 1).squeeze(0);  // [V]
+    last_logits = model.forward(chunk, state.get(), opts.forward).logits.select(1, n - 1).squeeze(0);  // [V]
   }
   res.prefill_ms = ms_since(t0, device);
 
@@ -53,7 +53,7 @@ GenerateResult generate(LoopedLMImpl& model, const std::vector<int64_t>& prompt,
     if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), next) != opts.stop_tokens.end()) break;
     if (i + 1 == opts.max_new_tokens) break;
     auto tok = torch::full({1, 1}, next, long_opts.device(device));
-    last_logits = model.forward(tok, state.get()).logits.select(1, 0).squeeze(0);
+    last_logits = model.forward(tok, state.get(), opts.forward).logits.select(1, 0).squeeze(0);
   }
   res.decode_ms = ms_since(t0, device);
   return res;

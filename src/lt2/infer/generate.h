@@ -15,6 +15,7 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 0;
   std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
+  ForwardOptions forward;            // options of every forward (loops, Ouro exit control)
 };
 
 struct GenerateResult {
