@@ -82,12 +82,12 @@ json model_json(const CommonFlags& f, const eval::LoadedModel& m) {
 }
 
 struct ScoreFlags {
-  int64_t max_length = -1, batch_tokens = 16384, limit = -1;
+  int64_t max_length = -1, batch_tokens = 8192, limit = -1;
 };
 
 void add_score_flags(CLI::App* cmd, ScoreFlags& f) {
   cmd->add_option("--max-length", f.max_length, "Tokens per model input (default: the config's max_seq_len)");
-  cmd->add_option("--batch-tokens", f.batch_tokens, "Padded tokens per forward (requests sorted by length, padded right)")
+  cmd->add_option("--batch-tokens", f.batch_tokens, "Padded tokens per forward (requests sorted by length, padded right; the logits of that many tokens are held at once)")
       ->capture_default_str();
   cmd->add_option("--limit", f.limit, "Only the first N documents / items (default: all)");
 }

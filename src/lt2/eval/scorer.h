@@ -24,7 +24,7 @@ struct TokenScores {
 
 struct ScorerOptions {
   int64_t max_length = 2048;     // tokens per input (the model's window)
-  int64_t batch_tokens = 16384;  // padded tokens per forward (at least one request per forward)
+  int64_t batch_tokens = 8192;   // padded tokens per forward (at least one request per forward)
   LoopOptions loops;
 };
 
