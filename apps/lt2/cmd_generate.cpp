@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "lt2/eval/scorer.h"
 #include "lt2/infer/generate.h"
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/tokenizer/tokenizer.h"
@@ -16,7 +17,25 @@ struct GenerateArgs {
   GenerateOptions opts;
   bool json_out = false;
   bool ignore_eos = false;
+  LoopFlags loops;
+  int64_t logprobs = 0;  // print the chosen tokens' log-probabilities and the top-N alternatives
 };
+
+// The chosen tokens' log-probabilities with their top-N alternatives, as JSON.
+json logprobs_json(const std::vector<eval::TokenLogprob>& lps, const Tokenizer& tok) {
+  json out = json::array();
+  for (const auto& lp : lps) {
+    json top = json::array();
+    for (const auto& [id, v] : lp.top) top.push_back({{"token", id}, {"text", tok.decode({(int32_t)id})}, {"logprob", v}});
+    out.push_back({{"token", lp.token}, {"text", tok.decode({(int32_t)lp.token})}, {"logprob", lp.logprob}, {"top", top}});
+  }
+  return out;
+}
+
+// A token's text as a JSON string literal (quotes and escapes show spaces and newlines).
+std::string quoted(const Tokenizer& tok, int64_t id) {
+  return json(tok.decode({static_cast<int32_t>(id)})).dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 void run_generate(GenerateArgs a) {
   LT2_CHECK(std::filesystem::is_directory(a.checkpoint), "'", a.checkpoint,
@@ -33,6 +52,9 @@ void run_generate(GenerateArgs a) {
   model->to(cuda ? torch::kCUDA : torch::kCPU);
   if (cuda && a.dtype != "fp32") model->to(torch::kBFloat16);
   if (auto eos = tok.token_to_id("<|endoftext|>"); eos && !a.ignore_eos) a.opts.stop_tokens.push_back(*eos);
+  LT2_CHECK(a.loops.exits == "final", "lt2 generate decodes with one exit; --exits is for lt2 eval");
+  a.opts.forward = eval::forward_options(model->config(), a.loops.options());
+  LT2_CHECK(a.logprobs >= 0, "--logprobs must be >= 0, found ", a.logprobs);
 
   auto ids32 = tok.encode(a.prompt);
   std::vector<int64_t> prompt(ids32.begin(), ids32.end());
@@ -57,17 +79,27 @@ void run_generate(GenerateArgs a) {
     return true;
   });
   const std::string text = tok.decode(generated, true);
+  std::vector<eval::TokenLogprob> lps;
+  if (a.logprobs > 0) lps = eval::continuation_logprobs(*model, prompt, res.tokens, a.logprobs, a.opts.forward);
   if (a.json_out) {
-    std::printf("%s\n", json{{"prompt", a.prompt}, {"text", text}, {"tokens", res.tokens},
-                             {"prompt_tokens", res.prompt_tokens}, {"prefill_ms", res.prefill_ms},
-                             {"decode_ms", res.decode_ms}, {"decode_tokens_per_s", res.decode_tokens_per_s()},
-                             {"state_bytes", res.state_bytes}}.dump().c_str());
+    json j{{"prompt", a.prompt}, {"text", text}, {"tokens", res.tokens},
+           {"prompt_tokens", res.prompt_tokens}, {"prefill_ms", res.prefill_ms},
+           {"decode_ms", res.decode_ms}, {"decode_tokens_per_s", res.decode_tokens_per_s()},
+           {"state_bytes", res.state_bytes}};
+    if (a.logprobs > 0) j["logprobs"] = logprobs_json(lps, tok);
+    std::printf("%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     return;
   }
   if (text.size() > shown.size()) std::printf("%s", text.c_str() + std::min(shown.size(), text.size()));
   std::fprintf(stderr, "\n\n[%lld prompt tokens: prefill %.1f ms (%.0f tok/s); %zu new tokens: %.1f ms (%.1f tok/s); state %.1f MiB]\n",
                (long long)res.prompt_tokens, res.prefill_ms, res.prefill_tokens_per_s(), res.tokens.size(),
                res.decode_ms, res.decode_tokens_per_s(), res.state_bytes / 1048576.0);
+  if (a.logprobs > 0) std::printf("\nlogprobs (chosen token, then the top %lld):\n", (long long)a.logprobs);
+  for (const auto& lp : lps) {
+    std::printf("%-16s %8.4f  |", quoted(tok, lp.token).c_str(), lp.logprob);
+    for (const auto& [id, v] : lp.top) std::printf(" %s %.4f", quoted(tok, id).c_str(), v);
+    std::printf("\n");
+  }
 }
 
 }  // namespace
@@ -89,6 +121,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--dtype", a->dtype, "auto (bf16 on GPU, fp32 on CPU) | fp32")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past <|endoftext|> (document separators print as nothing)");
   cmd->add_flag("--json", a->json_out, "Print one JSON object (text, tokens, timings) instead of streaming");
+  cmd->add_option("--logprobs", a->logprobs, "Print each chosen token's log-probability and the N most likely "
+                  "alternatives (the model's distribution, before temperature; one forward over the result)")
+      ->capture_default_str();
+  add_loop_flags(cmd, a->loops, /*with_exits=*/false);
   cmd->callback([a] { run_generate(*a); });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lt2/eval/model.h"
 #include "lt2/util/error.h"
 #include "lt2/util/json.h"
 
@@ -24,6 +25,16 @@ struct ConfigWithFlags {
   json j;
 };
 
+// Loop and Ouro exit flags shared by `lt2 eval` and `lt2 generate` (defined in cmd_eval.cpp).
+struct LoopFlags {
+  int64_t loops = -1, exit_step = -1;
+  double exit_threshold = -1;
+  std::string exit_rule = "lt2", exits = "final";
+  eval::LoopOptions options() const;  // checks --exit-rule and --exits
+};
+// `with_exits`: also --exits final|all (scoring only; generation takes one exit).
+void add_loop_flags(CLI::App* cmd, LoopFlags& f, bool with_exits);
+
 void add_info_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
@@ -31,5 +42,6 @@ void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_tasks_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 }  // namespace lt2::cli

@@ -96,7 +96,7 @@ int64_t Engine::length(int64_t slot) const {
 }
 
 Tensor Engine::decode_eager(const Tensor& tokens, const Tensor& positions, ModelState& slots) {
-  ForwardOptions fo;
+  ForwardOptions fo = opts_.forward;
   fo.seq_pos = positions;
   return model_->forward(tokens, &slots, fo).logits.select(1, 0);  // [b, V]
 }
@@ -113,7 +113,7 @@ Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
   lengths_[slot] = 0;
   const int64_t T = prompt.numel();
   auto tokens = prompt.to(state_opts_.device(), torch::kLong).view({1, T});
-  ForwardOptions fo;
+  ForwardOptions fo = opts_.forward;
   fo.last_logits_only = true;
   Tensor logits;
   for (int64_t begin = 0; begin < T; begin += opts_.prefill_chunk) {

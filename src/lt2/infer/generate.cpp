@@ -34,6 +34,7 @@ GenerateResult generate(LoopedLM model, const std::vector<int64_t>& prompt, cons
   eo.max_len = res.prompt_tokens + std::max<int64_t>(opts.max_new_tokens, 1);
   eo.prefill_chunk = opts.prefill_chunk;
   eo.decode = opts.decode;
+  eo.forward = opts.forward;
   Engine engine(model, eo);
   res.state_bytes = engine.state().bytes();
   Sampler sampler(opts.sampling, opts.seed);

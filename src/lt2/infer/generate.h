@@ -17,6 +17,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   std::vector<int64_t> stop_tokens;  // generation ends after emitting one of these
   DecodeOptions decode;              // the engine's kernels and launch settings
+  ForwardOptions forward;            // options of every forward (loops, Ouro exit control)
 };
 
 struct GenerateResult {

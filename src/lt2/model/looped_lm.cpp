@@ -139,7 +139,9 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   LT2_CHECK(tokens.dim() == 2, "tokens must be [B, T], found ", tokens.dim(), " dims");
   const bool per_seq = opts.seq_pos.defined();
   const int64_t start = state && !per_seq ? state->length : 0;
-  const int64_t T = cfg_.n_loops;
+  LT2_CHECK(opts.n_loops == -1 || (opts.n_loops >= 1 && opts.n_loops <= cfg_.n_loops), "n_loops ", opts.n_loops,
+            " must be in [1, ", cfg_.n_loops, "] (the model's loops)");
+  const int64_t T = opts.n_loops > 0 ? opts.n_loops : cfg_.n_loops;
   if (per_seq) {
     LT2_CHECK(state && tokens.size(1) == 1 && opts.seq_pos.numel() == tokens.size(0), "decode with per-sequence "
               "positions takes tokens [B, 1], seq_pos [B] and a state; found tokens ", tokens.sizes(),
@@ -171,7 +173,7 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   }
   if (state && !per_seq) {
     state->length = start + tokens.size(1);
-    const int64_t group_size = T * cfg_.n_layers;
+    const int64_t group_size = cfg_.n_loops * cfg_.n_layers;
     for (int64_t i = 0; i < group_size; ++i)
       state->mixers[state_group_ * group_size + i]->length = state->length;
   }
@@ -196,7 +198,20 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
     out.exit_loop = torch::full({tokens.size(0), L}, opts.exit_at_loop, tokens.options().dtype(torch::kLong));
   } else {
     const double q = opts.exit_threshold > 0 ? opts.exit_threshold : cfg_.early_exit_threshold;
-    if (q >= 1.0) {
+    if (opts.exit_rule_published) {
+      // Ouro's released code: lambda_t, p_t and their running sum in the model dtype.
+      auto lambda = torch::sigmoid(out.exit_logits.to(exits[0].scalar_type()));  // [B, L, T]
+      auto remaining = torch::ones_like(lambda.select(-1, 0));
+      std::vector<Tensor> p;
+      for (int64_t t = 0; t + 1 < T; ++t) {
+        p.push_back(lambda.select(-1, t) * remaining);
+        remaining = remaining * (1 - lambda.select(-1, t));
+      }
+      p.push_back(remaining);
+      auto reached = torch::cumsum(torch::stack(p, -1), -1) >= q;
+      reached.select(-1, T - 1).fill_(true);
+      out.exit_loop = reached.to(torch::kLong).argmax(-1) + 1;
+    } else if (q >= 1.0) {
       out.exit_loop = torch::full({tokens.size(0), L}, T, tokens.options().dtype(torch::kLong));
     } else {
       auto reached = torch::cumsum(out.exit_probs, -1) >= q;  // [B, T, n_loops]

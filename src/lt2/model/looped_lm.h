@@ -34,6 +34,11 @@ struct ForwardOptions {
   bool checkpoint_loops = false;  // recompute each loop in backward instead of storing activations
   int64_t exit_at_loop = -1;      // Ouro inference: take logits of this loop (1-based); -1 = use threshold
   double exit_threshold = -1;     // Ouro inference: exit at first cumulative p >= q; -1 = config value
+  // Ouro inference: compare as Ouro's released code does (p_t and their cumulative sum in the model
+  // dtype), so a token may exit early at q = 1 where the remaining mass rounds away; false: in fp32,
+  // and q >= 1 always takes the last loop.
+  bool exit_rule_published = false;
+  int64_t n_loops = -1;           // run only the first n loops (1 <= n <= config n_loops); -1 = all
   bool compute_logits = true;     // false: return only hidden states (distillation of hidden states)
   bool last_logits_only = false;  // logits (and Ouro exit gates) of the last position only: prefill
   // Decode with per-sequence positions (the engine): tokens [B, 1], sequence b's token at position
