@@ -230,7 +230,9 @@ TEST(DataParallel, KilledRankEndsTheJobWithinTheTimeout) {
   ASSERT_TRUE(e.finished) << log;
   EXPECT_FALSE(e.ok()) << log;
   EXPECT_LT(e.seconds, timeout + 3) << log;
-  EXPECT_TRUE(contains(log, "rank 0 of 2: gradient all-reduce")) << log;
+  // Rank 1 dies during a step: rank 0 fails in that step's gradient all-reduce, or, where rank 1
+  // had finished that all-reduce when it was killed, in the step's loss sum right after it.
+  EXPECT_TRUE(contains(log, "rank 0 of 2: gradient all-reduce") || contains(log, "rank 0 of 2: loss sum")) << log;
   EXPECT_TRUE(contains(log, "failed: a peer rank stopped")) << log;
   std::printf("rank 0 ended %.2f s after rank 1 was killed: %s", e.seconds, log.substr(log.find("lt2: error")).c_str());
 }

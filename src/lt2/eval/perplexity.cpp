@@ -1,6 +1,7 @@
 #include "lt2/eval/perplexity.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -105,7 +106,9 @@ json PerplexityResult::to_json() const {
     per_exit.push_back({{"exit", exits[e]}, {"loglikelihood", loglikelihood[e]},
                         {"token_perplexity", token_perplexity(e)}, {"word_perplexity", word_perplexity(e)},
                         {"byte_perplexity", byte_perplexity(e)}, {"bits_per_byte", bits_per_byte(e)}});
-  return {{"documents", documents}, {"tokens", tokens}, {"words", words}, {"bytes", bytes}, {"exits", per_exit}};
+  return {{"documents", documents}, {"tokens", tokens},          {"words", words},
+          {"bytes", bytes},         {"exits", per_exit},         {"scoring_seconds", scoring_seconds},
+          {"tokens_per_s", tokens_per_s()}};
 }
 
 std::string PerplexityResult::markdown() const {
@@ -116,8 +119,9 @@ std::string PerplexityResult::markdown() const {
                   word_perplexity(e), byte_perplexity(e), bits_per_byte(e));
     s += buf;
   }
-  std::snprintf(buf, sizeof buf, "\n%lld documents, %lld tokens, %lld words, %lld bytes\n", (long long)documents,
-                (long long)tokens, (long long)words, (long long)bytes);
+  std::snprintf(buf, sizeof buf, "\n%lld documents, %lld tokens, %lld words, %lld bytes; scored in %.2f s (%.0f tokens/s)\n",
+                (long long)documents, (long long)tokens, (long long)words, (long long)bytes, scoring_seconds,
+                tokens_per_s());
   return s + buf;
 }
 
@@ -141,7 +145,9 @@ PerplexityResult evaluate_perplexity(Scorer& scorer, const Tokenizer& tok, const
   }
   LT2_CHECK(res.tokens > 0, "the documents have no tokens");
   Progress progress("ppl windows", windows.size(), !quiet);
+  const auto t0 = std::chrono::steady_clock::now();
   const auto scores = scorer.score(windows, &progress);
+  res.scoring_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   progress.finish();
   // Windows are in document order and, within a document, in token order.
   int64_t index = 0;

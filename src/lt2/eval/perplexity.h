@@ -40,6 +40,8 @@ struct PerplexityResult {
   int64_t documents = 0, tokens = 0, words = 0, bytes = 0;
   std::vector<std::string> exits;    // what each column is (Scorer::exit_names)
   std::vector<double> loglikelihood; // [exit]: sum over every token of every document (nats)
+  double scoring_seconds = 0;        // wall time of the scoring forwards (the results back on the host)
+  double tokens_per_s() const { return scoring_seconds > 0 ? tokens / scoring_seconds : 0; }
   // Per exit: exp(-ll / tokens), exp(-ll / words), exp(-ll / bytes), -ll / (bytes ln 2).
   double token_perplexity(size_t e) const;
   double word_perplexity(size_t e) const;
