@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/testing.h"
-#include "lt2/ops/delta_rule.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/util/error.h"
 
 using namespace lt2;
@@ -76,7 +76,7 @@ void expect_error(const std::function<void()>& f, const std::string& what) {
   }
 }
 
-// The loop the kernel replaces, in float64 on the CPU (ops/delta_rule.h: delta_rule_chunk_scan_cuda).
+// The loop the kernel replaces, in float64 on the CPU (ops/delta_rule/delta_rule.h: delta_rule_chunk_scan_cuda).
 ops::ChunkScanResult scan_reference(const Tensor& q, const Tensor& w, const Tensor& u, const Tensor& a,
                                     const Tensor& kt, const Tensor& carry, const Tensor& s0) {
   auto c = [](const Tensor& t) { return t.to(torch::kCPU, f64); };

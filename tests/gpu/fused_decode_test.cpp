@@ -13,10 +13,10 @@
 #include "common/testing.h"
 #include "lt2/mixers/gdn.h"
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/delta_rule.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/fused_decode.h"
-#include "lt2/ops/gated_linear.h"
-#include "lt2/ops/short_conv.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
+#include "lt2/ops/conv/short_conv.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;

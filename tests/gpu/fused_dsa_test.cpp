@@ -1,4 +1,4 @@
-// GPU (CTest label `gpu`): the fused DSA decode-selection kernels (ops/fused_dsa.h). Index scores
+// GPU (CTest label `gpu`): the fused DSA decode-selection kernels (ops/sparse_attention/dsa_decode.h). Index scores
 // against a float64 CPU reference (lightning_indexer_scores on the same, upcast inputs) at several
 // shapes and dtypes, relative RMS error < 1e-5 in fp32 and < 5e-3 in bf16/fp16 over the valid
 // entries, exactly -inf past each length, every element written; topk_select's set == topk_indices'
@@ -21,9 +21,9 @@
 #include "common/testing.h"
 #include "lt2/mixers/dsa.h"
 #include "lt2/mixers/registry.h"
-#include "lt2/ops/projections.h"
-#include "lt2/ops/fused_dsa.h"
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/projections/projections.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "lt2/util/error.h"
 
 using namespace lt2;

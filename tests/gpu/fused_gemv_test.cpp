@@ -11,7 +11,7 @@
 #include "gpu/gpu_testing.h"
 
 #include "common/testing.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 #include "lt2/ops/fused_decode.h"
 
 using namespace lt2;

@@ -11,7 +11,7 @@
 
 #include "common/testing.h"
 #include "lt2/model/block.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 #include "lt2/ops/fused_decode.h"
 
 using namespace lt2;

@@ -12,7 +12,7 @@
 #include "common/testing.h"
 #include "lt2/mixers/nsa.h"
 #include "lt2/mixers/registry.h"
-#include "lt2/ops/fused_sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;

@@ -20,7 +20,7 @@
 
 #include "common/testing.h"
 #include "lt2/kernels/sparse_attention_decode.h"
-#include "lt2/ops/fused_sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;

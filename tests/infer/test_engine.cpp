@@ -7,7 +7,7 @@
 #include "lt2/infer/memory_plan.h"
 #include "lt2/mixers/dsa.h"
 #include "lt2/mixers/full_attention.h"
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 
 using namespace lt2;
 using lt2::testing::make_test_model;

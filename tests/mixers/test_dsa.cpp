@@ -4,8 +4,8 @@
 
 #include "lt2/mixers/dsa.h"
 #include "lt2/model/looped_lm.h"
-#include "lt2/ops/fused_dsa.h"
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "mixers/sparse_testing.h"
 
 namespace {

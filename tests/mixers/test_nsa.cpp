@@ -9,7 +9,7 @@
 #include <set>
 
 #include "lt2/mixers/nsa.h"
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "mixers/sparse_testing.h"
 
 namespace {

@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "lt2/ops/delta_rule.h"
-#include "lt2/ops/gated_linear.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
 #include "ops/numeric_check.h"
 
 namespace {

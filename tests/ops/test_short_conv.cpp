@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "lt2/ops/short_conv.h"
+#include "lt2/ops/conv/short_conv.h"
 #include "ops/numeric_check.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// sparse_attention_decode_reference (ops/fused_sparse_attention.h) against a dense float64
+// sparse_attention_decode_reference (ops/sparse_attention/sparse_attention_decode.h) against a dense float64
 // computation over the whole cache, where a row takes part when it is among the first counts[b]
 // indices of its sequence: fresh random inputs, GQA groups 1, 4 and 16, the latent form (values =
 // the keys' first Dv dims), counts differing per sequence (1 and n included), unused entries
@@ -13,7 +13,7 @@
 
 #include "common/testing.h"
 #include "lt2/kernels/sparse_attention_decode.h"
-#include "lt2/ops/fused_sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/util/error.h"
 
 namespace {

@@ -5,7 +5,7 @@
 // pointers, strides in elements, the last dim of every tensor contiguous. The launchers enqueue on
 // `stream` (a cudaStream_t) and never synchronise, allocate or read device memory on the host, and
 // their grids depend only on the shapes, never on the lengths: a CUDA graph captures them and
-// replays them with new lengths. No libtorch here (ops/fused_dsa.h wraps these for tensors).
+// replays them with new lengths. No libtorch here (ops/sparse_attention/dsa_decode.h wraps these for tensors).
 #pragma once
 #include <cstdint>
 
@@ -42,7 +42,7 @@ constexpr bool dsa_index_scores_supported(int heads, int head_dim) {
 void dsa_index_scores(const DsaIndexScoresParams& p, void* stream);
 
 // The indices of the k largest scores of every row, ordered by (score descending, lower index
-// first): exactly the set lt2::topk_indices (ops/sparse_attention.h) returns for fp32 scores
+// first): exactly the set lt2::topk_indices (ops/sparse_attention/sparse_attention.h) returns for fp32 scores
 // (-0 == +0; -inf entries rank among themselves by lower index). With seq_lens, entries j >= len
 // are taken to be -inf without being read (as dsa_index_scores writes them). Order within a row of
 // `indices` (deterministic, not sorted by score): the entries whose key's high digits, as far as

@@ -1,6 +1,6 @@
 // CUDA kernels for the prefill hot path (many tokens per sequence), in the style of decode.h: a
 // params struct per kernel, a launcher, plain kernels in kernels/cuda/. No libtorch here (the
-// tensor binding is ops::delta_rule_chunk_scan_cuda in ops/delta_rule.h). Pointers are device
+// tensor binding is ops::delta_rule_chunk_scan_cuda in ops/delta_rule/delta_rule.h). Pointers are device
 // pointers to packed (contiguous) fp32 tensors. The launchers enqueue on `stream` (a cudaStream_t)
 // and never synchronise, allocate or read device memory on the host.
 #pragma once

@@ -5,7 +5,7 @@
 // strides in elements, the last dim of every tensor contiguous, fp32 accumulation. The launcher
 // enqueues on `stream` (a cudaStream_t) and never synchronises, allocates or reads device memory
 // on the host; its grid depends only on the shapes, so a captured graph replays with new counts
-// and indices. No libtorch here (ops/fused_sparse_attention.h wraps it for tensors).
+// and indices. No libtorch here (ops/sparse_attention/sparse_attention_decode.h wraps it for tensors).
 #pragma once
 #include <cstdint>
 

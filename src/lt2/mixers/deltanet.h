@@ -7,7 +7,7 @@
 // conv_size (4), chunk_size (64), use_gate (false), allow_neg_eigval (false).
 #pragma once
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

@@ -7,9 +7,9 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/rope.h"
 #include "lt2/ops/fused_decode.h"
-#include "lt2/ops/fused_dsa.h"
-#include "lt2/ops/fused_sparse_attention.h"
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "lt2/ops/decode_options.h"
 
 namespace lt2 {

@@ -39,7 +39,7 @@
 // attention, wo: about ten kernels a layer instead of ~70.
 #pragma once
 #include "lt2/mixers/full_attention.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

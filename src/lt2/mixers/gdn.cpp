@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 #include "lt2/ops/fused_decode.h"
 
 namespace lt2 {

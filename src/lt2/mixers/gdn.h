@@ -11,7 +11,7 @@
 #include <cmath>
 
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

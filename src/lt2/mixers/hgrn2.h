@@ -7,7 +7,7 @@
 // expand_ratio = d / num_heads (fla's default expand_ratio 128).
 #pragma once
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

@@ -10,7 +10,7 @@
 // (num_heads), expand_v (1), conv_size (4), chunk_size (64), allow_neg_eigval (false).
 #pragma once
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

@@ -8,7 +8,7 @@
 // chunk_size (64).
 #pragma once
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

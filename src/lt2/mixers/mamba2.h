@@ -11,7 +11,7 @@
 // expand (2), state_size (64), n_groups (1), conv_size (4), chunk_size (64).
 #pragma once
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

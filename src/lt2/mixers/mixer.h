@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "lt2/nn/positions.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

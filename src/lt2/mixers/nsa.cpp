@@ -5,11 +5,11 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/mixers/full_attention.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 #include "lt2/nn/rope.h"
 #include "lt2/ops/fused_decode.h"
-#include "lt2/ops/fused_sparse_attention.h"
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 
 namespace lt2 {
 

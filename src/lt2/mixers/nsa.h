@@ -11,7 +11,7 @@
 //   keys carry their block's positions.
 // * selection: selection blocks of l' tokens; importance of block j for query t = the compressed
 //   attention probabilities, summed over the query heads of the GQA group and mapped to selection
-//   blocks by the paper's sum (ops/sparse_attention.h, nsa_overlap_matrix); block 0 and the
+//   blocks by the paper's sum (ops/sparse_attention/sparse_attention.h, nsa_overlap_matrix); block 0 and the
 //   `local_blocks` blocks ending at t's own block are forced; the top `select_count` blocks (forced
 //   ones included, ties to the lower block) are attended, causally within the current block.
 // * sliding window of the last `window` tokens (itself included).

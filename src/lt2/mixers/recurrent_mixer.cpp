@@ -2,11 +2,11 @@
 
 #include <cmath>
 
-#include "lt2/ops/projections.h"
-#include "lt2/ops/delta_rule.h"
+#include "lt2/ops/projections/projections.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/fused_decode.h"
-#include "lt2/ops/gated_linear.h"
-#include "lt2/ops/short_conv.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
+#include "lt2/ops/conv/short_conv.h"
 
 namespace lt2 {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 
 namespace lt2 {
 

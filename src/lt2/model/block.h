@@ -5,7 +5,7 @@
 #pragma once
 #include "lt2/config/model_config.h"
 #include "lt2/mixers/mixer.h"
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 

@@ -1,5 +1,5 @@
 // SwiGLU FFN: w2(silu(w1 x) * w3 x). Names follow Lingua (w1 gate, w3 up, w2 down). The module
-// holds the weights and the reference math; ops::swiglu and its decode forms (ops/projections.h)
+// holds the weights and the reference math; ops::swiglu and its decode forms (ops/projections/projections.h)
 // run the packed and fused paths.
 #pragma once
 #include <torch/torch.h>

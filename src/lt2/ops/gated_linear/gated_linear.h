@@ -9,7 +9,7 @@
 // broadcasts shared or grouped heads before calling). Computes in fp32 (fp64 for fp64 inputs);
 // the output has v's dtype, the final state the compute dtype.
 #pragma once
-#include "lt2/ops/delta_rule.h"  // RecurrenceResult
+#include "lt2/ops/delta_rule/delta_rule.h"  // RecurrenceResult
 
 namespace lt2::ops {
 

@@ -1,4 +1,4 @@
-#include "lt2/ops/short_conv.h"
+#include "lt2/ops/conv/short_conv.h"
 
 #include "lt2/util/error.h"
 

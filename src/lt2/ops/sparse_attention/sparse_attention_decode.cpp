@@ -1,4 +1,4 @@
-#include "lt2/ops/fused_sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 
 #include <limits>
 #include <string>

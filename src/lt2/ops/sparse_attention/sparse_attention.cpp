@@ -1,4 +1,4 @@
-#include "lt2/ops/sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "lt2/ops/fused_dsa.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
 
 #include <cmath>
 #include <string>

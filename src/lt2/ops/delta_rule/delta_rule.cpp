@@ -1,4 +1,4 @@
-#include "lt2/ops/delta_rule.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
 
 #include <cstdint>
 #include <string>

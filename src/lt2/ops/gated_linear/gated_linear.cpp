@@ -1,4 +1,4 @@
-#include "lt2/ops/gated_linear.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
 
 #include <vector>
 

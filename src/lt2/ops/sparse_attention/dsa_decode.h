@@ -25,7 +25,7 @@ Tensor dsa_index_scores(const Tensor& q, const Tensor& w, const Tensor& index_ke
                         const Tensor& out = {});
 
 // Indices [B, k] int64 of the k largest entries of each row of scores [B, L] (float32, may hold
-// -inf; 1 <= k <= L): exactly the set topk_indices (ops/sparse_attention.h) returns for fp32
+// -inf; 1 <= k <= L): exactly the set topk_indices (ops/sparse_attention/sparse_attention.h) returns for fp32
 // scores, ties to the lower index. With seq_lens ([B] int64 on the scores' device), entries
 // j >= len count as -inf without being read, and the first min(len, k) indices of a row are its
 // entries below len. Order within a row: the entries above the k-th largest key, then those tied

@@ -1,4 +1,4 @@
-#include "lt2/ops/projections.h"
+#include "lt2/ops/projections/projections.h"
 
 #include "lt2/ops/fused_decode.h"
 
