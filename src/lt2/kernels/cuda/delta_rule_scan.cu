@@ -1,6 +1,7 @@
 // The inter-chunk scan of the chunked delta rule (prefill.h: delta_rule_scan), one launch for all
 // chunks of all (sequence, head) pairs, where ops::delta_rule_chunked would otherwise loop on the
-// host over ~8 libtorch kernels per chunk.
+// host over ~8 libtorch kernels per chunk. The forward pass runs it in chunk order, the backward
+// pass (the adjoint recurrence of the state gradients) in reverse order with an addend.
 //
 // Floor. The value columns of S [K, V] evolve independently, so a block owns S[:, v0 : v0 + VB]
 // of one (sequence, head) in shared memory for the whole scan. Per chunk and block it reads W_n
@@ -10,7 +11,7 @@
 // The chunks of a block are sequential, so the scan is bound by each chunk's latency (its two
 // products, two barriers and the loads in flight), not by the device's FLOPs. That is why the
 // outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the
-// binding computes them for all chunks with two batched GEMMs): inside it they would double each
+// op computes them for all chunks with two batched GEMMs): inside it they would double each
 // chunk's chain of products and barriers. A 4096-token lt2-gdn-1.3b prefill spends 0.63 ms per
 // call here, 9.8 us per chunk (bench/results/prefill_profile_h200.md).
 //
@@ -22,9 +23,10 @@
 //   ([x][VB] rows, S or V_new) as one conflict-free word per lane. Plain fp32 FMAs: TF32 tensor
 //   cores would not hold the 1e-5 fp32 tolerance of the GPU tests (tests/gpu/gpu_testing.h).
 // - Per chunk: store S_n (each thread its own entries); 1 V_new = U_n - W_n S (shared and
-//   global); 2 S = carry_n * S + Kt_n V_new (each thread updates its own entries). Two barriers.
-// - The chunk's matrices stream in with cp.async: Kt_n+1 and carry_n+1 (two buffers, taking
-//   turns) are issued as chunk n starts and have the whole chunk to land; W_n+1 is issued once
+//   global); 2 S = carry_n * S + Kt_n V_new + Y_n (each thread updates its own entries, the
+//   accumulator starting from the addend Y_n where one is given). Two barriers.
+// - The chunk's matrices stream in with cp.async: the next chunk's Kt and carry (two buffers, taking
+//   turns) are issued as chunk n starts and have the whole chunk to land; the next W is issued once
 //   phase 1 is done with W_n and lands during phase 2. U_n is read into registers at the chunk
 //   start. Shared memory at the 1.3B head with VB 16: 87 KiB (two blocks per SM; the launch
 //   bounds cap registers at 128 for that: VB 8 / 16 use 96, VB 32 128 with 4 bytes spilled);
@@ -131,7 +133,9 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
   float* sVn = smem + lay.vn;
   float* sW = smem + lay.w;
 
-  // Chunk n of (sequence, head) bh: the first element of each per-chunk matrix.
+  // The chunk processed at step i, and chunk n of (sequence, head) bh: the first element of each
+  // per-chunk matrix.
+  auto chunk_at = [&](int i) { return p.reverse ? N - 1 - i : i; };
   auto w_of = [&](int n) { return p.w + ((bh * N + n) * C) * K; };
   auto kt_of = [&](int n) { return p.kt + ((bh * N + n) * K) * C; };
   auto uv_offset = [&](int n, int c) { return ((bh * N + n) * C + c) * V + v0 + j; };  // u, v_new
@@ -147,15 +151,15 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
 
   // Prologue: W_0, Kt_0 and carry_0 in flight, S from the initial state.
   if (N > 0) {
-    copy_rows_async(sW, lay.pk, w_of(0), C, K);
-    load_kt_carry(0, 0);
+    copy_rows_async(sW, lay.pk, w_of(chunk_at(0)), C, K);
+    load_kt_carry(chunk_at(0), 0);
   }
   cp_async_commit();
   const float* S0 = p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr;
   for (int k = rg; k < K; k += RG) sS[k * VB + j] = S0 ? S0[static_cast<int64_t>(k) * V + j] : 0.f;
 
-  for (int n = 0; n < N; ++n) {
-    const int b = n & 1;
+  for (int step = 0; step < N; ++step) {
+    const int b = step & 1, n = chunk_at(step);
     // S_n: the thread's own entries (written by itself in the last phase 2, or the prologue).
     float* Sn = p.states + (bh * N + n) * K * V + v0;
     for (int k = rg; k < K; k += RG) Sn[static_cast<int64_t>(k) * V + j] = sS[k * VB + j];
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
     }
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
     __syncthreads();     // ... for every thread; the last phase 2 (S, reads of buffer b ^ 1) is done
-    if (n + 1 < N) load_kt_carry(n + 1, b ^ 1);  // lands during this whole chunk
+    if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
     cp_async_commit();
 
     // 1: V_new = U_n - W_n S.
@@ -183,13 +187,19 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
       }
     }
     __syncthreads();  // V_new complete; nobody reads W_n any more
-    if (n + 1 < N) copy_rows_async(sW, lay.pk, w_of(n + 1), C, K);  // W_n+1: lands during 2
+    if (step + 1 < N) copy_rows_async(sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
     cp_async_commit();
 
-    // 2: S = carry_n * S + Kt_n V_new, each thread on its own entries of S.
+    // 2: S = carry_n * S + Kt_n V_new + Y_n, each thread on its own entries of S.
     const float* sKt = smem + lay.kt + b * lay.kt_size;
     const float* sCarry = smem + lay.carry + b * lay.carry_size;
-    float kv[kStateRows] = {};
+    float kv[kStateRows];  // starts from Y_n[k_i, j], the addend
+    const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int k = rg + RG * i;
+      kv[i] = Yn && k < K ? __ldg(Yn + static_cast<int64_t>(k) * V + j) : 0.f;
+    }
     rows_times_cols<VB>(kv, sKt, lay.pc, K, sVn, C, rg, j);
 #pragma unroll
     for (int i = 0; i < kStateRows; ++i) {
