@@ -225,6 +225,52 @@ TEST(DeltaRuleScan, GradientsMatchReference) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Packed documents on CUDA (the kernel's resets, forward and reverse): outputs, final states and
+// gradients equal each document run alone through the float64 recurrence.
+
+TEST(DeltaRuleScan, PackedDocumentsMatchEachAlone) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const std::vector<int64_t> lengths{1, 63, 64, 65, 1000};
+  std::vector<int64_t> cu{0};
+  for (int64_t l : lengths) cu.push_back(cu.back() + l);
+  const int64_t T = cu.back(), D = static_cast<int64_t>(lengths.size()), H = 2, K = 96, V = 192;
+  for (Gate gate : {Gate::Head, Gate::Channel}) {
+    SCOPED_TRACE(gate_name(gate));
+    torch::manual_seed(21 + static_cast<int>(gate));
+    const auto in = make_inputs(1, T, H, K, V, gate, false);
+    const auto s0 = 0.5 * torch::randn({D, H, K, V}, f32);
+    const auto d_o = torch::randn({1, T, H, V}, f64);
+    const auto d_s = torch::randn({D, H, K, V}, f64);
+    std::vector<Tensor> leaves;
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
+      leaves.push_back(t->to(gpu(f32)).detach().requires_grad_(true));
+    const auto out = ops::delta_rule_chunked_varlen(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], in.scale,
+                                                    leaves[5], cu, 64);
+    ((out.o.to(f64) * d_o.cuda()).sum() + (out.final_state.to(f64) * d_s.cuda()).sum()).backward();
+    std::vector<Tensor> ref_leaves;
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
+      ref_leaves.push_back(t->to(f64).detach().requires_grad_(true));
+    Tensor loss = torch::zeros({}, f64);
+    std::vector<Tensor> ref_o;
+    for (int64_t d = 0; d < D; ++d) {
+      auto part = [&](const Tensor& x) { return x.narrow(1, cu[d], lengths[d]); };
+      const auto ref = ops::delta_rule_recurrent(part(ref_leaves[0]), part(ref_leaves[1]), part(ref_leaves[2]),
+                                                 part(ref_leaves[3]), part(ref_leaves[4]), in.scale,
+                                                 ref_leaves[5].select(0, d).unsqueeze(0));
+      EXPECT_LT(rel_err(part(out.o.detach().cpu()), ref.o.detach()), 1e-5) << "output of document " << d;
+      EXPECT_LT(rel_err(out.final_state.detach().select(0, d).cpu(), ref.final_state.detach().squeeze(0)), 1e-5)
+          << "final state of document " << d;
+      loss = loss + (ref.o * part(d_o)).sum() + (ref.final_state.squeeze(0) * d_s.select(0, d)).sum();
+    }
+    loss.backward();
+    const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_states"};
+    for (size_t i = 0; i < leaves.size(); ++i)
+      EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), 1e-5) << names[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The binding directly: every value block, per-head and per-channel carries, forward and reverse
 // with an addend, strided and misaligned inputs, against the loop in float64.
 

@@ -16,6 +16,7 @@ constexpr int kMaxScanChunk = 64;   // chunk size C: a multiple of 4 in [4, 64]
 // The inter-chunk recurrence of the chunked delta rule (ops::chunk_state_scan), all N chunks of
 // every (sequence, head) in one launch; S [K, V] per (sequence, head), fp32:
 //   for n = 0 .. N-1 (or N-1 .. 0 when `reverse`):
+//     S     = reset_states[resets[n]]            // where resets[n] >= 0 (zeros without reset_states)
 //     S_n   = S                                  // the state entering chunk n, stored
 //     V_n   = U_n - W_n S                        // [C, V], stored
 //     S     = carry_n * S + Kt_n V_n (+ Y_n)     // carry_n: one scalar, or one per key channel (row of S)
@@ -29,6 +30,10 @@ struct DeltaRuleScanParams {
   const float* kt;     // [B, H, N, K, C]
   const float* carry;  // [B, H, N, K] when per_channel_carry, else [B, H, N]: the chunk's decay of S
   const float* addend;         // [B, H, N, K, V] Y_n, or nullptr for none
+  // Packed documents (batch 1): resets[n] >= 0 restarts S at chunk n from reset_states[resets[n]]
+  // (zeros when reset_states is nullptr); -1 continues. nullptr: no resets.
+  const int* resets;           // [N] int32
+  const float* reset_states;   // [D, H, K, V]
   const float* initial_state;  // [B, H, K, V], or nullptr for zeros
   float* states;               // [B, H, N, K, V]: S_n
   float* v_new;                // [B, H, N, C, V]: V_n

@@ -160,7 +160,15 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
 
   for (int step = 0; step < N; ++step) {
     const int b = step & 1, n = chunk_at(step);
-    // S_n: the thread's own entries (written by itself in the last phase 2, or the prologue).
+    // A document starts here (packed rows): S restarts from its state. Each thread replaces its
+    // own entries, which only it reads before the next barrier.
+    const int reset = p.resets ? __ldg(p.resets + n) : -1;
+    if (reset >= 0) {
+      const float* R = p.reset_states ? p.reset_states + (static_cast<int64_t>(reset) * p.heads + blockIdx.y) * K * V + v0
+                                      : nullptr;
+      for (int k = rg; k < K; k += RG) sS[k * VB + j] = R ? R[static_cast<int64_t>(k) * V + j] : 0.f;
+    }
+    // S_n: the thread's own entries (written by itself in the last phase 2, the prologue or the reset).
     float* Sn = p.states + (bh * N + n) * K * V + v0;
     for (int k = rg; k < K; k += RG) Sn[static_cast<int64_t>(k) * V + j] = sS[k * VB + j];
     float u[kChunkRows];  // U_n[c_i, j]
@@ -258,6 +266,7 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
   if (p.batch == 0 || p.heads == 0) return;
   LT2_CHECK(p.final_state && (p.chunks == 0 || (p.w && p.u && p.kt && p.carry && p.states && p.v_new)),
             "delta_rule_scan: every pointer but initial_state must be given (only final_state without chunks)");
+  LT2_CHECK(!p.resets || p.batch == 1, "delta_rule_scan: resets (packed documents) need batch 1, found ", p.batch);
   LT2_CHECK(aligned16(p.w) && aligned16(p.kt) && (!p.per_channel_carry || aligned16(p.carry)),
             "delta_rule_scan: w, kt (and a per-channel carry) must be 16-byte aligned");
   int device = 0;

@@ -10,6 +10,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <vector>
+
 namespace lt2::ops {
 
 using torch::Tensor;
@@ -41,8 +43,9 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
 
 // The recurrence over the chunks of the chunked form, S [B, H, K, V]:
 //   for n = 0 .. N-1 (N-1 .. 0 when reverse):
+//     S = reset_states[resets[n]] where resets[n] >= 0 (packed documents)
 //     S_n = S;   V_n = U_n - W_n S;   S = carry_n * S + Kt_n V_n (+ Y_n)
-// All tensors of one floating dtype on one device, any strides.
+// All tensors of one floating dtype on one device, any strides (resets int32).
 struct ChunkScanInputs {
   Tensor w;              // [B, H, N, C, K]
   Tensor u;              // [B, H, N, C, V]
@@ -51,6 +54,8 @@ struct ChunkScanInputs {
   Tensor initial_state;  // [B, H, K, V], or undefined for zeros
   Tensor addend;         // [B, H, N, K, V] Y_n, or undefined for none
   bool reverse = false;
+  Tensor resets;         // [N] int32 (B 1): >= 0 restarts S at chunk n, -1 continues; or undefined
+  Tensor reset_states;   // [D, H, K, V] the states resets[n] names, or undefined for zeros
 };
 struct ChunkScanResult {
   Tensor states;       // [B, H, N, K, V]: S_n, the state entering chunk n
@@ -69,8 +74,14 @@ ChunkScanResult chunk_state_scan(const ChunkScanInputs& in);
 //   d(initial_state) = G_0,
 // all chunks at once. The states S_n and V_n are kept from the forward pass (the outputs need
 // them anyway), so the backward does not rerun the forward scan.
+// Packed documents (B 1): doc_starts [D] int64 (ascending, doc_starts[0] = 0) are the chunks where
+// documents start; S restarts there from doc_states [D, H, K, V] (undefined: zeros) and the
+// initial_state is unused. The backward restarts its state gradient at zero after each
+// document's last chunk but the row's last (which takes final_state's gradient), and gives
+// d(doc_states[d]) = dS_n(out) + carry_n G_{n+1} - W_n^T dV_n at the document's first chunk n.
 ChunkScanResult chunk_state_scan_differentiable(const Tensor& w, const Tensor& u, const Tensor& kt,
-                                                const Tensor& carry, const Tensor& initial_state);
+                                                const Tensor& carry, const Tensor& initial_state,
+                                                const Tensor& doc_starts = {}, const Tensor& doc_states = {});
 // The kernel behind chunk_state_scan: float32 CUDA tensors on one device (packed copies are made
 // where needed). value_block: value columns per block (8, 16, 32), 0 for the launcher's choice.
 // Throws on dims chunk_state_scan_supported refuses.
@@ -79,6 +90,18 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
 // CUDA kernels): K and C multiples of 4 with K <= 256, C <= 64, V a multiple of 8, and its shared
 // memory within the device's limit.
 bool chunk_state_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device);
+
+// The chunked form over documents packed into one row (flash-linear-attention's cu_seqlens):
+// q, k [1, T, H, K], v [1, T, H, V], beta [1, T, H], g as for delta_rule_chunked over the same T;
+// document d holds tokens cu_seqlens[d] .. cu_seqlens[d + 1] - 1 (cu_seqlens[0] = 0, ascending,
+// the last = T; empty documents allowed). Each document is chunked on its own and no state crosses
+// a boundary: the result equals running each document alone. initial_states [D, H, K, V] or
+// undefined (zeros). Returns o [1, T, H, V] and final_state [D, H, K, V] (each document's).
+// Differentiable.
+RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& beta, const Tensor& g, double scale,
+                                           const Tensor& initial_states,
+                                           const std::vector<int64_t>& cu_seqlens, int64_t chunk_size);
 
 // One decode token: q, k [B, H, K], v [B, H, V], beta [B, H], g undefined / [B, H] / [B, H, K].
 // Updates `state` ([B, H, K, V]) in place and returns o [B, H, V] in v's dtype.
