@@ -17,6 +17,7 @@
 #include "lt2/config/presets.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/train/autocast.h"
 #include "lt2/util/error.h"
 #include "lt2/util/json.h"
 
@@ -43,11 +44,15 @@ int main(int argc, char** argv) {
   app.add_option("--head-k", head_k, "--core: key head dim")->capture_default_str();
   app.add_option("--head-v", head_v, "--core: value head dim")->capture_default_str();
   app.add_option("--chunk", chunk, "--core: chunk size")->capture_default_str();
+  bool tf32 = true;
+  app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     const bool cuda = torch::cuda::is_available();
     const auto dev = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
     auto sync = [&] { if (cuda) torch::cuda::synchronize(); };
+    lt2::Tf32Scope tf32_scope(cuda && tf32);
     std::function<void(bool)> run;
     lt2::Mixer mixer_layer;
     torch::Tensor x;
@@ -110,6 +115,7 @@ int main(int argc, char** argv) {
     lt2::json j{{"model", core ? "core" : model}, {"mixer", mixer}, {"batch", batch}, {"seq", seq},
                 {"device", cuda ? "cuda" : "cpu"}, {"forward_ms", fwd}, {"forward_backward_ms", fwd_bwd},
                 {"tokens_per_s_fwd_bwd", batch * seq / (fwd_bwd / 1000)}};
+    j["tf32"] = cuda && tf32;
     if (core) j["core"] = {{"heads", heads}, {"head_k", head_k}, {"head_v", head_v}, {"chunk", chunk}};
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {

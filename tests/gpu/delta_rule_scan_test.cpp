@@ -224,6 +224,42 @@ TEST(DeltaRuleScan, GradientsMatchReference) {
     }
 }
 
+// Training's setting: bf16 activations and the chunk math's fp32 products on TF32 tensor cores
+// (lt2::Tf32Scope, as `lt2 train` under bf16): outputs and every gradient within the bf16
+// tolerance of the float64 recurrence on the same (bf16-rounded) inputs.
+TEST(DeltaRuleScan, Tf32GradientsMatchReferenceAtBf16Tolerance) {
+  REQUIRE_FUSED_DECODE();
+  for (Gate gate : {Gate::Head, Gate::Channel}) {
+    SCOPED_TRACE(gate_name(gate));
+    torch::manual_seed(31 + static_cast<int>(gate));
+    auto in = make_inputs(2, 300, 4, 96, 192, gate, true);
+    for (Tensor* t : {&in.q, &in.k, &in.v}) *t = t->to(torch::kBFloat16).to(f32);
+    const auto d_o = torch::randn({2, 300, 4, 192}, f64);
+    std::vector<Tensor> leaves, ref_leaves;
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &in.s0}) {
+      const auto dt = t == &in.q || t == &in.k || t == &in.v ? torch::kBFloat16 : f32;
+      leaves.push_back(t->to(gpu(dt)).detach().requires_grad_(true));
+      ref_leaves.push_back(t->to(f64).detach().requires_grad_(true));
+    }
+    ops::RecurrenceResult out;
+    {
+      at::globalContext().setAllowTF32CuBLAS(true);
+      out = ops::delta_rule_chunked(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], in.scale, leaves[5], 64);
+      (out.o.to(f64) * d_o.cuda()).sum().backward();
+      at::globalContext().setAllowTF32CuBLAS(false);
+    }
+    const auto ref = ops::delta_rule_recurrent(ref_leaves[0], ref_leaves[1], ref_leaves[2], ref_leaves[3],
+                                               ref_leaves[4], in.scale, ref_leaves[5]);
+    (ref.o * d_o).sum().backward();
+    const double tol = tolerance(torch::kBFloat16);
+    EXPECT_LT(rel_err(out.o.detach().cpu().to(f64), ref.o.detach()), tol) << "output";
+    EXPECT_LT(rel_err(out.final_state.detach().cpu(), ref.final_state.detach()), tol) << "final state";
+    const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_state"};
+    for (size_t i = 0; i < leaves.size(); ++i)
+      EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), tol) << names[i];
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Packed documents on CUDA (the kernel's resets, forward and reverse): outputs, final states and
 // gradients equal each document run alone through the float64 recurrence.

@@ -45,7 +45,7 @@ json TrainConfig::to_json() const {
               {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
               {"clip", clip}, {"seed", seed}, {"log_every", log_every},
               {"eval_every", eval_every}, {"eval_batches", eval_batches},
-              {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops},
+              {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops}, {"tf32", tf32},
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
               {"gate_min_gain", gate_min_gain}, {"indexer_stage", indexer_stage},
               {"indexer_loss_coef", indexer_loss_coef}, {"dist_timeout", dist_timeout},
@@ -80,6 +80,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   json_get(j, "eval_batches", c.eval_batches, where);
   json_get(j, "save_every", c.save_every, where);
   json_get(j, "checkpoint_loops", c.checkpoint_loops, where);
+  json_get(j, "tf32", c.tf32, where);
   std::string obj = to_string(c.objective);
   json_get(j, "objective", obj, where);
   if (obj == "ce") c.objective = Objective::CE;

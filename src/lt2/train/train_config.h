@@ -38,6 +38,7 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   int64_t save_every = 0;       // 0 = only at the end
   bool checkpoint_loops = false;  // activation checkpointing per loop
+  bool tf32 = true;  // with bf16 autocast: fp32 matmuls (the recurrences' chunk math) on TF32 tensor cores
   Objective objective = Objective::CE;
   double ouro_entropy_beta = 0.05;
   double gate_min_gain = 0.005;

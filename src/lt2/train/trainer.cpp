@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "lt2/config/presets.h"
@@ -55,6 +56,7 @@ std::string progress_bar(int64_t done, int64_t total, double seconds_left) {
 struct Trainer::Impl {
   torch::Device device{torch::kCPU};
   bool autocast = false;
+  std::optional<Tf32Scope> tf32;  // for the trainer's lifetime under autocast (TrainConfig::tf32)
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<BatchSampler> train, val;  // the shard's (null when callbacks give the batches)
   std::vector<torch::Tensor> params;
@@ -118,6 +120,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
   LT2_CHECK(!(cfg_.dtype == "bf16" && !I.device.is_cuda()),
             "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
   I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
+  if (I.autocast) I.tf32.emplace(cfg_.tf32);
 
   std::shared_ptr<const ShardReader> train_shard;
   if (!cb_.batch) train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
