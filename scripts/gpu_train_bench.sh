@@ -3,7 +3,8 @@
 # the training-speed benchmarks of the linear-time mixers, lt2 and its peer in the same call.
 #   STAGES="layers peer train prefill"   which parts run (default: all)
 #   layers:  bench/mixer_bench, one layer (the lt2-gdn-1.3b shape) and the recurrence alone (--core),
-#            forward and forward + backward, for MIXERS (gdn,kda,deltanet) at SHAPES (8x4096,1x32768)
+#            forward and forward + backward, for MIXERS (gdn,kda,deltanet) at SHAPES (8x4096,1x32768); the
+#            recurrent families at the 100M shape (16 x 2048); the GDN layer with TF32 off
 #   peer:    bench/fla_peer.py, flash-linear-attention 0.6.0 from .deps/py, the same rows (PEER_MIXERS,
 #            default MIXERS; Triton autotunes each kernel once per call, minutes: its compile cache
 #            stays in .triton-cache while the machine is warm)
@@ -45,6 +46,13 @@ if has layers; then
       $B/bench/mixer_bench --core --mixer "$mixer" --batch "$b" --seq "$t" --heads 16 --head-k 96 --head-v 192 2>&1 | record
     done
   done
+  # The 100M shape of results/mixer_layer_h200.json (before the chunk scan trained), every recurrent family.
+  for mixer in gdn kda mamba2 gla retnet; do
+    $B/bench/mixer_bench --model lt2-full-gdn-100m --mixer $mixer --batch 16 --seq 2048 2>&1 | record
+  done
+  # TF32 off (the chunk products as fp32 FMAs): the A/B of TrainConfig::tf32 at the first shape.
+  shape=${SHAPES%%,*}
+  $B/bench/mixer_bench --model lt2-gdn-1.3b --mixer gdn --batch "${shape%x*}" --seq "${shape#*x}" --tf32 0 2>&1 | record
 fi
 
 if has peer; then
@@ -76,9 +84,11 @@ python3 - "$JSONL" "$OUT/train_bench.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 out = []
-lt2 = {(r["mixer"], "core" if r.get("model") == "core" else "layer", r["batch"], r["seq"]): r
-       for r in rows if "mixer" in r and "peer" not in r}
-fla = {(r["mixer"], r["what"], r["batch"], r["seq"]): r for r in rows if "peer" in r}
+lt2 = {(r["mixer"], "core" if r.get("model") == "core" else f"layer {r['model']}", r["batch"], r["seq"]): r
+       for r in rows if "mixer" in r and "peer" not in r and r.get("tf32", True)}
+fp32 = [r for r in rows if "mixer" in r and "peer" not in r and not r.get("tf32", True)]
+fla = {(r["mixer"], "core" if r["what"] == "core" else "layer lt2-gdn-1.3b", r["batch"], r["seq"]): r
+       for r in rows if "peer" in r}
 if lt2:
     out += ["| mixer | what | batch x seq | lt2 fwd ms | fla fwd ms | lt2 fwd+bwd ms | fla fwd+bwd ms | fwd+bwd lt2/fla |",
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -88,6 +98,9 @@ if lt2:
         out.append(f"| {key[0]} | {key[1]} | {key[2]} x {key[3]} | {f(r['forward_ms'])} | {f(p and p['forward_ms'])} | "
                    f"{f(r['forward_backward_ms'])} | {f(p and p['forward_backward_ms'])} | "
                    f"{f(p and r['forward_backward_ms'] / p['forward_backward_ms'])} |")
+for r in fp32:
+    out.append(f"| {r['mixer']} | layer, TF32 off | {r['batch']} x {r['seq']} | {r['forward_ms']:.2f} | — | "
+               f"{r['forward_backward_ms']:.2f} | — | — |")
 train = [r for r in rows if "median_step_ms" in r]
 if train:
     out += ["", "| model | seq x batch | ms/step | tokens/s | MFU |", "| --- | --- | ---: | ---: | ---: |"]
