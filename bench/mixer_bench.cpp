@@ -17,7 +17,7 @@
 #include "lt2/config/presets.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
-#include "lt2/train/autocast.h"
+#include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
 #include "lt2/util/json.h"
 

@@ -13,6 +13,7 @@
 #include "lt2/config/presets.h"
 #include "lt2/kernels/kernels.h"
 #include "lt2/model/checkpoint_io.h"
+#include "lt2/nn/precision.h"
 #include "lt2/train/autocast.h"
 #include "lt2/train/batches.h"
 #include "lt2/train/gradient_reducer.h"
