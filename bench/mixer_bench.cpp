@@ -15,6 +15,7 @@
 #include <functional>
 
 #include "lt2/config/presets.h"
+#include "lt2/infer/kernel_profile.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/nn/precision.h"
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
   app.add_option("--head-v", head_v, "--core: value head dim")->capture_default_str();
   app.add_option("--chunk", chunk, "--core: chunk size")->capture_default_str();
   bool tf32 = true;
+  int64_t profile = 0;
+  app.add_option("--profile", profile, "CUDA: after timing, print the per-kernel GPU time of this many forward+backward runs")
+      ->capture_default_str();
   app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -107,6 +111,10 @@ int main(int argc, char** argv) {
       fwd = time(false);
     }
     double fwd_bwd = time(true);
+    if (profile > 0) {
+      const auto p = lt2::profile_device_activity([&] { run(true); }, profile);
+      std::printf("%s\n", lt2::kernel_profile_table(p, 25).c_str());
+    }
     if (!trace.empty()) {
       torch::autograd::profiler::RecordProfile guard(trace);
       run(true);

@@ -62,7 +62,8 @@ if has peer; then
 fi
 
 if has train; then
-  for model in ${TRAIN_MODELS:-lt-100m,lt2-gdn-100m,lt2-full-gdn-100m}; do
+  models=${TRAIN_MODELS:-lt-100m,lt2-gdn-100m,lt2-full-gdn-100m}
+  for model in ${models//,/ }; do
     for sb in 2048x16 8192x4; do
       $B/bench/train_bench --model "$model" --seq-len "${sb%x*}" --batch-size "${sb#*x}" --steps "${TRAIN_STEPS:-12}" --checkpoint-loops \
         > /tmp/train_bench.log 2>&1
