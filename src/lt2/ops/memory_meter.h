@@ -7,7 +7,8 @@
 // allocator and CUDA's caching allocator report every block allocated and freed on a thread that
 // has a reporter installed. The meter installs itself for the calling thread; autograd's worker
 // threads inherit it, so a backward on the GPU counts too. Blocks allocated before it started are
-// not counted, nor their frees.
+// not counted, nor their frees (c10's CPU allocator logs one warning when it frees such a block
+// while a meter listens).
 #pragma once
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/torch.h>
