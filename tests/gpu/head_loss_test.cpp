@@ -1,9 +1,9 @@
 // GPU (CTest label `gpu`): the fused, chunked LM head + loss (ops/loss/lm_head_loss.h) on CUDA
 // against float64 references on the CPU, fresh random inputs: in fp32 (relative error < 1e-5) and
 // under bf16 autocast with fp32 master weights, as `lt2 train` runs it (< 5e-3 against the float64
-// loss of the bf16-rounded inputs, and no further off than the unfused reference path), chunks
-// that do not divide the tokens; the KL-to-teacher target; the bytes kept for backward. Skips where
-// no CUDA GPU is present.
+// loss of the bf16-rounded inputs, and no further off than the unfused reference path), with
+// chunks that do not divide the tokens and ignored tokens; the KL-to-teacher target; the bytes
+// kept for backward. Skips where no CUDA GPU is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -61,7 +61,8 @@ TEST(HeadLossGpu, CrossEntropyMatchesFloat64Reference) {
       torch::manual_seed(s.N + s.V);
       const auto hidden = torch::randn({s.N, s.d}, gpu(torch::kFloat32));
       const auto weight = torch::randn({s.V, s.d}, gpu(torch::kFloat32)) * (2 / std::sqrt(static_cast<double>(s.d)));
-      const auto labels = torch::randint(s.V, {s.N}, gpu(torch::kLong));
+      auto labels = torch::randint(s.V, {s.N}, gpu(torch::kLong));
+      labels.index_put_({torch::arange(0, s.N, 7, gpu(torch::kLong))}, -100);  // ignored tokens
       ops::HeadLossOptions o;
       o.chunk_tokens = s.chunk;
       const auto fused = run([&](const Tensor& h, const Tensor& w) { return ops::lm_head_cross_entropy(h, w, labels, o); },

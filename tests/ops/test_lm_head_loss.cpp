@@ -199,28 +199,31 @@ TEST(HeadLoss, ErrorsSayWhatWasExpected) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight.t(), ops::HardLabels(p.labels)); })
+  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight.t(), ops::HardLabels(p.labels, 9)); })
                 .find("expected hidden [N, d] and weight [V, d]"),
             std::string::npos);
   auto bad = p.labels.clone();
   bad[1] = 9;
-  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::HardLabels(bad)); }).find("[0, 9)"),
+  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::HardLabels(bad, 9)); }).find("[0, 9)"),
             std::string::npos);
-  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::HardLabels(p.labels.narrow(0, 0, 5))); })
+  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::HardLabels(p.labels.narrow(0, 0, 5), 9)); })
                 .find("expected 6 labels"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::HardLabels(p.labels, 10)); })
+                .find("made for a vocabulary of 10, the head has 9"),
             std::string::npos);
   EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::TeacherLogProbs(torch::zeros({6, 8}))); })
                 .find("expected [6, 9]"),
             std::string::npos);
   ops::HeadLossOptions o;
   o.chunk_tokens = -1;
-  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::HardLabels(p.labels), o); }).find("chunk_tokens"),
+  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::HardLabels(p.labels, 9), o); }).find("chunk_tokens"),
             std::string::npos);
 }
 
 TEST(HeadLoss, AutomaticChunkKeepsLogitsWithinBudget) {
-  EXPECT_EQ(ops::head_loss_chunk_tokens(131072, 4, {}), 512);
-  EXPECT_EQ(ops::head_loss_chunk_tokens(32768, 4, {}), 2048);
+  EXPECT_EQ(ops::head_loss_chunk_tokens(131072, 4, {}), 1024);
+  EXPECT_EQ(ops::head_loss_chunk_tokens(32768, 4, {}), 4096);
   EXPECT_EQ(ops::head_loss_chunk_tokens(int64_t{1} << 40, 4, {}), 1);
   ops::HeadLossOptions o;
   o.chunk_tokens = 100;

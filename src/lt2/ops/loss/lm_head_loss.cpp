@@ -61,16 +61,15 @@ WalkResult walk(const Tensor& hidden, const Tensor& weight, const HeadLossTarget
   r.sum = torch::zeros({}, hidden.options().dtype(logit_dtype));
   if (want_d_hidden) r.d_hidden = torch::empty(hidden.sizes(), hidden.options());
   if (want_d_weight) r.d_weight = torch::zeros(weight.sizes(), weight.options());
+  const bool want_grad = want_d_hidden || want_d_weight;
   for (int64_t begin = 0; begin < N; begin += chunk) {
     const int64_t n = std::min(chunk, N - begin);
     const auto h = hidden.narrow(0, begin, n).to(compute);  // [n, d]
-    auto logits = product(h, w.t(), logit_dtype);           // [n, V]
-    r.sum.add_(target.score(logits, begin));                // logits now hold d(sum)/d(logits)
-    if (!want_d_hidden && !want_d_weight) continue;
-    const auto g = logits.to(compute);  // [n, V]
-    logits = Tensor();                  // the fp32 chunk is done with: free it before the products
-    if (want_d_hidden) r.d_hidden.narrow(0, begin, n).copy_(at::mm(g, w));
-    if (want_d_weight) add_product(r.d_weight, g.t(), h);
+    auto scored = target.score(product(h, w.t(), logit_dtype), begin,
+                               want_grad ? std::optional<ScalarType>(compute) : std::nullopt);
+    r.sum.add_(scored.loss);
+    if (want_d_hidden) r.d_hidden.narrow(0, begin, n).copy_(product(scored.grad, w, hidden.scalar_type()));
+    if (want_d_weight) add_product(r.d_weight, scored.grad.t(), h);
   }
   return r;
 }
@@ -97,32 +96,48 @@ struct HeadLossFunction : torch::autograd::Function<HeadLossFunction> {
 
 }  // namespace
 
-HardLabels::HardLabels(Tensor labels, int64_t ignore_index) : labels_(std::move(labels)), ignore_index_(ignore_index) {
+HardLabels::HardLabels(Tensor labels, int64_t vocab, int64_t ignore_index)
+    : labels_(std::move(labels)), vocab_(vocab), ignore_index_(ignore_index) {
   LT2_CHECK(labels_.dim() == 1 && labels_.scalar_type() == torch::kLong,
             "hard labels: expected a [N] int64 tensor, found ", labels_.sizes(), " ", labels_.scalar_type());
+  const auto ignored = labels_ == ignore_index_;
+  const auto in_range = (labels_ >= 0).logical_and(labels_ < vocab).logical_or(ignored);
+  const auto flags = torch::stack({in_range.all(), ignored.any()}).cpu();  // one host sync for both
+  LT2_CHECK(flags[0].item<bool>(), "hard labels: expected every label in [0, ", vocab, ") or equal to ",
+            ignore_index_, " (ignored); found one outside");
+  any_ignored_ = flags[1].item<bool>();
 }
 
 void HardLabels::check(int64_t rows, int64_t vocab, torch::Device device) const {
   LT2_CHECK(labels_.size(0) == rows, "hard labels: expected ", rows, " labels (one per hidden row), found ",
             labels_.size(0));
+  LT2_CHECK(vocab == vocab_, "hard labels: made for a vocabulary of ", vocab_, ", the head has ", vocab);
   LT2_CHECK(labels_.device() == device, "hard labels: expected them on ", device, " with the hidden states, found ",
             labels_.device());
-  const auto in_range = (labels_ >= 0).logical_and(labels_ < vocab).logical_or(labels_ == ignore_index_);
-  LT2_CHECK(in_range.all().item<bool>(), "hard labels: expected every label in [0, ", vocab, ") or equal to ",
-            ignore_index_, " (ignored); found one outside");
 }
 
-Tensor HardLabels::score(Tensor& logits, int64_t begin) const {
+ChunkScore HardLabels::score(Tensor logits, int64_t begin, std::optional<ScalarType> grad_dtype) const {
   const int64_t n = logits.size(0);
-  const auto labels = labels_.narrow(0, begin, n);                       // [n]
-  const auto counted = labels != ignore_index_;                          // [n]
-  const auto index = labels.masked_fill(counted.logical_not(), 0).unsqueeze(1);  // [n, 1]
-  const auto lse = logits.logsumexp(1, /*keepdim=*/true);                // [n, 1]
-  const auto loss = torch::where(counted, (lse - logits.gather(1, index)).squeeze(1), 0).sum();
-  logits.sub_(lse).exp_();                                               // softmax
-  logits.scatter_add_(1, index, torch::full({n, 1}, -1.0, logits.options()));
-  logits.mul_(counted.unsqueeze(1).to(logits.scalar_type()));            // ignored rows: no gradient
-  return loss;
+  const auto labels = labels_.narrow(0, begin, n);                                // [n]
+  const auto counted = labels != ignore_index_;                                   // [n]
+  const auto index = labels.masked_fill(counted.logical_not(), 0).unsqueeze(1);   // [n, 1]
+  auto log_probs = torch::log_softmax(logits, 1);                                 // [n, V]
+  logits = Tensor();
+  const auto picked = log_probs.gather(1, index);                                 // [n, 1]
+  ChunkScore s;
+  s.loss = -torch::where(counted, picked.squeeze(1), 0).sum();
+  if (!grad_dtype) return s;
+  // softmax - onehot(label): the softmax written in the gradient's dtype in one pass, the label's
+  // entry from p - 1 in the logits' dtype (p rounded first would lose p - 1 where p is near 1).
+  if (*grad_dtype == log_probs.scalar_type()) {
+    s.grad = log_probs.exp_();
+  } else {
+    s.grad = torch::empty(log_probs.sizes(), log_probs.options().dtype(*grad_dtype));
+    at::exp_out(s.grad, log_probs);
+  }
+  s.grad.scatter_(1, index, (picked.exp() - 1).to(*grad_dtype));
+  if (any_ignored_) s.grad.mul_(counted.unsqueeze(1).to(*grad_dtype));  // ignored rows: no gradient
+  return s;
 }
 
 Tensor HardLabels::count() const { return (labels_ != ignore_index_).sum(); }
@@ -139,14 +154,16 @@ void TeacherLogProbs::check(int64_t rows, int64_t vocab, torch::Device) const {
             log_probs_.sizes());
 }
 
-Tensor TeacherLogProbs::score(Tensor& logits, int64_t begin) const {
+ChunkScore TeacherLogProbs::score(Tensor logits, int64_t begin, std::optional<ScalarType> grad_dtype) const {
   const auto t = log_probs_.narrow(0, begin, logits.size(0)).detach().to(logits.options());  // [n, V]
   const auto p = t.exp();                                                                   // [n, V]
-  logits.sub_(logits.logsumexp(1, /*keepdim=*/true));                                       // student log-probs
+  auto log_q = torch::log_softmax(logits, 1);                                               // student, [n, V]
+  logits = Tensor();
+  ChunkScore s;
   // p log p is 0 where p is: the masked form keeps -inf log-probabilities from making 0 * inf.
-  const auto loss = torch::where(p > 0, p * (t - logits), 0).sum();
-  logits.exp_().sub_(p);
-  return loss;
+  s.loss = torch::where(p > 0, p * (t - log_q), 0).sum();
+  if (grad_dtype) s.grad = log_q.exp_().sub_(p).to(*grad_dtype);
+  return s;
 }
 
 Tensor TeacherLogProbs::count() const {
@@ -180,8 +197,8 @@ Tensor lm_head_cross_entropy(const Tensor& hidden, const Tensor& weight, const T
   LT2_CHECK(hidden.dim() >= 1 && labels.sizes() == hidden.sizes().slice(0, hidden.dim() - 1),
             "head cross-entropy: expected labels shaped like hidden without its last dim; found hidden ",
             hidden.sizes(), " and labels ", labels.sizes());
-  return lm_head_loss(hidden.reshape({-1, hidden.size(-1)}), weight, HardLabels(labels.reshape({-1}), ignore_index),
-                      opts)
+  return lm_head_loss(hidden.reshape({-1, hidden.size(-1)}), weight,
+                      HardLabels(labels.reshape({-1}), weight.size(0), ignore_index), opts)
       .mean();
 }
 

@@ -4,21 +4,33 @@
 //
 // The walk takes the tokens a chunk at a time. For each chunk it forms the chunk's logits
 // (hidden_c W^T, in fp32), hands them to the target, which returns the chunk's summed loss and
-// overwrites the logits with G_c = d(loss)/d(logits), and, while the chunk is at hand, forms the
+// G_c = d(loss)/d(logits) in the products' dtype, and, while the chunk is at hand, forms the
 // gradients: d hidden_c = G_c W and dW += G_c^T hidden_c. The forward pass thus does the backward's
 // products too (the same three products as the reference's forward and backward), so backward only
-// scales the two saved gradients by the incoming gradient. Memory: one chunk of logits and its
+// scales the two saved gradients by the incoming gradient. Memory: a chunk's logits, log-probs and
 // gradient, plus the saved d hidden [N, d] and dW [V, d], instead of the reference's [N, V]
-// log-probabilities.
+// logits, log-probabilities and their gradients.
 //
-// The target side is a small policy (HeadLossTarget), so the same walk serves hard labels (the LM
-// loss) and a teacher's distribution (logit distillation).
+// Cost beyond the products: each chunk's logits are written once and read by log_softmax, exp and
+// the cast to the products' dtype (about 30 bytes a logit under bf16 autocast against the
+// reference's ~50), and dW, in fp32, is read and written once a chunk (8 V d bytes): the larger the
+// chunk, the less that traffic weighs against the chunk's 6 n V d FLOPs. The target side is a small
+// policy (HeadLossTarget), so the same walk serves hard labels (the LM loss) and a teacher's
+// distribution (logit distillation).
 #pragma once
 #include <torch/torch.h>
+
+#include <optional>
 
 namespace lt2::ops {
 
 using torch::Tensor;
+
+// What a chunk scores: its loss summed over its rows, and that sum's gradient w.r.t. its logits.
+struct ChunkScore {
+  Tensor loss;  // 0-dim, the logits' dtype
+  Tensor grad;  // [n, V] in the dtype asked for; undefined when none was
+};
 
 // What each chunk of the student's logits is scored against.
 class HeadLossTarget {
@@ -26,26 +38,28 @@ class HeadLossTarget {
   virtual ~HeadLossTarget() = default;
   // Throws lt2::Error unless the target scores `rows` rows of `vocab` logits on `device`.
   virtual void check(int64_t rows, int64_t vocab, torch::Device device) const = 0;
-  // logits: [n, V] logits of rows [begin, begin + n), fp32 (float64 for float64 inputs). Returns
-  // the chunk's loss summed over its rows (0-dim, the logits' dtype) and overwrites the logits with
-  // d(that sum)/d(logits).
-  virtual Tensor score(Tensor& logits, int64_t begin) const = 0;
+  // logits: the [n, V] logits of rows [begin, begin + n), fp32 (float64 for float64 inputs), handed
+  // over so the target can free them once read. grad_dtype: the gradient's dtype, none for no
+  // gradient.
+  virtual ChunkScore score(Tensor logits, int64_t begin, std::optional<torch::ScalarType> grad_dtype) const = 0;
   // The rows that count: the denominator of the mean (0-dim, on the target's device).
   virtual Tensor count() const = 0;
 };
 
 // Cross-entropy against hard labels: -log softmax(logits)[label] per row, gradient
-// softmax - onehot(label). labels: [N] int64; rows labelled ignore_index score 0 and do not count.
+// softmax - onehot(label). labels: [N] int64, each in [0, vocab) or ignore_index; rows labelled
+// ignore_index score 0 and do not count. The constructor checks the labels (one host sync).
 class HardLabels final : public HeadLossTarget {
  public:
-  explicit HardLabels(Tensor labels, int64_t ignore_index = -100);
+  HardLabels(Tensor labels, int64_t vocab, int64_t ignore_index = -100);
   void check(int64_t rows, int64_t vocab, torch::Device device) const override;
-  Tensor score(Tensor& logits, int64_t begin) const override;
+  ChunkScore score(Tensor logits, int64_t begin, std::optional<torch::ScalarType> grad_dtype) const override;
   Tensor count() const override;
 
  private:
   Tensor labels_;  // [N]
-  int64_t ignore_index_;
+  int64_t vocab_, ignore_index_;
+  bool any_ignored_;  // whether any row is ignored: only then do gradients need a row mask
 };
 
 // KL(teacher || student) = sum_v p_t,v (log p_t,v - log p_s,v) per row, gradient
@@ -56,7 +70,7 @@ class TeacherLogProbs final : public HeadLossTarget {
  public:
   explicit TeacherLogProbs(Tensor teacher_log_probs);
   void check(int64_t rows, int64_t vocab, torch::Device device) const override;
-  Tensor score(Tensor& logits, int64_t begin) const override;
+  ChunkScore score(Tensor logits, int64_t begin, std::optional<torch::ScalarType> grad_dtype) const override;
   Tensor count() const override;
 
  private:
@@ -68,9 +82,9 @@ struct HeadLossOptions {
   int64_t chunk_tokens = 0;
 };
 
-// The automatic chunk's budget for its fp32 logits (the chunk's gradient in the product dtype and
-// the target's temporaries come on top).
-constexpr int64_t kAutoChunkBytes = int64_t{256} << 20;
+// The automatic chunk's budget for its fp32 logits (its log-probs, briefly, and its gradient in the
+// products' dtype come on top): 1024 tokens at a 128k vocabulary, 4096 at 32k.
+constexpr int64_t kAutoChunkBytes = int64_t{512} << 20;
 
 // Tokens per chunk for a vocabulary of `vocab` logits of `logit_bytes` bytes each.
 int64_t head_loss_chunk_tokens(int64_t vocab, int64_t logit_bytes, const HeadLossOptions& opts);
