@@ -138,6 +138,7 @@ void add_train_command(CLI::App& app) {
               "TrainConfig fields: model train_data val_data out_dir device dtype seq_len batch_size grad_accum\n"
               "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
               "eval_batches save_every checkpoint_loops tf32 objective ouro_entropy_beta gate_min_gain init_from\n"
+              "fused_loss (default true: the chunked head + cross-entropy; false: full logits) loss_chunk_tokens\n"
               "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef\n"
               "dist_timeout dist_bucket_mb (gradient all-reduce bucket, MiB)\n\n"
               "Data-parallel training: `--nproc N` starts N local ranks itself; or run under torchrun\n"

@@ -74,6 +74,13 @@ struct Trainer::Impl {
 };
 
 namespace {
+LmLossOptions loss_options(const TrainConfig& c) {
+  LmLossOptions o;
+  o.fused = c.fused_loss;
+  o.head.chunk_tokens = c.loss_chunk_tokens;
+  return o;
+}
+
 // The RNG seed of one micro-batch (random layer patterns draw from it): a function of (step, micro)
 // only, so a micro-batch draws the same whichever rank runs it.
 uint64_t micro_seed(uint64_t seed, int64_t step, int64_t micro) {
@@ -225,9 +232,9 @@ double Trainer::evaluate() {
     AutocastScope ac(I.autocast);
     ForwardOptions fo;
     fo.exit_at_loop = model_->exit_gate ? model_->config().n_loops : -1;
-    auto out = model_->forward(x.to(I.device), nullptr, fo);
+    const auto loss = lm_cross_entropy(*model_, x.to(I.device), y.to(I.device), fo, loss_options(cfg_));
     aux_loss(*model_);  // drop the auxiliary losses this forward recorded
-    total += cross_entropy(out.logits, y.to(I.device)).item<double>();
+    total += loss.item<double>();
   }
   model_->train();
   if (I.group) {
@@ -284,12 +291,13 @@ StepMetrics Trainer::run() {
         AutocastScope ac(I.autocast);
         ForwardOptions fo;
         fo.checkpoint_loops = cfg_.checkpoint_loops;
-        fo.loop_logits = cfg_.objective != Objective::CE;
-        auto out = model_->forward(x, nullptr, fo);
-        switch (cfg_.objective) {
-          case Objective::CE: loss = cross_entropy(out.logits, y); break;
-          case Objective::Ouro: loss = ouro_loss(out, y, cfg_.ouro_entropy_beta); break;
-          case Objective::OuroGate: loss = ouro_gate_loss(out, y, cfg_.gate_min_gain); break;
+        if (cfg_.objective == Objective::CE) {
+          loss = lm_cross_entropy(*model_, x, y, fo, loss_options(cfg_));
+        } else {
+          fo.loop_logits = true;
+          const auto out = model_->forward(x, nullptr, fo);
+          loss = cfg_.objective == Objective::Ouro ? ouro_loss(out, y, cfg_.ouro_entropy_beta)
+                                                   : ouro_gate_loss(out, y, cfg_.gate_min_gain);
         }
         // Auxiliary losses of the mixers: the warm-up trains on them alone; the joint stage adds them.
         if (auto aux = aux_loss(*model_); aux.defined())
