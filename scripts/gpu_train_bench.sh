@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ON THE GPU MACHINE (device tool) from the repo root with `.deps` carried (scripts/gpu_deps.sh):
 # the training-speed benchmarks of the linear-time mixers, lt2 and its peer in the same call.
-#   STAGES="layers peer train prefill"   which parts run (default: all)
+#   STAGES="layers peer train prefill"   which parts run (default: all; the peer runs last, within PEER_TIMEOUT s)
 #   layers:  bench/mixer_bench, one layer (the lt2-gdn-1.3b shape) and the recurrence alone (--core),
 #            forward and forward + backward, for MIXERS (gdn,kda,deltanet) at SHAPES (8x4096,1x32768); the
 #            recurrent families at the 100M shape (16 x 2048); the GDN layer with TF32 off
@@ -55,11 +55,6 @@ if has layers; then
   $B/bench/mixer_bench --model lt2-gdn-1.3b --mixer gdn --batch "${shape%x*}" --seq "${shape#*x}" --tf32 0 2>&1 | record
 fi
 
-if has peer; then
-  PYTHONPATH=$PWD/.deps/py python3 bench/fla_peer.py --what layer,core --mixer "${PEER_MIXERS:-$MIXERS}" \
-    --shape "$SHAPES" 2>&1 | tee /tmp/fla_peer.log | record
-  grep -v '^RESULT' /tmp/fla_peer.log | grep -iE "error|Traceback" -A3 | head -20
-fi
 
 if has train; then
   models=${TRAIN_MODELS:-lt-100m,lt2-gdn-100m,lt2-full-gdn-100m}
@@ -79,6 +74,12 @@ if has prefill; then
 import json
 for c in json.load(open('/tmp/prefill.json'))['cells']:
     c['bench'] = 'prefill'; print('RESULT ' + json.dumps(c))" | record
+fi
+
+if has peer; then
+  PYTHONPATH=$PWD/.deps/py timeout "${PEER_TIMEOUT:-300}" python3 bench/fla_peer.py --what layer,core --mixer "${PEER_MIXERS:-$MIXERS}" \
+    --shape "$SHAPES" 2>&1 | tee /tmp/fla_peer.log | record
+  grep -v '^RESULT' /tmp/fla_peer.log | grep -iE "error|Traceback" -A3 | head -20
 fi
 
 python3 - "$JSONL" "$OUT/train_bench.md" <<'PY'

@@ -96,7 +96,7 @@ ops::ChunkScanResult scan_reference(const ops::ChunkScanInputs& in) {
 // Random inputs of the scan (CUDA, fp32), scaled so that the state stays bounded over the chunks.
 struct ScanInputs {
   Tensor w, u, kt, carry, s0, addend;
-  ops::ChunkScanInputs op(bool reverse = false) const { return {w, u, kt, carry, s0, addend, reverse}; }
+  ops::ChunkScanInputs op(bool reverse = false) const { return {w, u, kt, carry, s0, addend, reverse, Tensor(), Tensor()}; }
 };
 ScanInputs make_scan_inputs(int64_t B, int64_t H, int64_t N, int64_t C, int64_t K, int64_t V, bool per_channel,
                             bool with_state) {
@@ -260,6 +260,29 @@ TEST(DeltaRuleScan, Tf32GradientsMatchReferenceAtBf16Tolerance) {
   }
 }
 
+// The UT transform's inverse on CUDA (kernels/prefill.h: unit_lower_inverse) == the float64
+// triangular solve, value and gradient, at chunk sizes 1 to 64; L's diagonal and upper part unread.
+TEST(DeltaRuleScan, UnitLowerInverseMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  for (int64_t C : {1, 16, 37, 64}) {
+    SCOPED_TRACE(::testing::Message() << "C " << C);
+    torch::manual_seed(C);
+    const auto L = torch::randn({3, 5, C, C}, f64) * 0.3;  // full: only the strict lower part counts
+    const auto G = torch::randn({3, 5, C, C}, f64);
+    auto l_gpu = L.to(gpu(f32)).requires_grad_(true);
+    const auto T = ops::unit_lower_inverse(l_gpu);
+    (T.to(f64) * G.cuda()).sum().backward();
+    auto l_ref = L.tril(-1).requires_grad_(true);
+    const auto eye = torch::eye(C, f64).expand({3, 5, C, C});
+    const auto T_ref = torch::linalg_solve_triangular(l_ref + eye, eye, /*upper=*/false);
+    (T_ref * G).sum().backward();
+    EXPECT_LT(rel_err(T.detach().cpu().to(f64), T_ref.detach()), 1e-5) << "inverse";
+    EXPECT_LT(rel_err(l_gpu.grad().cpu().to(f64), l_ref.grad().tril(-1)), 1e-5) << "gradient";
+    EXPECT_EQ(l_gpu.grad().triu().abs().max().item<float>(), 0.f) << "diagonal and upper part unread";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Packed documents on CUDA (the kernel's resets, forward and reverse): outputs, final states and
 // gradients equal each document run alone through the float64 recurrence.
@@ -349,7 +372,7 @@ TEST(DeltaRuleScan, BindingTakesStridedAndMisalignedInputs) {
   addend_off.copy_(in.addend);
   auto s0_perm = in.s0.permute({1, 0, 2, 3}).contiguous().permute({1, 0, 2, 3});
   const auto out = ops::chunk_state_scan_cuda(
-      {uw.narrow(-1, V, K), uw.narrow(-1, 0, V), kt_view, in.carry, s0_perm, addend_off, false});
+      {uw.narrow(-1, V, K), uw.narrow(-1, 0, V), kt_view, in.carry, s0_perm, addend_off, false, Tensor(), Tensor()});
   EXPECT_LT(rel_err(out.states.cpu(), ref.states), 1e-5);
   EXPECT_LT(rel_err(out.v.cpu(), ref.v), 1e-5);
   EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5);
@@ -363,7 +386,7 @@ TEST(DeltaRuleScan, BindingRejectsBadInput) {
   const auto in = make_scan_inputs(B, H, N, C, K, V, false, true);
   auto call = [&](const Tensor& w, const Tensor& u, const Tensor& kt, const Tensor& carry, const Tensor& s0,
                   const Tensor& addend, int vb = 0) {
-    return [=] { ops::chunk_state_scan_cuda({w, u, kt, carry, s0, addend, false}, vb); };
+    return [=] { ops::chunk_state_scan_cuda({w, u, kt, carry, s0, addend, false, Tensor(), Tensor()}, vb); };
   };
   expect_error(call(in.w.narrow(-1, 0, K - 4), in.u, in.kt, in.carry, in.s0, in.addend), "kt must be");
   expect_error(call(in.w, in.u.narrow(1, 0, 1), in.kt, in.carry, in.s0, in.addend), "u must be");

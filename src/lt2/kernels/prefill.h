@@ -55,4 +55,16 @@ int delta_rule_scan_value_block(int batch, int heads, int head_k, int head_v, in
 // Whether delta_rule_scan serves these dims on CUDA device `device` (for some value block).
 bool delta_rule_scan_supported(int head_k, int head_v, int chunk_size, int device);
 
+// The UT transform's inverse of the chunked delta rule, for a batch of `count` C x C matrices:
+//   T = (I + StrictTril(L))^{-1}             (unit lower triangular; L's diagonal and upper part unread)
+// by forward substitution, one block per matrix and one thread per column of T (a column depends
+// only on itself). l and t: [count, C, C] fp32, packed; C in [1, kMaxScanChunk].
+struct UnitLowerInverseParams {
+  const float* l;
+  float* t;
+  int64_t count;
+  int size;  // C
+};
+void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream);
+
 }  // namespace lt2::kernels

@@ -179,7 +179,47 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
   }
 };
 
+struct UnitLowerInverseFunction : public torch::autograd::Function<UnitLowerInverseFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& L) {
+    auto T = unit_lower_inverse_cuda(L);
+    ctx->save_for_backward({T});
+    return T;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Tensor Tt = ctx->get_saved_variables()[0].transpose(-1, -2);
+    return {-torch::matmul(torch::matmul(Tt, grads[0]), Tt).tril(-1)};
+  }
+
+  // The kernel: L float32 on CUDA, C <= kMaxScanChunk.
+  static Tensor unit_lower_inverse_cuda(const Tensor& L) {
+#ifdef LT2_WITH_CUDA
+    const auto l = L.contiguous();
+    auto T = torch::empty_like(l);
+    c10::cuda::CUDAGuard guard(l.device());
+    kernels::unit_lower_inverse({l.data_ptr<float>(), T.data_ptr<float>(), l.numel() / (l.size(-1) * l.size(-1)),
+                                 static_cast<int>(l.size(-1))},
+                                detail::current_stream(l));
+    return T;
+#else
+    detail::no_cuda("unit_lower_inverse");
+#endif
+  }
+};
+
 }  // namespace
+
+Tensor unit_lower_inverse(const Tensor& L) {
+  LT2_CHECK(L.dim() >= 2 && L.size(-1) == L.size(-2), "unit_lower_inverse: L must be [..., C, C], found ",
+            L.sizes());
+  const int64_t C = L.size(-1);
+#ifdef LT2_WITH_CUDA
+  if (L.is_cuda() && L.scalar_type() == torch::kFloat32 && C >= 1 && C <= kernels::kMaxScanChunk)
+    return UnitLowerInverseFunction::apply(L);
+#endif
+  auto eye = torch::eye(C, L.options()).expand(L.sizes());
+  return torch::linalg_solve_triangular(L, eye, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+}
 
 bool chunk_state_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device) {
 #ifdef LT2_WITH_CUDA
@@ -299,11 +339,10 @@ ChunkedForm chunked_form(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, co
                          const Tensor& doc_states = {}) {
   const int64_t C = Q.size(3), K = Q.size(4), V = Vc.size(4);
   auto G_last = G.narrow(-2, C - 1, 1);                          // [B, H, N, 1, 1 or K]
-  // UT transform: solve (I + L) [U | W] = [diag(beta) V | diag(beta) (K * exp(G))] per chunk.
+  // UT transform: [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))] per chunk.
   auto L = decayed_scores(b * Kc, Kc, G, /*inclusive=*/false);   // [B, H, N, C, C]
   auto rhs = torch::cat({b * Vc, b * Kc * G.exp()}, -1);         // [B, H, N, C, V + K]
-  auto UW = torch::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true,
-                                           /*unitriangular=*/true);  // diagonal read as 1
+  auto UW = torch::matmul(unit_lower_inverse(L), rhs);           // [B, H, N, C, V + K]
   auto U = UW.narrow(-1, 0, V);                                  // [B, H, N, C, V]
   auto W = UW.narrow(-1, V, K);                                  // [B, H, N, C, K]
 

@@ -29,7 +29,7 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 // Chunked parallel form (UT/WY transform): within a chunk of C tokens, with G the chunk-local
 // cumulative log-gate and S the state at the chunk start,
 //   L = StrictTril(diag(beta) (K K^T decayed by exp(G_i - G_j)))
-//   [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))]      (triangular solve)
+//   [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))]      (unit_lower_inverse)
 //   V_new = U - W S
 //   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed) V_new)
 //   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new
@@ -40,6 +40,12 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);
+
+// (I + StrictTril(L))^{-1} for L [..., C, C] (the UT transform's inverse; L's diagonal and upper
+// part are not read). Differentiable: dL = -StrictTril(T^T dT T^T). On CUDA in float32 with
+// C <= 64 one kernel launch (forward substitution, kernels/prefill.h: unit_lower_inverse);
+// otherwise a triangular solve against the identity.
+Tensor unit_lower_inverse(const Tensor& L);
 
 // The recurrence over the chunks of the chunked form, S [B, H, K, V]:
 //   for n = 0 .. N-1 (N-1 .. 0 when reverse):
