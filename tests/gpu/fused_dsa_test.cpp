@@ -21,6 +21,7 @@
 #include "common/testing.h"
 #include "lt2/mixers/dsa.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/ops/projections/gemv.h"
 #include "lt2/ops/projections/projections.h"
 #include "lt2/ops/sparse_attention/dsa_decode.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
