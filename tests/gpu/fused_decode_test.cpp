@@ -23,38 +23,12 @@ using namespace lt2::gpu_testing;
 using lt2::kernel_cases::attention_reference;
 using lt2::kernel_cases::random_lengths;
 
-namespace {
-
-const auto f64 = torch::kFloat64;
-
-// The forms of gdn_decode this device runs at head dims (K, V).
-std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
-  std::vector<kernels::GdnDecodeForm> forms{kernels::GdnDecodeForm::PerHead};
-#ifdef LT2_WITH_CUDA
-  if (kernels::gdn_decode_registers_supported(static_cast<int>(K), static_cast<int>(V)))
-    forms.push_back(kernels::GdnDecodeForm::Registers);
-  if (kernels::gdn_decode_cluster_supported(static_cast<int>(K), static_cast<int>(V), c10::cuda::current_device()))
-    forms.push_back(kernels::GdnDecodeForm::Cluster);
-#endif
-  return forms;
-}
-
-const char* form_name(kernels::GdnDecodeForm form) {
-  switch (form) {
-    case kernels::GdnDecodeForm::Registers: return "registers";
-    case kernels::GdnDecodeForm::PerHead: return "per-head";
-    case kernels::GdnDecodeForm::Cluster: return "cluster";
-    case kernels::GdnDecodeForm::Auto: break;
-  }
-  return "auto";
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------------------------------------
 // The GDN mixer's step: fused path on == off.
 
 namespace {
+
+const auto f64 = torch::kFloat64;
 
 ModelConfig gdn_config(const json& gdn_options) {
   auto cfg = lt2::testing::tiny_config("gdn");
@@ -195,6 +169,26 @@ TEST(FusedDecode, GdnStepGraphReplay) {
 }
 
 namespace {
+
+// The forms of gdn_decode this device runs at head dims (K, V).
+std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
+  std::vector<kernels::GdnDecodeForm> forms{kernels::GdnDecodeForm::PerHead};
+  if (kernels::gdn_decode_registers_supported(static_cast<int>(K), static_cast<int>(V)))
+    forms.push_back(kernels::GdnDecodeForm::Registers);
+  if (kernels::gdn_decode_cluster_supported(static_cast<int>(K), static_cast<int>(V), c10::cuda::current_device()))
+    forms.push_back(kernels::GdnDecodeForm::Cluster);
+  return forms;
+}
+
+const char* form_name(kernels::GdnDecodeForm form) {
+  switch (form) {
+    case kernels::GdnDecodeForm::Registers: return "registers";
+    case kernels::GdnDecodeForm::PerHead: return "per-head";
+    case kernels::GdnDecodeForm::Cluster: return "cluster";
+    case kernels::GdnDecodeForm::Auto: break;
+  }
+  return "auto";
+}
 
 // bf16 weights of a GDN step of H heads (head dims K, V; conv width W) in `form`, for the graph
 // tests; the inputs are the caller's.

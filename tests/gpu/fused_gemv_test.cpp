@@ -7,6 +7,7 @@
 #include "gpu/gpu_testing.h"
 
 #include "common/testing.h"
+#include "lt2/kernels/decode.h"
 #include "lt2/ops/projections/gemv.h"
 #include "lt2/ops/projections/projections.h"
 

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "common/errors.h"
@@ -25,6 +27,9 @@
 #include "lt2/ops/gated_linear/gated_linear.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/gemv.h"
+#include "lt2/ops/decode_options.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/util/error.h"
 
@@ -66,14 +71,16 @@ double bytes_of(std::initializer_list<Tensor> ts) {
 uint64_t seed_of(const std::string& name) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return h >> 1;  // manual_seed takes it as a uint64; keep it clear of the sign bit anywhere it is read back
+  return h;
 }
 
 // How many copies of `weight_bytes` of weights add up to well past the 50 MB L2 cache, so that
 // rotating over them every call reads its weights from memory.
 int weight_copies(double weight_bytes) { return static_cast<int>(std::max(1.0, std::ceil(256e6 / weight_bytes))); }
 
-// The table being built. Every case's setup seeds the generator from the case's name first.
+// The table being built. Every case's setup seeds the generator from the case's name first. A
+// case's label names everything it varies, so a model-shaped case that is also a fixed one is
+// added once (as model-shaped).
 class Table {
  public:
   void add(std::string op, std::string shape, torch::ScalarType dt, int64_t batch, int64_t context, bool model_shape,
@@ -81,14 +88,23 @@ class Table {
     KernelCase c;
     c.op = std::move(op), c.shape = std::move(shape), c.dtype = dt, c.tolerance = tolerance(dt);
     c.batch = batch, c.context = context, c.model_shape = model_shape;
-    const uint64_t seed = seed_of(c.name());
+    const auto name = c.name();
+    if (const auto it = index_.find(name); it != index_.end()) {
+      cases[it->second].model_shape = cases[it->second].model_shape || model_shape;
+      return;
+    }
+    const uint64_t seed = seed_of(name);
     c.setup = [seed, setup = std::move(setup)](Purpose p) {
       torch::manual_seed(seed);
       return setup(p);
     };
+    index_[name] = cases.size();
     cases.push_back(std::move(c));
   }
   std::vector<KernelCase> cases;
+
+ private:
+  std::unordered_map<std::string, size_t> index_;  // case name -> its place in cases
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -854,6 +870,199 @@ std::string sparse_label(const SparseShape& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// DSA's decode-step selection: the lightning indexer's scores, the top-k, both in one call, and
+// the latent form's prep.
+
+const double kInf = std::numeric_limits<double>::infinity();
+
+// [B, L] bool: j < lens[b].
+Tensor valid_mask(const Tensor& lens, int64_t L) { return torch::arange(L, lens.options()).unsqueeze(0) < lens.unsqueeze(1); }
+
+// float64 on the CPU from the same (upcast) inputs: [B, L].
+Tensor reference_scores(const IndexInputs& in) {
+  auto q = in.q.to(torch::kCPU, f64).unsqueeze(1), w = in.w.to(torch::kCPU, f64).unsqueeze(1);
+  return lightning_indexer_scores(q, w, in.keys.to(torch::kCPU, f64)).squeeze(1);
+}
+
+// Row b of got and want hold the same indices (in any order).
+std::vector<Check> same_sets(const Tensor& got, const Tensor& want, const std::string& what) {
+  std::vector<Check> out{holds(what + ": shapes", got.sizes() == want.sizes())};
+  if (!out.back().passed) return out;
+  auto g = std::get<0>(got.cpu().sort(-1)), w = std::get<0>(want.cpu().sort(-1));
+  for (int64_t b = 0; b < got.size(0); ++b) out.push_back(same(cat(what, ", row ", b), g[b], w[b]));
+  return out;
+}
+
+void append(std::vector<Check>& to, std::vector<Check> more) {
+  for (auto& c : more) to.push_back(std::move(c));
+}
+
+struct IndexShape {
+  int64_t B, H, D, L;
+  bool strided;
+};
+
+KernelRun index_scores_run(IndexShape s, torch::ScalarType dt, Purpose purpose) {
+  KernelRun r;
+  const auto in = index_inputs(s.B, s.H, s.D, s.L, dt, s.strided, purpose == Purpose::Check);
+  const auto out = torch::full({s.B, s.L}, std::nan(""), gpu(f32));  // every element must be written
+  r.kernel = [=] { ops::dsa_index_scores(in.q, in.w, in.keys, in.lens, out); };
+  r.reference = [=] { lightning_indexer_scores(in.q.unsqueeze(1), in.w.unsqueeze(1), in.keys); };
+  r.bytes = bytes_of({in.q, in.w, in.keys, out});
+  r.check = [=] {
+    auto scores = ops::dsa_index_scores(in.q, in.w, in.keys, in.lens, out);
+    std::vector<Check> checks{holds("written into out", scores.data_ptr() == out.data_ptr())};
+    const auto valid = valid_mask(in.lens, s.L).cpu();
+    const auto got = scores.cpu().to(f64), ref = reference_scores(in);
+    checks.push_back(holds("no element unwritten, no key read past its length", !torch::isnan(got).any().item<bool>()));
+    // The head weights have mixed signs, so a score can be a near-cancelling sum; its rounding
+    // error scales with the sum of the terms' magnitudes, which is what the error is measured
+    // against (sum_h |w_h| ReLU(q_h . k), float64).
+    auto magnitude_in = in;
+    magnitude_in.w = in.w.abs();
+    const auto magnitude = reference_scores(magnitude_in).masked_select(valid);
+    const double err = (got.masked_select(valid) - ref.masked_select(valid)).norm().item<double>() /
+                       std::max(magnitude.norm().item<double>(), 1e-300);
+    checks.push_back(below("scores, against the terms' magnitudes", err, tolerance(dt)));
+    checks.push_back(holds("-inf past the lengths", (got.masked_select(~valid) == -kInf).all().item<bool>()));
+    return checks;
+  };
+  return r;
+}
+
+// [6, L] fp32 rows of the kinds top-k gets wrong: distinct scores, heavy ties (rounded scores),
+// all equal, many exact zeros (with -0 among them), mostly -inf, all -inf.
+Tensor tie_heavy_rows(int64_t L) {
+  auto opts = gpu(f32);
+  auto distinct = torch::randn({L}, opts);
+  auto rounded = torch::round(torch::randn({L}, opts) * 3);
+  auto equal = torch::full({L}, 0.5, opts);
+  auto zeros = torch::relu(torch::randn({L}, opts));
+  zeros = torch::where(torch::rand({L}, opts) < 0.3, torch::full({L}, -0.0, opts), zeros);
+  auto mostly_inf = torch::randn({L}, opts).masked_fill(torch::rand({L}, opts) < 0.9, -kInf);
+  auto all_inf = torch::full({L}, -kInf, opts);
+  return torch::stack({distinct, rounded, equal, zeros, mostly_inf, all_inf});
+}
+
+// The k to select from L entries: 1, 3, 2048, half and all (each once).
+std::vector<int64_t> ks_for(int64_t L) {
+  std::vector<int64_t> ks{1, std::min<int64_t>(3, L), std::min<int64_t>(2048, L), L / 2 + 1, L};
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  return ks;
+}
+
+// topk_select == topk_indices as sets, exactly, on tie-heavy rows; with lengths, entries past a
+// length are never read (NaN and +inf there), rank as -inf, and a row's valid entries come first.
+// cap: DecodeOptions::topk_max_blocks (8, the portable cluster; 16 where the device places it).
+KernelRun topk_select_run(int64_t L, int64_t k, bool with_lengths, int cap) {
+  KernelRun r;
+  auto scores = tie_heavy_rows(L);
+  const int64_t B = scores.size(0);
+  Tensor lens;
+  if (with_lengths) {
+    auto garbage = torch::where(torch::rand({B, L}, gpu(f32)) < 0.5, torch::full({B, L}, std::nan(""), gpu(f32)),
+                                torch::full({B, L}, kInf, gpu(f32)));
+    lens = index_lengths(B, L);
+    lens[1] = std::min<int64_t>(L, 30);  // shorter than most k
+    scores = torch::where(valid_mask(lens, L), scores, garbage);
+  }
+  const auto visible = with_lengths ? valid_mask(lens, L) : torch::ones_like(scores, torch::kBool);
+  const auto out = torch::full({B, k}, -1, gpu(torch::kInt64));
+  DecodeOptions options;
+  options.topk_max_blocks = cap;
+  r.kernel = [=] {
+    DecodeOptionsGuard guard(options);
+    ops::topk_select(scores, k, lens, out);
+  };
+  r.reference = [=] { topk_indices(scores, visible, k); };
+  r.bytes = bytes_of({scores, out});
+  r.check = [=] {
+    DecodeOptionsGuard guard(options);
+    auto idx = ops::topk_select(scores, k, lens, out);
+    std::vector<Check> checks{holds("written into out", idx.data_ptr() == out.data_ptr())};
+    append(checks, same_sets(idx, topk_indices(scores, visible, k), with_lengths ? "with lengths" : "no lengths"));
+    if (with_lengths) {
+      const auto idx_cpu = idx.cpu(), lens_cpu = lens.cpu();
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t len = lens_cpu[b].item<int64_t>(), n = std::min(len, k);
+        checks.push_back(holds(cat("row ", b, ": the valid entries first"),
+                               (idx_cpu[b].narrow(0, 0, n) < len).all().item<bool>()));
+      }
+    }
+    return checks;
+  };
+  return r;
+}
+
+struct IndexTopkShape {
+  int64_t B, H, D, L, k;
+};
+
+// dsa_index_topk == topk_select(dsa_index_scores) == topk_indices of those scores.
+KernelRun index_topk_run(IndexTopkShape s, torch::ScalarType dt, Purpose purpose) {
+  KernelRun r;
+  const auto in = index_inputs(s.B, s.H, s.D, s.L, dt, false, purpose == Purpose::Check);
+  r.kernel = [=] { ops::dsa_index_topk(in.q, in.w, in.keys, in.lens, s.k); };
+  r.reference = [=] {
+    auto scores = lightning_indexer_scores(in.q.unsqueeze(1), in.w.unsqueeze(1), in.keys).squeeze(1);
+    topk_indices(scores, valid_mask(in.lens, s.L), s.k);
+  };
+  r.bytes = bytes_of({in.q, in.w, in.keys}) + static_cast<double>(s.B * s.k) * sizeof(int64_t);
+  r.check = [=] {
+    std::vector<Check> checks{holds("the kernels take the inputs", ops::dsa_index_topk_supported(in.q, in.keys, s.k))};
+    if (!checks.back().passed) return checks;
+    auto idx = ops::dsa_index_topk(in.q, in.w, in.keys, in.lens, s.k);
+    auto scores = ops::dsa_index_scores(in.q, in.w, in.keys, in.lens);
+    checks.push_back(same("topk_select of dsa_index_scores", idx, ops::topk_select(scores, s.k, in.lens)));
+    append(checks, same_sets(idx, topk_indices(scores, valid_mask(in.lens, s.L), s.k), "against topk_indices"));
+    return checks;
+  };
+  return r;
+}
+
+std::string prep_label(const PrepShape& s) {
+  return cat("B", s.B, " H", s.H, " D", s.D, " dc", s.dc, " dr", s.dr, " HI", s.HI, " dI", s.dI, " r", s.r, " L", s.L,
+             s.style == RopeStyle::Half ? " half" : " interleaved", " theta ", s.theta);
+}
+
+// dsa_latent_prep against dsa_latent_prep_reference (float64); with `absorb`, the q absorption
+// (W_uk transposed, [H, d_c, D]) folded in, also against the unfolded path (the prep, then
+// gemv_batched where it applies).
+KernelRun latent_prep_run(PrepShape s, torch::ScalarType dt, bool absorb) {
+  KernelRun r;
+  auto a = prep_inputs(s, dt);
+  if (absorb) a.absorb = (torch::randn({s.H, s.dc, s.D}, gpu(f32)) / std::sqrt(static_cast<double>(s.D))).to(dt);
+  r.kernel = [=] { ops::dsa_latent_prep(a); };
+  r.bytes = bytes_of({a.q_raw, a.kv_raw, a.index_q_raw, a.index_k_raw, a.index_w_raw, a.absorb, a.q, a.index_q,
+                      a.index_w}) +
+            static_cast<double>(s.B) * ((s.dc + s.dr) + s.dI) * a.q.element_size();  // the cache rows written
+  r.check = [=] {
+    std::vector<Check> checks;
+    if (absorb) {
+      checks.push_back(holds("the kernel folds the absorption", ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, a.absorb)));
+      if (!checks.back().passed) return checks;
+    }
+    const auto want = with_output_copies(a);
+    auto unfolded = with_output_copies(a);
+    unfolded.absorb = Tensor();
+    ops::dsa_latent_prep(a);
+    ops::dsa_latent_prep_reference(want);
+    append(checks, prep_checks(a, want, tolerance(dt)));
+    if (absorb) {
+      const auto q_nope = a.q_raw.narrow(-1, 0, s.D), latent = unfolded.q.narrow(-1, 0, s.dc);
+      if (ops::gemv_batched_applies(q_nope, a.absorb)) {
+        ops::dsa_latent_prep(unfolded);
+        ops::gemv_batched(q_nope, a.absorb, latent);
+        checks.push_back(below("q against the unfolded path", rel_err(a.q.cpu(), unfolded.q.cpu()), tolerance(dt)));
+      }
+    }
+    return checks;
+  };
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The model's decode shapes.
 
 // The heads of the model's GDN layer, where it has the fused step's form (one value head per
@@ -903,9 +1112,9 @@ void add_model_cases(Table& t, const CaseGrid& grid) {
       if (!grid.contexts.empty())
         add_rope_cache_write(t, {B, cfg.n_heads, cfg.kv_heads(), cfg.dim_head(), grid.contexts.front(), cfg.rope_style},
                              dt, cfg.rope_theta, true);
-      t.add("rms_norm", cat("rows", B, " d", d), dt, B, 0, true,
+      t.add("rms_norm", cat("rows", B, " d", d, " eps ", cfg.norm_eps), dt, B, 0, true,
             [=, eps = cfg.norm_eps](Purpose) { return rms_norm_run(B, d, dt, eps); });
-      t.add("add_rms_norm", cat("rows", B, " d", d), dt, B, 0, true,
+      t.add("add_rms_norm", cat("rows", B, " d", d, " eps ", cfg.norm_eps), dt, B, 0, true,
             [=, eps = cfg.norm_eps](Purpose) { return add_rms_norm_run(B, d, dt, eps); });
       t.add("silu_mul", cat("rows", B, " hidden", ffn), dt, B, 0, true,
             [=](Purpose) { return silu_mul_run(B, ffn, false, dt); });
@@ -979,10 +1188,10 @@ void add_fixed_cases(Table& t) {
   const std::pair<int64_t, int64_t> norm_shapes[] = {{1, 64}, {1, 2048}, {3, 1000}, {5, 37}, {2, 4097}, {64, 300}};
   for (auto dt : {f32, bf16}) {
     for (auto [rows, d] : norm_shapes)
-      t.add("rms_norm", cat("rows", rows, " d", d, " strided"), dt, rows, 0, false,
+      t.add("rms_norm", cat("rows", rows, " d", d, " eps ", 1e-5), dt, rows, 0, false,
             [=, rows = rows, d = d](Purpose) { return rms_norm_run(rows, d, dt, 1e-5); });
     for (auto [rows, d] : norm_shapes)
-      t.add("add_rms_norm", cat("rows", rows, " d", d), dt, rows, 0, false,
+      t.add("add_rms_norm", cat("rows", rows, " d", d, " eps ", 1e-6), dt, rows, 0, false,
             [=, rows = rows, d = d](Purpose) { return add_rms_norm_run(rows, d, dt, 1e-6); });
     for (auto [rows, hidden] : std::vector<std::pair<int64_t, int64_t>>{{1, 5632}, {8, 5632}, {3, 37}, {2, 1}, {33, 300}})
       for (bool strided : {false, true})
@@ -1123,6 +1332,66 @@ void add_fixed_cases(Table& t) {
         t.add("sparse_attention_decode", cat(sparse_label(c), " absorb Dy", Dy, gated ? " gated" : ""), dt, c.B, c.L,
               false, [=, c = c, Dy = Dy](Purpose p) { return sparse_absorb_run(c, Dy, gated, dt, p); });
     }
+
+  // dsa_index_scores: the 1.3B indexer (64 x 128) at short and long caches (40000: several key
+  // tiles per block), H 16 and 128, D 64 and 256; D 80 (a 16-wide last k-step), H 24 / D 72 (bf16
+  // on the FMA kernel); L 1 and lengths off every tile size.
+  for (auto dt : {f32, bf16, f16})
+    for (IndexShape s : {IndexShape{1, 64, 128, 100, false}, IndexShape{3, 64, 128, 5000, true},
+                         IndexShape{8, 16, 64, 300, false}, IndexShape{3, 16, 128, 4500, true},
+                         IndexShape{8, 64, 64, 1000, false}, IndexShape{3, 64, 128, 40000, false},
+                         IndexShape{2, 128, 256, 700, true}, IndexShape{2, 32, 80, 333, false},
+                         IndexShape{3, 24, 72, 200, true}, IndexShape{1, 64, 128, 1, false},
+                         IndexShape{3, 16, 128, 77, false}})
+      t.add("dsa_index_scores", cat("B", s.B, " H", s.H, " D", s.D, " L", s.L, s.strided ? " strided" : ""), dt, s.B,
+            s.L, false, [=](Purpose p) { return index_scores_run(s, dt, p); });
+
+  // topk_select: one block (L <= 4096), clusters of 2, 5 and 8 blocks; with the portable cap,
+  // 131072: 8 slices of 16384 entries, all cached in shared memory; 200000: the rest of every slice
+  // re-read from global memory. Uncapped (where the device places 16-block clusters): 10 and 16
+  // blocks. With lengths at 100, 5000, 40000 and 200000.
+  for (int cap : {8, 16})
+    for (int64_t L : {1, 7, 100, 4096, 5000, 20000, 40000, 131072, 200000})
+      for (int64_t k : ks_for(L))
+        t.add("topk_select", cat("L", L, " k", k, " cap ", cap), f32, 6, L, false,
+              [=](Purpose) { return topk_select_run(L, k, false, cap); });
+  for (int64_t L : {100, 5000, 40000, 200000})
+    for (int64_t k : ks_for(L))
+      t.add("topk_select", cat("L", L, " k", k, " lengths"), f32, 6, L, false,
+            [=](Purpose) { return topk_select_run(L, k, true, 0); });
+
+  // dsa_index_topk
+  for (auto dt : {f32, bf16})
+    for (IndexTopkShape s : {IndexTopkShape{8, 64, 128, 5000, 2048}, IndexTopkShape{3, 16, 64, 300, 64},
+                             IndexTopkShape{2, 64, 128, 33000, 2048}, IndexTopkShape{3, 64, 128, 100, 100}})
+      t.add("dsa_index_topk", cat("B", s.B, " H", s.H, " D", s.D, " L", s.L, " k", s.k), dt, s.B, s.L, false,
+            [=](Purpose p) { return index_topk_run(s, dt, p); });
+
+  // dsa_latent_prep: lt2-gdn-dsa-1.3b, long positions, the engine tests' small DSA, odd dims (d_I
+  // > 128 threads), no index RoPE. With the q absorption folded in: lt2-gdn-dsa-1.3b at batch 1
+  // and 8 (128 units of 64 columns) and 32 (four passes of 8 sequences), odd (a 40-column unit,
+  // D = 24), 8 columns (one chunk a half; fp32: two).
+  const auto one_three_b = dsa_1p3b_prep_shape();
+  auto at_batch = [&](int64_t B) {
+    auto s = one_three_b;
+    s.B = B;
+    return s;
+  };
+  const PrepShape prep_shapes[] = {one_three_b,
+                                   {8, 16, 128, 512, 64, 64, 128, 64, 40000, RopeStyle::Half, 500000.0, 2048},
+                                   {3, 2, 64, 32, 8, 2, 16, 8, 40, RopeStyle::Half, 10000.0},
+                                   {1, 5, 24, 40, 6, 3, 200, 10, 17, RopeStyle::Interleaved, 10000.0},
+                                   {2, 3, 16, 8, 2, 1, 8, 0, 5, RopeStyle::Half, 10000.0}};
+  const PrepShape absorb_prep_shapes[] = {at_batch(1), at_batch(8), at_batch(32),
+                                          {3, 5, 24, 40, 6, 3, 200, 10, 17, RopeStyle::Interleaved, 10000.0},
+                                          {2, 3, 16, 8, 2, 1, 8, 0, 5, RopeStyle::Half, 10000.0}};
+  for (auto dt : {f32, bf16, f16}) {
+    for (const auto& s : prep_shapes)
+      t.add("dsa_latent_prep", prep_label(s), dt, s.B, s.L, false, [=](Purpose) { return latent_prep_run(s, dt, false); });
+    for (const auto& s : absorb_prep_shapes)
+      t.add("dsa_latent_prep", prep_label(s) + " absorb", dt, s.B, s.L, false,
+            [=](Purpose) { return latent_prep_run(s, dt, true); });
+  }
 }
 
 }  // namespace
@@ -1240,6 +1509,94 @@ Tensor sparse_reference64(const SparseInputs& in, const Tensor& absorb, const Te
                                                 in.scale, to64(absorb), to64(gate));
 }
 
+Tensor index_lengths(int64_t B, int64_t L) {
+  auto lens = torch::randint(1, L + 1, {B}, torch::kInt64);
+  if (B > 1) lens[0] = 1;
+  lens[B - 1] = L;
+  return lens.cuda();
+}
+
+IndexInputs index_inputs(int64_t B, int64_t H, int64_t D, int64_t L, torch::ScalarType dt, bool strided,
+                         bool poisoned) {
+  IndexInputs in;
+  in.lens = poisoned ? index_lengths(B, L) : torch::full({B}, L, gpu(torch::kInt64));
+  in.q = strided ? torch::randn({B, H, D + 16}, gpu(dt)).narrow(2, 0, D) : torch::randn({B, H, D}, gpu(dt));
+  in.w = torch::randn({B, H}, gpu(f32)) / std::sqrt(static_cast<double>(H * D));  // mixed signs
+  auto keys = strided ? torch::randn({B, L + 5, 2 * D}, gpu(dt)).narrow(1, 2, L).narrow(2, 0, D)
+                      : torch::randn({B, L, D}, gpu(dt));
+  if (poisoned) keys.masked_fill_(~valid_mask(in.lens, L).unsqueeze(2), std::nan(""));
+  in.keys = keys;
+  return in;
+}
+
+PrepShape dsa_1p3b_prep_shape() { return {8, 16, 128, 512, 64, 64, 128, 64, 300, RopeStyle::Interleaved, 10000.0, 100}; }
+
+Tensor random_positions(int64_t B, int64_t L) {
+  auto pos = torch::randperm(L, torch::kInt64).narrow(0, 0, B).clone();
+  pos[0] = L - 1;
+  return pos.cuda();
+}
+
+ops::DsaLatentPrepArgs prep_inputs(const PrepShape& s, torch::ScalarType dt) {
+  const int64_t nq = s.H * (s.D + s.dr), nkv = s.dc + s.dr, niq = s.HI * s.dI;
+  const auto proj = torch::randn({s.B, nq + nkv + niq + s.dI + s.HI + 8}, gpu(dt));
+  ops::DsaLatentPrepArgs a;
+  a.q_raw = proj.narrow(1, 0, nq).view({s.B, s.H, s.D + s.dr});
+  a.kv_raw = proj.narrow(1, nq, nkv);
+  a.index_q_raw = proj.narrow(1, nq + nkv, niq).view({s.B, s.HI, s.dI});
+  a.index_k_raw = proj.narrow(1, nq + nkv + niq, s.dI);
+  a.index_w_raw = proj.narrow(1, nq + nkv + niq + s.dI, s.HI);
+  a.seq_pos = random_positions(s.B, s.L);
+  a.kv_norm_weight = 1 + 0.2 * torch::randn({s.dc}, gpu(dt));
+  a.index_norm_weight = 1 + 0.2 * torch::randn({s.dI}, gpu(dt));
+  a.index_norm_bias = 0.2 * torch::randn({s.dI}, gpu(dt));
+  a.kv_norm_eps = 1e-6, a.index_norm_eps = 1e-6;
+  a.rope_theta = s.theta, a.rope_style = s.style, a.index_rope_dim = s.r;
+  a.index_weight_scale = 1.0 / std::sqrt(static_cast<double>(s.HI * s.dI)), a.topk = s.topk;
+  a.seq_lens = torch::full({s.B}, -1, gpu(torch::kInt64)), a.counts = torch::full({s.B}, -1, gpu(torch::kInt64));
+  a.q = torch::full({s.B, s.H, s.dc + s.dr}, std::nan(""), gpu(dt));
+  a.index_q = torch::full({s.B, s.HI, s.dI}, std::nan(""), gpu(dt));
+  a.index_w = torch::full({s.B, s.HI}, std::nan(""), gpu(f32));
+  a.k_cache = torch::randn({s.B, 1, s.L + 3, s.dc + s.dr + 8}, gpu(dt)).narrow(2, 1, s.L).narrow(3, 0, s.dc + s.dr);
+  a.index_keys = torch::randn({s.B, s.L + 2, s.dI + 8}, gpu(dt)).narrow(1, 2, s.L).narrow(2, 0, s.dI);
+  return a;
+}
+
+ops::DsaLatentPrepArgs with_output_copies(ops::DsaLatentPrepArgs a) {
+  a.q = a.q.clone(), a.index_q = a.index_q.clone(), a.index_w = a.index_w.clone();
+  a.seq_lens = a.seq_lens.clone(), a.counts = a.counts.clone();
+  a.k_cache = a.k_cache.clone(), a.index_keys = a.index_keys.clone();
+  return a;
+}
+
+std::vector<Check> prep_checks(const ops::DsaLatentPrepArgs& got, const ops::DsaLatentPrepArgs& want, double tol) {
+  const int64_t dc = got.kv_norm_weight.size(0), dr = got.q.size(2) - dc, B = got.q.size(0);
+  std::vector<Check> out{below("q", rel_err(got.q.narrow(-1, dc, dr).cpu(), want.q.narrow(-1, dc, dr).cpu()), tol)};
+  if (got.absorb.defined())
+    out.push_back(below("q's latent part", rel_err(got.q.narrow(-1, 0, dc).cpu(), want.q.narrow(-1, 0, dc).cpu()), tol));
+  else
+    out.push_back(holds("q's latent part unwritten", torch::isnan(got.q.narrow(-1, 0, dc)).all().item<bool>()));
+  out.push_back(below("index_q", rel_err(got.index_q.cpu(), want.index_q.cpu()), tol));
+  out.push_back(below("index_w", rel_err(got.index_w.cpu(), want.index_w.cpu()), tol));
+  out.push_back(same("seq_lens", got.seq_lens.cpu(), want.seq_lens.cpu()));
+  out.push_back(same("counts", got.counts.cpu(), want.counts.cpu()));
+  auto k_got = cpu64(got.k_cache).clone(), k_want = cpu64(want.k_cache).clone();
+  auto i_got = cpu64(got.index_keys).clone(), i_want = cpu64(want.index_keys).clone();
+  const auto pos = got.seq_pos.cpu();
+  std::vector<Tensor> k_rows_got, k_rows_want, i_rows_got, i_rows_want;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t = pos[b].item<int64_t>();
+    k_rows_got.push_back(k_got[b][0][t].clone()), k_rows_want.push_back(k_want[b][0][t].clone());
+    i_rows_got.push_back(i_got[b][t].clone()), i_rows_want.push_back(i_want[b][t].clone());
+    k_got[b][0][t].zero_(), k_want[b][0][t].zero_(), i_got[b][t].zero_(), i_want[b][t].zero_();
+  }
+  out.push_back(below("latent key rows", rel_err(torch::stack(k_rows_got), torch::stack(k_rows_want)), tol));
+  out.push_back(below("index key rows", rel_err(torch::stack(i_rows_got), torch::stack(i_rows_want)), tol));
+  out.push_back(same("the latent cache rows off the positions", k_got, k_want));
+  out.push_back(same("the index cache rows off the positions", i_got, i_want));
+  return out;
+}
+
 BlockTail::BlockTail(int64_t M, int64_t d, int64_t k, int64_t ffn, bool gated, torch::ScalarType dt, bool silu_epilogue)
     : epilogue(silu_epilogue) {
   y = torch::randn({M, k}, gpu(dt));
@@ -1314,8 +1671,9 @@ std::vector<KernelCase> kernel_cases(const CaseGrid& grid) {
 const std::vector<std::string>& kernel_ops() {
   static const std::vector<std::string> ops{
       "recurrent_step", "gdn_decode", "gdn_decode_registers", "gdn_decode_per_head", "gdn_decode_cluster",
-      "attention_decode", "rope_cache_write", "sparse_attention_decode", "rms_norm", "add_rms_norm", "silu_mul",
-      "gemv", "gemv_chain", "gemv_batched"};
+      "attention_decode", "rope_cache_write", "sparse_attention_decode", "dsa_index_scores", "topk_select",
+      "dsa_index_topk", "dsa_latent_prep", "rms_norm", "add_rms_norm", "silu_mul", "gemv", "gemv_chain",
+      "gemv_batched"};
   return ops;
 }
 

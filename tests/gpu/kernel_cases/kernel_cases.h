@@ -14,6 +14,7 @@
 
 #include "lt2/config/model_config.h"
 #include "lt2/ops/projections/gemv.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
 
 namespace lt2::kernel_cases {
 
@@ -146,6 +147,43 @@ std::pair<torch::Tensor, torch::Tensor> random_selection(int64_t B, int64_t L, i
 // sparse_attention_decode_reference on float64 copies (with the absorption and gate, if given).
 torch::Tensor sparse_reference64(const SparseInputs& in, const torch::Tensor& absorb = {},
                                  const torch::Tensor& gate = {});
+
+// DSA's lightning-indexer inputs of one decode step: q [B, H, D], w [B, H] fp32 (mixed signs),
+// keys [B, L, D] and lengths lens [B] (the first holds one key where B > 1, the last the whole
+// cache), with NaN in every key slot at or past a length to check (a kernel that reads one
+// poisons its sequence's scores). With `strided`, q and keys are views whose batch, head and row
+// strides are not the packed ones.
+struct IndexInputs {
+  torch::Tensor q, w, keys, lens;
+};
+// Lengths in [1, L] on the GPU, different per sequence: the last sequence uses the whole cache and
+// (B > 1) the first holds one key.
+torch::Tensor index_lengths(int64_t B, int64_t L);
+IndexInputs index_inputs(int64_t B, int64_t H, int64_t D, int64_t L, torch::ScalarType dt, bool strided,
+                         bool poisoned = true);
+
+// dsa_latent_prep's shapes: batch, heads, head dim, latent and rope dims, index heads, index head
+// dim and its rope dims, cache length, RoPE style and theta, top-k.
+struct PrepShape {
+  int64_t B, H, D, dc, dr, HI, dI, r, L;
+  RopeStyle style;
+  double theta;
+  int64_t topk = 4;
+};
+// lt2-gdn-dsa-1.3b's latent DSA layer at batch 8 (top-k 100, cache 300).
+PrepShape dsa_1p3b_prep_shape();
+// Positions in [0, L) (B <= L), the last slot among them, on the GPU.
+torch::Tensor random_positions(int64_t B, int64_t L);
+// The inputs as views of one packed projection output with padded rows (batch strides not the
+// packed ones), the outputs NaN (q, index_q, index_w: an unwritten element shows) and the caches
+// random strided views (rows the kernel must leave alone).
+ops::DsaLatentPrepArgs prep_inputs(const PrepShape& shape, torch::ScalarType dt);
+// The same inputs with fresh copies of the outputs and the caches (the reference writes them).
+ops::DsaLatentPrepArgs with_output_copies(ops::DsaLatentPrepArgs args);
+// got (the kernel's outputs) against want (the reference's): the written values within tol, the
+// latent part of q the absorbed q_nope W_uk with `absorb`, else unwritten, and every cache row but
+// the one at each position unchanged.
+std::vector<Check> prep_checks(const ops::DsaLatentPrepArgs& got, const ops::DsaLatentPrepArgs& want, double tol);
 
 // A pre-norm block's decode tail on y [M, k]: h = residual + (y sigmoid(gate)) Wo^T,
 // [a | b] = rms(h) g W13^T, out = h + (silu(a) b) W2^T; with `epilogue` the second product stores
