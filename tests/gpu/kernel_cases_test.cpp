@@ -29,7 +29,7 @@ TEST_P(KernelCases, MatchTheReference) {
   int checked = 0;
   for (const auto& c : cases()) {
     if (c.op != GetParam()) continue;
-    SCOPED_TRACE(c.name());
+    SCOPED_TRACE(::testing::Message() << c.name() << " (outputs within " << c.tolerance << ")");
     try {
       const auto run = c.setup(Purpose::Check);
       if (!run.skip.empty()) continue;
