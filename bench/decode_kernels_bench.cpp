@@ -65,6 +65,7 @@ struct Row {
   std::string kernel, shape;
   int64_t batch = 0, context = 0;  // context: attention only
   double us = 0, bytes = 0, reference_us = 0;
+  int reps = 0;  // kernel calls per captured graph
 };
 
 #ifdef LT2_WITH_CUDA
@@ -108,11 +109,11 @@ double reference_us(const Settings& s, const std::function<void()>& f) {
 // A row of the kernel-case table: the kernel in a graph, its reference graph-replayed or eager.
 Row bench_case(const Settings& s, const kc::KernelCase& c, const kc::KernelRun& run) {
   Row r{c.op, c.shape, c.batch, c.context};
-  const int reps = std::max(s.reps, run.min_reps);
-  r.us = graph_us(s, reps, run.kernel);
+  r.reps = std::max(s.reps, run.min_reps);
+  r.us = graph_us(s, r.reps, run.kernel);
   r.bytes = run.bytes;
   if (s.reference && run.reference)
-    r.reference_us = run.reference_in_graph ? graph_us(s, reps, run.reference) : reference_us(s, run.reference);
+    r.reference_us = run.reference_in_graph ? graph_us(s, r.reps, run.reference) : reference_us(s, run.reference);
   return r;
 }
 
@@ -131,7 +132,8 @@ Row bench_gdn_layer(const Settings& s, const lt2::ModelConfig& cfg, int64_t B, t
   lt2::Positions pos;
   pos.seq_pos = torch::zeros({B}, x.options().dtype(torch::kInt64));  // no length bookkeeping
   Row r{"gdn_layer_step", lt2::cat("d", d, " H", m->num_heads, " K", m->head_k_dim, " V", m->head_v_dim), B};
-  r.us = graph_us(s, s.reps, [&] { m->step(x, pos, *state); });
+  r.reps = s.reps;
+  r.us = graph_us(s, r.reps, [&] { m->step(x, pos, *state); });
   double params = 0;
   for (const auto& p : m->parameters()) params += static_cast<double>(p.nbytes());
   r.bytes = params + 2 * static_cast<double>(state->bytes()) + 2 * static_cast<double>(x.nbytes());
@@ -197,7 +199,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       lt2::json j{{"bench", "decode_kernels"}, {"model", grid.model.name}, {"kernel", r.kernel}, {"shape", r.shape},
                   {"dtype", s.dtype}, {"batch", r.batch}, {"us", r.us}, {"bytes", r.bytes}, {"gb_per_s", gbs},
-                  {"copy_gb_per_s", copy_gbs}, {"copy_pct", 100 * gbs / copy_gbs}, {"graph_reps", s.reps}};
+                  {"copy_gb_per_s", copy_gbs}, {"copy_pct", 100 * gbs / copy_gbs}, {"graph_reps", r.reps}};
       if (r.context) j["context"] = r.context;
       if (r.reference_us > 0) {
         j["reference_us"] = r.reference_us;
