@@ -1,15 +1,25 @@
 // One mixer layer's forward and forward+backward time at a training shape, on the chosen device,
 // under bf16 autocast on GPU. With --trace, also writes a per-op profile (chrome trace JSON).
+// With --core, times the delta-rule recurrence alone instead (ops::delta_rule_chunked on bf16
+// q, k, v: gdn one decay per head, kda one per key channel, deltanet none), the counterpart of
+// flash-linear-attention's chunk_gated_delta_rule / chunk_kda / chunk_delta_rule.
 //   mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 [--trace gdn.json]
+//   mixer_bench --core --mixer gdn --batch 8 --seq 4096 --heads 16 --head-k 96 --head-v 192
 #include <ATen/autocast_mode.h>
 #include <CLI/CLI.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "lt2/config/presets.h"
+#include "lt2/infer/kernel_profile.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/nn/precision.h"
+#include "lt2/util/error.h"
 #include "lt2/util/json.h"
 
 namespace {
@@ -28,28 +38,65 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq)->capture_default_str();
   app.add_option("--iters", iters)->capture_default_str();
   app.add_option("--trace", trace, "Write a chrome-trace profile of one forward+backward here");
+  bool core = false;
+  int64_t heads = 16, head_k = 96, head_v = 192, chunk = 64;
+  app.add_flag("--core", core, "Time the delta-rule recurrence alone (gdn, kda, deltanet), not the layer");
+  app.add_option("--heads", heads, "--core: heads")->capture_default_str();
+  app.add_option("--head-k", head_k, "--core: key head dim")->capture_default_str();
+  app.add_option("--head-v", head_v, "--core: value head dim")->capture_default_str();
+  app.add_option("--chunk", chunk, "--core: chunk size")->capture_default_str();
+  bool tf32 = true;
+  int64_t profile = 0;
+  app.add_option("--profile", profile, "CUDA: after timing, print the per-kernel GPU time of this many forward+backward runs")
+      ->capture_default_str();
+  app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    auto cfg = lt2::load_model_config(model);
-    if (cfg.vocab_size == 0) cfg.vocab_size = 256;
     const bool cuda = torch::cuda::is_available();
     const auto dev = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
-    auto m = lt2::make_mixer(mixer, cfg, 0);
-    m->to(dev);
-    auto x = torch::randn({batch, seq, cfg.d_model}, torch::TensorOptions().device(dev)).requires_grad_(true);
     auto sync = [&] { if (cuda) torch::cuda::synchronize(); };
-    auto run = [&](bool backward) {
-      if (cuda) {
-        at::autocast::set_autocast_enabled(at::kCUDA, true);
-        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      }
-      auto y = m->forward(x, lt2::Positions{});
-      if (cuda) {
-        at::autocast::set_autocast_enabled(at::kCUDA, false);
-        at::autocast::clear_cache();
-      }
-      if (backward) y.to(torch::kFloat32).square().mean().backward();
-    };
+    lt2::Tf32Scope tf32_scope(cuda && tf32);
+    std::function<void(bool)> run;
+    lt2::Mixer mixer_layer;
+    torch::Tensor x;
+    std::vector<torch::Tensor> core_inputs;  // q, k, v, beta, g
+    if (core) {
+      LT2_CHECK(mixer == "gdn" || mixer == "kda" || mixer == "deltanet",
+                "--core times the delta-rule recurrence: --mixer must be gdn, kda or deltanet, found ", mixer);
+      const auto bf16 = torch::TensorOptions().device(dev).dtype(cuda ? torch::kBFloat16 : torch::kFloat32);
+      auto k = torch::randn({batch, seq, heads, head_k}, bf16);
+      core_inputs = {torch::randn({batch, seq, heads, head_k}, bf16), k / k.norm(2, -1, true),
+                     torch::randn({batch, seq, heads, head_v}, bf16), torch::rand({batch, seq, heads}, bf16),
+                     mixer == "deltanet" ? torch::Tensor()
+                     : mixer == "gdn"    ? -torch::rand({batch, seq, heads}, bf16.dtype(torch::kFloat32))
+                                         : -torch::rand({batch, seq, heads, head_k}, bf16.dtype(torch::kFloat32))};
+      for (auto& t : core_inputs)
+        if (t.defined()) t.requires_grad_(true);
+      run = [&](bool backward) {
+        const auto& in = core_inputs;
+        auto r = lt2::ops::delta_rule_chunked(in[0], in[1], in[2], in[3], in[4], 1.0 / std::sqrt(head_k), {}, chunk);
+        if (backward) r.o.to(torch::kFloat32).square().mean().backward();
+      };
+    } else {
+      auto cfg = lt2::load_model_config(model);
+      if (cfg.vocab_size == 0) cfg.vocab_size = 256;
+      mixer_layer = lt2::make_mixer(mixer, cfg, 0);
+      mixer_layer->to(dev);
+      x = torch::randn({batch, seq, cfg.d_model}, torch::TensorOptions().device(dev)).requires_grad_(true);
+      run = [&](bool backward) {
+        if (cuda) {
+          at::autocast::set_autocast_enabled(at::kCUDA, true);
+          at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        }
+        auto y = mixer_layer->forward(x, lt2::Positions{});
+        if (cuda) {
+          at::autocast::set_autocast_enabled(at::kCUDA, false);
+          at::autocast::clear_cache();
+        }
+        if (backward) y.to(torch::kFloat32).square().mean().backward();
+      };
+    }
     auto time = [&](bool backward) {
       for (int i = 0; i < 3; ++i) run(backward);
       sync();
@@ -64,14 +111,20 @@ int main(int argc, char** argv) {
       fwd = time(false);
     }
     double fwd_bwd = time(true);
+    if (profile > 0) {
+      const auto p = lt2::profile_device_activity([&] { run(true); }, profile);
+      std::printf("%s\n", lt2::kernel_profile_table(p, 25).c_str());
+    }
     if (!trace.empty()) {
       torch::autograd::profiler::RecordProfile guard(trace);
       run(true);
       sync();
     }
-    lt2::json j{{"model", model}, {"mixer", mixer}, {"batch", batch}, {"seq", seq},
+    lt2::json j{{"model", core ? "core" : model}, {"mixer", mixer}, {"batch", batch}, {"seq", seq},
                 {"device", cuda ? "cuda" : "cpu"}, {"forward_ms", fwd}, {"forward_backward_ms", fwd_bwd},
                 {"tokens_per_s_fwd_bwd", batch * seq / (fwd_bwd / 1000)}};
+    j["tf32"] = cuda && tf32;
+    if (core) j["core"] = {{"heads", heads}, {"head_k", head_k}, {"head_v", head_v}, {"chunk", chunk}};
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mixer_bench: %s\n", e.what());

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", cfg.device)->capture_default_str();
   app.add_option("--dtype", cfg.dtype)->capture_default_str();
   app.add_flag("--checkpoint-loops", cfg.checkpoint_loops);
+  app.add_option("--tf32", cfg.tf32, "With bf16: fp32 matmuls on TF32 tensor cores (1) or in fp32 (0)")->capture_default_str();
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
                 {"seq_len", cfg.seq_len},
                 {"batch_size", cfg.batch_size},
                 {"grad_accum", cfg.grad_accum},
-                {"checkpoint_loops", cfg.checkpoint_loops},
+                {"checkpoint_loops", cfg.checkpoint_loops}, {"tf32", cfg.tf32},
                 {"device", dev.empty() ? "cpu" : dev},
                 {"median_step_ms", median},
                 {"tokens_per_s", tokens / (median / 1000)},

@@ -1,11 +1,12 @@
 // GPU (CTest label `gpu`): the CUDA scan over the chunks of the chunked delta rule (kernels/prefill.h,
-// ops::delta_rule_chunk_scan_cuda). delta_rule_chunked on CUDA under NoGrad (the kernel path) ==
-// the float64 recurrence and the fp32 chunked CPU path, output and final state (relative RMS error
-// < 1e-5), at several head dims, chunk sizes, batches, lengths off the chunk, with and without an
-// initial state, no gate / per-head / per-channel gates; the binding directly against a float64
-// loop for every value block, strided and misaligned inputs; the libtorch loop kept where the
-// kernel does not serve (unsupported dims, autograd); clear errors on bad input. Skips where no
-// CUDA GPU (or no CUDA kernels) is present.
+// ops::chunk_state_scan_cuda). delta_rule_chunked on CUDA (the kernel path) == the float64
+// recurrence and the fp32 chunked CPU path, output and final state (relative RMS error < 1e-5), at
+// several head dims, chunk sizes, batches, lengths off the chunk, with and without an initial
+// state, no gate / per-head / per-channel gates; its gradients (the reverse scan) == the float64
+// recurrence's for every input; the binding directly against a float64 loop for every value block,
+// forward and reverse with an addend, strided and misaligned inputs; the libtorch loop kept where
+// the kernel does not serve; clear errors on bad input. Skips where no CUDA GPU (or no CUDA
+// kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -76,36 +77,39 @@ void expect_error(const std::function<void()>& f, const std::string& what) {
   }
 }
 
-// The loop the kernel replaces, in float64 on the CPU (ops/delta_rule/delta_rule.h: delta_rule_chunk_scan_cuda).
-ops::ChunkScanResult scan_reference(const Tensor& q, const Tensor& w, const Tensor& u, const Tensor& a,
-                                    const Tensor& kt, const Tensor& carry, const Tensor& s0) {
-  auto c = [](const Tensor& t) { return t.to(torch::kCPU, f64); };
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), K = q.size(4), V = u.size(4);
-  Tensor S = s0.defined() ? c(s0) : torch::zeros({B, H, K, V}, f64);
-  std::vector<Tensor> outs;
-  for (int64_t n = 0; n < N; ++n) {
-    auto V_new = c(u).select(2, n) - torch::matmul(c(w).select(2, n), S);
-    outs.push_back(torch::matmul(c(q).select(2, n), S) + torch::matmul(c(a).select(2, n), V_new));
-    S = c(carry).select(2, n) * S + torch::matmul(c(kt).select(2, n), V_new);
+// The loop the kernel replaces, in float64 on the CPU (ops::chunk_state_scan).
+ops::ChunkScanResult scan_reference(const ops::ChunkScanInputs& in) {
+  auto c = [](const Tensor& t) { return t.defined() ? t.to(torch::kCPU, f64) : t; };
+  const int64_t B = in.w.size(0), H = in.w.size(1), N = in.w.size(2), K = in.w.size(4), V = in.u.size(4);
+  Tensor S = in.initial_state.defined() ? c(in.initial_state) : torch::zeros({B, H, K, V}, f64);
+  std::vector<Tensor> states(N), vs(N);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t n = in.reverse ? N - 1 - i : i;
+    states[n] = S;
+    vs[n] = c(in.u).select(2, n) - torch::matmul(c(in.w).select(2, n), S);
+    S = c(in.carry).select(2, n) * S + torch::matmul(c(in.kt).select(2, n), vs[n]);
+    if (in.addend.defined()) S = S + c(in.addend).select(2, n);
   }
-  return {torch::stack(outs, 2), S};
+  return {torch::stack(states, 2), torch::stack(vs, 2), S};
 }
 
 // Random inputs of the scan (CUDA, fp32), scaled so that the state stays bounded over the chunks.
 struct ScanInputs {
-  Tensor q, w, u, a, kt, carry, s0;
+  Tensor w, u, kt, carry, s0, addend;
+  ops::ChunkScanInputs op(bool reverse = false) const { return {w, u, kt, carry, s0, addend, reverse, Tensor(), Tensor()}; }
 };
 ScanInputs make_scan_inputs(int64_t B, int64_t H, int64_t N, int64_t C, int64_t K, int64_t V, bool per_channel,
                             bool with_state) {
   const auto o = gpu(f32);
   ScanInputs s;
-  s.q = torch::randn({B, H, N, C, K}, o) / std::sqrt(static_cast<double>(K));
   s.w = torch::randn({B, H, N, C, K}, o) * (0.3 / std::sqrt(static_cast<double>(K * C)));
   s.u = torch::randn({B, H, N, C, V}, o);
-  s.a = torch::randn({B, H, N, C, C}, o).tril() / static_cast<double>(C);
   s.kt = torch::randn({B, H, N, K, C}, o) * (0.3 / std::sqrt(static_cast<double>(C)));
   s.carry = 0.5 + 0.5 * torch::rand({B, H, N, per_channel ? K : 1, 1}, o);
-  if (with_state) s.s0 = 0.5 * torch::randn({B, H, K, V}, o);
+  if (with_state) {
+    s.s0 = 0.5 * torch::randn({B, H, K, V}, o);
+    s.addend = 0.5 * torch::randn({B, H, N, K, V}, o);
+  }
   return s;
 }
 
@@ -134,7 +138,7 @@ TEST(DeltaRuleScan, ChunkedMatchesReference) {
                                           << " C" << s.C << " " << gate_name(gate)
                                           << (with_state ? " initial state" : ""));
         torch::manual_seed(s.B * 1000 + s.T + s.K + s.V + static_cast<int>(gate) * 7 + with_state);
-        ASSERT_TRUE(ops::delta_rule_chunk_scan_supported(s.K, s.V, s.C, torch::Device(torch::kCUDA, 0)));
+        ASSERT_TRUE(ops::chunk_state_scan_supported(s.K, s.V, s.C, torch::Device(torch::kCUDA, 0)));
         const auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, gate, with_state);
         ops::RecurrenceResult out;
         {
@@ -172,8 +176,162 @@ TEST(DeltaRuleScan, Bf16InputsMatchReference) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The binding directly: every value block, per-head and per-channel carries, strided and
-// misaligned inputs, against the loop in float64.
+// Gradients: delta_rule_chunked on CUDA under autograd (the forward scan, then the reverse scan
+// of its backward) == the float64 recurrence's gradients, for every input.
+
+TEST(DeltaRuleScan, GradientsMatchReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  struct G {
+    Shape s;
+    Gate gate;
+  };
+  // The 1.3B head at a length off the chunk, a small head with C 16, and per-channel decay (KDA).
+  for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head}, G{{1, 70, 2, 32, 64, 16}, Gate::None},
+                    G{{2, 100, 2, 64, 128, 64}, Gate::Channel}})
+    for (bool with_state : {false, true}) {
+      const Shape& s = c.s;
+      SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
+                                        << " C" << s.C << " " << gate_name(c.gate)
+                                        << (with_state ? " initial state" : ""));
+      torch::manual_seed(s.T + s.K + with_state);
+      const auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, c.gate, with_state);
+      auto d_o = torch::randn({s.B, s.T, s.H, s.V}, f64);
+      auto d_s = torch::randn({s.B, s.H, s.K, s.V}, f64);
+      // Gradients of <o, d_o> + <S_final, d_s> w.r.t. q, k, v, beta, g and the initial state.
+      auto grads = [&](const torch::TensorOptions& o, bool chunked) {
+        std::vector<Tensor> leaves;
+        for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &in.s0})
+          leaves.push_back(t->defined() ? t->to(o).detach().requires_grad_(true) : Tensor());
+        auto r = chunked ? ops::delta_rule_chunked(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], in.scale,
+                                                   leaves[5], s.C)
+                         : ops::delta_rule_recurrent(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4],
+                                                     in.scale, leaves[5]);
+        auto loss = (r.o.to(f64) * d_o.to(o.device())).sum() + (r.final_state.to(f64) * d_s.to(o.device())).sum();
+        loss.backward();
+        std::vector<Tensor> out;
+        for (auto& l : leaves) out.push_back(l.defined() ? l.grad().cpu().to(f64) : Tensor());
+        return out;
+      };
+      const auto gpu_grads = grads(gpu(f32), true);
+      const auto ref = grads(torch::TensorOptions().dtype(f64), false);
+      const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_state"};
+      for (size_t i = 0; i < ref.size(); ++i) {
+        if (!ref[i].defined()) continue;
+        ASSERT_TRUE(gpu_grads[i].defined()) << names[i];
+        EXPECT_LT(rel_err(gpu_grads[i], ref[i]), 1e-5) << names[i];
+      }
+    }
+}
+
+// Training's setting: bf16 activations and the chunk math's fp32 products on TF32 tensor cores
+// (lt2::Tf32Scope, as `lt2 train` under bf16): outputs and every gradient within the bf16
+// tolerance of the float64 recurrence on the same (bf16-rounded) inputs.
+TEST(DeltaRuleScan, Tf32GradientsMatchReferenceAtBf16Tolerance) {
+  REQUIRE_FUSED_DECODE();
+  for (Gate gate : {Gate::Head, Gate::Channel}) {
+    SCOPED_TRACE(gate_name(gate));
+    torch::manual_seed(31 + static_cast<int>(gate));
+    auto in = make_inputs(2, 300, 4, 96, 192, gate, true);
+    for (Tensor* t : {&in.q, &in.k, &in.v}) *t = t->to(torch::kBFloat16).to(f32);
+    const auto d_o = torch::randn({2, 300, 4, 192}, f64);
+    std::vector<Tensor> leaves, ref_leaves;
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &in.s0}) {
+      const auto dt = t == &in.q || t == &in.k || t == &in.v ? torch::kBFloat16 : f32;
+      leaves.push_back(t->to(gpu(dt)).detach().requires_grad_(true));
+      ref_leaves.push_back(t->to(f64).detach().requires_grad_(true));
+    }
+    ops::RecurrenceResult out;
+    {
+      at::globalContext().setAllowTF32CuBLAS(true);
+      out = ops::delta_rule_chunked(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], in.scale, leaves[5], 64);
+      (out.o.to(f64) * d_o.cuda()).sum().backward();
+      at::globalContext().setAllowTF32CuBLAS(false);
+    }
+    const auto ref = ops::delta_rule_recurrent(ref_leaves[0], ref_leaves[1], ref_leaves[2], ref_leaves[3],
+                                               ref_leaves[4], in.scale, ref_leaves[5]);
+    (ref.o * d_o).sum().backward();
+    const double tol = tolerance(torch::kBFloat16);
+    EXPECT_LT(rel_err(out.o.detach().cpu().to(f64), ref.o.detach()), tol) << "output";
+    EXPECT_LT(rel_err(out.final_state.detach().cpu(), ref.final_state.detach()), tol) << "final state";
+    const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_state"};
+    for (size_t i = 0; i < leaves.size(); ++i)
+      EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), tol) << names[i];
+  }
+}
+
+// The UT transform's inverse on CUDA (kernels/prefill.h: unit_lower_inverse) == the float64
+// triangular solve, value and gradient, at chunk sizes 1 to 64; L's diagonal and upper part unread.
+TEST(DeltaRuleScan, UnitLowerInverseMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  for (int64_t C : {1, 16, 37, 64}) {
+    SCOPED_TRACE(::testing::Message() << "C " << C);
+    torch::manual_seed(C);
+    const auto L = torch::randn({3, 5, C, C}, f64) * 0.3;  // full: only the strict lower part counts
+    const auto G = torch::randn({3, 5, C, C}, f64);
+    auto l_gpu = L.to(gpu(f32)).requires_grad_(true);
+    const auto T = ops::unit_lower_inverse(l_gpu);
+    (T.to(f64) * G.cuda()).sum().backward();
+    auto l_ref = L.tril(-1).requires_grad_(true);
+    const auto eye = torch::eye(C, f64).expand({3, 5, C, C});
+    const auto T_ref = torch::linalg_solve_triangular(l_ref + eye, eye, /*upper=*/false);
+    (T_ref * G).sum().backward();
+    EXPECT_LT(rel_err(T.detach().cpu().to(f64), T_ref.detach()), 1e-5) << "inverse";
+    EXPECT_LT(rel_err(l_gpu.grad().cpu().to(f64), l_ref.grad().tril(-1)), 1e-5) << "gradient";
+    EXPECT_EQ(l_gpu.grad().triu().abs().max().item<float>(), 0.f) << "diagonal and upper part unread";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed documents on CUDA (the kernel's resets, forward and reverse): outputs, final states and
+// gradients equal each document run alone through the float64 recurrence.
+
+TEST(DeltaRuleScan, PackedDocumentsMatchEachAlone) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const std::vector<int64_t> lengths{1, 63, 64, 65, 1000};
+  std::vector<int64_t> cu{0};
+  for (int64_t l : lengths) cu.push_back(cu.back() + l);
+  const int64_t T = cu.back(), D = static_cast<int64_t>(lengths.size()), H = 2, K = 96, V = 192;
+  for (Gate gate : {Gate::Head, Gate::Channel}) {
+    SCOPED_TRACE(gate_name(gate));
+    torch::manual_seed(21 + static_cast<int>(gate));
+    const auto in = make_inputs(1, T, H, K, V, gate, false);
+    const auto s0 = 0.5 * torch::randn({D, H, K, V}, f32);
+    const auto d_o = torch::randn({1, T, H, V}, f64);
+    const auto d_s = torch::randn({D, H, K, V}, f64);
+    std::vector<Tensor> leaves;
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
+      leaves.push_back(t->to(gpu(f32)).detach().requires_grad_(true));
+    const auto out = ops::delta_rule_chunked_varlen(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], in.scale,
+                                                    leaves[5], cu, 64);
+    ((out.o.to(f64) * d_o.cuda()).sum() + (out.final_state.to(f64) * d_s.cuda()).sum()).backward();
+    std::vector<Tensor> ref_leaves;
+    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
+      ref_leaves.push_back(t->to(f64).detach().requires_grad_(true));
+    Tensor loss = torch::zeros({}, f64);
+    std::vector<Tensor> ref_o;
+    for (int64_t d = 0; d < D; ++d) {
+      auto part = [&](const Tensor& x) { return x.narrow(1, cu[d], lengths[d]); };
+      const auto ref = ops::delta_rule_recurrent(part(ref_leaves[0]), part(ref_leaves[1]), part(ref_leaves[2]),
+                                                 part(ref_leaves[3]), part(ref_leaves[4]), in.scale,
+                                                 ref_leaves[5].select(0, d).unsqueeze(0));
+      EXPECT_LT(rel_err(part(out.o.detach().cpu()), ref.o.detach()), 1e-5) << "output of document " << d;
+      EXPECT_LT(rel_err(out.final_state.detach().select(0, d).cpu(), ref.final_state.detach().squeeze(0)), 1e-5)
+          << "final state of document " << d;
+      loss = loss + (ref.o * part(d_o)).sum() + (ref.final_state.squeeze(0) * d_s.select(0, d)).sum();
+    }
+    loss.backward();
+    const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_states"};
+    for (size_t i = 0; i < leaves.size(); ++i)
+      EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), 1e-5) << names[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binding directly: every value block, per-head and per-channel carries, forward and reverse
+// with an addend, strided and misaligned inputs, against the loop in float64.
 
 TEST(DeltaRuleScan, BindingMatchesLoopForEveryValueBlock) {
   REQUIRE_FUSED_DECODE();
@@ -183,18 +341,21 @@ TEST(DeltaRuleScan, BindingMatchesLoopForEveryValueBlock) {
   for (const S s : {S{2, 3, 5, 16, 32, 64}, S{1, 2, 4, 64, 96, 192}, S{1, 1, 3, 32, 256, 32}, S{3, 2, 2, 20, 12, 96}})  // K 256 at C 32: every value block fits
     for (int vb : {0, 8, 16, 32})
       for (bool per_channel : {false, true})
-        for (bool with_state : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "B" << s.B << " H" << s.H << " N" << s.N << " C" << s.C << " K"
-                                            << s.K << " V" << s.V << " value block " << vb
-                                            << (per_channel ? " per-channel" : " per-head")
-                                            << (with_state ? " initial state" : ""));
-          torch::manual_seed(s.K * 100 + s.V + vb + per_channel * 3 + with_state);
-          const auto in = make_scan_inputs(s.B, s.H, s.N, s.C, s.K, s.V, per_channel, with_state);
-          const auto ref = scan_reference(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0);
-          const auto out = ops::delta_rule_chunk_scan_cuda(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0, vb);
-          EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5) << "output";
-          EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "state";
-        }
+        for (bool with_state : {false, true})
+          for (bool reverse : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << "B" << s.B << " H" << s.H << " N" << s.N << " C" << s.C << " K"
+                                              << s.K << " V" << s.V << " value block " << vb
+                                              << (per_channel ? " per-channel" : " per-head")
+                                              << (with_state ? " initial state and addend" : "")
+                                              << (reverse ? " reverse" : ""));
+            torch::manual_seed(s.K * 100 + s.V + vb + per_channel * 3 + with_state + reverse * 5);
+            const auto in = make_scan_inputs(s.B, s.H, s.N, s.C, s.K, s.V, per_channel, with_state);
+            const auto ref = scan_reference(in.op(reverse));
+            const auto out = ops::chunk_state_scan_cuda(in.op(reverse), vb);
+            EXPECT_LT(rel_err(out.states.cpu(), ref.states), 1e-5) << "states";
+            EXPECT_LT(rel_err(out.v.cpu(), ref.v), 1e-5) << "v";
+            EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "final state";
+          }
 }
 
 TEST(DeltaRuleScan, BindingTakesStridedAndMisalignedInputs) {
@@ -202,18 +363,18 @@ TEST(DeltaRuleScan, BindingTakesStridedAndMisalignedInputs) {
   torch::manual_seed(12);
   const int64_t B = 2, H = 2, N = 3, C = 16, K = 32, V = 64;
   const auto in = make_scan_inputs(B, H, N, C, K, V, true, true);
-  const auto ref = scan_reference(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0);
-  // u and w as views into one [.., V + K] tensor (as the binding's caller has them), kt as a
-  // transposed view, q starting one float into its storage (not 16-byte aligned), the state
-  // permuted.
+  const auto ref = scan_reference(in.op());
+  // u and w as views into one [.., V + K] tensor (as the op's caller has them), kt as a transposed
+  // view, the addend starting one float into its storage (not 16-byte aligned), the state permuted.
   auto uw = torch::cat({in.u, in.w}, -1);
   auto kt_view = in.kt.transpose(-1, -2).contiguous().transpose(-1, -2);
-  auto q_off = torch::empty({in.q.numel() + 1}, gpu(f32)).narrow(0, 1, in.q.numel()).view(in.q.sizes());
-  q_off.copy_(in.q);
+  auto addend_off = torch::empty({in.addend.numel() + 1}, gpu(f32)).narrow(0, 1, in.addend.numel()).view(in.addend.sizes());
+  addend_off.copy_(in.addend);
   auto s0_perm = in.s0.permute({1, 0, 2, 3}).contiguous().permute({1, 0, 2, 3});
-  const auto out = ops::delta_rule_chunk_scan_cuda(q_off, uw.narrow(-1, V, K), uw.narrow(-1, 0, V), in.a, kt_view,
-                                                   in.carry, s0_perm);
-  EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5);
+  const auto out = ops::chunk_state_scan_cuda(
+      {uw.narrow(-1, V, K), uw.narrow(-1, 0, V), kt_view, in.carry, s0_perm, addend_off, false, Tensor(), Tensor()});
+  EXPECT_LT(rel_err(out.states.cpu(), ref.states), 1e-5);
+  EXPECT_LT(rel_err(out.v.cpu(), ref.v), 1e-5);
   EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5);
   // The inputs are left as they were (the final state is a new tensor).
   EXPECT_EQ(rel_err(s0_perm.cpu(), in.s0.cpu()), 0.0);
@@ -223,70 +384,62 @@ TEST(DeltaRuleScan, BindingRejectsBadInput) {
   REQUIRE_FUSED_DECODE();
   const int64_t B = 1, H = 2, N = 2, C = 16, K = 32, V = 64;
   const auto in = make_scan_inputs(B, H, N, C, K, V, false, true);
-  auto call = [&](const Tensor& q, const Tensor& w, const Tensor& u, const Tensor& a, const Tensor& kt,
-                  const Tensor& carry, const Tensor& s0, int vb = 0) {
-    return [=] { ops::delta_rule_chunk_scan_cuda(q, w, u, a, kt, carry, s0, vb); };
+  auto call = [&](const Tensor& w, const Tensor& u, const Tensor& kt, const Tensor& carry, const Tensor& s0,
+                  const Tensor& addend, int vb = 0) {
+    return [=] { ops::chunk_state_scan_cuda({w, u, kt, carry, s0, addend, false, Tensor(), Tensor()}, vb); };
   };
-  expect_error(call(in.q, in.w.narrow(-1, 0, K - 4), in.u, in.a, in.kt, in.carry, in.s0), "w must be");
-  expect_error(call(in.q, in.w, in.u.narrow(1, 0, 1), in.a, in.kt, in.carry, in.s0), "u must be");
-  expect_error(call(in.q, in.w, in.u, in.a.transpose(-1, -2).narrow(-1, 0, 8), in.kt, in.carry, in.s0), "a must be");
-  expect_error(call(in.q, in.w, in.u, in.a, in.kt.transpose(-1, -2), in.carry, in.s0), "kt must be");
-  expect_error(call(in.q, in.w, in.u, in.a, in.kt, in.carry.expand({B, H, N, 3, 1}), in.s0), "carry");
-  expect_error(call(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0.narrow(-1, 0, 8)), "initial_state must be");
-  expect_error(call(in.q.unsqueeze(0), in.w, in.u, in.a, in.kt, in.carry, in.s0), "q_start must be");
-  expect_error(call(in.q, in.w, in.u, in.a, in.kt, Tensor(), in.s0), "carry");
-  expect_error(call(in.q, in.w.to(f64), in.u, in.a, in.kt, in.carry, in.s0), "float32");
-  expect_error(call(in.q, in.w.cpu(), in.u, in.a, in.kt, in.carry, in.s0), "float32 on cuda");
-  expect_error(call(in.q.cpu(), in.w.cpu(), in.u.cpu(), in.a.cpu(), in.kt.cpu(), in.carry.cpu(), in.s0.cpu()),
-               "CUDA");
-  expect_error(call(in.q, in.w, in.u, in.a, in.kt, in.carry, in.s0, 24), "value_block");
-  expect_error(call(in.q, in.w, in.u.narrow(-1, 0, 40), in.a, in.kt, in.carry, in.s0.narrow(-1, 0, 40), 32),
+  expect_error(call(in.w.narrow(-1, 0, K - 4), in.u, in.kt, in.carry, in.s0, in.addend), "kt must be");
+  expect_error(call(in.w, in.u.narrow(1, 0, 1), in.kt, in.carry, in.s0, in.addend), "u must be");
+  expect_error(call(in.w, in.u, in.kt.transpose(-1, -2), in.carry, in.s0, in.addend), "kt must be");
+  expect_error(call(in.w, in.u, in.kt, in.carry.expand({B, H, N, 3, 1}), in.s0, in.addend), "carry");
+  expect_error(call(in.w, in.u, in.kt, in.carry, in.s0.narrow(-1, 0, 8), in.addend), "initial_state must be");
+  expect_error(call(in.w, in.u, in.kt, in.carry, in.s0, in.addend.narrow(2, 0, 1)), "addend must be");
+  expect_error(call(in.w.unsqueeze(0), in.u, in.kt, in.carry, in.s0, in.addend), "w must be");
+  expect_error(call(in.w, in.u, in.kt, Tensor(), in.s0, in.addend), "carry");
+  expect_error(call(in.w, in.u.to(f64), in.kt, in.carry, in.s0, in.addend), "u must be");
+  expect_error(call(in.w.to(f64), in.u.to(f64), in.kt.to(f64), in.carry.to(f64), in.s0.to(f64), in.addend.to(f64)),
+               "float32 CUDA");
+  expect_error(call(in.w, in.u.cpu(), in.kt, in.carry, in.s0, in.addend), "on cuda");
+  expect_error(call(in.w.cpu(), in.u.cpu(), in.kt.cpu(), in.carry.cpu(), in.s0.cpu(), in.addend.cpu()), "CUDA");
+  expect_error(call(in.w, in.u, in.kt, in.carry, in.s0, in.addend, 24), "value_block");
+  expect_error(call(in.w, in.u.narrow(-1, 0, 40), in.kt, in.carry, in.s0.narrow(-1, 0, 40),
+                    in.addend.narrow(-1, 0, 40), 32),
                "must divide V");
   // Dims the kernel does not serve: K off a multiple of 4, C above 64, V off a multiple of 8.
   const auto odd = make_scan_inputs(1, 1, 2, 16, 6, 12, false, false);
-  expect_error(call(odd.q, odd.w, odd.u, odd.a, odd.kt, odd.carry, odd.s0), "no kernel for K 6");
+  expect_error(call(odd.w, odd.u, odd.kt, odd.carry, odd.s0, odd.addend), "no kernel for K 6");
   const auto big = make_scan_inputs(1, 1, 1, 80, 16, 16, false, false);
-  expect_error(call(big.q, big.w, big.u, big.a, big.kt, big.carry, big.s0), "no kernel");
-  EXPECT_FALSE(ops::delta_rule_chunk_scan_supported(6, 12, 16, torch::Device(torch::kCUDA, 0)));
-  EXPECT_FALSE(ops::delta_rule_chunk_scan_supported(32, 64, 80, torch::Device(torch::kCUDA, 0)));
-  EXPECT_FALSE(ops::delta_rule_chunk_scan_supported(32, 64, 16, torch::Device(torch::kCPU)));
-  EXPECT_TRUE(ops::delta_rule_chunk_scan_supported(256, 256, 64, torch::Device(torch::kCUDA, 0)));
+  expect_error(call(big.w, big.u, big.kt, big.carry, big.s0, big.addend), "no kernel");
+  EXPECT_FALSE(ops::chunk_state_scan_supported(6, 12, 16, torch::Device(torch::kCUDA, 0)));
+  EXPECT_FALSE(ops::chunk_state_scan_supported(32, 64, 80, torch::Device(torch::kCUDA, 0)));
+  EXPECT_FALSE(ops::chunk_state_scan_supported(32, 64, 16, torch::Device(torch::kCPU)));
+  EXPECT_TRUE(ops::chunk_state_scan_supported(256, 256, 64, torch::Device(torch::kCUDA, 0)));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Where the kernel does not serve, delta_rule_chunked on CUDA keeps the libtorch loop: dims off
-// the kernel's multiples, chunks it does not take, and autograd (the kernel has no backward).
+// Where the kernel does not serve, delta_rule_chunked on CUDA keeps the libtorch loop (dims off
+// the kernel's multiples, chunks it does not take), with and without autograd.
 
 TEST(DeltaRuleScan, LoopKeptWhereKernelDoesNotServe) {
   REQUIRE_FUSED_DECODE();
   at::globalContext().setAllowTF32CuBLAS(false);
   torch::manual_seed(13);
-  {
-    const auto in = make_inputs(2, 40, 2, 6, 12, Gate::Channel, true);  // K 6, V 12: no kernel
-    for (int64_t C : {16, 7}) {
+  const auto in = make_inputs(2, 40, 2, 6, 12, Gate::Channel, true);  // K 6, V 12: no kernel
+  for (int64_t C : {16, 7}) {
+    const auto ref = recurrent_f64(in);
+    {
       torch::NoGradGuard no_grad;
       const auto out = chunked_on(in, gpu(f32), C);
-      const auto ref = recurrent_f64(in);
       EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5) << "C " << C;
       EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "C " << C;
     }
+    auto q = in.q.to(gpu(f32)).requires_grad_(true);
+    const auto o = gpu(f32);
+    auto out = ops::delta_rule_chunked(q, to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o), in.scale,
+                                       to(in.s0, o), C);
+    out.o.sum().backward();
+    ASSERT_TRUE(q.grad().defined());
+    EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
+    EXPECT_LT(rel_err(out.o.detach().cpu(), ref.o), 1e-5) << "C " << C << " under autograd";
   }
-  // Grad mode on with inputs that require grad: the loop, differentiable, equal to the kernel's result.
-  const auto in = make_inputs(1, 50, 2, 32, 64, Gate::Head, true);
-  auto q = in.q.to(gpu(f32)).requires_grad_(true);
-  const auto o = gpu(f32);
-  auto out = ops::delta_rule_chunked(q, to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o), in.scale,
-                                     to(in.s0, o), 16);
-  ASSERT_TRUE(out.o.requires_grad());
-  out.o.sum().backward();
-  ASSERT_TRUE(q.grad().defined());
-  EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
-  ops::RecurrenceResult fast;
-  {
-    torch::NoGradGuard no_grad;
-    fast = chunked_on(in, o, 16);
-  }
-  EXPECT_FALSE(fast.o.requires_grad());
-  EXPECT_LT(rel_err(fast.o, out.o.detach()), 1e-5);
-  EXPECT_LT(rel_err(fast.final_state, out.final_state.detach()), 1e-5);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -108,6 +109,7 @@ Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
             "engine: a prompt is [T] tokens with 1 <= T <= max_len (", opts_.max_len, "), found shape ",
             prompt.sizes());
   torch::NoGradGuard no_grad;
+  Tf32Scope tf32(opts_.tf32 && state_opts_.device().is_cuda() && state_opts_.dtype() != torch::kFloat32);
   auto view = state_->slice(slot, 1);
   view->reset();
   lengths_[slot] = 0;

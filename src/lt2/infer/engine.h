@@ -28,6 +28,9 @@ struct EngineOptions {
   bool cuda_graphs = true;      // capture and replay the decode step (CUDA only)
   bool every_bucket = true;     // buckets 1, 2, 4, ..., max_batch; false: max_batch only
   DecodeOptions decode;         // the kernels and launch settings of everything the engine runs
+  // Models in bf16/fp16 on CUDA: the prefill's fp32 chunk products (the linear recurrences'
+  // chunked forms) on TF32 tensor cores (nn/precision.h).
+  bool tf32 = true;
   // Options of every forward (loops, Ouro exit control); the engine sets last_logits_only and
   // seq_pos itself.
   ForwardOptions forward;

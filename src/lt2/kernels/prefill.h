@@ -1,6 +1,6 @@
 // CUDA kernels for the prefill hot path (many tokens per sequence), in the style of decode.h: a
 // params struct per kernel, a launcher, plain kernels in kernels/cuda/. No libtorch here (the
-// tensor binding is ops::delta_rule_chunk_scan_cuda in ops/delta_rule/delta_rule.h). Pointers are device
+// tensor binding is ops::chunk_state_scan in ops/delta_rule/delta_rule.h). Pointers are device
 // pointers to packed (contiguous) fp32 tensors. The launchers enqueue on `stream` (a cudaStream_t)
 // and never synchronise, allocate or read device memory on the host.
 #pragma once
@@ -13,26 +13,34 @@ constexpr int kMaxScanHeadK = 256;  // key head dim K: a multiple of 4 in [4, 25
 constexpr int kMaxScanChunk = 64;   // chunk size C: a multiple of 4 in [4, 64]
 // The value head dim V: any multiple of 8 (a block owns 8, 16 or 32 value columns of S).
 
-// The inter-chunk recurrence of the chunked delta rule (ops::delta_rule_chunked's loop), all N
-// chunks of every (sequence, head) in one launch; S [K, V] per (sequence, head), fp32:
-//   for n = 0 .. N-1:
-//     S_n   = S                            // the state at the chunk's start, stored
-//     V_new = U_n - W_n S                  // [C, V], stored
-//     S     = carry_n * S + Kt_n V_new     // carry_n: one scalar, or one per key channel (row of S)
-// The outputs O_n = Q_n S_n + A_n V_new do not feed the recurrence: the binding computes them for
-// all chunks at once with two batched GEMMs.
+// The inter-chunk recurrence of the chunked delta rule (ops::chunk_state_scan), all N chunks of
+// every (sequence, head) in one launch; S [K, V] per (sequence, head), fp32:
+//   for n = 0 .. N-1 (or N-1 .. 0 when `reverse`):
+//     S     = reset_states[resets[n]]            // where resets[n] >= 0 (zeros without reset_states)
+//     S_n   = S                                  // the state entering chunk n, stored
+//     V_n   = U_n - W_n S                        // [C, V], stored
+//     S     = carry_n * S + Kt_n V_n (+ Y_n)     // carry_n: one scalar, or one per key channel (row of S)
+// The forward pass runs it with the UT transform's W, U and the keys decayed to the chunk end; the
+// backward pass runs the same recurrence in reverse for the state gradients (ops/delta_rule: the
+// adjoint's W is -Kt^T, its Kt is -W^T, its addend the gradient flowing into each S_n).
 // Every pointer below: fp32, packed in the order of its shape comment, 16-byte aligned.
 struct DeltaRuleScanParams {
-  const float* w;      // [B, H, N, C, K]  W of the UT transform
-  const float* u;      // [B, H, N, C, V]  U of the UT transform
-  const float* kt;     // [B, H, N, K, C]  keys decayed to the chunk end, transposed
+  const float* w;      // [B, H, N, C, K]
+  const float* u;      // [B, H, N, C, V]
+  const float* kt;     // [B, H, N, K, C]
   const float* carry;  // [B, H, N, K] when per_channel_carry, else [B, H, N]: the chunk's decay of S
+  const float* addend;         // [B, H, N, K, V] Y_n, or nullptr for none
+  // Packed documents (batch 1): resets[n] >= 0 restarts S at chunk n from reset_states[resets[n]]
+  // (zeros when reset_states is nullptr); -1 continues. nullptr: no resets.
+  const int* resets;           // [N] int32
+  const float* reset_states;   // [D, H, K, V]
   const float* initial_state;  // [B, H, K, V], or nullptr for zeros
   float* states;               // [B, H, N, K, V]: S_n
-  float* v_new;                // [B, H, N, C, V]
+  float* v_new;                // [B, H, N, C, V]: V_n
   float* final_state;          // [B, H, K, V]: S after the last chunk (may alias initial_state)
   int batch, heads, chunks, chunk_size, head_k, head_v;
   bool per_channel_carry;
+  bool reverse;  // chunks from the last to the first
   // Value columns per block: 8, 16 or 32 (dividing V), or 0 for delta_rule_scan_value_block's choice.
   int value_block;
 };
@@ -46,5 +54,17 @@ int delta_rule_scan_value_block(int batch, int heads, int head_k, int head_v, in
 
 // Whether delta_rule_scan serves these dims on CUDA device `device` (for some value block).
 bool delta_rule_scan_supported(int head_k, int head_v, int chunk_size, int device);
+
+// The UT transform's inverse of the chunked delta rule, for a batch of `count` C x C matrices:
+//   T = (I + StrictTril(L))^{-1}             (unit lower triangular; L's diagonal and upper part unread)
+// by forward substitution, one block per matrix and one thread per column of T (a column depends
+// only on itself). l and t: [count, C, C] fp32, packed; C in [1, kMaxScanChunk].
+struct UnitLowerInverseParams {
+  const float* l;
+  float* t;
+  int64_t count;
+  int size;  // C
+};
+void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream);
 
 }  // namespace lt2::kernels

@@ -92,8 +92,15 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
   return x;
 }
 
-Tensor LoopedLMImpl::head(const Tensor& normed_hidden) {
-  return output ? ops::linear(normed_hidden, output) : ops::linear(normed_hidden, tok_embeddings->weight);
+Tensor LoopedLMImpl::head(const Tensor& normed_hidden) { return ops::linear(normed_hidden, head_weight()); }
+
+const Tensor& LoopedLMImpl::head_weight() const { return output ? output->weight : tok_embeddings->weight; }
+
+bool LoopedLMImpl::logits_from_hidden(const ForwardOptions& opts) const {
+  const int64_t T = opts.n_loops > 0 ? opts.n_loops : cfg_.n_loops;
+  const bool exit_picks_loop = cfg_.form == ModelForm::Ouro && exit_gate && opts.exit_at_loop != T;
+  const bool votes = random_slots_ && !is_training();
+  return !exit_picks_loop && !votes && !opts.last_logits_only;
 }
 
 std::vector<Mixer> LoopedLMImpl::mixers() const {

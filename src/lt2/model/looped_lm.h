@@ -75,6 +75,13 @@ class LoopedLMImpl : public torch::nn::Module {
   Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
                    const Tensor& seq_pos = {}, const Tensor& draw = {});
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
+  // The LM head's weight [V, d]: the embedding's when tied.
+  const Tensor& head_weight() const;
+  // Whether forward(tokens, nullptr, opts)'s logits are head(hidden) at every position, so a loss
+  // can take the hidden state and head_weight() instead of the logits (ops/loss/lm_head_loss.h).
+  // Not where an exit gate picks each token's loop, nor where an eval-mode random pattern averages
+  // its vote draws, nor with last_logits_only.
+  bool logits_from_hidden(const ForwardOptions& opts) const;
 
   int64_t num_parameters(bool exclude_embeddings = false) const;
   // Inference: packs every layer's projections that share an input (FFN w1/w3, attention q/k/v/gate,

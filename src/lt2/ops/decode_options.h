@@ -24,7 +24,8 @@ struct DecodeOptions {
   int64_t chained_tail_max_rows = 4;
   // The GDN step loads its state before waiting on the projection launched just before it.
   bool gdn_early_state = true;
-  // Prefill's delta-rule chunk loop as one CUDA kernel (no-grad, fp32 recurrences).
+  // The delta-rule family's recurrence over the chunks as one CUDA kernel (fp32 recurrences), in
+  // prefill and training alike (autograd's own backward threads see the default, on).
   bool delta_rule_scan = true;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.

@@ -1,5 +1,6 @@
 #include "lt2/train/losses.h"
 
+#include "lt2/nn/linear.h"  // accum_dtype
 #include "lt2/util/error.h"
 
 namespace lt2 {
@@ -7,15 +8,24 @@ namespace lt2 {
 Tensor token_cross_entropy(const Tensor& logits, const Tensor& targets) {
   const auto V = logits.size(-1);
   auto ce = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, V}).to(torch::kFloat32), targets.reshape({-1}),
+      logits.reshape({-1, V}).to(accum_dtype(logits)), targets.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
   return ce.view(targets.sizes());
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   const auto V = logits.size(-1);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, V}).to(torch::kFloat32),
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, V}).to(accum_dtype(logits)),
                                               targets.reshape({-1}));
+}
+
+Tensor lm_cross_entropy(LoopedLMImpl& model, const Tensor& tokens, const Tensor& targets, ForwardOptions fo,
+                        const LmLossOptions& opts) {
+  const bool fused = opts.fused && model.logits_from_hidden(fo);
+  fo.compute_logits = !fused;
+  const auto out = model.forward(tokens, nullptr, fo);
+  return fused ? ops::lm_head_cross_entropy(out.hidden, model.head_weight(), targets, opts.head)
+               : cross_entropy(out.logits, targets);
 }
 
 Tensor ouro_loss(const ModelOutput& out, const Tensor& targets, double entropy_beta) {

@@ -31,6 +31,8 @@ void TrainConfig::validate(bool needs_train_data) const {
   LT2_CHECK(indexer_stage == "off" || indexer_stage == "dense_warmup" || indexer_stage == "sparse", w,
             ": 'indexer_stage' must be off, dense_warmup or sparse, found '", indexer_stage, "'");
   LT2_CHECK(indexer_loss_coef >= 0, w, ": 'indexer_loss_coef' must be >= 0");
+  LT2_CHECK(loss_chunk_tokens >= 0, w, ": 'loss_chunk_tokens' must be >= 0 (0 = automatic), found ",
+            loss_chunk_tokens);
   LT2_CHECK(dist_timeout > 0, w, ": 'dist_timeout' must be > 0 seconds, found ", dist_timeout);
   LT2_CHECK(dist_bucket_mb > 0, w, ": 'dist_bucket_mb' must be > 0, found ", dist_bucket_mb);
   LT2_CHECK(eval_every >= 0 && save_every >= 0 && eval_batches > 0, w,
@@ -45,7 +47,8 @@ json TrainConfig::to_json() const {
               {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
               {"clip", clip}, {"seed", seed}, {"log_every", log_every},
               {"eval_every", eval_every}, {"eval_batches", eval_batches},
-              {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops},
+              {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops}, {"tf32", tf32},
+              {"fused_loss", fused_loss}, {"loss_chunk_tokens", loss_chunk_tokens},
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
               {"gate_min_gain", gate_min_gain}, {"indexer_stage", indexer_stage},
               {"indexer_loss_coef", indexer_loss_coef}, {"dist_timeout", dist_timeout},
@@ -80,6 +83,9 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   json_get(j, "eval_batches", c.eval_batches, where);
   json_get(j, "save_every", c.save_every, where);
   json_get(j, "checkpoint_loops", c.checkpoint_loops, where);
+  json_get(j, "tf32", c.tf32, where);
+  json_get(j, "fused_loss", c.fused_loss, where);
+  json_get(j, "loss_chunk_tokens", c.loss_chunk_tokens, where);
   std::string obj = to_string(c.objective);
   json_get(j, "objective", obj, where);
   if (obj == "ce") c.objective = Objective::CE;

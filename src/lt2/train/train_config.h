@@ -38,6 +38,11 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   int64_t save_every = 0;       // 0 = only at the end
   bool checkpoint_loops = false;  // activation checkpointing per loop
+  bool tf32 = true;  // with bf16 autocast: fp32 matmuls (the recurrences' chunk math) on TF32 tensor cores
+  // The cross-entropy objective through the fused, chunked head + loss (ops/loss/lm_head_loss.h:
+  // no [tokens x vocab] logits); false: the reference, the model's logits then cross_entropy.
+  bool fused_loss = true;
+  int64_t loss_chunk_tokens = 0;  // tokens per chunk of the fused loss; 0 = automatic
   Objective objective = Objective::CE;
   double ouro_entropy_beta = 0.05;
   double gate_min_gain = 0.005;

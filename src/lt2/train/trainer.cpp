@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "lt2/config/presets.h"
 #include "lt2/kernels/kernels.h"
 #include "lt2/model/checkpoint_io.h"
+#include "lt2/nn/precision.h"
 #include "lt2/train/autocast.h"
 #include "lt2/train/batches.h"
 #include "lt2/train/gradient_reducer.h"
@@ -55,6 +57,7 @@ std::string progress_bar(int64_t done, int64_t total, double seconds_left) {
 struct Trainer::Impl {
   torch::Device device{torch::kCPU};
   bool autocast = false;
+  std::optional<Tf32Scope> tf32;  // for the trainer's lifetime under autocast (TrainConfig::tf32)
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<BatchSampler> train, val;  // the shard's (null when callbacks give the batches)
   std::vector<torch::Tensor> params;
@@ -71,6 +74,13 @@ struct Trainer::Impl {
 };
 
 namespace {
+LmLossOptions loss_options(const TrainConfig& c) {
+  LmLossOptions o;
+  o.fused = c.fused_loss;
+  o.head.chunk_tokens = c.loss_chunk_tokens;
+  return o;
+}
+
 // The RNG seed of one micro-batch (random layer patterns draw from it): a function of (step, micro)
 // only, so a micro-batch draws the same whichever rank runs it.
 uint64_t micro_seed(uint64_t seed, int64_t step, int64_t micro) {
@@ -118,6 +128,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
   LT2_CHECK(!(cfg_.dtype == "bf16" && !I.device.is_cuda()),
             "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
   I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
+  if (I.autocast) I.tf32.emplace(cfg_.tf32);
 
   std::shared_ptr<const ShardReader> train_shard;
   if (!cb_.batch) train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
@@ -221,9 +232,9 @@ double Trainer::evaluate() {
     AutocastScope ac(I.autocast);
     ForwardOptions fo;
     fo.exit_at_loop = model_->exit_gate ? model_->config().n_loops : -1;
-    auto out = model_->forward(x.to(I.device), nullptr, fo);
+    const auto loss = lm_cross_entropy(*model_, x.to(I.device), y.to(I.device), fo, loss_options(cfg_));
     aux_loss(*model_);  // drop the auxiliary losses this forward recorded
-    total += cross_entropy(out.logits, y.to(I.device)).item<double>();
+    total += loss.item<double>();
   }
   model_->train();
   if (I.group) {
@@ -280,12 +291,13 @@ StepMetrics Trainer::run() {
         AutocastScope ac(I.autocast);
         ForwardOptions fo;
         fo.checkpoint_loops = cfg_.checkpoint_loops;
-        fo.loop_logits = cfg_.objective != Objective::CE;
-        auto out = model_->forward(x, nullptr, fo);
-        switch (cfg_.objective) {
-          case Objective::CE: loss = cross_entropy(out.logits, y); break;
-          case Objective::Ouro: loss = ouro_loss(out, y, cfg_.ouro_entropy_beta); break;
-          case Objective::OuroGate: loss = ouro_gate_loss(out, y, cfg_.gate_min_gain); break;
+        if (cfg_.objective == Objective::CE) {
+          loss = lm_cross_entropy(*model_, x, y, fo, loss_options(cfg_));
+        } else {
+          fo.loop_logits = true;
+          const auto out = model_->forward(x, nullptr, fo);
+          loss = cfg_.objective == Objective::Ouro ? ouro_loss(out, y, cfg_.ouro_entropy_beta)
+                                                   : ouro_gate_loss(out, y, cfg_.gate_min_gain);
         }
         // Auxiliary losses of the mixers: the warm-up trains on them alone; the joint stage adds them.
         if (auto aux = aux_loss(*model_); aux.defined())

@@ -1,6 +1,8 @@
-// The inter-chunk scan of the chunked delta rule (prefill.h: delta_rule_scan), one launch for all
+// The chunked delta rule's kernels (prefill.h): the UT transform's triangular inverse, and the
+// inter-chunk scan (delta_rule_scan), one launch for all
 // chunks of all (sequence, head) pairs, where ops::delta_rule_chunked would otherwise loop on the
-// host over ~8 libtorch kernels per chunk.
+// host over ~8 libtorch kernels per chunk. The forward pass runs it in chunk order, the backward
+// pass (the adjoint recurrence of the state gradients) in reverse order with an addend.
 //
 // Floor. The value columns of S [K, V] evolve independently, so a block owns S[:, v0 : v0 + VB]
 // of one (sequence, head) in shared memory for the whole scan. Per chunk and block it reads W_n
@@ -10,7 +12,7 @@
 // The chunks of a block are sequential, so the scan is bound by each chunk's latency (its two
 // products, two barriers and the loads in flight), not by the device's FLOPs. That is why the
 // outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the
-// binding computes them for all chunks with two batched GEMMs): inside it they would double each
+// op computes them for all chunks with two batched GEMMs): inside it they would double each
 // chunk's chain of products and barriers. A 4096-token lt2-gdn-1.3b prefill spends 0.63 ms per
 // call here, 9.8 us per chunk (bench/results/prefill_profile_h200.md).
 //
@@ -22,9 +24,10 @@
 //   ([x][VB] rows, S or V_new) as one conflict-free word per lane. Plain fp32 FMAs: TF32 tensor
 //   cores would not hold the 1e-5 fp32 tolerance of the GPU tests (tests/gpu/gpu_testing.h).
 // - Per chunk: store S_n (each thread its own entries); 1 V_new = U_n - W_n S (shared and
-//   global); 2 S = carry_n * S + Kt_n V_new (each thread updates its own entries). Two barriers.
-// - The chunk's matrices stream in with cp.async: Kt_n+1 and carry_n+1 (two buffers, taking
-//   turns) are issued as chunk n starts and have the whole chunk to land; W_n+1 is issued once
+//   global); 2 S = carry_n * S + Kt_n V_new + Y_n (each thread updates its own entries, the
+//   accumulator starting from the addend Y_n where one is given). Two barriers.
+// - The chunk's matrices stream in with cp.async: the next chunk's Kt and carry (two buffers, taking
+//   turns) are issued as chunk n starts and have the whole chunk to land; the next W is issued once
 //   phase 1 is done with W_n and lands during phase 2. U_n is read into registers at the chunk
 //   start. Shared memory at the 1.3B head with VB 16: 87 KiB (two blocks per SM; the launch
 //   bounds cap registers at 128 for that: VB 8 / 16 use 96, VB 32 128 with 4 bytes spilled);
@@ -131,7 +134,9 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
   float* sVn = smem + lay.vn;
   float* sW = smem + lay.w;
 
-  // Chunk n of (sequence, head) bh: the first element of each per-chunk matrix.
+  // The chunk processed at step i, and chunk n of (sequence, head) bh: the first element of each
+  // per-chunk matrix.
+  auto chunk_at = [&](int i) { return p.reverse ? N - 1 - i : i; };
   auto w_of = [&](int n) { return p.w + ((bh * N + n) * C) * K; };
   auto kt_of = [&](int n) { return p.kt + ((bh * N + n) * K) * C; };
   auto uv_offset = [&](int n, int c) { return ((bh * N + n) * C + c) * V + v0 + j; };  // u, v_new
@@ -147,16 +152,24 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
 
   // Prologue: W_0, Kt_0 and carry_0 in flight, S from the initial state.
   if (N > 0) {
-    copy_rows_async(sW, lay.pk, w_of(0), C, K);
-    load_kt_carry(0, 0);
+    copy_rows_async(sW, lay.pk, w_of(chunk_at(0)), C, K);
+    load_kt_carry(chunk_at(0), 0);
   }
   cp_async_commit();
   const float* S0 = p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr;
   for (int k = rg; k < K; k += RG) sS[k * VB + j] = S0 ? S0[static_cast<int64_t>(k) * V + j] : 0.f;
 
-  for (int n = 0; n < N; ++n) {
-    const int b = n & 1;
-    // S_n: the thread's own entries (written by itself in the last phase 2, or the prologue).
+  for (int step = 0; step < N; ++step) {
+    const int b = step & 1, n = chunk_at(step);
+    // A document starts here (packed rows): S restarts from its state. Each thread replaces its
+    // own entries, which only it reads before the next barrier.
+    const int reset = p.resets ? __ldg(p.resets + n) : -1;
+    if (reset >= 0) {
+      const float* R = p.reset_states ? p.reset_states + (static_cast<int64_t>(reset) * p.heads + blockIdx.y) * K * V + v0
+                                      : nullptr;
+      for (int k = rg; k < K; k += RG) sS[k * VB + j] = R ? R[static_cast<int64_t>(k) * V + j] : 0.f;
+    }
+    // S_n: the thread's own entries (written by itself in the last phase 2, the prologue or the reset).
     float* Sn = p.states + (bh * N + n) * K * V + v0;
     for (int k = rg; k < K; k += RG) Sn[static_cast<int64_t>(k) * V + j] = sS[k * VB + j];
     float u[kChunkRows];  // U_n[c_i, j]
@@ -167,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
     }
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
     __syncthreads();     // ... for every thread; the last phase 2 (S, reads of buffer b ^ 1) is done
-    if (n + 1 < N) load_kt_carry(n + 1, b ^ 1);  // lands during this whole chunk
+    if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
     cp_async_commit();
 
     // 1: V_new = U_n - W_n S.
@@ -183,13 +196,19 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
       }
     }
     __syncthreads();  // V_new complete; nobody reads W_n any more
-    if (n + 1 < N) copy_rows_async(sW, lay.pk, w_of(n + 1), C, K);  // W_n+1: lands during 2
+    if (step + 1 < N) copy_rows_async(sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
     cp_async_commit();
 
-    // 2: S = carry_n * S + Kt_n V_new, each thread on its own entries of S.
+    // 2: S = carry_n * S + Kt_n V_new + Y_n, each thread on its own entries of S.
     const float* sKt = smem + lay.kt + b * lay.kt_size;
     const float* sCarry = smem + lay.carry + b * lay.carry_size;
-    float kv[kStateRows] = {};
+    float kv[kStateRows];  // starts from Y_n[k_i, j], the addend
+    const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int k = rg + RG * i;
+      kv[i] = Yn && k < K ? __ldg(Yn + static_cast<int64_t>(k) * V + j) : 0.f;
+    }
     rows_times_cols<VB>(kv, sKt, lay.pc, K, sVn, C, rg, j);
 #pragma unroll
     for (int i = 0; i < kStateRows; ++i) {
@@ -248,6 +267,7 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
   if (p.batch == 0 || p.heads == 0) return;
   LT2_CHECK(p.final_state && (p.chunks == 0 || (p.w && p.u && p.kt && p.carry && p.states && p.v_new)),
             "delta_rule_scan: every pointer but initial_state must be given (only final_state without chunks)");
+  LT2_CHECK(!p.resets || p.batch == 1, "delta_rule_scan: resets (packed documents) need batch 1, found ", p.batch);
   LT2_CHECK(aligned16(p.w) && aligned16(p.kt) && (!p.per_channel_carry || aligned16(p.carry)),
             "delta_rule_scan: w, kt (and a per-channel carry) must be 16-byte aligned");
   int device = 0;
@@ -279,6 +299,47 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
       break;
   }
   check_launch("delta_rule_scan");
+}
+
+// ---------------------------------------------------------------------------------------------
+// unit_lower_inverse. Floor: C^3 / 6 multiply-adds a matrix (44k at C 64), 2 C^2 floats of traffic
+// (32 KiB); at the 8 x 4096 x 16-head training shape (8,192 matrices) 0.27 GB, ~0.1 ms. Column c
+// of T solves T[i][c] = [i == c] - sum_{j < i} L[i][j] T[j][c] top-down: thread c walks the rows,
+// reading L's row i as a broadcast (every lane the same element) and its own column from shared
+// memory (lane-indexed: conflict-free); the j < c terms are zeros, so every lane runs the same loop.
+
+namespace {
+
+__global__ void unit_lower_inverse_kernel(const UnitLowerInverseParams p) {
+  extern __shared__ float inverse_smem[];
+  const int C = p.size, c = threadIdx.x;
+  float* sL = inverse_smem;          // [C][C]
+  float* col = inverse_smem + C * C;  // [C][blockDim.x]: col[i * blockDim.x + c] = T[i][c]
+  const float* L = p.l + blockIdx.x * static_cast<int64_t>(C) * C;
+  for (int e = c; e < C * C; e += blockDim.x) sL[e] = L[e];
+  __syncthreads();
+  if (c >= C) return;
+  for (int i = 0; i < C; ++i) {
+    float acc = i == c ? 1.f : 0.f;
+    for (int j = 0; j < i; ++j) acc = fmaf(-sL[i * C + j], col[j * blockDim.x + c], acc);
+    col[i * blockDim.x + c] = acc;
+  }
+  float* T = p.t + blockIdx.x * static_cast<int64_t>(C) * C;
+  for (int i = 0; i < C; ++i) T[i * C + c] = col[i * blockDim.x + c];
+}
+
+}  // namespace
+
+void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
+  LT2_CHECK(p.size >= 1 && p.size <= kMaxScanChunk, "unit_lower_inverse: C must be in [1, ", kMaxScanChunk,
+            "], found ", p.size);
+  LT2_CHECK(p.count >= 0 && p.count <= INT32_MAX, "unit_lower_inverse: count ", p.count, " outside [0, 2^31)");
+  if (p.count == 0) return;
+  LT2_CHECK(p.l && p.t, "unit_lower_inverse: l and t must be given");
+  const int threads = round_up(p.size, 32);
+  const size_t smem = sizeof(float) * (static_cast<size_t>(p.size) * p.size + static_cast<size_t>(p.size) * threads);
+  unit_lower_inverse_kernel<<<static_cast<unsigned>(p.count), threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  check_launch("unit_lower_inverse");
 }
 
 }  // namespace lt2::kernels

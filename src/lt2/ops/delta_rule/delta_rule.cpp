@@ -1,5 +1,6 @@
 #include "lt2/ops/delta_rule/delta_rule.h"
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,21 +41,187 @@ std::pair<Tensor, Tensor> delta_token(const Tensor& q, const Tensor& k, const Te
   return {o, S};
 }
 
-// Whether delta_rule_chunked runs its loop over the chunks as the CUDA kernel: fp32 on CUDA,
-// nothing for autograd to record (the kernel has no backward, so training keeps the loop), dims
-// the kernel serves, and DecodeOptions::delta_rule_scan on.
-bool use_chunk_scan_kernel(const Tensor& v, torch::ScalarType dt, int64_t K, int64_t V, int64_t C,
-                           std::initializer_list<const Tensor*> inputs) {
-  if (!decode_options().delta_rule_scan || !v.is_cuda() || dt != torch::kFloat32) return false;
-  if (torch::GradMode::is_enabled())
-    for (const Tensor* t : inputs)
-      if (t->defined() && t->requires_grad()) return false;
-  return delta_rule_chunk_scan_supported(K, V, C, v.device());
+std::string shape_of(const Tensor& t) { return t.defined() ? cat(t.sizes()) : std::string("undefined"); }
+
+// The scan's inputs have consistent shapes, one dtype and one device. Returns {B, H, N, C, K, V}.
+std::array<int64_t, 6> check_scan_inputs(const ChunkScanInputs& in, const char* op) {
+  LT2_CHECK(in.w.defined() && in.w.dim() == 5 && in.u.defined() && in.u.dim() == 5, op,
+            ": w must be [B, H, N, C, K] and u [B, H, N, C, V], found ", shape_of(in.w), " and ", shape_of(in.u));
+  const int64_t B = in.w.size(0), H = in.w.size(1), N = in.w.size(2), C = in.w.size(3), K = in.w.size(4),
+                V = in.u.size(4);
+  const auto dtype = in.w.scalar_type();
+  const auto device = in.w.device();
+  auto check = [&](const Tensor& t, std::vector<int64_t> expected, const char* name) {
+    LT2_CHECK(t.defined() && t.dim() == static_cast<int64_t>(expected.size()) &&
+                  t.sizes() == torch::IntArrayRef(expected), op, ": ", name, " must be ",
+              torch::IntArrayRef(expected), ", found ", shape_of(t));
+    LT2_CHECK(t.scalar_type() == dtype && t.device() == device, op, ": ", name, " must be ", dtype, " on ", device,
+              " like w, found ", t.scalar_type(), " on ", t.device());
+  };
+  check(in.u, {B, H, N, C, V}, "u");
+  check(in.kt, {B, H, N, K, C}, "kt");
+  const bool per_channel = in.carry.defined() && in.carry.dim() == 5 && in.carry.size(3) == K && K != 1;
+  check(in.carry, {B, H, N, per_channel ? K : 1, 1}, "carry (per head [B, H, N, 1, 1] or per key channel)");
+  if (in.initial_state.defined()) check(in.initial_state, {B, H, K, V}, "initial_state");
+  if (in.addend.defined()) check(in.addend, {B, H, N, K, V}, "addend");
+  if (in.resets.defined()) {
+    LT2_CHECK(B == 1, op, ": resets (packed documents) need batch 1, found ", B);
+    LT2_CHECK(in.resets.sizes() == torch::IntArrayRef({N}) && in.resets.scalar_type() == torch::kInt32 &&
+                  in.resets.device() == device,
+              op, ": resets must be [", N, "] int32 on ", device, ", found ", shape_of(in.resets), " ",
+              in.resets.scalar_type(), " on ", in.resets.device());
+  }
+  if (in.reset_states.defined()) {
+    LT2_CHECK(in.resets.defined(), op, ": reset_states given without resets");
+    check(in.reset_states, {in.reset_states.size(0), H, K, V}, "reset_states");
+  }
+  return {B, H, N, C, K, V};
 }
+
+// chunk_state_scan as a loop of libtorch ops over the chunks.
+ChunkScanResult chunk_state_scan_loop(const ChunkScanInputs& in) {
+  const auto [B, H, N, C, K, V] = check_scan_inputs(in, "chunk_state_scan");
+  auto S = in.initial_state.defined() ? in.initial_state.clone()
+                                      : torch::zeros({B, H, K, V}, in.w.options());
+  std::vector<int32_t> resets(N, -1);
+  if (in.resets.defined()) {
+    auto r = in.resets.to(torch::kCPU).contiguous();
+    std::copy(r.data_ptr<int32_t>(), r.data_ptr<int32_t>() + N, resets.begin());
+  }
+  std::vector<Tensor> states(N), vs(N);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t n = in.reverse ? N - 1 - i : i;
+    if (resets[n] >= 0)
+      S = in.reset_states.defined() ? in.reset_states.select(0, resets[n]).unsqueeze(0) : torch::zeros_like(S);
+    states[n] = S;
+    vs[n] = in.u.select(2, n) - torch::matmul(in.w.select(2, n), S);
+    S = in.carry.select(2, n) * S + torch::matmul(in.kt.select(2, n), vs[n]);
+    if (in.addend.defined()) S = S + in.addend.select(2, n);
+  }
+  if (N == 0) return {torch::empty({B, H, 0, K, V}, in.w.options()), torch::empty({B, H, 0, C, V}, in.w.options()), S};
+  return {torch::stack(states, 2), torch::stack(vs, 2), S};
+}
+
+// Packed documents starting at chunks doc_starts [D] (int64, ascending, first 0) of N: the
+// forward scan's resets (document d's first chunk restarts from doc_states[d]) and the backward's
+// (the state gradient restarts at zero after each document's last chunk but the row's last).
+std::pair<Tensor, Tensor> document_resets(const Tensor& doc_starts, int64_t N, const torch::Device& device) {
+  auto starts = doc_starts.to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t D = starts.numel();
+  const int64_t* first = starts.data_ptr<int64_t>();
+  LT2_CHECK(D >= 1 && first[0] == 0, "chunk_state_scan: doc_starts must begin with chunk 0, found ",
+            D == 0 ? std::string("none") : std::to_string(first[0]));
+  auto forward = torch::full({N}, -1, torch::kInt32), backward = torch::full({N}, -1, torch::kInt32);
+  auto f = forward.accessor<int32_t, 1>(), b = backward.accessor<int32_t, 1>();
+  for (int64_t d = 0; d < D; ++d) {
+    LT2_CHECK(first[d] < N && (d == 0 || first[d] > first[d - 1]), "chunk_state_scan: doc_starts must ascend within [0, ",
+              N, "), found ", first[d], " at ", d);
+    f[first[d]] = static_cast<int32_t>(d);
+    if (d > 0) b[first[d] - 1] = 0;
+  }
+  return {forward.to(device), backward.to(device)};
+}
+
+// Autograd for the forward scan; the formulas are in delta_rule.h (chunk_state_scan_differentiable).
+// Function::apply takes no undefined tensors: an absent optional input travels as an empty tensor.
+Tensor absent_as_empty(const Tensor& t) { return t.defined() ? t : torch::empty({0}); }
+Tensor empty_as_absent(const Tensor& t) { return t.numel() > 0 ? t : Tensor(); }
+
+struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& w,
+                                                const Tensor& u, const Tensor& kt, const Tensor& carry,
+                                                const Tensor& given_initial_state, const Tensor& given_doc_starts,
+                                                const Tensor& given_doc_states) {
+    const Tensor initial_state = empty_as_absent(given_initial_state), doc_starts = empty_as_absent(given_doc_starts),
+                 doc_states = empty_as_absent(given_doc_states);
+    Tensor resets, adjoint_resets;
+    if (doc_starts.defined()) std::tie(resets, adjoint_resets) = document_resets(doc_starts, w.size(2), w.device());
+    auto r = chunk_state_scan({w, u, kt, carry, initial_state, Tensor(), false, resets, doc_states});
+    ctx->save_for_backward({w, kt, carry, r.states, r.v});
+    ctx->saved_data["has_initial_state"] = initial_state.defined() && !doc_starts.defined();
+    ctx->saved_data["has_doc_states"] = doc_states.defined();
+    if (doc_starts.defined()) {
+      ctx->saved_data["adjoint_resets"] = adjoint_resets;
+      ctx->saved_data["doc_starts"] = doc_starts.to(w.device(), torch::kLong);
+    }
+    return {r.states, r.v, r.final_state};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &w = saved[0], &kt = saved[1], &carry = saved[2], &states = saved[3], &v = saved[4];
+    const Tensor d_states = grads[0], d_final = grads[2];
+    const Tensor d_v = grads[1].defined() ? grads[1] : torch::zeros_like(v);
+    const bool documents = ctx->saved_data.find("doc_starts") != ctx->saved_data.end();
+    const Tensor adjoint_resets = documents ? ctx->saved_data["adjoint_resets"].toTensor() : Tensor();
+    const auto adjoint = chunk_state_scan({-kt.transpose(-1, -2), d_v, -w.transpose(-1, -2), carry, d_final,
+                                           d_states, /*reverse=*/true, adjoint_resets, Tensor()});
+    const Tensor& g_next = adjoint.states;  // G_{n+1}: the gradient of the state leaving chunk n
+    auto d_carry = (g_next * states).sum(-1, /*keepdim=*/true);  // [B, H, N, K, 1]
+    if (carry.size(3) == 1) d_carry = d_carry.sum(-2, /*keepdim=*/true);
+    Tensor d_doc_states;
+    if (ctx->saved_data["has_doc_states"].toBool()) {
+      // G_n at each document's first chunk n: the gradient of the state it restarted from.
+      const Tensor first = ctx->saved_data["doc_starts"].toTensor();
+      auto at = [&](const Tensor& t) { return t.index_select(2, first); };
+      auto g = at(carry) * at(g_next) - torch::matmul(at(w).transpose(-1, -2), at(adjoint.v));
+      if (d_states.defined()) g = g + at(d_states);
+      d_doc_states = g.squeeze(0).transpose(0, 1);  // [D, H, K, V]
+    }
+    return {-torch::matmul(adjoint.v, states.transpose(-1, -2)),  // dW
+            adjoint.v,                                           // dU
+            torch::matmul(g_next, v.transpose(-1, -2)),          // dKt
+            d_carry,
+            ctx->saved_data["has_initial_state"].toBool() ? adjoint.final_state : Tensor(),
+            Tensor(),
+            d_doc_states};
+  }
+};
+
+struct UnitLowerInverseFunction : public torch::autograd::Function<UnitLowerInverseFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& L) {
+    auto T = unit_lower_inverse_cuda(L);
+    ctx->save_for_backward({T});
+    return T;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Tensor Tt = ctx->get_saved_variables()[0].transpose(-1, -2);
+    return {-torch::matmul(torch::matmul(Tt, grads[0]), Tt).tril(-1)};
+  }
+
+  // The kernel: L float32 on CUDA, C <= kMaxScanChunk.
+  static Tensor unit_lower_inverse_cuda(const Tensor& L) {
+#ifdef LT2_WITH_CUDA
+    const auto l = L.contiguous();
+    auto T = torch::empty_like(l);
+    c10::cuda::CUDAGuard guard(l.device());
+    kernels::unit_lower_inverse({l.data_ptr<float>(), T.data_ptr<float>(), l.numel() / (l.size(-1) * l.size(-1)),
+                                 static_cast<int>(l.size(-1))},
+                                detail::current_stream(l));
+    return T;
+#else
+    detail::no_cuda("unit_lower_inverse");
+#endif
+  }
+};
 
 }  // namespace
 
-bool delta_rule_chunk_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device) {
+Tensor unit_lower_inverse(const Tensor& L) {
+  LT2_CHECK(L.dim() >= 2 && L.size(-1) == L.size(-2), "unit_lower_inverse: L must be [..., C, C], found ",
+            L.sizes());
+  const int64_t C = L.size(-1);
+#ifdef LT2_WITH_CUDA
+  if (L.is_cuda() && L.scalar_type() == torch::kFloat32 && C >= 1 && C <= kernels::kMaxScanChunk)
+    return UnitLowerInverseFunction::apply(L);
+#endif
+  auto eye = torch::eye(C, L.options()).expand(L.sizes());
+  return torch::linalg_solve_triangular(L, eye, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+}
+
+bool chunk_state_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device) {
 #ifdef LT2_WITH_CUDA
   if (!device.is_cuda() || K > INT32_MAX || V > INT32_MAX || C > INT32_MAX) return false;  // the kernel checks the rest
   const int index = device.has_index() ? device.index() : c10::cuda::current_device();
@@ -64,71 +231,76 @@ bool delta_rule_chunk_scan_supported(int64_t K, int64_t V, int64_t C, const torc
 #endif
 }
 
-ChunkScanResult delta_rule_chunk_scan_cuda(const Tensor& q_start, const Tensor& w, const Tensor& u,
-                                           const Tensor& a, const Tensor& kt, const Tensor& carry,
-                                           const Tensor& initial_state, int value_block) {
-  const char* op = "delta_rule_chunk_scan_cuda";
+ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block) {
+  const char* op = "chunk_state_scan_cuda";
 #ifdef LT2_WITH_CUDA
-  auto shape = [](const Tensor& t) { return t.defined() ? cat(t.sizes()) : std::string("undefined"); };
-  LT2_CHECK(q_start.defined() && q_start.dim() == 5 && u.defined() && u.dim() == 5, op,
-            ": q_start must be [B, H, N, C, K] and u [B, H, N, C, V], found ", shape(q_start), " and ",
-            shape(u));
-  const int64_t B = q_start.size(0), H = q_start.size(1), N = q_start.size(2), C = q_start.size(3),
-                K = q_start.size(4), V = u.size(4);
-  const auto device = q_start.device();
-  LT2_CHECK(device.is_cuda(), op, ": the inputs must be CUDA tensors, found q_start on ", device);
-  // t: defined, the given shape, float32 on q_start's device.
-  auto check = [&](const Tensor& t, std::vector<int64_t> expected, const char* name) {
-    LT2_CHECK(t.defined() && t.sizes() == torch::IntArrayRef(expected), op, ": ", name, " must be ",
-              torch::IntArrayRef(expected), ", found ", shape(t));
-    LT2_CHECK(t.scalar_type() == torch::kFloat32 && t.device() == device, op, ": ", name,
-              " must be float32 on ", device, ", found ", t.scalar_type(), " on ", t.device());
-  };
-  check(q_start, {B, H, N, C, K}, "q_start");
-  check(w, {B, H, N, C, K}, "w");
-  check(u, {B, H, N, C, V}, "u");
-  check(a, {B, H, N, C, C}, "a");
-  check(kt, {B, H, N, K, C}, "kt");
-  const bool per_channel = carry.defined() && carry.dim() == 5 && carry.size(3) == K && K != 1;
-  check(carry, {B, H, N, per_channel ? K : 1, 1}, "carry (per head [B, H, N, 1, 1] or per key channel)");
-  if (initial_state.defined()) check(initial_state, {B, H, K, V}, "initial_state");
-  LT2_CHECK(delta_rule_chunk_scan_supported(K, V, C, device), op, ": no kernel for K ", K, ", V ", V, ", C ", C,
-            " on ", device, " (needs K and C multiples of 4, K <= ", kernels::kMaxScanHeadK, ", C <= ",
+  const auto [B, H, N, C, K, V] = check_scan_inputs(in, op);
+  const auto device = in.w.device();
+  LT2_CHECK(device.is_cuda() && in.w.scalar_type() == torch::kFloat32, op,
+            ": the inputs must be float32 CUDA tensors, found ", in.w.scalar_type(), " on ", device);
+  LT2_CHECK(chunk_state_scan_supported(K, V, C, device), op, ": no kernel for K ", K, ", V ", V, ", C ", C, " on ",
+            device, " (needs K and C multiples of 4, K <= ", kernels::kMaxScanHeadK, ", C <= ",
             kernels::kMaxScanChunk, ", V a multiple of 8)");
-
+  LT2_CHECK(N <= INT32_MAX, op, ": ", N, " chunks (at most ", INT32_MAX, ")");
   // Packed, 16-byte aligned copies where the inputs are not (a contiguous view may start anywhere).
   auto packed = [](const Tensor& t) {
+    if (!t.defined()) return t;
     auto c = t.contiguous();
     return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
   };
-  const auto wc = packed(w), uc = packed(u), ktc = packed(kt), cc = packed(carry);
-  const auto s0 = initial_state.defined() ? packed(initial_state) : Tensor();
+  const auto w = packed(in.w), u = packed(in.u), kt = packed(in.kt), carry = packed(in.carry);
+  const auto s0 = packed(in.initial_state), addend = packed(in.addend), reset_states = packed(in.reset_states);
+  const auto resets = in.resets.defined() ? in.resets.contiguous() : Tensor();
   c10::cuda::CUDAGuard guard(device);
-  auto states = torch::empty({B, H, N, K, V}, wc.options());  // S_n, the state at chunk n's start
-  auto v_new = torch::empty({B, H, N, C, V}, wc.options());
-  auto S = torch::empty({B, H, K, V}, wc.options());
-
+  ChunkScanResult r{torch::empty({B, H, N, K, V}, w.options()), torch::empty({B, H, N, C, V}, w.options()),
+                    torch::empty({B, H, K, V}, w.options())};
   kernels::DeltaRuleScanParams p{};
-  p.w = wc.data_ptr<float>();
-  p.u = uc.data_ptr<float>();
-  p.kt = ktc.data_ptr<float>();
-  p.carry = cc.data_ptr<float>();
+  p.w = w.data_ptr<float>();
+  p.u = u.data_ptr<float>();
+  p.kt = kt.data_ptr<float>();
+  p.carry = carry.data_ptr<float>();
+  p.addend = addend.defined() ? addend.data_ptr<float>() : nullptr;
+  p.resets = resets.defined() ? resets.data_ptr<int32_t>() : nullptr;
+  p.reset_states = reset_states.defined() ? reset_states.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
-  p.states = states.data_ptr<float>();
-  p.v_new = v_new.data_ptr<float>();
-  p.final_state = S.data_ptr<float>();
-  LT2_CHECK(N <= INT32_MAX, op, ": ", N, " chunks (at most ", INT32_MAX, ")");
+  p.states = r.states.data_ptr<float>();
+  p.v_new = r.v.data_ptr<float>();
+  p.final_state = r.final_state.data_ptr<float>();
   p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.chunks = static_cast<int>(N);
   p.chunk_size = static_cast<int>(C), p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V);
-  p.per_channel_carry = per_channel;
+  p.per_channel_carry = carry.size(3) == K && K != 1;
+  p.reverse = in.reverse;
   p.value_block = value_block;
-  kernels::delta_rule_scan(p, detail::current_stream(wc));
-  // O_n = Q_n S_n + A_n V_new for every chunk at once (nothing in the recurrence depends on them).
-  auto o = torch::matmul(q_start, states).add_(torch::matmul(a, v_new));  // [B, H, N, C, V]
-  return {o, S};
+  kernels::delta_rule_scan(p, detail::current_stream(w));
+  return r;
 #else
   detail::no_cuda(op);
 #endif
+}
+
+ChunkScanResult chunk_state_scan(const ChunkScanInputs& in) {
+  const auto [B, H, N, C, K, V] = check_scan_inputs(in, "chunk_state_scan");
+  if (decode_options().delta_rule_scan && in.w.is_cuda() && in.w.scalar_type() == torch::kFloat32 &&
+      chunk_state_scan_supported(K, V, C, in.w.device()))
+    return chunk_state_scan_cuda(in);
+  return chunk_state_scan_loop(in);
+}
+
+ChunkScanResult chunk_state_scan_differentiable(const Tensor& w, const Tensor& u, const Tensor& kt,
+                                                const Tensor& carry, const Tensor& initial_state,
+                                                const Tensor& doc_starts, const Tensor& doc_states) {
+  bool needs_grad = false;
+  if (torch::GradMode::is_enabled())
+    for (const Tensor* t : {&w, &u, &kt, &carry, &initial_state, &doc_states})
+      needs_grad = needs_grad || (t->defined() && t->requires_grad());
+  if (!needs_grad) {
+    Tensor resets;
+    if (doc_starts.defined()) resets = document_resets(doc_starts, w.size(2), w.device()).first;
+    return chunk_state_scan({w, u, kt, carry, initial_state, Tensor(), false, resets, doc_states});
+  }
+  auto out = ChunkStateScanFunction::apply(w, u, kt, carry, absent_as_empty(initial_state), absent_as_empty(doc_starts),
+                                           absent_as_empty(doc_states));
+  return {out[0], out[1], out[2]};
 }
 
 RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -151,53 +323,115 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
   return {torch::stack(outs, 1).to(v.scalar_type()), S};
 }
 
+namespace {
+
+// The chunked form on inputs already in chunks, in the compute dtype: Q, Kc [B, H, N, C, K],
+// Vc [B, H, N, C, V], b (beta) [B, H, N, C, 1], G the chunk-local cumulative log-gate
+// [B, H, N, C, 1 or K]; the scan's initial state or packed documents as in
+// chunk_state_scan_differentiable.
+struct ChunkedForm {
+  Tensor o;            // [B, H, N, C, V]
+  ChunkScanResult scan;
+  Tensor kt, carry;    // [B, H, N, K, C] and [B, H, N, 1 or K, 1]: how each chunk writes S
+};
+ChunkedForm chunked_form(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, const Tensor& b, const Tensor& G,
+                         double scale, const Tensor& initial_state, const Tensor& doc_starts = {},
+                         const Tensor& doc_states = {}) {
+  const int64_t C = Q.size(3), K = Q.size(4), V = Vc.size(4);
+  auto G_last = G.narrow(-2, C - 1, 1);                          // [B, H, N, 1, 1 or K]
+  // UT transform: [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))] per chunk.
+  auto L = decayed_scores(b * Kc, Kc, G, /*inclusive=*/false);   // [B, H, N, C, C]
+  auto rhs = torch::cat({b * Vc, b * Kc * G.exp()}, -1);         // [B, H, N, C, V + K]
+  auto UW = torch::matmul(unit_lower_inverse(L), rhs);           // [B, H, N, C, V + K]
+  auto U = UW.narrow(-1, 0, V);                                  // [B, H, N, C, V]
+  auto W = UW.narrow(-1, V, K);                                  // [B, H, N, C, K]
+
+  auto Aqk = decayed_scores(Q, Kc, G, /*inclusive=*/true) * scale;  // [B, H, N, C, C]
+  auto Q_start = Q * G.exp() * scale;                            // [B, H, N, C, K] reads S
+  auto Kt = (Kc * (G_last - G).exp()).transpose(-1, -2);         // [B, H, N, K, C] writes S
+  auto carry = G_last.exp().transpose(-1, -2);                   // [B, H, N, 1 or K, 1]
+  auto scan = chunk_state_scan_differentiable(W, U, Kt, carry, initial_state, doc_starts, doc_states);
+  auto O = torch::matmul(Q_start, scan.states) + torch::matmul(Aqk, scan.v);  // [B, H, N, C, V]
+  return {O, scan, Kt, carry};
+}
+
+}  // namespace
+
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size) {
   check_inputs(q, k, v, beta, g);
   Fp32Scope fp32;
   const auto dt = accum_dtype(v);
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
   const int64_t C = chunk_size;
-  auto Q = to_chunks(q, C, dt);                                  // [B, H, N, C, K]
-  auto Kc = to_chunks(k, C, dt);                                 // [B, H, N, C, K]
-  auto Vc = to_chunks(v, C, dt);                                 // [B, H, N, C, V]
-  auto b = to_chunks(beta.unsqueeze(-1), C, dt);                 // [B, H, N, C, 1]
-  auto G = chunk_cumulative_gate(g, B, T, H, C, dt, v.device());  // [B, H, N, C, 1 or K]
-  const int64_t N = Q.size(2);
-  auto G_last = G.narrow(-2, C - 1, 1);                          // [B, H, N, 1, 1 or K]
+  auto form = chunked_form(to_chunks(q, C, dt), to_chunks(k, C, dt), to_chunks(v, C, dt),
+                           to_chunks(beta.unsqueeze(-1), C, dt), chunk_cumulative_gate(g, B, T, H, C, dt, v.device()),
+                           scale, initial_state.defined() ? initial_state.to(dt) : Tensor());
+  return {from_chunks(form.o, T).to(v.scalar_type()), form.scan.final_state};
+}
 
-  // UT transform: solve (I + L) [U | W] = [diag(beta) V | diag(beta) (K * exp(G))] per chunk.
-  auto L = decayed_scores(b * Kc, Kc, G, /*inclusive=*/false);   // [B, H, N, C, C]
-  auto rhs = torch::cat({b * Vc, b * Kc * G.exp()}, -1);         // [B, H, N, C, V + K]
-  auto UW = torch::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true,
-                                           /*unitriangular=*/true);  // diagonal read as 1
-  auto U = UW.narrow(-1, 0, V);                                  // [B, H, N, C, V]
-  auto W = UW.narrow(-1, V, K);                                  // [B, H, N, C, K]
+RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& beta, const Tensor& g, double scale,
+                                           const Tensor& initial_states,
+                                           const std::vector<int64_t>& cu_seqlens, int64_t chunk_size) {
+  const char* op = "delta_rule_chunked_varlen";
+  check_inputs(q, k, v, beta, g);
+  Fp32Scope fp32;
+  const auto dt = accum_dtype(v);
+  const int64_t T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), C = chunk_size;
+  LT2_CHECK(q.size(0) == 1, op, ": packed documents sit in one row, found batch ", q.size(0));
+  LT2_CHECK(C > 0, op, ": chunk size must be > 0, found ", C);
+  LT2_CHECK(cu_seqlens.size() >= 2 && cu_seqlens.front() == 0 && cu_seqlens.back() == T, op,
+            ": cu_seqlens must run from 0 to T = ", T, " with at least one document, found ", torch::IntArrayRef(cu_seqlens));
+  const int64_t D = static_cast<int64_t>(cu_seqlens.size()) - 1;
+  if (initial_states.defined())
+    LT2_CHECK(initial_states.sizes() == torch::IntArrayRef({D, H, K, V}), op, ": initial_states must be [", D,
+              ", ", H, ", ", K, ", ", V, "], found ", initial_states.sizes());
 
-  auto Aqk = decayed_scores(Q, Kc, G, /*inclusive=*/true) * scale;  // [B, H, N, C, C]
-  auto Q_start = Q * G.exp() * scale;                            // [B, H, N, C, K] reads S
-  auto K_end = Kc * (G_last - G).exp();                          // [B, H, N, C, K] writes S
-  auto state_carry = G_last.exp().transpose(-1, -2);             // [B, H, N, 1 or K, 1]
-
-  auto S = initial_or_zero_state(initial_state, B, H, K, V, dt, v.device());  // [B, H, K, V]
-  if (use_chunk_scan_kernel(v, dt, K, V, C, {&q, &k, &v, &beta, &g, &initial_state})) {
-    auto r = delta_rule_chunk_scan_cuda(Q_start, W, U, Aqk, K_end.transpose(-1, -2), state_carry,
-                                        initial_state.defined() ? S : Tensor());
-    return {from_chunks(r.o, T).to(v.scalar_type()), r.final_state};
+  // Each non-empty document chunked on its own: `slots` maps every chunk position to its token (T:
+  // a zero row pads a document's last chunk), `where` every token to its chunk position.
+  std::vector<int64_t> slots, where(T), starts, lasts, present;
+  for (int64_t d = 0; d < D; ++d) {
+    const int64_t begin = cu_seqlens[d], end = cu_seqlens[d + 1];
+    LT2_CHECK(begin <= end, op, ": cu_seqlens must not descend, found ", torch::IntArrayRef(cu_seqlens));
+    if (begin == end) continue;
+    present.push_back(d);
+    starts.push_back(static_cast<int64_t>(slots.size()) / C);
+    for (int64_t t = begin; t < end; ++t) {
+      where[t] = static_cast<int64_t>(slots.size());
+      slots.push_back(t);
+    }
+    while (slots.size() % C != 0) slots.push_back(T);
+    lasts.push_back(static_cast<int64_t>(slots.size()) / C - 1);
   }
-  // unbind, not select: one backward node per tensor instead of a full-size zero fill per chunk.
-  auto U_n = U.unbind(2), W_n = W.unbind(2), Q_n = Q_start.unbind(2), A_n = Aqk.unbind(2);
-  auto Kt_n = K_end.transpose(-1, -2).unbind(2), carry_n = state_carry.unbind(2);
-  std::vector<Tensor> outs;
-  outs.reserve(N);
-  for (int64_t n = 0; n < N; ++n) {
-    auto V_new = U_n[n] - torch::matmul(W_n[n], S);                               // [B, H, C, V]
-    outs.push_back(torch::matmul(Q_n[n], S) + torch::matmul(A_n[n], V_new));       // [B, H, C, V]
-    S = carry_n[n] * S + torch::matmul(Kt_n[n], V_new);                            // [B, H, K, V]
-  }
-  auto O = torch::stack(outs, 2);                                // [B, H, N, C, V]
-  return {from_chunks(O, T).to(v.scalar_type()), S};
+  const auto device = v.device();
+  const auto index = [&](const std::vector<int64_t>& x) {
+    return torch::tensor(x, torch::kLong).to(device);
+  };
+  Tensor final_states = initial_states.defined() ? initial_states.to(dt).clone()
+                                                 : torch::zeros({D, H, K, V}, v.options().dtype(dt));
+  if (present.empty()) return {torch::zeros({1, 0, H, V}, v.options()), final_states};
+  const int64_t N = static_cast<int64_t>(slots.size()) / C;
+  const auto slot_index = index(slots);
+  // x [1, T, H, X] -> [1, H, N, C, X] in the compute dtype.
+  auto chunks = [&](const Tensor& x) {
+    auto rows = torch::cat({x.select(0, 0).to(dt), torch::zeros({1, H, x.size(3)}, x.options().dtype(dt))}, 0);
+    return rows.index_select(0, slot_index).view({1, N, C, H, x.size(3)}).permute({0, 3, 1, 2, 4});
+  };
+  auto G = g.defined() ? chunks(g.dim() == 3 ? g.unsqueeze(-1) : g).cumsum(-2)
+                       : torch::zeros({1, H, N, C, 1}, v.options().dtype(dt));
+  const auto present_index = index(present);
+  auto doc_states = initial_states.defined() ? initial_states.to(dt).index_select(0, present_index) : Tensor();
+  auto form = chunked_form(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), G, scale, Tensor(),
+                           torch::tensor(starts, torch::kLong), doc_states);
+  auto o = form.o.permute({0, 2, 3, 1, 4}).reshape({N * C, H, V}).index_select(0, index(where));
+  // Each document's final state: its last chunk's write onto the state entering that chunk.
+  const auto last = index(lasts);
+  auto at = [&](const Tensor& t) { return t.index_select(2, last); };
+  auto finals = at(form.carry) * at(form.scan.states) + torch::matmul(at(form.kt), at(form.scan.v));
+  final_states = final_states.index_copy(0, present_index, finals.squeeze(0).transpose(0, 1));
+  return {o.unsqueeze(0).to(v.scalar_type()), final_states};
 }
 
 Tensor delta_rule_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,

@@ -10,6 +10,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <vector>
+
 namespace lt2::ops {
 
 using torch::Tensor;
@@ -27,38 +29,85 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 // Chunked parallel form (UT/WY transform): within a chunk of C tokens, with G the chunk-local
 // cumulative log-gate and S the state at the chunk start,
 //   L = StrictTril(diag(beta) (K K^T decayed by exp(G_i - G_j)))
-//   [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))]      (triangular solve)
+//   [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))]      (unit_lower_inverse)
 //   V_new = U - W S
 //   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed) V_new)
 //   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new
-// Any T (the tail chunk is padded internally). Differentiable through autograd. On CUDA in fp32
-// with nothing to differentiate (grad mode off, or no input requiring grad) and dims the kernel
-// serves, the loop over the chunks is one kernel launch (delta_rule_chunk_scan_cuda);
-// DecodeOptions::delta_rule_scan off keeps the libtorch loop (A/B).
+// Any T (the tail chunk is padded internally). Differentiable. Everything but the recurrence over
+// the chunks is batched over all chunks at once; the recurrence is chunk_state_scan (one kernel
+// launch on CUDA), and under autograd its backward is the same scan in reverse, so neither pass
+// loops over the chunks on the host.
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);
 
-// The loop of delta_rule_chunked over the chunks on CUDA, for n = 0 .. N-1:
-//   V_new = U_n - W_n S;   O_n = Q_n S + A_n V_new;   S <- carry_n * S + Kt_n V_new
-// as one kernel launch for the recurrence (kernels/prefill.h: delta_rule_scan, which stores each
-// chunk's starting S and V_new) and two batched GEMMs for every O_n.
-// q_start, w [B, H, N, C, K], u [B, H, N, C, V], a [B, H, N, C, C], kt [B, H, N, K, C],
-// carry [B, H, N, 1 or K, 1] (per head or per key channel), initial_state [B, H, K, V] or
-// undefined (zeros): float32 CUDA tensors on one device, any strides (packed copies are made
-// where needed). value_block: value columns per block (8, 16, 32), 0 for the launcher's choice.
-// Needs dims delta_rule_chunk_scan_supported accepts; throws otherwise. Not differentiable.
-struct ChunkScanResult {
-  Tensor o;            // [B, H, N, C, V]
-  Tensor final_state;  // [B, H, K, V] float32, a new tensor
+// (I + StrictTril(L))^{-1} for L [..., C, C] (the UT transform's inverse; L's diagonal and upper
+// part are not read). Differentiable: dL = -StrictTril(T^T dT T^T). On CUDA in float32 with
+// C <= 64 one kernel launch (forward substitution, kernels/prefill.h: unit_lower_inverse);
+// otherwise a triangular solve against the identity.
+Tensor unit_lower_inverse(const Tensor& L);
+
+// The recurrence over the chunks of the chunked form, S [B, H, K, V]:
+//   for n = 0 .. N-1 (N-1 .. 0 when reverse):
+//     S = reset_states[resets[n]] where resets[n] >= 0 (packed documents)
+//     S_n = S;   V_n = U_n - W_n S;   S = carry_n * S + Kt_n V_n (+ Y_n)
+// All tensors of one floating dtype on one device, any strides (resets int32).
+struct ChunkScanInputs {
+  Tensor w;              // [B, H, N, C, K]
+  Tensor u;              // [B, H, N, C, V]
+  Tensor kt;             // [B, H, N, K, C]
+  Tensor carry;          // [B, H, N, 1, 1] per head, or [B, H, N, K, 1] per key channel
+  Tensor initial_state;  // [B, H, K, V], or undefined for zeros
+  Tensor addend;         // [B, H, N, K, V] Y_n, or undefined for none
+  bool reverse = false;
+  Tensor resets;         // [N] int32 (B 1): >= 0 restarts S at chunk n, -1 continues; or undefined
+  Tensor reset_states;   // [D, H, K, V] the states resets[n] names, or undefined for zeros
 };
-ChunkScanResult delta_rule_chunk_scan_cuda(const Tensor& q_start, const Tensor& w, const Tensor& u,
-                                           const Tensor& a, const Tensor& kt, const Tensor& carry,
-                                           const Tensor& initial_state, int value_block = 0);
+struct ChunkScanResult {
+  Tensor states;       // [B, H, N, K, V]: S_n, the state entering chunk n
+  Tensor v;            // [B, H, N, C, V]: V_n
+  Tensor final_state;  // [B, H, K, V]: S after the last chunk processed, a new tensor
+};
+// Not differentiable. One kernel launch (chunk_state_scan_cuda) for float32 CUDA inputs with dims
+// the kernel serves, unless DecodeOptions::delta_rule_scan is off; otherwise a loop of libtorch
+// ops over the chunks (the reference).
+ChunkScanResult chunk_state_scan(const ChunkScanInputs& in);
+// The forward scan (no addend, chunk order) for autograd: the backward runs the adjoint
+// recurrence, G_N = dS_final and for n = N-1 .. 0
+//   dV_n = dV_n(out) + Kt_n^T G_{n+1};   G_n = dS_n(out) + carry_n G_{n+1} - W_n^T dV_n
+// as chunk_state_scan in reverse (w := -Kt^T, kt := -W^T, addend := dS_n(out)), then
+//   dU_n = dV_n,  dW_n = -dV_n S_n^T,  dKt_n = G_{n+1} V_n^T,  dcarry_n = sum(G_{n+1} * S_n),
+//   d(initial_state) = G_0,
+// all chunks at once. The states S_n and V_n are kept from the forward pass (the outputs need
+// them anyway), so the backward does not rerun the forward scan.
+// Packed documents (B 1): doc_starts [D] int64 (ascending, doc_starts[0] = 0) are the chunks where
+// documents start; S restarts there from doc_states [D, H, K, V] (undefined: zeros) and the
+// initial_state is unused. The backward restarts its state gradient at zero after each
+// document's last chunk but the row's last (which takes final_state's gradient), and gives
+// d(doc_states[d]) = dS_n(out) + carry_n G_{n+1} - W_n^T dV_n at the document's first chunk n.
+ChunkScanResult chunk_state_scan_differentiable(const Tensor& w, const Tensor& u, const Tensor& kt,
+                                                const Tensor& carry, const Tensor& initial_state,
+                                                const Tensor& doc_starts = {}, const Tensor& doc_states = {});
+// The kernel behind chunk_state_scan: float32 CUDA tensors on one device (packed copies are made
+// where needed). value_block: value columns per block (8, 16, 32), 0 for the launcher's choice.
+// Throws on dims chunk_state_scan_supported refuses.
+ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block = 0);
 // Whether the kernel serves head dims K, V and chunk size C on `device` (false on CPU or without
 // CUDA kernels): K and C multiples of 4 with K <= 256, C <= 64, V a multiple of 8, and its shared
 // memory within the device's limit.
-bool delta_rule_chunk_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device);
+bool chunk_state_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device);
+
+// The chunked form over documents packed into one row (flash-linear-attention's cu_seqlens):
+// q, k [1, T, H, K], v [1, T, H, V], beta [1, T, H], g as for delta_rule_chunked over the same T;
+// document d holds tokens cu_seqlens[d] .. cu_seqlens[d + 1] - 1 (cu_seqlens[0] = 0, ascending,
+// the last = T; empty documents allowed). Each document is chunked on its own and no state crosses
+// a boundary: the result equals running each document alone. initial_states [D, H, K, V] or
+// undefined (zeros). Returns o [1, T, H, V] and final_state [D, H, K, V] (each document's).
+// Differentiable.
+RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& beta, const Tensor& g, double scale,
+                                           const Tensor& initial_states,
+                                           const std::vector<int64_t>& cu_seqlens, int64_t chunk_size);
 
 // One decode token: q, k [B, H, K], v [B, H, V], beta [B, H], g undefined / [B, H] / [B, H, K].
 // Updates `state` ([B, H, K, V]) in place and returns o [B, H, V] in v's dtype.

@@ -1,5 +1,6 @@
 #include "lt2/ops/gated_linear/gated_linear.h"
 
+#include <limits>
 #include <vector>
 
 #include "lt2/ops/chunking.h"
@@ -56,21 +57,31 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
 
   // Intra-chunk (diagonal blocks), parallel over chunks.
   auto O_intra = torch::matmul(decayed_scores(Q, Kc, G, /*inclusive=*/true), Vc) * scale;
-  // Inter-chunk: the state at each chunk start, walking the chunks in order.
+  // Inter-chunk: S_n = c_{n-1} S_{n-1} + X_{n-1} with X_m = K_end_m^T V_m and c_m = exp(a_m),
+  // a_m = G_last_m, unrolled as one product over the chunks: with P_n = a_0 + .. + a_{n-1},
+  //   S_n = exp(P_n) S_0 + sum_{m < n} exp(P_n - P_{m+1}) X_m,      n = 0 .. N (S_N the final state)
+  // (a decay-weighted prefix sum; every exponent <= 0, the masked ones -inf).
   auto K_end = Kc * (G_last - G).exp();                           // [B, H, N, C, K]
-  auto chunk_writes = torch::matmul(K_end.transpose(-1, -2), Vc);  // [B, H, N, K, V]
-  auto state_carry = G_last.exp().transpose(-1, -2);              // [B, H, N, 1 or K, 1]
-  auto S = initial_or_zero_state(initial_state, B, H, K, V, dt, v.device());  // [B, H, K, V]
-  auto carry_n = state_carry.unbind(2), writes_n = chunk_writes.unbind(2);
-  std::vector<Tensor> starts;
-  starts.reserve(N);
-  for (int64_t n = 0; n < N; ++n) {
-    starts.push_back(S);
-    S = carry_n[n] * S + writes_n[n];
+  auto X = torch::matmul(K_end.transpose(-1, -2), Vc);            // [B, H, N, K, V]
+  const int64_t Kd = G.size(-1);                                  // 1 (per head) or K (per channel)
+  auto a = G_last.squeeze(-2).transpose(-1, -2);                  // [B, H, Kd, N]
+  auto P = torch::constant_pad_nd(a.cumsum(-1), {1, 0});          // [B, H, Kd, N + 1]: P_0 = 0
+  auto rel = P.unsqueeze(-1) - P.narrow(-1, 1, N).unsqueeze(-2);  // [B, H, Kd, N + 1, N]: P_n - P_{m+1}
+  auto keep = torch::ones({N + 1, N}, torch::TensorOptions().dtype(torch::kBool).device(v.device())).tril(-1);
+  auto D = rel.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity()).exp();
+  Tensor S_all;                                                   // [B, H, N + 1, K, V]
+  if (Kd == 1) {
+    S_all = torch::matmul(D.squeeze(2), X.reshape({B, H, N, K * V})).view({B, H, N + 1, K, V});
+  } else {
+    S_all = torch::matmul(D, X.permute({0, 1, 3, 2, 4})).permute({0, 1, 3, 2, 4});  // per channel row
   }
-  auto S_start = torch::stack(starts, 2);                         // [B, H, N, K, V]
+  if (initial_state.defined()) {
+    auto from_s0 = P.exp().transpose(-1, -2).unsqueeze(-1);     // [B, H, N + 1, Kd, 1]
+    S_all = S_all + from_s0 * initial_state.to(dt).unsqueeze(2);
+  }
+  auto S_start = S_all.narrow(2, 0, N);                           // [B, H, N, K, V]
   auto O = torch::matmul(Q * G.exp(), S_start) * scale + O_intra;  // [B, H, N, C, V]
-  return {from_chunks(O, T).to(v.scalar_type()), S};
+  return {from_chunks(O, T).to(v.scalar_type()), S_all.select(2, N).contiguous()};
 }
 
 Tensor gated_linear_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,

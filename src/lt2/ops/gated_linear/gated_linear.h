@@ -21,7 +21,9 @@ RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const 
 // the chunk-local cumulative log-gate and S the state at the chunk start,
 //   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed by exp(G_i - G_j)) V)
 //   S <- exp(G_C) S + (K * exp(G_C - G))^T V
-// The intra-chunk part is parallel over chunks; only the state pass walks the chunks in order.
+// Both parts run for all chunks at once: the state at every chunk start is one decay-weighted
+// prefix sum over the chunks' writes (a [N + 1, N] product per head or key channel), so neither
+// the forward nor autograd's backward loops over the chunks.
 RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, double scale, const Tensor& initial_state,
                                       int64_t chunk_size);

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""flash-linear-attention (fla) 0.6.0 as the peer of bench/mixer_bench: one delta-rule layer, or
+its chunked kernel alone, forward and forward + backward, on the GPU, one JSON line per run
+("RESULT {...}", the fields of mixer_bench's).
+
+  fla_peer.py --what layer,core --mixer gdn,kda --shape 8x4096,1x32768 \
+      [--hidden 2048 --heads 16 --head-k 96 --head-v 192] [--iters 10]
+
+Every combination runs in one process, so Triton's autotuning of a kernel is paid once.
+
+The layer is fla's GatedDeltaNet / KimiDeltaAttention / DeltaNet in bf16 with a short convolution
+and (GDN) the output gate, d = hidden; the core is chunk_gated_delta_rule / chunk_kda /
+chunk_delta_rule on bf16 q, k (unit rows), v, fp32 gates, as mixer_bench --core times ours.
+
+Two things this stack needs, both recorded in the output:
+- fla.layers imports names from `transformers`, which the GPU machine lacks: a stand-in module
+  supplies the few names the imports need (logging, Unpack, ACT2FN), and fla.models (its model
+  zoo, unused here) is marked absent.
+- fla refuses its gated backward on Hopper with Triton < 3.7.1 (its issue #640: wrong gradients).
+  For timing only, the guard is lifted and those rows carry "fla_gated_bwd_guard_lifted": true.
+Triton autotunes every new shape on first use (minutes): each configuration is run once
+untimed before timing.
+"""
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+import types
+
+import torch
+
+
+def install_transformers_stand_in():
+    if "transformers" in sys.modules:
+        return
+    names = {
+        "transformers": {},
+        "transformers.utils": {"logging": logging, "is_torch_npu_available": lambda: False},
+        "transformers.utils.logging": {"get_logger": logging.getLogger},
+        "transformers.utils.versions": {"require_version": lambda *a, **k: None},
+        "transformers.processing_utils": {"Unpack": object},
+        "transformers.activations": {"ACT2FN": {"silu": torch.nn.functional.silu, "swish": torch.nn.functional.silu,
+                                                "sigmoid": torch.sigmoid}},
+        "transformers.modeling_utils": {"_init_weights": True},
+        "transformers.generation": {"GenerationMixin": object},
+    }
+    for name, attrs in names.items():
+        module = types.ModuleType(name)
+        for k, v in attrs.items():
+            setattr(module, k, v)
+        sys.modules[name] = module
+    logging.get_logger = logging.getLogger  # transformers.utils.logging.get_logger via the stand-in
+    sys.modules["fla.models"] = None  # the model zoo needs the real transformers; fla treats it as absent
+
+
+def time_ms(run, backward, iters):
+    """Mean milliseconds of run(backward) over `iters` calls, and the seconds of the first call
+    (Triton's autotuning of a new shape)."""
+    warm_start = time.time()
+    run(backward)
+    torch.cuda.synchronize()
+    warm = time.time() - warm_start
+    for _ in range(2):
+        run(backward)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        run(backward)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters, warm
+
+
+def make_run(what, mixer, B, T, hidden, H, K, V):
+    """The function that runs one forward (and backward) of the layer or the core."""
+    dev = torch.device("cuda")
+    bf16 = dict(device=dev, dtype=torch.bfloat16)
+    if what == "layer":
+        from fla.layers import DeltaNet, GatedDeltaNet, KimiDeltaAttention
+        cls = {"gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "deltanet": DeltaNet}[mixer]
+        layer = cls(hidden_size=hidden, head_dim=K, num_heads=H, expand_v=V / K, mode="chunk").to(**bf16)
+        x = torch.randn(B, T, hidden, **bf16, requires_grad=True)
+
+        def run(backward):
+            y = layer(x)[0]
+            if backward:
+                y.float().square().mean().backward()
+        return run
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+    k = torch.randn(B, T, H, K, **bf16)
+    inputs = dict(q=torch.randn(B, T, H, K, **bf16), k=k / k.norm(dim=-1, keepdim=True),
+                  v=torch.randn(B, T, H, V, **bf16), beta=torch.rand(B, T, H, **bf16))
+    if mixer == "gdn":
+        inputs["g"] = -torch.rand(B, T, H, device=dev)
+    elif mixer == "kda":
+        inputs["g"] = -torch.rand(B, T, H, K, device=dev)
+    for t in inputs.values():
+        t.requires_grad_(True)
+    fn = {"gdn": chunk_gated_delta_rule, "kda": chunk_kda, "deltanet": chunk_delta_rule}[mixer]
+
+    def run(backward):
+        o = fn(**inputs, scale=1.0 / math.sqrt(K))[0]
+        if backward:
+            o.float().square().mean().backward()
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--what", default="layer,core", help="comma-separated: layer, core")
+    ap.add_argument("--mixer", default="gdn", help="comma-separated: gdn, kda, deltanet")
+    ap.add_argument("--shape", default="8x4096,1x32768", help="comma-separated BATCHxSEQ")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-k", type=int, default=96)
+    ap.add_argument("--head-v", type=int, default=192)
+    ap.add_argument("--iters", type=int, default=10)
+    a = ap.parse_args()
+
+    install_transformers_stand_in()
+    import fla
+    import fla.ops.common.chunk_o as chunk_o
+    guard_lifted = not chunk_o.TRITON_ABOVE_3_7_1
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+
+    for mixer in a.mixer.split(","):
+        for what in a.what.split(","):
+            for shape in a.shape.split(","):
+                B, T = (int(x) for x in shape.split("x"))
+                run = make_run(what, mixer, B, T, a.hidden, a.heads, a.head_k, a.head_v)
+                with torch.no_grad():
+                    fwd, warm_fwd = time_ms(run, False, a.iters)
+                fwd_bwd, warm_bwd = time_ms(run, True, a.iters)
+                row = {"peer": f"fla {getattr(fla, '__version__', '?')}", "what": what, "mixer": mixer, "batch": B,
+                       "seq": T, "heads": a.heads, "head_k": a.head_k, "head_v": a.head_v,
+                       "hidden": a.hidden if what == "layer" else None, "forward_ms": fwd,
+                       "forward_backward_ms": fwd_bwd, "tokens_per_s_fwd_bwd": B * T / (fwd_bwd / 1000),
+                       "autotune_s": round(warm_fwd + warm_bwd, 1),
+                       "fla_gated_bwd_guard_lifted": guard_lifted and mixer != "deltanet"}
+                print("RESULT " + json.dumps(row), flush=True)
+                del run
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+// Numeric precision settings for a scope.
+#pragma once
+#include <ATen/Context.h>
+
+namespace lt2 {
+
+// TF32 tensor cores for the fp32 matmuls while it lives (cuBLAS; restores the previous setting).
+// With bf16 activations (autocast in training, bf16 weights in the engine) the chunked forms of
+// the linear recurrences keep their math in fp32 (states and decays need the range); TF32 runs
+// those products ~8x faster than fp32 FMAs, at a 10-bit mantissa that stays well inside the bf16
+// tolerance of the activations around them. The flag is process-wide (cuBLAS reads it at each
+// call), so a scope also covers autograd's backward threads.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool on) : previous_(at::globalContext().allowTF32CuBLAS()) {
+    at::globalContext().setAllowTF32CuBLAS(on);
+  }
+  ~Tf32Scope() { at::globalContext().setAllowTF32CuBLAS(previous_); }
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+}  // namespace lt2

@@ -1,0 +1,168 @@
+// Packed variable-length batches of the delta rule (ops::delta_rule_chunked_varlen): documents
+// packed into one row give, in float64, the outputs, final states and gradients (q, k, v, beta,
+// gate, initial states) of each document run alone through the naive recurrence, for documents
+// of lengths 0, 1, chunk - 1, chunk, chunk + 1 and several chunks, every gate kind, with and
+// without initial states; and the scan's resets on their own. Bad cu_seqlens give clear errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/util/error.h"
+
+namespace {
+
+using lt2::testing::rel_err;
+using torch::Tensor;
+
+enum class Gate { None, Head, Channel };
+
+struct Packed {
+  Tensor q, k, v, beta, g, s0;  // one row [1, T, ...]; s0 [D, H, K, V] or undefined
+  std::vector<int64_t> cu;
+  double scale;
+};
+
+Packed make_packed(const std::vector<int64_t>& lengths, int64_t H, int64_t K, int64_t V, Gate gate, bool with_state) {
+  Packed p;
+  p.cu = {0};
+  for (int64_t l : lengths) p.cu.push_back(p.cu.back() + l);
+  const int64_t T = p.cu.back(), D = static_cast<int64_t>(lengths.size());
+  const auto o = torch::TensorOptions().dtype(torch::kFloat64);
+  p.q = torch::randn({1, T, H, K}, o);
+  p.k = torch::randn({1, T, H, K}, o);
+  p.k = p.k / p.k.norm(2, -1, true);
+  p.v = torch::randn({1, T, H, V}, o);
+  p.beta = torch::sigmoid(torch::randn({1, T, H}, o));
+  if (gate == Gate::Head) p.g = -torch::softplus(torch::randn({1, T, H}, o));
+  if (gate == Gate::Channel) p.g = -torch::softplus(torch::randn({1, T, H, K}, o));
+  if (with_state) p.s0 = 0.5 * torch::randn({D, H, K, V}, o);
+  p.scale = 1.0 / std::sqrt(static_cast<double>(K));
+  return p;
+}
+
+// Document d of x [1, T, ...].
+Tensor doc(const Tensor& x, const Packed& p, size_t d) {
+  return x.defined() ? x.narrow(1, p.cu[d], p.cu[d + 1] - p.cu[d]) : x;
+}
+
+const char* gate_name(Gate g) { return g == Gate::None ? "no gate" : g == Gate::Head ? "per-head" : "per-channel"; }
+
+}  // namespace
+
+TEST(DeltaRuleVarlen, EqualsEachDocumentAlone) {
+  const int64_t H = 2, K = 8, V = 12, C = 64;
+  for (Gate gate : {Gate::None, Gate::Head, Gate::Channel})
+    for (bool with_state : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << gate_name(gate) << (with_state ? ", initial states" : ""));
+      torch::manual_seed(static_cast<int>(gate) * 2 + with_state);
+      const auto p = make_packed({1, 63, 0, 64, 65, 1000}, H, K, V, gate, with_state);
+      const auto out = lt2::ops::delta_rule_chunked_varlen(p.q, p.k, p.v, p.beta, p.g, p.scale, p.s0, p.cu, C);
+      ASSERT_EQ(out.o.sizes(), torch::IntArrayRef({1, p.cu.back(), H, V}));
+      ASSERT_EQ(out.final_state.sizes(), torch::IntArrayRef({6, H, K, V}));
+      for (size_t d = 0; d + 1 < p.cu.size(); ++d) {
+        const Tensor s0 = with_state ? p.s0.select(0, d).unsqueeze(0) : Tensor();
+        if (p.cu[d] == p.cu[d + 1]) {  // an empty document keeps its state
+          EXPECT_LT(rel_err(out.final_state.select(0, d), with_state ? s0.squeeze(0) : torch::zeros({H, K, V}, torch::kFloat64)),
+                    1e-12);
+          continue;
+        }
+        const auto ref = lt2::ops::delta_rule_recurrent(doc(p.q, p, d), doc(p.k, p, d), doc(p.v, p, d),
+                                                        doc(p.beta, p, d), doc(p.g, p, d), p.scale, s0);
+        EXPECT_LT(rel_err(doc(out.o, p, d), ref.o), 1e-10) << "document " << d;
+        EXPECT_LT(rel_err(out.final_state.select(0, d), ref.final_state.squeeze(0)), 1e-10) << "document " << d;
+      }
+    }
+}
+
+TEST(DeltaRuleVarlen, GradientsEqualEachDocumentAlone) {
+  const int64_t H = 2, K = 8, V = 12, C = 16;
+  for (Gate gate : {Gate::None, Gate::Head, Gate::Channel})
+    for (bool with_state : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << gate_name(gate) << (with_state ? ", initial states" : ""));
+      torch::manual_seed(10 + static_cast<int>(gate) * 2 + with_state);
+      const auto p = make_packed({1, 15, 16, 0, 17, 40}, H, K, V, gate, with_state);
+      const int64_t T = p.cu.back(), D = static_cast<int64_t>(p.cu.size()) - 1;
+      const auto d_o = torch::randn({1, T, H, V}, torch::kFloat64);
+      const auto d_s = torch::randn({D, H, K, V}, torch::kFloat64);
+      auto leaves = [&] {
+        std::vector<Tensor> l;
+        for (const Tensor* t : {&p.q, &p.k, &p.v, &p.beta, &p.g, &p.s0})
+          l.push_back(t->defined() ? t->detach().clone().requires_grad_(true) : Tensor());
+        return l;
+      };
+      auto packed = leaves();
+      const auto out = lt2::ops::delta_rule_chunked_varlen(packed[0], packed[1], packed[2], packed[3], packed[4],
+                                                           p.scale, packed[5], p.cu, C);
+      ((out.o * d_o).sum() + (out.final_state * d_s).sum()).backward();
+      auto alone = leaves();
+      Tensor loss = torch::zeros({}, torch::kFloat64);
+      for (size_t d = 0; d + 1 < p.cu.size(); ++d) {
+        const Tensor s0 = with_state ? alone[5].select(0, d).unsqueeze(0) : Tensor();
+        if (p.cu[d] == p.cu[d + 1]) {
+          if (with_state) loss = loss + (s0.squeeze(0) * d_s.select(0, d)).sum();
+          continue;
+        }
+        auto part = [&](const Tensor& x) { return doc(x, p, d); };
+        const auto ref = lt2::ops::delta_rule_recurrent(part(alone[0]), part(alone[1]), part(alone[2]), part(alone[3]),
+                                                        part(alone[4]), p.scale, s0);
+        loss = loss + (ref.o * part(d_o)).sum() + (ref.final_state.squeeze(0) * d_s.select(0, d)).sum();
+      }
+      loss.backward();
+      const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_states"};
+      for (size_t i = 0; i < packed.size(); ++i) {
+        if (!packed[i].defined()) continue;
+        ASSERT_TRUE(packed[i].grad().defined()) << names[i];
+        EXPECT_LT(rel_err(packed[i].grad(), alone[i].grad()), 1e-10) << names[i];
+      }
+    }
+}
+
+// The scan's resets directly: restarting at chunk n from a given state equals two scans.
+TEST(DeltaRuleVarlen, ScanResetsRestartTheState) {
+  torch::manual_seed(3);
+  const auto o = torch::TensorOptions().dtype(torch::kFloat64);
+  const int64_t H = 2, N = 5, C = 4, K = 6, V = 8;
+  lt2::ops::ChunkScanInputs in{torch::randn({1, H, N, C, K}, o) * 0.2, torch::randn({1, H, N, C, V}, o),
+                               torch::randn({1, H, N, K, C}, o) * 0.2, torch::rand({1, H, N, K, 1}, o), Tensor(),
+                               Tensor(), false, torch::tensor({0, -1, 1, -1, -1}, torch::kInt32),
+                               torch::randn({2, H, K, V}, o)};
+  const auto r = lt2::ops::chunk_state_scan(in);
+  auto part = [&](int64_t from, int64_t len, int64_t state) {
+    return lt2::ops::chunk_state_scan({in.w.narrow(2, from, len), in.u.narrow(2, from, len), in.kt.narrow(2, from, len),
+                                       in.carry.narrow(2, from, len), in.reset_states.select(0, state).unsqueeze(0),
+                                       Tensor(), false, Tensor(), Tensor()});
+  };
+  const auto first = part(0, 2, 0), second = part(2, 3, 1);
+  EXPECT_LT(rel_err(r.states, torch::cat({first.states, second.states}, 2)), 1e-12);
+  EXPECT_LT(rel_err(r.v, torch::cat({first.v, second.v}, 2)), 1e-12);
+  EXPECT_LT(rel_err(r.final_state, second.final_state), 1e-12);
+}
+
+TEST(DeltaRuleVarlen, RejectsBadSeqlens) {
+  const auto p = make_packed({3, 5}, 1, 4, 4, Gate::Head, false);
+  auto call = [&](std::vector<int64_t> cu, const Tensor& s0 = {}) {
+    return [=] { lt2::ops::delta_rule_chunked_varlen(p.q, p.k, p.v, p.beta, p.g, p.scale, s0, cu, 4); };
+  };
+  auto expect_error = [](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one mentioning \"" << what << "\"";
+    } catch (const lt2::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error(call({0, 3, 7}), "cu_seqlens must run from 0 to T = 8");
+  expect_error(call({1, 3, 8}), "cu_seqlens must run from 0");
+  expect_error(call({0}), "at least one document");
+  expect_error(call({0, 5, 3, 8}), "must not descend");
+  expect_error(call({0, 3, 8}, torch::zeros({3, 1, 4, 4}, torch::kFloat64)), "initial_states must be [2, 1, 4, 4]");
+  expect_error([&] { lt2::ops::delta_rule_chunked_varlen(p.q.expand({2, -1, -1, -1}), p.k.expand({2, -1, -1, -1}),
+                                                         p.v.expand({2, -1, -1, -1}), p.beta.expand({2, -1, -1}),
+                                                         p.g.expand({2, -1, -1}), p.scale, {}, {0, 8}, 4); },
+               "one row");
+}
