@@ -5,16 +5,11 @@
 #include <functional>
 #include <vector>
 
+#include "common/errors.h"
 #include "lt2/config/model_config.h"
 #include "lt2/model/looped_lm.h"
 
 namespace lt2::testing {
-
-// ||a - b|| / max(||b||, tiny), in float64.
-inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
-  auto a64 = a.to(torch::kFloat64), b64 = b.to(torch::kFloat64);
-  return (a64 - b64).norm().item<double>() / std::max(b64.norm().item<double>(), 1e-300);
-}
 
 // A tiny config for fast CPU tests.
 inline ModelConfig tiny_config(const std::string& pattern = "full", ModelForm form = ModelForm::LT2) {

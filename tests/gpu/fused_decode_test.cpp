@@ -1,8 +1,8 @@
-// GPU (CTest label `gpu`): the fused decode kernels (ops/fused_decode.h) against their libtorch
-// references on fresh random inputs at several shapes, fp32 (relative RMS error < 1e-5) and bf16
-// (< 5e-3), states and conv windows compared too, over several consecutive tokens; the GDN mixer's
-// step with the fused path on == off; attention replayed from a CUDA graph with new lengths ==
-// eager. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// GPU (CTest label `gpu`): the recurrent and attention decode kernels beyond their kernel-case
+// rows (tests/gpu/kernel_cases_test.cpp): the GDN mixer's step with the fused path on == off (fp32,
+// and bf16 as close to float64 as the reference path); attention replayed from a CUDA graph with
+// new lengths == eager; the GDN step in each form captured and replayed, and back to back in one
+// graph, == eager. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -13,181 +13,22 @@
 #include "common/testing.h"
 #include "lt2/mixers/gdn.h"
 #include "lt2/mixers/recurrent_mixer.h"
-#include "lt2/ops/delta_rule/delta_rule.h"
-#include "lt2/ops/fused_decode.h"
-#include "lt2/ops/gated_linear/gated_linear.h"
-#include "lt2/ops/conv/short_conv.h"
+#include "lt2/ops/attention/decode.h"
+#include "lt2/ops/delta_rule/decode.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;
 using namespace lt2::gpu_testing;
-
-namespace {
-
-const auto f64 = torch::kFloat64;
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// recurrent_step_fused == delta_rule_step / gated_linear_step (float64 on the same inputs).
-
-TEST(FusedDecode, RecurrentStepMatchesReference) {
-  REQUIRE_FUSED_DECODE();
-  enum class Decay { None, PerHead, PerChannel };
-  struct Shape {
-    int64_t B, H, K, V;
-  };
-  // K and V off multiples of 32 (and V off multiples of 4: the 4-byte copy path), the 1.3B GDN
-  // head (96 x 192), K up to 256 and several column tiles.
-  const std::vector<Shape> shapes{{1, 2, 32, 64}, {3, 4, 96, 192}, {8, 2, 128, 128},
-                                  {3, 3, 6, 12},  {2, 3, 64, 70},  {1, 1, 256, 512}};
-  for (auto dt : {torch::kFloat32, torch::kBFloat16})
-    for (bool delta : {true, false})
-      for (Decay decay : {Decay::None, Decay::PerHead, Decay::PerChannel})
-        for (const auto& s : shapes) {
-          SCOPED_TRACE(::testing::Message() << name(dt) << (delta ? " delta" : " additive") << " decay "
-                                          << static_cast<int>(decay) << " B" << s.B << " H" << s.H
-                                          << " K" << s.K << " V" << s.V);
-          torch::manual_seed(s.B * 1000 + s.K + s.V);
-          auto state = (torch::randn({s.B, s.H, s.K, s.V}, gpu(torch::kFloat32)) * 0.5);
-          auto state_ref = state.to(f64);
-          const double scale = 1.0 / std::sqrt(static_cast<double>(s.K));
-          for (int step = 0; step < 3; ++step) {
-            // q through a strided view: batch and head strides that are not the packed ones.
-            auto q = torch::randn({s.B, s.H, 2 * s.K}, gpu(dt)).narrow(2, 0, s.K);
-            auto k = torch::randn({s.B, s.H, s.K}, gpu(torch::kFloat32));
-            if (delta) k = k / k.norm(2, -1, true);  // unit keys keep the delta rule bounded
-            k = k.to(dt);
-            auto v = torch::randn({s.B, s.H, s.V}, gpu(dt));
-            auto beta = delta ? torch::sigmoid(torch::randn({s.B, s.H}, gpu(torch::kFloat32))) : Tensor();
-            Tensor g;
-            if (decay == Decay::PerHead) g = -torch::rand({s.B, s.H}, gpu(torch::kFloat32));
-            if (decay == Decay::PerChannel) g = -torch::rand({s.B, s.H, s.K}, gpu(torch::kFloat32));
-
-            auto o = ops::recurrent_step_fused(q, k, v, beta, g, scale, state);
-            auto g64 = g.defined() ? g.to(f64) : Tensor();
-            auto o_ref = delta ? ops::delta_rule_step(q.to(f64), k.to(f64), v.to(f64), beta.to(f64), g64,
-                                                      scale, state_ref)
-                               : ops::gated_linear_step(q.to(f64), k.to(f64), v.to(f64), g64, scale,
-                                                        state_ref);
-            EXPECT_EQ(o.scalar_type(), dt);
-            EXPECT_LT(rel_err(o, o_ref), tolerance(dt)) << "output, step " << step;
-            EXPECT_LT(rel_err(state, state_ref), 1e-5) << "state, step " << step;  // fp32 in both
-          }
-        }
-}
-
-// ---------------------------------------------------------------------------------------------
-// gdn_decode_fused == short_conv + l2_normalize + gates + delta_rule_step + gated_rms_norm, in
-// each of its forms.
-
-namespace {
-
-// The forms of gdn_decode this device runs at head dims (K, V).
-std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
-  std::vector<kernels::GdnDecodeForm> forms{kernels::GdnDecodeForm::PerHead};
-#ifdef LT2_WITH_CUDA
-  if (kernels::gdn_decode_registers_supported(static_cast<int>(K), static_cast<int>(V)))
-    forms.push_back(kernels::GdnDecodeForm::Registers);
-  if (kernels::gdn_decode_cluster_supported(static_cast<int>(K), static_cast<int>(V), c10::cuda::current_device()))
-    forms.push_back(kernels::GdnDecodeForm::Cluster);
-#endif
-  return forms;
-}
-
-const char* form_name(kernels::GdnDecodeForm form) {
-  switch (form) {
-    case kernels::GdnDecodeForm::Registers: return "registers";
-    case kernels::GdnDecodeForm::PerHead: return "per-head";
-    case kernels::GdnDecodeForm::Cluster: return "cluster";
-    case kernels::GdnDecodeForm::Auto: break;
-  }
-  return "auto";
-}
-
-}  // namespace
-
-TEST(FusedDecode, GdnStepMatchesReference) {
-  REQUIRE_FUSED_DECODE();
-  struct Shape {
-    int64_t B, H, K, V, W;
-  };
-  // (1, 1, 256, 512): four passes over the value columns (per-head form), eight tiles of 64
-  // (cluster form), two passes of 256 columns at 32 rows per thread (register form); V = 12, 40:
-  // one partial tile (register form: a partial warp of columns); V = 70: rows not 16-byte aligned
-  // (per-head and cluster forms only); K = 200: rows
-  // past K in the last row group, 10 passes (register form); W = 1: no conv window; (80, 400):
-  // rows past K and two passes of 256 and 144 columns (register form).
-  const std::vector<Shape> shapes{{1, 2, 32, 64, 4}, {3, 4, 96, 192, 4}, {8, 2, 128, 256, 4},
-                                  {3, 3, 6, 12, 4},  {2, 2, 64, 70, 3},  {1, 1, 256, 512, 4},
-                                  {2, 1, 16, 40, 1}, {2, 2, 200, 1200, 4}, {2, 2, 80, 400, 4}};
-  for (auto dt : {torch::kFloat32, torch::kBFloat16})
-    for (bool use_gate : {true, false})
-      for (const auto& s : shapes)
-      for (auto form : gdn_forms(s.K, s.V)) {
-        const bool neg_eigval = s.K == 96;  // beta in (0, 2) on one shape
-        SCOPED_TRACE(::testing::Message() << name(dt) << (use_gate ? " gate" : " no gate") << " B" << s.B
-                                        << " H" << s.H << " K" << s.K << " V" << s.V << " W" << s.W << " "
-                                        << form_name(form));
-        torch::manual_seed(s.B * 1000 + s.K + s.V + s.W);
-        const int64_t B = s.B, H = s.H, K = s.K, V = s.V, W = s.W;
-        ops::GdnDecodeArgs a;
-        a.q_conv_weight = (torch::randn({H * K, 1, W}, gpu(torch::kFloat32)) * 0.5).to(dt);
-        a.k_conv_weight = (torch::randn({H * K, 1, W}, gpu(torch::kFloat32)) * 0.5).to(dt);
-        a.v_conv_weight = (torch::randn({H * V, 1, W}, gpu(torch::kFloat32)) * 0.5).to(dt);
-        a.A_log = log_uniform_A_init(H, 1.0, 16.0).to(gpu(dt));
-        a.dt_bias = inverse_softplus_dt_init(H).to(gpu(dt));
-        a.norm_weight = (1 + 0.2 * torch::randn({V}, gpu(torch::kFloat32))).to(dt);
-        a.num_heads = H, a.head_k_dim = K, a.head_v_dim = V;
-        a.scale = 1.0 / std::sqrt(static_cast<double>(K)), a.norm_eps = 1e-5;
-        a.allow_neg_eigval = neg_eigval;
-        a.form = form;
-        auto state = torch::randn({B, H, K, V}, gpu(torch::kFloat32)) * 0.1;
-        auto q_win = torch::randn({B, W - 1, H * K}, gpu(dt)), k_win = torch::randn({B, W - 1, H * K}, gpu(dt));
-        auto v_win = torch::randn({B, W - 1, H * V}, gpu(dt));
-        auto state_ref = state.to(f64);
-        auto q_win_ref = q_win.to(f64), k_win_ref = k_win.to(f64), v_win_ref = v_win.to(f64);
-        auto w = [](const Tensor& t) { return t.to(f64); };
-
-        for (int step = 0; step < 3; ++step) {
-          a.q = torch::randn({B, H * K}, gpu(dt));
-          a.k = torch::randn({B, H * K}, gpu(dt));
-          a.v = torch::randn({B, 2 * H * V}, gpu(dt)).narrow(1, 0, H * V);  // a strided batch
-          a.a = torch::randn({B, H}, gpu(dt));
-          a.b = torch::randn({B, H}, gpu(dt));
-          a.gate = use_gate ? torch::randn({B, H * V}, gpu(dt)) : Tensor();
-          auto y = ops::gdn_decode_fused(a, state, q_win, k_win, v_win);
-
-          auto conv = [](const Tensor& x, const Tensor& weight, Tensor& window) {
-            return ops::short_conv(x.to(f64).unsqueeze(1), weight.to(f64), Tensor(), true, &window).squeeze(1);
-          };
-          auto q = l2_normalize(conv(a.q, a.q_conv_weight, q_win_ref).view({B, H, K}));
-          auto k = l2_normalize(conv(a.k, a.k_conv_weight, k_win_ref).view({B, H, K}));
-          auto v = conv(a.v, a.v_conv_weight, v_win_ref).view({B, H, V});
-          auto beta = torch::sigmoid(w(a.b)) * (neg_eigval ? 2.0 : 1.0);
-          auto g = -w(a.A_log).exp() * torch::softplus(w(a.a) + w(a.dt_bias));
-          auto o = ops::delta_rule_step(q, k, v, beta, g, a.scale, state_ref);
-          auto gate = use_gate ? w(a.gate).view({B, H, V}) : Tensor();
-          auto y_ref = gated_rms_norm(o, w(a.norm_weight), a.norm_eps, gate,
-                                      use_gate ? GateActivation::Swish : GateActivation::None)
-                           .reshape({B, H * V});
-          EXPECT_EQ(y.scalar_type(), dt);
-          EXPECT_LT(rel_err(y, y_ref), tolerance(dt)) << "output, step " << step;
-          EXPECT_LT(rel_err(state, state_ref), 1e-5) << "state, step " << step;
-          if (W > 1) {
-            EXPECT_TRUE(torch::equal(q_win.to(f64), q_win_ref)) << "q window, step " << step;
-            EXPECT_TRUE(torch::equal(k_win.to(f64), k_win_ref)) << "k window, step " << step;
-            EXPECT_TRUE(torch::equal(v_win.to(f64), v_win_ref)) << "v window, step " << step;
-          }
-        }
-      }
-}
+using lt2::kernel_cases::attention_reference;
+using lt2::kernel_cases::random_lengths;
 
 // ---------------------------------------------------------------------------------------------
 // The GDN mixer's step: fused path on == off.
 
 namespace {
+
+const auto f64 = torch::kFloat64;
 
 ModelConfig gdn_config(const json& gdn_options) {
   auto cfg = lt2::testing::tiny_config("gdn");
@@ -261,70 +102,6 @@ TEST(FusedDecode, GdnMixerStepBf16) {
   EXPECT_LT(fused_err, 5e-3) << "bf16 reference path error " << ref_err;
 }
 
-// ---------------------------------------------------------------------------------------------
-// attention_decode == softmax attention over each sequence's first len keys (float64).
-
-namespace {
-
-// q [B, Hq, D], caches [B, Hkv, L, D], lens [B] -> [B, Hq, D] float64.
-Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lens, double scale) {
-  const int64_t B = q.size(0), G = q.size(1) / k.size(1);
-  auto lens_cpu = lens.cpu();
-  std::vector<Tensor> outs;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t len = lens_cpu[b].item<int64_t>();
-    auto kb = k[b].narrow(1, 0, len).to(f64).repeat_interleave(G, 0);  // [Hq, len, D]
-    auto vb = v[b].narrow(1, 0, len).to(f64).repeat_interleave(G, 0);
-    auto scores = torch::matmul(kb, q[b].to(f64).unsqueeze(-1)).squeeze(-1) * scale;  // [Hq, len]
-    outs.push_back(torch::matmul(torch::softmax(scores, -1).unsqueeze(1), vb).squeeze(1));  // [Hq, D]
-  }
-  return torch::stack(outs);
-}
-
-// Caches [B, Hkv, L, D] with NaN in every slot at or past each sequence's length: a kernel that
-// reads past a length returns NaN.
-Tensor cache_with_poisoned_tail(int64_t B, int64_t Hkv, int64_t L, int64_t D, const Tensor& lens,
-                                torch::ScalarType dt) {
-  auto c = torch::randn({B, Hkv, L, D}, gpu(dt));
-  auto j = torch::arange(L, gpu(torch::kInt64)).view({1, 1, L, 1});
-  return c.masked_fill(j >= lens.view({B, 1, 1, 1}), std::nan(""));
-}
-
-Tensor random_lengths(int64_t B, int64_t L) {
-  auto lens = torch::randint(1, L + 1, {B}, torch::kInt64);
-  lens[0] = 1;  // a sequence with one key
-  if (B > 1) lens[B - 1] = L;  // one using the whole cache
-  return lens.cuda();
-}
-
-}  // namespace
-
-TEST(FusedDecode, AttentionMatchesReference) {
-  REQUIRE_FUSED_DECODE();
-  struct Shape {
-    int64_t B, Hq, Hkv, D, L;
-  };
-  // GQA groups 1, 2, 3 (padded to the 4-head instance), 4 and 8; L off any split size.
-  const std::vector<Shape> shapes{{1, 4, 4, 64, 100},   {3, 8, 2, 128, 1000}, {8, 16, 4, 128, 300},
-                                  {3, 4, 1, 256, 77},   {1, 16, 16, 128, 5000}, {2, 6, 2, 64, 64},
-                                  {3, 8, 1, 128, 333},  {2, 4, 2, 128, 1}};
-  for (auto dt : {torch::kFloat32, torch::kBFloat16})
-    for (const auto& s : shapes) {
-      SCOPED_TRACE(::testing::Message() << name(dt) << " B" << s.B << " Hq" << s.Hq << " Hkv" << s.Hkv
-                                      << " D" << s.D << " L" << s.L);
-      torch::manual_seed(s.B * 1000 + s.Hq + s.L);
-      auto lens = random_lengths(s.B, s.L);
-      auto k = cache_with_poisoned_tail(s.B, s.Hkv, s.L, s.D, lens, dt);
-      auto v = cache_with_poisoned_tail(s.B, s.Hkv, s.L, s.D, lens, dt);
-      auto q = torch::randn({s.B, s.Hq, s.D}, gpu(dt)) * 2;  // sharper softmax than unit scores
-      const double scale = 1.0 / std::sqrt(static_cast<double>(s.D));
-      ASSERT_TRUE(ops::attention_decode_supported(q, k, v));
-      auto out = ops::attention_decode(q, k, v, lens, scale);
-      EXPECT_EQ(out.sizes(), q.sizes());
-      EXPECT_LT(rel_err(out, attention_reference(q, k, v, lens, scale)), tolerance(dt));
-    }
-}
-
 #ifdef LT2_WITH_CUDA
 
 // Captured once, replayed with new lengths and queries: equals the eager call.
@@ -339,16 +116,16 @@ TEST(FusedDecode, AttentionGraphReplayWithNewLengths) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   // Warm-up, capture, replays and eager calls all on one side stream (capture needs a non-default one).
   c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
-  ops::attention_decode(q, k, v, lens, scale);
+  ops::attention_decode_fused(q, k, v, lens, scale);
   at::cuda::CUDAGraph graph;
   graph.capture_begin();
-  auto out = ops::attention_decode(q, k, v, lens, scale);
+  auto out = ops::attention_decode_fused(q, k, v, lens, scale);
   graph.capture_end();
   for (int replay = 0; replay < 3; ++replay) {
     lens.copy_(random_lengths(B, L).flip(0));  // new lengths, the full-cache one first
     q.copy_(torch::randn({B, Hq, D}, gpu(torch::kBFloat16)));
     graph.replay();
-    auto eager = ops::attention_decode(q, k, v, lens, scale);
+    auto eager = ops::attention_decode_fused(q, k, v, lens, scale);
     torch::cuda::synchronize();
     EXPECT_TRUE(torch::equal(out, eager)) << "replay " << replay;
     EXPECT_LT(rel_err(out, attention_reference(q, k, v, lens, scale)), 5e-3) << "replay " << replay;
@@ -392,6 +169,26 @@ TEST(FusedDecode, GdnStepGraphReplay) {
 }
 
 namespace {
+
+// The forms of gdn_decode this device runs at head dims (K, V).
+std::vector<kernels::GdnDecodeForm> gdn_forms(int64_t K, int64_t V) {
+  std::vector<kernels::GdnDecodeForm> forms{kernels::GdnDecodeForm::PerHead};
+  if (kernels::gdn_decode_registers_supported(static_cast<int>(K), static_cast<int>(V)))
+    forms.push_back(kernels::GdnDecodeForm::Registers);
+  if (kernels::gdn_decode_cluster_supported(static_cast<int>(K), static_cast<int>(V), c10::cuda::current_device()))
+    forms.push_back(kernels::GdnDecodeForm::Cluster);
+  return forms;
+}
+
+const char* form_name(kernels::GdnDecodeForm form) {
+  switch (form) {
+    case kernels::GdnDecodeForm::Registers: return "registers";
+    case kernels::GdnDecodeForm::PerHead: return "per-head";
+    case kernels::GdnDecodeForm::Cluster: return "cluster";
+    case kernels::GdnDecodeForm::Auto: break;
+  }
+  return "auto";
+}
 
 // bf16 weights of a GDN step of H heads (head dims K, V; conv width W) in `form`, for the graph
 // tests; the inputs are the caller's.

@@ -1,119 +1,27 @@
-// GPU (CTest label `gpu`): the chained decode GEMV (ops/fused_decode.h: gemv_chain_fused, one
-// persistent kernel for dependent products) against float64 on the CPU, fresh random inputs,
-// bf16 and fp16 (relative RMS error < 5e-3 on every product's output): a pre-norm block's tail
-// (output projection with the sigmoid gate and the residual, w1|w3 with the RMSNorm prologue, w2
-// with the first product's output as its residual; SiLU * mul as w1|w3's epilogue, the engine's
-// form, or as w2's prologue) at 1..8 rows, K off the ring's slices, N off the 8-row tiles (and
-// the epilogue's 4-column tiles), the 1.3B shapes; the same as gemv_fused one product at a time;
-// CUDA-graph replay with new inputs == eager; many launches on two streams (each stream's grid
-// barrier resets itself); what it does not take runs nothing. Skips where no CUDA GPU.
+// GPU (CTest label `gpu`): the chained decode GEMV (ops/projections/gemv.h: gemv_chain_fused, one
+// persistent kernel for dependent products) beyond its kernel-case rows
+// (tests/gpu/kernel_cases_test.cpp): against float64 on the CPU, N off the 8-row tiles, chains of
+// one and two products, x a strided view, the SiLU·mul epilogue off its 4-column tiles; CUDA-graph
+// replay with new inputs == eager; many launches on two streams (each stream's grid barrier resets
+// itself); what it does not take runs nothing. Skips where no CUDA GPU.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
 
 #include "common/testing.h"
-#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/projections/gemv.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;
 using torch::Tensor;
 using namespace lt2::gpu_testing;
+using lt2::kernel_cases::BlockTail;
 
 namespace {
 
 Tensor f64(const Tensor& t) { return t.cpu().to(torch::kFloat64); }
 
-// A block tail: y [M, K] -> h = residual + (y sigmoid(gate)) Wo^T, [a | b] = rms(h) g W13^T,
-// out = h + (silu(a) b) W2^T; with `epilogue` the second product stores silu(a) b, otherwise
-// [a | b] and the third applies silu(a) b to its x.
-struct BlockTail {
-  Tensor y, gate, residual, wo, norm_weight, w13, w2;
-  double eps = 1e-5;
-  bool epilogue = true;
-
-  BlockTail(int64_t M, int64_t d, int64_t k, int64_t ffn, bool gated, torch::ScalarType dt, bool silu_epilogue = true)
-      : epilogue(silu_epilogue) {
-    y = torch::randn({M, k}, gpu(dt));
-    if (gated) gate = torch::randn({M, k}, gpu(dt)) * 2;
-    residual = torch::randn({M, d}, gpu(dt));
-    wo = torch::randn({d, k}, gpu(dt)) / std::sqrt(static_cast<double>(k));
-    norm_weight = 1 + 0.3 * torch::randn({d}, gpu(dt));
-    w13 = torch::randn({2 * ffn, d}, gpu(dt)) / std::sqrt(static_cast<double>(d));
-    w2 = torch::randn({d, ffn}, gpu(dt)) / std::sqrt(static_cast<double>(ffn));
-  }
-
-  std::vector<ops::ChainProduct> products() const {
-    ops::ChainProduct projection{wo}, gate_up{w13}, down{w2};
-    projection.fusion.x_gate = gate, projection.fusion.residual = residual;
-    gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;
-    gate_up.silu_mul_out = epilogue;
-    down.fusion.silu_mul = !epilogue, down.residual_of = 0;
-    return {projection, gate_up, down};
-  }
-
-  // The three products one at a time through gemv_fused (the epilogue as silu_mul_fused).
-  std::vector<Tensor> unchained() const {
-    const auto p = products();
-    ops::GemvFusion down = p[2].fusion;
-    auto h = ops::gemv_fused(y, wo, p[0].fusion);
-    auto gu = ops::gemv_fused(h, w13, p[1].fusion);
-    if (epilogue) gu = ops::silu_mul_fused(gu);
-    down.residual = h;
-    return {h, gu, ops::gemv_fused(gu, w2, down)};
-  }
-
-  // float64 of each product from the previous product's output as the kernel stored it (dt).
-  std::vector<Tensor> reference(const std::vector<Tensor>& got) const {
-    auto in = f64(y);
-    if (gate.defined()) in = in * torch::sigmoid(f64(gate));
-    auto h = f64(residual) + torch::matmul(in, f64(wo).t());
-    auto h_in = f64(got[0]);
-    auto normed = h_in * torch::rsqrt(h_in.pow(2).mean(-1, true) + eps) * f64(norm_weight);
-    auto gu = torch::matmul(normed, f64(w13).t());
-    const int64_t F = w2.size(1);
-    auto silu_mul = [F](const Tensor& t) {
-      auto a = t.narrow(-1, 0, F), b = t.narrow(-1, F, F);
-      return a * torch::sigmoid(a) * b;
-    };
-    if (epilogue) gu = silu_mul(gu);
-    auto down_in = epilogue ? f64(got[1]) : silu_mul(f64(got[1]));
-    auto out = h_in + torch::matmul(down_in, f64(w2).t());
-    return {h, gu, out};
-  }
-};
-
 }  // namespace
-
-TEST(FusedGemvChain, BlockTailMatchesFloat64) {
-  REQUIRE_FUSED_DECODE();
-  torch::NoGradGuard ng;
-  torch::manual_seed(21);
-  struct Shape {
-    int64_t d, k, ffn;
-  };
-  for (auto dt : {torch::kBFloat16, torch::kFloat16})
-    for (Shape sh : {Shape{96, 64, 160}, Shape{1056, 2080, 1120}, Shape{2048, 3072, 5632}})
-      for (int64_t M : {1, 3, 8})
-        for (bool gated : {false, true})
-          for (bool epilogue : {true, false}) {
-            if (dt == torch::kFloat16 && (sh.d > 1056 || M == 3)) continue;  // fp16: the dtype path, not every shape
-            if (!epilogue && gated) continue;  // the prologue form once per shape
-            BlockTail tail(M, sh.d, sh.k, sh.ffn, gated, dt, epilogue);
-            const auto got = ops::gemv_chain_fused(tail.y, tail.products());
-            ASSERT_EQ(got.size(), 3u) << "the chain takes the block tail";
-            const auto expected = tail.reference(got);
-            const auto one_by_one = tail.unchained();
-            for (int i = 0; i < 3; ++i) {
-              SCOPED_TRACE(::testing::Message() << name(dt) << " M " << M << " d " << sh.d << " k " << sh.k << " ffn "
-                                                << sh.ffn << " gated " << gated << " epilogue " << epilogue
-                                                << " product " << i);
-              ASSERT_EQ(got[i].sizes(), one_by_one[i].sizes());
-              EXPECT_FALSE(torch::isnan(got[i]).any().item<bool>());
-              EXPECT_LT(rel_err(got[i].cpu(), expected[i]), tolerance(dt));
-              EXPECT_LT(rel_err(got[i].cpu(), f64(one_by_one[i])), tolerance(dt));
-            }
-          }
-}
 
 // N off the 8-row tiles (rows past N read row N - 1 and are not written), a chain of one and of
 // two products, x as a strided view (copied to aligned rows), leading dims kept.

@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "gpu/kernel_cases/kernel_cases.h"
 #include "lt2/ops/decode_options.h"
-#include "lt2/ops/fused_decode.h"
 
 // CUDA graphs, streams and device guards, which the graph-replay tests use.
 #ifdef LT2_WITH_CUDA
@@ -23,16 +23,11 @@
 
 namespace lt2::gpu_testing {
 
-inline torch::TensorOptions gpu(torch::ScalarType dt) {
-  return torch::TensorOptions().device(torch::kCUDA).dtype(dt);
-}
-
-// Invariant 5 of docs/architecture.md: relative RMS error below 1e-5 in fp32, 5e-3 in bf16 (and fp16).
-inline double tolerance(torch::ScalarType dt) { return dt == torch::kFloat32 ? 1e-5 : 5e-3; }
-
-inline const char* name(torch::ScalarType dt) {
-  return dt == torch::kFloat32 ? "fp32" : dt == torch::kBFloat16 ? "bf16" : "fp16";
-}
+// CUDA tensor options, invariant 5's tolerance per dtype and dtype names, as the kernel-case
+// table defines them.
+using kernel_cases::gpu;
+using kernel_cases::name;
+using kernel_cases::tolerance;
 
 // Decode options with the fused kernels on or off (and any other field set on `options`), in
 // force on this thread while the object lives.

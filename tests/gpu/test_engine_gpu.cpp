@@ -6,7 +6,6 @@
 #include "gpu/gpu_testing.h"
 
 #include "common/engine_testing.h"
-#include "lt2/ops/fused_decode.h"
 
 using namespace lt2;
 using lt2::testing::make_test_model;

@@ -35,10 +35,11 @@ struct FixedStartAttention : FullAttentionImpl {
 
 }  // namespace
 
+// Hybrids; each registered mixer alone runs the same check in tests/mixers/test_mixer_invariants.cpp.
 TEST(Engine, MixedLengthBatchDecodesLikeEachSequenceAlone) {
   // Prompt lengths around the DSA top-k (4) and the GDN chunk (4); prefill in chunks of 3.
-  for (const std::string pattern : {"full", "gdn", "dsa", "interleaved:1:1:gdn:full", "interleaved:1:1:gdn:dsa",
-                                    "mamba2", "kda", "window", "interleaved:1:1:gdn:window"}) {
+  for (const std::string pattern :
+       {"interleaved:1:1:gdn:full", "interleaved:1:1:gdn:dsa", "interleaved:1:1:gdn:window"}) {
     SCOPED_TRACE(pattern);
     EngineOptions eo;
     eo.max_batch = 3;
@@ -141,22 +142,22 @@ TEST(Engine, FillRandomDeclaresTheContext) {
   EXPECT_EQ(engine.length(1), 11);
 }
 
+// A hybrid; each registered mixer alone runs the same check in tests/mixers/test_mixer_invariants.cpp.
 TEST(MemoryPlan, StateBytesEqualWhatIsAllocated) {
-  for (const std::string pattern : {"full", "gdn", "dsa", "window", "nsa", "interleaved:1:1:gdn:full", "mamba2"}) {
-    for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-      auto m = make_test_model(engine_config(pattern), 1, dtype);
-      const int64_t batch = 3, max_len = 17;
-      auto plan = plan_memory(*m, batch, max_len, dtype, 8, 5);
-      auto state = m->make_state(batch, max_len, torch::TensorOptions().dtype(dtype));
-      int64_t allocated = 0;
-      for (const auto& s : state->mixers)
-        for (const auto& t : s->tensors()) allocated += t.nbytes();
-      EXPECT_EQ(plan.state_bytes, allocated) << pattern;
-      int64_t weights = 0;
-      for (const auto& p : m->parameters()) weights += p.nbytes();
-      EXPECT_EQ(plan.weight_bytes, weights) << pattern;
-      EXPECT_GT(plan.workspace_bytes, 0);
-    }
+  const std::string pattern = "interleaved:1:1:gdn:full";
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto m = make_test_model(engine_config(pattern), 1, dtype);
+    const int64_t batch = 3, max_len = 17;
+    auto plan = plan_memory(*m, batch, max_len, dtype, 8, 5);
+    auto state = m->make_state(batch, max_len, torch::TensorOptions().dtype(dtype));
+    int64_t allocated = 0;
+    for (const auto& s : state->mixers)
+      for (const auto& t : s->tensors()) allocated += t.nbytes();
+    EXPECT_EQ(plan.state_bytes, allocated) << pattern;
+    int64_t weights = 0;
+    for (const auto& p : m->parameters()) weights += p.nbytes();
+    EXPECT_EQ(plan.weight_bytes, weights) << pattern;
+    EXPECT_GT(plan.workspace_bytes, 0);
   }
 }
 

@@ -1,6 +1,7 @@
-// Tiny looped models built on each linear-time mixer (and the Full+GDN hybrid): the model
-// invariant (token-by-token decode == one full forward, split prefill == whole, float64) and a
-// quick learning check (loss falls on a repeating random token pattern, fp32).
+// Tiny looped models: the Full+GDN hybrid's model invariant (token-by-token decode == one full
+// forward, split prefill == whole, float64; each registered mixer's own runs in
+// test_mixer_invariants.cpp), and a quick learning check (loss falls on a repeating random token
+// pattern, fp32) for every registered recurrent mixer and the hybrid.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,19 +9,29 @@
 
 #include "common/testing.h"
 #include "lt2/model/looped_lm.h"
+#include "mixers/mixer_testing.h"
 
 namespace {
 
 using namespace lt2;
-using lt2::testing::rel_err;
 
+const std::string kHybrid = "interleaved:4:1:gdn:full";
+
+// Every registered recurrent mixer's name, and the hybrid.
+std::vector<std::string> learning_patterns() {
+  std::vector<std::string> patterns;
+  for (const auto& v : lt2::testing::recurrent_variants())
+    if (v.label == v.name) patterns.push_back(v.name);
+  patterns.push_back(kHybrid);
+  return patterns;
+}
+
+// A tiny model of the pattern, the recurrent mixers at their tiny options (mixer_testing.h).
 ModelConfig looped_config(const std::string& pattern) {
   auto cfg = lt2::testing::tiny_config(pattern);
   cfg.n_layers = pattern.rfind("interleaved", 0) == 0 ? 5 : 2;
-  for (const char* m : {"gdn", "kda", "mamba2", "retnet", "deltanet", "gla", "hgrn2", "linear"})
-    cfg.mixer_options[m] = json{{"chunk_size", 4}};
-  cfg.mixer_options["mamba2"]["state_size"] = 8;
-  cfg.mixer_options["hgrn2"]["num_heads"] = 2;
+  for (const auto& v : lt2::testing::recurrent_variants())
+    if (v.label == v.name) cfg.mixer_options[v.name] = v.options;
   return cfg;
 }
 
@@ -35,14 +46,16 @@ class LoopedMixerModel : public ::testing::TestWithParam<std::string> {
   void SetUp() override { torch::set_num_threads(1); }
 };
 
-TEST_P(LoopedMixerModel, DecodeEqualsForward) {
-  auto cfg = looped_config(GetParam());
+TEST(LoopedHybridModel, DecodeEqualsForward) {
+  torch::set_num_threads(1);
+  auto cfg = looped_config(kHybrid);
   auto m = make_model(cfg, torch::kFloat64);
   lt2::testing::expect_decode_matches_forward(*m, lt2::testing::random_tokens(2, 11, cfg.vocab_size, 3));
 }
 
-TEST_P(LoopedMixerModel, SplitPrefillEqualsWhole) {
-  auto cfg = looped_config(GetParam());
+TEST(LoopedHybridModel, SplitPrefillEqualsWhole) {
+  torch::set_num_threads(1);
+  auto cfg = looped_config(kHybrid);
   auto m = make_model(cfg, torch::kFloat64);
   lt2::testing::expect_split_prefill_matches_whole(*m, lt2::testing::random_tokens(2, 13, cfg.vocab_size, 4), {3, 6, 9});
 }
@@ -70,9 +83,7 @@ TEST_P(LoopedMixerModel, LearnsARepeatingPattern) {
   EXPECT_LT(last, 0.5 * first);
 }
 
-INSTANTIATE_TEST_SUITE_P(Patterns, LoopedMixerModel,
-                         ::testing::Values("gdn", "kda", "mamba2", "retnet", "deltanet", "gla", "hgrn2",
-                                           "linear", "interleaved:4:1:gdn:full"),
+INSTANTIATE_TEST_SUITE_P(Patterns, LoopedMixerModel, ::testing::ValuesIn(learning_patterns()),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (auto& ch : s)

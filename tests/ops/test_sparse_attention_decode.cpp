@@ -117,7 +117,7 @@ TEST(SparseAttentionDecode, RejectsBadInputs) {
   EXPECT_THROW(ref(in.q.to(torch::kFloat64), in.k, in.v, in.indices, in.counts), lt2::Error);
   // The fused entry point takes CUDA tensors only.
   EXPECT_FALSE(lt2::ops::sparse_attention_decode_supported(in.q, in.k, in.v));
-  EXPECT_THROW(lt2::ops::sparse_attention_decode(in.q, in.k, in.v, in.indices, in.counts, in.scale),
+  EXPECT_THROW(lt2::ops::sparse_attention_decode_fused(in.q, in.k, in.v, in.indices, in.counts, in.scale),
                lt2::Error);
 }
 

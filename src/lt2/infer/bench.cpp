@@ -13,7 +13,7 @@
 #include "lt2/infer/memory_plan.h"
 #include "lt2/kernels/kernels.h"
 #include "lt2/model/looped_lm.h"
-#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/util/error.h"
 #include "lt2/util/gnuplot.h"
 

@@ -1,7 +1,7 @@
 // Fused CUDA kernels for the decode hot path (one new token per sequence), flash-attention style:
 // a params struct per kernel, a launcher that picks the template instance from the dtype and the
-// head dims, plain kernels in kernels/cuda/. No libtorch here (ops/fused_decode.h wraps these for
-// tensors). Pointers are device pointers; strides count elements; the last dim of every tensor is
+// head dims, plain kernels in kernels/cuda/. No libtorch here (the op families under ops/ bind
+// these for tensors). Pointers are device pointers; strides count elements; the last dim of every tensor is
 // contiguous. Accumulation, gates and recurrent states are fp32 whatever the activation dtype.
 // The launchers enqueue on `stream` (a cudaStream_t) and never synchronise, allocate or read
 // device memory on the host, so a CUDA graph can capture them.

@@ -6,11 +6,13 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/rope.h"
-#include "lt2/ops/fused_decode.h"
-#include "lt2/ops/sparse_attention/dsa_decode.h"
-#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
-#include "lt2/ops/sparse_attention/sparse_attention.h"
+#include "lt2/ops/attention/decode.h"
 #include "lt2/ops/decode_options.h"
+#include "lt2/ops/norms/norms.h"
+#include "lt2/ops/projections/gemv.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 
 namespace lt2 {
 
@@ -294,8 +296,8 @@ int64_t DSAImpl::workspace_bytes(int64_t batch, int64_t rows, int64_t keys) cons
 std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,
                                                             double norm_eps, bool residual, const Positions& pos,
                                                             DSAState& s) {
-  if (!latent || !pos.seq_pos.defined() || !use_packed(w_in) || !fused_decode_enabled() ||
-      stage == IndexerStage::DenseWarmup || topk >= s.k.size(2))
+  if (!latent || !pos.seq_pos.defined() || !use_packed(w_in) || stage == IndexerStage::DenseWarmup ||
+      topk >= s.k.size(2))
     return std::nullopt;
   const int64_t B = x.size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
   const auto x2 = x.reshape({B, -1});
@@ -345,9 +347,9 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   auto idx = ops::dsa_index_topk(a.index_q, a.index_w, s.index_keys, a.seq_lens, topk);  // [B, k]
   Tensor y;                                                                               // [B, H, D]
   if (fold_o) {
-    y = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale(), wv_b_t, gate);
+    y = ops::sparse_attention_decode_fused(a.q, s.k, v_cache, idx, a.counts, scale(), wv_b_t, gate);
   } else {
-    auto o = ops::sparse_attention_decode(a.q, s.k, v_cache, idx, a.counts, scale());  // [B, H, d_c]
+    auto o = ops::sparse_attention_decode_fused(a.q, s.k, v_cache, idx, a.counts, scale());  // [B, H, d_c]
     y = torch::empty({B, H, D}, x.options());
     ops::gemv_batched(o, wv_b_t, y, gate);
   }
@@ -369,26 +371,24 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
   if (!latent) cache_write_at(s.v, h.v, pos.seq_pos);
   const auto& lens = pos.seq_lens;  // [B] tokens each sequence now holds
   Tensor k = s.k, v = s.v, k_lens = lens;
-  // The fused kernels carry no gradient: only without autograd (the engine's decode).
-  const bool fused = fused_decode_enabled() && !torch::GradMode::is_enabled();
+  Tensor iq, iw;  // the indexer's queries and weights: selection only, no gradient
   {
-    torch::NoGradGuard no_grad;  // selection only
+    torch::NoGradGuard no_grad;
     auto x_index = x.detach();
-    auto [iq, iw] = indexer_queries(x_index, pos);
+    std::tie(iq, iw) = indexer_queries(x_index, pos);
     auto index_k = indexer_keys(x_index, pos);  // [B, 1, d_I]
     cache_write_at(s.index_keys.unsqueeze(1), index_k.unsqueeze(1), pos.seq_pos);
-    const auto q = h.q.squeeze(2);                                 // [B, H, D_qk]
+  }
+  if (stage != IndexerStage::DenseWarmup && topk < L) {
+    // On the kernels where they apply: index scores over the whole cache (slots past a sequence's
+    // length skipped), the top-k slots, attention over them where they lie in the cache. Outside
+    // the no-grad block, since the kernels carry no gradient and so run only where none is recorded.
     const auto v_cache = latent ? s.k.narrow(-1, 0, latent_dim) : s.v;  // latent: values = keys' first d_c
-    if (stage != IndexerStage::DenseWarmup && topk < L && fused &&
-        ops::dsa_index_topk_supported(iq.squeeze(1), s.index_keys, topk) &&
-        ops::sparse_attention_decode_supported(q, s.k, v_cache)) {
-      // Index scores over the whole cache (slots past a sequence's length skipped), the top-k
-      // slots (a sequence's valid ones first), attention over them where they lie in the cache.
-      auto idx = ops::dsa_index_topk(iq.squeeze(1), iw.squeeze(1), s.index_keys, lens, topk);  // [B, k]
-      auto o = ops::sparse_attention_decode(q, s.k, v_cache, idx, lens.clamp_max(topk), scale());  // [B, H, D_v]
-      return output(o.unsqueeze(1), x);
-    }
-    if (stage != IndexerStage::DenseWarmup && topk < L) {
+    const auto o = ops::dsa_topk_attention_fused(iq.squeeze(1), iw.squeeze(1), s.index_keys, lens, topk,
+                                                 h.q.squeeze(2), s.k, v_cache, scale());  // [B, H, D_v]
+    if (o.defined()) return output(o.unsqueeze(1), x);
+    {
+      torch::NoGradGuard no_grad;  // selection only
       auto scores = lightning_indexer_scores(iq, iw, s.index_keys.to(iq.scalar_type()));  // [B, 1, L]
       auto valid = (arange_long(0, L, x.device()).unsqueeze(0) < lens.unsqueeze(1)).unsqueeze(1);
       // Visible slots come first in the selection, so the first min(len, k) selected are valid.
@@ -402,7 +402,7 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
     }
   }
   if (latent) v = k.narrow(-1, 0, latent_dim);  // the values are the latent part of the keys
-  return output(decode_attention(h.q.squeeze(2), k, v, k_lens, scale()), x);
+  return output(ops::attention_decode(h.q.squeeze(2), k, v, k_lens, scale()).unsqueeze(1), x);
 }
 
 Tensor DSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {

@@ -6,9 +6,9 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/ops/projections/projections.h"
 #include "lt2/nn/rope.h"
-#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/attention/decode.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 
@@ -29,19 +29,6 @@ int64_t KVCache::decode_bytes(int64_t length) const {
 void cache_write_at(const Tensor& cache, const Tensor& rows, const Tensor& seq_pos) {
   const int64_t B = cache.size(0), H = cache.size(1), D = cache.size(3);
   cache.scatter_(2, seq_pos.view({B, 1, 1, 1}).expand({B, H, 1, D}), rows.to(cache.scalar_type()));
-}
-
-Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_lens, double scale) {
-  if (fused_decode_enabled() && ops::attention_decode_supported(q, k, v))
-    return ops::attention_decode(q.contiguous(), k, v, seq_lens, scale).unsqueeze(1);
-  // Reference: attend over the whole cache, keys at or past a sequence's length masked out. The
-  // G = H / H_kv query heads of a kv head go in as G queries of that head, so no key is repeated.
-  const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), L = k.size(2);
-  auto j = torch::arange(L, seq_lens.options());
-  auto mask = (j.unsqueeze(0) < seq_lens.unsqueeze(1)).view({B, 1, 1, L});  // [B, 1, 1, L]
-  auto o = at::scaled_dot_product_attention(q.reshape({B, Hkv, H / Hkv, q.size(2)}), k.to(q.scalar_type()),
-                                            v.to(q.scalar_type()), mask, 0.0, false, scale);  // [B, H_kv, G, D_v]
-  return o.reshape({B, 1, H, v.size(3)});
 }
 
 std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, const Tensor& v_new) {
@@ -151,8 +138,9 @@ Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x
     auto& cache = dynamic_cast<KVCache&>(*state);
     cache_write_at(cache.k, k.transpose(1, 2), pos.seq_pos);
     cache_write_at(cache.v, v.transpose(1, 2), pos.seq_pos);
-    o = decode_attention(q.squeeze(1), cache.k, cache.v, pos.seq_lens,
-                         1.0 / std::sqrt(static_cast<double>(head_dim)));
+    o = ops::attention_decode(q.squeeze(1), cache.k, cache.v, pos.seq_lens,
+                              1.0 / std::sqrt(static_cast<double>(head_dim)))
+            .unsqueeze(1);
   } else if (state) {
     auto& cache = dynamic_cast<KVCache&>(*state);
     LT2_CHECK(cache.length == pos.start, "attention state holds ", cache.length,
@@ -169,18 +157,15 @@ Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x
 std::optional<PendingProjection> FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Positions& pos,
                                                                  MixerState* state, const Tensor& residual) {
   auto* cache = dynamic_cast<KVCache*>(state);
-  if (!cache || !fused_decode_enabled() || torch::GradMode::is_enabled() || raw[0].size(1) != 1) return std::nullopt;
+  if (!cache || raw[0].size(1) != 1) return std::nullopt;
   const int64_t B = raw[0].size(0), H = n_heads, D = head_dim;
   const auto q = raw[0].view({B, H, D}), k = raw[1].view({B, n_kv_heads, D}), v = raw[2].view({B, n_kv_heads, D});
-  if (!ops::rope_cache_write_supported(q, k, v, cache->k, cache->v, pos.seq_pos) ||
-      !ops::attention_decode_supported(q, cache->k, cache->v))
-    return {};
-  const auto q_rot = ops::rope_cache_write(q, k, v, cache->k, cache->v, pos.seq_pos, rope_theta,
-                                           rope_style == RopeStyle::Interleaved);  // [B, H, D]
-  const auto o = ops::attention_decode(q_rot, cache->k, cache->v, pos.seq_lens,
-                                       1.0 / std::sqrt(static_cast<double>(D))).view({B, H * D});
+  const auto o = ops::rope_cache_attention_fused(q, k, v, cache->k, cache->v, pos.seq_pos, pos.seq_lens, rope_theta,
+                                                 rope_style == RopeStyle::Interleaved,
+                                                 1.0 / std::sqrt(static_cast<double>(D)));  // [B, H, D]
+  if (!o.defined()) return std::nullopt;
   // The output gate and the residual fold into wo's GEMV.
-  return PendingProjection{o, wo, wgate ? raw[3].view({B, H * D}) : Tensor(),
+  return PendingProjection{o.view({B, H * D}), wo, wgate ? raw[3].view({B, H * D}) : Tensor(),
                            residual.defined() ? residual.view({B, -1}) : Tensor()};
 }
 

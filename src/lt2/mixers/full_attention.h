@@ -29,12 +29,6 @@ std::pair<Tensor, Tensor> kv_cache_append(KVCache& cache, const Tensor& k_new, c
 // the positions).
 void cache_write_at(const Tensor& cache, const Tensor& rows, const Tensor& seq_pos);
 
-// Decode attention of one new token per sequence, q [B, H, D], over the first seq_lens[b] keys of
-// sequence b (k, v [B, H_kv, L, D], GQA as in causal_attention; seq_lens [B] int64 in [1, L]).
-// The fused flash-decoding kernel on CUDA when enabled; masked SDPA over the whole cache
-// otherwise. Returns [B, 1, H, D].
-Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seq_lens, double scale);
-
 // Causal attention of q ([B, H, T, D]) at absolute positions past..past+T-1 over keys/values
 // ([B, H_kv, L, D], key j at absolute position j, L = past + T). Returns [B, T, H, D].
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t past);

@@ -1,12 +1,10 @@
 #include "lt2/mixers/gdn.h"
 
-#include <ATen/autocast_mode.h>
-
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/delta_rule/decode.h"
 #include "lt2/ops/projections/projections.h"
-#include "lt2/ops/fused_decode.h"
 
 namespace lt2 {
 
@@ -75,10 +73,7 @@ RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st,
 RecurrentState* GatedDeltaNetImpl::fused_state(const Tensor& x, MixerState& state) const {
   auto* st = dynamic_cast<RecurrentState*>(&state);
   const bool fused = st && x.dim() == 3 && x.size(1) == 1 && num_v_heads == num_heads &&
-                     fused_decode_enabled() && !at::autocast::is_autocast_enabled(at::kCUDA) &&
-                     x.scalar_type() == A_log.scalar_type() &&
-                     st->conv[0].scalar_type() == x.scalar_type() &&
-                     ops::gdn_decode_fused_supported(x, st->S, head_k_dim);
+                     ops::gdn_decode_applies(x, st->S, st->conv[0], A_log, head_k_dim);
   return fused ? st : nullptr;
 }
 

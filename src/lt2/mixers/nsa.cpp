@@ -7,7 +7,6 @@
 #include "lt2/mixers/full_attention.h"
 #include "lt2/ops/projections/projections.h"
 #include "lt2/nn/rope.h"
-#include "lt2/ops/fused_decode.h"
 #include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
 
@@ -232,20 +231,6 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   return combine(x, o_cmp, o_slc, o_win);
 }
 
-namespace {
-
-// Attention of q [B, Hq, D] over the cache rows rows[b, :counts[b]] of k, v [B, Hkv, L, D]
-// (query head h reads kv head h / (Hq / Hkv)): the fused kernel on CUDA without autograd, its
-// libtorch reference otherwise. [B, Hq, D].
-Tensor attend_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& rows, const Tensor& counts,
-                   double scale) {
-  if (fused_decode_enabled() && !torch::GradMode::is_enabled() && ops::sparse_attention_decode_supported(q, k, v))
-    return ops::sparse_attention_decode(q, k, v, rows, counts, scale);
-  return ops::sparse_attention_decode_reference(q, k.to(q.scalar_type()), v.to(q.scalar_type()), rows, counts, scale);
-}
-
-}  // namespace
-
 Tensor NSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   auto& s = dynamic_cast<NSAState&>(state);
   if (pos.seq_pos.defined()) return step_at(x, pos, s);
@@ -301,7 +286,8 @@ Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
   auto tokens = (first.unsqueeze(-1) + torch::arange(ls, lopts)).view({B * H_kv, n * ls});          // [B H_kv, n l']
   auto counts = (q_pos + 1 - first).clamp(0, ls).sum(-1).view({B * H_kv});                          // [B H_kv]
   auto per_head = [&](const Tensor& cache) { return cache.view({B * H_kv, 1, L, cache.size(3)}); };  // a free view
-  auto o_slc = attend_rows(q.reshape({B * H_kv, G, D}), per_head(s.k[ss]), per_head(s.v[ss]), tokens, counts, scale)
+  auto o_slc = ops::sparse_attention_decode(q.reshape({B * H_kv, G, D}), per_head(s.k[ss]), per_head(s.v[ss]),
+                                           tokens, counts, scale)
                    .view({B, 1, H, D});
 
   // Sliding-window branch: the rows (p_b - w, p_b], clamped at 0, shared by the kv heads. A range
@@ -309,7 +295,8 @@ Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
   // attention_decode would need a gathered copy of the window).
   const int64_t w = std::min(window, L), ws = kv_set(kWin);
   auto win_rows = (p + 1 - w).clamp_min(0).unsqueeze(1) + torch::arange(w, lopts);  // [B, w]
-  auto o_win = attend_rows(q.reshape({B, H, D}), s.k[ws], s.v[ws], win_rows, (p + 1).clamp_max(w), scale)
+  auto o_win = ops::sparse_attention_decode(q.reshape({B, H, D}), s.k[ws], s.v[ws], win_rows,
+                                           (p + 1).clamp_max(w), scale)
                    .view({B, 1, H, D});
   return combine(x, o_cmp, o_slc, o_win);
 }

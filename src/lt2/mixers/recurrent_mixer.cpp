@@ -2,11 +2,11 @@
 
 #include <cmath>
 
-#include "lt2/ops/projections/projections.h"
-#include "lt2/ops/delta_rule/delta_rule.h"
-#include "lt2/ops/fused_decode.h"
-#include "lt2/ops/gated_linear/gated_linear.h"
 #include "lt2/ops/conv/short_conv.h"
+#include "lt2/ops/delta_rule/decode.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
+#include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 
@@ -71,12 +71,7 @@ Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState
     auto q = in.q.select(1, 0), k = in.k.select(1, 0), v = in.v.select(1, 0);  // [B, H, K|V]
     auto beta = delta_rule ? in.beta.select(1, 0) : Tensor();                   // [B, H]
     auto g = in.g.defined() ? in.g.select(1, 0) : Tensor();
-    if (fused_decode_enabled() && ops::recurrent_step_fused_supported(q, v, st->S))
-      o = ops::recurrent_step_fused(q, k, v, beta, g, in.scale, st->S);
-    else
-      o = delta_rule ? ops::delta_rule_step(q, k, v, beta, g, in.scale, st->S)
-                     : ops::gated_linear_step(q, k, v, g, in.scale, st->S);
-    o = o.unsqueeze(1);
+    o = ops::recurrent_step(q, k, v, beta, g, in.scale, st->S).unsqueeze(1);
   } else {
     Tensor s0 = st ? st->S : Tensor();
     auto r = delta_rule

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/attention/decode.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
 
 namespace lt2 {
@@ -129,8 +130,9 @@ Tensor WindowAttentionImpl::step_at(const Tensor& x, const Positions& pos, RingK
     // Every written slot is inside the window, and the written slots are a prefix of the ring
     // (slots 0..p before it wraps, all S after): attention over the first min(p + 1, S) slots, in
     // slot order (softmax does not depend on the order of the keys), through flash-decoding.
-    auto o = decode_attention(q.squeeze(1), ring.k, ring.v, pos.seq_lens.clamp_max(S),
-                              1.0 / std::sqrt(static_cast<double>(head_dim)));
+    auto o = ops::attention_decode(q.squeeze(1), ring.k, ring.v, pos.seq_lens.clamp_max(S),
+                                   1.0 / std::sqrt(static_cast<double>(head_dim)))
+                 .unsqueeze(1);
     return output(o, x, gate);
   }
   auto age = (p.unsqueeze(1) - torch::arange(S, p.options()).unsqueeze(0)).remainder(S);  // [B, S] p - p_j >= 0

@@ -2,7 +2,7 @@
 
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/decode_options.h"
-#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/norms/norms.h"
 
 namespace lt2 {
 
@@ -34,15 +34,8 @@ Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* sta
   auto xin = ops::rms_norm(x, mixer_norm);
   Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer->forward(xin, pos, state);
   if (mixer_post_norm) m = ops::rms_norm(m, mixer_post_norm);
-  Tensor h, f;
-  if (ops::fused_elementwise_applies({x, m, ffn_norm->weight}) && m.sizes() == x.sizes()) {
-    auto r = ops::add_rms_norm_fused(x, m, ffn_norm->weight, ffn_norm->eps);  // h = x + m and its norm, one launch
-    h = r.h;
-    f = ops::swiglu(*ffn, r.y);
-  } else {
-    h = x + m;
-    f = ops::swiglu(*ffn, ops::rms_norm(h, ffn_norm));
-  }
+  const auto [h, normed] = ops::add_rms_norm(x, m, ffn_norm);  // h = x + m and its norm
+  auto f = ops::swiglu(*ffn, normed);
   if (ffn_post_norm) f = ops::rms_norm(f, ffn_post_norm);
   return h + f;
 }

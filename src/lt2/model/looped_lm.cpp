@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/model/checkpointing.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 #include "lt2/model/pattern.h"
 

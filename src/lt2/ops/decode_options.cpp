@@ -92,6 +92,8 @@ std::vector<std::string> DecodeOptions::describe() const {
 
 const DecodeOptions& decode_options() { return *current; }
 
+bool fused_decode_enabled() { return fused_decode_available() && decode_options().fused; }
+
 DecodeOptionsGuard::DecodeOptionsGuard(const DecodeOptions& options) : previous_(current) { current = &options; }
 DecodeOptionsGuard::~DecodeOptionsGuard() { current = previous_; }
 

@@ -55,6 +55,21 @@ struct DecodeOptions {
 // The options in force on this thread: the innermost DecodeOptionsGuard's, else the defaults.
 const DecodeOptions& decode_options();
 
+// True when this build has the CUDA kernels (LT2_CUDA on and nvcc found). Without them every
+// kernel entry point throws and the dispatching ops always take their references. A constant, so
+// that a CPU-only build compiles the kernels' input checks away (they name kernel queries that
+// only the CUDA build defines).
+constexpr bool fused_decode_available() {
+#ifdef LT2_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+// Whether the decode paths take the fused kernels: DecodeOptions::fused of the options in force,
+// and false in a build without the CUDA kernels.
+bool fused_decode_enabled();
+
 // Installs `options` on this thread until destroyed (nests; restores the previous ones).
 class DecodeOptionsGuard {
  public:

@@ -1,9 +1,13 @@
-// Pieces shared by the tensor bindings of the CUDA kernels (ops/fused_*.cpp, delta_rule.cpp):
+// Pieces shared by the tensor bindings of the CUDA kernels (ops/<family>/*.cpp): input checks,
 // dtype mapping, the current stream, error helpers. Internal to those files.
 #pragma once
 #include <torch/torch.h>
 
+#include <string>
+#include <vector>
+
 #include "lt2/kernels/decode.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -36,6 +40,45 @@ inline bool rows_aligned(const torch::Tensor& t) {
 // returns a view that already counts as contiguous (size-1 dims) as it is, offset included.
 inline torch::Tensor with_aligned_rows(const torch::Tensor& t) {
   return rows_aligned(t) ? t : t.clone(torch::MemoryFormat::Contiguous);
+}
+
+// Why the kernels cannot take a tensor (empty when they can): defined, on CUDA, a kernel dtype.
+inline std::string activation_problem(const torch::Tensor& t, const char* name) {
+  if (!t.defined()) return cat(name, " is undefined");
+  if (!t.is_cuda()) return cat(name, " is on ", t.device(), ", not CUDA");
+  if (!kernel_dtype_ok(t.scalar_type()))
+    return cat(name, " is ", t.scalar_type(), " (the kernels take float32, bfloat16, float16)");
+  return "";
+}
+
+// Why a recurrent state cannot go to the kernels with activations `like` (empty when it can):
+// contiguous fp32 on like's CUDA device.
+inline std::string state_problem(const torch::Tensor& state, const torch::Tensor& like) {
+  if (!state.defined() || !state.is_cuda() || state.device() != like.device())
+    return cat("the state must be a CUDA tensor on ", like.device());
+  if (state.scalar_type() != torch::kFloat32 || !state.is_contiguous())
+    return cat("the state must be contiguous float32, found ", state.scalar_type(),
+               state.is_contiguous() ? "" : " (not contiguous)");
+  return "";
+}
+
+// t in dtype `dt` with a contiguous last dim (no copy when it already is).
+inline torch::Tensor with_contiguous_rows(const torch::Tensor& t, torch::ScalarType dt) {
+  auto c = t.to(dt);
+  return c.stride(-1) == 1 ? c : c.contiguous();
+}
+
+// Whether a decode path takes a fused kernel on `tensors`: the fused kernels are enabled
+// (fused_decode_enabled), no gradient is recorded (the kernels have no autograd) and the tensors
+// are CUDA tensors of one kernel dtype and device with a contiguous last dim.
+inline bool fused_elementwise_applies(const std::vector<torch::Tensor>& tensors) {
+  if (!fused_decode_enabled() || torch::GradMode::is_enabled() || tensors.empty()) return false;
+  const torch::Tensor& first = tensors.front();
+  for (const auto& t : tensors)
+    if (!activation_problem(t, "t").empty() || t.dim() == 0 || t.stride(-1) != 1 ||
+        t.scalar_type() != first.scalar_type() || t.device() != first.device())
+      return false;
+  return true;
 }
 
 // A tensor's sizes for an error message; empty when it is undefined.

@@ -1,6 +1,7 @@
 #include "lt2/ops/projections/projections.h"
 
-#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/norms/norms.h"
+#include "lt2/ops/projections/gemv.h"
 
 namespace lt2::ops {
 
@@ -10,11 +11,6 @@ Tensor linear(const Tensor& x, const Tensor& weight) {
 
 Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
   return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : ops::linear(x, layer->weight);
-}
-
-Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
-  if (fused_elementwise_applies({x, norm->weight})) return rms_norm_fused(x, norm->weight, norm->eps);
-  return lt2::rms_norm(x, norm->weight, norm->eps);
 }
 
 Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
@@ -37,11 +33,7 @@ Tensor swiglu(SwiGLUImpl& ffn, const Tensor& x) {
   return ffn.forward(x);
 }
 
-Tensor swiglu_down(SwiGLUImpl& ffn, const Tensor& gate_up) {
-  const int64_t n = ffn.hidden();
-  if (fused_elementwise_applies({gate_up})) return ops::linear(silu_mul_fused(gate_up), ffn.w2);
-  return ops::linear(torch::silu(gate_up.narrow(-1, 0, n)) * gate_up.narrow(-1, n, n), ffn.w2);
-}
+Tensor swiglu_down(SwiGLUImpl& ffn, const Tensor& gate_up) { return ops::linear(ops::silu_mul(gate_up), ffn.w2); }
 
 Tensor swiglu_residual(SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weight, double eps) {
   if (!use_packed(ffn.w13)) return {};

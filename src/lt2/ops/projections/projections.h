@@ -1,6 +1,6 @@
-// Projections, norms and the FFN with their dispatch: a fused CUDA kernel where one applies to the
-// inputs (decode: few rows, no gradient, fused kernels on), the reference math of nn/ otherwise.
-// Callers never choose the path themselves.
+// Projections and the FFN with their dispatch: the fused decode GEMV forms (gemv.h) where they
+// apply to the inputs (decode: few rows, no gradient, fused kernels on), the reference math of nn/
+// otherwise. Callers never choose the path themselves.
 #pragma once
 #include <torch/torch.h>
 
@@ -15,9 +15,6 @@ namespace ops {
 // takes its weight and bias.
 Tensor linear(const Tensor& x, const Tensor& weight);
 Tensor linear(const Tensor& x, const torch::nn::Linear& layer);
-
-// RMSNorm of x with the module's weight: one fused launch with no casts where it applies.
-Tensor rms_norm(const Tensor& x, const RMSNorm& norm);
 
 // The two ends of a pre-norm block's decode half with their elementwise work folded into the
 // fused GEMV (gemv_fused), as the mixers' and the FFN's residual forms use them:

@@ -8,7 +8,7 @@
 #include "lt2/kernels/dsa_decode.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
-#include "lt2/ops/fused_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -208,6 +208,16 @@ Tensor dsa_index_topk(const Tensor& q, const Tensor& w, const Tensor& index_keys
   LT2_CHECK(index_keys.defined() && index_keys.dim() == 3 && k >= 1 && k <= index_keys.size(1), op, ": k = ", k,
             " must be in [1, L] for index_keys ", sizes_of(index_keys));
   return topk_select(dsa_index_scores(q, w, index_keys, seq_lens), k, seq_lens);
+}
+
+Tensor dsa_topk_attention_fused(const Tensor& q_index, const Tensor& w_index, const Tensor& index_keys,
+                                const Tensor& seq_lens, int64_t k, const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache, double scale) {
+  if (!fused_decode_enabled() || torch::GradMode::is_enabled() || !dsa_index_topk_supported(q_index, index_keys, k) ||
+      !sparse_attention_decode_supported(q, k_cache, v_cache))
+    return {};
+  const auto idx = dsa_index_topk(q_index, w_index, index_keys, seq_lens, k);  // [B, k], a sequence's valid slots first
+  return sparse_attention_decode_fused(q, k_cache, v_cache, idx, seq_lens.clamp_max(k), scale);
 }
 
 void dsa_latent_prep(const DsaLatentPrepArgs& a) {

@@ -2,8 +2,8 @@
 // for tensors: checks, launch on the current CUDA stream, outputs from the caching allocator.
 // Nothing here synchronises or reads device memory on the host, and the kernels' grids depend only
 // on the shapes, so a CUDA graph captures every entry point and replays it with new lengths.
-// Without CUDA kernels in the build the entry points throw. Callers gate on fused_decode_enabled()
-// (ops/fused_decode.h) and dsa_index_topk_supported.
+// Without CUDA kernels in the build the entry points throw. dsa_topk_attention_fused runs the
+// selection and the attention over it where the kernels apply, and nothing otherwise.
 #pragma once
 #include <torch/torch.h>
 
@@ -41,6 +41,16 @@ Tensor dsa_index_topk(const Tensor& q, const Tensor& w, const Tensor& index_keys
 // index_keys [B, L, d_I] CUDA tensors of one kernel dtype and device (H_I <= 128, d_I <= 256, the
 // keys' last dim contiguous), 1 <= k <= L.
 bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t k);
+
+// DSA's decode attention on the kernels: dsa_index_topk of the index queries q_index [B, H_I, d_I]
+// and weights w_index [B, H_I] against index_keys, then sparse_attention_decode_fused of q
+// [B, H, D_qk] over those k slots of k_cache / v_cache (counts min(seq_lens, k)). Returns
+// [B, H, D_v], or undefined, having run nothing, where the fused kernels are off
+// (fused_decode_enabled), a gradient is recorded, or either kernel does not take the tensors: the
+// caller then selects and attends in libtorch.
+Tensor dsa_topk_attention_fused(const Tensor& q_index, const Tensor& w_index, const Tensor& index_keys,
+                                const Tensor& seq_lens, int64_t k, const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache, double scale);
 
 // The latent form's decode step between its packed input projection and its attention
 // (kernels::dsa_latent_prep has the math), for sequence b at position t = seq_pos[b]: RoPE of q's

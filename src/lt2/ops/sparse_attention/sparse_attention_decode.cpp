@@ -7,7 +7,6 @@
 #include "lt2/nn/linear.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
-#include "lt2/ops/fused_decode.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -116,7 +115,18 @@ bool sparse_attention_decode_supported(const Tensor& q, const Tensor& k_cache, c
 Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const Tensor& indices, const Tensor& counts, double scale, const Tensor& absorb,
                                const Tensor& gate) {
-  const char* op = "sparse_attention_decode";
+  if (fused_decode_enabled() && !torch::GradMode::is_enabled() &&
+      (absorb.defined() ? sparse_attention_absorb_supported(q, k_cache, v_cache, absorb, gate)
+                        : sparse_attention_decode_supported(q, k_cache, v_cache)))
+    return sparse_attention_decode_fused(q, k_cache, v_cache, indices, counts, scale, absorb, gate);
+  return sparse_attention_decode_reference(q, k_cache.to(q.scalar_type()), v_cache.to(q.scalar_type()), indices,
+                                           counts, scale, absorb, gate);
+}
+
+Tensor sparse_attention_decode_fused(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& indices, const Tensor& counts, double scale, const Tensor& absorb,
+                                     const Tensor& gate) {
+  const char* op = "sparse_attention_decode_fused";
   if (!fused_decode_available()) no_cuda(op);
   const auto problem = kernel_problem(q, k_cache, v_cache);
   LT2_CHECK(problem.empty(), op, ": ", problem);

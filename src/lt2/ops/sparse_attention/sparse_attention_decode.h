@@ -1,9 +1,10 @@
 // Sparse attention of one decode token over selected cache rows (DSA's top-k tokens, NSA's
-// selected blocks): the fused CUDA kernel (kernels/sparse_attention_decode.h) for tensors, and its
-// libtorch reference. The kernel entry point checks its inputs, launches on the current CUDA
-// stream and takes its output and workspaces from the caching allocator; nothing synchronises or
-// reads device memory on the host, so a CUDA graph can capture it. Without CUDA kernels in the
-// build (LT2_CUDA=OFF) it throws and sparse_attention_decode_supported is false.
+// selected blocks): the entry point sparse_attention_decode, which takes the fused CUDA kernel
+// (kernels/sparse_attention_decode.h) where it applies and the libtorch reference otherwise; the
+// kernel entry point and the reference. The kernel entry point checks its inputs, launches on the
+// current CUDA stream and takes its output and workspaces from the caching allocator; nothing
+// synchronises or reads device memory on the host, so a CUDA graph can capture it. Without CUDA
+// kernels in the build (LT2_CUDA=OFF) it throws and sparse_attention_decode_supported is false.
 #pragma once
 #include <torch/torch.h>
 
@@ -11,8 +12,16 @@ namespace lt2::ops {
 
 using torch::Tensor;
 
-// q [B, Hq, Dk] (one new token per sequence), k_cache [B, Hkv, L, Dk], v_cache [B, Hkv, L, Dv]
-// (Hq a multiple of Hkv; query head h reads kv head h / (Hq / Hkv)), indices [B, n] int64: the
+// The math below: sparse_attention_decode_fused where the fused kernels are on
+// (fused_decode_enabled), no gradient is recorded and the kernel takes the tensors
+// (sparse_attention_decode_supported, with `absorb` sparse_attention_absorb_supported);
+// sparse_attention_decode_reference on the caches cast to q's dtype otherwise.
+Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const Tensor& indices, const Tensor& counts, double scale,
+                               const Tensor& absorb = {}, const Tensor& gate = {});
+
+// The kernel. q [B, Hq, Dk] (one new token per sequence), k_cache [B, Hkv, L, Dk], v_cache
+// [B, Hkv, L, Dv] (Hq a multiple of Hkv; query head h reads kv head h / (Hq / Hkv)), indices [B, n] int64: the
 // selected cache rows of sequence b, shared by its kv heads, counts [B] int64: only the first
 // counts[b] entries of row b are used (1 <= counts[b] <= n; the used entries lie in [0, L)):
 //   out[b, h] = sum_{j < counts[b]} softmax_j(scale q[b, h] . k[b, kv, r_j]) v[b, kv, r_j],
@@ -30,10 +39,10 @@ using torch::Tensor;
 // gate are folded into the splits' combine, and it returns y [B, Hq, Dy] in q's dtype:
 //   y[b, h] = (out[b, h] absorb[h]^T) * sigmoid(gate[b, h])   (gate [B, Hq, Dy], or no gate)
 // out in fp32, never rounded; y rounded once. Only where sparse_attention_absorb_supported.
-Tensor sparse_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               const Tensor& indices, const Tensor& counts, double scale,
-                               const Tensor& absorb = {}, const Tensor& gate = {});
-// Whether sparse_attention_decode takes these tensors (the CUDA kernels are built, device,
+Tensor sparse_attention_decode_fused(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& indices, const Tensor& counts, double scale,
+                                     const Tensor& absorb = {}, const Tensor& gate = {});
+// Whether sparse_attention_decode_fused takes these tensors (the CUDA kernels are built, device,
 // dtypes, head dims, groups, cache alignment).
 bool sparse_attention_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
 // Whether it also folds in `absorb` (and `gate`): [Hq, Dy, Dv] contiguous and 16-byte aligned, gate

@@ -1,0 +1,41 @@
+// The elementwise ops of a block: RMSNorm, a residual add with the RMSNorm of its sum, and
+// SwiGLU's activation silu(a) * b. Each entry point takes its fused CUDA kernel (kernels/decode.h)
+// where one applies (fused kernels on, no gradient recorded, CUDA tensors of one kernel dtype with
+// a contiguous last dim) and the reference math of nn/ otherwise, so callers never choose the path.
+// The kernel entry points (*_fused) launch on the current CUDA stream and take their outputs from
+// the caching allocator, so a CUDA graph can capture them; without CUDA kernels in the build
+// (LT2_CUDA=OFF) they throw.
+#pragma once
+#include <torch/torch.h>
+
+#include "lt2/nn/norm.h"
+
+namespace lt2::ops {
+
+using torch::Tensor;
+
+// RMSNorm of x with the module's weight: one fused launch with no casts where it applies.
+Tensor rms_norm(const Tensor& x, const RMSNorm& norm);
+
+// h = x + m in x's dtype and y = RMSNorm of h with the module's weight.
+struct AddRmsNormResult {
+  Tensor h, y;
+};
+// One fused launch for both where it applies to x, m (of x's sizes) and the weight; the add and
+// rms_norm above otherwise.
+AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm);
+
+// silu(a) * b of gate_up [..., 2 hidden] = [a | b] (the packed w1|w3 output): [..., hidden].
+Tensor silu_mul(const Tensor& gate_up);
+
+// The kernels. RMSNorm in fp32 of x [..., d] with weight [d] (x's dtype): x * rsqrt(mean(x^2) +
+// eps) * weight, returned in x's dtype; the same math as nn's rms_norm without its dtype casts.
+Tensor rms_norm_fused(const Tensor& x, const Tensor& weight, double eps);
+// A residual add and the RMSNorm of its result in one kernel: h = x + m in x's dtype (as the
+// unfused add) and y = rms_norm_fused(h, weight, eps). x, m [..., d] of one dtype.
+AddRmsNormResult add_rms_norm_fused(const Tensor& x, const Tensor& m, const Tensor& weight, double eps);
+// silu(a) * b on gate_up [..., 2 hidden] in gate_up's dtype, silu(a) rounded to it before the
+// product as in the unfused form.
+Tensor silu_mul_fused(const Tensor& gate_up);
+
+}  // namespace lt2::ops
