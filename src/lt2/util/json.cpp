@@ -13,6 +13,13 @@ std::string json_type_name(const json& j) {
   return j.type_name();
 }
 
+std::string json_describe(const json& j) {
+  std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  constexpr size_t kShown = 80;
+  if (text.size() > kShown) text = text.substr(0, kShown) + "...";
+  return json_type_name(j) + " " + text;
+}
+
 json parse_json(const std::string& text, const std::string& what) {
   try {
     return json::parse(text);
