@@ -57,6 +57,7 @@ TEST(Json, ErrorsNameFieldAndType) {
   }
   EXPECT_THROW(json_reject_unknown(j, {"a"}, "cfg"), Error);
   EXPECT_THROW(parse_json("{bad", "x"), Error);
+  EXPECT_THROW(parse_json("{\"n\": 1e999}", "x"), Error);  // out of double's range: not a json::exception
 }
 
 TEST(Json, IntegersAreStrict) {

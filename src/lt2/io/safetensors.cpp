@@ -128,7 +128,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
   json header;
   try {
     header = json::parse(text, text + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     throw Error(cat(where, ": the header is not valid JSON (", e.what(), ")"));
   }
   LT2_CHECK(header.is_object(), where, ": the header must be a JSON object, found ", json_type_name(header));

@@ -23,7 +23,7 @@ std::string json_describe(const json& j) {
 json parse_json(const std::string& text, const std::string& what) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     throw Error(cat(what, " is not valid JSON: ", e.what()));
   }
 }
