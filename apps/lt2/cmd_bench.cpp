@@ -107,7 +107,9 @@ void add_grid_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--memory-limit-gb", a.opts.memory_limit_gb,
                   "Plan against this many GB instead of the device's free memory (cells that do not fit are OOM)")
       ->capture_default_str();
-  cmd->add_option("--seed", a.opts.seed, "Seed of the random weights, states and tokens")->capture_default_str();
+  cmd->add_option("--seed", a.opts.seed, "Seed of the random weights, states and tokens")
+      ->capture_default_str()
+      ->check(at_least(0));
   cmd->add_option("--out-json", a.json_path, "Write the results as JSON to this file");
   cmd->add_option("--out-md", a.md_path, "Write the Markdown table to this file");
   cmd->add_option("--plot", a.png_path, "Write a PNG of tokens/s vs context (needs gnuplot)");

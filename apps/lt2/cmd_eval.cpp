@@ -62,7 +62,9 @@ void add_common_flags(CLI::App* cmd, CommonFlags& f) {
                   "checkpoint's; required for presets and configs)");
   cmd->add_option("--device", f.source.device, "auto | cpu | cuda")->capture_default_str();
   cmd->add_option("--dtype", f.source.dtype, "auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16")->capture_default_str();
-  cmd->add_option("--init-seed", f.source.seed, "Seed of the random weights of presets and configs")->capture_default_str();
+  cmd->add_option("--init-seed", f.source.seed, "Seed of the random weights of presets and configs")
+      ->capture_default_str()
+      ->check(at_least(0));
   add_loop_flags(cmd, f.loops, /*with_exits=*/true);
   cmd->add_flag("--json", f.json_out, "Print one JSON object on stdout instead of the Markdown table");
   cmd->add_option("--out-md", f.out_md, "Also write the Markdown table to this file");
@@ -82,19 +84,20 @@ json model_json(const CommonFlags& f, const eval::LoadedModel& m) {
 }
 
 struct ScoreFlags {
-  int64_t max_length = -1, batch_tokens = 8192, limit = -1;
+  std::optional<int64_t> max_length, limit;
+  int64_t batch_tokens = 8192;
 };
 
 void add_score_flags(CLI::App* cmd, ScoreFlags& f) {
   cmd->add_option("--max-length", f.max_length, "Tokens per model input (default: the config's max_seq_len)");
   cmd->add_option("--batch-tokens", f.batch_tokens, "Padded tokens per forward (requests sorted by length, padded right; the logits of that many tokens are held at once)")
       ->capture_default_str();
-  cmd->add_option("--limit", f.limit, "Only the first N documents / items (default: all)");
+  cmd->add_option("--limit", f.limit, "Only the first N documents / items (default: all)")->check(at_least(0));
 }
 
 eval::ScorerOptions scorer_options(const ScoreFlags& f, const CommonFlags& c, const ModelConfig& cfg) {
   eval::ScorerOptions o;
-  o.max_length = f.max_length > 0 ? f.max_length : cfg.max_seq_len;
+  o.max_length = f.max_length.value_or(cfg.max_seq_len);
   o.batch_tokens = f.batch_tokens;
   o.loops = c.loops.options();
   return o;
@@ -112,7 +115,7 @@ struct PplArgs {
 void run_ppl(const PplArgs& a) {
   auto m = eval::load_model(a.common.source);
   auto docs = eval::read_documents(a.data, a.docs, m.tokenizer);
-  if (a.score.limit >= 0 && static_cast<int64_t>(docs.size()) > a.score.limit) docs.resize(a.score.limit);
+  if (a.score.limit && static_cast<int64_t>(docs.size()) > *a.score.limit) docs.resize(*a.score.limit);
   eval::Scorer scorer(*m.model, scorer_options(a.score, a.common, m.model->config()));
   const int32_t prefix = eval::prefix_token(m.tokenizer, a.common.prefix_token);
   std::unique_ptr<std::ofstream> per_token;
@@ -158,7 +161,7 @@ void run_mc(const McArgs& a) {
   for (const auto& n : names) {
     const auto& spec = eval::find_task(n);
     tasks.emplace_back(&spec, eval::load_task(spec, a.data.empty() ? eval::find_task_file(spec, a.data_dir) : a.data,
-                                              a.score.limit));
+                                              a.score.limit.value_or(-1)));
   }
   auto m = eval::load_model(a.common.source);
   eval::Scorer scorer(*m.model, scorer_options(a.score, a.common, m.model->config()));
@@ -250,7 +253,7 @@ void add_eval_command(CLI::App& app) {
   niah->add_option("--depths", na->opts.depths, "Needle depths in % (0 = start, 100 = end)")
       ->delimiter(',')->capture_default_str();
   niah->add_option("--samples", na->opts.samples, "Samples per (length, depth)")->capture_default_str();
-  niah->add_option("--seed", na->opts.seed, "Seed of the keys and values")->capture_default_str();
+  niah->add_option("--seed", na->opts.seed, "Seed of the keys and values")->capture_default_str()->check(at_least(0));
   niah->add_option("--max-new-tokens", na->opts.max_new_tokens, "Greedy tokens generated per sample")->capture_default_str();
   niah->add_option("--batch", na->opts.batch, "Sequences decoded together")->capture_default_str();
   niah->add_option("--plot", na->plot, "Write a PNG heatmap (gnuplot) of the scores");

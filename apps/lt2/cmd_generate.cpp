@@ -114,7 +114,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("-t,--temperature", a->opts.sampling.temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
   cmd->add_option("--top-k", a->opts.sampling.top_k, "Sample among the k most likely tokens (0 = off)")->capture_default_str();
   cmd->add_option("--top-p", a->opts.sampling.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
-  cmd->add_option("--seed", a->opts.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--seed", a->opts.seed, "Sampling seed")->capture_default_str()->check(at_least(0));
   cmd->add_option("--prefill-chunk", a->opts.prefill_chunk, "Prompt tokens per prefill call")->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the checkpoint's, else bytes)");
   cmd->add_option("--device", a->device, "auto | cpu | cuda")->capture_default_str();

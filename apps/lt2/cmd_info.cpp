@@ -39,6 +39,8 @@ void run_info(const InfoArgs& a) {
     std::fprintf(stderr, "note: '%s' takes vocab_size from its data; shown with 2048\n", a.model.c_str());
   }
   LoopedLM model(cfg);
+  // A checkpoint's weights are checked against its config from the file headers (cheap: no data read).
+  const int64_t checked_tensors = is_dir ? check_checkpoint_weights(a.model, model) : 0;
   const auto dtype = a.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   // States on the meta device: sizes without allocating.
   auto opts = torch::TensorOptions().dtype(dtype).device(torch::kMeta);
@@ -64,11 +66,15 @@ void run_info(const InfoArgs& a) {
          {"state_bytes_per_token", per_token},
          {"state_bytes_fixed_per_sequence", fixed},
          {"decode_bytes_per_step", static_cast<double>(weight_bytes) * cfg.n_loops + full_bytes}};
+  if (is_dir) j["weights_checked_tensors"] = checked_tensors;
   if (a.json_out) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
   std::printf("model            %s (form %s)\n", cfg.name.c_str(), to_string(cfg.form).c_str());
+  if (is_dir)
+    std::printf("weights          %lld tensors match the config (names, shapes, dtypes, file sizes; headers only)\n",
+                (long long)checked_tensors);
   std::printf("shape            d %lld, layers %lld, heads %lld (kv %lld, dim %lld), ffn %lld, loops %lld, vocab %lld\n",
               (long long)cfg.d_model, (long long)cfg.n_layers, (long long)cfg.n_heads,
               (long long)cfg.kv_heads(), (long long)cfg.dim_head(), (long long)cfg.ffn_dim(),

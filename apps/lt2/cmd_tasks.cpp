@@ -14,14 +14,14 @@ namespace lt2::cli {
 
 namespace {
 
-// Flags shared by `run` and `sweep`; unset ones (empty / negative) keep the --config file's value
-// or the default.
+// Flags shared by `run` and `sweep`; those not given keep the --config file's value or the default.
 struct RunFlags {
-  std::string config, model, task, device, dtype, out_dir;
-  int64_t d_model = -1, n_layers = -1, n_heads = -1, pool = -1, max_queries = -1;
-  int64_t stages = -1, steps_per_stage = -1, eval_every = -1, eval_examples = -1;
-  int64_t batch_size = -1, warmup = -1, log_every = -1, seed = -1;
-  double threshold = -1, lr = -1, weight_decay = -1, clip = -1;
+  std::string config;
+  std::optional<std::string> model, task, device, dtype, out_dir;
+  std::optional<int64_t> d_model, n_layers, n_heads, pool, max_queries;
+  std::optional<int64_t> stages, steps_per_stage, eval_every, eval_examples;
+  std::optional<int64_t> batch_size, warmup, log_every, seed;
+  std::optional<double> threshold, lr, weight_decay, clip;
   double max_seconds = 0;
   int threads = 0;
   bool json_out = false;
@@ -30,9 +30,9 @@ struct RunFlags {
 void add_run_flags(CLI::App* cmd, RunFlags& f) {
   cmd->add_option("--config", f.config, "Task run config JSON (fields below in snake_case; flags override it)");
   cmd->add_option("--model", f.model, "Model preset name or model config JSON (default tiny-full)");
-  cmd->add_option("--d-model", f.d_model, "Override the model width");
-  cmd->add_option("--layers", f.n_layers, "Override the number of layers N");
-  cmd->add_option("--heads", f.n_heads, "Override the number of attention heads");
+  cmd->add_option("--d-model", f.d_model, "Override the model width (0: the model config's)");
+  cmd->add_option("--layers", f.n_layers, "Override the number of layers N (0: the model config's)");
+  cmd->add_option("--heads", f.n_heads, "Override the number of attention heads (0: the model config's)");
   cmd->add_option("--task", f.task, "swap-recall (default; the curriculum task) | mqar (recall only) | s5 (state tracking only)");
   cmd->add_option("--pool", f.pool, "Key and value pool of the recall tasks (default 256; vocab = 3 + 2 x pool; must be >= the last stage's n)");
   cmd->add_option("--max-queries", f.max_queries, "Queries per recall example: min(n, this) (default 32)");
@@ -60,28 +60,28 @@ void add_run_flags(CLI::App* cmd, RunFlags& f) {
 json flags_to_json(const RunFlags& f) {
   ConfigWithFlags flags(f.config);
   json& j = flags.j;
-  flags.set_str("model", f.model);
-  flags.set_str("task", f.task);
-  flags.set_str("device", f.device);
-  flags.set_str("dtype", f.dtype);
-  flags.set_str("out_dir", f.out_dir);
-  flags.set_int("d_model", f.d_model);
-  flags.set_int("n_layers", f.n_layers);
-  flags.set_int("n_heads", f.n_heads);
-  flags.set_int("pool", f.pool);
-  flags.set_int("max_queries", f.max_queries);
-  flags.set_int("num_stages", f.stages);
-  flags.set_int("steps_per_stage", f.steps_per_stage);
-  flags.set_int("eval_every", f.eval_every);
-  flags.set_int("eval_examples", f.eval_examples);
-  flags.set_int("batch_size", f.batch_size);
-  flags.set_int("warmup", f.warmup);
-  flags.set_int("log_every", f.log_every);
-  flags.set_int("seed", f.seed);
-  flags.set_real("threshold", f.threshold);
-  flags.set_real("lr", f.lr);
-  flags.set_real("weight_decay", f.weight_decay);
-  flags.set_real("clip", f.clip);
+  flags.set("model", f.model);
+  flags.set("task", f.task);
+  flags.set("device", f.device);
+  flags.set("dtype", f.dtype);
+  flags.set("out_dir", f.out_dir);
+  flags.set("d_model", f.d_model);
+  flags.set("n_layers", f.n_layers);
+  flags.set("n_heads", f.n_heads);
+  flags.set("pool", f.pool);
+  flags.set("max_queries", f.max_queries);
+  flags.set("num_stages", f.stages);
+  flags.set("steps_per_stage", f.steps_per_stage);
+  flags.set("eval_every", f.eval_every);
+  flags.set("eval_examples", f.eval_examples);
+  flags.set("batch_size", f.batch_size);
+  flags.set("warmup", f.warmup);
+  flags.set("log_every", f.log_every);
+  flags.set("seed", f.seed);
+  flags.set("threshold", f.threshold);
+  flags.set("lr", f.lr);
+  flags.set("weight_decay", f.weight_decay);
+  flags.set("clip", f.clip);
   return j;
 }
 
@@ -94,16 +94,17 @@ void set_threads(int threads) {
 
 struct RunArgs {
   RunFlags flags;
-  std::string pattern;
-  int64_t n_loops = -1, stop_at = 0;
+  std::optional<std::string> pattern;
+  std::optional<int64_t> n_loops;
+  int64_t stop_at = 0;
   bool resume = false;
 };
 
 void run_tasks(const RunArgs& a) {
   set_threads(a.flags.threads);
   json j = flags_to_json(a.flags);
-  if (!a.pattern.empty()) j["pattern"] = a.pattern;
-  if (a.n_loops >= 0) j["n_loops"] = a.n_loops;
+  if (a.pattern) j["pattern"] = *a.pattern;
+  if (a.n_loops) j["n_loops"] = *a.n_loops;
   const auto cfg = tasks::TaskRunConfig::from_json(j, where(a.flags));
   LT2_CHECK(a.flags.max_seconds >= 0 && a.stop_at >= 0, "--max-seconds and --stop-at must be >= 0");
   tasks::TaskRunner runner(cfg, a.resume);
@@ -178,7 +179,7 @@ void add_tasks_command(CLI::App& app) {
   auto* run = cmd->add_subcommand("run", "Train one model through the curriculum: stage k has n = 2^(k+2)");
   add_run_flags(run, ra->flags);
   run->add_option("--pattern", ra->pattern, "Override the layer pattern (e.g. full, gdn,gdn,gdn,full, window)");
-  run->add_option("--loops", ra->n_loops, "Override the loop count T");
+  run->add_option("--loops", ra->n_loops, "Override the loop count T (0: the model config's)");
   run->add_option("--stop-at", ra->stop_at, "Stop after this global step, resumably (0 = no limit)");
   run->add_flag("--resume", ra->resume, "Continue the run in --out exactly where it stopped");
   run->footer(

@@ -16,15 +16,12 @@ struct TrainArgs {
   std::vector<std::string> sets;
   bool resume = false;
   bool json_out = false;
-  // Direct overrides (empty / unset = keep the config's value).
-  std::string model, init_from, train_data, val_data, out_dir, device, dtype, objective;
-  int64_t steps = -1, seq_len = -1, batch_size = -1, grad_accum = -1, warmup = -1;
-  int64_t eval_every = -1, save_every = -1, log_every = -1;
-  double lr = -1;
-  int64_t seed = -1;
+  // Overrides of the config's fields: given ones replace the file's value (and are checked with it).
+  std::optional<std::string> model, init_from, train_data, val_data, out_dir, device, dtype, objective;
+  std::optional<int64_t> steps, seq_len, batch_size, grad_accum, warmup, eval_every, save_every, log_every, seed;
+  std::optional<double> lr, dist_timeout;
   bool checkpoint_loops = false;
   int nproc = 0;
-  double dist_timeout = -1;
 };
 
 // This command's arguments without --nproc, for the ranks it starts (/proc/self/cmdline holds them
@@ -52,25 +49,25 @@ void run_train(const TrainArgs& a) {
   }
   ConfigWithFlags flags(a.config);
   json& j = flags.j;
-  flags.set_str("model", a.model);
-  flags.set_str("init_from", a.init_from);
-  flags.set_str("train_data", a.train_data);
-  flags.set_str("val_data", a.val_data);
-  flags.set_str("out_dir", a.out_dir);
-  flags.set_str("device", a.device);
-  flags.set_str("dtype", a.dtype);
-  flags.set_str("objective", a.objective);
-  flags.set_int("steps", a.steps);
-  flags.set_int("seq_len", a.seq_len);
-  flags.set_int("batch_size", a.batch_size);
-  flags.set_int("grad_accum", a.grad_accum);
-  flags.set_int("warmup", a.warmup);
-  flags.set_int("eval_every", a.eval_every);
-  flags.set_int("save_every", a.save_every);
-  flags.set_int("log_every", a.log_every);
-  flags.set_int("seed", a.seed);
-  if (a.lr > 0) j["lr"] = a.lr;
-  if (a.dist_timeout > 0) j["dist_timeout"] = a.dist_timeout;
+  flags.set("model", a.model);
+  flags.set("init_from", a.init_from);
+  flags.set("train_data", a.train_data);
+  flags.set("val_data", a.val_data);
+  flags.set("out_dir", a.out_dir);
+  flags.set("device", a.device);
+  flags.set("dtype", a.dtype);
+  flags.set("objective", a.objective);
+  flags.set("steps", a.steps);
+  flags.set("seq_len", a.seq_len);
+  flags.set("batch_size", a.batch_size);
+  flags.set("grad_accum", a.grad_accum);
+  flags.set("warmup", a.warmup);
+  flags.set("eval_every", a.eval_every);
+  flags.set("save_every", a.save_every);
+  flags.set("log_every", a.log_every);
+  flags.set("seed", a.seed);
+  flags.set("lr", a.lr);
+  flags.set("dist_timeout", a.dist_timeout);
   if (a.checkpoint_loops) j["checkpoint_loops"] = true;
   for (const auto& kv : a.sets) {  // --set key=value, value parsed as JSON when it parses
     auto eq = kv.find('=');
@@ -130,7 +127,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--nproc", a->nproc,
                   "Data-parallel: start N ranks of this command on this machine (CPU: Gloo; GPU: NCCL, one GPU "
                   "each). grad_accum micro-batches are shared out, so the global batch is unchanged")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--dist-timeout", a->dist_timeout,
                   "Data-parallel: seconds a rank waits for its peers (joining, each all-reduce) before the job "
                   "ends with an error (default 600)");

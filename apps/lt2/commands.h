@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "lt2/eval/model.h"
@@ -13,22 +15,37 @@
 namespace lt2::cli {
 
 // A config read from `--config` (an empty object without one) that the flags given on the command
-// line override; a flag left unset (empty string, negative number) keeps the file's value.
+// line override. A flag is a std::optional: given, its value goes into the config (where the
+// config's checks accept or refuse it); not given, the file's value or the default stays.
 struct ConfigWithFlags {
   explicit ConfigWithFlags(const std::string& config_path)
       : j(config_path.empty() ? json::object() : load_json_file(config_path)) {
     LT2_CHECK(j.is_object(), "'", config_path, "' must hold a JSON object");
   }
-  void set_str(const char* key, const std::string& v) { if (!v.empty()) j[key] = v; }
-  void set_int(const char* key, int64_t v) { if (v >= 0) j[key] = v; }
-  void set_real(const char* key, double v) { if (v >= 0) j[key] = v; }
+  template <typename T>
+  void set(const char* key, const std::optional<T>& v) {
+    if (v) j[key] = *v;
+  }
   json j;
 };
 
+// A CLI11 check that a numeric flag is at least `min`: "--seed: must be >= 0, found -1". It runs
+// before the conversion, so an unsigned flag never takes a negative value wrapped around.
+inline CLI::Validator at_least(double min) {
+  return CLI::Validator(
+      [min](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (end == value.c_str() || *end != '\0' || v >= min) return "";  // non-numbers fail in the conversion
+        return cat("must be >= ", min, ", found ", value);
+      },
+      cat(">= ", min));
+}
+
 // Loop and Ouro exit flags shared by `lt2 eval` and `lt2 generate` (defined in cmd_eval.cpp).
 struct LoopFlags {
-  int64_t loops = -1, exit_step = -1;
-  double exit_threshold = -1;
+  std::optional<int64_t> loops, exit_step;
+  std::optional<double> exit_threshold;
   std::string exit_rule = "lt2", exits = "final";
   eval::LoopOptions options() const;  // checks --exit-rule and --exits
 };

@@ -129,6 +129,21 @@ TEST_F(Shard, ReaderNamesTheProblem) {
   std::string zero_vocab = good;
   std::memset(&zero_vocab[24], 0, 8);
   expect_error_containing([&] { ShardReader r(damaged("vocab.bin", zero_vocab)); }, "vocabulary size 0");
+  // Hostile headers: a count of 2^60 tokens, or 2^63 (count x width overflows), in a small file.
+  for (const uint64_t count : {uint64_t{1} << 60, uint64_t{1} << 63}) {
+    std::string huge = good;
+    std::memcpy(&huge[16], &count, 8);
+    expect_error_containing([&] { ShardReader r(damaged("huge.bin", huge)); }, "but the file is 72 bytes");
+  }
+  // The body: a token at or above the header's vocabulary is refused where it is read.
+  std::string bad_token = good;
+  const uint32_t outside = 70000;
+  std::memcpy(&bad_token[32 + 4 * 3], &outside, 4);
+  const ShardReader r(damaged("token.bin", bad_token));
+  int64_t few[4];
+  r.read(0, 3, few);
+  EXPECT_EQ(few[2], 69999);
+  expect_error_containing([&] { r.read(2, 2, few); }, "token 3 is 70000, outside the vocabulary [0, 70000)");
 }
 
 TEST_F(Shard, EmptyShard) {

@@ -214,6 +214,31 @@ TEST(Checkpoint, FolderErrors) {
   expect_error([&] { load_checkpoint(dir.path()); }, {"neither model.safetensors nor model.safetensors.index.json"});
 }
 
+TEST(Checkpoint, WeightsAreCheckedFromTheHeadersAlone) {
+  auto model = make_model(tiny_config(), torch::kFloat32, 8);
+  TempDir dir;
+  save_checkpoint(dir.path(), model);
+  const int64_t n = static_cast<int64_t>(module_tensors(*model).size());
+  EXPECT_EQ(check_checkpoint_weights(dir.path(), model), n);
+  const std::string weights = dir / "model.safetensors";
+  const std::string good = lt2::testing::read_bytes(weights);
+  // Truncated: the header promises more data than the file holds.
+  lt2::testing::write_bytes(weights, good.substr(0, good.size() - 100));
+  expect_error([&] { check_checkpoint_weights(dir.path(), model); }, {weights, "truncated"});
+  // A wrong-shaped tensor and a missing one, both named.
+  auto tensors = module_tensors(*model);
+  tensors["layers.0.mixer.wq.weight"] = torch::zeros({4, 4});
+  tensors.erase("norm.weight");
+  save_safetensors(weights, tensors);
+  expect_error([&] { check_checkpoint_weights(dir.path(), model); },
+               {weights, "2 problems", "shape mismatch for key 'layers.0.mixer.wq.weight': expected [32, 32], found [4, 4]",
+                "missing key 'norm.weight'"});
+  // The weights file itself missing.
+  std::filesystem::remove(weights);
+  expect_error([&] { check_checkpoint_weights(dir.path(), model); },
+               {"neither model.safetensors nor model.safetensors.index.json"});
+}
+
 TEST(Checkpoint, ShardedWeights) {
   auto model = make_model(tiny_config(), torch::kFloat32, 9);
   TempDir dir;
@@ -230,6 +255,7 @@ TEST(Checkpoint, ShardedWeights) {
   save_safetensors(dir / "model-00002-of-00002.safetensors", b);
   lt2::testing::write_bytes(dir / "model.safetensors.index.json", index.dump());
   expect_same_parameters(load_checkpoint(dir.path()), model);
+  EXPECT_EQ(check_checkpoint_weights(dir.path(), model), static_cast<int64_t>(module_tensors(*model).size()));
 
   // A shard with a tensor the index does not list, and an index entry its shard lacks.
   a["stray"] = torch::zeros({2});

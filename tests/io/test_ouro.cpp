@@ -211,14 +211,32 @@ TEST(Ouro, ConfigErrors) {
     return c;
   };
   expect_error([&] { ouro_model_config(bad("hidden_size", nullptr), "cfg.json"); },
-               {"cfg.json", "no 'hidden_size'"});
+               {"cfg.json", "required field 'hidden_size' is missing"});
   expect_error([&] { ouro_model_config(bad("num_hidden_layers", "two"), "cfg.json"); },
-               {"cfg.json", "'num_hidden_layers'", "wrong type"});
+               {"cfg.json", "'num_hidden_layers' must be an integer, found string \"two\""});
+  // Every integer field takes only integers: 2.5 loops is not 2.
+  for (const char* key : {"total_ut_steps", "hidden_size", "num_key_value_heads", "head_dim", "max_position_embeddings"})
+    expect_error([&] { ouro_model_config(bad(key, 2.5), "cfg.json"); },
+                 {"cfg.json: field '" + std::string(key) + "' must be an integer, found number 2.5"});
+  expect_error([&] { ouro_model_config(bad("tie_word_embeddings", 1), "cfg.json"); },
+               {"'tie_word_embeddings' must be true or false, found integer 1"});
   expect_error([&] { ouro_model_config(bad("rope_scaling", {{"type", "yarn"}}), "cfg.json"); },
                {"'rope_scaling' is not supported", "yarn"});
   expect_error([&] { ouro_model_config(bad("hidden_act", "gelu"), "cfg.json"); }, {"'hidden_act'", "gelu"});
   expect_error([&] { ouro_model_config(bad("use_sliding_window", true), "cfg.json"); }, {"use_sliding_window"});
   expect_error([&] { ouro_model_config(bad("model_type", "qwen2"), "cfg.json"); }, {"not an Ouro config"});
+}
+
+TEST(Ouro, FolderWithoutModelTypeIsRefusedNamingTheField) {
+  auto c = tiny_ouro_config();
+  c.erase("model_type");
+  TempDir dir;
+  write_ouro_folder(dir.path(), c, random_ouro_weights(tiny_ouro_config(), 3));
+  expect_error([&] { load_checkpoint_config(dir.path()); },
+               {"config.json", "no 'model_type'", "\"ouro\"", "'architectures'"});
+  c.erase("architectures");  // still a Hugging Face config by its fields
+  lt2::testing::write_bytes(dir / "config.json", c.dump());
+  expect_error([&] { load_checkpoint_config(dir.path()); }, {"no 'model_type'", "'hidden_size'"});
 }
 
 TEST(Ouro, LogitsMatchAnIndependentReference) {
@@ -229,6 +247,7 @@ TEST(Ouro, LogitsMatchAnIndependentReference) {
 
   auto model = load_checkpoint(dir.path(), torch::kFloat64);
   model->eval();
+  EXPECT_EQ(check_checkpoint_weights(dir.path(), model), static_cast<int64_t>(weights.size()));
   const auto& cfg = model->config();
   EXPECT_EQ(cfg.form, ModelForm::Ouro);
   EXPECT_EQ(cfg.n_loops, 3);

@@ -6,6 +6,7 @@
 #include "io/io_testing.h"
 #include "lt2/io/checkpoint.h"
 #include "lt2/io/safetensors.h"
+#include "lt2/util/json.h"
 
 using namespace lt2;
 using lt2::testing::expect_error;
@@ -178,6 +179,36 @@ TEST(Safetensors, CorruptFilesGiveClearErrors) {
   expect_error([&] { f.tensor("nope"); }, {path, "no tensor 'nope'"});
   // A missing file.
   expect_error([&] { SafetensorsFile g(dir / "missing.safetensors"); }, {"missing.safetensors", "cannot open"});
+}
+
+TEST(Safetensors, HostileSizesAreRefusedBeforeAllocating) {
+  TempDir dir;
+  const std::string path = dir / "hostile.safetensors";
+  auto open_it = [&] { SafetensorsFile f(path); };
+  auto write = [&](const std::string& bytes) { lt2::testing::write_bytes(path, bytes); };
+  // A header length of 2^60 (and one just over the format's 100 MB) in a tiny file.
+  write(raw_safetensors("{}", "", int64_t{1} << 60));
+  expect_error(open_it, {path, "header length (1152921504606846976 bytes) is more than the format's limit"});
+  write(raw_safetensors("{}", "", 100'000'001));
+  expect_error(open_it, {path, "more than the format's limit of 100000000 bytes"});
+  // 2^60 elements claimed for 8 bytes of data, and sizes whose product overflows 64 bits.
+  write(raw_safetensors(R"({"a":{"dtype":"F32","shape":[1073741824,1073741824],"data_offsets":[0,8]}})",
+                        std::string(8, '\0')));
+  expect_error(open_it, {path, "needs 4611686018427387904 bytes", "hold 8"});
+  write(raw_safetensors(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})",
+                        std::string(8, '\0')));
+  expect_error(open_it, {path, "tensor 'a'", "non-zero sizes multiply to more than 2^63 bytes"});
+  // An empty tensor is 0 bytes whatever its other sizes, but torch still computes their strides.
+  write(raw_safetensors(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],)"
+                        R"("data_offsets":[0,0]}})", ""));
+  expect_error(open_it, {path, "non-zero sizes multiply to more than 2^63 bytes"});
+  write(raw_safetensors(R"({"a":{"dtype":"F32","shape":[0,1048576,1048576],"data_offsets":[0,0]}})", ""));
+  EXPECT_EQ(SafetensorsFile(path).tensor("a").numel(), 0);
+  // More dimensions than a tensor may have.
+  json many = json::array();
+  for (int i = 0; i < 65; ++i) many.push_back(1);
+  write(raw_safetensors(json{{"a", {{"dtype", "F32"}, {"shape", many}, {"data_offsets", {0, 4}}}}}.dump(), std::string(4, '\0')));
+  expect_error(open_it, {path, "'shape' has 65 dimensions, more than the 64"});
 }
 
 TEST(Safetensors, WriteErrorsLeaveNoFile) {

@@ -236,7 +236,7 @@ TEST_F(TaskRunnerTest, BadConfigsGiveErrorsNamingTheProblem) {
   auto make = [](const TaskRunConfig& c, bool resume = false) { TaskRunner r(c, resume, nullptr); };
 
   expect_error([&] { TaskRunConfig::from_json(json{{"stpes_per_stage", 5}}); }, {"stpes_per_stage"});
-  expect_error([&] { TaskRunConfig::from_json(json{{"lr", "fast"}}); }, {"lr", "wrong type"});
+  expect_error([&] { TaskRunConfig::from_json(json{{"lr", "fast"}}); }, {"field 'lr' must be a number, found string \"fast\""});
   expect_error([&] { make(with([](auto& c) { c.task = "sorting"; })); }, {"sorting", "swap-recall"});
   expect_error([&] { make(with([](auto& c) { c.pool = 16; })); }, {"pool", "32", "stage 3"});
   expect_error([&] { make(with([](auto& c) { c.curriculum.threshold = 1.5; })); }, {"threshold"});

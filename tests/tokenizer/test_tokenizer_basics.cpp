@@ -223,7 +223,15 @@ TEST(TokenizerErrors, ClearMessages) {
   fails(with([](json& d) { d["model"]["merges"] = {"abc"}; }), "not two tokens");
   fails(with([](json& d) { d["model"]["merges"] = {json::array({"a"})}; }), "must be");
   fails(with([](json& d) { d["model"]["vocab"]["c"] = 0; }), "id 0 is used by both");
-  fails(with([](json& d) { d["model"]["vocab"]["c"] = -4; }), "non-negative");
+  fails(with([](json& d) { d["model"]["vocab"]["c"] = -4; }), "'c' has id -4 (expected an integer in [0, 16777216))");
+  // Hostile ids: a table of 2^30 ids would be allocated for one token; an id of 2^40 would wrap.
+  fails(with([](json& d) { d["model"]["vocab"]["c"] = int64_t{1} << 30; }), "'c' has id 1073741824 (expected");
+  fails(with([](json& d) { d["added_tokens"][0]["id"] = int64_t{1} << 40; }), "added_tokens[0]: expected {\"id\": integer in [0, 16777216)");
+  fails(with([](json& d) { d["added_tokens"][0]["id"] = 2.5; }), "added_tokens[0]: expected {\"id\": integer");
+  fails(with([](json& d) { d["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 3}}, {"sep", {"x", 9}}}; }),
+        "post_processor adds id 9, which is not a token of the vocabulary (4 ids)");
+  fails(with([](json& d) { d["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 3.5}}, {"sep", {"x", 2}}}; }),
+        "'cls' id must be an integer, found number 3.5");
   fails(with([](json& d) { d["model"]["dropout"] = 0.1; }), "dropout");
   fails(with([](json& d) { d["model"]["continuing_subword_prefix"] = "##"; }), "continuing_subword_prefix");
   fails(with([](json& d) { d["normalizer"] = {{"type", "Lowercase"}}; }), "unsupported normalizer type 'Lowercase'");
@@ -236,13 +244,13 @@ TEST(TokenizerErrors, ClearMessages) {
   fails(with([](json& d) { d["decoder"] = {{"type", "WordPiece"}}; }), "unsupported decoder");
   fails(with([](json& d) { d["post_processor"] = {{"type", "Fancy"}}; }), "unsupported post-processor type 'Fancy'");
   fails(with([](json& d) { d["added_tokens"] = {{{"content", "x"}}}; }), "added_tokens[0]");
-  fails(with([](json& d) { d["added_tokens"][0]["special"] = "yes"; }), "'special' has the wrong type");
+  fails(with([](json& d) { d["added_tokens"][0]["special"] = "yes"; }), "'special' must be true or false, found string");
   fails(with([](json& d) {
           d["post_processor"] = {{"type", "TemplateProcessing"},
                                  {"single", {{{"SpecialToken", {{"id", "<s>"}}}}}},
                                  {"special_tokens", {{"<s>", {{"ids", "three"}}}}}};
         }),
-        "malformed tokenizer.json");
+        "special_tokens '<s>' ids must be an array, found string \"three\"");
   expect_error_containing([] { Tokenizer::load_gpt2("/nonexistent/encoder.json", "/nonexistent/vocab.bpe"); },
                           "does not exist");
 }

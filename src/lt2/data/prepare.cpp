@@ -42,6 +42,7 @@ PrepareSummary prepare_data(const PrepareOptions& o) {
   LT2_CHECK(o.val_fraction >= 0.0 && o.val_fraction < 1.0, "--val-fraction must be in [0, 1), got ",
             o.val_fraction);
   LT2_CHECK(!o.out_dir.empty(), "no output folder given");
+  LT2_CHECK(o.threads >= 0, "--threads must be >= 0 (0: all cores), got ", o.threads);
   const Tokenizer tok = Tokenizer::load(o.tokenizer_path);
   std::vector<int32_t> separator;
   if (!o.separator.empty()) {

@@ -35,7 +35,7 @@ uint32_t shard_token_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 
 
 ShardWriter::ShardWriter(const std::string& path, int64_t vocab_size)
     : path_(path),
-      tmp_path_(path + ".tmp." + std::to_string(::getpid())),
+      tmp_path_(temporary_path(path)),
       vocab_size_(vocab_size),
       token_bytes_(shard_token_bytes(vocab_size)) {
   LT2_CHECK(vocab_size > 0 && vocab_size <= (int64_t{1} << 32), "shard '", path,
@@ -143,21 +143,16 @@ ShardReader::ShardReader(const std::string& path) : file_(path) {
 void ShardReader::read(int64_t begin, int64_t n, int64_t* out) const {
   LT2_CHECK(begin >= 0 && n >= 0 && begin <= count_ && n <= count_ - begin, "shard '", path(),
             "': cannot read tokens [", begin, ", ", begin + n, ") of ", count_);
-  if (token_bytes_ == 2) {
-    const auto* src = tokens_ + begin * 2;
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t v;
-      std::memcpy(&v, src + i * 2, 2);
-      out[i] = v;
-    }
-  } else {
-    const auto* src = tokens_ + begin * 4;
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t v;
-      std::memcpy(&v, src + i * 4, 4);
-      out[i] = v;
-    }
+  const uint8_t* src = tokens_ + begin * token_bytes_;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t v = 0;
+    std::memcpy(&v, src + i * token_bytes_, token_bytes_);  // little-endian: the low bytes
+    out[i] = v;
   }
+  // The body is checked where it is read: a corrupt token would index past the embedding.
+  for (int64_t i = 0; i < n; ++i)
+    LT2_CHECK(out[i] < vocab_size_, "shard '", path(), "': token ", begin + i, " is ", out[i],
+              ", outside the vocabulary [0, ", vocab_size_, ") of its header (corrupt shard)");
 }
 
 int64_t ShardReader::at(int64_t i) const {

@@ -63,39 +63,39 @@ int32_t prefix_token(const Tokenizer& tok, const std::string& name) {
 }
 
 ForwardOptions forward_options(const ModelConfig& cfg, const LoopOptions& o) {
-  const bool exit_set = o.exit_step > 0 || o.exit_threshold > 0 || o.exit_rule_published;
+  const bool exit_set = o.exit_step || o.exit_threshold || o.exit_rule_published;
   LT2_CHECK(!exit_set || cfg.exit_gate, "--exit-step, --exit-threshold and --exit-rule apply to Ouro-form models "
             "with an exit gate; '", cfg.name, "' has none (use --loops to run fewer loops)");
-  LT2_CHECK(o.loops == -1 || (o.loops >= 1 && o.loops <= cfg.n_loops), "--loops must be in [1, ", cfg.n_loops,
-            "] (the model's loops), found ", o.loops);
-  const int64_t loops = o.loops > 0 ? o.loops : cfg.n_loops;
-  LT2_CHECK(o.exit_step == -1 || (o.exit_step >= 1 && o.exit_step <= loops), "--exit-step must be in [1, ", loops,
-            "], found ", o.exit_step);
-  LT2_CHECK(o.exit_threshold == -1 || (o.exit_threshold > 0 && o.exit_threshold <= 1),
-            "--exit-threshold must be in (0, 1], found ", o.exit_threshold);
-  LT2_CHECK(!(o.exit_step > 0 && o.exit_threshold > 0), "give --exit-step or --exit-threshold, not both");
-  LT2_CHECK(!(o.all_exits && (o.exit_step > 0 || o.exit_threshold > 0)),
+  LT2_CHECK(!o.loops || (*o.loops >= 1 && *o.loops <= cfg.n_loops), "--loops must be in [1, ", cfg.n_loops,
+            "] (the model's loops), found ", o.loops.value_or(0));
+  const int64_t loops = o.loops.value_or(cfg.n_loops);
+  LT2_CHECK(!o.exit_step || (*o.exit_step >= 1 && *o.exit_step <= loops), "--exit-step must be in [1, ", loops,
+            "], found ", o.exit_step.value_or(0));
+  LT2_CHECK(!o.exit_threshold || (*o.exit_threshold > 0 && *o.exit_threshold <= 1),
+            "--exit-threshold must be in (0, 1], found ", o.exit_threshold.value_or(0));
+  LT2_CHECK(!(o.exit_step && o.exit_threshold), "give --exit-step or --exit-threshold, not both");
+  LT2_CHECK(!(o.all_exits && (o.exit_step || o.exit_threshold)),
             "--exits all scores every loop's exit; it excludes --exit-step and --exit-threshold");
   ForwardOptions fo;
   // A fixed exit step needs no loop past it.
-  fo.n_loops = o.exit_step > 0 ? o.exit_step : o.loops;
-  fo.exit_at_loop = o.exit_step;
-  fo.exit_threshold = o.exit_threshold;
+  fo.n_loops = o.exit_step ? *o.exit_step : o.loops.value_or(-1);
+  fo.exit_at_loop = o.exit_step.value_or(-1);
+  fo.exit_threshold = o.exit_threshold.value_or(-1);
   fo.exit_rule_published = o.exit_rule_published;
   fo.loop_logits = o.all_exits;
   return fo;
 }
 
 std::vector<std::string> exit_names(const ModelConfig& cfg, const LoopOptions& o) {
-  const int64_t loops = o.loops > 0 ? o.loops : cfg.n_loops;
+  const int64_t loops = o.loops.value_or(cfg.n_loops);
   if (o.all_exits) {
     std::vector<std::string> names;
     for (int64_t t = 1; t <= loops; ++t) names.push_back(cat("loop ", t));
     return names;
   }
-  if (o.exit_step > 0) return {cat("loop ", o.exit_step)};
+  if (o.exit_step) return {cat("loop ", *o.exit_step)};
   if (cfg.exit_gate) {
-    const double q = o.exit_threshold > 0 ? o.exit_threshold : cfg.early_exit_threshold;
+    const double q = o.exit_threshold.value_or(cfg.early_exit_threshold);
     return {cat("exit q=", q, o.exit_rule_published ? " (published rule)" : "")};
   }
   return {cat("loop ", loops)};

@@ -2,6 +2,7 @@
 // tokenizer) and how its loops and Ouro exits are used.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +39,9 @@ int32_t prefix_token(const Tokenizer& tok, const std::string& name = "");
 
 // How a looped model's loops and Ouro exits are used when scoring or generating.
 struct LoopOptions {
-  int64_t loops = -1;               // run only the first T' loops; -1: all (LT2 `--loops`)
-  int64_t exit_step = -1;           // Ouro: every token takes this loop's exit (1-based)
-  double exit_threshold = -1;       // Ouro: first loop whose cumulative exit probability >= q; -1: config
+  std::optional<int64_t> loops;          // run only the first T' loops; unset: all (LT2 `--loops`)
+  std::optional<int64_t> exit_step;      // Ouro: every token takes this loop's exit (1-based)
+  std::optional<double> exit_threshold;  // Ouro: first loop whose cumulative exit probability >= q; unset: config
   bool exit_rule_published = false; // Ouro: compare in the model dtype as Ouro's released code does
   bool all_exits = false;           // score every loop's exit (one column per loop)
 };

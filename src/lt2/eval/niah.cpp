@@ -232,7 +232,7 @@ NiahResult run_niah(LoopedLM model, const Tokenizer& tok, const NiahGenerator& g
   // One run per exit setting: --exits all becomes each loop in turn (Ouro: its exit at that loop).
   std::vector<LoopOptions> runs;
   if (opts.loops.all_exits) {
-    const int64_t loops = opts.loops.loops > 0 ? opts.loops.loops : cfg.n_loops;
+    const int64_t loops = opts.loops.loops.value_or(cfg.n_loops);
     for (int64_t t = 1; t <= loops; ++t) {
       LoopOptions o;
       (cfg.exit_gate ? o.exit_step : o.loops) = t;

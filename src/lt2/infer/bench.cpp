@@ -55,7 +55,7 @@ double device_used_gb() {
 
 // Bytes the cell may allocate: the given limit, or the device's free memory now.
 int64_t available_bytes(const BenchOptions& o, const torch::Device& dev) {
-  if (o.memory_limit_gb > 0) return static_cast<int64_t>(o.memory_limit_gb * kGB);
+  if (o.memory_limit_gb) return static_cast<int64_t>(*o.memory_limit_gb * kGB);
   size_t free_b = 0, total_b = 0;
   if (dev.is_cuda() && kernels::device_memory(&free_b, &total_b)) return static_cast<int64_t>(free_b);
   return INT64_MAX / 4;
@@ -171,7 +171,11 @@ std::vector<BenchCell> for_each_model(const BenchOptions& o, RunModel&& run) {
   LT2_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "bench: --dtype must be bf16 or fp32, found '", o.dtype, "'");
   LT2_CHECK(o.device == "cuda" || o.device == "cpu", "bench: --device must be cuda or cpu, found '", o.device, "'");
   LT2_CHECK(o.device == "cpu" || torch::cuda::is_available(), "bench: --device cuda but no CUDA GPU is visible");
-  LT2_CHECK(o.steps > 0 && o.warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0");
+  LT2_CHECK(o.steps > 0 && o.warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0, found ", o.steps, " and ",
+            o.warmup);
+  LT2_CHECK(o.profile_steps >= 0, "bench: --profile must be >= 0 (0: off), found ", o.profile_steps);
+  LT2_CHECK(!o.memory_limit_gb || *o.memory_limit_gb > 0, "bench: --memory-limit-gb must be > 0, found ",
+            o.memory_limit_gb.value_or(0));
   for (auto c : o.contexts) LT2_CHECK(c > 0, "bench: contexts must be > 0, found ", c);
   for (auto b : o.batches) LT2_CHECK(b > 0, "bench: batch sizes must be > 0, found ", b);
   const torch::Device dev(o.device == "cuda" ? torch::kCUDA : torch::kCPU);

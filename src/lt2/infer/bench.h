@@ -14,6 +14,7 @@
 // Prefill cell (model, C): one prompt of C random tokens through Engine::prefill, batch 1.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ struct BenchOptions {
   std::string dtype = "bf16";                  // bf16 or fp32
   std::string device = "cuda";                 // cuda or cpu
   int64_t prefill_chunk = 8192;
-  double memory_limit_gb = 0;                  // plan against this instead of the device's free memory
+  std::optional<double> memory_limit_gb;       // plan against this instead of the device's free memory
   uint64_t seed = 0;
   int64_t profile_steps = 0;                   // engine cells: profile this many decode steps / prefills (0: off)
   DecodeOptions decode;                        // the engine's kernels and launch settings (A/B switches)

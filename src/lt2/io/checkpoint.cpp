@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 
 #include "lt2/util/error.h"
 #include "lt2/util/fs.h"
@@ -37,6 +38,12 @@ void fsync_path(const std::string& path, int flags) {
   }
 }
 
+// The key of model tensor `name` in the file.
+std::string file_key(const NameMap& name_map, const std::string& name) {
+  auto it = name_map.find(name);
+  return it == name_map.end() ? name : it->second;
+}
+
 // Appends a titled list of problems, at most `limit` lines of it.
 void append_list(std::string& msg, const std::vector<std::string>& items, size_t limit = 20) {
   for (size_t i = 0; i < items.size() && i < limit; ++i) msg += "\n  " + items[i];
@@ -65,20 +72,19 @@ void write_folder_atomic(const std::string& dir, const std::vector<FileWriter>& 
     LT2_CHECK(names.insert(f.name).second, "folder '", dir, "': file '", f.name, "' is written twice");
   }
   make_dirs(dir);
-  const std::string suffix = ".tmp." + std::to_string(::getpid());
   std::vector<std::string> temps;
   auto remove_temps = [&](size_t from) {
     for (size_t i = from; i < temps.size(); ++i) ::unlink(temps[i].c_str());
   };
   try {
     for (const auto& f : files) {
-      temps.push_back(dir + "/" + f.name + suffix);
+      temps.push_back(temporary_path(dir + "/" + f.name));
       {
         std::ofstream out(temps.back(), std::ios::binary | std::ios::trunc);
         LT2_CHECK(out, "cannot create '", temps.back(), "': ", std::strerror(errno));
         f.write(out);
         out.flush();
-        LT2_CHECK(out, "write to '", temps.back(), "' failed (disk full?)");
+        LT2_CHECK(out, "write to '", temps.back(), "' failed: ", std::strerror(errno));
       }
       fsync_path(temps.back(), O_RDONLY);
     }
@@ -112,16 +118,20 @@ TensorMap load_tensor_map(const std::string& path) {
   return out;
 }
 
-TensorMap open_model_weights(const std::string& dir, std::string* source) {
+namespace {
+
+// Calls fn(file, key) for every weight of a checkpoint folder: each tensor of model.safetensors, or
+// each key of model.safetensors.index.json in the shard that holds it (checked against the index).
+void for_each_weight(const std::string& dir, std::string* source,
+                     const std::function<void(const SafetensorsFile&, const std::string&)>& fn) {
   LT2_CHECK(path_exists(dir), "checkpoint folder '", dir, "' does not exist");
   const std::string single = dir + "/model.safetensors";
   const std::string index = dir + "/model.safetensors.index.json";
-  TensorMap out;
   if (path_exists(single)) {
     SafetensorsFile f(single);
-    for (const auto& name : f.names()) out[name] = f.tensor(name);
+    for (const auto& name : f.names()) fn(f, name);
     if (source) *source = single;
-    return out;
+    return;
   }
   LT2_CHECK(path_exists(index), "checkpoint folder '", dir,
             "' has neither model.safetensors nor model.safetensors.index.json");
@@ -145,21 +155,32 @@ TensorMap open_model_weights(const std::string& dir, std::string* source) {
     for (const auto& key : keys) {
       LT2_CHECK(f.contains(key), where, ": tensor '", key, "' is listed in shard '", file,
                 "', which does not hold it");
-      out[key] = f.tensor(key);
+      fn(f, key);
     }
   }
   if (source) *source = index;
+}
+
+}  // namespace
+
+TensorMap open_model_weights(const std::string& dir, std::string* source) {
+  TensorMap out;
+  for_each_weight(dir, source, [&](const SafetensorsFile& f, const std::string& key) { out[key] = f.tensor(key); });
   return out;
 }
 
-void load_weights_into(torch::nn::Module& m, const TensorMap& weights, const std::string& source,
-                       const NameMap& name_map, const std::set<std::string>& ignore) {
+TensorSpecs read_model_weight_specs(const std::string& dir, std::string* source) {
+  TensorSpecs out;
+  for_each_weight(dir, source, [&](const SafetensorsFile& f, const std::string& key) { out[key] = f.info(key); });
+  return out;
+}
+
+void check_weights_match(const torch::nn::Module& m, const TensorSpecs& weights, const std::string& source,
+                         const NameMap& name_map, const std::set<std::string>& ignore) {
   std::vector<std::string> missing, unexpected, mismatched;
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (destination, source)
   std::set<std::string> used;
   for (const auto& [name, dst] : module_tensors(m)) {
-    auto mapped = name_map.find(name);
-    const std::string key = mapped == name_map.end() ? name : mapped->second;
+    const std::string key = file_key(name_map, name);
     const std::string label = key == name ? "'" + key + "'" : "'" + key + "' (model tensor '" + name + "')";
     auto w = weights.find(key);
     if (w == weights.end()) {
@@ -168,38 +189,39 @@ void load_weights_into(torch::nn::Module& m, const TensorMap& weights, const std
       continue;
     }
     used.insert(key);
-    const torch::Tensor& src = w->second;
-    if (src.sizes() != dst.sizes()) {
+    const TensorSpec& src = w->second;
+    if (torch::IntArrayRef(src.shape) != dst.sizes()) {
       mismatched.push_back(cat("shape mismatch for key ", label, ": expected ", shape_str(dst.sizes()),
-                               ", found ", shape_str(src.sizes())));
+                               ", found ", shape_str(src.shape)));
       continue;
     }
-    const bool dtype_ok = dst.is_floating_point() ? src.is_floating_point()
-                                                  : src.scalar_type() == dst.scalar_type();
-    if (!dtype_ok) {
+    const bool dtype_ok = dst.is_floating_point() ? c10::isFloatingType(src.dtype) : src.dtype == dst.scalar_type();
+    if (!dtype_ok)
       mismatched.push_back(cat("dtype mismatch for key ", label, ": expected ",
                                dst.is_floating_point() ? "a floating-point dtype (model: " : "",
                                dtype_str(dst.scalar_type()), dst.is_floating_point() ? ")" : "",
-                               ", found ", dtype_str(src.scalar_type())));
-      continue;
-    }
-    copies.emplace_back(dst, src);
+                               ", found ", dtype_str(src.dtype)));
   }
   for (const auto& [key, t] : weights)
     if (!used.count(key) && !ignore.count(key))
-      unexpected.push_back(cat("unexpected key '", key, "' with shape ", shape_str(t.sizes()), " ",
-                               dtype_str(t.scalar_type())));
+      unexpected.push_back(cat("unexpected key '", key, "' with shape ", shape_str(t.shape), " ", dtype_str(t.dtype)));
   const size_t problems = missing.size() + unexpected.size() + mismatched.size();
-  if (problems > 0) {
-    std::string msg = cat("checkpoint '", source, "' does not match the model (", problems,
-                          problems == 1 ? " problem):" : " problems):");
-    append_list(msg, mismatched);
-    append_list(msg, missing);
-    append_list(msg, unexpected);
-    throw Error(msg);
-  }
+  if (problems == 0) return;
+  std::string msg = cat("checkpoint '", source, "' does not match the model (", problems,
+                        problems == 1 ? " problem):" : " problems):");
+  append_list(msg, mismatched);
+  append_list(msg, missing);
+  append_list(msg, unexpected);
+  throw Error(msg);
+}
+
+void load_weights_into(torch::nn::Module& m, const TensorMap& weights, const std::string& source,
+                       const NameMap& name_map, const std::set<std::string>& ignore) {
+  TensorSpecs specs;
+  for (const auto& [key, t] : weights) specs[key] = {t.scalar_type(), t.sizes().vec()};
+  check_weights_match(m, specs, source, name_map, ignore);
   torch::NoGradGuard no_grad;
-  for (auto& [dst, src] : copies) dst.copy_(src);
+  for (auto& [name, dst] : module_tensors(m)) dst.copy_(weights.at(file_key(name_map, name)));
 }
 
 void load_weights_into(torch::nn::Module& m, const SafetensorsFile& file, const NameMap& name_map,

@@ -31,7 +31,7 @@ FileWriter safetensors_writer(const std::string& name, TensorMap tensors, Metada
 // A FileWriter for a text file (JSON, ...).
 FileWriter text_writer(const std::string& name, std::string contents);
 
-// Creates `dir` if needed, writes every file to `<dir>/<name>.tmp.<pid>`, fsyncs them, and only
+// Creates `dir` if needed, writes every file to temporary_path(<dir>/<name>), fsyncs them, and only
 // then renames each onto `<dir>/<name>`. If any write fails, the temporary files are removed,
 // the existing files are left untouched, and the error is rethrown.
 void write_folder_atomic(const std::string& dir, const std::vector<FileWriter>& files);
@@ -48,6 +48,9 @@ TensorMap load_tensor_map(const std::string& path);
 // or the shards listed in model.safetensors.index.json ({"weight_map": {key: file}}).
 // `source` receives a description for error messages (the file, or the index).
 TensorMap open_model_weights(const std::string& dir, std::string* source = nullptr);
+// The dtypes and shapes of the same weights from the files' headers alone (each file is checked
+// against its header's size; no tensor data is read).
+TensorSpecs read_model_weight_specs(const std::string& dir, std::string* source = nullptr);
 
 // Our parameter name -> the key in the file; names not in the map are looked up unchanged.
 using NameMap = std::map<std::string, std::string>;
@@ -60,6 +63,10 @@ using NameMap = std::map<std::string, std::string>;
 // file in messages.
 void load_weights_into(torch::nn::Module& m, const TensorMap& weights, const std::string& source,
                        const NameMap& name_map = {}, const std::set<std::string>& ignore = {});
+// The checks of load_weights_into on dtypes and shapes alone (a checkpoint's headers): throws the
+// same error, listing every problem, when `weights` would not load into `m`.
+void check_weights_match(const torch::nn::Module& m, const TensorSpecs& weights, const std::string& source,
+                         const NameMap& name_map = {}, const std::set<std::string>& ignore = {});
 void load_weights_into(torch::nn::Module& m, const SafetensorsFile& file, const NameMap& name_map = {},
                        const std::set<std::string>& ignore = {});
 

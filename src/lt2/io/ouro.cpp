@@ -2,18 +2,6 @@
 
 namespace lt2 {
 
-namespace {
-
-template <typename T>
-T required(const json& j, const char* key, const std::string& where) {
-  LT2_CHECK(j.contains(key) && !j[key].is_null(), where, ": the Ouro config has no '", key, "'");
-  T v{};
-  json_get(j, key, v, where);
-  return v;
-}
-
-}  // namespace
-
 bool is_ouro_config(const json& config) {
   return config.is_object() && config.contains("model_type") && config["model_type"] == "ouro";
 }
@@ -48,11 +36,11 @@ ModelConfig ouro_model_config(const json& j, const std::string& where) {
   c.n_loops = 4;
   c.name = "ouro";
   json_get(j, "_name_or_path", c.name, where);
-  c.d_model = required<int64_t>(j, "hidden_size", where);
-  c.ffn_hidden = required<int64_t>(j, "intermediate_size", where);
-  c.n_layers = required<int64_t>(j, "num_hidden_layers", where);
-  c.n_heads = required<int64_t>(j, "num_attention_heads", where);
-  c.vocab_size = required<int64_t>(j, "vocab_size", where);
+  c.d_model = json_require<int64_t>(j, "hidden_size", where);
+  c.ffn_hidden = json_require<int64_t>(j, "intermediate_size", where);
+  c.n_layers = json_require<int64_t>(j, "num_hidden_layers", where);
+  c.n_heads = json_require<int64_t>(j, "num_attention_heads", where);
+  c.vocab_size = json_require<int64_t>(j, "vocab_size", where);
   json_get(j, "num_key_value_heads", c.n_kv_heads, where);
   json_get(j, "head_dim", c.head_dim, where);
   json_get(j, "rms_norm_eps", c.norm_eps, where);

@@ -68,25 +68,31 @@ TensorInfo parse_entry(const json& e, const std::string& where) {
     throw Error(cat(where, ": ", err.what()));
   }
   LT2_CHECK(e["shape"].is_array(), where, ": 'shape' must be an array, found ", e["shape"].dump());
-  // numel * element size, checked for overflow
-  uint64_t nbytes = c10::elementSize(t.dtype);
-  bool overflow = false;
+  LT2_CHECK(e["shape"].size() <= kMaxSafetensorsRank, where, ": 'shape' has ", e["shape"].size(),
+            " dimensions, more than the ", kMaxSafetensorsRank, " a tensor may have");
+  // numel * element size, checked for overflow. The product of the non-zero sizes must fit in
+  // int64 as well: torch computes strides from it even for an empty tensor.
+  constexpr uint64_t kLimit = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  uint64_t nonzero_bytes = c10::elementSize(t.dtype);
+  bool empty = false, overflow = false;
   for (const auto& s : e["shape"]) {
-    uint64_t n = json_uint(s, where, "every 'shape' entry");
+    const uint64_t n = json_uint(s, where, "every 'shape' entry");
     t.shape.push_back(static_cast<int64_t>(n));
-    if (n != 0 && nbytes > std::numeric_limits<uint64_t>::max() / n) overflow = true;
-    nbytes *= n;
+    if (n == 0) empty = true;
+    else if (nonzero_bytes > kLimit / n) overflow = true;
+    else nonzero_bytes *= n;
   }
+  const uint64_t nbytes = empty ? 0 : nonzero_bytes;
   const json& off = e["data_offsets"];
   LT2_CHECK(off.is_array() && off.size() == 2, where,
             ": 'data_offsets' must be [begin, end], found ", off.dump());
   t.begin = json_uint(off[0], where, "'data_offsets' begin");
   t.end = json_uint(off[1], where, "'data_offsets' end");
   LT2_CHECK(t.begin <= t.end, where, ": data_offsets [", t.begin, ", ", t.end, "] end before they begin");
-  LT2_CHECK(!overflow && t.end - t.begin == nbytes, where, ": shape ", shape_str(t.shape), " x ",
-            e["dtype"].get<std::string>(), " needs ",
-            overflow ? std::string("more than 2^64") : std::to_string(nbytes), " bytes, but data_offsets [",
-            t.begin, ", ", t.end, "] hold ", t.end - t.begin);
+  LT2_CHECK(!overflow, where, ": shape ", shape_str(t.shape), " x ", e["dtype"].get<std::string>(),
+            ": its non-zero sizes multiply to more than 2^63 bytes");
+  LT2_CHECK(t.end - t.begin == nbytes, where, ": shape ", shape_str(t.shape), " x ", e["dtype"].get<std::string>(),
+            " needs ", nbytes, " bytes, but data_offsets [", t.begin, ", ", t.end, "] hold ", t.end - t.begin);
   return t;
 }
 
@@ -111,6 +117,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
   LT2_CHECK(size >= 8, where, ": ", size, " bytes, too short for the 8-byte header length (truncated?)");
   uint64_t header_len = 0;
   std::memcpy(&header_len, file_->data(), 8);
+  LT2_CHECK(header_len <= kMaxSafetensorsHeaderBytes, where, ": the header length (", header_len,
+            " bytes) is more than the format's limit of ", kMaxSafetensorsHeaderBytes,
+            " bytes; the file is corrupt or not a safetensors file");
   LT2_CHECK(header_len <= size - 8, where, ": the header length (", header_len,
             " bytes) goes beyond the end of the file (", size,
             " bytes); the file is truncated or not a safetensors file");
@@ -119,7 +128,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shar
   json header;
   try {
     header = json::parse(text, text + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     throw Error(cat(where, ": the header is not valid JSON (", e.what(), ")"));
   }
   LT2_CHECK(header.is_object(), where, ": the header must be a JSON object, found ", json_type_name(header));

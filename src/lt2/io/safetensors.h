@@ -24,13 +24,23 @@ using TensorMap = std::map<std::string, torch::Tensor>;
 // The header's "__metadata__": string keys and string values only (as the format requires).
 using Metadata = std::map<std::string, std::string>;
 
+// The header may be at most 100 MB (the reference implementation's limit), and a tensor may have
+// at most 64 dimensions; both are checked before anything is parsed or allocated.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+inline constexpr size_t kMaxSafetensorsRank = 64;
+
 // "F32" <-> torch::kFloat32, ... Throws naming the dtype and the supported ones.
 torch::ScalarType safetensors_dtype(const std::string& name);
 std::string safetensors_dtype_name(torch::ScalarType t);
 
-struct TensorInfo {
-  torch::ScalarType dtype;
+// A tensor's dtype and shape: what a header says of it, without its data.
+struct TensorSpec {
+  torch::ScalarType dtype = torch::kFloat32;
   std::vector<int64_t> shape;
+};
+using TensorSpecs = std::map<std::string, TensorSpec>;
+
+struct TensorInfo : TensorSpec {
   uint64_t begin = 0, end = 0;  // byte range in the data section
 };
 

@@ -29,6 +29,10 @@ ModelConfig read_config(const std::string& dir, bool* ouro) {
   }
   LT2_CHECK(!j.contains("model_type"), where, ": unknown model_type ", j["model_type"].dump(),
             " (lt2 loads its own checkpoints, whose config.json has no model_type, and \"ouro\")");
+  // A Hugging Face config without model_type would otherwise fail on its first unknown field.
+  for (const char* hf_field : {"architectures", "hidden_size", "num_hidden_layers", "total_ut_steps"})
+    LT2_CHECK(!j.contains(hf_field), where, ": no 'model_type' (expected \"ouro\" in a Hugging Face config; found ",
+              "the Hugging Face field '", hf_field, "' but no model_type)");
   return ModelConfig::from_json(j, where);
 }
 
@@ -37,6 +41,18 @@ ModelConfig read_config(const std::string& dir, bool* ouro) {
 ModelConfig load_checkpoint_config(const std::string& dir) {
   bool ouro = false;
   return read_config(dir, &ouro);
+}
+
+int64_t check_checkpoint_weights(const std::string& dir, const LoopedLM& model) {
+  bool ouro = false;
+  const ModelConfig cfg = read_config(dir, &ouro);
+  std::string source;
+  const TensorSpecs specs = read_model_weight_specs(dir, &source);
+  if (ouro)
+    check_weights_match(*model, specs, source, ouro_key_map(cfg), ouro_ignored_keys(cfg));
+  else
+    check_weights_match(*model, specs, source);
+  return static_cast<int64_t>(specs.size());
 }
 
 LoopedLM load_checkpoint(const std::string& dir, std::optional<torch::ScalarType> dtype) {

@@ -22,6 +22,12 @@ void save_checkpoint(const std::string& dir, const LoopedLM& model, const std::v
 // (model_type "ouro"), validated. Any other model_type is an error.
 ModelConfig load_checkpoint_config(const std::string& dir);
 
+// Checks the weights of checkpoint folder `dir` against `model` (built from the folder's config)
+// from the safetensors headers alone: every file the size its header says, every tensor present
+// with its shape and a dtype that loads, no tensor left over. No tensor data is read. Throws
+// lt2::Error listing the problems; returns the number of tensors checked.
+int64_t check_checkpoint_weights(const std::string& dir, const LoopedLM& model);
+
 // Builds the model of a checkpoint folder (ours or Ouro) on the CPU and loads its weights
 // strictly (lt2/io/checkpoint.h: load_weights_into). Floating-point weights are converted to
 // `dtype`; without one, float64 checkpoints load as float64 and all others as float32.

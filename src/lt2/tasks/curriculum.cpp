@@ -17,8 +17,9 @@ json to_json(const StageResult& r) {
 }
 
 StageResult stage_result_from_json(const json& j) {
-  return {j.at("stage").get<int64_t>(), j.at("n").get<int64_t>(), j.at("solved").get<bool>(),
-          j.at("steps").get<int64_t>(), j.at("final_accuracy").get<double>()};
+  const std::string w = "curriculum JSON: stage result";
+  return {json_require<int64_t>(j, "stage", w), json_require<int64_t>(j, "n", w), json_require<bool>(j, "solved", w),
+          json_require<int64_t>(j, "steps", w), json_require<double>(j, "final_accuracy", w)};
 }
 
 json to_json(const EvalRecord& e) {
@@ -27,8 +28,12 @@ json to_json(const EvalRecord& e) {
 }
 
 EvalRecord eval_record_from_json(const json& j) {
-  return {j.at("step").get<int64_t>(), j.at("stage").get<int64_t>(), j.at("accuracy").get<double>(),
-          j.value("answer_accuracy", 0.0), j.value("loss", 0.0)};
+  const std::string w = "curriculum JSON: evaluation";
+  EvalRecord e{json_require<int64_t>(j, "step", w), json_require<int64_t>(j, "stage", w),
+               json_require<double>(j, "accuracy", w), 0.0, 0.0};
+  json_get(j, "answer_accuracy", e.answer_accuracy, w);
+  json_get(j, "loss", e.loss, w);
+  return e;
 }
 
 Curriculum::Curriculum(CurriculumConfig cfg) : cfg_(cfg) {
@@ -90,25 +95,22 @@ json Curriculum::to_json() const {
 }
 
 Curriculum Curriculum::from_json(const json& j) {
-  try {
-    CurriculumConfig cfg;
-    const auto& c = j.at("config");
-    cfg.num_stages = c.at("num_stages").get<int64_t>();
-    cfg.steps_per_stage = c.at("steps_per_stage").get<int64_t>();
-    cfg.threshold = c.at("threshold").get<double>();
-    Curriculum cur(cfg);
-    cur.stage_ = j.at("stage").get<int64_t>();
-    LT2_CHECK(cur.stage_ >= 1 && cur.stage_ <= cfg.num_stages, "curriculum JSON: stage ",
-              cur.stage_, " outside [1, ", cfg.num_stages, "]");
-    cur.stage_start_ = j.at("stage_start_step").get<int64_t>();
-    cur.last_step_ = j.at("last_step").get<int64_t>();
-    cur.finished_ = j.at("finished").get<bool>();
-    for (const auto& r : j.at("results")) cur.results_.push_back(stage_result_from_json(r));
-    for (const auto& e : j.at("evals")) cur.evals_.push_back(eval_record_from_json(e));
-    return cur;
-  } catch (const json::exception& e) {
-    throw Error(cat("curriculum JSON: ", e.what()));
-  }
+  const std::string w = "curriculum JSON";
+  CurriculumConfig cfg;
+  const json c = json_require<json>(j, "config", w);
+  cfg.num_stages = json_require<int64_t>(c, "num_stages", w + ": config");
+  cfg.steps_per_stage = json_require<int64_t>(c, "steps_per_stage", w + ": config");
+  cfg.threshold = json_require<double>(c, "threshold", w + ": config");
+  Curriculum cur(cfg);
+  cur.stage_ = json_require<int64_t>(j, "stage", w);
+  LT2_CHECK(cur.stage_ >= 1 && cur.stage_ <= cfg.num_stages, w, ": stage ", cur.stage_, " outside [1, ",
+            cfg.num_stages, "]");
+  cur.stage_start_ = json_require<int64_t>(j, "stage_start_step", w);
+  cur.last_step_ = json_require<int64_t>(j, "last_step", w);
+  cur.finished_ = json_require<bool>(j, "finished", w);
+  for (const auto& r : json_require<std::vector<json>>(j, "results", w)) cur.results_.push_back(stage_result_from_json(r));
+  for (const auto& e : json_require<std::vector<json>>(j, "evals", w)) cur.evals_.push_back(eval_record_from_json(e));
+  return cur;
 }
 
 AnswerCounts& AnswerCounts::operator+=(const AnswerCounts& o) {

@@ -283,12 +283,9 @@ TaskRunner::TaskRunner(TaskRunConfig cfg, bool resume, std::FILE* log)
                 {"run_config", cfg_.to_json()}};
   };
   cb.load_state = [this, out](const json& state) {
-    try {
-      impl_->curriculum = Curriculum::from_json(state.at("curriculum"));
-      impl_->train_seconds = state.at("train_seconds").get<double>();
-    } catch (const json::exception& e) {
-      throw Error(cat("'", latest_checkpoint(out), "/trainer_state.json' is not the state of a task run: ", e.what()));
-    }
+    const std::string where = cat("'", latest_checkpoint(out), "/trainer_state.json' (the state of a task run)");
+    impl_->curriculum = Curriculum::from_json(json_require<json>(state, "curriculum", where));
+    impl_->train_seconds = json_require<double>(state, "train_seconds", where);
   };
   cb.keep_checkpoints = 1;
   cb.run_files = false;   // run_config.json and results.json instead

@@ -39,9 +39,9 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
   if (type == "RobertaProcessing" || type == "BertProcessing") {
     // {"cls": ["<s>", 0], "sep": ["</s>", 2]}: cls, the sequence, sep.
     auto read = [&](const char* key) {
-      LT2_CHECK(j.contains(key) && j[key].is_array() && j[key].size() == 2 && j[key][1].is_number_integer(),
-                where, ": ", type, " needs '", key, "' as [token, id]");
-      return j[key][1].get<int32_t>();
+      LT2_CHECK(j.contains(key) && j[key].is_array() && j[key].size() == 2, where, ": ", type, " needs '", key,
+                "' as [token, id]");
+      return json_as<int32_t>(j[key][1], cat(where, ": '", key, "' id"));
     };
     pp.prefix.insert(pp.prefix.begin(), read("cls"));
     pp.suffix.push_back(read("sep"));
@@ -66,7 +66,7 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
       std::vector<int32_t> ids;
       const json* specials = j.contains("special_tokens") ? &j["special_tokens"] : nullptr;
       if (specials && specials->contains(name) && (*specials)[name].contains("ids")) {
-        ids = (*specials)[name]["ids"].get<std::vector<int32_t>>();
+        ids = json_as<std::vector<int32_t>>((*specials)[name]["ids"], cat(where, ": special_tokens '", name, "' ids"));
       } else {
         ids.push_back(token_id(name, where));
       }
@@ -179,10 +179,9 @@ Tokenizer Tokenizer::from_json_checked(const json& doc, const std::string& where
   // Vocabulary: ids may have gaps; a gap has no token.
   std::vector<std::string> vocab;
   for (const auto& [token, id_json] : m["vocab"].items()) {
-    LT2_CHECK(id_json.is_number_integer() && id_json.get<int64_t>() >= 0 &&
-                  id_json.get<int64_t>() < (int64_t{1} << 31),
-              model_where, ": vocab entry '", token, "' has id ", id_json.dump(),
-              " (expected a non-negative integer)");
+    LT2_CHECK(id_json.is_number_integer() && id_json.get<int64_t>() >= 0 && id_json.get<int64_t>() < kMaxTokenIds,
+              model_where, ": vocab entry '", token, "' has id ", id_json.dump(), " (expected an integer in [0, ",
+              kMaxTokenIds, "))");
     const size_t id = id_json.get<size_t>();
     if (id >= vocab.size()) vocab.resize(id + 1);
     LT2_CHECK(vocab[id].empty(), model_where, ": id ", id, " is used by both '", vocab[id],
@@ -227,8 +226,10 @@ Tokenizer Tokenizer::from_json_checked(const json& doc, const std::string& where
       const json& t = doc["added_tokens"][i];
       const std::string at = cat(where, ": added_tokens[", i, "]");
       LT2_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() &&
-                    t["id"].get<int64_t>() >= 0 && t.contains("content") && t["content"].is_string(),
-                at, ": expected {\"id\": non-negative integer, \"content\": string, ...}, found ", t.dump());
+                    t["id"].get<int64_t>() >= 0 && t["id"].get<int64_t>() < kMaxTokenIds && t.contains("content") &&
+                    t["content"].is_string(),
+                at, ": expected {\"id\": integer in [0, ", kMaxTokenIds, "), \"content\": string, ...}, found ",
+                json_describe(t));
       AddedToken a;
       a.id = t["id"].get<int32_t>();
       a.content = t["content"].get<std::string>();
@@ -300,6 +301,10 @@ Tokenizer Tokenizer::from_json_checked(const json& doc, const std::string& where
   };
   parse_post_processor(impl->post_processor_json, where + ": post_processor", impl->post_processor,
                        token_id);
+  for (const auto* ids : {&impl->post_processor.prefix, &impl->post_processor.suffix})
+    for (int32_t id : *ids)
+      LT2_CHECK(id >= 0 && id < impl->size && impl->has_token[id], where, ": post_processor adds id ", id,
+                ", which is not a token of the vocabulary (", impl->size, " ids)");
   return Tokenizer(std::move(impl));
 }
 

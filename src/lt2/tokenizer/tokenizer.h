@@ -33,6 +33,10 @@
 
 namespace lt2 {
 
+// Token ids are below this (16.8M; the largest published vocabularies hold about 256k). A file
+// that claims a higher id is refused before the per-id tables are allocated.
+inline constexpr int64_t kMaxTokenIds = int64_t{1} << 24;
+
 struct AddedToken {
   int32_t id = 0;
   std::string content;

@@ -77,6 +77,7 @@ BpeTrainer::BpeTrainer(BpeTrainerOptions options) : options_(std::move(options))
             " special tokens take");
   LT2_CHECK(options_.min_frequency >= 1, "BPE training: min frequency must be at least 1, got ",
             options_.min_frequency);
+  LT2_CHECK(options_.threads >= 0, "BPE training: threads must be >= 0 (0: all cores), got ", options_.threads);
   impl_->pre_tokenizer = PreTokenizer::from_json(pre_tokenizer_config(options_.split_pattern), "BPE training: split pattern");
   for (size_t i = 0; i < options_.special_tokens.size(); ++i) {
     const std::string& s = options_.special_tokens[i];

@@ -12,9 +12,13 @@ namespace lt2 {
 
 // Writes ckpt-<step>/ (config.json, model.safetensors and `extra`) into a temporary folder,
 // renames it into place, then points `latest` at it (atomically) and removes all but the `keep`
-// newest ckpt-* folders. An interruption at any point leaves `latest` naming a complete folder.
-// Returns the folder's path.
+// newest ckpt-* folders. An interruption at any point leaves `latest` naming a complete folder; a
+// failed write (disk full) throws and leaves the run folder as it was. Returns the folder's path.
 std::string save_rotating_checkpoint(const std::string& out_dir, int64_t step, const LoopedLM& model,
                                      const std::vector<FileWriter>& extra, int keep);
+
+// Removes what a run killed mid-save leaves in `out_dir`: ckpt-<step>.tmp folders and temporary
+// files (util/fs.h). For the one process that writes the run folder, before it starts.
+void remove_checkpoint_temporaries(const std::string& out_dir);
 
 }  // namespace lt2

@@ -1,5 +1,7 @@
 #include "lt2/train/train_config.h"
 
+#include <utility>
+
 namespace lt2 {
 
 std::string to_string(Objective o) {
@@ -20,14 +22,17 @@ void TrainConfig::validate(bool needs_train_data) const {
             ": 'device' must be auto, cpu or cuda, found '", device, "'");
   LT2_CHECK(dtype == "auto" || dtype == "fp32" || dtype == "bf16", w,
             ": 'dtype' must be auto, fp32 or bf16, found '", dtype, "'");
-  LT2_CHECK(seq_len > 0 && batch_size > 0 && grad_accum > 0 && steps > 0, w,
-            ": seq_len, batch_size, grad_accum and steps must be > 0");
+  for (const auto& [field, v] : {std::pair{"seq_len", seq_len}, {"batch_size", batch_size}, {"grad_accum", grad_accum},
+                                  {"steps", steps}, {"log_every", log_every}, {"eval_batches", eval_batches}})
+    LT2_CHECK(v > 0, w, ": '", field, "' must be > 0, found ", v);
+  LT2_CHECK(warmup >= 0, w, ": 'warmup' must be >= 0, found ", warmup);
+  for (const auto& [field, v] : {std::pair{"eval_every", eval_every}, {"save_every", save_every}})
+    LT2_CHECK(v >= 0, w, ": '", field, "' must be >= 0 (0: at the end only), found ", v);
   LT2_CHECK(lr > 0, w, ": 'lr' must be > 0, found ", lr);
-  LT2_CHECK(min_lr_ratio >= 0 && min_lr_ratio <= 1, w, ": 'min_lr_ratio' must be in [0, 1]");
-  LT2_CHECK(warmup >= 0, w, ": 'warmup' must be >= 0");
-  LT2_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, w, ": betas must be in [0, 1)");
-  LT2_CHECK(clip >= 0, w, ": 'clip' must be >= 0 (0 = off)");
-  LT2_CHECK(log_every > 0, w, ": 'log_every' must be > 0");
+  LT2_CHECK(min_lr_ratio >= 0 && min_lr_ratio <= 1, w, ": 'min_lr_ratio' must be in [0, 1], found ", min_lr_ratio);
+  LT2_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, w, ": betas must be in [0, 1), found ", beta1, " and ",
+            beta2);
+  LT2_CHECK(clip >= 0, w, ": 'clip' must be >= 0 (0 = off), found ", clip);
   LT2_CHECK(indexer_stage == "off" || indexer_stage == "dense_warmup" || indexer_stage == "sparse", w,
             ": 'indexer_stage' must be off, dense_warmup or sparse, found '", indexer_stage, "'");
   LT2_CHECK(indexer_loss_coef >= 0, w, ": 'indexer_loss_coef' must be >= 0");
@@ -35,8 +40,6 @@ void TrainConfig::validate(bool needs_train_data) const {
             loss_chunk_tokens);
   LT2_CHECK(dist_timeout > 0, w, ": 'dist_timeout' must be > 0 seconds, found ", dist_timeout);
   LT2_CHECK(dist_bucket_mb > 0, w, ": 'dist_bucket_mb' must be > 0, found ", dist_bucket_mb);
-  LT2_CHECK(eval_every >= 0 && save_every >= 0 && eval_batches > 0, w,
-            ": eval_every/save_every must be >= 0 and eval_batches > 0");
 }
 
 json TrainConfig::to_json() const {

@@ -137,7 +137,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     ckpt = latest_checkpoint(cfg_.out_dir);
     LT2_CHECK(!ckpt.empty(), "--resume: no checkpoint in '", cfg_.out_dir, "' (no 'latest' file)");
     auto state = load_json_file(ckpt + "/trainer_state.json");
-    start_step_ = state.at("step").get<int64_t>();
+    start_step_ = json_require<int64_t>(state, "step", "'" + ckpt + "/trainer_state.json'");
     if (cb_.load_state) cb_.load_state(state);
     model_ = load_checkpoint(ckpt);
   } else if (!cfg_.init_from.empty()) {  // a later stage starting from an earlier stage's weights
@@ -202,7 +202,9 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
   }
 
   I.tty = cb_.step_lines && ::isatty(STDERR_FILENO);
-  if (!I.main || !cb_.run_files) return;  // rank 0 alone writes the run folder
+  if (!I.main) return;  // rank 0 alone writes the run folder
+  remove_checkpoint_temporaries(cfg_.out_dir);
+  if (!cb_.run_files) return;
   make_dirs(cfg_.out_dir);
   write_file_atomic(cfg_.out_dir + "/train_config.json", cfg_.to_json().dump(2) + "\n");
   // metrics.jsonl: keep what the resumed-from checkpoint had seen, drop what came after it.

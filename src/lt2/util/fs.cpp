@@ -24,15 +24,40 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+namespace {
+
+constexpr char kTemporaryInfix[] = ".tmp.";
+
+// Whether `name` is temporary_path() of some file: it ends in ".tmp.<digits>".
+bool is_temporary_name(const std::string& name) {
+  const size_t at = name.rfind(kTemporaryInfix);
+  if (at == std::string::npos || at == 0) return false;
+  const size_t digits = at + sizeof(kTemporaryInfix) - 1;
+  return digits < name.size() &&
+         name.find_first_not_of("0123456789", digits) == std::string::npos;
+}
+
+}  // namespace
+
+std::string temporary_path(const std::string& path) { return path + kTemporaryInfix + std::to_string(::getpid()); }
+
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_temporary_name(name)) remove_tree(e.path().string());
+  }
+}
+
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& fill) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = temporary_path(path);
   try {
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
       LT2_CHECK(out, "cannot create '", tmp, "': ", std::strerror(errno));
       fill(out);
       out.flush();
-      LT2_CHECK(out, "write to '", tmp, "' failed (disk full?)");
+      LT2_CHECK(out, "write to '", tmp, "' failed: ", std::strerror(errno));
     }
     int fd = ::open(tmp.c_str(), O_RDONLY);
     if (fd >= 0) {

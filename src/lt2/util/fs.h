@@ -9,8 +9,16 @@
 namespace lt2 {
 
 std::string read_file(const std::string& path);
-// Writes through `fill` into `path.tmp.<pid>`, flushes, fsyncs and renames onto `path`, so a
-// reader never sees a half-written file. Throws lt2::Error on any failure (the temp file is removed).
+// The name a file is written under before it is renamed onto `path`: `path.tmp.<pid>`, so two
+// processes never write the same temporary file.
+std::string temporary_path(const std::string& path);
+// Removes the temporary files (temporary_path) that processes killed mid-write left in folder
+// `dir` (not below it). Only for a folder that one process writes at a time: it would also take
+// the files another writer is busy with.
+void remove_stale_temporaries(const std::string& dir);
+// Writes through `fill` into temporary_path(path), flushes, fsyncs and renames onto `path`, so a
+// reader never sees a half-written file. Throws lt2::Error on any failure, with the system's
+// reason (the temp file is removed).
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& fill);
 void write_file_atomic(const std::string& path, const std::string& contents);
 // Creates the folder and its parents; no-op when it exists.

@@ -41,7 +41,7 @@ std::string gnuplot_quote(const std::string& text) {
 bool plot_png(const std::string& png_path, const std::string& script, int width, int height) {
   const std::string exe = find_gnuplot();
   if (exe.empty()) return false;
-  const std::string tmp = png_path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = temporary_path(png_path);
   const std::string script_path = tmp + ".gp", errors = tmp + ".err";
   // The script goes through a file (not a pipe, which gnuplot may close early on an error) and
   // gnuplot's messages to another, so a failure can report them.

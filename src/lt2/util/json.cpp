@@ -13,10 +13,17 @@ std::string json_type_name(const json& j) {
   return j.type_name();
 }
 
+std::string json_describe(const json& j) {
+  std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  constexpr size_t kShown = 80;
+  if (text.size() > kShown) text = text.substr(0, kShown) + "...";
+  return json_type_name(j) + " " + text;
+}
+
 json parse_json(const std::string& text, const std::string& what) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     throw Error(cat(what, " is not valid JSON: ", e.what()));
   }
 }

@@ -1,0 +1,193 @@
+// Kill anywhere: `lt2 train` on a tiny model is killed with SIGKILL at seeded random moments (half
+// of them while a checkpoint is being written) and resumed with --resume each time. After every
+// kill: (a) the newest complete checkpoint loads (weights, optimizer state, trainer state); (c) a
+// temporary file a kill left is gone once the next process has trained a step. Every run that
+// reaches its last step ends with (b) the weights of an uninterrupted run, bit for bit, and no
+// temporary file.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cli/cli_testing.h"
+#include "lt2/model/checkpoint_io.h"
+#include "lt2/train/trainer.h"
+#include "lt2/util/json.h"
+#include "train/train_testing.h"
+
+using namespace lt2;
+using namespace lt2::testing;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kTrials = 20;
+// The kill moments' seed; --gtest_random_seed=N draws other ones.
+uint64_t kill_seed() {
+  const int flag = GTEST_FLAG_GET(random_seed);
+  return flag != 0 ? static_cast<uint64_t>(flag) : 20261203;
+}
+constexpr int64_t kSteps = 10;
+
+// The pid in a temporary file's name (`<name>.tmp.<pid>`), or -1 for a checkpoint folder being
+// written (`ckpt-<step>.tmp`).
+long temporary_pid(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  return at == std::string::npos ? -1 : std::stol(name.substr(at + 5));
+}
+
+// Paths under the run folder that an unfinished write makes: `ckpt-<step>.tmp` folders and
+// `<name>.tmp.<pid>` files, with their modification times.
+std::map<std::string, fs::file_time_type> temporaries(const std::string& out_dir) {
+  std::map<std::string, fs::file_time_type> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(out_dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    const bool folder = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    if (folder || name.find(".tmp.") != std::string::npos)
+      out[fs::relative(it->path(), out_dir).string()] = fs::last_write_time(it->path(), ec);
+  }
+  return out;
+}
+
+// Whether temporary `path` (from temporaries()) belongs to the process `pid` started at `spawned`:
+// a file carries its pid, a checkpoint folder is newer than the process.
+bool owned_by(const std::string& path, fs::file_time_type mtime, pid_t pid, fs::file_time_type spawned) {
+  const long owner = temporary_pid(fs::path(path).filename().string());
+  return owner < 0 ? mtime >= spawned : owner == pid;
+}
+
+// Whether process `pid` is writing a checkpoint: a temporary of its own under ckpt-* or for `latest`.
+bool writing_checkpoint(const std::string& out_dir, pid_t pid, fs::file_time_type spawned) {
+  for (const auto& [path, mtime] : temporaries(out_dir))
+    if ((path.rfind("ckpt-", 0) == 0 || path.rfind("latest", 0) == 0) && owned_by(path, mtime, pid, spawned)) return true;
+  return false;
+}
+
+int64_t latest_step(const std::string& out_dir) {
+  const std::string latest = latest_checkpoint(out_dir);
+  return latest.empty() ? 0 : std::stoll(fs::path(latest).filename().string().substr(5));
+}
+
+// Whether a process's output (`lt2 train` prints a line per step, log_every 1) shows a trained step.
+bool trained_a_step(const std::string& log) {
+  std::istringstream in(read_text(log));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("step ", 0) == 0) return true;
+  return false;
+}
+
+std::map<std::string, torch::Tensor> weights_of(const std::string& ckpt) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : module_tensors(*load_checkpoint(ckpt))) out[name] = t.clone();
+  return out;
+}
+
+// (a): every file of the checkpoint `latest` names loads and says its step.
+void expect_latest_loads(const std::string& out_dir, const std::string& context) {
+  const std::string ckpt = latest_checkpoint(out_dir);
+  if (ckpt.empty()) return;
+  try {
+    load_checkpoint(ckpt);
+    load_tensor_map(ckpt + "/optimizer.safetensors");
+    EXPECT_EQ(json_require<int64_t>(load_json_file(ckpt + "/trainer_state.json"), "step", ckpt), latest_step(out_dir))
+        << context;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << context << ": the newest checkpoint '" << ckpt << "' does not load: " << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(KillAnywhere, ResumedRunsEndWithTheWeightsOfAnUninterruptedOne) {
+  const auto start = Clock::now();
+  const std::string dir = (fs::temp_directory_path() / "lt2_kill_anywhere").string();
+  remove_tree(dir);
+  auto c = tiny_run(dir);
+  c.steps = kSteps;
+  c.save_every = 1;  // a checkpoint every step: many kills land in one
+  c.log_every = 1;   // a line per step tells whether a process trained one
+  c.batch_size = 2;
+  c.grad_accum = 1;
+  c.eval_batches = 1;
+  const std::string cfg = dir + "/train.json";
+  write_file_atomic(cfg, c.to_json().dump(2));
+
+  const auto t0 = Clock::now();
+  const CliRun ref = run_cli({"train", "--config", cfg, "--out", dir + "/reference"}, dir + "/reference.log");
+  ASSERT_EQ(ref.code, 0) << ref.output;
+  const double run_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto expected = weights_of(latest_checkpoint(dir + "/reference"));
+
+  const uint64_t seed = kill_seed();
+  std::mt19937_64 rng(seed);
+  int runs = 0, finished = 0, kills = 0, in_write = 0, before_first_checkpoint = 0;
+  std::string out = dir + "/run0";
+  // Ends a run that reached its last step: (b) and no temporary file.
+  auto check_finished_run = [&](const std::string& context) {
+    EXPECT_EQ(latest_step(out), kSteps) << context;
+    const auto got = weights_of(latest_checkpoint(out));
+    ASSERT_EQ(got.size(), expected.size());
+    for (const auto& [name, t] : expected) EXPECT_TRUE(torch::equal(got.at(name), t)) << context << ": " << name;
+    EXPECT_TRUE(temporaries(out).empty()) << context << ": temporary files left after a finished run";
+    ++finished;
+    out = dir + "/run" + std::to_string(++runs);
+  };
+
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const std::string context = "trial " + std::to_string(trial) + " (seed " + std::to_string(seed) + ")";
+    const bool resume = !latest_checkpoint(out).empty();
+    std::vector<std::string> argv{kLt2, "train", "--config", cfg, "--out", out};
+    if (resume) argv.push_back("--resume");
+    const std::string log = dir + "/trial" + std::to_string(trial) + ".log";
+    const auto spawned = fs::file_time_type::clock::now();
+    Process p = start_process(argv, {"OMP_NUM_THREADS=1"}, log);
+    const bool during_write = rng() % 2 == 0;
+    if (during_write) {  // wait for a checkpoint write to begin, then kill within its first milliseconds
+      wait_until([&] { return p.poll() || writing_checkpoint(out, p.pid(), spawned); }, 2 * run_seconds + 10);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    } else {
+      const double delay = std::uniform_real_distribution<double>(0, run_seconds)(rng);
+      wait_until([&] { return p.poll(); }, delay);
+    }
+    p.kill(SIGKILL);
+    p.wait();
+    if (p.status().ok()) {  // it finished before the kill
+      check_finished_run(context);
+      continue;
+    }
+    ASSERT_TRUE(p.status().signaled()) << context << ": lt2 train " << p.status().describe() << "\n" << read_text(log);
+    ++kills;
+    in_write += writing_checkpoint(out, p.pid(), spawned);
+    before_first_checkpoint += latest_checkpoint(out).empty();
+    expect_latest_loads(out, context);
+    // (c): once this process trained a step, what earlier kills left is gone.
+    if (trained_a_step(log))
+      for (const auto& [path, mtime] : temporaries(out))
+        EXPECT_TRUE(owned_by(path, mtime, p.pid(), spawned)) << context << ": '" << path << "' was left by an earlier process";
+  }
+  // The run in progress goes to its end without a kill.
+  const bool resume = !latest_checkpoint(out).empty();
+  std::vector<std::string> args{"train", "--config", cfg, "--out", out};
+  if (resume) args.push_back("--resume");
+  const CliRun last = run_cli(args, dir + "/last.log");
+  ASSERT_EQ(last.code, 0) << last.output;
+  check_finished_run("the last run");
+
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("kill-anywhere (seed %llu): %d trials, %d kills (%d during a checkpoint write, %d before the first "
+              "checkpoint), %d runs finished with the reference weights bit for bit; uninterrupted run %.2f s, "
+              "test %.1f s\n",
+              (unsigned long long)seed, kTrials, kills, in_write, before_first_checkpoint, finished, run_seconds, seconds);
+  EXPECT_GT(in_write, 0) << "no kill landed in a checkpoint write";
+  remove_tree(dir);
+}
