@@ -158,6 +158,17 @@ TEST(Config, ValidationNamesField) {
   EXPECT_THROW(ModelConfig::from_json(json::parse(R"({"form": "gpt"})")), Error);
   EXPECT_THROW(ModelConfig::from_json(json::parse(R"({"d_modle": 3})")), Error);
   EXPECT_THROW(ModelConfig::from_json(json::parse(R"({"d_model": "big"})")), Error);
+  // Shapes no model has are refused before anything is sized from them (found by fuzzing: 3e16
+  // layers made the pattern allocate a name per layer).
+  for (const char* text : {R"({"n_layers": 33333333333333334})", R"({"vocab_size": 4294967296})",
+                           R"({"ffn_mult": 1e300})", R"({"n_loops": 5000})"}) {
+    try {
+      ModelConfig::from_json(json::parse(text));
+      ADD_FAILURE() << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("must be"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Config, JsonRoundTrip) {

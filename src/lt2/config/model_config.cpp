@@ -1,6 +1,7 @@
 #include "lt2/config/model_config.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "lt2/config/layer_pattern.h"
 #include "lt2/util/fs.h"
@@ -43,7 +44,15 @@ void ModelConfig::validate() const {
             ") must be divisible by 'n_heads' (", n_heads, ") when 'head_dim' is 0");
   LT2_CHECK(dim_head() % 2 == 0, w, ": the head dim must be even for RoPE, found ", dim_head());
   LT2_CHECK(ffn_hidden >= 0, w, ": 'ffn_hidden' must be >= 0, found ", ffn_hidden);
-  LT2_CHECK(ffn_mult > 0, w, ": 'ffn_mult' must be > 0, found ", ffn_mult);
+  LT2_CHECK(ffn_mult > 0 && ffn_mult <= 64, w, ": 'ffn_mult' must be in (0, 64], found ", ffn_mult);
+  // Shapes beyond any real model are refused before anything is sized from them (a config that
+  // claims 10^16 layers would otherwise allocate a name for each).
+  for (const auto& [field, v, max] : {std::tuple{"vocab_size", vocab_size, int64_t{1} << 24},
+                                      {"d_model", d_model, int64_t{1} << 18}, {"n_layers", n_layers, int64_t{4096}},
+                                      {"n_loops", n_loops, int64_t{4096}}, {"n_heads", n_heads, int64_t{1} << 14},
+                                      {"n_kv_heads", n_kv_heads, int64_t{1} << 14}, {"head_dim", head_dim, int64_t{1} << 14},
+                                      {"ffn_hidden", ffn_hidden, int64_t{1} << 22}, {"max_seq_len", max_seq_len, int64_t{1} << 24}})
+    LT2_CHECK(v <= max, w, ": '", field, "' must be at most ", max, ", found ", v);
   LT2_CHECK(rope_theta > 0, w, ": 'rope_theta' must be > 0, found ", rope_theta);
   LT2_CHECK(norm_eps > 0 && norm_eps < 1, w, ": 'norm_eps' must be in (0, 1), found ", norm_eps);
   LT2_CHECK(init_std >= 0, w, ": 'init_std' must be >= 0 (0 = d_model^-1/2), found ", init_std);
