@@ -10,8 +10,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   shift
   export BUILD_DIR=${BUILD_DIR:-build-sanitize}
   set -- -DLT2_SANITIZE=ON -DLT2_CUDA=OFF -DLT2_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
-  # Leaks are not checked: libtorch keeps its global state to the end of the process.
-  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 fi
 export BUILD_DIR=${BUILD_DIR:-build-test}

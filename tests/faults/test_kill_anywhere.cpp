@@ -1,5 +1,6 @@
-// Kill anywhere: `lt2 train` on a tiny model is killed with SIGKILL at seeded random moments (half
-// of them while a checkpoint is being written) and resumed with --resume each time. After every
+// Kill anywhere: `lt2 train` on a tiny model is killed with SIGKILL at seeded random moments (a third
+// of them anywhere, startup included, a third while a checkpoint is being written, a third while it
+// trains) and resumed with --resume each time. After every
 // kill: (a) the newest complete checkpoint loads (weights, optimizer state, trainer state); (c) a
 // temporary file a kill left is gone once the next process has trained a step. Every run that
 // reaches its last step ends with (b) the weights of an uninterrupted run, bit for bit, and no
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -29,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kTrials = 20;
+constexpr int kKills = 20;
 // The kill moments' seed; --gtest_random_seed=N draws other ones.
 uint64_t kill_seed() {
   const int flag = GTEST_FLAG_GET(random_seed);
@@ -54,7 +56,7 @@ std::map<std::string, fs::file_time_type> temporaries(const std::string& out_dir
     const std::string name = it->path().filename().string();
     const bool folder = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
     if (folder || name.find(".tmp.") != std::string::npos)
-      out[fs::relative(it->path(), out_dir).string()] = fs::last_write_time(it->path(), ec);
+      out[it->path().lexically_relative(out_dir).string()] = fs::last_write_time(it->path(), ec);
   }
   return out;
 }
@@ -143,21 +145,31 @@ TEST(KillAnywhere, ResumedRunsEndWithTheWeightsOfAnUninterruptedOne) {
     out = dir + "/run" + std::to_string(++runs);
   };
 
-  for (int trial = 0; trial < kTrials; ++trial) {
-    const std::string context = "trial " + std::to_string(trial) + " (seed " + std::to_string(seed) + ")";
+  // Starts of `lt2 train` until kKills of them were killed (a start may finish before its moment).
+  int starts = 0;
+  for (; kills < kKills && starts < 3 * kKills; ++starts) {
+    const std::string context = "start " + std::to_string(starts) + " (seed " + std::to_string(seed) + ")";
     const bool resume = !latest_checkpoint(out).empty();
     std::vector<std::string> argv{kLt2, "train", "--config", cfg, "--out", out};
     if (resume) argv.push_back("--resume");
-    const std::string log = dir + "/trial" + std::to_string(trial) + ".log";
+    const std::string log = dir + "/start" + std::to_string(starts) + ".log";
     const auto spawned = fs::file_time_type::clock::now();
     Process p = start_process(argv, {"OMP_NUM_THREADS=1"}, log);
-    const bool during_write = rng() % 2 == 0;
-    if (during_write) {  // wait for a checkpoint write to begin, then kill within its first milliseconds
-      wait_until([&] { return p.poll() || writing_checkpoint(out, p.pid(), spawned); }, 2 * run_seconds + 10);
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    const int when = static_cast<int>(rng() % 3);  // 0: any moment, 1: in a checkpoint write, 2: while training
+    // Waits (checking every 200 us: a checkpoint write takes milliseconds) until `moment()`, the
+    // child's exit or the deadline.
+    auto wait_for = [&](const std::function<bool()>& moment, double seconds) {
+      const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+      while (!p.poll() && !moment() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    };
+    if (when == 1) {  // within the first 2 ms of a checkpoint write
+      wait_for([&] { return writing_checkpoint(out, p.pid(), spawned); }, 2 * run_seconds + 10);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    } else if (when == 2) {  // once a step is done (startup takes most of a run), at a random moment after it
+      wait_for([&] { return trained_a_step(log); }, 2 * run_seconds + 10);
+      wait_for([] { return false; }, std::uniform_real_distribution<double>(0, run_seconds / 4)(rng));
     } else {
-      const double delay = std::uniform_real_distribution<double>(0, run_seconds)(rng);
-      wait_until([&] { return p.poll(); }, delay);
+      wait_for([] { return false; }, std::uniform_real_distribution<double>(0, run_seconds)(rng));
     }
     p.kill(SIGKILL);
     p.wait();
@@ -184,10 +196,11 @@ TEST(KillAnywhere, ResumedRunsEndWithTheWeightsOfAnUninterruptedOne) {
   check_finished_run("the last run");
 
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("kill-anywhere (seed %llu): %d trials, %d kills (%d during a checkpoint write, %d before the first "
+  std::printf("kill-anywhere (seed %llu): %d kills in %d starts (%d during a checkpoint write, %d before the first "
               "checkpoint), %d runs finished with the reference weights bit for bit; uninterrupted run %.2f s, "
               "test %.1f s\n",
-              (unsigned long long)seed, kTrials, kills, in_write, before_first_checkpoint, finished, run_seconds, seconds);
+              (unsigned long long)seed, kills, starts, in_write, before_first_checkpoint, finished, run_seconds, seconds);
+  EXPECT_EQ(kills, kKills);
   EXPECT_GT(in_write, 0) << "no kill landed in a checkpoint write";
   remove_tree(dir);
 }

@@ -1,6 +1,7 @@
 // Activation checkpointing: run fn(x) without storing its activations and recompute it in the
 // backward pass (libtorch's C++ API has no torch.utils.checkpoint). Gradients of parameters used by
 // fn are accumulated into their .grad during backward, as PyTorch's reentrant checkpoint does.
+// fn runs again in backward, after the caller's scope may have ended: it must own what it captures.
 #pragma once
 #include <torch/torch.h>
 

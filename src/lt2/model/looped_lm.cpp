@@ -169,8 +169,9 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   std::vector<Tensor> exits;  // Ouro: normed hidden of each loop
   Tensor h = tok_embeddings(tokens);
   for (int64_t loop = 0; loop < T; ++loop) {
-    auto one_loop = [this, loop, start, state, ouro, &opts, draw](const Tensor& prev) {
-      Tensor next = run_stack(prev, loop, start, state, opts.seq_pos, draw);
+    // Captures by value: with recompute it runs again in backward, after the caller's `opts` is gone.
+    auto one_loop = [this, loop, start, state, ouro, seq_pos = opts.seq_pos, draw](const Tensor& prev) {
+      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw);
       if (ouro) return ops::rms_norm(next, norm);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;
