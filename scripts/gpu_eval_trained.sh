@@ -6,6 +6,7 @@
 #     shards/train.bin, shards/val.bin, shards/tokenizer.json   (`lt2 data prepare` of the training text)
 #     wikitext-2/test.txt                                      (the perplexity text, WikiText format)
 #     zeroshot/<task files>                                    (`lt2 eval mc --help` lists the paths)
+#   (scripts/eval_table.py --help: the files it merges)
 #   MODELS=lt2-gdn-100m,lt-100m  STEPS=80  SEQ=2048  BATCH=16  LR=1e-3  MC_LIMIT=500
 #   NIAH_LENGTHS="1024 2048"  LOOPS="1 2 3" (perplexity with only the first T' loops as well)
 # Writes $OUT/eval_trained.json (every eval's JSON and each run's last training line) and
@@ -37,9 +38,9 @@ for model in ${MODELS:-lt2-gdn-100m lt-100m}; do
   echo "== train $model"
   $L train --model "$model" --train-data "$D/shards/train.bin" --val-data "$D/shards/val.bin" --out "$run" \
     --steps "${STEPS:-80}" --seq-len "${SEQ:-2048}" --batch-size "${BATCH:-16}" --lr "${LR:-1e-3}" --warmup 10 \
-    --eval-every 0 --log-every 10 --checkpoint-loops --json > "$RESULTS/$model.train.json" 2> "$RESULTS/$model.train.log" ||
+    --eval-every 0 --log-every 10 --checkpoint-loops > "$RESULTS/$model.train.log" 2>&1 ||
     { tail -20 "$RESULTS/$model.train.log"; continue; }
-  grep -E "^step" "$RESULTS/$model.train.log" | tail -3
+  tail -1 "$run/metrics.jsonl" > "$RESULTS/$model.train.json"  # the last step's metrics
   ckpt=$run/$(cat "$run/latest")
   echo "== eval $model"
   $L eval ppl "$ckpt" --tokenizer "$TOK" --wikitext --data "$D/wikitext-2/test.txt" --json --quiet \
