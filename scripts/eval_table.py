@@ -2,7 +2,7 @@
 """One results table from a folder of `lt2 eval ... --json` outputs, one model per file prefix.
 
 A model M contributes any of these files (scripts/gpu_eval_trained.sh writes them):
-  M.train.json          `lt2 train --json` (the last step's metrics)
+  M.train.jsonl         the run's metrics.jsonl (`lt2 train`): its last step and last validation loss
   M.ppl.json            `lt2 eval ppl --json` with all loops
   M.ppl_loops<T>.json   the same with only the first T loops
   M.mc.json             `lt2 eval mc --tasks ... --json`
@@ -30,12 +30,25 @@ def final_exit(result):
     return result["exits"][-1]
 
 
+def load_metrics(path):
+    """metrics.jsonl folded into one dict: every field's last value (step lines, then validation lines)."""
+    merged = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    merged.update(json.loads(line))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return merged or None
+
+
 def collect(folder):
     models = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-        name = os.path.basename(path)[:-len(".json")]
+    for path in sorted(glob.glob(os.path.join(folder, "*.json")) + glob.glob(os.path.join(folder, "*.train.jsonl"))):
+        name = os.path.basename(path).rsplit(".", 1)[0]
         model, _, kind = name.rpartition(".")
-        data = load(path)
+        data = load_metrics(path) if path.endswith(".jsonl") else load(path)
         if model and data is not None:
             models.setdefault(model, {})[kind] = data
     return models
@@ -53,7 +66,7 @@ def row(model, runs):
     ppl = runs.get("ppl")
     if ppl:
         e = final_exit(ppl)
-        cells["WikiText-2 word ppl"] = e["word_perplexity"]
+        cells[f"word ppl ({os.path.basename(ppl['data'])})"] = e["word_perplexity"]
         cells["token ppl"] = e["token_perplexity"]
         cells["bits/byte"] = e["bits_per_byte"]
     for kind in sorted(k for k in runs if k.startswith("ppl_loops")):

@@ -40,7 +40,7 @@ for model in ${MODELS:-lt2-gdn-100m lt-100m}; do
     --steps "${STEPS:-80}" --seq-len "${SEQ:-2048}" --batch-size "${BATCH:-16}" --lr "${LR:-1e-3}" --warmup 10 \
     --eval-every 0 --log-every 10 --checkpoint-loops > "$RESULTS/$model.train.log" 2>&1 ||
     { tail -20 "$RESULTS/$model.train.log"; continue; }
-  tail -1 "$run/metrics.jsonl" > "$RESULTS/$model.train.json"  # the last step's metrics
+  cp "$run/metrics.jsonl" "$RESULTS/$model.train.jsonl"
   ckpt=$run/$(cat "$run/latest")
   echo "== eval $model"
   $L eval ppl "$ckpt" --tokenizer "$TOK" --wikitext --data "$D/wikitext-2/test.txt" --json --quiet \
