@@ -202,6 +202,8 @@ ApiRequest parse_request(Endpoint endpoint, const std::string& body) {
       if (!v.is_null()) top_logprobs = get_int(v, key, 0, kMaxLogprobs);
     } else if (key == "ignore_eos") {
       r.ignore_eos = get_bool(v, key);
+    } else if (key == "return_token_ids") {
+      r.return_token_ids = get_bool(v, key);
     } else if (key == "user") {
       if (!v.is_null()) r.user = get_string(v, key);
     } else if (key == "n" || key == "best_of") {

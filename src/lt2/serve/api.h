@@ -51,6 +51,7 @@ struct ApiRequest {
   bool include_usage = false;         // stream_options.include_usage
   int64_t logprobs = -1;              // top-n alternatives per token; -1 = no logprobs
   bool ignore_eos = false;            // extension (vLLM's name): generate exactly max_tokens
+  bool return_token_ids = false;      // extension: each choice (and stream chunk) also carries "token_ids"
   std::string user;
 };
 

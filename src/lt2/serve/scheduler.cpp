@@ -346,7 +346,7 @@ bool Scheduler::take_token(Seq& s, const Tensor& logits, std::optional<int64_t> 
   const bool length_done = G >= s.req.max_tokens || T + G >= opts_.max_context;
   ev.text = u.text;
   if (!u.stopped && length_done) ev.text += s.text.flush();
-  if (s.req.logprobs >= 0) ev.tokens.push_back(std::move(info));
+  if (s.req.logprobs >= 0 || s.req.token_ids) ev.tokens.push_back(std::move(info));
   if (!ev.text.empty() || !ev.tokens.empty()) s.ch->push(std::move(ev));
   if (u.stopped || length_done) {
     finish(s, u.stopped ? "stop" : "length");

@@ -96,6 +96,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   std::vector<int64_t> stop_tokens;  // end tokens (EOS); empty with ignore_eos
   int64_t logprobs = -1;             // top-n with each token; -1 = none
+  bool token_ids = false;            // send each token's id with its text
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };
 

@@ -72,9 +72,15 @@ struct ResponseInfo {
   std::string id, model;
   int64_t created = 0;
   int64_t logprobs = -1;
-  bool include_usage = false;
+  bool include_usage = false, token_ids = false;
   bool chat() const { return endpoint == Endpoint::Chat; }
 };
+
+json token_ids_json(const std::vector<TokenInfo>& tokens) {
+  json a = json::array();
+  for (const auto& t : tokens) a.push_back(t.id);
+  return a;
+}
 
 json chunk_json(const ResponseInfo& r, const json& choice) {
   return json{{"id", r.id},
@@ -271,7 +277,9 @@ void Server::routes() {
       g.stop = a.stop;
       if (!a.ignore_eos) g.stop_tokens = end_tokens_;
       g.logprobs = a.logprobs;
+      g.token_ids = a.return_token_ids;
       info.logprobs = a.logprobs;
+      info.token_ids = a.return_token_ids;
       info.include_usage = a.include_usage;
       stream = a.stream;
       ch = scheduler_->submit(std::move(g));
@@ -308,6 +316,7 @@ void Server::routes() {
         choice["text"] = text;
         if (info.logprobs >= 0) choice["logprobs"] = completion_logprobs(tokens, tok_, 0);
       }
+      if (info.token_ids) choice["token_ids"] = token_ids_json(tokens);
       send_json(res, 200,
                 json{{"id", info.id},
                      {"object", info.chat() ? "chat.completion" : "text_completion"},
@@ -358,6 +367,7 @@ void Server::routes() {
               choice["text"] = ev.text;
               if (r.logprobs >= 0) choice["logprobs"] = completion_logprobs(ev.tokens, tok_, st->offset);
             }
+            if (r.token_ids) choice["token_ids"] = token_ids_json(ev.tokens);
             st->offset += ev.text.size();
             return send(sse(chunk_json(r, choice)));
           }
