@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -75,21 +76,28 @@ void run_serve(ServeArgs a) {
   std::fprintf(stderr, "lt2 serve: listening on http://%s:%d\n", a.opts.host.c_str(), port);
   std::fflush(stderr);
 
-  std::thread signal_thread([&server, drain = a.drain_timeout] {
+  std::atomic<bool> draining{false};
+  std::thread signal_thread([&server, &draining, drain = a.drain_timeout] {
     int sig = 0;
     sigwait(&signals, &sig);
-    std::fprintf(stderr, "lt2 serve: signal %d: draining (up to %.0f s; again to exit at once)\n", sig, drain);
-    std::thread second([] {
-      int s2 = 0;
-      sigwait(&signals, &s2);
-      std::fprintf(stderr, "lt2 serve: signal %d again: exiting now\n", s2);
-      std::_Exit(1);
-    });
-    second.detach();
+    draining = true;
+    if (sig != 0) {
+      std::fprintf(stderr, "lt2 serve: signal %d: draining (up to %.0f s; again to exit at once)\n", sig, drain);
+      std::thread second([] {
+        int s2 = 0;
+        sigwait(&signals, &s2);
+        std::fprintf(stderr, "lt2 serve: signal %d again: exiting now\n", s2);
+        std::_Exit(1);
+      });
+      second.detach();
+    }
     server.shutdown(drain);
   });
-  signal_thread.detach();
   server.listen();
+  // listen() returns after shutdown() stopped it; should it have ended by itself, wake the signal
+  // thread so that it shuts the rest down too.
+  if (!draining) ::kill(::getpid(), SIGTERM);
+  signal_thread.join();
   std::fprintf(stderr, "lt2 serve: stopped\n");
 }
 

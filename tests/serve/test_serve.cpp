@@ -81,7 +81,9 @@ void expect_error(const HttpResult& r, int status, const std::string& param_or_e
   ASSERT_NO_THROW(j = r.json_body()) << what << ": " << r.body;
   ASSERT_TRUE(j.contains("error")) << what;
   for (const char* k : {"message", "type", "param", "code"}) EXPECT_TRUE(j["error"].contains(k)) << what << ": " << k;
-  if (!param_or_empty.empty()) EXPECT_EQ(j["error"]["param"], param_or_empty) << what;
+  if (!param_or_empty.empty()) {
+    EXPECT_EQ(j["error"]["param"], param_or_empty) << what;
+  }
 }
 
 }  // namespace
@@ -173,10 +175,12 @@ TEST(ServeApi, ChatTemplateIsChatML) {
 }
 
 // ---- the server ----
+// Each server gets its own instance of the model (same seed, same weights): the references below
+// run the engine on another instance, never concurrently with a server's scheduler thread.
 
 TEST(Serve, GreedyAndSeededCompletionsEqualGenerate) {
   auto m = hybrid_model();
-  TestServer ts(m, small_server_options());
+  TestServer ts(hybrid_model(), small_server_options());
   const std::string prompt = "It is a truth universally acknowledged";
   const auto r = post(ts.port, "/v1/completions", completion(prompt, 20));
   ASSERT_EQ(r.status, 200) << r.body;
@@ -202,7 +206,7 @@ TEST(Serve, GreedyAndSeededCompletionsEqualGenerate) {
 
 TEST(Serve, StreamingEqualsNonStreaming) {
   auto m = hybrid_model();
-  TestServer ts(m, small_server_options());
+  TestServer ts(hybrid_model(), small_server_options());
   for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
     SCOPED_TRACE(path);
     json body = completion("Once upon a time", 25, {{"logprobs", 2}});
@@ -224,7 +228,9 @@ TEST(Serve, StreamingEqualsNonStreaming) {
     EXPECT_EQ(s.usage["completion_tokens"], 25);
     if (path == "/v1/completions") {
       EXPECT_EQ(c["logprobs"]["token_logprobs"].size(), 25u);
-      EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 2u);
+      // A dict keyed by token text: two tokens with one text (both U+FFFD here) share an entry.
+      EXPECT_GE(c["logprobs"]["top_logprobs"][0].size(), 1u);
+      EXPECT_LE(c["logprobs"]["top_logprobs"][0].size(), 2u);
     } else {
       ASSERT_EQ(c["logprobs"]["content"].size(), 25u);
       EXPECT_EQ(c["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
@@ -237,7 +243,7 @@ TEST(Serve, StreamingEqualsNonStreaming) {
 
 TEST(Serve, StopStringsAcrossTokenBoundaries) {
   auto m = hybrid_model();
-  TestServer ts(m, small_server_options());
+  TestServer ts(hybrid_model(), small_server_options());
   const auto full = post(ts.port, "/v1/completions", completion("The quick brown fox", 40)).json_body();
   const std::string text = full["choices"][0]["text"];
   // A stop string of 2-3 characters from the middle of the text (every byte is a token here).
@@ -263,7 +269,7 @@ TEST(Serve, StopStringsAcrossTokenBoundaries) {
 
 TEST(Serve, ChatAppliesTheChatMLTemplate) {
   auto m = hybrid_model();
-  TestServer ts(m, small_server_options());
+  TestServer ts(hybrid_model(), small_server_options());
   const std::string golden =
       "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n";
   json chat{{"model", "tiny"}, {"messages", {{{"role", "system"}, {"content", "Be terse."}}, {{"role", "user"}, {"content", "Hello there"}}}},
@@ -282,7 +288,7 @@ TEST(Serve, ConcurrentClientsGetWhatTheyGetAlone) {
   auto m = hybrid_model();
   auto o = small_server_options();
   o.scheduler.max_batch = 4;  // 24 clients: most wait in the queue, prefills interleave with decodes
-  TestServer ts(m, o);
+  TestServer ts(hybrid_model(), o);
   constexpr int kClients = 24;
   struct Case {
     std::string prompt;
@@ -328,7 +334,7 @@ TEST(Serve, ADisconnectMidStreamFreesTheSlot) {
   auto o = small_server_options();
   o.scheduler.max_batch = 1;
   o.scheduler.max_context = 4096;
-  TestServer ts(m, o);
+  TestServer ts(hybrid_model(), o);
   // A long stream, abandoned after its first tokens.
   const int fd = connect_loopback(ts.port);
   ASSERT_GE(fd, 0);
@@ -361,7 +367,7 @@ TEST(Serve, PrefixCacheResumesExactly) {
     cached_opts.scheduler.cache_device_bytes = 64 << 20;
     cached_opts.scheduler.cache_interval = 8;
     TestServer cold(m, small_server_options());
-    TestServer warm(m, cached_opts);
+    TestServer warm(hybrid_model(pattern, form), cached_opts);
     const std::string shared = "A long shared system prompt that many requests begin with, then: ";
     for (const std::string tail : {"first question", "second question, longer", "first question"}) {
       const auto body = completion(shared + tail, 10);
@@ -406,7 +412,7 @@ TEST(Serve, BadInputGetsAJsonErrorAndOthersAreUnaffected) {
   auto m = hybrid_model();
   auto o = small_server_options();
   o.max_body_bytes = 4096;
-  TestServer ts(m, o);
+  TestServer ts(hybrid_model(), o);
   const std::string prompt = "unaffected";
   const auto want = reference(m, encode(prompt), 30);
   // A client that streams throughout the abuse.
@@ -431,7 +437,7 @@ TEST(Serve, BadInputGetsAJsonErrorAndOthersAreUnaffected) {
                400, "n", "n > 1");
   // A header that never ends, and a body shorter than its Content-Length: closed after the read
   // timeout (2 s here), not held open.
-  for (const std::string partial :
+  for (const std::string& partial :
        {std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le"),
         std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")}) {
     const auto s0 = std::chrono::steady_clock::now();
@@ -454,13 +460,13 @@ TEST(Serve, TimeoutsAnswer408) {
   auto o = small_server_options();
   o.scheduler.timeout_s = 0.3;
   o.scheduler.max_context = 100000;
-  TestServer ts(hybrid_model(), o);
+  TestServer ts(hybrid_model("gdn"), o);  // a recurrent state: no KV cache of 100k tokens
   expect_error(post(ts.port, "/v1/completions", completion("abc", 90000)), 408, "", "timed out");
 }
 
 TEST(Serve, ShutdownDrainsRunningRequests) {
   auto m = hybrid_model();
-  auto ts = std::make_unique<TestServer>(m, small_server_options());
+  auto ts = std::make_unique<TestServer>(hybrid_model(), small_server_options());
   const int port = ts->port;
   HttpResult running;
   std::thread client([&] { running = post(port, "/v1/completions", completion("drain me", 60)); });

@@ -68,8 +68,7 @@ TEST(ServeCli, GreedyCompletionEqualsLt2GenerateAndSigtermDrains) {
   json long_body = body;
   long_body["max_tokens"] = 100;
   std::thread client([&] { drained = post(port, "/v1/completions", long_body); });
-  wait_until([&] { return read_text(slog).find("serve: cmpl-") != std::string::npos || drained.status > 0; }, 10);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  wait_until([&] { return metric(port, "lt2_requests_running") + metric(port, "lt2_requests_prefilling") >= 1; }, 30);
   srv.kill(SIGTERM);
   const auto e = wait_process(srv, 60);
   client.join();

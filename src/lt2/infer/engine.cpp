@@ -95,7 +95,7 @@ int64_t Engine::bucket_for(int64_t n) const {
 }
 
 void Engine::check_row(int64_t row) const {
-  LT2_CHECK(row >= 0 && row < rows(), "engine: row ", row, " outside [0, ", rows(), ") (", opts_.max_batch,
+  LT2_CHECK(row >= 0 && row < rows(), "engine: slot ", row, " outside [0, ", rows(), ") (", opts_.max_batch,
             " decode slots + ", opts_.staging_rows, " staging rows)");
 }
 

@@ -147,6 +147,8 @@ void Scheduler::loop() {
     }
     n_running_ = running_.size();
     n_prefilling_ = prefilling_.size();
+    for (auto& [ch, ev] : outbox_) ch->push(std::move(ev));
+    outbox_.clear();
   }
   std::deque<std::unique_ptr<Seq>> queued;
   {
@@ -371,11 +373,11 @@ void Scheduler::finish(Seq& s, const std::string& reason) {
   ev.prompt_tokens = T;
   ev.completion_tokens = G;
   ev.cached_tokens = s.cached;
-  s.ch->push(std::move(ev));
   metrics_.tokens(T, s.cached, G);
   metrics_.finish_reason(reason);
   metrics_.e2e(seconds_between(s.req.arrival, Clock::now()));
   log_line(s, "finished: " + reason);
+  outbox_.emplace_back(s.ch, std::move(ev));
 }
 
 void Scheduler::fail(Seq& s, int status, const std::string& type, const std::string& message) {

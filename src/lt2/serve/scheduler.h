@@ -154,6 +154,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Seq>> running_;     // running_[i] decodes in slot i
   std::vector<int64_t> free_rows_;                // staging rows not in use
   std::atomic<int64_t> n_running_{0}, n_prefilling_{0}, steps_{0};
+  // Done events of this step, sent after the counters are updated: a client that has its answer
+  // sees it counted in /metrics.
+  std::vector<std::pair<std::shared_ptr<Channel>, Event>> outbox_;
   PrefixCache::Stats cache_stats_;  // guarded by mu_ (a copy for /metrics)
   std::thread thread_;
 };
