@@ -3,6 +3,8 @@
 // across tokens, concurrent clients get what they would alone, disconnects free their slots, the
 // prefix cache resumes exactly, and hostile input gets a 4xx or a closed connection in bounded time.
 #include <atomic>
+#include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "lt2/infer/generate.h"
@@ -477,4 +479,30 @@ TEST(Serve, ShutdownDrainsRunningRequests) {
   ASSERT_EQ(running.status, 200) << running.body;
   EXPECT_EQ(ids_of(running.json_body()["choices"][0]), reference(m, encode("drain me"), 60));
   EXPECT_EQ(connect_loopback(port) < 0 || http(port, "GET", "/health", "", 5).status != 200, true);
+}
+
+TEST(Serve, TheQueueServesInArrivalOrder) {
+  // One slot: requests arriving 15 ms apart while it is busy start (and, with equal lengths,
+  // finish) in the order they came.
+  auto o = small_server_options();
+  o.scheduler.max_batch = 1;
+  o.scheduler.prefill_rows = 1;
+  TestServer ts(hybrid_model(), o);
+  constexpr int kClients = 6;
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      const auto r = post(ts.port, "/v1/completions", completion("fair " + std::to_string(i), 40));
+      EXPECT_EQ(r.status, 200) << r.body;
+      std::lock_guard<std::mutex> g(mu);
+      order.push_back(i);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+  }
+  for (auto& t : threads) t.join();
+  std::vector<int> want(kClients);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(order, want);
 }
