@@ -9,6 +9,7 @@
 
 #include "lt2/infer/generate.h"
 #include "lt2/serve/api.h"
+#include "lt2/serve/prefix_cache.h"
 #include "lt2/serve/text_stream.h"
 #include "serve/serve_testing.h"
 
@@ -174,6 +175,31 @@ TEST(ServeApi, ChatTemplateIsChatML) {
   const std::vector<ChatMessage> msgs{{"system", "Be terse."}, {"user", "Hi"}};
   EXPECT_EQ(chat_tokenizer().apply_chat_template(msgs, true),
             "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ServePrefixCache, LongestPrefixWinsAndTheLeastRecentlyUsedGoes) {
+  auto snap = [](int64_t length) {
+    Engine::Snapshot s;
+    s.length = length;
+    s.tensors.push_back(torch::zeros({256}, torch::kFloat));  // 1 KiB each
+    return s;
+  };
+  serve::PrefixCache cache(3 * 1024, 0, torch::kCPU);
+  const std::vector<int64_t> a{1, 2, 3, 4, 5, 6, 7, 8};
+  cache.insert(a, snap(2));
+  cache.insert(a, snap(4));
+  cache.insert(a, snap(6));
+  EXPECT_TRUE(cache.contains(a, 4));
+  auto hit = cache.lookup(a, a.size());
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(hit->length, 6);
+  EXPECT_EQ(cache.lookup({1, 2, 3, 4, 5, 6}, 6)->length, 4);  // equal length needs the logits
+  cache.insert(a, snap(8), torch::zeros({2}));                // over budget: the least recently used (2) goes
+  EXPECT_FALSE(cache.contains(a, 2));
+  EXPECT_EQ(cache.lookup(a, a.size())->length, 8);            // the whole prompt, with its logits
+  EXPECT_EQ(cache.stats().entries, 3);
+  EXPECT_GE(cache.stats().evictions, 1);
+  EXPECT_FALSE(cache.lookup({9, 9}, 2).has_value());
 }
 
 // ---- the server ----
