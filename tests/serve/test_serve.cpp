@@ -184,7 +184,7 @@ TEST(ServePrefixCache, LongestPrefixWinsAndTheLeastRecentlyUsedGoes) {
     s.tensors.push_back(torch::zeros({256}, torch::kFloat));  // 1 KiB each
     return s;
   };
-  serve::PrefixCache cache(3 * 1024, 0, torch::kCPU);
+  serve::PrefixCache cache(3 * 1024 + 64, 0, torch::kCPU);  // three entries (and a few logits)
   const std::vector<int64_t> a{1, 2, 3, 4, 5, 6, 7, 8};
   cache.insert(a, snap(2));
   cache.insert(a, snap(4));
