@@ -10,8 +10,11 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libbenchmark-dev
   gnuplot-nox r-cran-janeaustenr
   libgloo-dev  # headers only: c10d's ProcessGroupGloo.hpp includes them; the wheel does not ship them
+  libcpp-httplib-dev  # cpp-httplib, the HTTP layer of `lt2 serve`
 )
 PIP_PACKAGES=(torch==2.11.0 numpy tokenizers==0.22.1)
+# The official OpenAI client: tests/scripts/openai_client_test.py drives `lt2 serve` with it.
+PIP_TEST_PACKAGES=(openai)
 # flash-linear-attention's pure-PyTorch naive references: an independent oracle for the mixers.
 PIP_NODEPS_PACKAGES=(fla-core==0.6.0 einops)
 
@@ -33,6 +36,10 @@ if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.11
    || ! $PY -c 'import tokenizers, numpy' 2>/dev/null; then
   echo "setup: pip install ${PIP_PACKAGES[*]}"
   $PY -m pip install -q "${PIP_PACKAGES[@]}" || $PY -m pip install -q --break-system-packages "${PIP_PACKAGES[@]}"
+fi
+if ! $PY -c 'import openai' 2>/dev/null; then
+  echo "setup: pip install ${PIP_TEST_PACKAGES[*]}"
+  $PY -m pip install -q "${PIP_TEST_PACKAGES[@]}" || $PY -m pip install -q --break-system-packages "${PIP_TEST_PACKAGES[@]}"
 fi
 if ! $PY -c 'import fla, einops' 2>/dev/null; then
   echo "setup: pip install --no-deps ${PIP_NODEPS_PACKAGES[*]}"

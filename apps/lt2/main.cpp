@@ -6,7 +6,7 @@
 #include "lt2/util/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"lt2: looped transformers with linear-time attention (train, generate, evaluate, inspect)"};
+  CLI::App app{"lt2: looped transformers with linear-time attention (train, generate, evaluate, serve, inspect)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "lt2 0.1.0");
   lt2::cli::add_info_command(app);
@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   lt2::cli::add_tasks_command(app);
   lt2::cli::add_bench_command(app);
   lt2::cli::add_eval_command(app);
+  lt2::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

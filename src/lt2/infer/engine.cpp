@@ -29,9 +29,9 @@ struct Engine::Graphs {
 
 Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), opts_(opts) {
   DecodeOptionsGuard decode_options(opts_.decode);
-  LT2_CHECK(opts_.max_batch > 0 && opts_.max_len > 0 && opts_.prefill_chunk > 0,
-            "engine: max_batch, max_len and prefill_chunk must be > 0, found ", opts_.max_batch, ", ",
-            opts_.max_len, ", ", opts_.prefill_chunk);
+  LT2_CHECK(opts_.max_batch > 0 && opts_.max_len > 0 && opts_.prefill_chunk > 0 && opts_.staging_rows >= 0,
+            "engine: max_batch, max_len and prefill_chunk must be > 0 and staging_rows >= 0, found ",
+            opts_.max_batch, ", ", opts_.max_len, ", ", opts_.prefill_chunk, ", ", opts_.staging_rows);
   const auto missing = model_->first_mixer_without_seq_pos();
   LT2_CHECK(missing.empty(), "engine: mixer '", missing,
             "' cannot decode sequences of different lengths together (no per-sequence positions); "
@@ -40,9 +40,12 @@ Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), o
   model_->pack_for_inference();
   const auto param = model_->parameters().front();
   state_opts_ = torch::TensorOptions().dtype(param.scalar_type()).device(param.device());
-  state_ = model_->make_state(opts_.max_batch, opts_.max_len, state_opts_);
-  lengths_.assign(opts_.max_batch, 0);
-  device_lengths_ = torch::zeros({opts_.max_batch}, state_opts_.dtype(torch::kLong));
+  state_ = model_->make_state(rows(), opts_.max_len, state_opts_);
+  for (const auto& m : state_->mixers)
+    LT2_CHECK(m->token_axes().size() == m->tensors().size(), "engine: a mixer state gives ",
+              m->token_axes().size(), " token axes for ", m->tensors().size(), " tensors");
+  lengths_.assign(rows(), 0);
+  device_lengths_ = torch::zeros({rows()}, state_opts_.dtype(torch::kLong));
   for (int64_t b = 1; opts_.every_bucket && b < opts_.max_batch; b *= 2) buckets_.push_back(b);
   buckets_.push_back(opts_.max_batch);
   graphs_ = std::make_unique<Graphs>();
@@ -91,9 +94,89 @@ int64_t Engine::bucket_for(int64_t n) const {
   return static_cast<int64_t>(std::lower_bound(buckets_.begin(), buckets_.end(), n) - buckets_.begin());
 }
 
+void Engine::check_row(int64_t row) const {
+  LT2_CHECK(row >= 0 && row < rows(), "engine: slot ", row, " outside [0, ", rows(), ") (", opts_.max_batch,
+            " decode slots + ", opts_.staging_rows, " staging rows)");
+}
+
 int64_t Engine::length(int64_t slot) const {
-  LT2_CHECK(slot >= 0 && slot < opts_.max_batch, "engine: slot ", slot, " outside [0, ", opts_.max_batch, ")");
+  check_row(slot);
   return lengths_[slot];
+}
+
+void Engine::set_length(int64_t row, int64_t length) {
+  lengths_[row] = length;
+  device_lengths_.narrow(0, row, 1).fill_(length);
+}
+
+std::vector<Tensor> Engine::row_parts(int64_t row, int64_t length) const {
+  std::vector<Tensor> out;
+  for (const auto& m : state_->mixers) {
+    const auto ts = m->tensors();
+    const auto axes = m->token_axes();
+    for (size_t i = 0; i < ts.size(); ++i) {
+      auto t = ts[i].narrow(0, row, 1);
+      if (axes[i] >= 0) t = t.narrow(axes[i], 0, std::min(length, t.size(axes[i])));
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+void Engine::reset(int64_t row) {
+  check_row(row);
+  torch::NoGradGuard no_grad;
+  state_->slice(row, 1)->reset();
+  set_length(row, 0);
+}
+
+void Engine::copy_row(int64_t src, int64_t dst) {
+  check_row(src);
+  check_row(dst);
+  if (src == dst) return;
+  torch::NoGradGuard no_grad;
+  const auto from = row_parts(src, lengths_[src]), to = row_parts(dst, lengths_[src]);
+  for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  set_length(dst, lengths_[src]);
+}
+
+int64_t Engine::Snapshot::bytes() const {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.nbytes();
+  return n;
+}
+
+Engine::Snapshot Engine::Snapshot::to(torch::Device device) const {
+  Snapshot s;
+  s.length = length;
+  for (const auto& t : tensors) s.tensors.push_back(t.to(device, /*non_blocking=*/false, /*copy=*/true));
+  return s;
+}
+
+Engine::Snapshot Engine::snapshot(int64_t row, std::optional<torch::Device> device) const {
+  check_row(row);
+  torch::NoGradGuard no_grad;
+  Snapshot s;
+  s.length = lengths_[row];
+  for (const auto& t : row_parts(row, s.length))
+    s.tensors.push_back(t.to(device.value_or(state_opts_.device()), /*non_blocking=*/false, /*copy=*/true));
+  return s;
+}
+
+void Engine::restore(int64_t row, const Snapshot& snap) {
+  check_row(row);
+  LT2_CHECK(snap.length >= 0 && snap.length <= opts_.max_len, "engine: a snapshot of ", snap.length,
+            " tokens does not fit rows of ", opts_.max_len);
+  torch::NoGradGuard no_grad;
+  const auto to = row_parts(row, snap.length);
+  LT2_CHECK(to.size() == snap.tensors.size(), "engine: the snapshot holds ", snap.tensors.size(),
+            " tensors, this engine's rows ", to.size(), " (a snapshot of another model?)");
+  for (size_t i = 0; i < to.size(); ++i) {
+    LT2_CHECK(to[i].sizes() == snap.tensors[i].sizes(), "engine: snapshot tensor ", i, " has shape ",
+              snap.tensors[i].sizes(), ", the row's ", to[i].sizes());
+    to[i].copy_(snap.tensors[i]);
+  }
+  set_length(row, snap.length);
 }
 
 Tensor Engine::decode_eager(const Tensor& tokens, const Tensor& positions, ModelState& slots) {
@@ -103,18 +186,30 @@ Tensor Engine::decode_eager(const Tensor& tokens, const Tensor& positions, Model
 }
 
 Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
-  DecodeOptionsGuard decode_options(opts_.decode);
-  LT2_CHECK(slot >= 0 && slot < opts_.max_batch, "engine: slot ", slot, " outside [0, ", opts_.max_batch, ")");
+  check_row(slot);
   LT2_CHECK(prompt.dim() == 1 && prompt.numel() >= 1 && prompt.numel() <= opts_.max_len,
             "engine: a prompt is [T] tokens with 1 <= T <= max_len (", opts_.max_len, "), found shape ",
             prompt.sizes());
+  reset(slot);
+  return extend(slot, prompt);
+}
+
+Tensor Engine::extend(int64_t row, const Tensor& tokens_in) {
+  DecodeOptionsGuard decode_options(opts_.decode);
+  check_row(row);
+  const int64_t start = lengths_[row];
+  LT2_CHECK(tokens_in.dim() == 1 && tokens_in.numel() >= 1 && start + tokens_in.numel() <= opts_.max_len,
+            "engine: extend takes [T] tokens with T >= 1 and at most max_len (", opts_.max_len,
+            ") in the row; row ", row, " holds ", start, ", found shape ", tokens_in.sizes());
   torch::NoGradGuard no_grad;
   Tf32Scope tf32(opts_.tf32 && state_opts_.device().is_cuda() && state_opts_.dtype() != torch::kFloat32);
-  auto view = state_->slice(slot, 1);
-  view->reset();
-  lengths_[slot] = 0;
-  const int64_t T = prompt.numel();
-  auto tokens = prompt.to(state_opts_.device(), torch::kLong).view({1, T});
+  // A view of the row that continues at its length (slices start empty; every mixer state of the
+  // view is told the length, as a forward through it would have left it).
+  auto view = state_->slice(row, 1);
+  view->length = start;
+  for (auto& m : view->mixers) m->length = start;
+  const int64_t T = tokens_in.numel();
+  auto tokens = tokens_in.to(state_opts_.device(), torch::kLong).view({1, T});
   ForwardOptions fo = opts_.forward;
   fo.last_logits_only = true;
   Tensor logits;
@@ -122,8 +217,7 @@ Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
     const int64_t n = std::min(opts_.prefill_chunk, T - begin);
     logits = model_->forward(tokens.narrow(1, begin, n), view.get(), fo).logits;  // [1, 1, V]
   }
-  lengths_[slot] = T;
-  device_lengths_.narrow(0, slot, 1).fill_(T);
+  set_length(row, start + T);
   return logits.view({-1});
 }
 

@@ -73,6 +73,12 @@ std::vector<Tensor> DSAState::tensors() const {
   return out;
 }
 
+std::vector<int64_t> DSAState::token_axes() const {
+  std::vector<int64_t> out{2, 1};
+  if (v.defined()) out.push_back(2);
+  return out;
+}
+
 DSAImpl::DSAImpl(const ModelConfig& cfg, const json& o)
     : topk(2048),
       index_heads(64),

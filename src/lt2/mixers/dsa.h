@@ -57,6 +57,7 @@ struct DSAState : MixerState {
   // Every index key, then the top-k selected keys and values.
   int64_t decode_bytes(int64_t length) const override;
   std::vector<Tensor> tensors() const override;
+  std::vector<int64_t> token_axes() const override;
 };
 
 class DSAImpl : public MixerImpl {

@@ -39,6 +39,12 @@ struct MixerState {
   virtual int64_t decode_bytes(int64_t length) const = 0;
   // Every tensor of the state (benchmarks fill them with random values).
   virtual std::vector<torch::Tensor> tensors() const = 0;
+  // For each tensor of tensors(), the axis along which it holds one row per token, filled from
+  // row 0 (a KV cache; a ring of S rows fills rows [0, min(length, S)) before it wraps), or -1 when
+  // the whole tensor is state. Rows [0, min(length, size)) along these axes and the other tensors
+  // whole are everything a sequence's state holds: the engine copies only those to move a
+  // sequence between slots or to snapshot it (the prefix cache of `lt2 serve`).
+  virtual std::vector<int64_t> token_axes() const { return std::vector<int64_t>(tensors().size(), -1); }
   // Tokens consumed so far.
   int64_t length = 0;
 };

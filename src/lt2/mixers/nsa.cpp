@@ -50,6 +50,12 @@ std::vector<Tensor> NSAState::tensors() const {
   return out;
 }
 
+std::vector<int64_t> NSAState::token_axes() const {
+  std::vector<int64_t> out{-1, -1};  // compressed blocks: whole
+  out.insert(out.end(), k.size() + v.size(), 2);
+  return out;
+}
+
 NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
     : n_heads(cfg.n_heads),
       n_kv_heads(cfg.kv_heads()),

@@ -48,6 +48,7 @@ struct NSAState : MixerState {
   // K/V set, the rows its branches read, at most the length + 1 tokens held after the step.
   int64_t decode_bytes(int64_t length) const override;
   std::vector<Tensor> tensors() const override;
+  std::vector<int64_t> token_axes() const override;
   void reset() override { length = 0; }
 };
 

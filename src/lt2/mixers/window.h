@@ -22,6 +22,7 @@ struct RingKVCache : MixerState {
   std::unique_ptr<MixerState> slice(int64_t begin, int64_t count) const override;
   int64_t decode_bytes(int64_t length) const override;
   std::vector<Tensor> tensors() const override { return {k, v}; }
+  std::vector<int64_t> token_axes() const override { return {2, 2}; }
   int64_t slots() const { return k.size(2); }
 };
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE (device tool) from the repo root with `.deps` carried: `lt2 serve` under
+# bench/serve_load.py, and `lt2 bench decode` at batch 64 in the same call, for the served-vs-engine
+# comparison of issue 26. Writes $OUT/serve_<model>.{md,json} (one row per load cell) and
+# $OUT/serve_decode.json (the bench's figure).
+#   MODELS=lt2-gdn-1.3b[,lt2-gdn-dsa-1.3b,lt-1.3b]   random weights, the byte-level tokenizer
+#   PROMPTS="1024 8192"  OUTPUT=256  CONCURRENCY="1 8 64"   the grid (requests per cell: max(2 x concurrency, 8))
+#   SHARED="0 0.9"      shared-prefix fractions; 0.9 runs with the prefix cache on and off
+#   STEADY="64 7168 1024"  the headline cell: concurrency, prompt, output (8k context): output tok/s
+#                        while all streams decode, against `lt2 bench decode -b 64 -c 8k`
+#   PREFILL_CHUNK=2048  CACHE_GB=16  PREBUILT=build-prebuilt (carried binaries, as scripts/gpu_infer.sh)
+#   Runs anywhere for a smoke test: DEVICE=cpu MODELS=tiny-full-gdn PROMPTS=64 OUTPUT=8 CONCURRENCY="1 4"
+#   STEADY="4 64 32" DECODE_CONTEXT=1k scripts/gpu_serve_bench.sh   (L=path/to/lt2 to skip the build)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/lt2_gpu_out}
+mkdir -p "$OUT"
+MODELS=${MODELS:-lt2-gdn-1.3b}
+PROMPTS=${PROMPTS:-1024 8192}
+OUTPUT=${OUTPUT:-256}
+CONCURRENCY=${CONCURRENCY:-1 8 64}
+SHARED=${SHARED:-0 0.9}
+STEADY=${STEADY:-64 7168 1024}
+PREFILL_CHUNK=${PREFILL_CHUNK:-2048}
+CACHE_GB=${CACHE_GB:-16}
+DEVICE=${DEVICE:-auto}
+DECODE_CONTEXT=${DECODE_CONTEXT:-8k}
+ROOT=$PWD/.deps/root/usr
+if [ -d "$ROOT" ]; then
+  export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+  export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+if [ -z "${L:-}" ]; then
+  if [ -n "${PREBUILT:-}" ]; then
+    export LD_LIBRARY_PATH="$PWD/$PREBUILT:$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+    L=$PREBUILT/lt2
+  else
+    B=build-gpu
+    cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_PREFIX_PATH:+-DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH"} \
+      > /tmp/lt2_build.log 2>&1 && cmake --build $B -j "$(nproc)" --target lt2_cli >> /tmp/lt2_build.log 2>&1 ||
+      { grep -E "error|Error" -A5 /tmp/lt2_build.log | head -60 | tee "$OUT/build_errors.txt"; exit 1; }
+    L=$B/apps/lt2/lt2
+  fi
+fi
+"$L" --version > /dev/null || { echo "cannot run $L"; exit 1; }
+read -r STEADY_C STEADY_P STEADY_O <<< "$STEADY"
+max_prompt=$STEADY_P
+for p in $PROMPTS; do [ "$p" -gt "$max_prompt" ] && max_prompt=$p; done
+max_out=$(( OUTPUT > STEADY_O ? OUTPUT : STEADY_O ))
+CONTEXT=$(( max_prompt + max_out ))
+max_c=$STEADY_C
+for c in $CONCURRENCY; do [ "$c" -gt "$max_c" ] && max_c=$c; done
+
+server_pid=
+stop_server() {
+  if [ -n "$server_pid" ]; then
+    kill -TERM "$server_pid" 2> /dev/null
+    for _ in $(seq 1 600); do kill -0 "$server_pid" 2> /dev/null || break; sleep 0.1; done
+    kill -KILL "$server_pid" 2> /dev/null
+    wait "$server_pid" 2> /dev/null
+    server_pid=
+  fi
+}
+trap stop_server EXIT
+# start_server MODEL CACHE_GB: sets $port
+start_server() {
+  local log=/tmp/lt2_serve_$1_$2.log
+  "$L" serve "$1" --tokenizer bytes --device "$DEVICE" --port 0 --max-batch "$max_c" --max-context "$CONTEXT" \
+    --prefill-chunk "$PREFILL_CHUNK" --prefix-cache-gb "$2" --timeout 3600 --quiet > "$log" 2>&1 &
+  server_pid=$!
+  port=
+  for _ in $(seq 1 3000); do  # model build and CUDA-graph capture: up to 300 s
+    port=$(grep -oE "listening on http://127\.0\.0\.1:[0-9]+" "$log" | grep -oE "[0-9]+$")
+    [ -n "$port" ] && return 0
+    kill -0 "$server_pid" 2> /dev/null || break
+    sleep 0.1
+  done
+  echo "lt2 serve did not start:"; tail -20 "$log"; return 1
+}
+load() {  # load MODEL OUT_JSON args...
+  local model=$1 json=$2; shift 2
+  python3 bench/serve_load.py --port "$port" --model "$model" --vocab 256 --seed 0 --out-json "$json" "$@"
+}
+
+for model in ${MODELS//,/ }; do
+  echo "== $model: lt2 bench decode -b $STEADY_C -c $DECODE_CONTEXT"
+  if [ "$DEVICE" = cpu ]; then bench_dev="--device cpu --dtype fp32"; else bench_dev="--device cuda"; fi
+  # shellcheck disable=SC2086
+  "$L" bench decode -m "$model" -c "$DECODE_CONTEXT" -b "$STEADY_C" $bench_dev \
+    --out-json "$OUT/serve_decode_$model.json" 2>&1 | tail -4
+  cells=()
+  for cache in "$CACHE_GB" 0; do
+    start_server "$model" "$cache" || continue
+    load "$model" /tmp/warm.json --requests 2 --concurrency 1 --prompt-len 64 --output-len 4 > /dev/null
+    for shared in $SHARED; do
+      # Without the cache only the shared-prefix cells (the comparison); with it, the whole grid.
+      if [ "$cache" = 0 ] && [ "$shared" = 0 ]; then continue; fi
+      for p in $PROMPTS; do
+        for c in $CONCURRENCY; do
+          n=$(( 2 * c > 8 ? 2 * c : 8 ))
+          j=/tmp/serve_${model}_${cache}_${shared}_${p}_${c}.json
+          echo -n "cache ${cache} GB: "
+          load "$model" "$j" --requests "$n" --concurrency "$c" --prompt-len "$p" --output-len "$OUTPUT" \
+            --shared-prefix "$shared"
+          cells+=("$j:$cache")
+        done
+      done
+    done
+    if [ "$cache" != 0 ]; then
+      j=/tmp/serve_${model}_steady.json
+      echo -n "steady: "
+      load "$model" "$j" --requests "$STEADY_C" --concurrency "$STEADY_C" --prompt-len "$STEADY_P" --output-len "$STEADY_O"
+      cells+=("$j:steady")
+    fi
+    stop_server
+  done
+  python3 - "$OUT" "$model" "$DECODE_CONTEXT" "$STEADY_C" "${cells[@]}" << 'EOF'
+import json, sys, subprocess
+out, model, ctx, batch, cells = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+dec = json.load(open(f"{out}/serve_decode_{model}.json"))
+rows = dec["cells"] if isinstance(dec, dict) else dec
+bench = next((r.get("tokens_per_s") for r in rows if r.get("batch") == batch and r.get("path", "engine") == "engine"), None)
+records, lines = [], []
+lines.append(f"# lt2 serve, {model} (random weights)\n")
+lines.append(f"`lt2 bench decode` batch {batch} at {ctx}: {bench} tok/s (same call).\n")
+lines.append("| cache GB | shared | prompt | output | concurrency | ok | output tok/s | all-decoding tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
+lines.append("|---|---|---|---|---|---|---|---|---|---|")
+for cell in cells:
+    path, cache = cell.rsplit(":", 1)
+    s = json.load(open(path)); s["cache"] = cache; records.append(s)
+    lines.append(f"| {cache} | {s['shared_prefix']:.0%} | {s['prompt_len']} | {s['output_len']} | {s['concurrency']} | "
+                 f"{s['ok']}/{s['requests']} | {s['output_tokens_per_s']:.1f} | {s['steady_output_tokens_per_s']:.1f} | "
+                 f"{s['ttft_p50_ms']:.0f} / {s['ttft_p99_ms']:.0f} | {s['itl_p50_ms']:.2f} / {s['itl_p99_ms']:.2f} |")
+steady = next((r for r in records if r["cache"] == "steady"), None)
+if steady and bench:
+    lines.append(f"\nServed / bench at {batch} streams: {steady['steady_output_tokens_per_s'] / bench:.1%} "
+                 f"(issue 26 asks >= 80%).")
+commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+json.dump({"model": model, "commit": commit, "bench_decode_tokens_per_s": bench, "cells": records},
+          open(f"{out}/serve_{model}.json", "w"), indent=1)
+open(f"{out}/serve_{model}.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+done
