@@ -161,6 +161,10 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     for (auto& p : model_->named_parameters())
       p.value().set_requires_grad(p.key().rfind("exit_gate.", 0) == 0);
   }
+  if (cb_.trainable) {
+    for (auto& p : model_->named_parameters())
+      if (!cb_.trainable(p.key())) p.value().set_requires_grad(false);
+  }
   // Mixers with an auxiliary loss: the warm-up trains only what that loss trains.
   const auto stage = parse_aux_loss_stage(cfg_.indexer_stage);
   set_aux_loss_stage(*model_, stage);
@@ -182,7 +186,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     I.grads = std::make_unique<GradientBuckets>(I.group, named,
                                                 static_cast<int64_t>(cfg_.dist_bucket_mb * 1024 * 1024));
   }
-  I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
+  I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, cb_.lr_scale});
   if (resume) I.opt->load_state_dict(load_tensor_map(ckpt + "/optimizer.safetensors"));
 
   if (train_shard) {

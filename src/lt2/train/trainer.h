@@ -53,6 +53,11 @@ struct TrainerCallbacks {
   // The loss of one micro-batch, under autocast. Default: cfg.objective on every position (plus
   // the DSA indexer loss of cfg.indexer_stage).
   std::function<torch::Tensor(LoopedLM& model, const Batch& batch)> loss;
+  // Which parameters train, by name (the others are frozen); applied after the model is built or
+  // loaded, resumes included. Default: all of them (as the objective allows).
+  std::function<bool(const std::string& name)> trainable;
+  // Each parameter's learning rate as a multiple of the schedule's, by name. Default: 1 for all.
+  std::function<double(const std::string& name)> lr_scale;
   // The learning rate of step `step` (0-based). Default: warm-up, then cosine to cfg.steps.
   std::function<double(int64_t step)> lr;
   // Called before step `step` (0-based): true ends run() there.
