@@ -60,5 +60,6 @@ void add_data_command(CLI::App& app);
 void add_tasks_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_distill_command(CLI::App& app);
 
 }  // namespace lt2::cli

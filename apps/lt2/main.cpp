@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   lt2::cli::add_tasks_command(app);
   lt2::cli::add_bench_command(app);
   lt2::cli::add_eval_command(app);
+  lt2::cli::add_distill_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
