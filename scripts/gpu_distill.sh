@@ -14,10 +14,12 @@
 #             build-gpu's, built here first (with .deps carried: docs/gpu.md)
 #   TINY=1    CPU smoke run: a tiny teacher and a few steps a stage
 #   Sizes (defaults in the block below): D LAYERS HEADS FFN LOOPS, TEACHER_STEPS TEACHER_BATCH SEQ,
-#   ALIGN_STEPS KD_STEPS KD_SEQ LONG_STEPS LONG_SEQ PROBE_STEPS BATCH, EVAL_LEN (ppl window, tokens).
+#   ALIGN_STEPS KD_STEPS KD_SEQ LONG_STEPS LONG_SEQ PROBE_STEPS BATCH, EVAL_LEN (ppl window, tokens),
+#   EVAL_LINES (score only the first N lines of test.txt; 0 = all of it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=${1:?usage: scripts/gpu_distill.sh DATA_DIR (wikitext-2/{train,valid,test}.txt and tokenizer.json)}
+[ $# -eq 1 ] || { echo "usage: scripts/gpu_distill.sh DATA_DIR   (wikitext-2/{train,valid,test}.txt and tokenizer.json)" >&2; exit 2; }
+DATA=$1
 for f in wikitext-2/train.txt wikitext-2/valid.txt wikitext-2/test.txt tokenizer.json; do
   [ -f "$DATA/$f" ] || { echo "gpu_distill: $DATA/$f is missing" >&2; exit 1; }
 done
@@ -29,12 +31,12 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 if [ "${TINY:-0}" = 1 ]; then
   : "${D:=64}" "${LAYERS:=4}" "${HEADS:=4}" "${FFN:=128}" "${LOOPS:=2}" "${TEACHER_STEPS:=30}" "${TEACHER_BATCH:=4}"
   : "${SEQ:=64}" "${ALIGN_STEPS:=6}" "${KD_STEPS:=6}" "${KD_SEQ:=64}" "${LONG_STEPS:=2}" "${LONG_SEQ:=128}"
-  : "${PROBE_STEPS:=2}" "${BATCH:=4}" "${EVAL_LEN:=64}" "${EVAL_LIMIT:=--limit 1}" "${DEVICE:=cpu}"
+  : "${PROBE_STEPS:=2}" "${BATCH:=4}" "${EVAL_LEN:=64}" "${EVAL_LINES:=100}" "${DEVICE:=cpu}"
 else
   # ~76M parameters (50M of them the 49k-token embeddings and head), T 4, 20M tokens of teacher training.
   : "${D:=512}" "${LAYERS:=8}" "${HEADS:=8}" "${FFN:=1408}" "${LOOPS:=4}" "${TEACHER_STEPS:=1250}" "${TEACHER_BATCH:=32}"
   : "${SEQ:=512}" "${ALIGN_STEPS:=200}" "${KD_STEPS:=400}" "${KD_SEQ:=1024}" "${LONG_STEPS:=60}" "${LONG_SEQ:=2048}"
-  : "${PROBE_STEPS:=30}" "${BATCH:=16}" "${EVAL_LEN:=512}" "${EVAL_LIMIT:=}" "${DEVICE:=cuda}"
+  : "${PROBE_STEPS:=30}" "${BATCH:=16}" "${EVAL_LEN:=512}" "${EVAL_LINES:=0}" "${DEVICE:=cuda}"
 fi
 
 if [ -z "${LT2:-}" ]; then
@@ -111,8 +113,10 @@ for s in kl uniform gdn; do
 done
 
 phase "WikiText-2 test perplexity (windows of $EVAL_LEN tokens)"
-ppl() {  # model -> its word perplexity JSON
-  "$LT2" eval ppl "$1" --data "$DATA/wikitext-2/test.txt" --max-length "$EVAL_LEN" --device "$DEVICE" --json --quiet $EVAL_LIMIT
+TEST=$DATA/wikitext-2/test.txt
+if [ "$EVAL_LINES" -gt 0 ]; then head -n "$EVAL_LINES" "$TEST" > "$WORK/test.txt" && TEST=$WORK/test.txt; fi
+ppl() {  # model -> the eval JSON (token and word perplexity per exit)
+  "$LT2" eval ppl "$1" --data "$TEST" --max-length "$EVAL_LEN" --device "$DEVICE" --json --quiet
 }
 {
   echo "{\"teacher\": $(ppl "$TEACHER"),"
@@ -125,6 +129,7 @@ ppl() {  # model -> its word perplexity JSON
   echo "  \"select_probe\": $(( PROBE_STEPS * BATCH * KD_SEQ )), \"kd\": $(( KD_STEPS * BATCH * KD_SEQ )),"
   echo "  \"long\": $(( LONG_STEPS * (BATCH * SEQ / LONG_SEQ > 0 ? BATCH * SEQ / LONG_SEQ : 1) * LONG_SEQ ))},"
   echo "\"settings\": {\"d\": $D, \"layers\": $LAYERS, \"heads\": $HEADS, \"ffn\": $FFN, \"loops\": $LOOPS, \"eval_len\": $EVAL_LEN,"
+  echo "  \"eval_lines\": $EVAL_LINES,"
   echo "  \"device\": \"$DEVICE\"}, \"seconds\": $(( $(date +%s) - START ))}"
 } > "$OUT/distill_gpu.json"
 

@@ -16,7 +16,8 @@ struct DistillArgs {
   std::optional<std::string> train_data, val_data, device, dtype, mixer, select_method;
   std::optional<int64_t> seed, batch_size, log_every, probe_steps;
   std::optional<double> keep_fraction;
-  std::optional<std::vector<int64_t>> keep, kd_keep;
+  std::vector<int64_t> keep, kd_keep;
+  CLI::Option *keep_given = nullptr, *kd_keep_given = nullptr;  // whether --keep / --kd-keep were given
   std::optional<int64_t> align_steps, kd_steps, long_steps, align_seq_len, kd_seq_len, long_seq_len;
 };
 
@@ -49,11 +50,11 @@ void run_distill_command(const DistillArgs& a) {
   set("train", "batch_size", a.batch_size);
   set("train", "log_every", a.log_every);
   set("student", "mixer", a.mixer);
-  set("student", "keep", a.keep);
+  if (a.keep_given->count()) j["student"]["keep"] = a.keep;
   set("student", "keep_fraction", a.keep_fraction);
   set("select", "method", a.select_method);
   set("select", "probe_steps", a.probe_steps);
-  set("kd", "keep", a.kd_keep);
+  if (a.kd_keep_given->count()) j["kd"]["keep"] = a.kd_keep;
   set("align", "steps", a.align_steps);
   set("kd", "steps", a.kd_steps);
   set("long", "steps", a.long_steps);
@@ -92,14 +93,14 @@ void add_distill_command(CLI::App& app) {
   cmd->add_option("--batch-size", a->batch_size, "Sequences per micro-batch, every stage")->check(at_least(1));
   cmd->add_option("--log-every", a->log_every, "Print a log line every N steps")->check(at_least(1));
   cmd->add_option("--mixer", a->mixer, "Student mixer replacing full attention (gdn, kda, deltanet, ...)");
-  cmd->add_option("--keep", a->keep, "Layers that stay full attention in every stage (0-based, comma separated)")
+  a->keep_given = cmd->add_option("--keep", a->keep, "Layers that stay full attention in every stage (0-based, comma separated)")
       ->delimiter(',');
   cmd->add_option("--keep-fraction", a->keep_fraction,
                   "Selection: fraction of the layers kept full attention (default 0.25)");
   cmd->add_option("--select-method", a->select_method,
                   "Selection ranking: shared (1 probe + N KL evaluations) | exhaustive (N + 1 probes) | both");
   cmd->add_option("--probe-steps", a->probe_steps, "Selection: stage-2 steps of each probe")->check(at_least(1));
-  cmd->add_option("--kd-keep", a->kd_keep,
+  a->kd_keep_given = cmd->add_option("--kd-keep", a->kd_keep,
                   "Stage 2: layers kept full attention, overriding the selection (e.g. every 4th: 3,7,11)")
       ->delimiter(',');
   cmd->add_option("--align-steps", a->align_steps, "Stage 1 steps")->check(at_least(1));

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "common/testing.h"
+#include "io/io_testing.h"
 #include "lt2/distill/losses.h"
 #include "lt2/distill/pipeline.h"
 #include "lt2/distill/selection.h"
@@ -20,23 +21,12 @@ namespace {
 namespace fs = std::filesystem;
 using namespace lt2;
 using namespace lt2::distill;
-using lt2::testing::rel_err;
+using lt2::testing::expect_error;
 
 // The teacher: Ouro form (sandwich norm, exit gate), 2 layers of full attention with 4 query heads
 // over 2 KV heads, 3 loops, float64.
 LoopedLM tiny_teacher(uint64_t seed = 7) {
   return lt2::testing::make_test_model(lt2::testing::tiny_config("full", ModelForm::Ouro), seed, torch::kFloat64);
-}
-
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const lt2::Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected an lt2::Error";
 }
 
 std::string fresh_dir(const std::string& name) {

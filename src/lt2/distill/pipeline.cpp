@@ -33,15 +33,11 @@ std::set<int64_t> kd_keep(const DistillConfig& cfg, const std::string& out) {
   return cfg.student.keep;
 }
 
-std::vector<int64_t> as_vector(const std::set<int64_t>& s) { return std::vector<int64_t>(s.begin(), s.end()); }
-
 void stage_align(LoopedLMImpl& teacher, const DistillRun& run) {
   TrainConfig t = run.config.stage_config(Stage::Align, run.out);
   const bool resume = run.resume && !latest_checkpoint(t.out_dir).empty();
-  if (!resume) {
-    t.init_from = run.out + "/init-align";
-    save_checkpoint(t.init_from, build_student(teacher, run.config.student));
-  }
+  t.init_from = run.out + "/init-align";  // a resumed run starts from its checkpoint instead
+  if (!resume) save_checkpoint(t.init_from, build_student(teacher, run.config.student, t.seed));
   run_align(teacher, t, converted_layers(teacher.config(), run.config.student.keep), resume);
 }
 
@@ -50,9 +46,9 @@ void stage_kd(LoopedLMImpl& teacher, const DistillRun& run) {
   StudentOptions opts = run.config.student;
   opts.keep = kd_keep(run.config, run.out);
   const bool resume = run.resume && !latest_checkpoint(t.out_dir).empty();
+  t.init_from = run.out + "/init-kd";
   if (!resume) {
     LoopedLM aligned = load_checkpoint(stage_student(run.out, Stage::Align));
-    t.init_from = run.out + "/init-kd";
     save_checkpoint(t.init_from, hybrid_student(teacher, *aligned, opts));
   }
   std::string kept;
@@ -64,9 +60,8 @@ void stage_kd(LoopedLMImpl& teacher, const DistillRun& run) {
 
 void stage_long(const DistillRun& run) {
   TrainConfig t = run.config.stage_config(Stage::Long, run.out);
-  const bool resume = run.resume && !latest_checkpoint(t.out_dir).empty();
-  if (!resume) t.init_from = stage_student(run.out, Stage::Kd);
-  run_long(t, resume);
+  t.init_from = stage_student(run.out, Stage::Kd);
+  run_long(t, run.resume && !latest_checkpoint(t.out_dir).empty());
 }
 
 }  // namespace

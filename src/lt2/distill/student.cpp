@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <tuple>
 
 #include "lt2/mixers/registry.h"
 #include "lt2/model/pattern.h"
@@ -155,9 +156,11 @@ ModelConfig student_config(const ModelConfig& teacher, const StudentOptions& opt
   return s;
 }
 
-LoopedLM build_student(LoopedLMImpl& teacher, const StudentOptions& opts) {
+LoopedLM build_student(LoopedLMImpl& teacher, const StudentOptions& opts, uint64_t seed) {
   const auto& tcfg = teacher.config();
-  LoopedLM student(student_config(tcfg, opts));
+  const auto cfg = student_config(tcfg, opts);
+  torch::manual_seed(seed);
+  LoopedLM student(cfg);
   const auto dtype = teacher.tok_embeddings->weight.scalar_type();
   student->to(dtype);
   torch::NoGradGuard ng;
@@ -167,13 +170,15 @@ LoopedLM build_student(LoopedLMImpl& teacher, const StudentOptions& opts) {
   const std::set<int64_t> converted_set(converted.begin(), converted.end());
   for (auto& [name, t] : target)
     if (!converted_set.count(mixer_layer(name))) copy_checked(t, source, name, "teacher");
+  std::vector<std::string> filled, layers;
   for (int64_t l : converted) {
-    const auto filled = copy_attention(tcfg, source, target, l);
-    if (l == converted.front())
-      std::printf("distill: layer %lld -> %s, copied from the teacher's attention: %s\n", static_cast<long long>(l),
-                  opts.mixer.c_str(), filled.empty() ? "nothing (no q/k/v/o projection of a matching shape)"
-                                                     : join(filled, ", ").c_str());
+    filled = copy_attention(tcfg, source, target, l);
+    layers.push_back(std::to_string(l));
   }
+  if (!converted.empty())
+    std::printf("student: layers %s -> %s, from the teacher's attention: %s\n", join(layers, ",").c_str(),
+                opts.mixer.c_str(), filled.empty() ? "nothing (no q/k/v/o projection of a matching shape)"
+                                                   : join(filled, ", ").c_str());
   return student;
 }
 

@@ -39,8 +39,9 @@ json student_mixer_options(const ModelConfig& teacher, const std::string& mixer,
 ModelConfig student_config(const ModelConfig& teacher, const StudentOptions& opts);
 
 // A student built from `teacher` (weights copied as the file comment says); in the teacher's
-// parameter dtype, on the CPU.
-LoopedLM build_student(LoopedLMImpl& teacher, const StudentOptions& opts);
+// parameter dtype, on the CPU. What the teacher has no counterpart for (a GDN's gates and short
+// convolutions) is initialised from `seed` (it reseeds torch's global generator).
+LoopedLM build_student(LoopedLMImpl& teacher, const StudentOptions& opts, uint64_t seed = 0);
 
 // The student of `opts` (its keep set) with the converted layers' mixers taken from `trained`, a
 // student of the same teacher (e.g. after alignment) whose keep set is a subset of opts.keep:
