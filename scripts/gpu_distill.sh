@@ -157,8 +157,8 @@ gap = ppl(r["gdn"])[0] - ppl(r["teacher"])[0]
 if gap > 0:
     print(f"\nGap recovered by the KL-selected hybrid: {100 * (ppl(r['gdn'])[0] - ppl(r['kl'])[0]) / gap:.0f}% "
           f"(uniform: {100 * (ppl(r['gdn'])[0] - ppl(r['uniform'])[0]) / gap:.0f}%).")
-print(f"\nTokens per stage: align {t['align']/1e6:.2f}M (shared), selection probe {t['select_probe']/1e6:.2f}M each, "
-      f"kd {t['kd']/1e6:.2f}M, long {t['long']/1e6:.2f}M per student. Whole call: {r['seconds']} s.")
+print(f"\nTokens per stage: align {t['align']:,} (shared by the three), each selection probe {t['select_probe']:,}, "
+      f"kd {t['kd']:,} and long {t['long']:,} per student. Whole call: {r['seconds']} s.")
 EOF
 cat "$OUT/distill_gpu.md"
 phase done
