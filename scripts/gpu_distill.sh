@@ -35,7 +35,7 @@ if [ "${TINY:-0}" = 1 ]; then
 else
   # ~76M parameters (50M of them the 49k-token embeddings and head), T 4, 20M tokens of teacher training.
   : "${D:=512}" "${LAYERS:=8}" "${HEADS:=8}" "${FFN:=1408}" "${LOOPS:=4}" "${TEACHER_STEPS:=1250}" "${TEACHER_BATCH:=32}"
-  : "${SEQ:=512}" "${ALIGN_STEPS:=200}" "${KD_STEPS:=400}" "${KD_SEQ:=1024}" "${LONG_STEPS:=60}" "${LONG_SEQ:=2048}"
+  : "${SEQ:=512}" "${ALIGN_STEPS:=200}" "${KD_STEPS:=300}" "${KD_SEQ:=1024}" "${LONG_STEPS:=60}" "${LONG_SEQ:=2048}"
   : "${PROBE_STEPS:=30}" "${BATCH:=16}" "${EVAL_LEN:=512}" "${EVAL_LINES:=0}" "${DEVICE:=cuda}"
 fi
 

@@ -285,6 +285,7 @@ TEST(Errors, MismatchesAndBadSettingsSayWhatWasExpected) {
   expect_error([&] { parse_stages("distil"); }, {"unknown stage 'distil'"});
   expect_error([&] { DistillConfig::from_json({{"select", {{"method", "fast"}}}}, "cfg"); },
                              {"shared, exhaustive or both", "fast"});
+  expect_error([&] { DistillConfig::from_json({{"kd", {{"lr", 0}}}}, "cfg"); }, {"stage 'kd'", "'lr' must be > 0"});
 
   // A shard whose vocabulary exceeds the teacher's; a later stage before the earlier one ran.
   auto s = setup("errors");

@@ -97,8 +97,17 @@ DistillConfig DistillConfig::from_json(const json& j, const std::string& where) 
   json_get(sel, "eval_batches", c.select.eval_batches, sel_where);
   LT2_CHECK(c.select.probe_steps >= 1 && c.select.eval_batches >= 1, sel_where,
             ": probe_steps and eval_batches must be >= 1");
-  // Every stage's settings must make a valid TrainConfig: checked now, not stages later.
-  for (Stage s : parse_stages("all")) c.stage_config(s, "check");
+  // Every stage's settings must make a valid TrainConfig: checked now, not stages later. (Each stage
+  // starts from a checkpoint the pipeline names; the training data may still come from a flag.)
+  for (Stage s : {Stage::Align, Stage::Kd, Stage::Long}) {  // the selection's probes take the kd settings
+    TrainConfig t = c.stage_config(s, "check");
+    t.init_from = "(the stage's starting checkpoint)";
+    try {
+      t.validate(/*needs_train_data=*/false);
+    } catch (const Error& e) {
+      throw Error(cat(where, ": stage '", to_string(s), "': ", e.what()));
+    }
+  }
   return c;
 }
 
