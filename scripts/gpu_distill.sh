@@ -87,7 +87,7 @@ cat > "$WORK/distill.json" <<EOF
  "student": {"mixer": "gdn", "keep_fraction": 0.25},
  "align": {"seq_len": $SEQ, "steps": $ALIGN_STEPS, "lr": 1e-3, "warmup": $(( ALIGN_STEPS / 10 + 1 )), "min_lr_ratio": 0.0,
            "weight_decay": 0.0},
- "select": {"method": "shared", "probe_steps": $PROBE_STEPS, "eval_batches": 4},
+ "select": {"method": "shared", "probe_steps": $PROBE_STEPS, "shared_probe_steps": 0, "eval_batches": 4},
  "kd": {"seq_len": $KD_SEQ, "steps": $KD_STEPS, "lr": 1e-3, "other_lr": 7e-5, "warmup": $(( KD_STEPS / 10 + 1 ))},
  "long": {"seq_len": $LONG_SEQ, "batch_size": $(( BATCH * SEQ / LONG_SEQ > 0 ? BATCH * SEQ / LONG_SEQ : 1 )),
           "steps": $LONG_STEPS, "lr": 1e-4, "warmup": $(( LONG_STEPS / 10 + 1 ))}}

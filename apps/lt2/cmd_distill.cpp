@@ -14,7 +14,7 @@ struct DistillArgs {
   std::vector<std::string> sets;
   bool resume = false;
   std::optional<std::string> train_data, val_data, device, dtype, mixer, select_method;
-  std::optional<int64_t> seed, batch_size, log_every, probe_steps;
+  std::optional<int64_t> seed, batch_size, log_every, probe_steps, shared_probe_steps;
   std::optional<double> keep_fraction;
   std::vector<int64_t> keep, kd_keep;
   CLI::Option *keep_given = nullptr, *kd_keep_given = nullptr;  // whether --keep / --kd-keep were given
@@ -54,6 +54,7 @@ void run_distill_command(const DistillArgs& a) {
   set("student", "keep_fraction", a.keep_fraction);
   set("select", "method", a.select_method);
   set("select", "probe_steps", a.probe_steps);
+  set("select", "shared_probe_steps", a.shared_probe_steps);
   if (a.kd_keep_given->count()) j["kd"]["keep"] = a.kd_keep;
   set("align", "steps", a.align_steps);
   set("kd", "steps", a.kd_steps);
@@ -98,8 +99,13 @@ void add_distill_command(CLI::App& app) {
   cmd->add_option("--keep-fraction", a->keep_fraction,
                   "Selection: fraction of the layers kept full attention (default 0.25)");
   cmd->add_option("--select-method", a->select_method,
-                  "Selection ranking: shared (1 probe + N KL evaluations) | exhaustive (N + 1 probes) | both");
-  cmd->add_option("--probe-steps", a->probe_steps, "Selection: stage-2 steps of each probe")->check(at_least(1));
+                  "Selection ranking: shared (N + 1 KL evaluations on one model) | exhaustive (N + 1 probes) | both");
+  cmd->add_option("--probe-steps", a->probe_steps, "Selection, exhaustive ranking: stage-2 steps of each probe")
+      ->check(at_least(0));
+  cmd->add_option("--shared-probe-steps", a->shared_probe_steps,
+                  "Selection, shared ranking: stage-2 steps before the layers are scored (default 0: the aligned "
+                  "student itself)")
+      ->check(at_least(0));
   a->kd_keep_given = cmd->add_option("--kd-keep", a->kd_keep,
                   "Stage 2: layers kept full attention, overriding the selection (e.g. every 4th: 3,7,11)")
       ->delimiter(',');
@@ -118,7 +124,7 @@ void add_distill_command(CLI::App& app) {
       "  student  mixer, mixer_options (over the distillation shape: GDN head dim = the teacher's, expand_v 1,\n"
       "           output gate on), keep (layers never converted), keep_fraction (selection's share of full layers)\n"
       "  align    stage 1 TrainConfig fields (spec: seq 512, lr 1e-3 cosine; only the student mixers train)\n"
-      "  select   method (shared | exhaustive | both), probe_steps, eval_batches\n"
+      "  select   method (shared | exhaustive | both), probe_steps (exhaustive), shared_probe_steps, eval_batches\n"
       "  kd       stage 2 TrainConfig fields (spec: seq 4096, lr 1e-4) plus other_lr (7e-6: everything but the\n"
       "           student mixers), loop_weights (one per loop; default 1..T for Ouro, last loop for LT2), keep\n"
       "  long     stage 3 TrainConfig fields (cross-entropy at a longer seq_len)\n"

@@ -230,7 +230,7 @@ TEST(Select, ReportRanksEveryLayerAndResumes) {
   const auto report = load_json_file(dir + "/selection.json");
   ASSERT_EQ(report["rankings"].size(), 2u);
   EXPECT_EQ(report["rankings"][0]["method"], "shared");
-  EXPECT_EQ(report["rankings"][0]["probes"], 1);
+  EXPECT_EQ(report["rankings"][0]["probes"], 0);  // every layer scored on the aligned student
   EXPECT_EQ(report["rankings"][1]["probes"], 3);  // the baseline and one per layer
   EXPECT_EQ(report["k"], 1);                       // round(0.5 x 2 layers)
   EXPECT_EQ(report["keep"].size(), 1u);
@@ -241,7 +241,7 @@ TEST(Select, ReportRanksEveryLayerAndResumes) {
   }
   EXPECT_TRUE(report.contains("comparison"));
   EXPECT_NE(read_file(dir + "/selection.md").find("| layer |"), std::string::npos);
-  EXPECT_FALSE(path_exists(dir + "/probe-baseline")) << "probe folders are removed once measured";
+  EXPECT_FALSE(path_exists(dir + "/probe-exhaustive-baseline")) << "probe folders are removed once measured";
   // Interrupted before the report, one probe short: the resumed selection redoes only that one.
   auto probes = load_json_file(dir + "/probes.json");
   probes.erase("exhaustive/1");
@@ -303,7 +303,8 @@ TEST(Errors, MismatchesAndBadSettingsSayWhatWasExpected) {
 
 TEST(EndToEnd, AllStagesGiveALoadableHybrid) {
   const auto s = setup("all");
-  const std::string student = run(s, "all", "out");
+  const json probe = {{"select", {{"shared_probe_steps", 2}}}};  // the shared ranking after a probe
+  const std::string student = run(s, "all", "out", false, probe);
   EXPECT_EQ(student, stage_student(s.dir + "/out", Stage::Long));
   auto m = load_checkpoint(student);
   const auto& kinds = m->layer_mixers();
@@ -313,7 +314,7 @@ TEST(EndToEnd, AllStagesGiveALoadableHybrid) {
   torch::NoGradGuard ng;
   EXPECT_TRUE(torch::isfinite(m->forward(torch::randint(50, {1, 8}, torch::kLong)).logits).all().item<bool>());
   // Everything done: a resumed run skips every stage and names the same student.
-  EXPECT_EQ(run(s, "all", "out", true), student);
+  EXPECT_EQ(run(s, "all", "out", true, probe), student);
 }
 
 }  // namespace

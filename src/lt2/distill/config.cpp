@@ -63,7 +63,8 @@ json DistillConfig::to_json() const {
   return json{{"train", train},
               {"student", student.to_json()},
               {"align", align},
-              {"select", {{"method", method}, {"probe_steps", select.probe_steps}, {"eval_batches", select.eval_batches}}},
+              {"select", {{"method", method}, {"probe_steps", select.probe_steps},
+                          {"shared_probe_steps", select.shared_probe_steps}, {"eval_batches", select.eval_batches}}},
               {"kd", k},
               {"long", long_context}};
 }
@@ -86,7 +87,7 @@ DistillConfig DistillConfig::from_json(const json& j, const std::string& where) 
     c.kd_keep = json_as<std::vector<int64_t>>(kd_own["keep"], kd_where + ": field 'keep'");
   const json sel = object_field(j, "select", where);
   const std::string sel_where = where + ": select";
-  json_reject_unknown(sel, {"method", "probe_steps", "eval_batches", "comment"}, sel_where);
+  json_reject_unknown(sel, {"method", "probe_steps", "shared_probe_steps", "eval_batches", "comment"}, sel_where);
   std::string method = "shared";
   json_get(sel, "method", method, sel_where);
   bool known = false;
@@ -94,9 +95,12 @@ DistillConfig DistillConfig::from_json(const json& j, const std::string& where) 
     if (name == method) c.select.method = m, known = true;
   LT2_CHECK(known, sel_where, ": method must be shared, exhaustive or both, found '", method, "'");
   json_get(sel, "probe_steps", c.select.probe_steps, sel_where);
+  json_get(sel, "shared_probe_steps", c.select.shared_probe_steps, sel_where);
   json_get(sel, "eval_batches", c.select.eval_batches, sel_where);
-  LT2_CHECK(c.select.probe_steps >= 1 && c.select.eval_batches >= 1, sel_where,
-            ": probe_steps and eval_batches must be >= 1");
+  LT2_CHECK(c.select.probe_steps >= 0 && c.select.shared_probe_steps >= 0, sel_where,
+            ": probe_steps and shared_probe_steps must be >= 0 (0: no probe), found ", c.select.probe_steps, " and ",
+            c.select.shared_probe_steps);
+  LT2_CHECK(c.select.eval_batches >= 1, sel_where, ": eval_batches must be >= 1, found ", c.select.eval_batches);
   // Every stage's settings must make a valid TrainConfig: checked now, not stages later. (Each stage
   // starts from a checkpoint the pipeline names; the training data may still come from a flag.)
   for (Stage s : {Stage::Align, Stage::Kd, Stage::Long}) {  // the selection's probes take the kd settings

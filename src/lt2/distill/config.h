@@ -16,16 +16,17 @@ std::string to_string(Stage s);
 std::vector<Stage> parse_stages(const std::string& name);
 
 // How the selection ranks the layers (distill/selection.h).
-//   shared:     one stage-2 probe of the all-linear student, then each layer restored in turn and
-//               the KL measured without further training (1 probe + N evaluations)
-//   exhaustive: one stage-2 probe per restored layer (N + 1 probes), the published method
+//   shared:     every layer restored in turn on one model (the aligned student after
+//               shared_probe_steps of stage 2) and the KL measured without more training
+//   exhaustive: one stage-2 probe of probe_steps per restored layer (N + 1 probes), the published method
 //   both:       both rankings, and how their choices compare
 enum class SelectMethod { Shared, Exhaustive, Both };
 
 struct SelectOptions {
   SelectMethod method = SelectMethod::Shared;
-  int64_t probe_steps = 50;   // stage-2 steps of each probe (the kd section's settings otherwise)
-  int64_t eval_batches = 4;   // held-out batches the KL of each candidate is measured on
+  int64_t probe_steps = 50;        // exhaustive: stage-2 steps of each probe (the kd section's settings otherwise)
+  int64_t shared_probe_steps = 0;  // shared: stage-2 steps before the layers are scored (0: none)
+  int64_t eval_batches = 4;        // held-out batches the KL of each candidate is measured on
 };
 
 struct DistillConfig {

@@ -44,13 +44,20 @@ struct Context {
   StageResult last_probe = {};  // the latest probe: where the measurements run
 };
 
-// A stage-2 probe from checkpoint `init` in <dir>/probe-<name>: its trained student's folder, and
-// where it ran.
-StageResult probe(Context& c, const std::string& init, const std::string& name, const std::vector<int64_t>& linear) {
+// A stage-2 probe of `steps` steps from checkpoint `init` in <dir>/probe-<name>: its trained
+// student's folder, and where it ran. With 0 steps, `init` itself, untrained.
+StageResult probe(Context& c, const std::string& init, const std::string& name, const std::vector<int64_t>& linear,
+                  int64_t steps) {
   TrainConfig t = c.cfg.stage_config(Stage::Select, c.dir);
+  if (steps == 0) {
+    c.last_probe.checkpoint = init;
+    c.last_probe.device = training_device(t);
+    c.last_probe.autocast = training_autocast(t, c.last_probe.device);
+    return c.last_probe;
+  }
   t.out_dir = c.dir + "/probe-" + name;
   t.init_from = init;
-  t.steps = c.cfg.select.probe_steps;
+  t.steps = steps;
   t.warmup = std::min(t.warmup, t.steps / 4);
   t.eval_every = 0;
   t.save_every = 0;
@@ -84,29 +91,35 @@ void report(const char* method, int64_t layer, double kl, double baseline) {
   std::fflush(stdout);
 }
 
-// The probe of the aligned student: the baseline of both methods and the shared method's model.
-double baseline(Context& c, const std::string& aligned, std::optional<LoopedLM>* probed) {
-  if (c.log.has("baseline") && !probed) return c.log.get("baseline");
-  const auto r = probe(c, aligned, "baseline", c.candidates);
+// A method's probe of the aligned student (`steps` steps): its KL (the method's baseline) and, when
+// `probed` is given, the probed student.
+double baseline(Context& c, const std::string& method, const std::string& aligned, int64_t steps,
+                std::optional<LoopedLM>* probed) {
+  const std::string key = method + "/baseline";
+  if (c.log.has(key) && !probed) return c.log.get(key);
+  const auto r = probe(c, aligned, method + "-baseline", c.candidates, steps);
   LoopedLM student = load_checkpoint(r.checkpoint);
   const double kl = measure(c, *student);
-  c.log.put("baseline", kl);
+  c.log.put(key, kl);
   if (probed) *probed = student;
-  remove_tree(c.dir + "/probe-baseline");
-  std::printf("select baseline (no layer restored) after %lld probe steps: KL %.5f\n",
-              static_cast<long long>(c.cfg.select.probe_steps), kl);
+  remove_tree(c.dir + "/probe-" + method + "-baseline");
+  std::printf("select %-10s no layer restored, after %lld probe steps: KL %.5f\n", method.c_str(),
+              static_cast<long long>(steps), kl);
   return kl;
 }
 
 Ranking rank_shared(Context& c, const std::string& aligned) {
+  const int64_t steps = c.cfg.select.shared_probe_steps;
   Ranking r;
   r.method = "shared";
+  r.probe_steps = steps;
   // The probed student is needed whenever a layer is still to be scored.
-  bool all_done = c.log.has("baseline");
+  bool all_done = c.log.has("shared/baseline");
   for (int64_t l : c.candidates) all_done = all_done && c.log.has("shared/" + std::to_string(l));
   std::optional<LoopedLM> probed;
-  r.baseline_kl = baseline(c, aligned, all_done ? nullptr : &probed);
-  r.probes = 1;
+  r.baseline_kl = baseline(c, "shared", aligned, steps, all_done ? nullptr : &probed);
+  r.probes = steps > 0 ? 1 : 0;
+  r.evaluations = 1;
   for (int64_t l : c.candidates) {
     const std::string key = "shared/" + std::to_string(l);
     if (!c.log.has(key)) {
@@ -117,32 +130,32 @@ Ranking rank_shared(Context& c, const std::string& aligned) {
     ++r.evaluations;
     report("shared", l, r.scores.back().kl, r.baseline_kl);
   }
-  ++r.evaluations;  // the baseline's
   return r;
 }
 
 Ranking rank_exhaustive(Context& c, const std::string& aligned) {
+  const int64_t steps = c.cfg.select.probe_steps;
   Ranking r;
   r.method = "exhaustive";
-  r.baseline_kl = baseline(c, aligned, nullptr);
-  r.probes = 1;
+  r.probe_steps = steps;
+  r.baseline_kl = baseline(c, "exhaustive", aligned, steps, nullptr);
   LoopedLM start = load_checkpoint(aligned);
   for (int64_t l : c.candidates) {
     const std::string key = "exhaustive/" + std::to_string(l), name = "layer-" + std::to_string(l);
     if (!c.log.has(key)) {
       const std::string init = c.dir + "/init-" + name;
       save_checkpoint(init, hybrid_student(c.teacher, *start, keeping(c.cfg.student, l)));
-      const auto trained = probe(c, init, name, without(c.candidates, l));
+      const auto trained = probe(c, init, name, without(c.candidates, l), steps);
       LoopedLM student = load_checkpoint(trained.checkpoint);
       c.log.put(key, measure(c, *student));
       remove_tree(c.dir + "/probe-" + name);
       remove_tree(init);
     }
     r.scores.push_back({l, c.log.get(key), r.baseline_kl - c.log.get(key)});
-    ++r.probes;
     report("exhaustive", l, r.scores.back().kl, r.baseline_kl);
   }
-  r.evaluations = r.probes;
+  r.probes = steps > 0 ? static_cast<int64_t>(c.candidates.size()) + 1 : 0;
+  r.evaluations = static_cast<int64_t>(c.candidates.size()) + 1;
   return r;
 }
 
@@ -200,7 +213,8 @@ json Selection::to_json() const {
   for (const auto& r : rankings) {
     json scores = json::array();
     for (const auto& s : r.scores) scores.push_back({{"layer", s.layer}, {"kl", s.kl}, {"gain", s.gain}});
-    j["rankings"].push_back({{"method", r.method}, {"baseline_kl", r.baseline_kl}, {"probes", r.probes},
+    j["rankings"].push_back({{"method", r.method}, {"baseline_kl", r.baseline_kl}, {"probe_steps", r.probe_steps},
+                             {"probes", r.probes},
                              {"evaluations", r.evaluations}, {"scores", scores}, {"chosen", r.chosen}});
   }
   if (rankings.size() == 2)
@@ -212,8 +226,9 @@ json Selection::to_json() const {
 std::string Selection::markdown() const {
   std::ostringstream md;
   md << "# KL-guided layer selection\n\n"
-     << "KL(teacher || student) on held-out batches after a short stage-2 probe, with each layer alone "
-        "restored to full attention; gain = KL with no layer restored - KL with the layer restored.\n\n";
+     << "KL(teacher || student) on held-out batches with each layer alone restored to full attention, after "
+        "the method's stage-2 probe (none at 0 steps); gain = KL with no layer restored - KL with the layer "
+        "restored.\n\n";
   md << "| layer |";
   for (const auto& r : rankings) md << " KL (" << r.method << ") | gain (" << r.method << ") |";
   md << "\n| --- |";
@@ -226,9 +241,11 @@ std::string Selection::markdown() const {
     for (const auto& r : rankings) md << " " << fixed(r.scores[i].kl) << " | " << fixed(r.scores[i].gain) << " |";
     md << "\n";
   }
-  md << "\n| method | probes | KL evaluations | chosen (top " << k << ") |\n| --- | --- | --- | --- |\n";
+  md << "\n| method | steps per probe | probes | KL evaluations | chosen (top " << k
+     << ") |\n| --- | --- | --- | --- | --- |\n";
   for (const auto& r : rankings)
-    md << "| " << r.method << " | " << r.probes << " | " << r.evaluations << " | " << list(r.chosen) << " |\n";
+    md << "| " << r.method << " | " << r.probe_steps << " | " << r.probes << " | " << r.evaluations << " | "
+       << list(r.chosen) << " |\n";
   if (rankings.size() == 2)
     md << "\nTop-" << k << " overlap " << overlap(rankings[0].chosen, rankings[1].chosen) << "/" << k
        << ", Spearman rank correlation of the gains " << fixed(spearman(rankings[0].scores, rankings[1].scores), 3)
@@ -250,11 +267,10 @@ Selection select_layers(LoopedLMImpl& teacher, const std::string& aligned, const
   Selection s;
   const int64_t n_keep = std::llround(cfg.student.keep_fraction * static_cast<double>(teacher.config().n_layers));
   s.k = std::clamp<int64_t>(n_keep - static_cast<int64_t>(cfg.student.keep.size()), 0, c.candidates.size());
-  std::printf("select: %zu candidate layer(s), keeping %lld more full attention (method %s, probes of %lld steps)\n",
-              c.candidates.size(), static_cast<long long>(s.k),
+  std::printf("select: %zu candidate layer(s), keeping %lld more full attention (method %s)\n", c.candidates.size(),
+              static_cast<long long>(s.k),
               cfg.select.method == SelectMethod::Shared ? "shared"
-              : cfg.select.method == SelectMethod::Exhaustive ? "exhaustive" : "both",
-              static_cast<long long>(cfg.select.probe_steps));
+              : cfg.select.method == SelectMethod::Exhaustive ? "exhaustive" : "both");
   if (cfg.select.method != SelectMethod::Exhaustive) s.rankings.push_back(rank_shared(c, aligned));
   if (cfg.select.method != SelectMethod::Shared) s.rankings.push_back(rank_exhaustive(c, aligned));
   for (auto& r : s.rankings) r.chosen = top_layers(r.scores, s.k);

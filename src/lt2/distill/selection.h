@@ -3,12 +3,15 @@
 // stage-2 probe, and keep the top K full attention (K = round(keep_fraction x N) minus the layers
 // the config keeps anyway).
 //
-// The published ranking (method "exhaustive") trains one probe per candidate layer, N + 1 probes.
-// The cheaper one (method "shared", the default) trains a single probe of the all-linear student
-// and then scores each layer by restoring it (the teacher's attention weights, everything else the
-// probe's) and measuring the KL with no further training: 1 probe + N evaluations. Both start from
-// the aligned student, and both measure the KL on the same held-out batches; method "both" runs
-// the two and reports how their choices agree (top-K overlap, Spearman rank correlation).
+// The published ranking (method "exhaustive") trains one probe of `probe_steps` per candidate layer,
+// N + 1 probes. The cheaper one (method "shared", the default) scores every layer on one model: the
+// aligned student after `shared_probe_steps` of stage 2 (default 0: the aligned student itself), each
+// layer restored in turn (the teacher's attention weights, everything else that model's) and the KL
+// measured with no further training: at most 1 probe + N + 1 evaluations. Both measure the KL on the
+// same held-out batches; method "both" runs the two and reports how their choices agree (top-K
+// overlap, Spearman rank correlation of the gains). Why 0 steps by default: a probe co-adapts the
+// linear layers to one another, so restoring one of them then disturbs the rest; on the aligned
+// student each layer is still a stand-in for its own attention (bench/results/distill_selection_cpu.md).
 //
 // Files (in <out>/select): selection.json and selection.md (the report), probes.json (each finished
 // probe's KL, so a resumed selection skips them; probe run folders are removed once measured).
@@ -29,6 +32,7 @@ struct LayerScore {
 struct Ranking {
   std::string method;       // "shared" | "exhaustive"
   double baseline_kl = 0;   // KL of the probe with no layer restored
+  int64_t probe_steps = 0;  // stage-2 steps of each probe
   int64_t probes = 0;       // stage-2 probes trained
   int64_t evaluations = 0;  // held-out KL measurements
   std::vector<LayerScore> scores;  // by layer

@@ -109,6 +109,11 @@ class Trainer {
   int64_t start_step_ = 0;
 };
 
+// The device a run of `cfg` trains on outside a data-parallel job (cfg.device; "auto": CUDA when
+// there is a GPU), and whether its forward runs under bf16 autocast there.
+torch::Device training_device(const TrainConfig& cfg);
+bool training_autocast(const TrainConfig& cfg, torch::Device device);
+
 // The newest complete checkpoint folder of a run, or "" when none.
 std::string latest_checkpoint(const std::string& out_dir);
 
