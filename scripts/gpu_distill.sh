@@ -15,7 +15,9 @@
 #   TINY=1    CPU smoke run: a tiny teacher and a few steps a stage
 #   Sizes (defaults in the block below): D LAYERS HEADS FFN LOOPS, TEACHER_STEPS TEACHER_BATCH SEQ,
 #   ALIGN_STEPS KD_STEPS KD_SEQ LONG_STEPS LONG_SEQ PROBE_STEPS BATCH, EVAL_LEN (ppl window, tokens),
-#   EVAL_LINES (score only the first N lines of test.txt; 0 = all of it).
+#   EVAL_LINES (score only the first N lines of test.txt; 0 = all of it), SELECT_METHOD (shared: every
+#   layer restored on the aligned student, N + 1 KL evaluations; both: also the exhaustive ranking, one
+#   PROBE_STEPS probe per layer, for the comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 1 ] || { echo "usage: scripts/gpu_distill.sh DATA_DIR   (wikitext-2/{train,valid,test}.txt and tokenizer.json)" >&2; exit 2; }
@@ -28,6 +30,7 @@ WORK=${WORK:-/tmp/lt2_distill}
 mkdir -p "$OUT/logs"
 rm -rf "$WORK" && mkdir -p "$WORK"
 
+: "${SELECT_METHOD:=shared}"
 if [ "${TINY:-0}" = 1 ]; then
   : "${D:=64}" "${LAYERS:=4}" "${HEADS:=4}" "${FFN:=128}" "${LOOPS:=2}" "${TEACHER_STEPS:=30}" "${TEACHER_BATCH:=4}"
   : "${SEQ:=64}" "${ALIGN_STEPS:=6}" "${KD_STEPS:=6}" "${KD_SEQ:=64}" "${LONG_STEPS:=2}" "${LONG_SEQ:=128}"
@@ -87,7 +90,7 @@ cat > "$WORK/distill.json" <<EOF
  "student": {"mixer": "gdn", "keep_fraction": 0.25},
  "align": {"seq_len": $SEQ, "steps": $ALIGN_STEPS, "lr": 1e-3, "warmup": $(( ALIGN_STEPS / 10 + 1 )), "min_lr_ratio": 0.0,
            "weight_decay": 0.0},
- "select": {"method": "shared", "probe_steps": $PROBE_STEPS, "shared_probe_steps": 0, "eval_batches": 4},
+ "select": {"method": "$SELECT_METHOD", "probe_steps": $PROBE_STEPS, "shared_probe_steps": 0, "eval_batches": 4},
  "kd": {"seq_len": $KD_SEQ, "steps": $KD_STEPS, "lr": 1e-3, "other_lr": 7e-5, "warmup": $(( KD_STEPS / 10 + 1 ))},
  "long": {"seq_len": $LONG_SEQ, "batch_size": $(( BATCH * SEQ / LONG_SEQ > 0 ? BATCH * SEQ / LONG_SEQ : 1 )),
           "steps": $LONG_STEPS, "lr": 1e-4, "warmup": $(( LONG_STEPS / 10 + 1 ))}}
@@ -126,7 +129,7 @@ ppl() {  # model -> the eval JSON (token and word perplexity per exit)
   done
   echo "\"selection\": $(cat "$WORK/kl/select/selection.json"), \"uniform_keep\": [$UNIFORM],"
   echo "\"tokens\": {\"teacher\": $(( TEACHER_STEPS * TEACHER_BATCH * SEQ )), \"align\": $(( ALIGN_STEPS * BATCH * SEQ )),"
-  echo "  \"select_probe\": $(( PROBE_STEPS * BATCH * KD_SEQ )), \"kd\": $(( KD_STEPS * BATCH * KD_SEQ )),"
+  echo "  \"select_forward\": $(( (LAYERS + 1) * 4 * BATCH * KD_SEQ )), \"kd\": $(( KD_STEPS * BATCH * KD_SEQ )),"
   echo "  \"long\": $(( LONG_STEPS * (BATCH * SEQ / LONG_SEQ > 0 ? BATCH * SEQ / LONG_SEQ : 1) * LONG_SEQ ))},"
   echo "\"settings\": {\"d\": $D, \"layers\": $LAYERS, \"heads\": $HEADS, \"ffn\": $FFN, \"loops\": $LOOPS, \"eval_len\": $EVAL_LEN,"
   echo "  \"eval_lines\": $EVAL_LINES,"
@@ -157,7 +160,7 @@ gap = ppl(r["gdn"])[0] - ppl(r["teacher"])[0]
 if gap > 0:
     print(f"\nGap recovered by the KL-selected hybrid: {100 * (ppl(r['gdn'])[0] - ppl(r['kl'])[0]) / gap:.0f}% "
           f"(uniform: {100 * (ppl(r['gdn'])[0] - ppl(r['uniform'])[0]) / gap:.0f}%).")
-print(f"\nTokens per stage: align {t['align']:,} (shared by the three), each selection probe {t['select_probe']:,}, "
+print(f"\nTokens per stage: align {t['align']:,} (shared by the three), selection {t['select_forward']:,} (forward only), "
       f"kd {t['kd']:,} and long {t['long']:,} per student. Whole call: {r['seconds']} s.")
 EOF
 cat "$OUT/distill_gpu.md"
