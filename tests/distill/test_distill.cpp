@@ -11,6 +11,8 @@
 #include "lt2/distill/losses.h"
 #include "lt2/distill/pipeline.h"
 #include "lt2/distill/selection.h"
+#include "lt2/io/ouro.h"
+#include "lt2/io/safetensors.h"
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/train/trainer.h"
 #include "lt2/util/fs.h"
@@ -112,6 +114,31 @@ TEST(Student, CopiesTheTeachersWeights) {
         EXPECT_TRUE(torch::equal(got, want)) << at << kv << " head " << h;
       }
   }
+}
+
+// An Ouro checkpoint folder (HF keys, model_type "ouro") is a teacher as it is: the student takes its
+// attention matrices under their Ouro names.
+TEST(Student, FromAnOuroFolder) {
+  const std::string dir = fresh_dir("ouro") + "/ouro";
+  const json config = {{"model_type", "ouro"}, {"hidden_size", 32}, {"intermediate_size", 48},
+                       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                       {"rms_norm_eps", 1e-6}, {"rope_theta", 1e6}, {"vocab_size", 61}, {"total_ut_steps", 3},
+                       {"tie_word_embeddings", false}};
+  auto source = tiny_teacher();  // our names; written under Ouro's keys
+  TensorMap weights;
+  const auto keys = ouro_key_map(ouro_model_config(config, "test"));
+  for (const auto& p : source->named_parameters()) weights[keys.at(p.key())] = p.value().to(torch::kFloat32);
+  make_dirs(dir);
+  write_file_atomic(dir + "/config.json", config.dump());
+  save_safetensors(dir + "/model.safetensors", weights, {});
+  TrainConfig train;
+  auto teacher = load_teacher(dir, train);
+  EXPECT_EQ(teacher->config().form, ModelForm::Ouro);
+  auto student = build_student(*teacher, StudentOptions{});
+  auto s = student->named_parameters();
+  EXPECT_TRUE(torch::equal(s["layers.1.mixer.q_proj.weight"], weights.at("model.layers.1.self_attn.q_proj.weight")));
+  EXPECT_TRUE(torch::equal(s["layers.1.mixer.o_proj.weight"], weights.at("model.layers.1.self_attn.o_proj.weight")));
+  EXPECT_TRUE(torch::equal(s["exit_gate.weight"], weights.at("model.early_exit_gate.weight")));
 }
 
 TEST(Student, EveryLayerKeptEqualsTheTeacher) {
