@@ -146,7 +146,7 @@ t = r["tokens"]
 keep = r["selection"]["keep"]
 print("# Distilling an Ouro-form teacher into LT2 hybrids (WikiText-2)\n")
 print(f"Teacher: d {r['settings']['d']}, {r['settings']['layers']} layers x {r['settings']['loops']} loops, "
-      f"trained on {t['teacher']/1e6:.1f}M tokens. Perplexity on WikiText-2 test, windows of {r['settings']['eval_len']} tokens.\n")
+      f"trained on {t['teacher']:,} tokens. Perplexity on WikiText-2 test, windows of {r['settings']['eval_len']} tokens.\n")
 print("| model | full-attention layers | word ppl (kd) | word ppl (after long) | token ppl (after long) |")
 print("| --- | --- | --- | --- | --- |")
 w, tk = ppl(r["teacher"])

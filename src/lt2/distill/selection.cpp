@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "lt2/distill/losses.h"
@@ -85,9 +86,13 @@ StudentOptions keeping(const StudentOptions& base, int64_t layer) {
   return o;
 }
 
-void report(const char* method, int64_t layer, double kl, double baseline) {
-  std::printf("select %-10s layer %3lld restored: KL %.5f (gain %+.5f)\n", method, static_cast<long long>(layer), kl,
-              baseline - kl);
+// Adds layer `l`'s score to `r`: its KL from the probe log, or from `measure_layer` (then logged).
+void add_score(Context& c, Ranking& r, int64_t l, const std::function<double()>& measure_layer) {
+  const std::string key = r.method + "/" + std::to_string(l);
+  if (!c.log.has(key)) c.log.put(key, measure_layer());
+  r.scores.push_back({l, c.log.get(key), r.baseline_kl - c.log.get(key)});
+  std::printf("select %-10s layer %3lld restored: KL %.5f (gain %+.5f)\n", r.method.c_str(), static_cast<long long>(l),
+              r.scores.back().kl, r.scores.back().gain);
   std::fflush(stdout);
 }
 
@@ -121,14 +126,11 @@ Ranking rank_shared(Context& c, const std::string& aligned) {
   r.probes = steps > 0 ? 1 : 0;
   r.evaluations = 1;
   for (int64_t l : c.candidates) {
-    const std::string key = "shared/" + std::to_string(l);
-    if (!c.log.has(key)) {
+    add_score(c, r, l, [&] {
       LoopedLM restored = hybrid_student(c.teacher, **probed, keeping(c.cfg.student, l));
-      c.log.put(key, measure(c, *restored));
-    }
-    r.scores.push_back({l, c.log.get(key), r.baseline_kl - c.log.get(key)});
+      return measure(c, *restored);
+    });
     ++r.evaluations;
-    report("shared", l, r.scores.back().kl, r.baseline_kl);
   }
   return r;
 }
@@ -141,18 +143,16 @@ Ranking rank_exhaustive(Context& c, const std::string& aligned) {
   r.baseline_kl = baseline(c, "exhaustive", aligned, steps, nullptr);
   LoopedLM start = load_checkpoint(aligned);
   for (int64_t l : c.candidates) {
-    const std::string key = "exhaustive/" + std::to_string(l), name = "layer-" + std::to_string(l);
-    if (!c.log.has(key)) {
-      const std::string init = c.dir + "/init-" + name;
+    add_score(c, r, l, [&] {
+      const std::string name = "layer-" + std::to_string(l), init = c.dir + "/init-" + name;
       save_checkpoint(init, hybrid_student(c.teacher, *start, keeping(c.cfg.student, l)));
       const auto trained = probe(c, init, name, without(c.candidates, l), steps);
       LoopedLM student = load_checkpoint(trained.checkpoint);
-      c.log.put(key, measure(c, *student));
+      const double kl = measure(c, *student);
       remove_tree(c.dir + "/probe-" + name);
       remove_tree(init);
-    }
-    r.scores.push_back({l, c.log.get(key), r.baseline_kl - c.log.get(key)});
-    report("exhaustive", l, r.scores.back().kl, r.baseline_kl);
+      return kl;
+    });
   }
   r.probes = steps > 0 ? static_cast<int64_t>(c.candidates.size()) + 1 : 0;
   r.evaluations = static_cast<int64_t>(c.candidates.size()) + 1;
