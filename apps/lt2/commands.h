@@ -61,5 +61,6 @@ void add_tasks_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_distill_command(CLI::App& app);
 
 }  // namespace lt2::cli

@@ -6,7 +6,7 @@
 #include "lt2/util/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"lt2: looped transformers with linear-time attention (train, generate, evaluate, serve, inspect)"};
+  CLI::App app{"lt2: looped transformers with linear-time attention (train, distill, generate, evaluate, serve, inspect)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "lt2 0.1.0");
   lt2::cli::add_info_command(app);
@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   lt2::cli::add_bench_command(app);
   lt2::cli::add_eval_command(app);
   lt2::cli::add_serve_command(app);
+  lt2::cli::add_distill_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

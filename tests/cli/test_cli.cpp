@@ -140,3 +140,27 @@ TEST_F(Cli, HuggingFaceConfigsNameTheFieldTheyNeed) {
   write_file_atomic(path("ouro/config.json"), ouro.dump());
   expect_cli_error({"info", path("ouro")}, log(), {"no 'model_type'", "\"ouro\""});
 }
+
+// `lt2 distill`: the default config (configs/distill/default.json) with the flags over it reaches the
+// stage's run folder; a preset teacher takes the shard's vocabulary; bad stages and --set are refused.
+TEST_F(Cli, DistillFlagsOverTheDefaultConfig) {
+  const std::string shard = write_pattern_shard(dir_ + "/data", 2000, 1);
+  const CliRun ok = run_cli({"distill", "--teacher", "tiny-ouro", "--train-data", shard, "--device", "cpu",
+                             "--batch-size", "2", "--align-steps", "2", "--align-seq-len", "16", "--set",
+                             "train.eval_batches=1", "--set", "kd.other_lr=1e-5", "--stage", "align", "--out", path("d")},
+                            log());
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_TRUE(ok.contains("student: " + path("d") + "/align/ckpt-2")) << ok.output;
+  const json align = load_json_file(path("d/align/train_config.json"));
+  EXPECT_EQ(align["steps"], 2);
+  EXPECT_EQ(align["seq_len"], 16);
+  EXPECT_EQ(align["batch_size"], 2);
+  EXPECT_EQ(align["lr"], 1e-3);  // the default config's stage 1 rate
+  EXPECT_EQ(load_json_file(path("d/distill_config.json"))["kd"]["other_lr"], 1e-5);
+  expect_cli_error({"distill", "--teacher", "tiny-ouro", "--out", path("e"), "--stage", "distil"}, log(),
+                   {"unknown stage 'distil'"});
+  expect_cli_error({"distill", "--teacher", "tiny-ouro", "--out", path("e"), "--set", "lr=1"}, log(),
+                   {"--set expects section.key=value"});
+  expect_cli_error({"distill", "--teacher", "tiny-ouro", "--out", path("e"), "--set", "kd.learning_rate=1"}, log(),
+                   {"learning_rate"});
+}

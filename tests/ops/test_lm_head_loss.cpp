@@ -109,6 +109,35 @@ TEST_P(HeadLossDtype, KlToTeacherMatchesReference) {
   }
 }
 
+// The teacher given as its head's inputs (hidden [N, d_t], weight [V, d_t], another width than the
+// student's): the chunked KL equals KL(softmax(teacher logits) || softmax(student logits)) formed
+// whole, with the same gradients, and none reaches the teacher.
+TEST_P(HeadLossDtype, KlToTeacherHeadMatchesReference) {
+  const auto dt = GetParam();
+  const int64_t N = 23, V = 29, d_teacher = 6;
+  auto p = make_problem(N, 10, V, dt);
+  const auto teacher_hidden = (torch::randn({N, d_teacher}, torch::kFloat64) * 1.5).to(dt).requires_grad_(true);
+  const auto teacher_weight = torch::randn({V, d_teacher}, torch::kFloat64).to(dt).requires_grad_(true);
+  auto reference = [&] {
+    const auto ct = lt2::accum_dtype(p.hidden);
+    const auto s = torch::log_softmax(p.hidden.mm(p.weight.t()).to(ct), 1);
+    const auto t = torch::log_softmax(teacher_hidden.detach().mm(teacher_weight.detach().t()).to(ct), 1);
+    return (t.exp() * (t - s)).sum() / N;
+  };
+  const auto ref = run(reference, p);
+  EXPECT_GT(ref.loss.item<double>(), 0.1);
+  for (int64_t chunk : {int64_t{1}, int64_t{5}, N, int64_t{64}}) {
+    ops::HeadLossOptions o;
+    o.chunk_tokens = chunk;
+    auto fused = [&] {
+      return ops::lm_head_loss(p.hidden, p.weight, ops::TeacherHead(teacher_hidden, teacher_weight), o).mean();
+    };
+    expect_match(run(fused, p), ref, tolerance(dt), "chunk " + std::to_string(chunk));
+  }
+  EXPECT_FALSE(teacher_hidden.grad().defined());
+  EXPECT_FALSE(teacher_weight.grad().defined());
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, HeadLossDtype, ::testing::Values(torch::kFloat64, torch::kFloat32),
                          [](const auto& info) { return std::string(info.param == torch::kFloat64 ? "float64" : "float32"); });
 
@@ -214,6 +243,9 @@ TEST(HeadLoss, ErrorsSayWhatWasExpected) {
             std::string::npos);
   EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::TeacherLogProbs(torch::zeros({6, 8}))); })
                 .find("expected [6, 9]"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ops::lm_head_loss(p.hidden, p.weight, ops::TeacherHead(torch::zeros({6, 3}), torch::zeros({8, 3}))); })
+                .find("a vocabulary of 9 (the student's), found 6 rows and 8 tokens"),
             std::string::npos);
   ops::HeadLossOptions o;
   o.chunk_tokens = -1;

@@ -17,8 +17,8 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& m
   }
 }
 
-Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  if (state && x.size(1) == 1 && !mixer_post_norm) {
+Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* state, const MixerObserver& observe) {
+  if (state && x.size(1) == 1 && !mixer_post_norm && !observe) {
     // Decode of a pre-norm block with its norms and adds folded into the mixer's and the FFN's
     // kernels, where they have such forms (both check their own inputs), the mixer's output
     // projection chained with the FFN's products where that applies.
@@ -33,6 +33,7 @@ Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* sta
   }
   auto xin = ops::rms_norm(x, mixer_norm);
   Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer->forward(xin, pos, state);
+  if (observe) observe(xin, m);
   if (mixer_post_norm) m = ops::rms_norm(m, mixer_post_norm);
   const auto [h, normed] = ops::add_rms_norm(x, m, ffn_norm);  // h = x + m and its norm
   auto f = ops::swiglu(*ffn, normed);

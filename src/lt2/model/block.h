@@ -3,17 +3,24 @@
 //   sandwich (Ouro):      h = x + mixer_post_norm(Mixer(mixer_norm(x)));
 //                         out = h + ffn_post_norm(FFN(ffn_norm(h)))
 #pragma once
+#include <functional>
+
 #include "lt2/config/model_config.h"
 #include "lt2/mixers/mixer.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
 
+// Sees a block's mixer call: the mixer's input and its output (before any post-norm).
+using MixerObserver = std::function<void(const Tensor& input, const Tensor& output)>;
+
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& mixer_name);
   // x: [B, T, d]. With a state, runs the mixer's step (T == 1) or continues its forward.
-  Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr);
+  // `observe`, when set, is called with the mixer's input and output.
+  Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr,
+                 const MixerObserver& observe = {});
 
   Mixer mixer;
   SwiGLU ffn{nullptr};

@@ -80,14 +80,16 @@ std::string LoopedLMImpl::first_mixer_without_seq_pos() const {
 }
 
 Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
-                               const Tensor& seq_pos, const Tensor& draw) {
+                               const Tensor& seq_pos, const Tensor& draw, const MixerTap& tap) {
   Positions pos{start, loop, seq_pos};
   Tensor x = h;
   const int64_t N = cfg_.n_layers;
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
   for (int64_t l = 0; l < N; ++l) {
     pos.slot = slot_draw(draw, loop, l);
-    x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr);
+    MixerObserver observe;
+    if (tap) observe = [&tap, l, loop](const Tensor& in, const Tensor& out) { tap(l, loop, in, out); };
+    x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr, observe);
   }
   return x;
 }
@@ -170,15 +172,19 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   Tensor h = tok_embeddings(tokens);
   for (int64_t loop = 0; loop < T; ++loop) {
     // Captures by value: with recompute it runs again in backward, after the caller's `opts` is gone.
-    auto one_loop = [this, loop, start, state, ouro, seq_pos = opts.seq_pos, draw](const Tensor& prev) {
-      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw);
+    auto one_loop = [this, loop, start, state, ouro, seq_pos = opts.seq_pos, draw, tap = opts.mixer_tap](const Tensor& prev) {
+      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw, tap);
       if (ouro) return ops::rms_norm(next, norm);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;
     };
     h = recompute ? checkpointed(one_loop, h) : one_loop(h);
     if (ouro) exits.push_back(h);
-    if (opts.loop_logits && opts.compute_logits) out.loop_logits.push_back(head(ouro ? h : ops::rms_norm(h, norm)));
+    if (opts.loop_hidden || (opts.loop_logits && opts.compute_logits)) {
+      const Tensor normed = ouro ? h : ops::rms_norm(h, norm);
+      if (opts.loop_hidden) out.loop_hidden.push_back(normed);
+      if (opts.loop_logits && opts.compute_logits) out.loop_logits.push_back(head(normed));
+    }
   }
   if (state && !per_seq) {
     state->length = start + tokens.size(1);

@@ -5,6 +5,7 @@
 //         lambda_t = sigmoid(exit_gate(exit_t)); p_t = lambda_t prod_{j<t}(1 - lambda_j), p_T = rest
 // Weights are shared across loops; state is not: each (loop, layer) pair has its own mixer state.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -29,8 +30,15 @@ struct ModelState {
   std::unique_ptr<ModelState> slice(int64_t begin, int64_t count) const;
 };
 
+// Sees every mixer call of a forward: layer and loop (0-based), the mixer's input (the normed
+// residual stream) and its output (before any post-norm), both [B, T, d]. Distillation aligns a
+// student's mixers to these pairs (lt2/distill).
+using MixerTap = std::function<void(int64_t layer, int64_t loop, const Tensor& input, const Tensor& output)>;
+
 struct ForwardOptions {
   bool loop_logits = false;       // also return every loop's logits (Ouro objective, per-loop KD)
+  bool loop_hidden = false;       // also return every loop's normed hidden state (per-loop KD)
+  MixerTap mixer_tap;             // called after every mixer call of a parallel forward
   bool checkpoint_loops = false;  // recompute each loop in backward instead of storing activations
   int64_t exit_at_loop = -1;      // Ouro inference: take logits of this loop (1-based); -1 = use threshold
   double exit_threshold = -1;     // Ouro inference: exit at first cumulative p >= q; -1 = config value
@@ -51,6 +59,7 @@ struct ForwardOptions {
 struct ModelOutput {
   Tensor logits;                   // [B, T, V] of the chosen exit (LT2: last loop)
   std::vector<Tensor> loop_logits; // T x [B, T, V] when requested
+  std::vector<Tensor> loop_hidden; // T x [B, T, d] when requested: what head() of each loop reads
   Tensor hidden;                   // [B, T, d] final normed hidden state (of the last loop)
   Tensor exit_logits;              // [B, T, n_loops] Ouro exit-gate logits (lambda_t = sigmoid)
   Tensor exit_probs;               // [B, T, n_loops] Ouro exit distribution p_t (sums to 1)
@@ -73,7 +82,7 @@ class LoopedLMImpl : public torch::nn::Module {
   // patterns, [n_loops, n_layers] bool, true = full) gives each layer's mixer its slot's draw.
   // With a state it uses the states of the current vote draw (random patterns).
   Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
-                   const Tensor& seq_pos = {}, const Tensor& draw = {});
+                   const Tensor& seq_pos = {}, const Tensor& draw = {}, const MixerTap& tap = {});
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
   // The LM head's weight [V, d]: the embedding's when tied.
   const Tensor& head_weight() const;

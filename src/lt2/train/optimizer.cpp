@@ -14,12 +14,19 @@ bool takes_weight_decay(const std::string& name, const Tensor& p) {
 
 AdamW::AdamW(const std::vector<std::pair<std::string, Tensor>>& named_params, AdamWOptions opts)
     : opts_(opts) {
-  groups_.resize(2);
-  groups_[0].weight_decay = opts.weight_decay;
-  groups_[1].weight_decay = 0.0;
+  // One group per (weight decay, learning-rate scale), in order of first appearance.
+  auto group_of = [this](double decay, double scale) -> Group& {
+    for (auto& g : groups_)
+      if (g.weight_decay == decay && g.lr_scale == scale) return g;
+    groups_.push_back(Group{decay, scale, {}, {}, {}, {}, {}});
+    return groups_.back();
+  };
   for (const auto& [name, p] : named_params) {
     if (!p.requires_grad()) continue;
-    Group& g = groups_[takes_weight_decay(name, p) ? 0 : 1];
+    const double scale = opts.lr_scale ? opts.lr_scale(name) : 1.0;
+    LT2_CHECK(scale >= 0 && std::isfinite(scale), "AdamW: learning-rate scale of '", name,
+              "' must be finite and >= 0, found ", scale);
+    Group& g = group_of(takes_weight_decay(name, p) ? opts.weight_decay : 0.0, scale);
     g.names.push_back(name);
     g.params.push_back(p);
     g.exp_avg.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -42,7 +49,7 @@ void AdamW::step(double lr) {
     }
     if (params.empty()) continue;
     at::_foreach_add_(steps, 1);
-    at::_fused_adamw_(params, grads, m, v, {}, steps, lr, opts_.beta1, opts_.beta2, g.weight_decay,
+    at::_fused_adamw_(params, grads, m, v, {}, steps, lr * g.lr_scale, opts_.beta1, opts_.beta2, g.weight_decay,
                       opts_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 }

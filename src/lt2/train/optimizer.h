@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +14,8 @@ using torch::Tensor;
 
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  // Each parameter's learning rate as a multiple of the step's (by parameter name); unset: 1 for all.
+  std::function<double(const std::string& name)> lr_scale;
 };
 
 // True for parameters that take weight decay: matrices (dim >= 2) except the loop gate rho.
@@ -21,7 +24,7 @@ bool takes_weight_decay(const std::string& name, const Tensor& p);
 class AdamW {
  public:
   AdamW(const std::vector<std::pair<std::string, Tensor>>& named_params, AdamWOptions opts);
-  // One update with learning rate lr from the parameters' current .grad.
+  // One update with learning rate lr (times each parameter's lr_scale) from the parameters' current .grad.
   void step(double lr);
   void zero_grad();
   // Moments and step counts by parameter name ("exp_avg/<name>", "exp_avg_sq/<name>", "step/<name>").
@@ -31,7 +34,7 @@ class AdamW {
 
  private:
   struct Group {
-    double weight_decay;
+    double weight_decay, lr_scale;
     std::vector<std::string> names;
     std::vector<Tensor> params, exp_avg, exp_avg_sq, steps;
   };

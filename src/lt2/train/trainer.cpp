@@ -93,6 +93,13 @@ torch::Device Trainer::device() const { return impl_->device; }
 bool Trainer::autocast() const { return impl_->autocast; }
 int Trainer::world_size() const { return impl_->group ? impl_->group->world_size() : 1; }
 
+torch::Device training_device(const TrainConfig& cfg) {
+  const bool cuda = cfg.device == "cuda" || (cfg.device == "auto" && torch::cuda::is_available());
+  return cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+}
+
+bool training_autocast(const TrainConfig& cfg, torch::Device device) { return device.is_cuda() && cfg.dtype != "fp32"; }
+
 std::string latest_checkpoint(const std::string& out_dir) {
   const std::string pointer = out_dir + "/latest";
   if (!path_exists(pointer)) return "";
@@ -110,8 +117,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
   auto& I = *impl_;
   const bool cuda = torch::cuda::is_available();
   LT2_CHECK(!(cfg_.device == "cuda" && !cuda), "device 'cuda' requested but no CUDA GPU is available");
-  I.device = (cfg_.device == "cuda" || (cfg_.device == "auto" && cuda)) ? torch::Device(torch::kCUDA)
-                                                                        : torch::Device(torch::kCPU);
+  I.device = training_device(cfg_);
   const auto dist = cb_.data_parallel ? DistEnv::from_environment() : std::nullopt;
   I.micros = local_micro_batches(cfg_.grad_accum, dist ? dist->rank : 0, dist ? dist->world_size : 1);
   if (dist) {
@@ -127,7 +133,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
   }
   LT2_CHECK(!(cfg_.dtype == "bf16" && !I.device.is_cuda()),
             "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
-  I.autocast = I.device.is_cuda() && cfg_.dtype != "fp32";
+  I.autocast = training_autocast(cfg_, I.device);
   if (I.autocast) I.tf32.emplace(cfg_.tf32);
 
   std::shared_ptr<const ShardReader> train_shard;
@@ -161,6 +167,10 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     for (auto& p : model_->named_parameters())
       p.value().set_requires_grad(p.key().rfind("exit_gate.", 0) == 0);
   }
+  if (cb_.trainable) {
+    for (auto& p : model_->named_parameters())
+      if (!cb_.trainable(p.key())) p.value().set_requires_grad(false);
+  }
   // Mixers with an auxiliary loss: the warm-up trains only what that loss trains.
   const auto stage = parse_aux_loss_stage(cfg_.indexer_stage);
   set_aux_loss_stage(*model_, stage);
@@ -182,7 +192,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     I.grads = std::make_unique<GradientBuckets>(I.group, named,
                                                 static_cast<int64_t>(cfg_.dist_bucket_mb * 1024 * 1024));
   }
-  I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
+  I.opt = std::make_unique<AdamW>(named, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, cb_.lr_scale});
   if (resume) I.opt->load_state_dict(load_tensor_map(ckpt + "/optimizer.safetensors"));
 
   if (train_shard) {

@@ -53,6 +53,11 @@ struct TrainerCallbacks {
   // The loss of one micro-batch, under autocast. Default: cfg.objective on every position (plus
   // the DSA indexer loss of cfg.indexer_stage).
   std::function<torch::Tensor(LoopedLM& model, const Batch& batch)> loss;
+  // Which parameters train, by name (the others are frozen); applied after the model is built or
+  // loaded, resumes included. Default: all of them (as the objective allows).
+  std::function<bool(const std::string& name)> trainable;
+  // Each parameter's learning rate as a multiple of the schedule's, by name. Default: 1 for all.
+  std::function<double(const std::string& name)> lr_scale;
   // The learning rate of step `step` (0-based). Default: warm-up, then cosine to cfg.steps.
   std::function<double(int64_t step)> lr;
   // Called before step `step` (0-based): true ends run() there.
@@ -103,6 +108,11 @@ class Trainer {
   std::shared_ptr<Impl> impl_;
   int64_t start_step_ = 0;
 };
+
+// The device a run of `cfg` trains on outside a data-parallel job (cfg.device; "auto": CUDA when
+// there is a GPU), and whether its forward runs under bf16 autocast there.
+torch::Device training_device(const TrainConfig& cfg);
+bool training_autocast(const TrainConfig& cfg, torch::Device device);
 
 // The newest complete checkpoint folder of a run, or "" when none.
 std::string latest_checkpoint(const std::string& out_dir);

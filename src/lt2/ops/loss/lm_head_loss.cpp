@@ -154,16 +154,51 @@ void TeacherLogProbs::check(int64_t rows, int64_t vocab, torch::Device) const {
             log_probs_.sizes());
 }
 
-ChunkScore TeacherLogProbs::score(Tensor logits, int64_t begin, std::optional<ScalarType> grad_dtype) const {
-  const auto t = log_probs_.narrow(0, begin, logits.size(0)).detach().to(logits.options());  // [n, V]
-  const auto p = t.exp();                                                                   // [n, V]
-  auto log_q = torch::log_softmax(logits, 1);                                               // student, [n, V]
+namespace {
+// KL(teacher || student) of one chunk: t the teacher's log-probabilities [n, V] in the logits'
+// dtype, logits the student's [n, V]; gradient softmax(student) - p_t.
+ChunkScore kl_chunk(const Tensor& t, Tensor logits, std::optional<ScalarType> grad_dtype) {
+  const auto p = t.exp();                      // [n, V]
+  auto log_q = torch::log_softmax(logits, 1);  // student, [n, V]
   logits = Tensor();
   ChunkScore s;
   // p log p is 0 where p is: the masked form keeps -inf log-probabilities from making 0 * inf.
   s.loss = torch::where(p > 0, p * (t - log_q), 0).sum();
   if (grad_dtype) s.grad = log_q.exp_().sub_(p).to(*grad_dtype);
   return s;
+}
+}  // namespace
+
+ChunkScore TeacherLogProbs::score(Tensor logits, int64_t begin, std::optional<ScalarType> grad_dtype) const {
+  const auto t = log_probs_.narrow(0, begin, logits.size(0)).detach().to(logits.options());  // [n, V]
+  return kl_chunk(t, std::move(logits), grad_dtype);
+}
+
+TeacherHead::TeacherHead(Tensor teacher_hidden, Tensor teacher_weight) {
+  LT2_CHECK(teacher_hidden.dim() == 2 && teacher_weight.dim() == 2 && teacher_hidden.size(1) == teacher_weight.size(1),
+            "teacher head: expected hidden [N, d] and weight [V, d]; found hidden ", teacher_hidden.sizes(),
+            " and weight ", teacher_weight.sizes());
+  const auto compute = product_dtype(teacher_hidden, teacher_weight);
+  hidden_ = teacher_hidden.detach().to(compute);
+  weight_ = teacher_weight.detach().to(compute);
+}
+
+void TeacherHead::check(int64_t rows, int64_t vocab, torch::Device device) const {
+  LT2_CHECK(hidden_.size(0) == rows && weight_.size(0) == vocab, "teacher head: expected ", rows,
+            " hidden rows and a vocabulary of ", vocab, " (the student's), found ", hidden_.size(0), " rows and ",
+            weight_.size(0), " tokens");
+  LT2_CHECK(hidden_.device() == device && weight_.device() == device, "teacher head: expected it on ", device,
+            " with the student's hidden states, found ", hidden_.device());
+}
+
+ChunkScore TeacherHead::score(Tensor logits, int64_t begin, std::optional<ScalarType> grad_dtype) const {
+  const auto h = hidden_.narrow(0, begin, logits.size(0));  // [n, d_t]
+  const auto t = torch::log_softmax(product(h, weight_.t(), logits.scalar_type()), 1);  // teacher, [n, V]
+  return kl_chunk(t, std::move(logits), grad_dtype);
+}
+
+Tensor TeacherHead::count() const {
+  return torch::scalar_tensor(hidden_.size(0), torch::TensorOptions().dtype(torch::kLong).device(hidden_.device()));
 }
 
 Tensor TeacherLogProbs::count() const {

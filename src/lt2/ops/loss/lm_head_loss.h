@@ -77,6 +77,23 @@ class TeacherLogProbs final : public HeadLossTarget {
   Tensor log_probs_;  // [N, V]
 };
 
+// KL(teacher || student) like TeacherLogProbs, with the teacher given as its head's inputs: normed
+// hidden states [N, d_t] and head weight [V, d_t]. Each chunk's teacher logits are formed as the walk
+// reaches it (in the products' dtype the teacher's inputs would take, logits in fp32, float64 for
+// float64 inputs), so neither model's [N x V] logits ever exist whole: the logit distillation of
+// long sequences. No gradient flows to the teacher. Every row counts.
+class TeacherHead final : public HeadLossTarget {
+ public:
+  TeacherHead(Tensor teacher_hidden, Tensor teacher_weight);
+  void check(int64_t rows, int64_t vocab, torch::Device device) const override;
+  ChunkScore score(Tensor logits, int64_t begin, std::optional<torch::ScalarType> grad_dtype) const override;
+  Tensor count() const override;
+
+ private:
+  Tensor hidden_;  // [N, d_t], the products' dtype
+  Tensor weight_;  // [V, d_t], the products' dtype
+};
+
 struct HeadLossOptions {
   // Tokens per chunk; 0: as many as keep one chunk's fp32 logits within kAutoChunkBytes.
   int64_t chunk_tokens = 0;
