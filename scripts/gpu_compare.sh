@@ -22,7 +22,7 @@ OLD=$BASE/build-gpu/apps/lt2/lt2
 [ -x "$NEW" ] || { echo "gpu_compare: $NEW is missing: run scripts/gpu_infer.sh first"; exit 1; }
 if [ ! -x "$OLD" ]; then
   t0=$(date +%s)
-  (cd "$BASE" && cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_TESTS=OFF -DLT2_BENCH=OFF \
+  (cd "$BASE" && cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=OFF -DLT2_TESTS=OFF -DLT2_BENCH=OFF \
      -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > /tmp/base_build.log 2>&1 &&
    cmake --build build-gpu -j "$(nproc)" --target lt2_cli >> /tmp/base_build.log 2>&1) ||
     { grep -E "error" -A5 /tmp/base_build.log | head -40; exit 1; }

@@ -10,7 +10,8 @@ ninja -C build -j "$(nproc)" lt2_cli test_gpu
 mkdir -p build-prebuilt
 strip -o build-prebuilt/lt2 build/apps/lt2/lt2
 strip -o build-prebuilt/test_gpu build/tests/test_gpu
-cp -L "$(ldd build/apps/lt2/lt2 | awk '/libpcre2-8/ {print $3}')" build-prebuilt/
+# The Debian libraries the GPU image lacks: PCRE2, and cpp-httplib with Brotli where `lt2 serve` is built.
+for lib in $(ldd build/apps/lt2/lt2 | awk '/libpcre2-8|libcpp-httplib|libbrotli/ {print $3}'); do cp -L "$lib" build-prebuilt/; done
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src apps tests || echo '+changes')" > build-prebuilt/COMMIT
 python3 scripts/gpu_status.py --hash > build-prebuilt/SOURCE_HASH
 du -sh build-prebuilt

@@ -17,7 +17,9 @@ int main(int argc, char** argv) {
   lt2::cli::add_tasks_command(app);
   lt2::cli::add_bench_command(app);
   lt2::cli::add_eval_command(app);
+#ifdef LT2_WITH_SERVE
   lt2::cli::add_serve_command(app);
+#endif
   lt2::cli::add_distill_command(app);
   try {
     app.parse(argc, argv);
