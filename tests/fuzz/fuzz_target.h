@@ -5,13 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "lt2/util/error.h"
+#include "lt2/util/fs.h"
 
 namespace lt2::fuzz {
 
@@ -64,14 +64,14 @@ struct ScratchFolder {
       files.emplace_back(file, bytes.substr(begin, end - begin));
       at = end;
     }
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
+    lt2::remove_tree(path);
+    lt2::make_dirs(path);
     for (const auto& [file, contents] : files)
       std::ofstream(path + "/" + file, std::ios::binary | std::ios::trunc)
           .write(contents.data(), static_cast<std::streamsize>(contents.size()));
     ok = true;
   }
-  ~ScratchFolder() { std::filesystem::remove_all(path); }
+  ~ScratchFolder() { lt2::remove_tree(path); }
   ScratchFolder(const ScratchFolder&) = delete;
   ScratchFolder& operator=(const ScratchFolder&) = delete;
   const std::string path;
