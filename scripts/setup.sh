@@ -10,6 +10,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libbenchmark-dev
   gnuplot-nox r-cran-janeaustenr
   libgloo-dev  # headers only: c10d's ProcessGroupGloo.hpp includes them; the wheel does not ship them
+  clang-14 libclang-rt-14-dev  # libFuzzer for scripts/fuzz.sh, which scripts/test.sh runs briefly
 )
 PIP_PACKAGES=(torch==2.11.0 numpy tokenizers==0.22.1)
 # flash-linear-attention's pure-PyTorch naive references: an independent oracle for the mixers.
