@@ -11,6 +11,7 @@ APT_PACKAGES=(
   gnuplot-nox r-cran-janeaustenr
   libgloo-dev  # headers only: c10d's ProcessGroupGloo.hpp includes them; the wheel does not ship them
   libcpp-httplib-dev  # cpp-httplib, the HTTP layer of `lt2 serve`
+  clang-14 libclang-rt-14-dev  # libFuzzer for scripts/fuzz.sh, which scripts/test.sh runs briefly
 )
 PIP_PACKAGES=(torch==2.11.0 numpy tokenizers==0.22.1)
 # The official OpenAI client: tests/scripts/openai_client_test.py drives `lt2 serve` with it.

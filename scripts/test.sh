@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Builds lt2 from scratch in a fresh folder and runs the whole CPU test suite (CTest). GPU-labelled
-# tests skip themselves where no GPU is present.
+# tests skip themselves where no GPU is present. Then fuzzes every reader of outside input for
+# FUZZ_SECONDS each (default 10; scripts/fuzz.sh, in build-fuzz) when clang-14's libFuzzer is
+# installed (scripts/setup.sh installs it); a crash found fails the run.
 #   scripts/test.sh [cmake args...]
 #   scripts/test.sh --sanitize [cmake args...]   the same suite built with AddressSanitizer and
 #       UndefinedBehaviorSanitizer (CPU only, -O2 -g, in build-sanitize): any report fails its test
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fuzz_seconds=${FUZZ_SECONDS:-10}
 if [ "${1:-}" = "--sanitize" ]; then
   shift
+  fuzz_seconds=0  # the sanitizer run is the suite alone
   export BUILD_DIR=${BUILD_DIR:-build-sanitize}
   set -- -DLT2_SANITIZE=ON -DLT2_CUDA=OFF -DLT2_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
@@ -18,7 +22,15 @@ rm -rf "$BUILD_DIR"
 start=$(date +%s)
 scripts/build.sh "$@"
 echo "build: $(( $(date +%s) - start )) s"
-cd "$BUILD_DIR"
 start=$(date +%s)
-ctest --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}"
+(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}")
 echo "tests: $(( $(date +%s) - start )) s"
+if [ "$fuzz_seconds" -gt 0 ]; then
+  if command -v clang++-14 > /dev/null && [ -n "$(find /usr/lib/llvm-14/lib/clang -name 'libclang_rt.fuzzer*.a' 2>/dev/null)" ]; then
+    start=$(date +%s)
+    scripts/fuzz.sh "$fuzz_seconds"
+    echo "fuzz: $(( $(date +%s) - start )) s (build and $fuzz_seconds s per target)"
+  else
+    echo "fuzz: skipped (no clang-14 with libFuzzer: scripts/setup.sh installs clang-14 libclang-rt-14-dev)"
+  fi
+fi

@@ -1,10 +1,9 @@
-// Kill anywhere: `lt2 train` on a tiny model is killed with SIGKILL at seeded random moments (a third
-// of them anywhere, startup included, a third while a checkpoint is being written, a third while it
-// trains) and resumed with --resume each time. After every
-// kill: (a) the newest complete checkpoint loads (weights, optimizer state, trainer state); (c) a
-// temporary file a kill left is gone once the next process has trained a step. Every run that
-// reaches its last step ends with (b) the weights of an uninterrupted run, bit for bit, and no
-// temporary file.
+// Kill anywhere: `lt2 train` and `lt2 tasks run` on a tiny model are killed with SIGKILL at seeded
+// random moments (a third of them anywhere, startup included, a third while a checkpoint is being
+// written, a third while it trains) and resumed with --resume each time. After every kill: (a) the
+// newest complete checkpoint loads (weights, optimizer state, trainer state); (c) a temporary file
+// a kill left is gone once the next process has trained a step. Every run that reaches its last
+// step ends with (b) the weights of an uninterrupted run, bit for bit, and no temporary file.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -22,6 +21,7 @@
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/train/trainer.h"
 #include "lt2/util/json.h"
+#include "tasks/tasks_testing.h"
 #include "train/train_testing.h"
 
 using namespace lt2;
@@ -37,7 +37,6 @@ uint64_t kill_seed() {
   const int flag = GTEST_FLAG_GET(random_seed);
   return flag != 0 ? static_cast<uint64_t>(flag) : 20261203;
 }
-constexpr int64_t kSteps = 10;
 
 // The pid in a temporary file's name (`<name>.tmp.<pid>`), or -1 for a checkpoint folder being
 // written (`ckpt-<step>.tmp`).
@@ -80,7 +79,7 @@ int64_t latest_step(const std::string& out_dir) {
   return latest.empty() ? 0 : std::stoll(fs::path(latest).filename().string().substr(5));
 }
 
-// Whether a process's output (`lt2 train` prints a line per step, log_every 1) shows a trained step.
+// Whether a process's output (a line per step with log_every 1: "step N | ...") shows a trained step.
 bool trained_a_step(const std::string& log) {
   std::istringstream in(read_text(log));
   for (std::string line; std::getline(in, line);)
@@ -108,27 +107,18 @@ void expect_latest_loads(const std::string& out_dir, const std::string& context)
   }
 }
 
-}  // namespace
-
-TEST(KillAnywhere, ResumedRunsEndWithTheWeightsOfAnUninterruptedOne) {
+// Kills `lt2 <command> --out OUT` (a command that checkpoints into OUT and continues with --resume)
+// kKills times in `dir` and checks (a), (b) and (c) against an uninterrupted run.
+void kill_anywhere(const std::string& dir, const std::vector<std::string>& command) {
+  const std::string program = "lt2 " + command[0] + (command[0] == "tasks" ? " " + command[1] : "");
   const auto start = Clock::now();
-  const std::string dir = (fs::temp_directory_path() / "lt2_kill_anywhere").string();
-  remove_tree(dir);
-  auto c = tiny_run(dir);
-  c.steps = kSteps;
-  c.save_every = 1;  // a checkpoint every step: many kills land in one
-  c.log_every = 1;   // a line per step tells whether a process trained one
-  c.batch_size = 2;
-  c.grad_accum = 1;
-  c.eval_batches = 1;
-  const std::string cfg = dir + "/train.json";
-  write_file_atomic(cfg, c.to_json().dump(2));
-
-  const auto t0 = Clock::now();
-  const CliRun ref = run_cli({"train", "--config", cfg, "--out", dir + "/reference"}, dir + "/reference.log");
+  std::vector<std::string> ref_args = command;
+  ref_args.insert(ref_args.end(), {"--out", dir + "/reference"});
+  const CliRun ref = run_cli(ref_args, dir + "/reference.log");
   ASSERT_EQ(ref.code, 0) << ref.output;
-  const double run_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double run_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const auto expected = weights_of(latest_checkpoint(dir + "/reference"));
+  const int64_t last_step = latest_step(dir + "/reference");
 
   const uint64_t seed = kill_seed();
   std::mt19937_64 rng(seed);
@@ -136,21 +126,25 @@ TEST(KillAnywhere, ResumedRunsEndWithTheWeightsOfAnUninterruptedOne) {
   std::string out = dir + "/run0";
   // Ends a run that reached its last step: (b) and no temporary file.
   auto check_finished_run = [&](const std::string& context) {
-    EXPECT_EQ(latest_step(out), kSteps) << context;
+    EXPECT_EQ(latest_step(out), last_step) << context;
     const auto got = weights_of(latest_checkpoint(out));
     ASSERT_EQ(got.size(), expected.size());
     for (const auto& [name, t] : expected) EXPECT_TRUE(torch::equal(got.at(name), t)) << context << ": " << name;
-    EXPECT_TRUE(temporaries(out).empty()) << context << ": temporary files left after a finished run";
+    std::string left;
+    for (const auto& [path, mtime] : temporaries(out)) left += " '" + path + "'";
+    EXPECT_TRUE(left.empty()) << context << ": temporary files left after a finished run:" << left;
     ++finished;
     out = dir + "/run" + std::to_string(++runs);
   };
 
-  // Starts of `lt2 train` until kKills of them were killed (a start may finish before its moment).
+  // Starts of the command until kKills of them were killed (a start may finish before its moment).
   int starts = 0;
   for (; kills < kKills && starts < 3 * kKills; ++starts) {
     const std::string context = "start " + std::to_string(starts) + " (seed " + std::to_string(seed) + ")";
     const bool resume = !latest_checkpoint(out).empty();
-    std::vector<std::string> argv{kLt2, "train", "--config", cfg, "--out", out};
+    std::vector<std::string> argv{kLt2};
+    argv.insert(argv.end(), command.begin(), command.end());
+    argv.insert(argv.end(), {"--out", out});
     if (resume) argv.push_back("--resume");
     const std::string log = dir + "/start" + std::to_string(starts) + ".log";
     const auto spawned = fs::file_time_type::clock::now();
@@ -177,7 +171,7 @@ TEST(KillAnywhere, ResumedRunsEndWithTheWeightsOfAnUninterruptedOne) {
       check_finished_run(context);
       continue;
     }
-    ASSERT_TRUE(p.status().signaled()) << context << ": lt2 train " << p.status().describe() << "\n" << read_text(log);
+    ASSERT_TRUE(p.status().signaled()) << context << ": " << program << " " << p.status().describe() << "\n" << read_text(log);
     ++kills;
     in_write += writing_checkpoint(out, p.pid(), spawned);
     before_first_checkpoint += latest_checkpoint(out).empty();
@@ -189,18 +183,49 @@ TEST(KillAnywhere, ResumedRunsEndWithTheWeightsOfAnUninterruptedOne) {
   }
   // The run in progress goes to its end without a kill.
   const bool resume = !latest_checkpoint(out).empty();
-  std::vector<std::string> args{"train", "--config", cfg, "--out", out};
+  std::vector<std::string> args = command;
+  args.insert(args.end(), {"--out", out});
   if (resume) args.push_back("--resume");
   const CliRun last = run_cli(args, dir + "/last.log");
   ASSERT_EQ(last.code, 0) << last.output;
   check_finished_run("the last run");
 
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("kill-anywhere (seed %llu): %d kills in %d starts (%d during a checkpoint write, %d before the first "
+  std::printf("kill-anywhere (%s, seed %llu): %d kills in %d starts (%d during a checkpoint write, %d before the first "
               "checkpoint), %d runs finished with the reference weights bit for bit; uninterrupted run %.2f s, "
               "test %.1f s\n",
-              (unsigned long long)seed, kills, starts, in_write, before_first_checkpoint, finished, run_seconds, seconds);
+              program.c_str(), (unsigned long long)seed, kills, starts, in_write, before_first_checkpoint, finished, run_seconds, seconds);
   EXPECT_EQ(kills, kKills);
   EXPECT_GT(in_write, 0) << "no kill landed in a checkpoint write";
   remove_tree(dir);
+}
+
+}  // namespace
+
+TEST(KillAnywhere, TrainResumesToTheWeightsOfAnUninterruptedRun) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_kill_anywhere_train").string();
+  remove_tree(dir);
+  auto c = tiny_run(dir);
+  c.steps = 10;
+  c.save_every = 1;  // a checkpoint every step: many kills land in one
+  c.log_every = 1;   // a line per step tells whether a process trained one
+  c.batch_size = 2;
+  c.grad_accum = 1;
+  c.eval_batches = 1;
+  const std::string cfg = dir + "/train.json";
+  write_file_atomic(cfg, c.to_json().dump(2));
+  kill_anywhere(dir, {"train", "--config", cfg});
+}
+
+// A task run checkpoints at every evaluation (every 2 steps here) with its curriculum state: kills
+// land before, in and after stage changes (stage 1 is solved at step 4, stage 2 spends its budget).
+TEST(KillAnywhere, TasksRunResumesToTheWeightsOfAnUninterruptedRun) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_kill_anywhere_tasks").string();
+  remove_tree(dir);
+  make_dirs(dir);
+  auto c = tiny_task_run(dir, dir + "/run");
+  c.log_every = 1;
+  const std::string cfg = dir + "/tasks.json";
+  write_file_atomic(cfg, c.to_json().dump(2));
+  kill_anywhere(dir, {"tasks", "run", "--config", cfg});
 }

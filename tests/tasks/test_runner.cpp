@@ -15,45 +15,19 @@
 #include "lt2/train/trainer.h"
 #include "lt2/util/gnuplot.h"
 #include "lt2/util/json.h"
+#include "tasks/tasks_testing.h"
 
 using namespace lt2;
 using namespace lt2::tasks;
 using lt2::testing::expect_error;
 using lt2::testing::TempDir;
+using lt2::testing::tiny_task_run;
+using lt2::testing::write_task_model;
 
 namespace {
 
-// A model config file in `dir`: full attention, LT2 form, vocab from the task.
-std::string write_model(const TempDir& dir, int64_t d_model, int64_t n_layers, int64_t n_heads,
-                        int64_t n_loops, int64_t ffn_hidden = 0) {
-  const std::string path = dir / "model.json";
-  write_file_atomic(path, json{{"name", "test-model"}, {"vocab_size", 0}, {"d_model", d_model},
-                               {"n_layers", n_layers}, {"n_heads", n_heads}, {"n_loops", n_loops},
-                               {"ffn_hidden", ffn_hidden}, {"layer_pattern", "full"}}
-                              .dump());
-  return path;
-}
-
-// A few-step run through the curriculum's transitions: with one query per example and a 4% bar,
-// chance-level answers (1 in 32) solve a stage now and then. With these settings stage 1 is
-// solved at step 4 and stage 2 spends its budget (step 12); the resume test checks that it
-// still crosses a stage.
-TaskRunConfig tiny_run(const TempDir& dir, const std::string& out) {
-  TaskRunConfig c;
-  c.model = write_model(dir, 32, 1, 2, 2, 64);
-  c.task = "mqar";
-  c.pool = 32;
-  c.max_queries = 1;
-  c.curriculum = {3, 8, 0.04};
-  c.eval_every = 2;
-  c.eval_examples = 50;
-  c.batch_size = 4;
-  c.lr = 1e-2;
-  c.warmup = 3;
-  c.device = "cpu";
-  c.out_dir = dir / out;
-  return c;
-}
+// The tiny run of tasks_testing.h in `dir`/`out` (the resume test checks that it crosses a stage).
+TaskRunConfig tiny_run(const TempDir& dir, const std::string& out) { return tiny_task_run(dir.path(), dir / out); }
 
 // Every parameter of the run's newest checkpoint by name.
 TensorMap final_weights(const std::string& out_dir) {
@@ -86,7 +60,7 @@ class TaskRunnerTest : public ::testing::Test {
 TEST_F(TaskRunnerTest, TinyModelLearnsMqarStage1) {
   TempDir dir;
   TaskRunConfig c;
-  c.model = write_model(dir, 128, 2, 4, 1);
+  c.model = write_task_model(dir.path(), 128, 2, 4, 1);
   c.task = "mqar";
   c.pool = 8;
   c.curriculum = {1, 800, 0.9};

@@ -4,11 +4,13 @@
 #include <fstream>
 
 #include "lt2/util/error.h"
+#include "lt2/util/fs.h"
 
 namespace lt2::eval {
 
 std::vector<std::string> read_lines(const std::string& path) {
-  LT2_CHECK(std::filesystem::is_regular_file(path), "'", path, "' does not exist or is not a file");
+  std::error_code ec;
+  LT2_CHECK(path_exists(path) && std::filesystem::is_regular_file(path, ec), "'", path, "' does not exist or is not a file");
   std::ifstream in(path, std::ios::binary);
   LT2_CHECK(in, "cannot open '", path, "'");
   std::vector<std::string> lines;
@@ -55,7 +57,7 @@ const json& field(const Record& r, const char* name) {
 
 std::string str_field(const Record& r, const char* name) {
   const json& v = field(r, name);
-  LT2_CHECK(v.is_string(), r.where, ": field '", name, "' must be a string, found ", json_type_name(v), " ", v.dump());
+  LT2_CHECK(v.is_string(), r.where, ": field '", name, "' must be a string, found ", json_describe(v));
   return v.get<std::string>();
 }
 
@@ -66,7 +68,7 @@ int64_t int_field(const Record& r, const char* name) {
     const auto& s = v.get_ref<const std::string&>();
     if (!s.empty() && s.size() < 18 && s.find_first_not_of("0123456789") == std::string::npos) return std::stoll(s);
   }
-  throw Error(cat(r.where, ": field '", name, "' must be an integer, found ", v.dump()));
+  throw Error(cat(r.where, ": field '", name, "' must be an integer, found ", json_describe(v)));
 }
 
 bool bool_field(const Record& r, const char* name) {
@@ -74,7 +76,7 @@ bool bool_field(const Record& r, const char* name) {
   if (v.is_boolean()) return v.get<bool>();
   if (v == "true" || v == 1) return true;
   if (v == "false" || v == 0) return false;
-  throw Error(cat(r.where, ": field '", name, "' must be true or false, found ", v.dump()));
+  throw Error(cat(r.where, ": field '", name, "' must be true or false, found ", json_describe(v)));
 }
 
 }  // namespace lt2::eval

@@ -162,10 +162,10 @@ McItem choices_item(const std::string& context, const std::vector<std::string>& 
 }
 
 std::vector<std::string> string_list(const Record& r, const json& v, const char* name) {
-  LT2_CHECK(v.is_array() && !v.empty(), r.where, ": field '", name, "' must be a non-empty list, found ", v.dump());
+  LT2_CHECK(v.is_array() && !v.empty(), r.where, ": field '", name, "' must be a non-empty list, found ", json_describe(v));
   std::vector<std::string> out;
   for (const auto& e : v) {
-    LT2_CHECK(e.is_string(), r.where, ": field '", name, "' must hold strings, found ", e.dump());
+    LT2_CHECK(e.is_string(), r.where, ": field '", name, "' must hold strings, found ", json_describe(e));
     out.push_back(e.get<std::string>());
   }
   return out;

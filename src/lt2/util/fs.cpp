@@ -82,7 +82,14 @@ void make_dirs(const std::string& path) {
   LT2_CHECK(!ec, "cannot create folder '", path, "': ", ec.message());
 }
 
-bool path_exists(const std::string& path) { return std::filesystem::exists(path); }
+// A path that cannot be looked up (a name too long, a parent folder not searchable) is an error
+// naming the system's reason, not a "does not exist".
+bool path_exists(const std::string& path) {
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(path, ec);
+  LT2_CHECK(!ec, "cannot look up '", path, "': ", ec.message());
+  return exists;
+}
 
 void remove_tree(const std::string& path) {
   struct stat st {};

@@ -41,10 +41,11 @@ std::string gnuplot_quote(const std::string& text) {
 bool plot_png(const std::string& png_path, const std::string& script, int width, int height) {
   const std::string exe = find_gnuplot();
   if (exe.empty()) return false;
-  const std::string tmp = temporary_path(png_path);
-  const std::string script_path = tmp + ".gp", errors = tmp + ".err";
   // The script goes through a file (not a pipe, which gnuplot may close early on an error) and
-  // gnuplot's messages to another, so a failure can report them.
+  // gnuplot's messages to another, so a failure can report them. All three are temporary names
+  // (temporary_path), so what a killed process leaves is removed as stale by the next one.
+  const std::string tmp = temporary_path(png_path);
+  const std::string script_path = temporary_path(png_path + ".gp"), errors = temporary_path(png_path + ".err");
   write_file_atomic(script_path, cat("set terminal pngcairo size ", width, ",", height,
                                      " font 'sans,10'\nset output ", gnuplot_quote(tmp), "\n",
                                      script, "\nset output\n"));
