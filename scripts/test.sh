@@ -28,7 +28,7 @@ echo "tests: $(( $(date +%s) - start )) s"
 if [ "$fuzz_seconds" -gt 0 ]; then
   if command -v clang++-14 > /dev/null && [ -n "$(find /usr/lib/llvm-14/lib/clang -name 'libclang_rt.fuzzer*.a' 2>/dev/null)" ]; then
     start=$(date +%s)
-    scripts/fuzz.sh "$fuzz_seconds"
+    BUILD_DIR=build-fuzz scripts/fuzz.sh "$fuzz_seconds"  # its own clang build, not the suite's
     echo "fuzz: $(( $(date +%s) - start )) s (build and $fuzz_seconds s per target)"
   else
     echo "fuzz: skipped (no clang-14 with libFuzzer: scripts/setup.sh installs clang-14 libclang-rt-14-dev)"
