@@ -242,15 +242,7 @@ void Scheduler::admit() {
       engine_->reset(s.row);
     }
     if (hit && hit->length == T) {  // the whole prompt, with its last logits: no prefill at all
-      if (take_token(s, hit->logits, std::nullopt)) {
-        free_rows_.push_back(s.row);
-        continue;
-      }
-      const int64_t slot = running_.size();
-      engine_->copy_row(s.row, slot);
-      free_rows_.push_back(s.row);
-      s.row = slot;
-      running_.push_back(std::move(sp));
+      start_decoding(std::move(sp), hit->logits);
       continue;
     }
     prefilling_.push_back(std::move(sp));
@@ -281,16 +273,20 @@ void Scheduler::prefill_work(int64_t budget) {
     if (cache_.enabled() && !cache_.contains(prompt, T)) cache_.insert(prompt, engine_->snapshot(s.row), logits.clone());
     auto sp = std::move(prefilling_[i]);
     prefilling_.erase(prefilling_.begin() + i);
-    if (take_token(s, logits, std::nullopt)) {
-      free_rows_.push_back(s.row);
-      continue;
-    }
+    start_decoding(std::move(sp), logits);
+  }
+}
+
+void Scheduler::start_decoding(std::unique_ptr<Seq> sp, const Tensor& logits) {
+  Seq& s = *sp;
+  const int64_t staging_row = s.row;
+  if (!take_token(s, logits, std::nullopt)) {  // unless its first token ends it
     const int64_t slot = running_.size();
-    engine_->copy_row(s.row, slot);
-    free_rows_.push_back(s.row);
+    engine_->copy_row(staging_row, slot);
     s.row = slot;
     running_.push_back(std::move(sp));
   }
+  free_rows_.push_back(staging_row);
 }
 
 void Scheduler::decode_step() {

@@ -128,6 +128,9 @@ class Scheduler {
   void step();
   void admit();
   void prefill_work(int64_t budget);
+  // A prefilled sequence (in a staging row, `logits` its prompt's last) takes its first token and,
+  // unless that ends it, moves into the next decode slot; the staging row is freed either way.
+  void start_decoding(std::unique_ptr<Seq> sp, const Tensor& logits);
   void decode_step();
   // Samples the next token of `s` from `logits` ([V], its row of the step's logits; `greedy_id`
   // when already known), emits it; returns true when the sequence is finished.
