@@ -31,8 +31,8 @@ fi
 TOK=$D/shards/tokenizer.json
 RESULTS=/tmp/eval_trained
 rm -rf "$RESULTS" && mkdir -p "$RESULTS"
-for model in ${MODELS:-lt2-gdn-100m lt-100m}; do
-  model=${model//,/ }
+MODELS=${MODELS:-lt2-gdn-100m,lt-100m}
+for model in ${MODELS//,/ }; do
   run=/tmp/runs/$model
   rm -rf "$run"
   echo "== train $model"
@@ -56,7 +56,7 @@ for model in ${MODELS:-lt2-gdn-100m lt-100m}; do
     --samples 4 --batch 12 --json --quiet > "$RESULTS/$model.niah.json" 2> "$RESULTS/$model.niah.err" ||
     tail -5 "$RESULTS/$model.niah.err"
 done
-python3 scripts/eval_table.py "$RESULTS" --command "MODELS=\"${MODELS:-lt2-gdn-100m lt-100m}\" STEPS=${STEPS:-80} scripts/gpu_eval_trained.sh" \
+python3 scripts/eval_table.py "$RESULTS" --command "MODELS=$MODELS STEPS=${STEPS:-80} scripts/gpu_eval_trained.sh" \
   --commit "${LT2_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
   --out-json "$OUT/eval_trained.json" --out-md "$OUT/eval_trained.md"
 cat "$OUT/eval_trained.md"
