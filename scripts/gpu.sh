@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 if [[ $STAGE == all || $STAGE == build ]]; then
   t0=$(date +%s)
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=OFF -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > "$OUT/configure.log" 2>&1 \
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > "$OUT/configure.log" 2>&1 \
     || { tail -40 "$OUT/configure.log"; exit 1; }
   # What the GPU work needs first; then everything else, keeping going past a broken target.
   cmake --build $B -j "$(nproc)" --target lt2_cli train_bench mixer_bench test_gpu > "$OUT/build.log" 2>&1 \

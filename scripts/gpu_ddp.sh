@@ -20,7 +20,7 @@ if [[ ! -x $LT2 ]]; then
   ROOT=$PWD/.deps/root/usr
   export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
   export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=OFF > /tmp/ddp_build.log 2>&1 &&
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} > /tmp/ddp_build.log 2>&1 &&
     cmake --build build-gpu -j "$(nproc)" --target lt2_cli >> /tmp/ddp_build.log 2>&1 ||
     { grep -E "error" -A5 /tmp/ddp_build.log | head -40; exit 1; }
 fi

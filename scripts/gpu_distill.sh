@@ -51,7 +51,7 @@ if [ -z "${LT2:-}" ]; then
     export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
     export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
     t0=$(date +%s)
-    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=OFF -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > "$OUT/logs/build.log" 2>&1 &&
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > "$OUT/logs/build.log" 2>&1 &&
       cmake --build build-gpu -j "$(nproc)" --target lt2_cli >> "$OUT/logs/build.log" 2>&1 ||
       { grep -E "error" -A5 "$OUT/logs/build.log" | head -40; exit 1; }
     echo "build: $(( $(date +%s) - t0 )) s"

@@ -23,7 +23,7 @@ B=build-gpu
 L=$B/apps/lt2/lt2
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   t0=$(date +%s)
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=OFF -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > /tmp/ev_build.log 2>&1 &&
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > /tmp/ev_build.log 2>&1 &&
     cmake --build $B -j "$(nproc)" --target lt2_cli >> /tmp/ev_build.log 2>&1 ||
     { grep -E "error|Error" -A5 /tmp/ev_build.log | head -60; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"

@@ -66,7 +66,7 @@ if [ -n "${PREBUILT:-}" ]; then
   fi
 fi
 if [ $prebuilt = 0 ]; then
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=OFF -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > $log 2>&1 &&
     cmake --build $B -j "$(nproc)" --target ${BUILD_TARGETS:-lt2_cli test_gpu decode_kernels_bench tma_stream_probe} >> $log 2>&1 ||
     { grep -E "error|Error" -A5 $log | head -80 | tee "$OUT/build_errors.txt"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s on $(nvidia-smi --query-gpu=name --format=csv,noheader)"

@@ -32,7 +32,7 @@ record() { grep '^RESULT' | sed 's/^RESULT //' | tee -a "$JSONL"; }
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   t0=$(date +%s)
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=OFF -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > /tmp/tb_build.log 2>&1 &&
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > /tmp/tb_build.log 2>&1 &&
     cmake --build $B -j "$(nproc)" --target lt2_cli mixer_bench train_bench >> /tmp/tb_build.log 2>&1 ||
     { grep -E "error|Error" -A5 /tmp/tb_build.log | head -60; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"
