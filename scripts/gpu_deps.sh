@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .deps && mkdir -p .deps/debs .deps/root
 (cd .deps/debs && apt-get download -q nlohmann-json3-dev libcli11-dev libpcre2-dev libpcre2-8-0 \
-   libgtest-dev googletest libgloo-dev libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 > /dev/null)
+   libgtest-dev googletest libgloo-dev libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libbrotli-dev \
+   libssl-dev zlib1g-dev > /dev/null)
 for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
 rm -rf .deps/debs .deps/root/usr/share/doc .deps/root/usr/src
 mkdir -p .deps/wheels .deps/py

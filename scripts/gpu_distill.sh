@@ -12,6 +12,7 @@
 #   WORK      scratch folder for shards and runs (default /tmp/lt2_distill)
 #   LT2       the lt2 binary; default: PREBUILT/lt2 with PREBUILT set (scripts/prebuild_gpu.sh), else
 #             build-gpu's, built here first (with .deps carried: docs/gpu.md)
+#   RESUME=1  continue a run in the same WORK (a warm machine) where it stopped
 #   TINY=1    CPU smoke run: a tiny teacher and a few steps a stage
 #   Sizes (defaults in the block below): D LAYERS HEADS FFN LOOPS, TEACHER_STEPS TEACHER_BATCH SEQ,
 #   ALIGN_STEPS KD_STEPS KD_SEQ LONG_STEPS LONG_SEQ PROBE_STEPS BATCH, EVAL_LEN (ppl window, tokens),
@@ -28,7 +29,10 @@ done
 OUT=${OUT:-/tmp/lt2_gpu_out}
 WORK=${WORK:-/tmp/lt2_distill}
 mkdir -p "$OUT/logs"
-rm -rf "$WORK" && mkdir -p "$WORK"
+# RESUME=1 keeps $WORK and skips every step whose result is already there (a call cut by its time limit).
+RESUME=${RESUME:-0}
+[ "$RESUME" = 1 ] || rm -rf "$WORK"
+mkdir -p "$WORK"
 
 : "${SELECT_METHOD:=shared}"
 if [ "${TINY:-0}" = 1 ]; then
@@ -62,12 +66,14 @@ fi
 START=$(date +%s)
 phase() { echo "== $1 ($(( $(date +%s) - START )) s)"; }
 # Runs a command with its output in logs/<name>.log, showing the last lines.
+# A step is skipped under RESUME=1 when its output exists: have FILE.
+have() { [ "$RESUME" = 1 ] && [ -e "$1" ]; }
 logged() { local name=$1; shift; "$@" > "$OUT/logs/$name.log" 2>&1 || { tail -30 "$OUT/logs/$name.log"; exit 1; }; tail -2 "$OUT/logs/$name.log"; }
 
 phase "data: WikiText-2 train and valid tokenized with $DATA/tokenizer.json"
-logged prepare_train "$LT2" data prepare --input "$DATA/wikitext-2/train.txt" --tokenizer "$DATA/tokenizer.json" \
+have "$WORK/train/train.bin" || logged prepare_train "$LT2" data prepare --input "$DATA/wikitext-2/train.txt" --tokenizer "$DATA/tokenizer.json" \
   --out "$WORK/train" --val-fraction 0
-logged prepare_valid "$LT2" data prepare --input "$DATA/wikitext-2/valid.txt" --tokenizer "$DATA/tokenizer.json" \
+have "$WORK/valid/train.bin" || logged prepare_valid "$LT2" data prepare --input "$DATA/wikitext-2/valid.txt" --tokenizer "$DATA/tokenizer.json" \
   --out "$WORK/valid" --val-fraction 0
 TRAIN=$WORK/train/train.bin
 VALID=$WORK/valid/train.bin
@@ -78,7 +84,7 @@ cat > "$WORK/teacher.json" <<EOF
  "ffn_hidden": $FFN, "n_loops": $LOOPS, "layer_pattern": "full", "max_seq_len": $LONG_SEQ, "rope_style": "half",
  "rope_theta": 1000000.0, "norm_eps": 1e-6, "exit_gate": true, "loop_gate": false, "attn_output_gate": false}
 EOF
-logged teacher "$LT2" train --model "$WORK/teacher.json" --train-data "$TRAIN" --val-data "$VALID" --objective ouro \
+have "$WORK/teacher/latest" || logged teacher "$LT2" train --model "$WORK/teacher.json" --train-data "$TRAIN" --val-data "$VALID" --objective ouro \
   --steps "$TEACHER_STEPS" --batch-size "$TEACHER_BATCH" --seq-len "$SEQ" --lr 1e-3 --warmup $(( TEACHER_STEPS / 20 + 1 )) \
   --eval-every 0 --log-every 50 --device "$DEVICE" --out "$WORK/teacher"
 TEACHER=$WORK/teacher/$(cat "$WORK/teacher/latest")
@@ -98,10 +104,10 @@ EOF
 distill() { local name=$1; shift; logged "$name" "$LT2" distill --teacher "$TEACHER" --config "$WORK/distill.json" "$@"; }
 
 phase "stage 1 (align), shared by the three students"
-distill align --stage align --out "$WORK/kl"
-for s in uniform gdn; do mkdir -p "$WORK/$s" && cp -r "$WORK/kl/align" "$WORK/kl/distill_config.json" "$WORK/$s/"; done
+have "$WORK/kl/align/latest" || distill align --stage align --out "$WORK/kl"
+for s in uniform gdn; do have "$WORK/$s/align" || { mkdir -p "$WORK/$s" && cp -r "$WORK/kl/align" "$WORK/kl/distill_config.json" "$WORK/$s/"; }; done
 phase "KL-guided selection"
-distill select --stage select --out "$WORK/kl"
+have "$WORK/kl/select/selection.json" || distill select --stage select --out "$WORK/kl"
 cp "$WORK/kl/select/selection.md" "$WORK/kl/select/selection.json" "$OUT/"
 UNIFORM=$(seq -s, 3 4 $(( LAYERS - 1 )))
 for s in kl uniform gdn; do
@@ -111,8 +117,8 @@ for s in kl uniform gdn; do
     gdn) keep=(--set 'kd.keep=[]') ;;
   esac
   phase "stage 2 (kd) and stage 3 (long): $s"
-  distill "kd_$s" --stage kd --out "$WORK/$s" "${keep[@]}"
-  distill "long_$s" --stage long --out "$WORK/$s"
+  have "$WORK/$s/kd/latest" || distill "kd_$s" --stage kd --out "$WORK/$s" "${keep[@]}"
+  have "$WORK/$s/long/latest" || distill "long_$s" --stage long --out "$WORK/$s"
 done
 
 phase "WikiText-2 test perplexity (windows of $EVAL_LEN tokens)"
