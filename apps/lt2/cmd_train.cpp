@@ -20,7 +20,7 @@ struct TrainArgs {
   std::optional<std::string> model, init_from, train_data, val_data, out_dir, device, dtype, objective;
   std::optional<int64_t> steps, seq_len, batch_size, grad_accum, warmup, eval_every, save_every, log_every, seed;
   std::optional<double> lr, dist_timeout;
-  bool checkpoint_loops = false;
+  std::optional<std::string> checkpoint_loops;
   int nproc = 0;
 };
 
@@ -68,7 +68,7 @@ void run_train(const TrainArgs& a) {
   flags.set("seed", a.seed);
   flags.set("lr", a.lr);
   flags.set("dist_timeout", a.dist_timeout);
-  if (a.checkpoint_loops) j["checkpoint_loops"] = true;
+  flags.set("checkpoint_loops", a.checkpoint_loops);
   for (const auto& kv : a.sets) {  // --set key=value, value parsed as JSON when it parses
     auto eq = kv.find('=');
     LT2_CHECK(eq != std::string::npos && eq > 0, "--set expects key=value, found '", kv, "'");
@@ -120,7 +120,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--save-every", a->save_every, "Checkpoint every N steps (0 = at the end only)");
   cmd->add_option("--log-every", a->log_every, "Print a log line every N steps");
   cmd->add_option("--seed", a->seed, "Seed for initialisation and batches");
-  cmd->add_flag("--checkpoint-loops", a->checkpoint_loops, "Recompute each loop in backward (saves activation memory)");
+  cmd->add_flag("--checkpoint-loops{on}", a->checkpoint_loops,
+               "Per-loop activation checkpointing: recompute each loop in backward instead of storing its "
+               "activations. auto (the default) measures a step's memory both ways at the start and stores "
+               "them when that fits the device; --checkpoint-loops alone means on; =off never")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--set", a->sets, "Override any TrainConfig field: --set key=value (repeatable; value is JSON)");
   cmd->add_flag("--resume", a->resume, "Continue exactly from the run folder's latest checkpoint");
   cmd->add_flag("--json", a->json_out, "Print the final step's metrics as JSON");

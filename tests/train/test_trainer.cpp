@@ -7,6 +7,7 @@
 #include "common/testing.h"
 #include "train/train_testing.h"
 #include "lt2/model/checkpoint_io.h"
+#include "lt2/train/memory_policy.h"
 #include "lt2/train/optimizer.h"
 #include "lt2/train/trainer.h"
 
@@ -65,6 +66,57 @@ TEST(Trainer, TinyModelLearns) {
   const double first = losses.front(), last = losses.back();
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
   EXPECT_LT(t.evaluate(), 0.6 * first);
+}
+
+// checkpoint_loops "auto": the choice follows the measured need against the free memory, per-loop
+// recomputation holds less between forward and backward, and the measurement leaves nothing behind
+// (a run that chose equals a run told the same policy, loss for loss).
+TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
+  const StepMemory stored_one{100, 1000}, stored_two{200, 1600}, recomputed_one{30, 700}, recomputed_two{60, 800};
+  auto c = choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000);
+  EXPECT_EQ(c.stored_bytes, 1000 + 3 * 600 + 500);
+  EXPECT_EQ(c.recomputed_bytes, 700 + 3 * 100 + 500);
+  EXPECT_TRUE(c.checkpoint_loops);  // 3300 > 0.9 x 3000
+  EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 4000 * 10)
+                   .checkpoint_loops);
+  EXPECT_FALSE(choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112).checkpoint_loops);
+  EXPECT_NE(c.summary().find("on (auto)"), std::string::npos) << c.summary();
+}
+
+TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradients) {
+  auto mc = lt2::testing::tiny_config();
+  mc.n_loops = 4;
+  torch::manual_seed(3);
+  LoopedLM model(mc);
+  auto tokens = torch::randint(mc.vocab_size, {2, 32}, torch::kLong);
+  auto measure = [&](bool recompute) {
+    return measure_step_memory(*model, [&] {
+      ForwardOptions fo;
+      fo.checkpoint_loops = recompute;
+      return model->forward(tokens, nullptr, fo).logits.square().mean();
+    }, torch::kCPU);
+  };
+  const auto stored = measure(false), recomputed = measure(true);
+  EXPECT_GT(recomputed.held, 0);
+  EXPECT_LT(2 * recomputed.held, stored.held) << "stored " << stored.held << " recomputed " << recomputed.held;
+  EXPECT_GE(stored.peak, stored.held);
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(Trainer, AutoCheckpointingTrainsAsTheChosenPolicy) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_auto_ckpt").string();
+  lt2::remove_tree(dir);
+  auto cfg = tiny_run(dir);
+  cfg.steps = 3;
+  ASSERT_EQ(cfg.checkpoint_loops, LoopCheckpointing::Auto);  // the default
+  Trainer chose(cfg, false);
+  auto a = losses_of(chose);
+  auto told = cfg;
+  told.out_dir = dir + "/told";
+  told.checkpoint_loops = chose.checkpoint_loops() ? LoopCheckpointing::On : LoopCheckpointing::Off;
+  Trainer fixed(told, false);
+  EXPECT_EQ(losses_of(fixed), a);
+  EXPECT_FALSE(chose.checkpoint_loops());  // a tiny model fits any machine
 }
 
 TEST(Trainer, ResumeWithoutCheckpointFails) {

@@ -4,6 +4,15 @@
 
 namespace lt2 {
 
+std::string to_string(LoopCheckpointing c) {
+  switch (c) {
+    case LoopCheckpointing::Off: return "off";
+    case LoopCheckpointing::On: return "on";
+    case LoopCheckpointing::Auto: return "auto";
+  }
+  return "?";
+}
+
 std::string to_string(Objective o) {
   switch (o) {
     case Objective::CE: return "ce";
@@ -50,7 +59,7 @@ json TrainConfig::to_json() const {
               {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
               {"clip", clip}, {"seed", seed}, {"log_every", log_every},
               {"eval_every", eval_every}, {"eval_batches", eval_batches},
-              {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops}, {"tf32", tf32},
+              {"save_every", save_every}, {"checkpoint_loops", to_string(checkpoint_loops)}, {"tf32", tf32},
               {"fused_loss", fused_loss}, {"loss_chunk_tokens", loss_chunk_tokens},
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
               {"gate_min_gain", gate_min_gain}, {"indexer_stage", indexer_stage},
@@ -85,7 +94,17 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   json_get(j, "eval_every", c.eval_every, where);
   json_get(j, "eval_batches", c.eval_batches, where);
   json_get(j, "save_every", c.save_every, where);
-  json_get(j, "checkpoint_loops", c.checkpoint_loops, where);
+  if (auto it = j.find("checkpoint_loops"); it != j.end()) {  // a boolean (older configs) or a policy name
+    if (it->is_boolean()) {
+      c.checkpoint_loops = it->get<bool>() ? LoopCheckpointing::On : LoopCheckpointing::Off;
+    } else {
+      const std::string s = it->is_string() ? it->get<std::string>() : it->dump();
+      if (s == "off") c.checkpoint_loops = LoopCheckpointing::Off;
+      else if (s == "on") c.checkpoint_loops = LoopCheckpointing::On;
+      else if (s == "auto") c.checkpoint_loops = LoopCheckpointing::Auto;
+      else throw Error(cat(where, ": 'checkpoint_loops' must be auto, on, off, true or false, found ", it->dump()));
+    }
+  }
   json_get(j, "tf32", c.tf32, where);
   json_get(j, "fused_loss", c.fused_loss, where);
   json_get(j, "loss_chunk_tokens", c.loss_chunk_tokens, where);

@@ -50,9 +50,10 @@ struct TrainerCallbacks {
   // (a curriculum stage), never of what ran before, so resume stays exact. Default: the training
   // shard (cfg.train_data, then not required).
   std::function<Batch(int64_t step, int64_t micro)> batch;
-  // The loss of one micro-batch, under autocast. Default: cfg.objective on every position (plus
+  // The loss of one micro-batch, under autocast; `fo` carries what the trainer decided for every
+  // forward that trains (per-loop checkpointing). Default: cfg.objective on every position (plus
   // the DSA indexer loss of cfg.indexer_stage).
-  std::function<torch::Tensor(LoopedLM& model, const Batch& batch)> loss;
+  std::function<torch::Tensor(LoopedLM& model, const Batch& batch, const ForwardOptions& fo)> loss;
   // Which parameters train, by name (the others are frozen); applied after the model is built or
   // loaded, resumes included. Default: all of them (as the objective allows).
   std::function<bool(const std::string& name)> trainable;
@@ -94,6 +95,9 @@ class Trainer {
   torch::Device device() const;
   bool autocast() const;  // bf16 autocast in forward (CUDA, dtype auto or bf16)
   int64_t start_step() const { return start_step_; }
+  // Whether forwards recompute each loop in backward: cfg.checkpoint_loops, with "auto" resolved
+  // at the start of run() (train/memory_policy.h; every rank takes the same decision).
+  bool checkpoint_loops() const;
   // This process's rank and the number of ranks (0 and 1 outside a data-parallel job).
   int rank() const;
   int world_size() const;
@@ -102,6 +106,12 @@ class Trainer {
 
  private:
   struct Impl;
+  // Micro-batch `micro` of step `step` on the training device.
+  Batch micro_batch(int64_t step, int64_t micro);
+  // The loss of one micro-batch (callbacks.loss or the objective), under autocast.
+  torch::Tensor micro_loss(const Batch& b, bool checkpoint_loops);
+  // Resolves checkpoint_loops "auto" from measured memory and logs the decision.
+  void choose_checkpointing();
   TrainConfig cfg_;
   TrainerCallbacks cb_;
   LoopedLM model_{nullptr};
