@@ -41,6 +41,9 @@ struct TrainConfig {
   int64_t eval_every = 200;     // 0 = only at the end
   int64_t eval_batches = 8;
   int64_t save_every = 0;       // 0 = only at the end
+  // Checkpoint at every evaluation that lowers the held-out loss (val_data, every eval_every steps)
+  // and point `best` at it; rotation never removes that folder (trainer.h: run folder layout).
+  bool keep_best = false;
   LoopCheckpointing checkpoint_loops = LoopCheckpointing::Auto;  // JSON: "auto", "on"/true, "off"/false
   bool tf32 = true;  // with bf16 autocast: fp32 matmuls (the recurrences' chunk math) on TF32 tensor cores
   // The cross-entropy objective through the fused, chunked head + loss (ops/loss/lm_head_loss.h:

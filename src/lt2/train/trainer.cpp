@@ -75,6 +75,9 @@ struct Trainer::Impl {
   bool main = true;  // rank 0: logs and writes the run folder
   bool checkpoint_loops = false;  // cfg.checkpoint_loops resolved
   bool checkpointing_chosen = false;
+  // TrainConfig::keep_best: the lowest held-out loss so far and its step (0: no evaluation yet).
+  double best_val = std::numeric_limits<double>::infinity();
+  int64_t best_step = 0;
 };
 
 namespace {
@@ -107,9 +110,8 @@ bool training_autocast(const TrainConfig& cfg, torch::Device device) { return de
 
 std::string latest_checkpoint(const std::string& out_dir) {
   const std::string pointer = out_dir + "/latest";
-  if (!path_exists(pointer)) return "";
-  std::string name = read_file(pointer);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const std::string name = read_checkpoint_pointer(pointer);
+  if (name.empty()) return "";
   const std::string dir = out_dir + "/" + name;
   LT2_CHECK(path_exists(dir + "/trainer_state.json"), "'", pointer, "' names '", name,
             "', which is not a complete checkpoint folder");
@@ -151,6 +153,10 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     LT2_CHECK(!ckpt.empty(), "--resume: no checkpoint in '", cfg_.out_dir, "' (no 'latest' file)");
     auto state = load_json_file(ckpt + "/trainer_state.json");
     start_step_ = json_require<int64_t>(state, "step", "'" + ckpt + "/trainer_state.json'");
+    if (state.contains("best_step")) {
+      I.best_step = state["best_step"].get<int64_t>();
+      I.best_val = state["best_val_loss"].get<double>();
+    }
     if (cb_.load_state) cb_.load_state(state);
     model_ = load_checkpoint(ckpt);
   } else if (!cfg_.init_from.empty()) {  // a later stage starting from an earlier stage's weights
@@ -272,10 +278,14 @@ double Trainer::evaluate() {
   return total / static_cast<double>(cfg_.eval_batches);
 }
 
-std::string Trainer::save(int64_t step) {
+std::string Trainer::save(int64_t step, bool best) {
   auto& I = *impl_;
   if (!I.main) return "";
   json state{{"step", step}, {"seed", cfg_.seed}, {"world_size", world_size()}, {"train_config", cfg_.to_json()}};
+  if (I.best_step > 0) {
+    state["best_step"] = I.best_step;
+    state["best_val_loss"] = I.best_val;
+  }
   if (cb_.save_state) {
     const json extra_state = cb_.save_state();  // held: items() refers into it
     for (const auto& [key, value] : extra_state.items()) state[key] = value;
@@ -283,7 +293,7 @@ std::string Trainer::save(int64_t step) {
   std::vector<FileWriter> extra{safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
                                 text_writer("trainer_state.json", state.dump(2) + "\n")};
   if (!I.tokenizer_path.empty()) extra.push_back(text_writer("tokenizer.json", read_file(I.tokenizer_path)));
-  return save_rotating_checkpoint(cfg_.out_dir, step, model_, extra, cb_.keep_checkpoints);
+  return save_rotating_checkpoint(cfg_.out_dir, step, model_, extra, cb_.keep_checkpoints, best);
 }
 
 Batch Trainer::micro_batch(int64_t step, int64_t micro) {
@@ -415,18 +425,27 @@ StepMetrics Trainer::run() {
     if (on_step) on_step(m);
     if (cb_.after_step) cb_.after_step(m);
     const bool last = m.step == cfg_.steps;
+    bool best = false;  // this step's evaluation is the lowest so far (keep_best)
     if (last || (cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0)) {
       double val = evaluate();
+      best = cfg_.keep_best && val < I.best_val;
+      if (best) {
+        I.best_val = val;
+        I.best_step = m.step;
+      }
       if (I.main) {
-        if (I.metrics.is_open()) I.metrics << json{{"step", m.step}, {"val_loss", val}}.dump() << "\n";
+        json line{{"step", m.step}, {"val_loss", val}};
+        if (cfg_.keep_best) line["best"] = best;
+        if (I.metrics.is_open()) I.metrics << line.dump() << "\n";
         if (I.tty) std::fprintf(stderr, "\r\033[K");
-        std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f\n", static_cast<long long>(m.step), val, std::exp(val));
+        std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f%s\n", static_cast<long long>(m.step), val,
+                    std::exp(val), best ? " | best" : "");
         std::fflush(stdout);
       }
     }
     if (I.main && I.metrics.is_open()) I.metrics.flush();
-    if (I.main && (last || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0))) {
-      auto dir = save(m.step);
+    if (I.main && (last || best || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0))) {
+      auto dir = save(m.step, best);
       if (I.tty) std::fprintf(stderr, "\r\033[K");
       std::printf("saved %s\n", dir.c_str());
     }

@@ -20,6 +20,8 @@
 //   ckpt-<step>/               config.json, model.safetensors, optimizer.safetensors,
 //                              trainer_state.json (+ tokenizer.json when the data has one)
 //   latest                     name of the newest complete checkpoint folder
+//   best                       with keep_best: name of the checkpoint of lowest held-out loss
+//                              (trainer_state.json: best_step, best_val_loss), kept by rotation
 #pragma once
 #include <functional>
 #include <memory>
@@ -86,9 +88,9 @@ class Trainer {
   // Mean loss over cfg.eval_batches held-out batches (train shard when no val shard). In a
   // data-parallel job every rank evaluates its share and every rank must call it.
   double evaluate();
-  // Writes ckpt-<step> and points `latest` at it; keeps the two newest checkpoints. Only rank 0
-  // writes (the others return "").
-  std::string save(int64_t step);
+  // Writes ckpt-<step> and points `latest` (and with `best`, `best`) at it; keeps the two newest
+  // checkpoints and the best one. Only rank 0 writes (the others return "").
+  std::string save(int64_t step, bool best = false);
 
   LoopedLM& model() { return model_; }
   const TrainConfig& config() const { return cfg_; }
