@@ -229,7 +229,7 @@ md = ["# Distilling an Ouro-form teacher into LT2 hybrids (WikiText-2)\n",
     f"WikiText-2 valid loss {best['best_val_loss']:.4f}) is the teacher. Perplexity: WikiText-2 test, windows of "
     f"{s['eval_len']} tokens{'' if s['eval_lines'] == 0 else ', first ' + str(s['eval_lines']) + ' lines'}. Zero-shot: "
     f"average accuracy over the tasks of `lt2 eval mc --tasks all`, first {s['mc_limit']} items each. S-NIAH-1: % exact "
-    f"over depths 0/50/100, {s["niah_samples"]} sample(s) per (length, depth). Decode: `lt2 bench decode`, {s['bench']}, tokens/s.\n",
+    f"over depths 0/50/100, {s['niah_samples']} sample(s) per (length, depth). Decode: `lt2 bench decode`, {s['bench']}, tokens/s.\n",
     "| model | full-attention layers | word ppl | token ppl | zero-shot avg (%) | "
     + " | ".join(f"S-NIAH-1 @{n}" for n in lengths) + (" | " if lengths else "") + "decode tok/s |",
     "| --- | --- | --- | --- | --- | " + "--- | " * len(lengths) + "--- |"]
