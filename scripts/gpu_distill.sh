@@ -32,7 +32,8 @@
 #   RESUME=1  continue a run in the same WORK (a warm machine) where it stopped
 #   TINY=1    CPU smoke run: a tiny teacher and a few steps a stage
 #   BUDGET    seconds since this script started (build included) after which no optional evaluation
-#             starts (default 530; TINY: 0 = no limit)
+#             starts (default 555; TINY: 0 = no limit). The tables are rewritten after every
+#             evaluation, so a call cut by its time limit still brings back every column it finished.
 #   SEED      seed of the teacher and of every distillation stage (default 1234)
 #   Sizes (defaults in the block below): VOCAB D LAYERS HEADS FFN LOOPS, TEACHER_STEPS TEACHER_BATCH SEQ
 #   TEACHER_EVAL_EVERY, ALIGN_STEPS KD_STEPS KD_SEQ LONG_STEPS LONG_SEQ PROBE_STEPS BATCH, EVAL_LEN (ppl
@@ -68,7 +69,7 @@ else
   : "${TEACHER_BATCH:=32}" "${SEQ:=512}" "${TEACHER_EVAL_EVERY:=100}" "${ALIGN_STEPS:=150}" "${KD_STEPS:=80}"
   : "${KD_SEQ:=1024}" "${LONG_STEPS:=10}" "${LONG_SEQ:=2048}" "${PROBE_STEPS:=30}" "${BATCH:=16}" "${EVAL_LEN:=512}"
   : "${EVAL_LINES:=0}" "${MC_LIMIT:=200}" "${NIAH_LENGTHS:=1024 2048 4096}" "${NIAH_SAMPLES:=4}"
-  : "${BENCH_CONTEXT:=8k}" "${BENCH_BATCH:=8}" "${DEVICE:=cuda}" "${BUDGET:=530}"
+  : "${BENCH_CONTEXT:=8k}" "${BENCH_BATCH:=8}" "${DEVICE:=cuda}" "${BUDGET:=555}"
 fi
 LONG_BATCH=$(( BATCH * SEQ / LONG_SEQ > 0 ? BATCH * SEQ / LONG_SEQ : 1 ))
 
@@ -196,8 +197,11 @@ best = load(os.path.join(s["teacher"], "trainer_state.json"))
 selection = load(f"{work}/kl/select/selection.json")
 r = {"settings": s, "teacher_best_step": best["best_step"], "teacher_best_val_loss": best["best_val_loss"],
      "selection": selection, "evals": evals, "seconds": seconds}
-with open(f"{out}/distill_gpu.json", "w") as f:
-    json.dump(r, f, indent=1)
+def write(name, text):  # whole or not at all: the call may be cut at any moment
+    with open(f"{out}/{name}.tmp", "w") as f:
+        f.write(text)
+    os.replace(f"{out}/{name}.tmp", f"{out}/{name}")
+write("distill_gpu.json", json.dumps(r, indent=1) + "\n")
 
 models = [("teacher", "teacher (best validation)", "all"),
           ("kl", "KL-selected 25% full", ", ".join(map(str, selection["keep"]))),
@@ -244,13 +248,14 @@ if all(ppl(m) is not None for m in ("teacher", "kl", "uniform", "gdn")):
                            f"(uniform: {rec('uniform'):.0f}%); the issue asks >= 90% and more than uniform.")
     else:
         md.append("\nThe all-GDN student is not worse than the teacher: there is no gap to recover.")
-missing = [k for k in ("mc", "niah") if not any(f"{m}.{k}" in evals for m, _, _ in models)] + ([] if bench else ["bench"])
+names = {"mc": "zero-shot", "niah": "S-NIAH-1"}
+missing = [f"{names[k]} ({', '.join(m for m, _, _ in models if f'{m}.{k}' not in evals)})" for k in names
+           if any(f"{m}.{k}" not in evals for m, _, _ in models)] + ([] if bench else ["decode"])
 if missing:
-    md.append(f"\nNot measured (time budget or data): {', '.join(missing)}.")
+    md.append(f"\nNot measured within the call's time budget (or without data): {'; '.join(missing)}.")
 md.append(f"\nTokens: align {t['align']:,} (shared by the three students), selection {t['select_forward']:,} "
                    f"(forward only), kd {t['kd']:,} and long {t['long']:,} per student. Pipeline: {seconds} s.")
-with open(f"{out}/distill_gpu.md", "w") as f:
-    f.write("\n".join(md) + "\n")
+write("distill_gpu.md", "\n".join(md) + "\n")
 EOF
 }
 table
