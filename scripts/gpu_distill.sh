@@ -30,7 +30,8 @@
 # columns (decode ~15 s for the four, then S-NIAH-1 ~4 s and zero-shot ~8 s a model: ~65 s).
 #
 # Environment:
-#   OUT       results folder (default /tmp/lt2_gpu_out): distill_gpu.{md,json}, selection.{md,json}, logs/
+#   OUT       results folder (default /tmp/lt2_gpu_out): distill_gpu.{md,json}, selection.{md,json},
+#             teacher_metrics.jsonl (its validation curve), logs.tar.gz (every step's log): 6 files
 #   WORK      scratch folder for shards and runs (default /tmp/lt2_distill)
 #   LT2       the lt2 binary; default: PREBUILT/lt2 with PREBUILT set (scripts/prebuild_gpu.sh), else
 #             build-gpu's, built here first (with .deps carried: docs/gpu.md)
@@ -55,11 +56,14 @@ for f in wikitext-2/train.txt wikitext-2/valid.txt wikitext-2/test.txt; do
 done
 OUT=${OUT:-/tmp/lt2_gpu_out}
 WORK=${WORK:-/tmp/lt2_distill}
-mkdir -p "$OUT/logs"
+mkdir -p "$OUT"
 # RESUME=1 keeps $WORK and skips every step whose result is already there (a call cut by its time limit).
 RESUME=${RESUME:-0}
 [ "$RESUME" = 1 ] || rm -rf "$WORK"
-mkdir -p "$WORK/evals"
+LOGS=$WORK/logs
+mkdir -p "$WORK/evals" "$LOGS"
+# The GPU machine brings back at most 8 files from OUT: the logs travel as one archive.
+pack_logs() { tar czf "$OUT/logs.tar.gz.tmp" -C "$WORK" logs && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"; }
 
 : "${SELECT_METHOD:=shared}" "${SEED:=1234}"
 if [ "${TINY:-0}" = 1 ]; then
@@ -87,20 +91,24 @@ if [ -z "${LT2:-}" ]; then
     export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
     export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
     t0=$(date +%s)
-    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > "$OUT/logs/build.log" 2>&1 &&
-      cmake --build build-gpu -j "$(nproc)" --target lt2_cli >> "$OUT/logs/build.log" 2>&1 ||
-      { grep -E "error" -A5 "$OUT/logs/build.log" | head -40; exit 1; }
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT2_SERVE=${LT2_SERVE:-OFF} -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" > "$LOGS/build.log" 2>&1 &&
+      cmake --build build-gpu -j "$(nproc)" --target lt2_cli >> "$LOGS/build.log" 2>&1 ||
+      { grep -E "error" -A5 "$LOGS/build.log" | head -40; pack_logs; exit 1; }
     echo "build: $(( $(date +%s) - t0 )) s"
     LT2=build-gpu/apps/lt2/lt2
   fi
 fi
 
 START=$(date +%s)
-phase() { echo "== $1 ($(( $(date +%s) - START )) s)"; }
+phase() { pack_logs; echo "== $1 ($(( $(date +%s) - START )) s)"; }
 # Runs a command with its output in logs/<name>.log, showing the last lines.
 # A step is skipped under RESUME=1 when its output exists: have FILE.
 have() { [ "$RESUME" = 1 ] && [ -e "$1" ]; }
-logged() { local name=$1; shift; "$@" > "$OUT/logs/$name.log" 2>&1 || { tail -30 "$OUT/logs/$name.log"; exit 1; }; tail -2 "$OUT/logs/$name.log"; }
+logged() {
+  local name=$1; shift
+  "$@" > "$LOGS/$name.log" 2>&1 || { tail -30 "$LOGS/$name.log"; pack_logs; exit 1; }
+  tail -2 "$LOGS/$name.log"
+}
 # Whether an optional evaluation may still start: BUDGET seconds of this script (0: always).
 in_budget() { [ "$BUDGET" = 0 ] || [ "$SECONDS" -lt "$BUDGET" ]; }
 # The newest checkpoint of a run folder (its `latest`, or `best` with a second argument).
@@ -186,7 +194,8 @@ cat > "$WORK/settings.json" <<EOF
             "align": $(( ALIGN_STEPS * BATCH * SEQ )), "select_forward": $(( (LAYERS + 1) * 4 * BATCH * KD_SEQ )),
             "kd": $(( KD_STEPS * BATCH * KD_SEQ )), "long": $(( LONG_STEPS * LONG_BATCH * LONG_SEQ ))}}
 EOF
-table() {  # distill_gpu.{json,md} from what evals/ holds so far
+table() {  # distill_gpu.{json,md} from what evals/ holds so far, and the logs
+  pack_logs
   python3 - "$WORK" "$OUT" "$(( $(date +%s) - START ))" <<'EOF'
 import glob, json, os, sys
 work, out, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -271,7 +280,7 @@ if in_budget && ! have "$WORK/evals/bench.json"; then
   configs=()
   for m in "$TEACHER" "$(ckpt "$WORK/kl/long")" "$(ckpt "$WORK/uniform/long")" "$(ckpt "$WORK/gdn/long")"; do configs+=("$m/config.json"); done
   "$LT2" bench decode -m "${configs[@]}" -c "$BENCH_CONTEXT" -b "$BENCH_BATCH" --paths engine --device "$DEVICE" \
-    --out-json "$WORK/evals/bench.json" > "$OUT/logs/bench.log" 2>&1 || tail -5 "$OUT/logs/bench.log"
+    --out-json "$WORK/evals/bench.json" > "$LOGS/bench.log" 2>&1 || tail -5 "$LOGS/bench.log"
 fi
 for s in teacher kl uniform gdn; do
   model=$([ $s = teacher ] && echo "$TEACHER" || ckpt "$WORK/$s/long")
@@ -279,10 +288,10 @@ for s in teacher kl uniform gdn; do
   # shellcheck disable=SC2086
   in_budget && ! have "$WORK/evals/$s.niah.json" && { "$LT2" eval niah "$model" --task s-niah-1 --lengths $NIAH_LENGTHS \
     --depths 0 50 100 --samples "$NIAH_SAMPLES" --batch 12 --device "$DEVICE" --json --quiet > "$WORK/evals/$s.niah.json" \
-    2> "$OUT/logs/niah_$s.log" || { tail -5 "$OUT/logs/niah_$s.log"; rm -f "$WORK/evals/$s.niah.json"; }; }
+    2> "$LOGS/niah_$s.log" || { tail -5 "$LOGS/niah_$s.log"; rm -f "$WORK/evals/$s.niah.json"; }; }
   [ -d "$DATA/zeroshot" ] && in_budget && ! have "$WORK/evals/$s.mc.json" && { "$LT2" eval mc "$model" --tasks all \
     --data-dir "$DATA/zeroshot" --limit "$MC_LIMIT" --batch-tokens 32768 --device "$DEVICE" --json --quiet \
-    > "$WORK/evals/$s.mc.json" 2> "$OUT/logs/mc_$s.log" || { tail -5 "$OUT/logs/mc_$s.log"; rm -f "$WORK/evals/$s.mc.json"; }; }
+    > "$WORK/evals/$s.mc.json" 2> "$LOGS/mc_$s.log" || { tail -5 "$LOGS/mc_$s.log"; rm -f "$WORK/evals/$s.mc.json"; }; }
   table
 done
 cat "$OUT/distill_gpu.md"
