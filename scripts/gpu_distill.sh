@@ -21,6 +21,7 @@
 #   teacher saw, so a student can approach the teacher but not out-train it; its learning rates are 10x
 #   the recipe's (1e-3 for the mixers, 7e-5 for the rest: the same ratio) because the stage is ~500x
 #   shorter. Stage 3 keeps the config's plain cross-entropy at lr 1e-5, LONG_STEPS steps at LONG_SEQ.
+#   Sequences are shorter than the recipe's (kd 1024 for 4096, long 2048 for 32k) to fit the call.
 # - Evaluation: perplexity of every model first (the criterion), then the optional columns while
 #   the call's BUDGET lasts; a column that did not fit is left empty and the table says so.
 # Expected H200 time, from measured rates (teacher 141k tokens/s at a 32k vocabulary, KD ~40k tokens/s,
