@@ -547,8 +547,10 @@ TEST(Serve, ShutdownDrainsRunningRequests) {
 }
 
 TEST(Serve, TheQueueServesInArrivalOrder) {
-  // One slot: requests arriving 15 ms apart while it is busy start (and, with equal lengths,
-  // finish) in the order they came.
+  // One slot: requests arriving one after another while it is busy start (and, with equal
+  // lengths, finish) in the order they came. Each client starts once the server has taken the
+  // previous request in (running, prefilling, queued or answered), so the arrival order is the
+  // launch order however the machine schedules the client threads.
   auto o = small_server_options();
   o.scheduler.max_batch = 1;
   o.scheduler.prefill_rows = 1;
@@ -564,7 +566,13 @@ TEST(Serve, TheQueueServesInArrivalOrder) {
       std::lock_guard<std::mutex> g(mu);
       order.push_back(i);
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    auto taken_in = [&] {
+      double n = std::max(metric(ts.port, "lt2_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"), 0.0);
+      for (const char* m : {"lt2_requests_running", "lt2_requests_prefilling", "lt2_requests_queued"})
+        n += metric(ts.port, m);
+      return n;
+    };
+    for (int k = 0; k < 2000 && taken_in() < i + 1; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (auto& t : threads) t.join();
   std::vector<int> want(kClients);
