@@ -1,6 +1,7 @@
 // Shared helpers of the tokenizer tests: temporary folders, the Hugging Face `tokenizers` oracle
 // (tests/scripts/hf_tokenizer_oracle.py run with python3), a training corpus, and test texts.
 #pragma once
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -8,6 +9,9 @@
 #include "lt2/util/json.h"
 
 namespace lt2::test {
+
+// Fails the test unless f() throws an lt2::Error whose message contains `needle`.
+void expect_error_containing(const std::function<void()>& f, const std::string& needle);
 
 // A fresh folder under the system temp folder, removed with its contents at destruction.
 class TempDir {

@@ -18,6 +18,8 @@
 namespace lt2 {
 namespace {
 
+using test::expect_error_containing;
+
 std::string random_bytes(std::mt19937& rng, size_t n) {
   std::string s(n, '\0');
   for (char& c : s) c = static_cast<char>(rng() & 0xFF);
@@ -40,16 +42,6 @@ std::vector<std::string> byte_samples() {
     out.push_back(random_bytes(rng, rng() % 64));
   }
   return out;
-}
-
-void expect_error_containing(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an lt2::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nexpected to contain: " << needle;
-  }
 }
 
 TEST(ByteLevelTokenizer, BytesAreIdsAndSpecialsFollow) {

@@ -1,10 +1,13 @@
 #include "lt2/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "lt2/tokenizer/added_vocabulary.h"
 #include "lt2/tokenizer/bpe_model.h"
+#include "lt2/tokenizer/chat_template.h"
 #include "lt2/tokenizer/byte_level.h"
 #include "lt2/tokenizer/normalizer.h"
 #include "lt2/tokenizer/pre_tokenizer.h"
@@ -105,6 +108,11 @@ struct Tokenizer::Impl {
   int32_t size = 0;
   // The config sections kept verbatim for save().
   json normalizer_json, pre_tokenizer_json, post_processor_json, decoder_json;
+  // The chat template (none: ChatML), or why the checkpoint's could not be read, and the special
+  // tokens it sees as variables.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string chat_template_origin, chat_template_error;
+  json chat_variables = json::object();
 
   void encode_plain(std::string_view text, std::vector<int32_t>& ids) const {
     pre_tokenizer.split(text, [&](std::string_view word) { model->encode_word(word, ids); });
@@ -138,7 +146,10 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer Tokenizer::load(const std::string& path) {
   LT2_CHECK(path_exists(path), "tokenizer file '", path, "' does not exist");
   const json doc = parse_json(read_file(path), path);
-  return from_json(doc, path);
+  Tokenizer tok = from_json(doc, path);
+  const std::filesystem::path p(path);
+  if (p.filename() == "tokenizer.json") tok.load_chat_config(p.parent_path().empty() ? "." : p.parent_path().string());
+  return tok;
 }
 
 Tokenizer Tokenizer::from_json(const json& doc, const std::string& where) {
@@ -463,8 +474,83 @@ std::string Tokenizer::to_json_text() const {
 
 void Tokenizer::save(const std::string& path) const { write_file_atomic(path, to_json_text()); }
 
+void Tokenizer::load_chat_config(const std::string& dir) {
+  const std::string config_path = dir + "/tokenizer_config.json";
+  const std::string jinja_path = dir + "/chat_template.jinja";
+  std::string source, origin;
+  if (path_exists(config_path)) {
+    const json config = parse_json(read_file(config_path), config_path);
+    if (!config.is_object()) return;
+    // Special tokens: a string, or an AddedToken object {"content": ...}.
+    auto token_text = [](const json& t) -> std::optional<std::string> {
+      if (t.is_string()) return t.get<std::string>();
+      if (t.is_object() && t.contains("content") && t["content"].is_string()) return t["content"].get<std::string>();
+      return std::nullopt;
+    };
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+      if (config.contains(key))
+        if (auto t = token_text(config[key])) impl_->chat_variables[key] = *t;
+    if (config.contains("additional_special_tokens") && config["additional_special_tokens"].is_array()) {
+      json list = json::array();
+      for (const json& t : config["additional_special_tokens"])
+        if (auto text = token_text(t)) list.push_back(*text);
+      impl_->chat_variables["additional_special_tokens"] = list;
+    }
+    if (config.contains("chat_template")) {
+      const json& t = config["chat_template"];
+      origin = config_path;
+      if (t.is_string()) {
+        source = t.get<std::string>();
+      } else if (t.is_array()) {
+        for (const json& named : t)
+          if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+              named["template"].is_string())
+            source = named["template"].get<std::string>();
+        if (source.empty()) impl_->chat_template_error = cat(config_path, ": 'chat_template' lists no template named 'default'");
+      } else if (!t.is_null()) {
+        impl_->chat_template_error = cat(config_path, ": 'chat_template' must be a string or a list of {name, template}, found ",
+                                         json_type_name(t));
+      }
+    }
+  }
+  if (path_exists(jinja_path)) {
+    source = read_file(jinja_path);
+    origin = jinja_path;
+    impl_->chat_template_error.clear();
+  }
+  if (source.empty()) return;
+  try {
+    set_chat_template(source, origin);
+  } catch (const Error& e) {
+    impl_->chat_template_error = e.what();
+  }
+}
+
+void Tokenizer::set_chat_template(std::string_view source, const std::string& where) {
+  impl_->chat_template = std::make_shared<const ChatTemplate>(source, where);
+  impl_->chat_template_origin = where;
+  impl_->chat_template_error.clear();
+}
+
+std::string Tokenizer::chat_template_origin() const {
+  if (!impl_->chat_template_error.empty()) return cat("none: ", impl_->chat_template_error);
+  return impl_->chat_template ? impl_->chat_template_origin : "ChatML (built in)";
+}
+
 std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages,
                                            bool add_generation_prompt) const {
+  LT2_CHECK(impl_->chat_template_error.empty(), "the chat template cannot be used: ", impl_->chat_template_error);
+  if (impl_->chat_template) {
+    // The variables transformers passes: the messages, the flag, no tools or documents, and the
+    // special tokens.
+    json context = impl_->chat_variables;
+    context["messages"] = json::array();
+    for (const ChatMessage& m : messages) context["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    context["add_generation_prompt"] = add_generation_prompt;
+    context["tools"] = nullptr;
+    context["documents"] = nullptr;
+    return impl_->chat_template->render(context);
+  }
   static const char* const kStart = "<|im_start|>";
   static const char* const kEnd = "<|im_end|>";
   for (const char* name : {kStart, kEnd}) {

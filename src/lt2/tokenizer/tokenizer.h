@@ -89,11 +89,24 @@ class Tokenizer {
   // The tokenizer.json text save() writes.
   std::string to_json_text() const;
 
-  // ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then
-  // "<|im_start|>assistant\n" when add_generation_prompt. Throws lt2::Error when the vocabulary
-  // lacks <|im_start|> or <|im_end|> as added tokens.
+  // The conversation as the model's chat template renders it. The template is the checkpoint's
+  // (see load_chat_config) or set_chat_template's; without one, ChatML:
+  // "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n" when
+  // add_generation_prompt. Throws lt2::Error when the template raises or cannot render, or (ChatML)
+  // when the vocabulary lacks <|im_start|> or <|im_end|> as added tokens.
   std::string apply_chat_template(const std::vector<ChatMessage>& messages,
                                   bool add_generation_prompt = false) const;
+  // Reads the Hugging Face files of the folder `dir` that define the chat: chat_template.jinja, or
+  // else tokenizer_config.json's "chat_template" (a string, or a list of {name, template} of which
+  // "default" is taken), and the special tokens the template may use (bos_token, eos_token, ...).
+  // load() calls it for the folder of a file named tokenizer.json. A template that does not parse
+  // is kept as an error that apply_chat_template throws (completions still work).
+  void load_chat_config(const std::string& dir);
+  // Replaces the chat template with the Jinja `source`; `where` names it in errors. Throws
+  // lt2::Error on a syntax error.
+  void set_chat_template(std::string_view source, const std::string& where);
+  // Where the chat template comes from, for logs: a file, or "ChatML (built in)".
+  std::string chat_template_origin() const;
 
  private:
   struct Impl;
