@@ -10,13 +10,14 @@
 
 #include "commands.h"
 #include "lt2/serve/server.h"
+#include "lt2/util/fs.h"
 
 namespace lt2::cli {
 
 namespace {
 
 struct ServeArgs {
-  std::string model, tokenizer, device = "auto", dtype = "auto", model_name;
+  std::string model, tokenizer, chat_template, device = "auto", dtype = "auto", model_name;
   uint64_t seed = 0;
   serve::ServerOptions opts;
   double cache_gb = 2, cache_host_gb = 0, max_body_mb = 8, drain_timeout = 60;
@@ -48,6 +49,7 @@ void run_serve(ServeArgs a) {
   src.seed = a.seed;
   auto loaded = eval::load_model(src);
   if (a.tokenizer == "bytes") std::filesystem::remove(src.tokenizer);
+  if (!a.chat_template.empty()) loaded.tokenizer.set_chat_template(read_file(a.chat_template), a.chat_template);
   LT2_CHECK(a.loops.exits == "final", "lt2 serve decodes with one exit; --exits is for lt2 eval");
   auto& so = a.opts.scheduler;
   so.forward = eval::forward_options(loaded.model->config(), a.loops.options());
@@ -65,6 +67,7 @@ void run_serve(ServeArgs a) {
     a.opts.model_name = a.model_name;
   }
   const auto dev = loaded.model->parameters().front().device();
+  const std::string chat_template = loaded.tokenizer.chat_template_origin();
   serve::Server server(loaded.model, std::move(loaded.tokenizer), a.opts);
   const int port = server.bind();
   std::fprintf(stderr,
@@ -73,6 +76,7 @@ void run_serve(ServeArgs a) {
                a.opts.model_name.c_str(), a.model.c_str(), loaded.random_weights ? ", random weights" : "",
                dev.str().c_str(), (long long)so.max_batch, (long long)so.max_context, (long long)so.prefill_chunk,
                a.cache_gb);
+  std::fprintf(stderr, "lt2 serve: chat template: %s\n", chat_template.c_str());
   std::fprintf(stderr, "lt2 serve: listening on http://%s:%d\n", a.opts.host.c_str(), port);
   std::fflush(stderr);
 
@@ -114,6 +118,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer.json or folder (default: the checkpoint's); 'bytes': the byte-level tokenizer with "
                   "<|endoftext|>, <|im_start|>, <|im_end|> (random-weight presets, benchmarks)");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "Jinja chat template file for /v1/chat/completions, replacing the checkpoint's (default: "
+                  "chat_template.jinja or tokenizer_config.json's chat_template next to tokenizer.json, else ChatML)");
   cmd->add_option("--model-name", a->model_name, "The model id clients send and /v1/models lists (default: the "
                   "MODEL argument's last path part)");
   cmd->add_option("--host", o.host, "Address to listen on")->capture_default_str();

@@ -54,7 +54,10 @@ inline serve::ServerOptions small_server_options() {
 
 // A server on its own thread; destroyed with the test.
 struct TestServer {
-  TestServer(LoopedLM model, serve::ServerOptions o) : server(model, chat_tokenizer(), o) { port = server.start(); }
+  TestServer(LoopedLM model, serve::ServerOptions o, Tokenizer tok = chat_tokenizer())
+      : server(model, std::move(tok), o) {
+    port = server.start();
+  }
   serve::Server server;
   int port = -1;
 };

@@ -3,6 +3,7 @@
 // across tokens, concurrent clients get what they would alone, disconnects free their slots, the
 // prefix cache resumes exactly, and hostile input gets a 4xx or a closed connection in bounded time.
 #include <atomic>
+#include <filesystem>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "lt2/serve/api.h"
 #include "lt2/serve/prefix_cache.h"
 #include "lt2/serve/text_stream.h"
+#include "lt2/util/fs.h"
 #include "serve/serve_testing.h"
 
 using namespace lt2;
@@ -326,6 +328,38 @@ TEST(Serve, ChatAppliesTheChatMLTemplate) {
   const auto want = encode(golden);
   EXPECT_EQ(cj["usage"]["prompt_tokens"], static_cast<int64_t>(want.size()));
   EXPECT_EQ(ids_of(cj["choices"][0]), reference(m, want, 12));
+}
+
+TEST(Serve, ChatUsesTheCheckpointTemplate) {
+  // A checkpoint's tokenizer folder: tokenizer.json and a tokenizer_config.json with a template
+  // that uses the special tokens, filters, the loop and raise_exception.
+  const auto dir = (std::filesystem::temp_directory_path() / ("lt2-serve-template-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  chat_tokenizer().save(dir + "/tokenizer.json");
+  write_file_atomic(dir + "/tokenizer_config.json",
+                    json{{"bos_token", "<|endoftext|>"},
+                         {"chat_template",
+                          "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+                          "{{ raise_exception('the system message must come first') }}{% endif %}"
+                          "[{{ m.role | upper }}] {{ m.content | trim }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}[ASSISTANT]{% endif %}"}}
+                        .dump());
+  Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");
+  std::filesystem::remove_all(dir);
+  auto m = hybrid_model();
+  TestServer ts(hybrid_model(), small_server_options(), std::move(tok));
+  json chat{{"model", "tiny"}, {"messages", {{{"role", "system"}, {"content", " Be terse."}}, {{"role", "user"}, {"content", "Hello there"}}}},
+            {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+  const auto c = post(ts.port, "/v1/chat/completions", chat);
+  ASSERT_EQ(c.status, 200) << c.body;
+  const auto want = encode("<|endoftext|>[SYSTEM] Be terse.\n[USER] Hello there\n[ASSISTANT]");
+  EXPECT_EQ(c.json_body()["usage"]["prompt_tokens"], static_cast<int64_t>(want.size()));
+  EXPECT_EQ(ids_of(c.json_body()["choices"][0]), reference(m, want, 12));
+  // A conversation the template refuses: 400 with the template's message.
+  chat["messages"] = {{{"role", "user"}, {"content", "Hi"}}, {{"role", "system"}, {"content", "Late."}}};
+  const auto bad = post(ts.port, "/v1/chat/completions", chat);
+  expect_error(bad, 400, "messages", "template raised");
+  EXPECT_NE(bad.body.find("the system message must come first"), std::string::npos) << bad.body;
 }
 
 TEST(Serve, ConcurrentClientsGetWhatTheyGetAlone) {

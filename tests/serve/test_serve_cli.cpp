@@ -87,8 +87,23 @@ TEST(ServeCli, HelpDocumentsEveryFlag) {
   for (const char* flag : {"--port", "--host", "--max-batch", "--max-context", "--prefill-chunk", "--step-token-budget",
                            "--prefill-rows", "--prefix-cache-gb", "--prefix-cache-host-gb", "--prefix-cache-interval",
                            "--timeout", "--read-timeout", "--write-timeout", "--max-body-mb", "--http-threads",
-                           "--drain-timeout", "--max-queue", "--tokenizer", "--model-name", "--device", "--dtype",
+                           "--drain-timeout", "--max-queue", "--tokenizer", "--chat-template", "--model-name", "--device", "--dtype",
                            "--no-cuda-graphs", "--quiet"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   std::filesystem::remove(log);
+}
+
+TEST(ServeCli, ABrokenChatTemplateFileStopsTheStartWithItsPosition) {
+  const auto ckpt = make_checkpoint("template");
+  write_file_atomic(ckpt + ".jinja", "{% for m in messages %}\n{{ m.content }}\n{% endif %}");
+  const std::string log = ckpt + ".log";
+  auto p = start_process({kLt2, "serve", ckpt, "--port", "0", "--device", "cpu", "--chat-template", ckpt + ".jinja"},
+                         {"OMP_NUM_THREADS=1"}, log);
+  const auto e = wait_process(p, 120);
+  EXPECT_FALSE(e.ok());
+  const std::string text = read_text(log);
+  EXPECT_NE(text.find(ckpt + ".jinja:3:4: '{% endif %}' without a block it could end"), std::string::npos) << text;
+  std::filesystem::remove(ckpt + ".jinja");
+  std::filesystem::remove(log);
+  remove_tree(ckpt);
 }

@@ -174,6 +174,7 @@ TEST(ChatTemplate, WhitespaceControlAndLiterals) {
   EXPECT_EQ(render("{{ 0.1 + 0.2 }} {{ 1e-5 }} {{ 123456789.0 * 1e9 }}"), "0.30000000000000004 1e-05 1.23456789e+17");
   EXPECT_EQ(render("{{ x is defined }}{{ x | default('d') }}", json{{"x", nullptr}}), "TrueNone");
   EXPECT_EQ(render("{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }}"), "True False");
+  EXPECT_EQ(render("{{ {'a': 1} | items | list }} {{ (1,) }} {{ -0.0 }} {{ ('a', 2) }}"), "[('a', 1)] (1,) -0.0 ('a', 2)");
 }
 
 }  // namespace

@@ -252,7 +252,7 @@ TokenizedRequest tokenize_request(const ApiRequest& a, const Tokenizer& tok, int
     try {
       text = tok.apply_chat_template(a.messages, /*add_generation_prompt=*/true);
     } catch (const Error& e) {
-      throw bad("messages", cat("this model has no chat template: ", e.what()));
+      throw bad("messages", cat("cannot apply the chat template: ", e.what()));
     }
     for (auto id : tok.encode(text)) t.prompt.push_back(id);
   } else if (a.prompt_ids) {

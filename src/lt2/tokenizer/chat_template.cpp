@@ -56,6 +56,7 @@ struct Value {
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Function> fn;
   bool is_namespace = false;  // a namespace(): its attributes may be assigned
+  bool is_tuple = false;      // a list that prints as a Python tuple
 
   static Value undefined(std::string what) { Value v; v.s = std::move(what); return v; }
   static Value none() { Value v; v.kind = kNone; return v; }
@@ -152,7 +153,7 @@ std::string float_repr(double x) {
   for (char c : m.substr(0, e))
     if (c >= '0' && c <= '9') digits += c;
   while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
-  const std::string sign = x < 0 ? "-" : "";
+  const std::string sign = std::signbit(x) ? "-" : "";
   if (exp < -4 || exp >= 16) {
     std::string out = sign + digits.substr(0, 1);
     if (digits.size() > 1) out += "." + digits.substr(1);
@@ -198,8 +199,9 @@ std::string repr(const Value& v) {
   switch (v.kind) {
     case Value::kStr: return str_repr(v.s);
     case Value::kList: {
-      std::string out = "[";
+      std::string out = v.is_tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
+      if (v.is_tuple) return out + (v.list->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Value::kDict: {
@@ -568,7 +570,8 @@ using Body = std::vector<NodeP>;
 struct Node {
   N kind;
   size_t pos = 0;
-  std::string name;                // name, attribute, filter, test or operator; Set: the namespace
+  std::string name;                // name, attribute, filter, test or operator; Set: the namespace;
+                                   // ListLit: "tuple" for a tuple
   std::string attr;                // Set: the attribute of a namespace assignment
   std::vector<std::string> names;  // For/Set targets, Macro parameters, keyword argument names, Compare ops
   std::vector<NodeP> kids;         // operands; for calls, positional then keyword arguments
@@ -789,15 +792,17 @@ class Parser {
     return n;
   }
 
-  // An expression, or several separated by commas (a tuple, as a list).
+  // An expression, or several separated by commas (a tuple).
   NodeP tuple_expr() {
     const size_t pos = peek().pos;
     NodeP first = expr();
     if (!is_op(",")) return first;
     auto n = node(N::ListLit, pos);
+    n->name = "tuple";
     n->kids.push_back(std::move(first));
     while (is_op(",")) {
       next();
+      if (is_op(")") || peek().type == Tok::BlockEnd) break;  // a trailing comma: (1,)
       n->kids.push_back(expr());
     }
     return n;
@@ -954,7 +959,9 @@ class Parser {
       next();
       if (is_op(")")) {
         next();
-        return node(N::ListLit, t.pos);
+        auto n = node(N::ListLit, t.pos);
+        n->name = "tuple";
+        return n;
       }
       NodeP inner = tuple_expr();
       expect_op(")");
@@ -1177,7 +1184,10 @@ Value items_of(const Value& v) {
   if (!v.defined()) return Value::of_list({});
   if (v.kind != Value::kDict) throw Fail{cat("items() needs a dict, found ", type_name(v))};
   List out;
-  for (const auto& [k, x] : *v.dict) out.push_back(Value::of_list({Value::str(k), x}));
+  for (const auto& [k, x] : *v.dict) {
+    out.push_back(Value::of_list({Value::str(k), x}));
+    out.back().is_tuple = true;
+  }
   return Value::of_list(std::move(out));
 }
 
@@ -1818,7 +1828,9 @@ class Renderer {
       case N::ListLit: {
         List l;
         for (const auto& k : n.kids) l.push_back(eval(*k));
-        return Value::of_list(std::move(l));
+        Value v = Value::of_list(std::move(l));
+        v.is_tuple = n.name == "tuple";
+        return v;
       }
       case N::DictLit: {
         Dict d;
