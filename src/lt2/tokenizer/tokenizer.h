@@ -54,7 +54,8 @@ struct ChatMessage {
 
 class Tokenizer {
  public:
-  // Reads an HF tokenizer.json. Throws lt2::Error naming the file and the problem.
+  // Reads an HF tokenizer.json, and for a file of that name the chat template and special tokens
+  // of its folder (load_chat_config). Throws lt2::Error naming the file and the problem.
   static Tokenizer load(const std::string& path);
   // Reads GPT-2's original pair: encoder.json (token -> id) and vocab.bpe (merges, one "a b" per
   // line after a "#version" line). `<|endoftext|>` becomes a special token when present.
