@@ -123,12 +123,14 @@ QWEN3 = r'''{%- if tools %}
 {%- endif %}
 '''
 
-# (name, token set, template). Published chat templates, verbatim from each model's
-# tokenizer_config.json (Qwen3's as its official template); "ouro-thinking" is a public Ouro-1.4B-Thinking template with an
-# enable_thinking switch; "features" and "whitespace" exercise the rest of the supported subset.
+# (name, token set, template). Published chat templates of each model's tokenizer_config.json
+# (Qwen3's as its official template; SmolLM's verbatim, with newlines inside its string literals,
+# where the others may differ in writing a newline as a literal's \n escape); "ouro-thinking" is a
+# public Ouro-1.4B-Thinking template with an enable_thinking switch; "features" and "whitespace"
+# exercise the rest of the supported subset.
 TEMPLATES = [
     ("smollm-instruct", "chatml",
-     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
     ("qwen2-instruct", "chatml",
      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
     ("llama3-instruct", "llama3",

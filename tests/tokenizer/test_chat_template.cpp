@@ -118,6 +118,23 @@ TEST(ChatTemplate, TokenizerReadsTheCheckpointTemplate) {
   EXPECT_EQ(fixed.apply_chat_template(c.messages), "SAY \"HI\" IN\tFRENCH\n, PLEASE.");
 }
 
+// The published SmolLM-360M-Instruct folder (absent on a user's machine: skip): its
+// tokenizer_config.json holds the template the cases above quote, and loading the folder uses it.
+TEST(ChatTemplate, PublishedSmolLmFolderRendersItsTemplate) {
+  const std::string dir = test::published_tokenizers_dir();
+  if (dir.empty()) GTEST_SKIP() << "no ../shared/data/tokenizers next to the checkout";
+  const std::string folder = dir + "/smollm-360m-instruct";
+  if (!path_exists(folder + "/tokenizer_config.json")) GTEST_SKIP() << folder << " is absent";
+  EXPECT_EQ(load_json_file(folder + "/tokenizer_config.json")["chat_template"], by_name(kTemplates, "smollm-instruct").source);
+  const Tokenizer tok = Tokenizer::load(folder + "/tokenizer.json");
+  EXPECT_EQ(tok.chat_template_origin(), folder + "/tokenizer_config.json");
+  for (const ChatTemplateCase& k : kCases)
+    if (k.template_name == std::string("smollm-instruct"))
+      EXPECT_EQ(tok.apply_chat_template(by_name(kConversations, k.conversation).messages, k.add_generation_prompt),
+                k.expected)
+          << k.conversation;
+}
+
 std::string render(const std::string& source, const json& ctx = json::object()) {
   return ChatTemplate(source, "t.jinja").render(ctx);
 }
