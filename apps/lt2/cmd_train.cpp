@@ -20,7 +20,8 @@ struct TrainArgs {
   std::optional<std::string> model, init_from, train_data, val_data, out_dir, device, dtype, objective;
   std::optional<int64_t> steps, seq_len, batch_size, grad_accum, warmup, eval_every, save_every, log_every, seed;
   std::optional<double> lr, dist_timeout;
-  bool checkpoint_loops = false;
+  bool checkpoint_loops = false, pack_documents = false;
+  std::optional<int64_t> document_separator;
   int nproc = 0;
 };
 
@@ -69,6 +70,8 @@ void run_train(const TrainArgs& a) {
   flags.set("lr", a.lr);
   flags.set("dist_timeout", a.dist_timeout);
   if (a.checkpoint_loops) j["checkpoint_loops"] = true;
+  if (a.pack_documents) j["pack_documents"] = true;
+  flags.set("document_separator", a.document_separator);
   for (const auto& kv : a.sets) {  // --set key=value, value parsed as JSON when it parses
     auto eq = kv.find('=');
     LT2_CHECK(eq != std::string::npos && eq > 0, "--set expects key=value, found '", kv, "'");
@@ -121,6 +124,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--log-every", a->log_every, "Print a log line every N steps");
   cmd->add_option("--seed", a->seed, "Seed for initialisation and batches");
   cmd->add_flag("--checkpoint-loops", a->checkpoint_loops, "Recompute each loop in backward (saves activation memory)");
+  cmd->add_flag("--pack-documents", a->pack_documents,
+                "Cut each row into its documents at the separator token: no token sees another document "
+                "(attention block-diagonal, recurrent states and convolutions restart, positions from 0)");
+  cmd->add_option("--document-separator", a->document_separator,
+                  "Separator token id for --pack-documents (default: the one the shard was prepared with, "
+                  "from summary.json and tokenizer.json beside it)");
   cmd->add_option("--set", a->sets, "Override any TrainConfig field: --set key=value (repeatable; value is JSON)");
   cmd->add_flag("--resume", a->resume, "Continue exactly from the run folder's latest checkpoint");
   cmd->add_flag("--json", a->json_out, "Print the final step's metrics as JSON");
@@ -136,6 +145,7 @@ void add_train_command(CLI::App& app) {
               "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
               "eval_batches save_every checkpoint_loops tf32 objective ouro_entropy_beta gate_min_gain init_from\n"
               "fused_loss (default true: the chunked head + cross-entropy; false: full logits) loss_chunk_tokens\n"
+              "pack_documents document_separator (documents cut at the separator; docs/training.md)\n"
               "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef\n"
               "dist_timeout dist_bucket_mb (gradient all-reduce bucket, MiB)\n\n"
               "Data-parallel training: `--nproc N` starts N local ranks itself; or run under torchrun\n"

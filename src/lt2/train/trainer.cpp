@@ -23,6 +23,7 @@
 #include "lt2/train/losses.h"
 #include "lt2/train/optimizer.h"
 #include "lt2/train/run_checkpoint.h"
+#include "lt2/tokenizer/tokenizer.h"
 #include "lt2/util/fs.h"
 
 namespace fs = std::filesystem;
@@ -52,6 +53,23 @@ std::string progress_bar(int64_t done, int64_t total, double seconds_left) {
   return buf;
 }
 
+// The separator token of cfg.pack_documents: cfg.document_separator, or the token summary.json
+// beside the training shard names, looked up in the tokenizer.json beside it.
+int64_t resolve_document_separator(const TrainConfig& cfg) {
+  if (cfg.document_separator >= 0) return cfg.document_separator;
+  const auto dir = fs::path(cfg.train_data).parent_path();
+  const auto summary = (dir / "summary.json").string(), tokenizer = (dir / "tokenizer.json").string();
+  LT2_CHECK(fs::exists(summary) && fs::exists(tokenizer), "pack_documents: no document_separator given, and no "
+            "summary.json and tokenizer.json beside '", cfg.train_data, "' (as `lt2 data prepare` writes them) "
+            "name the shard's; set document_separator to its token id");
+  const auto name = json_require<std::string>(load_json_file(summary), "separator", "'" + summary + "'");
+  LT2_CHECK(!name.empty(), "pack_documents: '", summary, "' says the shard was prepared without a document "
+            "separator, so its documents cannot be told apart");
+  const auto id = Tokenizer::load(tokenizer).token_to_id(name);
+  LT2_CHECK(id, "pack_documents: the separator '", name, "' of '", summary, "' is not a token of '", tokenizer, "'");
+  return *id;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -62,6 +80,12 @@ struct Trainer::Impl {
   std::unique_ptr<BatchSampler> train, val;  // the shard's (null when callbacks give the batches)
   std::vector<torch::Tensor> params;
   std::string tokenizer_path;  // tokenizer.json beside the training shard, copied into checkpoints
+  int64_t separator = -1;      // cfg.pack_documents: the document separator token; -1: off
+  // The packed documents of a batch's inputs ([B, T] on the CPU), or null when not packing.
+  std::shared_ptr<const PackedDocuments> documents(const torch::Tensor& inputs) const {
+    if (separator < 0) return nullptr;
+    return std::make_shared<const PackedDocuments>(PackedDocuments::at_separator(inputs, separator));
+  }
   double flops_per_token = 0, peak = 0;
   std::ofstream metrics;
   bool tty = false;
@@ -206,6 +230,12 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     if (fs::exists(tok)) I.tokenizer_path = tok.string();
   }
 
+  if (cfg_.pack_documents) {
+    LT2_CHECK(!cb_.loss, "pack_documents: a client's own loss runs the model itself; pack its documents there");
+    I.separator = resolve_document_separator(cfg_);
+    LT2_CHECK(I.separator < mcfg.vocab_size, "pack_documents: separator token ", I.separator,
+              " is outside the model's vocabulary of ", mcfg.vocab_size);
+  }
   I.flops_per_token = 3 * forward_flops_per_token(*model_, cfg_.seq_len);
   if (I.device.is_cuda()) {
     I.peak = peak_flops(kernels::device_name(I.device.index() < 0 ? 0 : I.device.index()));
@@ -244,6 +274,7 @@ double Trainer::evaluate() {
     AutocastScope ac(I.autocast);
     ForwardOptions fo;
     fo.exit_at_loop = model_->exit_gate ? model_->config().n_loops : -1;
+    fo.documents = I.documents(x);
     const auto loss = lm_cross_entropy(*model_, x.to(I.device), y.to(I.device), fo, loss_options(cfg_));
     aux_loss(*model_);  // drop the auxiliary losses this forward recorded
     total += loss.item<double>();
@@ -290,6 +321,7 @@ StepMetrics Trainer::run() {
       } else {
         std::tie(b.inputs, b.targets) = I.train->sample(step, micro, cfg_.batch_size);
       }
+      const auto documents = I.documents(b.inputs);
       b.inputs = b.inputs.to(I.device, /*non_blocking=*/true);
       b.targets = b.targets.to(I.device, true);
       if (b.mask.defined()) b.mask = b.mask.to(I.device, true);
@@ -303,6 +335,7 @@ StepMetrics Trainer::run() {
         AutocastScope ac(I.autocast);
         ForwardOptions fo;
         fo.checkpoint_loops = cfg_.checkpoint_loops;
+        fo.documents = documents;
         if (cfg_.objective == Objective::CE) {
           loss = lm_cross_entropy(*model_, x, y, fo, loss_options(cfg_));
         } else {
