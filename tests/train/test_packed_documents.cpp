@@ -8,6 +8,8 @@
 #include <string>
 
 #include "common/testing.h"
+#include "lt2/data/prepare.h"
+#include "lt2/tokenizer/tokenizer.h"
 #include "lt2/train/batches.h"
 #include "lt2/train/losses.h"
 #include "lt2/train/trainer.h"
@@ -113,4 +115,38 @@ TEST(PackedDocuments, UnknownSeparatorIsAnError) {
   expect_error_contains([&] { Trainer t(cfg, false); }, "document_separator");
   cfg.document_separator = 50;  // the shard's vocabulary is 50
   expect_error_contains([&] { Trainer t(cfg, false); }, "outside the model's vocabulary");
+}
+
+// The separator of a shard from `lt2 data prepare` is found beside it (summary.json names it,
+// tokenizer.json gives its id): the run equals one given that id.
+TEST(PackedDocuments, SeparatorOfAPreparedShard) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_packed_prepared").string();
+  lt2::remove_tree(dir);
+  fs::create_directories(dir + "/corpus");
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "document " + std::to_string(i) + (i % 3 ? " is short" : " is a bit longer") + "\n\n";
+  write_file_atomic(dir + "/corpus/a.txt", text);
+  const auto tokenizer = Tokenizer::byte_level({"<|endoftext|>"});
+  tokenizer.save(dir + "/tokenizer.json");
+  PrepareOptions o;
+  o.inputs = {dir + "/corpus"};
+  o.tokenizer_path = dir + "/tokenizer.json";
+  o.out_dir = dir + "/shards";
+  o.val_fraction = 0;
+  o.progress = false;
+  prepare_data(o);
+  auto cfg = lt2::testing::tiny_run(dir);
+  cfg.train_data = dir + "/shards/train.bin";
+  cfg.pack_documents = true;
+  cfg.steps = 2;
+  Trainer found(cfg, false);
+  const auto with_found = losses_of(found);
+  cfg.out_dir = dir + "/run2";
+  cfg.document_separator = *tokenizer.token_to_id("<|endoftext|>");
+  Trainer given(cfg, false);
+  EXPECT_EQ(with_found, losses_of(given));
+  cfg.out_dir = dir + "/run3";
+  cfg.document_separator = tokenizer.encode("d").at(0);  // other boundaries, another loss
+  Trainer other(cfg, false);
+  EXPECT_NE(with_found, losses_of(other));
 }
