@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   app.add_option("--warm", warm, "Steps excluded from the timing")->capture_default_str();
   app.add_option("--device", cfg.device)->capture_default_str();
   app.add_option("--dtype", cfg.dtype)->capture_default_str();
-  app.add_flag("--checkpoint-loops", cfg.checkpoint_loops);
+  bool checkpoint_loops = false;
+  app.add_flag("--checkpoint-loops", checkpoint_loops, "Recompute each loop in backward (default: store activations)");
   app.add_option("--tf32", cfg.tf32, "With bf16: fp32 matmuls on TF32 tensor cores (1) or in fp32 (0)")->capture_default_str();
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     cfg.train_data = out + "/tokens.bin";
     cfg.out_dir = out + "/run";
     cfg.save_every = 0;
+    cfg.checkpoint_loops = checkpoint_loops ? lt2::LoopCheckpointing::On : lt2::LoopCheckpointing::Off;
     lt2::Trainer trainer(cfg, false);
     std::vector<double> ms;
     trainer.on_step = [&](const lt2::StepMetrics& m) {
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
                 {"seq_len", cfg.seq_len},
                 {"batch_size", cfg.batch_size},
                 {"grad_accum", cfg.grad_accum},
-                {"checkpoint_loops", cfg.checkpoint_loops}, {"tf32", cfg.tf32},
+                {"checkpoint_loops", checkpoint_loops}, {"tf32", cfg.tf32},
                 {"device", dev.empty() ? "cpu" : dev},
                 {"median_step_ms", median},
                 {"tokens_per_s", tokens / (median / 1000)},

@@ -1,9 +1,14 @@
-// lt2 bench decode|prefill|plot: inference speed over contexts x batch sizes (infer/bench.h).
+// lt2 bench decode|prefill|plot: inference speed over contexts x batch sizes (infer/bench.h);
+// lt2 bench activations: training activation memory per mixer (train/memory_policy.h).
 #include <cstdio>
+#include <cmath>
 #include <ctime>
 
 #include "commands.h"
+#include "lt2/config/presets.h"
 #include "lt2/infer/bench.h"
+#include "lt2/mixers/registry.h"
+#include "lt2/train/memory_policy.h"
 #include "lt2/kernels/kernels.h"
 #include "lt2/util/error.h"
 #include "lt2/util/fs.h"
@@ -116,6 +121,72 @@ void add_grid_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_flag("--json", a.json_stdout, "Print JSON instead of the table");
 }
 
+struct ActivationArgs {
+  std::string base = "lt2-gdn-100m";
+  std::vector<std::string> mixers{"all"}, models;
+  int64_t seq_len = 1024, vocab = 32768;
+  std::string device = "auto", dtype = "auto", json_path, md_path;
+};
+
+void run_activations(const ActivationArgs& a, const std::string& command_line) {
+  const bool cuda = a.device == "cuda" || (a.device == "auto" && torch::cuda::is_available());
+  LT2_CHECK(a.device == "auto" || a.device == "cpu" || a.device == "cuda", "--device: expected auto, cpu or cuda, found '",
+            a.device, "'");
+  LT2_CHECK(a.dtype == "auto" || a.dtype == "fp32" || a.dtype == "bf16", "--dtype: expected auto, fp32 or bf16, found '",
+            a.dtype, "'");
+  LT2_CHECK(!(a.dtype == "bf16" && !cuda), "--dtype bf16 (autocast) needs a CUDA device");
+  const torch::Device device = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  const bool bf16 = cuda && a.dtype != "fp32";
+  std::vector<ModelConfig> configs;
+  std::vector<std::string> mixers = a.mixers;
+  if (mixers.size() == 1 && mixers[0] == "all") {
+    mixers.clear();
+    for (const auto& m : mixer_registry()) mixers.push_back(m.name);
+  }
+  for (const auto& name : mixers) {
+    if (name == "none") continue;
+    LT2_CHECK(find_mixer(name), "--mixers: unknown mixer '", name, "' (registered: ", registered_mixer_names(), ")");
+    ModelConfig c = load_model_config(a.base);
+    c.layer_pattern = name;
+    c.name = a.base + " / " + name;
+    configs.push_back(c);
+  }
+  for (const auto& m : a.models) configs.push_back(load_model_config(m));
+  for (auto& c : configs) {
+    if (c.vocab_size == 0) c.vocab_size = a.vocab;  // "from the data"
+    c.validate();
+  }
+  std::string table = cat(
+      "| model | pattern | layers x loops | per token per layer-loop | per token held: stored | recomputed | "
+      "per token at the peak: stored | recomputed | fixed at the peak: stored | recomputed |\n"
+      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  auto kib = [](double bytes) { return std::isnan(bytes) ? std::string("") : cat(std::lround(bytes / 1024), " KiB"); };
+  auto mib = [](double bytes) { return cat(std::lround(bytes / (1 << 20)), " MiB"); };
+  auto policy_json = [](const ActivationReport::Policy& p) {
+    return nlohmann::json{{"held_per_token", p.held_per_token}, {"peak_per_token", p.peak_per_token},
+                          {"fixed_peak", p.fixed_peak}};
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& c : configs) {
+    std::fprintf(stderr, "activations: %s (%s)\n", c.name.c_str(), c.layer_pattern.c_str());
+    const auto r = measure_activations(c, a.seq_len, device, bf16);
+    table += cat("| ", r.name, " | ", r.pattern, " | ", r.n_layers, " x ", r.n_loops, " | ", kib(r.layer_bytes_per_token),
+                 " | ", kib(r.stored.held_per_token), " | ", kib(r.recomputed.held_per_token), " | ",
+                 kib(r.stored.peak_per_token), " | ", kib(r.recomputed.peak_per_token), " | ", mib(r.stored.fixed_peak),
+                 " | ", mib(r.recomputed.fixed_peak), " |\n");
+    rows.push_back({{"model", r.name}, {"pattern", r.pattern}, {"n_layers", r.n_layers}, {"n_loops", r.n_loops},
+                    {"layer_bytes_per_token",
+                     std::isnan(r.layer_bytes_per_token) ? nlohmann::json() : nlohmann::json(r.layer_bytes_per_token)},
+                    {"stored", policy_json(r.stored)}, {"recomputed", policy_json(r.recomputed)}});
+  }
+  const std::string dev = cuda ? kernels::device_name(0) : "cpu";
+  nlohmann::json j{{"mode", "activations"}, {"command", command_line}, {"date", today()}, {"device", dev},
+                   {"dtype", bf16 ? "bf16 autocast" : "fp32"}, {"seq_len", a.seq_len}, {"models", rows}};
+  if (!a.json_path.empty()) write_file_atomic(a.json_path, j.dump(2) + "\n");
+  if (!a.md_path.empty()) write_file_atomic(a.md_path, table);
+  std::printf("%s", table.c_str());
+}
+
 // This process's command line (recorded with the results).
 std::string command_line() {
   std::string raw = path_exists("/proc/self/cmdline") ? read_file("/proc/self/cmdline") : "lt2 bench";
@@ -128,7 +199,8 @@ std::string command_line() {
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Inference benchmarks: decode and prefill speed vs context and batch");
+  auto* bench = app.add_subcommand(
+      "bench", "Benchmarks: decode and prefill speed vs context and batch; training activation memory per mixer");
   bench->require_subcommand(1);
   auto args = std::make_shared<BenchArgs>();
   args->opts.contexts = {4096};
@@ -162,6 +234,31 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   prefill->add_option("--profile-md", args->profile_md_path, "Write the per-kernel tables of --profile to this file");
   prefill->callback([args] { run_bench("prefill", *args, command_line()); });
+
+  auto act = std::make_shared<ActivationArgs>();
+  auto* activations = bench->add_subcommand(
+      "activations", "Training activation memory per mixer: bytes per token held for backward and at the peak of a "
+                     "step, storing activations and recomputing each loop (per-loop checkpointing)");
+  activations->add_option("--base", act->base, "Preset or config whose shape every --mixers row uses")->capture_default_str();
+  activations->add_option("--mixers", act->mixers, "Mixers, each as the base's only mixer: all (every registered one), "
+                                                   "none, or names (" + registered_mixer_names() + ")")
+      ->delimiter(',')->capture_default_str();
+  activations->add_option("--models,-m", act->models, "Further presets or configs measured as they are (hybrids)")
+      ->delimiter(',');
+  activations->add_option("--seq-len", act->seq_len, "Tokens per row")->capture_default_str()->check(at_least(1));
+  activations->add_option("--vocab", act->vocab, "Vocabulary of configs that take theirs from the data (vocab_size 0)")
+      ->capture_default_str()->check(at_least(2));
+  activations->add_option("--device", act->device, "auto, cpu or cuda")->capture_default_str();
+  activations->add_option("--dtype", act->dtype, "auto (bf16 autocast on CUDA, fp32 on the CPU), fp32 or bf16")
+      ->capture_default_str();
+  activations->add_option("--out-json", act->json_path, "Write the results as JSON to this file");
+  activations->add_option("--out-md", act->md_path, "Write the Markdown table to this file");
+  activations->footer("A CE training step on rows of --seq-len random tokens, measured on 1 and 2 rows: per token is "
+                      "what the second row adds, fixed is the rest (gradients, the fused head's dW). 'per token per "
+                      "layer-loop' is one layer application's share: the base with 2 layers minus 1, over the loops. "
+                      "Recomputing keeps only each loop's input between forward and backward and rebuilds one loop "
+                      "at a time.");
+  activations->callback([act] { run_activations(*act, command_line()); });
 
   auto plot_in = std::make_shared<std::string>();
   auto plot_out = std::make_shared<std::string>();

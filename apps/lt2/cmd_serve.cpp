@@ -139,8 +139,10 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()->check(at_least(0));
   cmd->add_option("--prefix-cache-host-gb", a->cache_host_gb, "Host memory the prefix cache spills to, GB (GPU only)")
       ->capture_default_str()->check(at_least(0));
-  cmd->add_option("--prefix-cache-interval", s.cache_interval, "Snapshot a prompt's state every this many tokens")
-      ->capture_default_str()->check(at_least(1));
+  cmd->add_option("--prefix-cache-interval", s.cache_interval,
+                  "Snapshot a prompt's state every this many tokens (0: every --prefill-chunk). Prefill chunks end "
+                  "there too, so an interval below --prefill-chunk slows prefill")
+      ->capture_default_str()->check(at_least(0));
   cmd->add_option("--timeout", s.timeout_s, "Seconds a request may take from arrival to its last token (0: none)")
       ->capture_default_str()->check(at_least(0));
   cmd->add_option("--read-timeout", o.read_timeout_s, "Seconds a client may stay silent while sending its request")

@@ -20,7 +20,8 @@ struct TrainArgs {
   std::optional<std::string> model, init_from, train_data, val_data, out_dir, device, dtype, objective;
   std::optional<int64_t> steps, seq_len, batch_size, grad_accum, warmup, eval_every, save_every, log_every, seed;
   std::optional<double> lr, dist_timeout;
-  bool checkpoint_loops = false, pack_documents = false;
+  std::optional<std::string> checkpoint_loops;
+  bool keep_best = false, pack_documents = false;
   std::optional<int64_t> document_separator;
   int nproc = 0;
 };
@@ -69,7 +70,8 @@ void run_train(const TrainArgs& a) {
   flags.set("seed", a.seed);
   flags.set("lr", a.lr);
   flags.set("dist_timeout", a.dist_timeout);
-  if (a.checkpoint_loops) j["checkpoint_loops"] = true;
+  flags.set("checkpoint_loops", a.checkpoint_loops);
+  if (a.keep_best) j["keep_best"] = true;
   if (a.pack_documents) j["pack_documents"] = true;
   flags.set("document_separator", a.document_separator);
   for (const auto& kv : a.sets) {  // --set key=value, value parsed as JSON when it parses
@@ -109,7 +111,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--init-from", a->init_from, "Start from this checkpoint's weights (a new stage: fresh optimizer and step 0)");
   cmd->add_option("--train-data", a->train_data, "Training token shard (from `lt2 data prepare`)");
   cmd->add_option("--val-data", a->val_data, "Held-out token shard for evaluation");
-  cmd->add_option("--out", a->out_dir, "Run folder: metrics.jsonl, checkpoints ckpt-<step>/, latest");
+  cmd->add_option("--out", a->out_dir, "Run folder: metrics.jsonl, checkpoints ckpt-<step>/, latest (and best with --keep-best)");
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
   cmd->add_option("--dtype", a->dtype, "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16");
   cmd->add_option("--objective", a->objective, "ce (LT2: last loop) | ouro (sum_t p_t CE_t - beta H) | ouro_gate (exit gate only)");
@@ -123,7 +125,14 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--save-every", a->save_every, "Checkpoint every N steps (0 = at the end only)");
   cmd->add_option("--log-every", a->log_every, "Print a log line every N steps");
   cmd->add_option("--seed", a->seed, "Seed for initialisation and batches");
-  cmd->add_flag("--checkpoint-loops", a->checkpoint_loops, "Recompute each loop in backward (saves activation memory)");
+  cmd->add_flag("--keep-best", a->keep_best,
+                "Checkpoint at every evaluation that lowers the validation loss and point <out>/best at it "
+                "(needs --val-data and --eval-every N)");
+  cmd->add_flag("--checkpoint-loops{on}", a->checkpoint_loops,
+               "Per-loop activation checkpointing: recompute each loop in backward instead of storing its "
+               "activations. auto (the default) measures a step's memory both ways at the start and stores "
+               "them when that fits the device; --checkpoint-loops alone means on; =off never")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_flag("--pack-documents", a->pack_documents,
                 "Cut each row into its documents at the separator token: no token sees another document "
                 "(attention block-diagonal, recurrent states and convolutions restart, positions from 0)");
@@ -143,7 +152,7 @@ void add_train_command(CLI::App& app) {
   cmd->footer("Log line per step: step, loss, grad norm, lr, ms, tokens/s (and MFU on GPU).\n"
               "TrainConfig fields: model train_data val_data out_dir device dtype seq_len batch_size grad_accum\n"
               "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
-              "eval_batches save_every checkpoint_loops tf32 objective ouro_entropy_beta gate_min_gain init_from\n"
+              "eval_batches save_every keep_best checkpoint_loops tf32 objective ouro_entropy_beta gate_min_gain init_from\n"
               "fused_loss (default true: the chunked head + cross-entropy; false: full logits) loss_chunk_tokens\n"
               "pack_documents document_separator (documents cut at the separator; docs/training.md)\n"
               "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef\n"

@@ -71,6 +71,9 @@ TEST_F(Cli, TrainFlagsAreUsedOrRefused) {
   expect_cli_error({"train", "--config", cfg, "--dist-timeout", "0"}, log(), {"'dist_timeout' must be > 0 seconds, found 0"});
   expect_cli_error({"train", "--config", cfg, "--nproc", "0"}, log(), {"--nproc: must be >= 1, found 0"}, kValidationError);
   expect_cli_error({"train", "--config", cfg, "--steps", "2.5"}, log(), {"--steps", "2.5"}, 104 /* conversion */);
+  // --keep-best selects on the validation loss: without validation data it says so.
+  expect_cli_error({"train", "--config", cfg, "--keep-best", "--eval-every", "1"}, log(),
+                   {"'keep_best'", "needs 'val_data'"});
   // Given values are used, 0 included where 0 means something (--eval-every 0: at the end only).
   const CliRun ok = run_cli({"train", "--config", cfg, "--lr", "0.0125", "--seed", "0", "--eval-every", "0",
                              "--warmup", "0", "--out", path("run")},

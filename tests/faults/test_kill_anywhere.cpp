@@ -1,9 +1,10 @@
-// Kill anywhere: `lt2 train` and `lt2 tasks run` on a tiny model are killed with SIGKILL at seeded
-// random moments (a third of them anywhere, startup included, a third while a checkpoint is being
-// written, a third while it trains) and resumed with --resume each time. After every kill: (a) the
-// newest complete checkpoint loads (weights, optimizer state, trainer state); (c) a temporary file
-// a kill left is gone once the next process has trained a step. Every run that reaches its last
-// step ends with (b) the weights of an uninterrupted run, bit for bit, and no temporary file.
+// Kill anywhere: `lt2 train`, `lt2 tasks run` and `lt2 distill` on a tiny model are killed with
+// SIGKILL at seeded random moments (a third of them anywhere, startup included, a third while a
+// checkpoint is being written, a third while it trains) and resumed with --resume each time. After
+// every kill: (a) the newest complete checkpoint of every run folder loads (weights, optimizer state,
+// trainer state); (c) a temporary file a kill left is gone once the next process has trained a step.
+// Every run that reaches its last step ends with (b) the weights of an uninterrupted run, bit for
+// bit, and no temporary file.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "cli/cli_testing.h"
+#include "common/testing.h"
 #include "lt2/model/checkpoint_io.h"
 #include "lt2/train/trainer.h"
 #include "lt2/util/json.h"
@@ -67,10 +69,14 @@ bool owned_by(const std::string& path, fs::file_time_type mtime, pid_t pid, fs::
   return owner < 0 ? mtime >= spawned : owner == pid;
 }
 
-// Whether process `pid` is writing a checkpoint: a temporary of its own under ckpt-* or for `latest`.
+// Whether process `pid` is writing a checkpoint: a temporary of its own under a ckpt-* folder or
+// for a `latest` file, in any run folder.
 bool writing_checkpoint(const std::string& out_dir, pid_t pid, fs::file_time_type spawned) {
-  for (const auto& [path, mtime] : temporaries(out_dir))
-    if ((path.rfind("ckpt-", 0) == 0 || path.rfind("latest", 0) == 0) && owned_by(path, mtime, pid, spawned)) return true;
+  for (const auto& [path, mtime] : temporaries(out_dir)) {
+    if (!owned_by(path, mtime, pid, spawned)) continue;
+    for (const auto& part : fs::path(path))
+      if (part.string().rfind("ckpt-", 0) == 0 || part.string().rfind("latest", 0) == 0) return true;
+  }
   return false;
 }
 
@@ -93,23 +99,37 @@ std::map<std::string, torch::Tensor> weights_of(const std::string& ckpt) {
   return out;
 }
 
-// (a): every file of the checkpoint `latest` names loads and says its step.
-void expect_latest_loads(const std::string& out_dir, const std::string& context) {
-  const std::string ckpt = latest_checkpoint(out_dir);
-  if (ckpt.empty()) return;
-  try {
-    load_checkpoint(ckpt);
-    load_tensor_map(ckpt + "/optimizer.safetensors");
-    EXPECT_EQ(json_require<int64_t>(load_json_file(ckpt + "/trainer_state.json"), "step", ckpt), latest_step(out_dir))
-        << context;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << context << ": the newest checkpoint '" << ckpt << "' does not load: " << e.what();
+// (a): every file of the checkpoint `latest` names in each run folder loads and says its step.
+void expect_latest_loads(const std::vector<std::string>& run_dirs, const std::string& context) {
+  for (const auto& run_dir : run_dirs) {
+    const std::string ckpt = latest_checkpoint(run_dir);
+    if (ckpt.empty()) continue;
+    try {
+      load_checkpoint(ckpt);
+      load_tensor_map(ckpt + "/optimizer.safetensors");
+      EXPECT_EQ(json_require<int64_t>(load_json_file(ckpt + "/trainer_state.json"), "step", ckpt), latest_step(run_dir))
+          << context;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << context << ": the newest checkpoint '" << ckpt << "' does not load: " << e.what();
+    }
   }
 }
 
-// Kills `lt2 <command> --out OUT` (a command that checkpoints into OUT and continues with --resume)
-// kKills times in `dir` and checks (a), (b) and (c) against an uninterrupted run.
-void kill_anywhere(const std::string& dir, const std::vector<std::string>& command) {
+// Kills `lt2 <command> --out OUT` (a command that checkpoints into its run folders under OUT, in
+// the order given, "" for OUT itself, and continues with --resume) kKills times in `dir` and checks
+// (a), (b) and (c) against an uninterrupted run, whose result is the last run folder's checkpoint.
+void kill_anywhere(const std::string& dir, const std::vector<std::string>& command,
+                   const std::vector<std::string>& run_folders = {""}) {
+  const auto run_dirs = [&](const std::string& out) {
+    std::vector<std::string> dirs;
+    for (const auto& f : run_folders) dirs.push_back(f.empty() ? out : out + "/" + f);
+    return dirs;
+  };
+  const auto has_checkpoint = [&](const std::string& out) {
+    for (const auto& d : run_dirs(out))
+      if (!latest_checkpoint(d).empty()) return true;
+    return false;
+  };
   const std::string program = "lt2 " + command[0] + (command[0] == "tasks" ? " " + command[1] : "");
   const auto start = Clock::now();
   std::vector<std::string> ref_args = command;
@@ -117,8 +137,8 @@ void kill_anywhere(const std::string& dir, const std::vector<std::string>& comma
   const CliRun ref = run_cli(ref_args, dir + "/reference.log");
   ASSERT_EQ(ref.code, 0) << ref.output;
   const double run_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const auto expected = weights_of(latest_checkpoint(dir + "/reference"));
-  const int64_t last_step = latest_step(dir + "/reference");
+  const auto expected = weights_of(latest_checkpoint(run_dirs(dir + "/reference").back()));
+  const int64_t last_step = latest_step(run_dirs(dir + "/reference").back());
 
   const uint64_t seed = kill_seed();
   std::mt19937_64 rng(seed);
@@ -126,8 +146,8 @@ void kill_anywhere(const std::string& dir, const std::vector<std::string>& comma
   std::string out = dir + "/run0";
   // Ends a run that reached its last step: (b) and no temporary file.
   auto check_finished_run = [&](const std::string& context) {
-    EXPECT_EQ(latest_step(out), last_step) << context;
-    const auto got = weights_of(latest_checkpoint(out));
+    EXPECT_EQ(latest_step(run_dirs(out).back()), last_step) << context;
+    const auto got = weights_of(latest_checkpoint(run_dirs(out).back()));
     ASSERT_EQ(got.size(), expected.size());
     for (const auto& [name, t] : expected) EXPECT_TRUE(torch::equal(got.at(name), t)) << context << ": " << name;
     std::string left;
@@ -141,7 +161,7 @@ void kill_anywhere(const std::string& dir, const std::vector<std::string>& comma
   int starts = 0;
   for (; kills < kKills && starts < 3 * kKills; ++starts) {
     const std::string context = "start " + std::to_string(starts) + " (seed " + std::to_string(seed) + ")";
-    const bool resume = !latest_checkpoint(out).empty();
+    const bool resume = has_checkpoint(out);
     std::vector<std::string> argv{kLt2};
     argv.insert(argv.end(), command.begin(), command.end());
     argv.insert(argv.end(), {"--out", out});
@@ -174,15 +194,15 @@ void kill_anywhere(const std::string& dir, const std::vector<std::string>& comma
     ASSERT_TRUE(p.status().signaled()) << context << ": " << program << " " << p.status().describe() << "\n" << read_text(log);
     ++kills;
     in_write += writing_checkpoint(out, p.pid(), spawned);
-    before_first_checkpoint += latest_checkpoint(out).empty();
-    expect_latest_loads(out, context);
+    before_first_checkpoint += !has_checkpoint(out);
+    expect_latest_loads(run_dirs(out), context);
     // (c): once this process trained a step, what earlier kills left is gone.
     if (trained_a_step(log))
       for (const auto& [path, mtime] : temporaries(out))
         EXPECT_TRUE(owned_by(path, mtime, p.pid(), spawned)) << context << ": '" << path << "' was left by an earlier process";
   }
   // The run in progress goes to its end without a kill.
-  const bool resume = !latest_checkpoint(out).empty();
+  const bool resume = has_checkpoint(out);
   std::vector<std::string> args = command;
   args.insert(args.end(), {"--out", out});
   if (resume) args.push_back("--resume");
@@ -228,4 +248,27 @@ TEST(KillAnywhere, TasksRunResumesToTheWeightsOfAnUninterruptedRun) {
   const std::string cfg = dir + "/tasks.json";
   write_file_atomic(cfg, c.to_json().dump(2));
   kill_anywhere(dir, {"tasks", "run", "--config", cfg});
+}
+
+// lt2 distill, every stage, on a tiny Ouro-form teacher: each stage a run folder that checkpoints
+// every step; kills land in alignment, in the selection's probe, in KD and in the long stage, and
+// between them.
+TEST(KillAnywhere, DistillResumesToTheWeightsOfAnUninterruptedRun) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_kill_anywhere_distill").string();
+  remove_tree(dir);
+  make_dirs(dir);
+  const std::string teacher = dir + "/teacher";
+  save_checkpoint(teacher, make_test_model(tiny_config("full", ModelForm::Ouro), 7, torch::kFloat32));
+  const json config = {
+      {"train", {{"train_data", write_pattern_shard(dir + "/data", 3000, 1)}, {"device", "cpu"}, {"batch_size", 2},
+                 {"seq_len", 16}, {"eval_batches", 1}, {"eval_every", 0}, {"save_every", 1}, {"log_every", 1},
+                 {"warmup", 1}}},
+      {"student", {{"mixer", "gdn"}, {"keep_fraction", 0.5}}},
+      {"align", {{"steps", 3}, {"lr", 1e-2}}},
+      {"select", {{"method", "shared"}, {"probe_steps", 2}, {"eval_batches", 1}}},
+      {"kd", {{"steps", 3}, {"lr", 1e-2}, {"other_lr", 1e-3}}},
+      {"long", {{"steps", 3}, {"seq_len", 24}, {"lr", 1e-3}}}};
+  const std::string cfg = dir + "/distill.json";
+  write_file_atomic(cfg, config.dump(2));
+  kill_anywhere(dir, {"distill", "--teacher", teacher, "--config", cfg, "--stage", "all"}, {"align", "kd", "long"});
 }

@@ -202,6 +202,22 @@ TEST(ServePrefixCache, LongestPrefixWinsAndTheLeastRecentlyUsedGoes) {
   EXPECT_FALSE(cache.lookup({9, 9}, 2).has_value());
 }
 
+TEST(ServePrefixCache, SharedLengthIsTheLongestCommonPrefixWithAnyEntry) {
+  Engine::Snapshot s;
+  s.tensors.push_back(torch::zeros({4}));
+  serve::PrefixCache cache(1 << 20, 0, torch::kCPU);
+  EXPECT_EQ(cache.shared_length({1, 2, 3}), 0);
+  s.length = 6;
+  cache.insert({1, 2, 3, 4, 5, 6, 7}, s);  // holds tokens 1..6
+  s.length = 3;
+  cache.insert({1, 2, 9, 9}, s);           // holds 1, 2, 9
+  EXPECT_EQ(cache.shared_length({1, 2, 3, 4, 8}), 4);
+  EXPECT_EQ(cache.shared_length({1, 2, 9, 1}), 3);
+  EXPECT_EQ(cache.shared_length({1, 2, 3, 4, 5, 6, 7, 8}), 6);  // not beyond what an entry holds
+  EXPECT_EQ(cache.shared_length({5}), 0);
+  EXPECT_EQ(cache.stats().hits + cache.stats().misses, 0);     // a read, not a lookup
+}
+
 // ---- the server ----
 // Each server gets its own instance of the model (same seed, same weights): the references below
 // run the engine on another instance, never concurrently with a server's scheduler thread.
@@ -419,6 +435,29 @@ TEST(Serve, PrefixCacheResumesExactly) {
   }
 }
 
+// A prompt that parts from a cached one leaves a snapshot where they part, so the next prompt
+// sharing that prefix resumes at its last shared token, not at the interval before it.
+TEST(Serve, PrefixCacheResumesAtTheBranchPoint) {
+  auto cached_opts = small_server_options();
+  cached_opts.scheduler.cache_device_bytes = 64 << 20;  // interval: the prefill chunk, 8 tokens
+  TestServer cold(hybrid_model(), small_server_options());
+  TestServer warm(hybrid_model(), cached_opts);
+  const std::string shared = "A shared document of 37 bytes, then: ";
+  ASSERT_NE(shared.size() % 8, 0u);
+  std::vector<int64_t> cached;
+  for (const std::string tail : {"alpha", "beta", "gamma", "delta"}) {
+    const auto body = completion(shared + tail, 6);
+    const auto a = post(cold.port, "/v1/completions", body).json_body();
+    const auto b = post(warm.port, "/v1/completions", body).json_body();
+    EXPECT_EQ(ids_of(b["choices"][0]), ids_of(a["choices"][0])) << tail;
+    cached.push_back(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>());
+  }
+  // The first is cold; the second resumes at the last interval inside the shared part and leaves a
+  // snapshot at its end; the later ones resume there.
+  EXPECT_EQ(cached, (std::vector<int64_t>{0, static_cast<int64_t>(shared.size()) / 8 * 8,
+                                          static_cast<int64_t>(shared.size()), static_cast<int64_t>(shared.size())}));
+}
+
 TEST(Serve, EndpointsModelsHealthMetrics) {
   TestServer ts(hybrid_model(), small_server_options());
   const auto h = http(ts.port, "GET", "/health");
@@ -508,8 +547,10 @@ TEST(Serve, ShutdownDrainsRunningRequests) {
 }
 
 TEST(Serve, TheQueueServesInArrivalOrder) {
-  // One slot: requests arriving 15 ms apart while it is busy start (and, with equal lengths,
-  // finish) in the order they came.
+  // One slot: requests arriving one after another while it is busy start (and, with equal
+  // lengths, finish) in the order they came. Each client starts once the server has taken the
+  // previous request in (running, prefilling, queued or answered), so the arrival order is the
+  // launch order however the machine schedules the client threads.
   auto o = small_server_options();
   o.scheduler.max_batch = 1;
   o.scheduler.prefill_rows = 1;
@@ -525,7 +566,13 @@ TEST(Serve, TheQueueServesInArrivalOrder) {
       std::lock_guard<std::mutex> g(mu);
       order.push_back(i);
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    auto taken_in = [&] {
+      double n = std::max(metric(ts.port, "lt2_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"), 0.0);
+      for (const char* m : {"lt2_requests_running", "lt2_requests_prefilling", "lt2_requests_queued"})
+        n += metric(ts.port, m);
+      return n;
+    };
+    for (int k = 0; k < 2000 && taken_in() < i + 1; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (auto& t : threads) t.join();
   std::vector<int> want(kClients);

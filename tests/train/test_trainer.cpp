@@ -1,13 +1,19 @@
-// Trainer: exact resume, learning on a tiny task, schedule, optimizer groups, config errors.
+// Trainer: exact resume, learning on a tiny task, the best-validation checkpoint, schedule,
+// optimizer groups, config errors.
 #include "lt2/util/fs.h"
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include "common/testing.h"
 #include "train/train_testing.h"
+#include "lt2/data/shard.h"
 #include "lt2/model/checkpoint_io.h"
+#include "lt2/train/memory_policy.h"
 #include "lt2/train/optimizer.h"
+#include "lt2/train/run_checkpoint.h"
 #include "lt2/train/trainer.h"
 
 using namespace lt2;
@@ -67,11 +73,151 @@ TEST(Trainer, TinyModelLearns) {
   EXPECT_LT(t.evaluate(), 0.6 * first);
 }
 
+// checkpoint_loops "auto": the choice follows the measured need against the free memory, per-loop
+// recomputation holds less between forward and backward, and the measurement leaves nothing behind
+// (a run that chose equals a run told the same policy, loss for loss).
+TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
+  const StepMemory stored_one{100, 1000}, stored_two{200, 1600}, recomputed_one{30, 700}, recomputed_two{60, 800};
+  auto c = choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000);
+  EXPECT_EQ(c.stored_bytes, 1000 + 3 * 600 + 500);
+  EXPECT_EQ(c.recomputed_bytes, 700 + 3 * 100 + 500);
+  EXPECT_TRUE(c.checkpoint_loops);  // 3300 > 0.9 x 3000
+  EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 4000 * 10)
+                   .checkpoint_loops);
+  EXPECT_FALSE(choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112).checkpoint_loops);
+  EXPECT_NE(c.summary().find("on (auto)"), std::string::npos) << c.summary();
+}
+
+TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradients) {
+  auto mc = lt2::testing::tiny_config();
+  mc.n_loops = 4;
+  torch::manual_seed(3);
+  LoopedLM model(mc);
+  auto tokens = torch::randint(mc.vocab_size, {2, 32}, torch::kLong);
+  auto measure = [&](bool recompute) {
+    return measure_step_memory(*model, [&] {
+      ForwardOptions fo;
+      fo.checkpoint_loops = recompute;
+      return model->forward(tokens, nullptr, fo).logits.square().mean();
+    }, torch::kCPU);
+  };
+  const auto stored = measure(false), recomputed = measure(true);
+  EXPECT_GT(recomputed.held, 0);
+  EXPECT_LT(2 * recomputed.held, stored.held) << "stored " << stored.held << " recomputed " << recomputed.held;
+  EXPECT_GE(stored.peak, stored.held);
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(Trainer, AutoCheckpointingTrainsAsTheChosenPolicy) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_auto_ckpt").string();
+  lt2::remove_tree(dir);
+  auto cfg = tiny_run(dir);
+  cfg.steps = 3;
+  ASSERT_EQ(cfg.checkpoint_loops, LoopCheckpointing::Auto);  // the default
+  Trainer chose(cfg, false);
+  auto a = losses_of(chose);
+  auto told = cfg;
+  told.out_dir = dir + "/told";
+  told.checkpoint_loops = chose.checkpoint_loops() ? LoopCheckpointing::On : LoopCheckpointing::Off;
+  Trainer fixed(told, false);
+  EXPECT_EQ(losses_of(fixed), a);
+  EXPECT_FALSE(chose.checkpoint_loops());  // a tiny model fits any machine
+}
+
 TEST(Trainer, ResumeWithoutCheckpointFails) {
   const std::string dir = (fs::temp_directory_path() / "lt2_trainer_nockpt").string();
   lt2::remove_tree(dir);
   auto cfg = tiny_run(dir);
   EXPECT_THROW(Trainer(cfg, true), Error);
+}
+
+namespace {
+
+// The pattern shard's tokens in another order (step 11 where it steps 7): its loss falls while the model
+// learns which tokens occur, then rises as it learns the pattern's order, so the best validation step
+// comes before the last.
+std::string write_reordered_shard(const std::string& dir) {
+  fs::create_directories(dir);
+  ShardWriter w(dir + "/train.bin", 50);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 2000; ++i) ids.push_back(static_cast<int32_t>((i * 11) % 23));
+  w.write(ids);
+  w.close();
+  return dir + "/train.bin";
+}
+
+// A run of `tiny_run` that evaluates every step on the reordered shard and keeps its best checkpoint.
+TrainConfig keep_best_run(const std::string& dir) {
+  auto c = tiny_run(dir);
+  c.val_data = write_reordered_shard(dir + "/val");
+  c.eval_every = 1;
+  c.keep_best = true;
+  c.steps = 30;
+  return c;
+}
+
+// (step, val_loss) of every evaluation in a run's metrics.jsonl.
+std::vector<std::pair<int64_t, double>> val_losses(const std::string& out_dir) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::istringstream in(read_file(out_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = json::parse(line);
+    if (j.contains("val_loss")) out.emplace_back(j["step"].get<int64_t>(), j["val_loss"].get<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(RunCheckpoint, RotationKeepsTheBest) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_rotation_best").string();
+  lt2::remove_tree(dir);
+  fs::create_directories(dir);
+  auto cfg = lt2::testing::tiny_config();
+  cfg.vocab_size = 50;
+  LoopedLM model(cfg);
+  for (int64_t step = 1; step <= 5; ++step) save_rotating_checkpoint(dir, step, model, {}, 2, /*best=*/step == 2);
+  EXPECT_EQ(read_checkpoint_pointer(dir + "/best"), "ckpt-2");
+  EXPECT_EQ(read_checkpoint_pointer(dir + "/latest"), "ckpt-5");
+  for (int64_t step = 1; step <= 5; ++step)
+    EXPECT_EQ(fs::exists(dir + "/ckpt-" + std::to_string(step)), step == 2 || step >= 4) << "ckpt-" << step;
+  // A newer best frees the old one: the two newest remain.
+  save_rotating_checkpoint(dir, 6, model, {}, 2, /*best=*/true);
+  EXPECT_EQ(read_checkpoint_pointer(dir + "/best"), "ckpt-6");
+  for (int64_t step = 1; step <= 6; ++step)
+    EXPECT_EQ(fs::exists(dir + "/ckpt-" + std::to_string(step)), step >= 5) << "ckpt-" << step;
+}
+
+TEST(Trainer, KeepBestPointsAtTheLowestValidationLoss) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_best").string();
+  lt2::remove_tree(dir);
+  auto cfg = keep_best_run(dir);
+  Trainer(cfg, false).run();
+  const auto evals = val_losses(cfg.out_dir);
+  ASSERT_EQ(evals.size(), 30u);
+  const auto lowest = *std::min_element(evals.begin(), evals.end(),
+                                        [](const auto& a, const auto& b) { return a.second < b.second; });
+  ASSERT_LT(lowest.first, cfg.steps) << "the reordered shard's loss should rise as the pattern is learnt";
+  const std::string best = cfg.out_dir + "/" + read_checkpoint_pointer(cfg.out_dir + "/best");
+  EXPECT_EQ(best, cfg.out_dir + "/ckpt-" + std::to_string(lowest.first));
+  const json state = load_json_file(best + "/trainer_state.json");
+  EXPECT_EQ(state["best_step"], lowest.first);
+  EXPECT_EQ(state["best_val_loss"].get<double>(), lowest.second);
+  EXPECT_EQ(latest_checkpoint(cfg.out_dir), cfg.out_dir + "/ckpt-30");
+
+  // A run stopped (with a checkpoint) after the best step and resumed ends with the same best checkpoint.
+  auto part = cfg;
+  part.out_dir = dir + "/run2";
+  part.save_every = lowest.first + 2;
+  TrainerCallbacks stop;
+  stop.stop_before = [&](int64_t step) { return step == part.save_every; };
+  Trainer(part, false, stop).run();
+  ASSERT_EQ(latest_checkpoint(part.out_dir), part.out_dir + "/ckpt-" + std::to_string(part.save_every));
+  Trainer(part, true).run();
+  EXPECT_EQ(read_checkpoint_pointer(part.out_dir + "/best"), "ckpt-" + std::to_string(lowest.first));
+  const json resumed = load_json_file(latest_checkpoint(part.out_dir) + "/trainer_state.json");
+  EXPECT_EQ(resumed["best_step"], lowest.first);
+  EXPECT_EQ(resumed["best_val_loss"].get<double>(), lowest.second);
 }
 
 TEST(TrainConfig, ErrorsNameTheField) {
@@ -85,6 +231,14 @@ TEST(TrainConfig, ErrorsNameTheField) {
   auto c = TrainConfig::from_json(json::parse(R"({"model": "x", "train_data": "y", "objective": "ouro"})"));
   EXPECT_EQ(c.objective, Objective::Ouro);
   c.device = "tpu";
+  EXPECT_THROW(c.validate(), Error);
+  c.device = "cpu";
+  c.keep_best = true;  // needs val_data and eval_every > 0
+  c.eval_every = 10;
+  EXPECT_THROW(c.validate(), Error);
+  c.val_data = "v";
+  c.validate();
+  c.eval_every = 0;
   EXPECT_THROW(c.validate(), Error);
 }
 

@@ -27,8 +27,9 @@ Tensor alignment_loss(LoopedLMImpl& teacher, LoopedLMImpl& student, const Tensor
 std::vector<double> loop_weights(const ModelConfig& cfg, const std::vector<double>& configured);
 
 // sum_t w_t KL_t, KL_t the mean over tokens of KL(teacher's loop t || student's loop t); loops of
-// weight 0 are not scored. tokens: [B, T] int64.
+// weight 0 are not scored. tokens: [B, T] int64. checkpoint_loops: the student's forward recomputes
+// each loop in backward.
 Tensor kd_loss(LoopedLMImpl& teacher, LoopedLMImpl& student, const Tensor& tokens, const std::vector<double>& weights,
-               const ops::HeadLossOptions& head = {});
+               const ops::HeadLossOptions& head = {}, bool checkpoint_loops = false);
 
 }  // namespace lt2::distill

@@ -24,6 +24,18 @@ bool finished(const TrainConfig& t) {
   return json_require<int64_t>(state, "step", "'" + ckpt + "/trainer_state.json'") >= t.steps;
 }
 
+// Removes the temporary files that processes killed mid-write left in `dir` and in every folder
+// below it (the selection's logs, the stages' starting checkpoints). One process writes a
+// distillation folder at a time, so every such file is stale when a run starts.
+void remove_stale_temporaries_below(const std::string& dir) {
+  std::vector<std::string> dirs{dir};
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_directory(ec)) dirs.push_back(it->path().string());
+  for (const auto& d : dirs) remove_stale_temporaries(d);  // one inside a removed folder is gone: a no-op
+}
+
 std::set<int64_t> kd_keep(const DistillConfig& cfg, const std::string& out) {
   if (cfg.kd_keep) return std::set<int64_t>(cfg.kd_keep->begin(), cfg.kd_keep->end());
   if (path_exists(out + "/select/selection.json")) {
@@ -98,6 +110,7 @@ std::string stage_student(const std::string& out, Stage s) {
 
 std::string run_distill(const DistillRun& run, const std::vector<Stage>& stages) {
   make_dirs(run.out);
+  remove_stale_temporaries_below(run.out);
   write_file_atomic(run.out + "/distill_config.json", run.config.to_json().dump(2) + "\n");
   LoopedLM teacher = load_teacher(run.teacher, run.config.stage_config(Stage::Align, run.out));
   std::string student;

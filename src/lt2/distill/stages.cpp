@@ -44,7 +44,10 @@ StageResult run_align(LoopedLMImpl& teacher, const TrainConfig& cfg, const std::
   TrainerCallbacks cb;
   cb.trainable = [prefixes](const std::string& name) { return has_prefix(name, prefixes); };
   LoopedLMImpl* t = &teacher;
-  cb.loss = [t, layers](LoopedLM& student, const Batch& b) { return alignment_loss(*t, *student, b.inputs, layers); };
+  // Alignment runs single mixers, not loops: nothing to checkpoint.
+  cb.loss = [t, layers](LoopedLM& student, const Batch& b, const ForwardOptions&) {
+    return alignment_loss(*t, *student, b.inputs, layers);
+  };
   Trainer trainer(cfg, resume, cb);
   check_pair(teacher, trainer);
   place_teacher(teacher, trainer);
@@ -64,7 +67,9 @@ StageResult run_kd(LoopedLMImpl& teacher, const TrainConfig& cfg, const std::vec
   };
   LoopedLMImpl* t = &teacher;
   const auto head = head_options(cfg);
-  cb.loss = [t, weights, head](LoopedLM& student, const Batch& b) { return kd_loss(*t, *student, b.inputs, weights, head); };
+  cb.loss = [t, weights, head](LoopedLM& student, const Batch& b, const ForwardOptions& fo) {
+    return kd_loss(*t, *student, b.inputs, weights, head, fo.checkpoint_loops);
+  };
   cb.step_lines = step_lines;
   Trainer trainer(cfg, resume, cb);
   check_pair(teacher, trainer);

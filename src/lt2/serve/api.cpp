@@ -1,5 +1,6 @@
 #include "lt2/serve/api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -18,6 +19,8 @@ json error_body(const std::string& message, const std::string& type, const std::
 }
 
 json ApiError::body() const { return error_body(what(), type, param, code); }
+
+std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 namespace {
 
@@ -239,6 +242,44 @@ ApiRequest parse_request(Endpoint endpoint, const std::string& body) {
   }
   if (r.include_usage && !r.stream) throw bad("stream_options", "'stream_options' is only allowed with 'stream': true");
   return r;
+}
+
+TokenizedRequest tokenize_request(const ApiRequest& a, const Tokenizer& tok, int64_t vocab_size, int64_t max_context) {
+  const bool chat = a.endpoint == Endpoint::Chat;
+  TokenizedRequest t;
+  if (chat) {
+    std::string text;
+    try {
+      text = tok.apply_chat_template(a.messages, /*add_generation_prompt=*/true);
+    } catch (const Error& e) {
+      throw bad("messages", cat("this model has no chat template: ", e.what()));
+    }
+    for (auto id : tok.encode(text)) t.prompt.push_back(id);
+  } else if (a.prompt_ids) {
+    for (auto id : *a.prompt_ids) {
+      if (id >= vocab_size) throw bad("prompt", cat("prompt token ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+      t.prompt.push_back(id);
+    }
+  } else {
+    for (auto id : tok.encode(a.prompt_text)) t.prompt.push_back(id);
+  }
+  const int64_t T = static_cast<int64_t>(t.prompt.size()), C = max_context;
+  if (T == 0) throw bad("prompt", "the prompt is empty");
+  if (T >= C)
+    throw ApiError(400, cat("this model's maximum context length is ", C, " tokens; the prompt has ", T,
+                            " tokens, which leaves no room to generate"),
+                   "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
+  if (a.max_tokens) {
+    if (*a.max_tokens < 1) throw bad("max_tokens", "'max_tokens' must be >= 1");
+    if (*a.max_tokens > C - T)
+      throw ApiError(400, cat("this model's maximum context length is ", C, " tokens; you requested ", T + *a.max_tokens,
+                              " tokens (", T, " in the prompt, ", *a.max_tokens, " to generate)"),
+                     "invalid_request_error", "max_tokens", "context_length_exceeded");
+    t.max_tokens = *a.max_tokens;
+  } else {
+    t.max_tokens = chat ? C - T : std::min<int64_t>(16, C - T);
+  }
+  return t;
 }
 
 }  // namespace lt2::serve

@@ -30,6 +30,9 @@ struct ApiError : std::runtime_error {
 };
 json error_body(const std::string& message, const std::string& type, const std::string& param = "",
                 const std::string& code = "");
+// The text of a JSON answer. Bytes that are not UTF-8 (a client's body quoted in a parse error)
+// become U+FFFD, so an answer always serializes.
+std::string json_text(const json& j);
 
 enum class Endpoint { Completions, Chat };
 
@@ -63,5 +66,18 @@ constexpr size_t kMaxStopBytes = 256;
 // Parses and checks a request body. Throws ApiError (400: malformed JSON, a wrong type, an unknown
 // field, a value out of range, naming the field in `param`).
 ApiRequest parse_request(Endpoint endpoint, const std::string& body);
+
+// A checked request's prompt as token ids, and how many tokens to generate after it.
+struct TokenizedRequest {
+  std::vector<int64_t> prompt;
+  int64_t max_tokens = 0;
+};
+
+// Tokenizes a checked request for a model of `vocab_size` tokens and `max_context` tokens a
+// sequence: the messages through the tokenizer's chat template, the prompt text encoded, or the
+// given ids (each below vocab_size); max_tokens checked against the room the prompt leaves, or
+// OpenAI's default (completions 16, chat the rest of the context). Throws ApiError (400: no chat
+// template, an id outside the vocabulary, an empty prompt, a prompt or max_tokens that does not fit).
+TokenizedRequest tokenize_request(const ApiRequest& a, const Tokenizer& tok, int64_t vocab_size, int64_t max_context);
 
 }  // namespace lt2::serve

@@ -33,6 +33,17 @@ bool PrefixCache::contains(const std::vector<int64_t>& tokens, int64_t length) c
   return false;
 }
 
+int64_t PrefixCache::shared_length(const std::vector<int64_t>& tokens) const {
+  int64_t best = 0;
+  for (const auto& e : entries_) {
+    const auto n = std::min(e.tokens.size(), tokens.size());
+    if (static_cast<int64_t>(n) <= best) continue;
+    best = std::max<int64_t>(best, std::mismatch(e.tokens.begin(), e.tokens.begin() + n, tokens.begin()).first -
+                                       e.tokens.begin());
+  }
+  return best;
+}
+
 std::optional<PrefixCache::Hit> PrefixCache::lookup(const std::vector<int64_t>& tokens, int64_t max_length) {
   if (!enabled()) return std::nullopt;
   const int64_t T = std::min<int64_t>(tokens.size(), max_length);

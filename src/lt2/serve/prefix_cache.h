@@ -3,7 +3,8 @@
 // Engine::snapshot) keyed by the tokens it has consumed. A request whose prompt extends a cached
 // prefix restores the longest one and prefills only the rest. Recurrent states cannot be cut back
 // to a shorter prefix, so a snapshot serves exactly its own length: the scheduler takes them at
-// fixed token intervals of each prompt, at its end, and at the end of each request.
+// fixed token intervals of each prompt, where a prompt parts from a cached sequence (a branch
+// point, as in a radix tree), at its end, and at the end of each request.
 //
 // Entries live on the engine's device under `device_bytes` (LRU); evicted ones move to host memory
 // under `host_bytes` (LRU again) and are copied back on a hit. Used by the scheduler thread only.
@@ -31,6 +32,10 @@ class PrefixCache {
   // when it holds the last token's logits (a repeated prompt needs no prefill at all). A host
   // entry found is moved back to the device first.
   std::optional<Hit> lookup(const std::vector<int64_t>& tokens, int64_t max_length);
+  // The longest prefix `tokens` shares with the tokens of any entry (0 with none): where a prompt
+  // parts from a cached sequence, the point worth a snapshot of its own (the next prompt that
+  // shares it resumes there). Reads only: no hit, no recency.
+  int64_t shared_length(const std::vector<int64_t>& tokens) const;
   // Whether an entry for exactly these tokens exists (then insert only refreshes it).
   bool contains(const std::vector<int64_t>& tokens, int64_t length) const;
   // Stores the snapshot of tokens[0, snap.length) (evicting least recently used entries).

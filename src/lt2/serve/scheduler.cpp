@@ -42,6 +42,7 @@ struct Scheduler::Seq {
   int64_t row = -1;     // staging row while prefilling, decode slot while running
   int64_t filled = 0;   // prompt tokens in the row
   int64_t cached = 0;   // of which restored from the prefix cache
+  int64_t branch = 0;   // where the prompt parts from a cached sequence: a snapshot is taken there
   std::vector<int64_t> generated;
   int64_t next_token = -1;  // fed at the next decode step
   Clock::time_point admitted, first_token, last_token;
@@ -57,7 +58,8 @@ Scheduler::Scheduler(LoopedLM model, const Tokenizer& tokenizer, SchedulerOption
             "serve: --max-batch, --prefill-chunk and --prefill-rows must be >= 1 and --max-context >= 2");
   LT2_CHECK(opts_.step_token_budget > opts_.max_batch, "serve: --step-token-budget (", opts_.step_token_budget,
             ") must exceed --max-batch (", opts_.max_batch, "), so prompts prefill while every slot decodes");
-  LT2_CHECK(opts_.cache_interval >= 1, "serve: --prefix-cache-interval must be >= 1");
+  LT2_CHECK(opts_.cache_interval >= 0, "serve: --prefix-cache-interval must be >= 0");
+  if (opts_.cache_interval == 0) opts_.cache_interval = opts_.prefill_chunk;
   vocab_ = model->config().vocab_size;
   EngineOptions eo;
   eo.max_batch = opts_.max_batch;
@@ -241,6 +243,7 @@ void Scheduler::admit() {
     } else {
       engine_->reset(s.row);
     }
+    if (const int64_t shared = cache_.shared_length(s.req.prompt); shared > s.filled && shared < T) s.branch = shared;
     if (hit && hit->length == T) {  // the whole prompt, with its last logits: no prefill at all
       start_decoding(std::move(sp), hit->logits);
       continue;
@@ -256,16 +259,20 @@ void Scheduler::prefill_work(int64_t budget) {
     const int64_t T = prompt.size();
     Tensor logits;
     while (budget > 0 && s.filled < T) {
-      // Cut at multiples of the prefill chunk (and of the snapshot interval), so a prompt is split
-      // the same way whatever the budget left for it, and snapshots land on their positions.
+      // Cut at multiples of the prefill chunk (and of the snapshot interval, and at the branch
+      // point), so a prompt is split the same way whatever the budget left for it, and snapshots
+      // land on their positions.
       int64_t cut = round_up(s.filled + 1, opts_.prefill_chunk);
-      if (cache_.enabled()) cut = std::min(cut, round_up(s.filled + 1, opts_.cache_interval));
+      if (cache_.enabled()) {
+        cut = std::min(cut, round_up(s.filled + 1, opts_.cache_interval));
+        if (s.branch > s.filled) cut = std::min(cut, s.branch);
+      }
       const int64_t n = std::min({T - s.filled, budget, cut - s.filled});
       auto chunk = torch::from_blob(const_cast<int64_t*>(prompt.data()) + s.filled, {n}, torch::kLong);
       logits = engine_->extend(s.row, chunk);
       s.filled += n;
       budget -= n;
-      if (cache_.enabled() && s.filled < T && s.filled % opts_.cache_interval == 0 &&
+      if (cache_.enabled() && s.filled < T && (s.filled % opts_.cache_interval == 0 || s.filled == s.branch) &&
           !cache_.contains(prompt, s.filled))
         cache_.insert(prompt, engine_->snapshot(s.row));
     }

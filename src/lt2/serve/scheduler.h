@@ -44,7 +44,8 @@ struct SchedulerOptions {
   double timeout_s = 600;         // per request, from arrival; 0 = none
   int64_t cache_device_bytes = 0; // prefix cache on the model's device; 0 = off
   int64_t cache_host_bytes = 0;   // and its spill to host memory
-  int64_t cache_interval = 512;   // snapshot every this many prompt tokens (and at prompt ends)
+  int64_t cache_interval = 0;     // snapshot every this many prompt tokens; 0 = prefill_chunk (also at
+                                  // branch points and prompt ends)
   bool cuda_graphs = true;
   DecodeOptions decode;
   ForwardOptions forward;         // loops, Ouro exits

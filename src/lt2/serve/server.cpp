@@ -16,11 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(dump(body), "application/json");
+  res.set_content(json_text(body), "application/json");
 }
 
 json bytes_json(const std::string& s) {
@@ -90,7 +88,7 @@ json chunk_json(const ResponseInfo& r, const json& choice) {
               {"choices", json::array({choice})}};
 }
 
-std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+std::string sse(const json& j) { return "data: " + json_text(j) + "\n\n"; }
 
 const std::vector<std::string> kEndTokens{"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"};
 
@@ -164,7 +162,7 @@ void Server::routes() {
       case 400: msg = "malformed HTTP request"; break;
       default: msg = cat("HTTP error ", res.status); break;
     }
-    res.set_content(dump(error_body(msg, "invalid_request_error", "", res.status == 404 ? "not_found" : "")),
+    res.set_content(json_text(error_body(msg, "invalid_request_error", "", res.status == 404 ? "not_found" : "")),
                     "application/json");
     if (opts_.log_requests) std::fprintf(stderr, "serve: %s %s -> %d (%s)\n", req.method.c_str(), req.path.c_str(), res.status, msg.c_str());
     metrics_.request_finished(res.status == 404 ? "other" : req.path, res.status);
@@ -234,42 +232,9 @@ void Server::routes() {
                        "invalid_request_error", "model", "model_not_found");
       GenerationRequest g;
       g.id = info.id;
-      const int64_t V = scheduler_->vocab_size();
-      if (endpoint == Endpoint::Chat) {
-        std::string text;
-        try {
-          text = tok_.apply_chat_template(a.messages, /*add_generation_prompt=*/true);
-        } catch (const Error& e) {
-          throw ApiError(400, cat("this model has no chat template: ", e.what()), "invalid_request_error", "messages");
-        }
-        for (auto id : tok_.encode(text)) g.prompt.push_back(id);
-      } else if (a.prompt_ids) {
-        for (auto id : *a.prompt_ids) {
-          if (id >= V) throw ApiError(400, cat("prompt token ", id, " is outside the vocabulary [0, ", V, ")"),
-                                      "invalid_request_error", "prompt");
-          g.prompt.push_back(id);
-        }
-      } else {
-        for (auto id : tok_.encode(a.prompt_text)) g.prompt.push_back(id);
-      }
-      const int64_t T = g.prompt.size(), C = opts_.scheduler.max_context;
-      if (T == 0) throw ApiError(400, "the prompt is empty", "invalid_request_error", "prompt");
-      if (T >= C)
-        throw ApiError(400, cat("this model's maximum context length is ", C, " tokens; the prompt has ", T,
-                                " tokens, which leaves no room to generate"),
-                       "invalid_request_error", endpoint == Endpoint::Chat ? "messages" : "prompt",
-                       "context_length_exceeded");
-      if (a.max_tokens) {
-        if (*a.max_tokens < 1) throw ApiError(400, "'max_tokens' must be >= 1", "invalid_request_error", "max_tokens");
-        if (*a.max_tokens > C - T)
-          throw ApiError(400, cat("this model's maximum context length is ", C, " tokens; you requested ",
-                                  T + *a.max_tokens, " tokens (", T, " in the prompt, ", *a.max_tokens,
-                                  " to generate)"),
-                         "invalid_request_error", "max_tokens", "context_length_exceeded");
-        g.max_tokens = *a.max_tokens;
-      } else {
-        g.max_tokens = endpoint == Endpoint::Chat ? C - T : std::min<int64_t>(16, C - T);
-      }
+      TokenizedRequest t = tokenize_request(a, tok_, scheduler_->vocab_size(), opts_.scheduler.max_context);
+      g.prompt = std::move(t.prompt);
+      g.max_tokens = t.max_tokens;
       g.sampling.temperature = a.temperature;
       g.sampling.top_p = a.top_p;
       g.sampling.top_k = a.top_k;

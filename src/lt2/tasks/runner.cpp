@@ -223,8 +223,7 @@ TrainConfig trainer_config(const TaskRunConfig& c) {
 }
 
 // Logits of the exit the task scores: the last loop's (Ouro form: its exit at loop T).
-torch::Tensor forward_logits(LoopedLM& model, const torch::Tensor& tokens) {
-  ForwardOptions fo;
+torch::Tensor forward_logits(LoopedLM& model, const torch::Tensor& tokens, ForwardOptions fo = {}) {
   fo.exit_at_loop = model->exit_gate ? model->config().n_loops : -1;
   return model->forward(tokens, nullptr, fo).logits;  // [B, L, V]
 }
@@ -262,8 +261,8 @@ TaskRunner::TaskRunner(TaskRunConfig cfg, bool resume, std::FILE* log)
     Example e = make_batch(cfg_.task_params(impl_->curriculum.n()), cfg_.seed, Stream::Train, step * B, B);
     return Batch{e.tokens, e.targets, e.mask};
   };
-  cb.loss = [](LoopedLM& model, const Batch& b) {
-    return masked_cross_entropy(forward_logits(model, b.inputs), b.targets, b.mask);
+  cb.loss = [](LoopedLM& model, const Batch& b, const ForwardOptions& fo) {
+    return masked_cross_entropy(forward_logits(model, b.inputs, fo), b.targets, b.mask);
   };
   // min_ratio 1: constant after the warm-up (so the total step count does not matter).
   cb.lr = [this](int64_t step) { return lr_at(step, step + 1, cfg_.warmup, cfg_.lr, /*min_ratio=*/1.0); };

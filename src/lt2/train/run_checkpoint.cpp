@@ -20,6 +20,13 @@ constexpr char kTemporarySuffix[] = ".tmp";  // a checkpoint folder being writte
 
 }  // namespace
 
+std::string read_checkpoint_pointer(const std::string& path) {
+  if (!path_exists(path)) return "";
+  std::string name = read_file(path);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
 void remove_checkpoint_temporaries(const std::string& out_dir) {
   if (!fs::is_directory(out_dir)) return;
   remove_stale_temporaries(out_dir);
@@ -32,7 +39,7 @@ void remove_checkpoint_temporaries(const std::string& out_dir) {
 }
 
 std::string save_rotating_checkpoint(const std::string& out_dir, int64_t step, const LoopedLM& model,
-                                     const std::vector<FileWriter>& extra, int keep) {
+                                     const std::vector<FileWriter>& extra, int keep, bool best) {
   LT2_CHECK(keep >= 1, "checkpoints to keep must be >= 1, got ", keep);
   const std::string name = kPrefix + std::to_string(step);
   const std::string dir = out_dir + "/" + name, tmp = dir + kTemporarySuffix;
@@ -45,7 +52,10 @@ std::string save_rotating_checkpoint(const std::string& out_dir, int64_t step, c
   }
   remove_tree(dir);  // a folder of this step left by a run interrupted before `latest` moved
   fs::rename(tmp, dir);
+  const std::string best_pointer = out_dir + "/best";
+  if (best) write_file_atomic(best_pointer, name + "\n");
   write_file_atomic(out_dir + "/latest", name + "\n");
+  const std::string best_name = read_checkpoint_pointer(best_pointer);
   std::vector<std::pair<int64_t, std::string>> all;
   for (const auto& e : fs::directory_iterator(out_dir)) {
     const std::string f = e.path().filename().string();
@@ -53,7 +63,8 @@ std::string save_rotating_checkpoint(const std::string& out_dir, int64_t step, c
       all.emplace_back(std::stoll(f.substr(sizeof(kPrefix) - 1)), e.path().string());
   }
   std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + keep < all.size(); ++i) remove_tree(all[i].second);
+  for (size_t i = 0; i + keep < all.size(); ++i)
+    if (fs::path(all[i].second).filename() != best_name) remove_tree(all[i].second);
   return dir;
 }
 

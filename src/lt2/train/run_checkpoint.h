@@ -1,5 +1,6 @@
-// Rotating checkpoint folders of a run: <out_dir>/ckpt-<step>/ and <out_dir>/latest naming the
-// newest complete one (read it back with latest_checkpoint() in train/trainer.h).
+// Rotating checkpoint folders of a run: <out_dir>/ckpt-<step>/, <out_dir>/latest naming the
+// newest complete one (read it back with latest_checkpoint() in train/trainer.h) and, in runs that
+// keep their best checkpoint, <out_dir>/best naming that one.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,11 +12,16 @@
 namespace lt2 {
 
 // Writes ckpt-<step>/ (config.json, model.safetensors and `extra`) into a temporary folder,
-// renames it into place, then points `latest` at it (atomically) and removes all but the `keep`
-// newest ckpt-* folders. An interruption at any point leaves `latest` naming a complete folder; a
-// failed write (disk full) throws and leaves the run folder as it was. Returns the folder's path.
+// renames it into place, then points `best` (with `best` set) and `latest` at it (atomically, in
+// that order) and removes all ckpt-* folders but the `keep` newest and the one `best` names. An
+// interruption at any point leaves `latest` naming a complete folder, and `best` too (but while a
+// resumed run rewrites the folder it names, with the same contents); a failed write (disk full)
+// throws and leaves the run folder as it was. Returns the folder's path.
 std::string save_rotating_checkpoint(const std::string& out_dir, int64_t step, const LoopedLM& model,
-                                     const std::vector<FileWriter>& extra, int keep);
+                                     const std::vector<FileWriter>& extra, int keep, bool best = false);
+
+// The folder name a pointer file (`latest`, `best`) holds, or "" when there is no such file.
+std::string read_checkpoint_pointer(const std::string& path);
 
 // Removes what a run killed mid-save leaves in `out_dir`: ckpt-<step>.tmp folders and temporary
 // files (util/fs.h). For the one process that writes the run folder, before it starts.

@@ -4,6 +4,15 @@
 
 namespace lt2 {
 
+std::string to_string(LoopCheckpointing c) {
+  switch (c) {
+    case LoopCheckpointing::Off: return "off";
+    case LoopCheckpointing::On: return "on";
+    case LoopCheckpointing::Auto: return "auto";
+  }
+  return "?";
+}
+
 std::string to_string(Objective o) {
   switch (o) {
     case Objective::CE: return "ce";
@@ -28,6 +37,9 @@ void TrainConfig::validate(bool needs_train_data) const {
   LT2_CHECK(warmup >= 0, w, ": 'warmup' must be >= 0, found ", warmup);
   for (const auto& [field, v] : {std::pair{"eval_every", eval_every}, {"save_every", save_every}})
     LT2_CHECK(v >= 0, w, ": '", field, "' must be >= 0 (0: at the end only), found ", v);
+  LT2_CHECK(!keep_best || (eval_every > 0 && !val_data.empty()), w,
+            ": 'keep_best' picks the checkpoint of lowest held-out loss, so it needs 'val_data' and 'eval_every' > 0 "
+            "(found val_data '", val_data, "', eval_every ", eval_every, ")");
   LT2_CHECK(lr > 0, w, ": 'lr' must be > 0, found ", lr);
   LT2_CHECK(min_lr_ratio >= 0 && min_lr_ratio <= 1, w, ": 'min_lr_ratio' must be in [0, 1], found ", min_lr_ratio);
   LT2_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, w, ": betas must be in [0, 1), found ", beta1, " and ",
@@ -52,7 +64,8 @@ json TrainConfig::to_json() const {
               {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
               {"clip", clip}, {"seed", seed}, {"log_every", log_every},
               {"eval_every", eval_every}, {"eval_batches", eval_batches},
-              {"save_every", save_every}, {"checkpoint_loops", checkpoint_loops}, {"tf32", tf32},
+              {"save_every", save_every}, {"keep_best", keep_best},
+              {"checkpoint_loops", to_string(checkpoint_loops)}, {"tf32", tf32},
               {"fused_loss", fused_loss}, {"loss_chunk_tokens", loss_chunk_tokens},
               {"pack_documents", pack_documents}, {"document_separator", document_separator},
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
@@ -88,7 +101,18 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   json_get(j, "eval_every", c.eval_every, where);
   json_get(j, "eval_batches", c.eval_batches, where);
   json_get(j, "save_every", c.save_every, where);
-  json_get(j, "checkpoint_loops", c.checkpoint_loops, where);
+  json_get(j, "keep_best", c.keep_best, where);
+  if (auto it = j.find("checkpoint_loops"); it != j.end()) {  // a boolean (older configs) or a policy name
+    if (it->is_boolean()) {
+      c.checkpoint_loops = it->get<bool>() ? LoopCheckpointing::On : LoopCheckpointing::Off;
+    } else {
+      const std::string s = it->is_string() ? it->get<std::string>() : it->dump();
+      if (s == "off") c.checkpoint_loops = LoopCheckpointing::Off;
+      else if (s == "on") c.checkpoint_loops = LoopCheckpointing::On;
+      else if (s == "auto") c.checkpoint_loops = LoopCheckpointing::Auto;
+      else throw Error(cat(where, ": 'checkpoint_loops' must be auto, on, off, true or false, found ", it->dump()));
+    }
+  }
   json_get(j, "tf32", c.tf32, where);
   json_get(j, "fused_loss", c.fused_loss, where);
   json_get(j, "loss_chunk_tokens", c.loss_chunk_tokens, where);

@@ -13,6 +13,10 @@ namespace lt2 {
 //   ouro_gate: only the exit gate trains, toward continuing while a loop still lowers the loss
 //              by more than `gate_min_gain` (Ouro stage 2)
 enum class Objective { CE, Ouro, OuroGate };
+// Per-loop activation checkpointing (ForwardOptions::checkpoint_loops): off, on, or chosen from a
+// step's measured memory (train/memory_policy.h).
+enum class LoopCheckpointing { Off, On, Auto };
+std::string to_string(LoopCheckpointing c);
 
 struct TrainConfig {
   std::string model;            // path of a model config JSON, or a preset name in configs/
@@ -37,7 +41,10 @@ struct TrainConfig {
   int64_t eval_every = 200;     // 0 = only at the end
   int64_t eval_batches = 8;
   int64_t save_every = 0;       // 0 = only at the end
-  bool checkpoint_loops = false;  // activation checkpointing per loop
+  // Checkpoint at every evaluation that lowers the held-out loss (val_data, every eval_every steps)
+  // and point `best` at it; rotation never removes that folder (trainer.h: run folder layout).
+  bool keep_best = false;
+  LoopCheckpointing checkpoint_loops = LoopCheckpointing::Auto;  // JSON: "auto", "on"/true, "off"/false
   bool tf32 = true;  // with bf16 autocast: fp32 matmuls (the recurrences' chunk math) on TF32 tensor cores
   // The cross-entropy objective through the fused, chunked head + loss (ops/loss/lm_head_loss.h:
   // no [tokens x vocab] logits); false: the reference, the model's logits then cross_entropy.

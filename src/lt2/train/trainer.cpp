@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "lt2/train/flops.h"
 #include "lt2/train/aux_loss.h"
 #include "lt2/train/losses.h"
+#include "lt2/train/memory_policy.h"
 #include "lt2/train/optimizer.h"
 #include "lt2/train/run_checkpoint.h"
 #include "lt2/tokenizer/tokenizer.h"
@@ -95,6 +97,11 @@ struct Trainer::Impl {
   std::unique_ptr<GradientBuckets> grads;
   std::vector<int64_t> micros;
   bool main = true;  // rank 0: logs and writes the run folder
+  bool checkpoint_loops = false;  // cfg.checkpoint_loops resolved
+  bool checkpointing_chosen = false;
+  // TrainConfig::keep_best: the lowest held-out loss so far and its step (0: no evaluation yet).
+  double best_val = std::numeric_limits<double>::infinity();
+  int64_t best_step = 0;
 };
 
 namespace {
@@ -116,6 +123,7 @@ int Trainer::rank() const { return impl_->group ? impl_->group->rank() : 0; }
 torch::Device Trainer::device() const { return impl_->device; }
 bool Trainer::autocast() const { return impl_->autocast; }
 int Trainer::world_size() const { return impl_->group ? impl_->group->world_size() : 1; }
+bool Trainer::checkpoint_loops() const { return impl_->checkpoint_loops; }
 
 torch::Device training_device(const TrainConfig& cfg) {
   const bool cuda = cfg.device == "cuda" || (cfg.device == "auto" && torch::cuda::is_available());
@@ -126,9 +134,8 @@ bool training_autocast(const TrainConfig& cfg, torch::Device device) { return de
 
 std::string latest_checkpoint(const std::string& out_dir) {
   const std::string pointer = out_dir + "/latest";
-  if (!path_exists(pointer)) return "";
-  std::string name = read_file(pointer);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const std::string name = read_checkpoint_pointer(pointer);
+  if (name.empty()) return "";
   const std::string dir = out_dir + "/" + name;
   LT2_CHECK(path_exists(dir + "/trainer_state.json"), "'", pointer, "' names '", name,
             "', which is not a complete checkpoint folder");
@@ -159,6 +166,8 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
             "dtype 'bf16' (autocast) needs a CUDA device; use fp32 on the CPU");
   I.autocast = training_autocast(cfg_, I.device);
   if (I.autocast) I.tf32.emplace(cfg_.tf32);
+  I.checkpoint_loops = cfg_.checkpoint_loops == LoopCheckpointing::On;
+  I.checkpointing_chosen = cfg_.checkpoint_loops != LoopCheckpointing::Auto;
 
   std::shared_ptr<const ShardReader> train_shard;
   if (!cb_.batch) train_shard = std::make_shared<const ShardReader>(cfg_.train_data);
@@ -168,6 +177,10 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     LT2_CHECK(!ckpt.empty(), "--resume: no checkpoint in '", cfg_.out_dir, "' (no 'latest' file)");
     auto state = load_json_file(ckpt + "/trainer_state.json");
     start_step_ = json_require<int64_t>(state, "step", "'" + ckpt + "/trainer_state.json'");
+    if (state.contains("best_step")) {
+      I.best_step = state["best_step"].get<int64_t>();
+      I.best_val = state["best_val_loss"].get<double>();
+    }
     if (cb_.load_state) cb_.load_state(state);
     model_ = load_checkpoint(ckpt);
   } else if (!cfg_.init_from.empty()) {  // a later stage starting from an earlier stage's weights
@@ -203,6 +216,14 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
               "that has an auxiliary loss");
     freeze_except_aux_parameters(*model_);
   }
+  // Auxiliary losses are recorded in forward, which per-loop recomputation runs without gradients.
+  if (stage != AuxLossStage::Off) {
+    LT2_CHECK(cfg_.checkpoint_loops != LoopCheckpointing::On, "checkpoint_loops 'on' cannot train indexer_stage '",
+              cfg_.indexer_stage, "': the auxiliary losses are recorded in forward, which per-loop "
+              "recomputation runs without gradients (use 'off' or 'auto')");
+    I.checkpoint_loops = false;
+    I.checkpointing_chosen = true;
+  }
   LT2_CHECK(cfg_.objective == Objective::CE || model_->exit_gate,
             "objective '", to_string(cfg_.objective), "' needs an Ouro-form model with an exit gate");
   std::vector<std::pair<std::string, torch::Tensor>> named;
@@ -231,7 +252,6 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
   }
 
   if (cfg_.pack_documents) {
-    LT2_CHECK(!cb_.loss, "pack_documents: a client's own loss runs the model itself; pack its documents there");
     I.separator = resolve_document_separator(cfg_);
     LT2_CHECK(I.separator < mcfg.vocab_size, "pack_documents: separator token ", I.separator,
               " is outside the model's vocabulary of ", mcfg.vocab_size);
@@ -288,10 +308,14 @@ double Trainer::evaluate() {
   return total / static_cast<double>(cfg_.eval_batches);
 }
 
-std::string Trainer::save(int64_t step) {
+std::string Trainer::save(int64_t step, bool best) {
   auto& I = *impl_;
   if (!I.main) return "";
   json state{{"step", step}, {"seed", cfg_.seed}, {"world_size", world_size()}, {"train_config", cfg_.to_json()}};
+  if (I.best_step > 0) {
+    state["best_step"] = I.best_step;
+    state["best_val_loss"] = I.best_val;
+  }
   if (cb_.save_state) {
     const json extra_state = cb_.save_state();  // held: items() refers into it
     for (const auto& [key, value] : extra_state.items()) state[key] = value;
@@ -299,11 +323,87 @@ std::string Trainer::save(int64_t step) {
   std::vector<FileWriter> extra{safetensors_writer("optimizer.safetensors", I.opt->state_dict()),
                                 text_writer("trainer_state.json", state.dump(2) + "\n")};
   if (!I.tokenizer_path.empty()) extra.push_back(text_writer("tokenizer.json", read_file(I.tokenizer_path)));
-  return save_rotating_checkpoint(cfg_.out_dir, step, model_, extra, cb_.keep_checkpoints);
+  return save_rotating_checkpoint(cfg_.out_dir, step, model_, extra, cb_.keep_checkpoints, best);
+}
+
+Batch Trainer::micro_batch(int64_t step, int64_t micro) {
+  auto& I = *impl_;
+  Batch b;
+  if (cb_.batch) {
+    b = cb_.batch(step, micro);
+  } else {
+    std::tie(b.inputs, b.targets) = I.train->sample(step, micro, cfg_.batch_size);
+  }
+  b.documents = I.documents(b.inputs);
+  b.inputs = b.inputs.to(I.device, /*non_blocking=*/true);
+  b.targets = b.targets.to(I.device, true);
+  if (b.mask.defined()) b.mask = b.mask.to(I.device, true);
+  return b;
+}
+
+torch::Tensor Trainer::micro_loss(const Batch& b, bool checkpoint_loops) {
+  AutocastScope ac(impl_->autocast);
+  ForwardOptions fo;
+  fo.checkpoint_loops = checkpoint_loops;
+  fo.documents = b.documents;
+  if (cb_.loss) return cb_.loss(model_, b, fo);
+  torch::Tensor loss;
+  if (cfg_.objective == Objective::CE) {
+    loss = lm_cross_entropy(*model_, b.inputs, b.targets, fo, loss_options(cfg_));
+  } else {
+    fo.loop_logits = true;
+    const auto out = model_->forward(b.inputs, nullptr, fo);
+    loss = cfg_.objective == Objective::Ouro ? ouro_loss(out, b.targets, cfg_.ouro_entropy_beta)
+                                             : ouro_gate_loss(out, b.targets, cfg_.gate_min_gain);
+  }
+  // Auxiliary losses of the mixers: the warm-up trains on them alone; the joint stage adds them.
+  if (auto aux = aux_loss(*model_); aux.defined())
+    loss = parse_aux_loss_stage(cfg_.indexer_stage) == AuxLossStage::Warmup ? aux : loss + cfg_.indexer_loss_coef * aux;
+  return loss;
+}
+
+void Trainer::choose_checkpointing() {
+  auto& I = *impl_;
+  // Free memory before the measurements (they leave their blocks in the allocator's cache).
+  const int64_t available = available_memory(I.device);
+  const Batch full = micro_batch(start_step_, I.micros.front());
+  const int64_t rows = full.inputs.size(0);
+  auto measure = [&](bool recompute, int64_t n) {
+    Batch b{full.inputs.narrow(0, 0, n), full.targets.narrow(0, 0, n),
+            full.mask.defined() ? full.mask.narrow(0, 0, n) : torch::Tensor(), I.documents(full.inputs.narrow(0, 0, n).cpu())};
+    torch::manual_seed(micro_seed(cfg_.seed, start_step_, I.micros.front()));
+    return measure_step_memory(*model_, [&] { return micro_loss(b, recompute); }, I.device);
+  };
+  const StepMemory recomputed_one = measure(true, 1), recomputed_two = rows > 1 ? measure(true, 2) : recomputed_one;
+  // Storing needs more; a measurement that runs out of memory decides it.
+  StepMemory stored_one, stored_two;
+  try {
+    stored_one = measure(false, 1);
+    stored_two = rows > 1 ? measure(false, 2) : stored_one;
+  } catch (const c10::OutOfMemoryError&) {
+    for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
+    stored_one.peak = stored_two.peak = std::numeric_limits<int64_t>::max() / (2 * rows);
+  }
+  int64_t optimizer_bytes = 0;  // AdamW's two moments, fp32, of every trained parameter
+  for (const auto& p : I.params) optimizer_bytes += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
+  auto choice = lt2::choose_checkpointing(rows, stored_one, stored_two, recomputed_one, recomputed_two, optimizer_bytes,
+                                          available);
+  if (I.group) {  // one decision for the job: recompute when any rank must
+    auto votes = torch::tensor(choice.checkpoint_loops ? 1.0 : 0.0, torch::kFloat64).to(I.device);
+    I.group->all_reduce_sum(votes, "per-loop checkpointing decision");
+    choice.checkpoint_loops = votes.item<double>() > 0;
+  }
+  I.checkpoint_loops = choice.checkpoint_loops;
+  I.checkpointing_chosen = true;
+  if (I.main && cb_.step_lines) {
+    std::printf("%s\n", choice.summary().c_str());
+    std::fflush(stdout);
+  }
 }
 
 StepMetrics Trainer::run() {
   auto& I = *impl_;
+  if (!I.checkpointing_chosen && start_step_ < cfg_.steps) choose_checkpointing();
   const int64_t tokens_per_step = cfg_.batch_size * cfg_.grad_accum * cfg_.seq_len;
   StepMetrics m;
   model_->train();
@@ -315,40 +415,7 @@ StepMetrics Trainer::run() {
     for (size_t k = 0; k < I.micros.size(); ++k) {
       const int64_t micro = I.micros[k];
       torch::manual_seed(micro_seed(cfg_.seed, step, micro));
-      Batch b;
-      if (cb_.batch) {
-        b = cb_.batch(step, micro);
-      } else {
-        std::tie(b.inputs, b.targets) = I.train->sample(step, micro, cfg_.batch_size);
-      }
-      const auto documents = I.documents(b.inputs);
-      b.inputs = b.inputs.to(I.device, /*non_blocking=*/true);
-      b.targets = b.targets.to(I.device, true);
-      if (b.mask.defined()) b.mask = b.mask.to(I.device, true);
-      const auto& x = b.inputs;
-      const auto& y = b.targets;
-      torch::Tensor loss;
-      if (cb_.loss) {
-        AutocastScope ac(I.autocast);
-        loss = cb_.loss(model_, b);
-      } else {
-        AutocastScope ac(I.autocast);
-        ForwardOptions fo;
-        fo.checkpoint_loops = cfg_.checkpoint_loops;
-        fo.documents = documents;
-        if (cfg_.objective == Objective::CE) {
-          loss = lm_cross_entropy(*model_, x, y, fo, loss_options(cfg_));
-        } else {
-          fo.loop_logits = true;
-          const auto out = model_->forward(x, nullptr, fo);
-          loss = cfg_.objective == Objective::Ouro ? ouro_loss(out, y, cfg_.ouro_entropy_beta)
-                                                   : ouro_gate_loss(out, y, cfg_.gate_min_gain);
-        }
-        // Auxiliary losses of the mixers: the warm-up trains on them alone; the joint stage adds them.
-        if (auto aux = aux_loss(*model_); aux.defined())
-          loss = parse_aux_loss_stage(cfg_.indexer_stage) == AuxLossStage::Warmup ? aux
-                                                                                  : loss + cfg_.indexer_loss_coef * aux;
-      }
+      const auto loss = micro_loss(micro_batch(step, micro), I.checkpoint_loops);
       // The last local backward reduces the gradients as they become final.
       if (I.grads && k + 1 == I.micros.size()) I.grads->begin_last_backward();
       (loss / static_cast<double>(cfg_.grad_accum)).backward();
@@ -390,18 +457,27 @@ StepMetrics Trainer::run() {
     if (on_step) on_step(m);
     if (cb_.after_step) cb_.after_step(m);
     const bool last = m.step == cfg_.steps;
+    bool best = false;  // this step's evaluation is the lowest so far (keep_best)
     if (last || (cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0)) {
       double val = evaluate();
+      best = cfg_.keep_best && val < I.best_val;
+      if (best) {
+        I.best_val = val;
+        I.best_step = m.step;
+      }
       if (I.main) {
-        if (I.metrics.is_open()) I.metrics << json{{"step", m.step}, {"val_loss", val}}.dump() << "\n";
+        json line{{"step", m.step}, {"val_loss", val}};
+        if (cfg_.keep_best) line["best"] = best;
+        if (I.metrics.is_open()) I.metrics << line.dump() << "\n";
         if (I.tty) std::fprintf(stderr, "\r\033[K");
-        std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f\n", static_cast<long long>(m.step), val, std::exp(val));
+        std::printf("eval  step %6lld | val_loss %.4f | val_ppl %.2f%s\n", static_cast<long long>(m.step), val,
+                    std::exp(val), best ? " | best" : "");
         std::fflush(stdout);
       }
     }
     if (I.main && I.metrics.is_open()) I.metrics.flush();
-    if (I.main && (last || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0))) {
-      auto dir = save(m.step);
+    if (I.main && (last || best || (cfg_.save_every > 0 && m.step % cfg_.save_every == 0))) {
+      auto dir = save(m.step, best);
       if (I.tty) std::fprintf(stderr, "\r\033[K");
       std::printf("saved %s\n", dir.c_str());
     }

@@ -20,6 +20,8 @@
 //   ckpt-<step>/               config.json, model.safetensors, optimizer.safetensors,
 //                              trainer_state.json (+ tokenizer.json when the data has one)
 //   latest                     name of the newest complete checkpoint folder
+//   best                       with keep_best: name of the checkpoint of lowest held-out loss
+//                              (trainer_state.json: best_step, best_val_loss), kept by rotation
 #pragma once
 #include <functional>
 #include <memory>
@@ -36,9 +38,11 @@ struct StepMetrics {
 };
 
 // One micro-batch, on the CPU (the trainer moves it): inputs and targets [B, T] int64; mask [B, T]
-// marks the positions a custom loss scores (undefined when every position counts).
+// marks the positions a custom loss scores (undefined when every position counts). documents: the
+// inputs' packed documents (TrainConfig::pack_documents; the trainer sets them), or null.
 struct Batch {
   torch::Tensor inputs, targets, mask;
+  std::shared_ptr<const PackedDocuments> documents;
 };
 
 // What a client plugs into the loop; every member is optional (unset: the `lt2 train` behaviour).
@@ -50,9 +54,10 @@ struct TrainerCallbacks {
   // (a curriculum stage), never of what ran before, so resume stays exact. Default: the training
   // shard (cfg.train_data, then not required).
   std::function<Batch(int64_t step, int64_t micro)> batch;
-  // The loss of one micro-batch, under autocast. Default: cfg.objective on every position (plus
+  // The loss of one micro-batch, under autocast; `fo` carries what the trainer decided for every
+  // forward that trains (per-loop checkpointing, the batch's packed documents). Default: cfg.objective on every position (plus
   // the DSA indexer loss of cfg.indexer_stage).
-  std::function<torch::Tensor(LoopedLM& model, const Batch& batch)> loss;
+  std::function<torch::Tensor(LoopedLM& model, const Batch& batch, const ForwardOptions& fo)> loss;
   // Which parameters train, by name (the others are frozen); applied after the model is built or
   // loaded, resumes included. Default: all of them (as the objective allows).
   std::function<bool(const std::string& name)> trainable;
@@ -85,15 +90,18 @@ class Trainer {
   // Mean loss over cfg.eval_batches held-out batches (train shard when no val shard). In a
   // data-parallel job every rank evaluates its share and every rank must call it.
   double evaluate();
-  // Writes ckpt-<step> and points `latest` at it; keeps the two newest checkpoints. Only rank 0
-  // writes (the others return "").
-  std::string save(int64_t step);
+  // Writes ckpt-<step> and points `latest` (and with `best`, `best`) at it; keeps the two newest
+  // checkpoints and the best one. Only rank 0 writes (the others return "").
+  std::string save(int64_t step, bool best = false);
 
   LoopedLM& model() { return model_; }
   const TrainConfig& config() const { return cfg_; }
   torch::Device device() const;
   bool autocast() const;  // bf16 autocast in forward (CUDA, dtype auto or bf16)
   int64_t start_step() const { return start_step_; }
+  // Whether forwards recompute each loop in backward: cfg.checkpoint_loops, with "auto" resolved
+  // at the start of run() (train/memory_policy.h; every rank takes the same decision).
+  bool checkpoint_loops() const;
   // This process's rank and the number of ranks (0 and 1 outside a data-parallel job).
   int rank() const;
   int world_size() const;
@@ -102,6 +110,12 @@ class Trainer {
 
  private:
   struct Impl;
+  // Micro-batch `micro` of step `step` on the training device.
+  Batch micro_batch(int64_t step, int64_t micro);
+  // The loss of one micro-batch (callbacks.loss or the objective), under autocast.
+  torch::Tensor micro_loss(const Batch& b, bool checkpoint_loops);
+  // Resolves checkpoint_loops "auto" from measured memory and logs the decision.
+  void choose_checkpointing();
   TrainConfig cfg_;
   TrainerCallbacks cb_;
   LoopedLM model_{nullptr};
