@@ -21,7 +21,8 @@ struct TrainArgs {
   std::optional<int64_t> steps, seq_len, batch_size, grad_accum, warmup, eval_every, save_every, log_every, seed;
   std::optional<double> lr, dist_timeout;
   std::optional<std::string> checkpoint_loops;
-  bool keep_best = false;
+  bool keep_best = false, pack_documents = false;
+  std::optional<int64_t> document_separator;
   int nproc = 0;
 };
 
@@ -71,6 +72,8 @@ void run_train(const TrainArgs& a) {
   flags.set("dist_timeout", a.dist_timeout);
   flags.set("checkpoint_loops", a.checkpoint_loops);
   if (a.keep_best) j["keep_best"] = true;
+  if (a.pack_documents) j["pack_documents"] = true;
+  flags.set("document_separator", a.document_separator);
   for (const auto& kv : a.sets) {  // --set key=value, value parsed as JSON when it parses
     auto eq = kv.find('=');
     LT2_CHECK(eq != std::string::npos && eq > 0, "--set expects key=value, found '", kv, "'");
@@ -130,6 +133,12 @@ void add_train_command(CLI::App& app) {
                "activations. auto (the default) measures a step's memory both ways at the start and stores "
                "them when that fits the device; --checkpoint-loops alone means on; =off never")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_flag("--pack-documents", a->pack_documents,
+                "Cut each row into its documents at the separator token: no token sees another document "
+                "(attention block-diagonal, recurrent states and convolutions restart, positions from 0)");
+  cmd->add_option("--document-separator", a->document_separator,
+                  "Separator token id for --pack-documents (default: the one the shard was prepared with, "
+                  "from summary.json and tokenizer.json beside it)");
   cmd->add_option("--set", a->sets, "Override any TrainConfig field: --set key=value (repeatable; value is JSON)");
   cmd->add_flag("--resume", a->resume, "Continue exactly from the run folder's latest checkpoint");
   cmd->add_flag("--json", a->json_out, "Print the final step's metrics as JSON");
@@ -145,6 +154,7 @@ void add_train_command(CLI::App& app) {
               "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
               "eval_batches save_every keep_best checkpoint_loops tf32 objective ouro_entropy_beta gate_min_gain init_from\n"
               "fused_loss (default true: the chunked head + cross-entropy; false: full logits) loss_chunk_tokens\n"
+              "pack_documents document_separator (documents cut at the separator; docs/training.md)\n"
               "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef\n"
               "dist_timeout dist_bucket_mb (gradient all-reduce bucket, MiB)\n\n"
               "Data-parallel training: `--nproc N` starts N local ranks itself; or run under torchrun\n"

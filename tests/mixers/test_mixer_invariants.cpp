@@ -12,7 +12,10 @@
 //     forward, and a split prefill gives the whole one's;
 //   - engine invariant: mixed-length batches in the Engine decode like each sequence alone
 //     (mixers with per-sequence positions);
-//   - the memory plan counts exactly the state and weight bytes the model allocates.
+//   - the memory plan counts exactly the state and weight bytes the model allocates;
+//   - packed documents (Positions::documents): a packed row's outputs and gradients (input and
+//     every parameter) equal each document run alone, through the mixer's own path or the
+//     per-document fallback (mixers/documents.h), and through a tiny LoopedLM of that mixer.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -21,6 +24,7 @@
 #include "common/engine_testing.h"
 #include "common/testing.h"
 #include "lt2/infer/memory_plan.h"
+#include "lt2/mixers/documents.h"
 #include "lt2/mixers/registry.h"
 #include "mixers/mixer_testing.h"
 #include "ops/numeric_check.h"
@@ -191,6 +195,107 @@ TEST_P(MixerInvariants, MemoryPlanCountsWhatIsAllocated) {
     for (const auto& p : m->parameters()) weights += p.nbytes();
     EXPECT_EQ(plan.weight_bytes, weights);
     EXPECT_GT(plan.workspace_bytes, 0);
+  }
+}
+
+// Two rows of documents of lengths 1, chunk - 1, chunk, chunk + 1 and several chunks (the tiny
+// chunk is 4), in two orders.
+std::shared_ptr<const PackedDocuments> packed_rows() {
+  return std::make_shared<PackedDocuments>(std::vector<std::vector<int64_t>>{{0, 1, 4, 8, 13}, {0, 9, 14, 18, 21}}, 22);
+}
+
+// Document d of row b of x [B, T, ...].
+torch::Tensor document(const torch::Tensor& x, const PackedDocuments& docs, int64_t b, size_t d) {
+  const auto& s = docs.starts[b];
+  const int64_t end = d + 1 < s.size() ? s[d + 1] : docs.T;
+  return x.narrow(0, b, 1).narrow(1, s[d], end - s[d]);
+}
+
+// Every document of `docs` through `alone`, put back in place: [B, T, ...].
+torch::Tensor each_alone(const PackedDocuments& docs, const torch::Tensor& x,
+                         const std::function<torch::Tensor(const torch::Tensor&)>& alone) {
+  std::vector<torch::Tensor> rows;
+  for (int64_t b = 0; b < docs.rows(); ++b) {
+    std::vector<torch::Tensor> parts;
+    for (size_t d = 0; d < docs.starts[b].size(); ++d) parts.push_back(alone(document(x, docs, b, d)));
+    rows.push_back(torch::cat(parts, 1));
+  }
+  return torch::cat(rows, 0);
+}
+
+// Gradients of `loss` with respect to `leaves`, fresh.
+std::vector<torch::Tensor> grads_of(const torch::Tensor& loss, const std::vector<torch::Tensor>& leaves) {
+  return torch::autograd::grad({loss}, leaves, {}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+}
+
+void expect_grads_equal(const std::vector<torch::Tensor>& packed, const std::vector<torch::Tensor>& alone,
+                        const std::vector<std::string>& names) {
+  ASSERT_EQ(packed.size(), alone.size());
+  for (size_t i = 0; i < packed.size(); ++i) {
+    ASSERT_EQ(packed[i].defined(), alone[i].defined()) << names[i];
+    if (packed[i].defined()) EXPECT_LT(rel_err(packed[i], alone[i]), 1e-10) << names[i];
+  }
+}
+
+TEST_P(MixerInvariants, PackedDocumentsEqualEachDocumentAlone) {
+  auto m = make_f64(GetParam());
+  const auto docs = packed_rows();
+  std::vector<torch::Tensor> leaves;
+  std::vector<std::string> names{"x"};
+  for (auto& p : m->named_parameters()) {
+    leaves.push_back(p.value());
+    names.push_back(p.key());
+  }
+  for (int64_t loop : loops_of(*m)) {
+    SCOPED_TRACE("loop " + std::to_string(loop));
+    auto x = random_x(2, docs->T, 6 + loop).requires_grad_(true);
+    torch::manual_seed(7);
+    const auto R = torch::randn({2, docs->T, 32}, f64());
+    Positions pos{0, loop};
+    pos.documents = docs;
+    const auto packed = mixer_forward(*m, x, pos);
+    const auto alone = each_alone(*docs, x, [&](const torch::Tensor& xd) { return m->forward(xd, {0, loop}); });
+    EXPECT_LT(rel_err(packed, alone), 1e-10);
+    EXPECT_GT(rel_err(m->forward(x, {0, loop}), alone), 1e-6) << "the rows' documents do not interact: no test";
+    auto with_x = leaves;
+    with_x.insert(with_x.begin(), x);
+    expect_grads_equal(grads_of((packed * R).sum(), with_x), grads_of((alone * R).sum(), with_x), names);
+  }
+}
+
+TEST_P(MixerInvariants, ModelPackedDocumentsEqualEachDocumentAlone) {
+  auto cfg = variant_config(GetParam());
+  auto m = lt2::testing::make_test_model(cfg, 12);
+  const auto docs = packed_rows();
+  const auto tokens = lt2::testing::random_tokens(2, docs->T, cfg.vocab_size, 8);
+  torch::manual_seed(9);
+  const auto R = torch::randn({2, docs->T, cfg.vocab_size}, f64());
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (auto& p : m->named_parameters()) {
+    params.push_back(p.value());
+    names.push_back(p.key());
+  }
+  // The parameters' gradients by backward() (checkpointed loops accumulate them there).
+  auto backward_grads = [&](const torch::Tensor& logits) {
+    m->zero_grad();
+    (logits * R).sum().backward();
+    std::vector<torch::Tensor> g;
+    for (auto& p : params) g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+    return g;
+  };
+  const auto alone = each_alone(*docs, tokens.unsqueeze(-1), [&](const torch::Tensor& t) {
+    return m->forward(t.squeeze(-1)).logits;
+  });
+  const auto alone_grads = backward_grads(alone);
+  for (bool checkpoint : {false, true}) {
+    SCOPED_TRACE(checkpoint ? "checkpointed loops" : "stored loops");
+    ForwardOptions fo;
+    fo.documents = docs;
+    fo.checkpoint_loops = checkpoint;
+    const auto packed = m->forward(tokens, nullptr, fo).logits;
+    EXPECT_LT(rel_err(packed, alone), 1e-10);
+    expect_grads_equal(backward_grads(packed), alone_grads, names);
   }
 }
 

@@ -37,17 +37,18 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = true;
+  caps_.packed_documents = true;  // delta_rule_chunked_varlen, convs masked at the boundaries
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
   conv_channels = {key_dim, key_dim, value_dim};
 }
 
-RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions&) {
+RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;
-  in.q = l2_normalize(q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr).view({B, T, num_heads, head_k_dim}));
-  in.k = l2_normalize(k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr).view({B, T, num_heads, head_k_dim}));
-  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr).view({B, T, num_heads, head_v_dim});
+  in.q = l2_normalize(q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
+  in.k = l2_normalize(k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
+  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_heads, head_v_dim});
   in.beta = torch::sigmoid(b_proj(x).to(ct));  // [B, T, H]
   if (allow_neg_eigval) in.beta = in.beta * 2;
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));

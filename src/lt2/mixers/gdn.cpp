@@ -50,19 +50,20 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = true;
+  caps_.packed_documents = true;  // delta_rule_chunked_varlen, convs masked at the boundaries
   state_heads = num_v_heads, state_k = head_k_dim, state_v = head_v_dim;
   conv_channels = {key_dim, key_dim, value_dim};
 }
 
-RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions&) {
+RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;
-  auto q = q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr).view({B, T, num_heads, head_k_dim});
-  auto k = k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr).view({B, T, num_heads, head_k_dim});
+  auto q = q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
+  auto k = k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   in.q = repeat_heads(l2_normalize(q), groups);                        // [B, T, HV, K]
   in.k = repeat_heads(l2_normalize(k), groups);                        // [B, T, HV, K]
-  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr).view({B, T, num_v_heads, head_v_dim});
+  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
   in.beta = torch::sigmoid(b_proj(x).to(ct));                          // [B, T, HV]
   if (allow_neg_eigval) in.beta = in.beta * 2;
   in.g = -A_log.to(ct).exp() * torch::softplus(a_proj(x).to(ct) + dt_bias.to(ct));  // [B, T, HV]

@@ -60,6 +60,10 @@ struct MixerCaps {
   // Behaviour depends on per-loop settings (Positions::loop and Positions::slot, and the
   // LoopSettings given to make_state): a window size per loop, a drawn full/window slot.
   bool per_loop = false;
+  // `forward` without a state serves Positions::documents itself, no token seeing another document
+  // (the delta-rule family: one varlen scan over every document). For the others,
+  // mixer_forward (mixers/documents.h) runs each document alone.
+  bool packed_documents = false;
   // Records an auxiliary training loss in its parallel forward (MixerImpl::aux_loss()).
   bool aux_loss = false;
   // Transient bytes of an inference forward of `rows` tokens per sequence over `keys` keys, beyond

@@ -32,7 +32,8 @@ class ShortConvImpl : public torch::nn::Module {
   // init_std == 0: PyTorch's nn.Conv1d default, U(-1/sqrt(W), 1/sqrt(W)) for weight and bias.
   ShortConvImpl(int64_t channels, int64_t kernel, bool bias, bool silu, double init_std);
   // x: [B, T, C]; window: nullptr or the state's [B, W-1, C] window (read, then advanced).
-  Tensor forward(const Tensor& x, Tensor* window = nullptr);
+  // With pos.documents (no window), no output reads another document.
+  Tensor forward(const Tensor& x, Tensor* window = nullptr, const Positions& pos = {});
   Tensor weight, bias;
   bool silu;
 };

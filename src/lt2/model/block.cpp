@@ -1,5 +1,6 @@
 #include "lt2/model/block.h"
 
+#include "lt2/mixers/documents.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/norms/norms.h"
@@ -32,7 +33,7 @@ Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* sta
     }
   }
   auto xin = ops::rms_norm(x, mixer_norm);
-  Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer->forward(xin, pos, state);
+  Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer_forward(*mixer, xin, pos, state);
   if (observe) observe(xin, m);
   if (mixer_post_norm) m = ops::rms_norm(m, mixer_post_norm);
   const auto [h, normed] = ops::add_rms_norm(x, m, ffn_norm);  // h = x + m and its norm

@@ -80,8 +80,10 @@ std::string LoopedLMImpl::first_mixer_without_seq_pos() const {
 }
 
 Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
-                               const Tensor& seq_pos, const Tensor& draw, const MixerTap& tap) {
+                               const Tensor& seq_pos, const Tensor& draw, const MixerTap& tap,
+                               const std::shared_ptr<const PackedDocuments>& documents) {
   Positions pos{start, loop, seq_pos};
+  pos.documents = documents;
   Tensor x = h;
   const int64_t N = cfg_.n_layers;
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
@@ -159,6 +161,15 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
     const auto missing = first_mixer_without_seq_pos();
     LT2_CHECK(missing.empty(), "mixer '", missing, "' does not decode with per-sequence positions");
   }
+  std::shared_ptr<const PackedDocuments> documents;
+  if (opts.documents) {
+    LT2_CHECK(!state && !per_seq, "packed documents run in a forward without a state");
+    LT2_CHECK(opts.documents->rows() == tokens.size(0) && opts.documents->T == tokens.size(1), "packed documents of ",
+              opts.documents->rows(), " rows of ", opts.documents->T, " tokens, but tokens are ", tokens.sizes());
+    auto on_device = std::make_shared<PackedDocuments>(*opts.documents);  // offsets once on the model's device
+    on_device->offsets = on_device->offsets.to(tokens.device());
+    documents = std::move(on_device);
+  }
   if (state) {
     LT2_CHECK(tokens.size(0) == state->batch, "state was made for batch ", state->batch,
               ", tokens have batch ", tokens.size(0));
@@ -172,8 +183,9 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   Tensor h = tok_embeddings(tokens);
   for (int64_t loop = 0; loop < T; ++loop) {
     // Captures by value: with recompute it runs again in backward, after the caller's `opts` is gone.
-    auto one_loop = [this, loop, start, state, ouro, seq_pos = opts.seq_pos, draw, tap = opts.mixer_tap](const Tensor& prev) {
-      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw, tap);
+    auto one_loop = [this, loop, start, state, ouro, seq_pos = opts.seq_pos, draw, tap = opts.mixer_tap,
+                     documents](const Tensor& prev) {
+      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw, tap, documents);
       if (ouro) return ops::rms_norm(next, norm);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;

@@ -54,6 +54,9 @@ struct ForwardOptions {
   // advanced, and nothing reads device values on the host (CUDA-graph capturable). Every mixer
   // must support it (MixerCaps::seq_pos).
   Tensor seq_pos;
+  // Documents packed into the rows of tokens (training on packed documents; no state): every
+  // (layer, loop) runs each document as if alone, so the outputs equal each document's own forward.
+  std::shared_ptr<const PackedDocuments> documents;
 };
 
 struct ModelOutput {
@@ -80,9 +83,11 @@ class LoopedLMImpl : public torch::nn::Module {
                                          torch::TensorOptions opts = {}) const;
   // The stack F applied once (loop index `loop`, 0-based) to h: [B, T, d]. `draw` (random
   // patterns, [n_loops, n_layers] bool, true = full) gives each layer's mixer its slot's draw.
-  // With a state it uses the states of the current vote draw (random patterns).
+  // With a state it uses the states of the current vote draw (random patterns). `documents`: the
+  // packed documents of h's rows (ForwardOptions::documents), offsets on h's device, or null.
   Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
-                   const Tensor& seq_pos = {}, const Tensor& draw = {}, const MixerTap& tap = {});
+                   const Tensor& seq_pos = {}, const Tensor& draw = {}, const MixerTap& tap = {},
+                   const std::shared_ptr<const PackedDocuments>& documents = nullptr);
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
   // The LM head's weight [V, d]: the embedding's when tied.
   const Tensor& head_weight() const;

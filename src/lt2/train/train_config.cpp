@@ -50,6 +50,8 @@ void TrainConfig::validate(bool needs_train_data) const {
   LT2_CHECK(indexer_loss_coef >= 0, w, ": 'indexer_loss_coef' must be >= 0");
   LT2_CHECK(loss_chunk_tokens >= 0, w, ": 'loss_chunk_tokens' must be >= 0 (0 = automatic), found ",
             loss_chunk_tokens);
+  LT2_CHECK(document_separator >= -1, w, ": 'document_separator' must be a token id or -1 (the shard's), found ",
+            document_separator);
   LT2_CHECK(dist_timeout > 0, w, ": 'dist_timeout' must be > 0 seconds, found ", dist_timeout);
   LT2_CHECK(dist_bucket_mb > 0, w, ": 'dist_bucket_mb' must be > 0, found ", dist_bucket_mb);
 }
@@ -65,6 +67,7 @@ json TrainConfig::to_json() const {
               {"save_every", save_every}, {"keep_best", keep_best},
               {"checkpoint_loops", to_string(checkpoint_loops)}, {"tf32", tf32},
               {"fused_loss", fused_loss}, {"loss_chunk_tokens", loss_chunk_tokens},
+              {"pack_documents", pack_documents}, {"document_separator", document_separator},
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
               {"gate_min_gain", gate_min_gain}, {"indexer_stage", indexer_stage},
               {"indexer_loss_coef", indexer_loss_coef}, {"dist_timeout", dist_timeout},
@@ -113,6 +116,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   json_get(j, "tf32", c.tf32, where);
   json_get(j, "fused_loss", c.fused_loss, where);
   json_get(j, "loss_chunk_tokens", c.loss_chunk_tokens, where);
+  json_get(j, "pack_documents", c.pack_documents, where);
+  json_get(j, "document_separator", c.document_separator, where);
   std::string obj = to_string(c.objective);
   json_get(j, "objective", obj, where);
   if (obj == "ce") c.objective = Objective::CE;

@@ -50,6 +50,13 @@ struct TrainConfig {
   // no [tokens x vocab] logits); false: the reference, the model's logits then cross_entropy.
   bool fused_loss = true;
   int64_t loss_chunk_tokens = 0;  // tokens per chunk of the fused loss; 0 = automatic
+  // Packed documents (docs/training.md): each row of the shard stream is cut into its documents at
+  // the separator token, and no token attends to or carries state from another document
+  // (ForwardOptions::documents). false: rows are plain windows of the stream.
+  bool pack_documents = false;
+  // The separator's token id; -1: the one the shard was prepared with (summary.json and
+  // tokenizer.json beside train_data, from `lt2 data prepare`).
+  int64_t document_separator = -1;
   Objective objective = Objective::CE;
   double ouro_entropy_beta = 0.05;
   double gate_min_gain = 0.005;

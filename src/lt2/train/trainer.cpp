@@ -25,6 +25,7 @@
 #include "lt2/train/memory_policy.h"
 #include "lt2/train/optimizer.h"
 #include "lt2/train/run_checkpoint.h"
+#include "lt2/tokenizer/tokenizer.h"
 #include "lt2/util/fs.h"
 
 namespace fs = std::filesystem;
@@ -54,6 +55,23 @@ std::string progress_bar(int64_t done, int64_t total, double seconds_left) {
   return buf;
 }
 
+// The separator token of cfg.pack_documents: cfg.document_separator, or the token summary.json
+// beside the training shard names, looked up in the tokenizer.json beside it.
+int64_t resolve_document_separator(const TrainConfig& cfg) {
+  if (cfg.document_separator >= 0) return cfg.document_separator;
+  const auto dir = fs::path(cfg.train_data).parent_path();
+  const auto summary = (dir / "summary.json").string(), tokenizer = (dir / "tokenizer.json").string();
+  LT2_CHECK(fs::exists(summary) && fs::exists(tokenizer), "pack_documents: no document_separator given, and no "
+            "summary.json and tokenizer.json beside '", cfg.train_data, "' (as `lt2 data prepare` writes them) "
+            "name the shard's; set document_separator to its token id");
+  const auto name = json_require<std::string>(load_json_file(summary), "separator", "'" + summary + "'");
+  LT2_CHECK(!name.empty(), "pack_documents: '", summary, "' says the shard was prepared without a document "
+            "separator, so its documents cannot be told apart");
+  const auto id = Tokenizer::load(tokenizer).token_to_id(name);
+  LT2_CHECK(id, "pack_documents: the separator '", name, "' of '", summary, "' is not a token of '", tokenizer, "'");
+  return *id;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -64,6 +82,12 @@ struct Trainer::Impl {
   std::unique_ptr<BatchSampler> train, val;  // the shard's (null when callbacks give the batches)
   std::vector<torch::Tensor> params;
   std::string tokenizer_path;  // tokenizer.json beside the training shard, copied into checkpoints
+  int64_t separator = -1;      // cfg.pack_documents: the document separator token; -1: off
+  // The packed documents of a batch's inputs ([B, T] on the CPU), or null when not packing.
+  std::shared_ptr<const PackedDocuments> documents(const torch::Tensor& inputs) const {
+    if (separator < 0) return nullptr;
+    return std::make_shared<const PackedDocuments>(PackedDocuments::at_separator(inputs, separator));
+  }
   double flops_per_token = 0, peak = 0;
   std::ofstream metrics;
   bool tty = false;
@@ -227,6 +251,11 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     if (fs::exists(tok)) I.tokenizer_path = tok.string();
   }
 
+  if (cfg_.pack_documents) {
+    I.separator = resolve_document_separator(cfg_);
+    LT2_CHECK(I.separator < mcfg.vocab_size, "pack_documents: separator token ", I.separator,
+              " is outside the model's vocabulary of ", mcfg.vocab_size);
+  }
   I.flops_per_token = 3 * forward_flops_per_token(*model_, cfg_.seq_len);
   if (I.device.is_cuda()) {
     I.peak = peak_flops(kernels::device_name(I.device.index() < 0 ? 0 : I.device.index()));
@@ -265,6 +294,7 @@ double Trainer::evaluate() {
     AutocastScope ac(I.autocast);
     ForwardOptions fo;
     fo.exit_at_loop = model_->exit_gate ? model_->config().n_loops : -1;
+    fo.documents = I.documents(x);
     const auto loss = lm_cross_entropy(*model_, x.to(I.device), y.to(I.device), fo, loss_options(cfg_));
     aux_loss(*model_);  // drop the auxiliary losses this forward recorded
     total += loss.item<double>();
@@ -304,6 +334,7 @@ Batch Trainer::micro_batch(int64_t step, int64_t micro) {
   } else {
     std::tie(b.inputs, b.targets) = I.train->sample(step, micro, cfg_.batch_size);
   }
+  b.documents = I.documents(b.inputs);
   b.inputs = b.inputs.to(I.device, /*non_blocking=*/true);
   b.targets = b.targets.to(I.device, true);
   if (b.mask.defined()) b.mask = b.mask.to(I.device, true);
@@ -314,6 +345,7 @@ torch::Tensor Trainer::micro_loss(const Batch& b, bool checkpoint_loops) {
   AutocastScope ac(impl_->autocast);
   ForwardOptions fo;
   fo.checkpoint_loops = checkpoint_loops;
+  fo.documents = b.documents;
   if (cb_.loss) return cb_.loss(model_, b, fo);
   torch::Tensor loss;
   if (cfg_.objective == Objective::CE) {
@@ -338,7 +370,7 @@ void Trainer::choose_checkpointing() {
   const int64_t rows = full.inputs.size(0);
   auto measure = [&](bool recompute, int64_t n) {
     Batch b{full.inputs.narrow(0, 0, n), full.targets.narrow(0, 0, n),
-            full.mask.defined() ? full.mask.narrow(0, 0, n) : torch::Tensor()};
+            full.mask.defined() ? full.mask.narrow(0, 0, n) : torch::Tensor(), I.documents(full.inputs.narrow(0, 0, n).cpu())};
     torch::manual_seed(micro_seed(cfg_.seed, start_step_, I.micros.front()));
     return measure_step_memory(*model_, [&] { return micro_loss(b, recompute); }, I.device);
   };

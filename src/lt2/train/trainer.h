@@ -38,9 +38,11 @@ struct StepMetrics {
 };
 
 // One micro-batch, on the CPU (the trainer moves it): inputs and targets [B, T] int64; mask [B, T]
-// marks the positions a custom loss scores (undefined when every position counts).
+// marks the positions a custom loss scores (undefined when every position counts). documents: the
+// inputs' packed documents (TrainConfig::pack_documents; the trainer sets them), or null.
 struct Batch {
   torch::Tensor inputs, targets, mask;
+  std::shared_ptr<const PackedDocuments> documents;
 };
 
 // What a client plugs into the loop; every member is optional (unset: the `lt2 train` behaviour).
@@ -53,7 +55,7 @@ struct TrainerCallbacks {
   // shard (cfg.train_data, then not required).
   std::function<Batch(int64_t step, int64_t micro)> batch;
   // The loss of one micro-batch, under autocast; `fo` carries what the trainer decided for every
-  // forward that trains (per-loop checkpointing). Default: cfg.objective on every position (plus
+  // forward that trains (per-loop checkpointing, the batch's packed documents). Default: cfg.objective on every position (plus
   // the DSA indexer loss of cfg.indexer_stage).
   std::function<torch::Tensor(LoopedLM& model, const Batch& batch, const ForwardOptions& fo)> loss;
   // Which parameters train, by name (the others are frozen); applied after the model is built or

@@ -12,8 +12,10 @@ using torch::Tensor;
 // x: [B, T, C]; weight: [C, 1, W] (the nn.Conv1d layout); bias: [C] or undefined.
 // window: nullptr (fresh sequence, zeros before the first token) or a [B, W-1, C] tensor of the
 // previous inputs, read and then overwritten in place with the last W-1 inputs (older ones first).
-// Returns y: [B, T, C] in x's dtype.
+// offsets: undefined, or [B, T] int64, each token's position inside its packed document
+// (PackedDocuments::offsets): tap x_{t-j} is left out where j > offsets[t], so no output reads
+// another document. Only without a window. Returns y: [B, T, C] in x's dtype.
 Tensor short_conv(const Tensor& x, const Tensor& weight, const Tensor& bias, bool silu,
-                  Tensor* window = nullptr);
+                  Tensor* window = nullptr, const Tensor& offsets = {});
 
 }  // namespace lt2::ops
