@@ -241,9 +241,9 @@ bool equal(const Value& a, const Value& b) {
              std::equal(a.list->begin(), a.list->end(), b.list->begin(), equal);
     case Value::kDict:
       if (a.dict->size() != b.dict->size()) return false;
-      for (const auto& [k, x] : *a.dict) {
-        auto it = std::find_if(b.dict->begin(), b.dict->end(), [&](const auto& e) { return e.first == k; });
-        if (it == b.dict->end() || !equal(x, it->second)) return false;
+      for (const auto& entry : *a.dict) {
+        auto it = std::find_if(b.dict->begin(), b.dict->end(), [&](const auto& e) { return e.first == entry.first; });
+        if (it == b.dict->end() || !equal(entry.second, it->second)) return false;
       }
       return true;
     default: return a.fn == b.fn;
