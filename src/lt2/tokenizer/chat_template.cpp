@@ -832,22 +832,17 @@ class Parser {
     return n;
   }
 
-  NodeP or_expr() {
-    NodeP a = and_expr();
-    while (is_name("or")) {
+  // operand (keyword operand)*, folded to the left.
+  NodeP left_fold(const char* keyword, N kind, NodeP (Parser::*operand)()) {
+    NodeP a = (this->*operand)();
+    while (is_name(keyword)) {
       const size_t pos = next().pos;
-      a = binary(N::Or, std::move(a), and_expr(), pos);
+      a = binary(kind, std::move(a), (this->*operand)(), pos);
     }
     return a;
   }
-  NodeP and_expr() {
-    NodeP a = not_expr();
-    while (is_name("and")) {
-      const size_t pos = next().pos;
-      a = binary(N::And, std::move(a), not_expr(), pos);
-    }
-    return a;
-  }
+  NodeP or_expr() { return left_fold("or", N::Or, &Parser::and_expr); }
+  NodeP and_expr() { return left_fold("and", N::And, &Parser::not_expr); }
   NodeP not_expr() {
     if (is_name("not")) {
       Nest nest(*this, peek().pos);
