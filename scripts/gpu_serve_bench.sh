@@ -8,6 +8,10 @@
 #   SHARED="0 0.9"      shared-prefix fractions; 0.9 runs with the prefix cache on and off
 #   STEADY="64 7168 1024"  the headline cell: concurrency, prompt, output (8k context): output tok/s
 #                        while all streams decode, against `lt2 bench decode -b 64 -c 8k`
+#   DECODE_BATCHES=64   the batches of `lt2 bench decode` (comma-separated; the frontier of a model whose
+#                       state outgrows the device, e.g. "8,16,32,64" for lt-1.3b)
+#   When --max-batch rows do not fit, `lt2 serve` decodes fewer together (it says so at start; the
+#   table quotes it) and the rest queue.
 #   PREFILL_CHUNK=2048  CACHE_GB=16  PREBUILT=build-prebuilt (carried binaries, as scripts/gpu_infer.sh)
 #   Runs anywhere for a smoke test: DEVICE=cpu MODELS=tiny-full-gdn PROMPTS=64 OUTPUT=8 CONCURRENCY="1 4"
 #   STEADY="4 64 32" DECODE_CONTEXT=1k scripts/gpu_serve_bench.sh   (L=path/to/lt2 to skip the build)
@@ -25,6 +29,7 @@ PREFILL_CHUNK=${PREFILL_CHUNK:-2048}
 CACHE_GB=${CACHE_GB:-16}
 DEVICE=${DEVICE:-auto}
 DECODE_CONTEXT=${DECODE_CONTEXT:-8k}
+DECODE_BATCHES=${DECODE_BATCHES:-${STEADY%% *}}
 ROOT=$PWD/.deps/root/usr
 if [ -d "$ROOT" ]; then
   export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
@@ -83,14 +88,16 @@ load() {  # load MODEL OUT_JSON args...
 }
 
 for model in ${MODELS//,/ }; do
-  echo "== $model: lt2 bench decode -b $STEADY_C -c $DECODE_CONTEXT"
+  echo "== $model: lt2 bench decode -b $DECODE_BATCHES -c $DECODE_CONTEXT"
   if [ "$DEVICE" = cpu ]; then bench_dev="--device cpu --dtype fp32"; else bench_dev="--device cuda"; fi
   # shellcheck disable=SC2086
-  "$L" bench decode -m "$model" -c "$DECODE_CONTEXT" -b "$STEADY_C" $bench_dev \
-    --out-json "$OUT/serve_decode_$model.json" 2>&1 | tail -4
+  "$L" bench decode -m "$model" -c "$DECODE_CONTEXT" -b "$DECODE_BATCHES" $bench_dev \
+    --out-json "$OUT/serve_decode_$model.json" 2>&1 | grep -E "^\| |error"
+  : > "/tmp/serve_cap_$model.txt"
   cells=()
   for cache in "$CACHE_GB" 0; do
     start_server "$model" "$cache" || continue
+    grep -h "do not fit" "/tmp/lt2_serve_${model}_${cache}.log" | sed "s/^/cache $cache GB: /" | tee -a "/tmp/serve_cap_$model.txt"
     load "$model" /tmp/warm.json --requests 2 --concurrency 1 --prompt-len 64 --output-len 4 > /dev/null
     for shared in $SHARED; do
       # Without the cache only the shared-prefix cells (the comparison); with it, the whole grid.
@@ -123,6 +130,15 @@ bench = next((r.get("tokens_per_s") for r in rows if r.get("batch") == batch and
 records, lines = [], []
 lines.append(f"# lt2 serve, {model} (random weights)\n")
 lines.append(f"`lt2 bench decode` batch {batch} at {ctx}: {bench} tok/s (same call).\n")
+decode_rows = [r for r in rows if r.get("path", "engine") == "engine"]
+if len(decode_rows) > 1 or any(r.get("oom") for r in decode_rows):
+    lines.append("| bench decode batch | tok/s | planned GB |\n|---|---|---|")
+    lines += [f"| {r['batch']} | {'OOM' if r.get('oom') else format(r['tokens_per_s'], '.1f')} | {r.get('planned_gb', 0):.1f} |"
+              for r in decode_rows]
+    lines.append("")
+cap = open(f"/tmp/serve_cap_{model}.txt").read().strip()
+if cap:
+    lines.append("`lt2 serve` at start: " + cap.replace("\n", "; ") + "\n")
 lines.append("| cache GB | shared | prompt | output | concurrency | ok | output tok/s | all-decoding tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
 lines.append("|---|---|---|---|---|---|---|---|---|---|")
 for cell in cells:
@@ -132,11 +148,11 @@ for cell in cells:
                  f"{s['ok']}/{s['requests']} | {s['output_tokens_per_s']:.1f} | {s['steady_output_tokens_per_s']:.1f} | "
                  f"{s['ttft_p50_ms']:.0f} / {s['ttft_p99_ms']:.0f} | {s['itl_p50_ms']:.2f} / {s['itl_p99_ms']:.2f} |")
 steady = next((r for r in records if r["cache"] == "steady"), None)
-if steady and bench:
+if steady and bench and not cap:
     lines.append(f"\nServed / bench at {batch} streams: {steady['steady_output_tokens_per_s'] / bench:.1%} "
                  f"(issue 26 asks >= 80%).")
 commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-json.dump({"model": model, "commit": commit, "bench_decode_tokens_per_s": bench, "cells": records},
+json.dump({"model": model, "commit": commit, "bench_decode_tokens_per_s": bench, "serve_start": cap, "cells": records},
           open(f"{out}/serve_{model}.json", "w"), indent=1)
 open(f"{out}/serve_{model}.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -9,8 +9,10 @@
 #include <thread>
 
 #include "commands.h"
+#include "lt2/infer/memory_plan.h"
 #include "lt2/serve/server.h"
 #include "lt2/util/fs.h"
+#include "lt2/util/units.h"
 
 namespace lt2::cli {
 
@@ -66,7 +68,25 @@ void run_serve(ServeArgs a) {
   } else {
     a.opts.model_name = a.model_name;
   }
-  const auto dev = loaded.model->parameters().front().device();
+  const auto param = loaded.model->parameters().front();
+  const auto dev = param.device();
+  {
+    // As many sequences decode together as their states fit beside the weights and the prefix
+    // cache's budget; requests beyond them wait in the queue.
+    const int64_t available = device_free_bytes(dev) - so.cache_device_bytes;
+    const int64_t fit = max_rows_that_fit(*loaded.model, so.max_context, param.scalar_type(), so.prefill_chunk,
+                                          available) - so.prefill_rows;
+    LT2_CHECK(fit >= 1, "lt2 serve: not one sequence of --max-context ", so.max_context, " tokens fits beside ",
+              so.prefill_rows, " prefill rows in ", human_bytes(available),
+              " (free device memory less --prefix-cache-gb): lower --max-context or --prefix-cache-gb");
+    if (fit < so.max_batch) {
+      std::fprintf(stderr,
+                   "lt2 serve: %lld sequences of %lld tokens do not fit in %s of free device memory; %lld decode "
+                   "together, the rest queue\n",
+                   (long long)so.max_batch, (long long)so.max_context, human_bytes(available).c_str(), (long long)fit);
+      so.max_batch = fit;
+    }
+  }
   const std::string chat_template = loaded.tokenizer.chat_template_origin();
   serve::Server server(loaded.model, std::move(loaded.tokenizer), a.opts);
   const int port = server.bind();
@@ -126,7 +146,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o.port, "Port to listen on (0: any free port, printed at start)")->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--max-batch", s.max_batch, "Sequences decoding together (engine slots)")->capture_default_str()
+  cmd->add_option("--max-batch", s.max_batch, "Sequences decoding together (engine slots); fewer when their states do not fit in "
+                  "free device memory, said at start")->capture_default_str()
       ->check(at_least(1));
   cmd->add_option("--max-context", s.max_context, "Tokens per sequence, prompt + generated")->capture_default_str()
       ->check(at_least(2));

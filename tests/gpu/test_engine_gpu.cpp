@@ -220,3 +220,24 @@ TEST(EngineGpu, FusedDsaGraphReplayEqualsEagerStep) {
   }
 }
 
+
+// A batch whose state cannot fit the device is refused before anything is allocated, with the
+// number of rows that would fit; the device is usable afterwards.
+TEST(EngineGpu, BatchBeyondDeviceMemoryIsRefusedWithWhatFits) {
+  REQUIRE_CUDA();
+  auto m = make_test_model(family_config(families()[0]), 1, torch::kBFloat16);
+  m->to(torch::kCUDA);
+  EngineOptions eo;
+  eo.max_batch = 4096;
+  eo.max_len = 1 << 20;  // ~1 GiB of KV cache a row: ~4 TiB in all
+  try {
+    Engine engine(m, eo);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("rows fit: lower the batch or the context"), std::string::npos) << e.what();
+  }
+  eo.max_batch = 2;
+  eo.max_len = 64;
+  Engine small(m, eo);
+  EXPECT_EQ(small.decode(torch::tensor({1, 2}, torch::kLong)).size(0), 2);
+}

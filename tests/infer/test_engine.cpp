@@ -2,6 +2,8 @@
 // memory planner counts exactly what is allocated, and wrong use gets a clear error.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/engine_testing.h"
 #include "lt2/infer/bench.h"
 #include "lt2/infer/memory_plan.h"
@@ -160,6 +162,25 @@ TEST(MemoryPlan, StateBytesEqualWhatIsAllocated) {
     EXPECT_EQ(plan.weight_bytes, weights) << pattern;
     EXPECT_GT(plan.workspace_bytes, 0);
   }
+}
+
+// The serve start-up's batch cap: the most rows whose state and workspace fit, found by search,
+// agrees with the plan row by row; none fit in a few bytes.
+TEST(MemoryPlan, MaxRowsThatFitIsTheLargestBatchThePlanFits) {
+  auto m = make_test_model(engine_config("interleaved:1:1:gdn:full"), 1, torch::kFloat32);
+  const int64_t max_len = 64, chunk = 16;
+  const auto need = [&](int64_t rows) {
+    const auto p = plan_memory(*m, rows, max_len, torch::kFloat32, chunk, max_len);
+    return p.state_bytes + p.workspace_bytes;
+  };
+  for (int64_t rows : {1, 5, 37}) {
+    // The least memory in which `rows` fit (fits_in's margin: 5% + 1 GiB).
+    const auto available = static_cast<int64_t>(std::ceil(double(need(rows) + (int64_t(1) << 30)) / 0.95));
+    ASSERT_TRUE(fits_in(need(rows), available));
+    ASSERT_FALSE(fits_in(need(rows + 1), available));
+    EXPECT_EQ(max_rows_that_fit(*m, max_len, torch::kFloat32, chunk, available), rows);
+  }
+  EXPECT_EQ(max_rows_that_fit(*m, max_len, torch::kFloat32, chunk, 1000), 0);
 }
 
 // DSA's inference forward makes dense index logits, then attention scores, over every key in

@@ -55,10 +55,7 @@ double device_used_gb() {
 
 // Bytes the cell may allocate: the given limit, or the device's free memory now.
 int64_t available_bytes(const BenchOptions& o, const torch::Device& dev) {
-  if (o.memory_limit_gb) return static_cast<int64_t>(*o.memory_limit_gb * kGB);
-  size_t free_b = 0, total_b = 0;
-  if (dev.is_cuda() && kernels::device_memory(&free_b, &total_b)) return static_cast<int64_t>(free_b);
-  return INT64_MAX / 4;
+  return o.memory_limit_gb ? static_cast<int64_t>(*o.memory_limit_gb * kGB) : device_free_bytes(dev);
 }
 
 struct LoadedModel {

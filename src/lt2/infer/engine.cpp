@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "lt2/infer/memory_plan.h"
 #include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
+#include "lt2/util/units.h"
 
 #ifdef LT2_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -39,6 +41,15 @@ Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), o
   LT2_CHECK(!model_->is_training(), "engine: put the model in eval mode first");
   model_->pack_for_inference();
   const auto param = model_->parameters().front();
+  // Plan before allocating: a batch that cannot fit gets an error that says what would.
+  const int64_t available = device_free_bytes(param.device());
+  const auto plan = plan_memory(*model_, rows(), opts_.max_len, param.scalar_type(), opts_.prefill_chunk, opts_.max_len);
+  LT2_CHECK(fits_in(plan.state_bytes + plan.workspace_bytes, available), "engine: ", rows(), " rows of ",
+            opts_.max_len, " tokens need ", human_bytes(plan.state_bytes), " of state and ",
+            human_bytes(plan.workspace_bytes), " of workspace; ", human_bytes(available), " are free on ",
+            param.device(), ", where ",
+            max_rows_that_fit(*model_, opts_.max_len, param.scalar_type(), opts_.prefill_chunk, available),
+            " rows fit: lower the batch or the context");
   state_opts_ = torch::TensorOptions().dtype(param.scalar_type()).device(param.device());
   state_ = model_->make_state(rows(), opts_.max_len, state_opts_);
   for (const auto& m : state_->mixers)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "lt2/kernels/kernels.h"
+
 namespace lt2 {
 
 nlohmann::json MemoryPlan::to_json() const {
@@ -46,6 +48,34 @@ MemoryPlan plan_memory(const LoopedLMImpl& model, int64_t batch, int64_t max_len
 bool fits_in(int64_t need, int64_t available) {
   const double margin = 0.05 * double(available) + double(int64_t(1) << 30);
   return double(need) + margin <= double(available);
+}
+
+int64_t max_rows_that_fit(const LoopedLMImpl& model, int64_t max_len, torch::ScalarType dtype, int64_t prefill_chunk,
+                          int64_t available) {
+  const auto fits = [&](int64_t rows) {
+    const auto p = plan_memory(model, rows, max_len, dtype, prefill_chunk, max_len);
+    return fits_in(p.state_bytes + p.workspace_bytes, available);
+  };
+  // Need grows with rows: double to a bound that does not fit, then bisect. Past 2^20 rows the
+  // answer is "more than any batch" (and byte counts would near overflow).
+  constexpr int64_t kMaxRows = int64_t(1) << 20;
+  int64_t lo = 0, hi = 1;
+  while (fits(hi)) {
+    lo = hi;
+    if (hi >= kMaxRows) return lo;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+int64_t device_free_bytes(const torch::Device& device) {
+  size_t free_b = 0, total_b = 0;
+  if (device.is_cuda() && kernels::device_memory(&free_b, &total_b)) return static_cast<int64_t>(free_b);
+  return INT64_MAX / 4;
 }
 
 }  // namespace lt2

@@ -29,4 +29,12 @@ MemoryPlan plan_memory(const LoopedLMImpl& model, int64_t batch, int64_t max_len
 // workspaces and allocator fragmentation (5% + 1 GiB).
 bool fits_in(int64_t need, int64_t available);
 
+// The most rows (sequences of max_len tokens) whose state and workspace fit in `available` bytes
+// (fits_in); 0 when not even one does.
+int64_t max_rows_that_fit(const LoopedLMImpl& model, int64_t max_len, torch::ScalarType dtype, int64_t prefill_chunk,
+                          int64_t available);
+
+// Free bytes of a CUDA device now; INT64_MAX / 4 elsewhere (host memory is not planned).
+int64_t device_free_bytes(const torch::Device& device);
+
 }  // namespace lt2

@@ -11,6 +11,7 @@
 #include "lt2/train/autocast.h"
 #include "lt2/train/losses.h"
 #include "lt2/util/error.h"
+#include "lt2/util/units.h"
 
 namespace lt2 {
 
@@ -32,13 +33,6 @@ namespace {
 // The need of a step on `rows` rows from its measurements on one and two.
 int64_t extrapolate(int64_t rows, const StepMemory& one, const StepMemory& two) {
   return one.peak + (rows - 1) * std::max<int64_t>(two.peak - one.peak, 0);
-}
-std::string human_bytes(int64_t bytes) {
-  std::ostringstream s;
-  s.precision(1);
-  if (bytes >= (int64_t{1} << 30)) s << std::fixed << double(bytes) / double(int64_t{1} << 30) << " GiB";
-  else s << std::fixed << double(bytes) / double(int64_t{1} << 20) << " MiB";
-  return s.str();
 }
 }  // namespace
 
