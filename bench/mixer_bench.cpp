@@ -5,6 +5,7 @@
 // flash-linear-attention's chunk_gated_delta_rule / chunk_kda / chunk_delta_rule.
 //   mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 [--trace gdn.json]
 //   mixer_bench --core --mixer gdn --batch 8 --seq 4096 --heads 16 --head-k 96 --head-v 192
+//   mixer_bench --model lt2-gdn-1.3b --batch 8 --seq 4096 --option short_conv=0   (an A/B of a kernel)
 #include <ATen/autocast_mode.h>
 #include <CLI/CLI.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -17,6 +18,7 @@
 #include "lt2/config/presets.h"
 #include "lt2/infer/kernel_profile.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
@@ -51,8 +53,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
       ->capture_default_str();
+  std::vector<std::string> options;
+  app.add_option("--option", options,
+                 "A kernel switch as name=value (the DecodeOptions fields of docs/decode.md, e.g. short_conv=0); "
+                 "repeatable");
   CLI11_PARSE(app, argc, argv);
   try {
+    lt2::DecodeOptions kernel_options;
+    for (const auto& o : options) {
+      const auto eq = o.find('=');
+      LT2_CHECK(eq != std::string::npos, "--option takes name=value, found '", o, "'");
+      kernel_options.set(o.substr(0, eq), o.substr(eq + 1));
+    }
+    lt2::DecodeOptionsGuard options_guard(kernel_options);
     const bool cuda = torch::cuda::is_available();
     const auto dev = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
     auto sync = [&] { if (cuda) torch::cuda::synchronize(); };
@@ -124,6 +137,7 @@ int main(int argc, char** argv) {
                 {"device", cuda ? "cuda" : "cpu"}, {"forward_ms", fwd}, {"forward_backward_ms", fwd_bwd},
                 {"tokens_per_s_fwd_bwd", batch * seq / (fwd_bwd / 1000)}};
     j["tf32"] = cuda && tf32;
+    j["options"] = options;
     if (core) j["core"] = {{"heads", heads}, {"head_k", head_k}, {"head_v", head_v}, {"chunk", chunk}};
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {

@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 
+#include "lt2/kernels/decode.h"  // DType
+
 namespace lt2::kernels {
 
 // Bounds of delta_rule_scan's shapes (the state slice and the chunk's matrices sit in shared memory).
@@ -66,5 +68,40 @@ struct UnitLowerInverseParams {
   int size;  // C
 };
 void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream);
+
+// The causal depthwise short convolution of the linear mixers' q/k/v paths (ops::short_conv), on
+// many tokens at once (training, prefill):
+//   pre[b, t, c] = bias[c] + sum_{i < W} weight[c, i] * x[b, t - (W - 1 - i), c] * keep(t, W - 1 - i)
+//   y = silu(pre) when `silu`, else pre
+// where x before t = 0 is read from `past` (zeros when nullptr) and keep(t, j) = offsets[b, t] >= j
+// with packed documents (no tap reaches into the document before), else 1. Computed in fp32.
+constexpr int kMaxConvWidth = 8;  // W in [1, 8]
+struct ShortConvParams {
+  const void* x;          // [B, T, C] dtype, packed
+  const void* past;       // [B, W - 1, C] dtype, packed, or nullptr
+  const float* weight;    // [C, W], packed
+  const float* bias;      // [C], or nullptr
+  const int64_t* offsets; // [B, T], each token's position in its document, or nullptr
+  void* y;                // [B, T, C] dtype
+  int batch, seq, channels, width;
+  bool silu;
+  DType dtype;
+};
+void short_conv_forward(const ShortConvParams& p, void* stream);
+
+// Its backward (no `past`: the op takes it only without gradients): with dpre = dy * silu'(pre)
+// (pre recomputed from x: cheaper than storing it),
+//   dx[b, t, c]   = sum_i weight[c, i] * dpre[b, t + W - 1 - i, c] * keep(t + W - 1 - i, W - 1 - i)
+//   dweight[c, i] += sum_{b, t} dpre[b, t, c] * x[b, t - (W - 1 - i), c] * keep(t, W - 1 - i)
+//   dbias[c]      += sum_{b, t} dpre[b, t, c]
+// dweight and dbias accumulate (atomically) into what they hold: zero them first.
+struct ShortConvBackwardParams {
+  ShortConvParams forward;  // its `past` must be nullptr and `y` is unused
+  const void* dy;           // [B, T, C] dtype, packed
+  void* dx;                 // [B, T, C] dtype
+  float* dweight;           // [C, W]
+  float* dbias;             // [C], or nullptr
+};
+void short_conv_backward(const ShortConvBackwardParams& p, void* stream);
 
 }  // namespace lt2::kernels

@@ -27,6 +27,9 @@ struct DecodeOptions {
   // The delta-rule family's recurrence over the chunks as one CUDA kernel (fp32 recurrences), in
   // prefill and training alike (autograd's own backward threads see the default, on).
   bool delta_rule_scan = true;
+  // The causal short convolution (+ SiLU) of the linear mixers as one CUDA kernel forward and one
+  // backward, in prefill and training (off: the libtorch reference; decided at forward time).
+  bool short_conv = true;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.
   int64_t dsa_fold_q_max_rows = 1;
