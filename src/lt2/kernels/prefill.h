@@ -104,4 +104,37 @@ struct ShortConvBackwardParams {
 };
 void short_conv_backward(const ShortConvBackwardParams& p, void* stream);
 
+// A normalisation of rows, with an optional weight and an optional activated gate, as the linear
+// mixers use it in training (the gated RMSNorm of their output, the L2 norm of q and k):
+//   r = rsqrt(sum_i x[i]^2 / divisor + eps)    (divisor D: RMSNorm; 1: L2 norm)
+//   y[i] = x[i] * r * weight[i] * act(gate[i]) (weight 1 and act 1 where absent)
+// computed in fp32, one warp per row, D <= kMaxRowNormDim; r is saved for the backward.
+constexpr int kMaxRowNormDim = 1024;
+enum class GateAct { None, Swish, Sigmoid };
+struct RowNormParams {
+  const void* x;         // [rows, D] dtype, packed
+  const void* gate;      // [rows, D] dtype, packed, or nullptr
+  const float* weight;   // [D], or nullptr
+  void* y;               // [rows, D] dtype
+  float* rstd;           // [rows]: r
+  int64_t rows;
+  int dim;
+  float divisor, eps;
+  GateAct act;
+  DType dtype;
+};
+void row_norm_forward(const RowNormParams& p, void* stream);
+
+// Its backward from the saved r: with n = x * r, a = act(gate) and dn = dy * weight * a,
+//   dx = r * (dn - n * sum_i(dn[i] n[i]) / divisor),  dgate = dy * n * weight * act'(gate),
+//   dweight[i] += sum over rows of dy[i] n[i] a[i]   (atomically: zero it first).
+struct RowNormBackwardParams {
+  RowNormParams forward;  // `y` unused, `rstd` read
+  const void* dy;         // [rows, D] dtype, packed
+  void* dx;               // [rows, D] dtype
+  void* dgate;            // [rows, D] dtype, or nullptr (no gate)
+  float* dweight;         // [D], or nullptr (no weight)
+};
+void row_norm_backward(const RowNormBackwardParams& p, void* stream);
+
 }  // namespace lt2::kernels

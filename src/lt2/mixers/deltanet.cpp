@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
@@ -46,8 +47,10 @@ RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, cons
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;
-  in.q = l2_normalize(q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
-  in.k = l2_normalize(k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
+  in.q = ops::l2_normalize(
+      q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
+  in.k = ops::l2_normalize(
+      k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
   in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_heads, head_v_dim});
   in.beta = torch::sigmoid(b_proj(x).to(ct));  // [B, T, H]
   if (allow_neg_eigval) in.beta = in.beta * 2;
@@ -58,8 +61,8 @@ RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, cons
 Tensor DeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
   const int64_t B = x.size(0), T = x.size(1);
   auto gate = use_gate ? g_proj(x).view({B, T, num_heads, head_v_dim}) : Tensor();
-  auto y = gated_rms_norm(o, o_norm->weight, norm_eps, gate,
-                          use_gate ? GateActivation::Swish : GateActivation::None);
+  auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate,
+                               use_gate ? ops::GateActivation::Swish : ops::GateActivation::None);
   return o_proj(y.reshape({B, T, num_heads * head_v_dim}).to(x.scalar_type()));
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
@@ -71,7 +72,7 @@ RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentSta
 Tensor GatedLinearAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
   const int64_t B = x.size(0), T = x.size(1);
   auto gate = g_proj(x).view({B, T, num_heads, head_v_dim});
-  auto y = gated_rms_norm(o, g_norm_swish_gate->weight, norm_eps, gate, GateActivation::Swish);
+  auto y = ops::gated_rms_norm(o, g_norm_swish_gate->weight, norm_eps, gate, ops::GateActivation::Swish);
   return o_proj(y.reshape({B, T, num_heads * head_v_dim}).to(x.scalar_type()));
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
@@ -47,8 +48,8 @@ RecurrenceInputs HGRN2Impl::project(const Tensor& x, RecurrentState*, const Posi
 
 Tensor HGRN2Impl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto y = gated_rms_norm(o.reshape({B, T, num_heads * head_i_dim}), g_norm->weight, norm_eps,
-                          Tensor(), GateActivation::None);
+  auto y = ops::gated_rms_norm(o.reshape({B, T, num_heads * head_i_dim}), g_norm->weight, norm_eps,
+                               Tensor(), ops::GateActivation::None);
   return o_proj(y.to(x.scalar_type()));
 }
 

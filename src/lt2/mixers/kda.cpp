@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
@@ -59,8 +60,8 @@ RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState
   RecurrenceInputs in;
   auto q = q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   auto k = k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
-  in.q = repeat_heads(l2_normalize(q), groups);                        // [B, T, HV, K]
-  in.k = repeat_heads(l2_normalize(k), groups);                        // [B, T, HV, K]
+  in.q = repeat_heads(ops::l2_normalize(q), groups);                   // [B, T, HV, K]
+  in.k = repeat_heads(ops::l2_normalize(k), groups);                   // [B, T, HV, K]
   in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
   in.beta = torch::sigmoid(b_proj(x).to(ct));                          // [B, T, HV]
   if (allow_neg_eigval) in.beta = in.beta * 2;
@@ -73,7 +74,7 @@ RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState
 Tensor KimiDeltaAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
   const int64_t B = x.size(0), T = x.size(1);
   auto gate = g_proj->forward(x).view({B, T, num_v_heads, head_v_dim});
-  auto y = gated_rms_norm(o, o_norm->weight, norm_eps, gate, GateActivation::Sigmoid);
+  auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate, ops::GateActivation::Sigmoid);
   return o_proj(y.reshape({B, T, num_v_heads * head_v_dim}).to(x.scalar_type()));
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
@@ -69,9 +70,9 @@ Tensor Mamba2Impl::output(const Tensor& y, const Tensor& x, const RecurrenceInpu
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   auto gated = y.reshape({B, T, d_inner}).to(ct) * torch::silu(in.gate.to(ct));  // gate, then norm
-  auto normed = gated_rms_norm(gated.view({B, T, n_groups, d_inner / n_groups}),
-                               norm->weight.view({n_groups, d_inner / n_groups}), norm_eps, Tensor(),
-                               GateActivation::None);
+  auto normed = ops::gated_rms_norm(gated.view({B, T, n_groups, d_inner / n_groups}),
+                                    norm->weight.view({n_groups, d_inner / n_groups}), norm_eps, Tensor(),
+                                    ops::GateActivation::None);
   return out_proj(normed.reshape({B, T, d_inner}).to(x.scalar_type()));
 }
 

@@ -123,22 +123,6 @@ std::unique_ptr<MixerState> RecurrentMixerImpl::make_state(int64_t batch, int64_
   return st;
 }
 
-Tensor l2_normalize(const Tensor& x) {
-  auto xf = x.to(accum_dtype(x));
-  return (xf * torch::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + 1e-6)).to(x.scalar_type());
-}
-
-Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate,
-                      GateActivation act) {
-  const auto dt = accum_dtype(x);
-  auto y = rms_norm(x.to(dt), weight, eps);
-  if (gate.defined() && act != GateActivation::None) {
-    auto gf = gate.to(dt);
-    y = y * (act == GateActivation::Swish ? torch::silu(gf) : torch::sigmoid(gf));
-  }
-  return y.to(x.scalar_type());
-}
-
 HeadDims expand_head_dims(const json& opts, int64_t d_model, int64_t num_heads, double default_expand_k,
                           double default_expand_v, const std::string& where) {
   const int64_t key_dim = std::llround(d_model * option_double(opts, "expand_k", default_expand_k, where));

@@ -80,14 +80,6 @@ class RecurrentMixerImpl : public MixerImpl {
 
 // Helpers shared by the mixer files.
 
-// x / sqrt(sum(x^2) + 1e-6) over the last dim (fla's l2norm), in fp32 (fp64 for fp64 input).
-Tensor l2_normalize(const Tensor& x);
-enum class GateActivation { None, Swish, Sigmoid };
-// Per-group RMSNorm over the last dim times weight, then times act(gate) (fla FusedRMSNormGated:
-// y = norm(x) * w * act(gate)); gate undefined means no gate. Computed in fp32 (fp64 for fp64),
-// returned in x's dtype.
-Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate,
-                      GateActivation act);
 // dt_bias initialisation shared by GDN, KDA and Mamba2: dt ~ exp(U(log 1e-3, log 1e-1)), floored
 // at 1e-4, returned as its inverse softplus dt + log(-expm1(-dt)). Shape [n].
 Tensor inverse_softplus_dt_init(int64_t n);

@@ -30,6 +30,9 @@ struct DecodeOptions {
   // The causal short convolution (+ SiLU) of the linear mixers as one CUDA kernel forward and one
   // backward, in prefill and training (off: the libtorch reference; decided at forward time).
   bool short_conv = true;
+  // The linear mixers' gated RMSNorm and q/k L2 norm as one CUDA kernel forward and one backward,
+  // in prefill and training (off: the libtorch reference; decided at forward time).
+  bool row_norm = true;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.
   int64_t dsa_fold_q_max_rows = 1;

@@ -3,12 +3,15 @@
 #include <cstdint>
 
 #include "lt2/kernels/decode.h"
+#include "lt2/nn/linear.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
+
+#include "lt2/kernels/prefill.h"
 #endif
 
 namespace lt2::ops {
@@ -31,6 +34,136 @@ Tensor silu_mul(const Tensor& gate_up) {
   if (fused_elementwise_applies({gate_up})) return silu_mul_fused(gate_up);
   const int64_t n = gate_up.size(-1) / 2;
   return torch::silu(gate_up.narrow(-1, 0, n)) * gate_up.narrow(-1, n, n);
+}
+
+namespace {
+
+Tensor gated_rms_norm_reference(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate,
+                                GateActivation act) {
+  const auto dt = accum_dtype(x);
+  auto y = lt2::rms_norm(x.to(dt), weight, eps);
+  if (gate.defined() && act != GateActivation::None) {
+    auto gf = gate.to(dt);
+    y = y * (act == GateActivation::Swish ? torch::silu(gf) : torch::sigmoid(gf));
+  }
+  return y.to(x.scalar_type());
+}
+
+constexpr double kL2Eps = 1e-6;
+
+#ifdef LT2_WITH_CUDA
+kernels::GateAct kernel_act(GateActivation act) {
+  return act == GateActivation::Swish     ? kernels::GateAct::Swish
+         : act == GateActivation::Sigmoid ? kernels::GateAct::Sigmoid
+                                          : kernels::GateAct::None;
+}
+
+// The kernels' view of x [rows, d] (packed), weight fp32 [d] or undefined, gate like x or undefined.
+kernels::RowNormParams row_norm_params(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor,
+                                       double eps, GateActivation act, const Tensor& rstd) {
+  kernels::RowNormParams p{};
+  p.x = x.data_ptr();
+  p.gate = gate.defined() ? gate.data_ptr() : nullptr;
+  p.weight = weight.defined() ? weight.data_ptr<float>() : nullptr;
+  p.rstd = rstd.data_ptr<float>();
+  p.rows = x.size(0), p.dim = static_cast<int>(x.size(1));
+  p.divisor = static_cast<float>(divisor), p.eps = static_cast<float>(eps);
+  p.act = kernel_act(act);
+  p.dtype = kernel_dtype(x.scalar_type());
+  return p;
+}
+
+// y and r of the forward kernel on x [rows, d].
+std::pair<Tensor, Tensor> row_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& gate,
+                                                double divisor, double eps, GateActivation act) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto y = torch::empty_like(x);
+  auto rstd = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
+  auto p = row_norm_params(x, weight, gate, divisor, eps, act, rstd);
+  p.y = y.data_ptr();
+  kernels::row_norm_forward(p, current_stream(x));
+  return {y, rstd};
+}
+
+// Autograd over the kernels: x, weight (fp32 [d]) and gate get gradients; r is saved (one float a
+// row), the normalised row recomputed. An absent weight or gate travels as an empty tensor.
+struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& weight,
+                        const Tensor& gate, double divisor, double eps, int64_t act) {
+    const auto w = weight.numel() > 0 ? weight : Tensor(), g = gate.numel() > 0 ? gate : Tensor();
+    auto [y, rstd] = row_norm_forward_cuda(x, w, g, divisor, eps, static_cast<GateActivation>(act));
+    ctx->save_for_backward({x, weight, gate, rstd});
+    ctx->saved_data["divisor"] = divisor;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["act"] = act;
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& x = saved[0];
+    const Tensor w = saved[1].numel() > 0 ? saved[1] : Tensor(), g = saved[2].numel() > 0 ? saved[2] : Tensor();
+    c10::cuda::CUDAGuard guard(x.device());
+    const auto dy = grads[0].to(x.scalar_type()).contiguous();
+    auto dx = torch::empty_like(x);
+    auto dgate = g.defined() ? torch::empty_like(g) : Tensor();
+    auto dweight = w.defined() ? torch::zeros_like(w) : Tensor();
+    kernels::RowNormBackwardParams p{};
+    p.forward = row_norm_params(x, w, g, ctx->saved_data["divisor"].toDouble(), ctx->saved_data["eps"].toDouble(),
+                                static_cast<GateActivation>(ctx->saved_data["act"].toInt()), saved[3]);
+    p.dy = dy.data_ptr();
+    p.dx = dx.data_ptr();
+    p.dgate = g.defined() ? dgate.data_ptr() : nullptr;
+    p.dweight = w.defined() ? dweight.data_ptr<float>() : nullptr;
+    kernels::row_norm_backward(p, current_stream(x));
+    return {dx, w.defined() ? dweight : Tensor(), g.defined() ? dgate : Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+#endif
+
+// The row-norm kernels for x [..., d] (weight [d] or undefined, gate of x's sizes or undefined),
+// or an undefined tensor where they do not apply (the caller then runs the reference).
+Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor, double eps,
+                        GateActivation act) {
+#ifdef LT2_WITH_CUDA
+  if (!decode_options().row_norm || !x.is_cuda() || !kernel_dtype_ok(x.scalar_type()) || x.dim() < 1 ||
+      x.size(-1) < 1 || x.size(-1) > kernels::kMaxRowNormDim || x.numel() == 0)
+    return Tensor();
+  if (weight.defined() && (weight.dim() != 1 || weight.size(0) != x.size(-1) || weight.device() != x.device()))
+    return Tensor();
+  if (gate.defined() && (gate.sizes() != x.sizes() || gate.device() != x.device())) return Tensor();
+  const int64_t d = x.size(-1);
+  const auto x2 = x.reshape({-1, d}).contiguous();
+  const auto w = weight.defined() ? weight.to(torch::kFloat32).contiguous() : Tensor();
+  const auto g = gate.defined() ? gate.to(x.scalar_type()).reshape({-1, d}).contiguous() : Tensor();
+  const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || (weight.defined() && weight.requires_grad()) ||
+                                                      (gate.defined() && gate.requires_grad()));
+  Tensor y;
+  if (grad) {
+    const auto empty = torch::empty({0}, x.options());
+    y = RowNormFunction::apply(x2, w.defined() ? w : empty.to(torch::kFloat32), g.defined() ? g : empty, divisor, eps,
+                               static_cast<int64_t>(act));
+  } else {
+    y = row_norm_forward_cuda(x2, w, g, divisor, eps, act).first;
+  }
+  return y.view(x.sizes());
+#else
+  return Tensor();
+#endif
+}
+
+}  // namespace
+
+Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate, GateActivation act) {
+  const auto g = act == GateActivation::None ? Tensor() : gate;
+  if (auto y = row_norm_kernels(x, weight, g, static_cast<double>(x.size(-1)), eps, act); y.defined()) return y;
+  return gated_rms_norm_reference(x, weight, eps, gate, act);
+}
+
+Tensor l2_normalize(const Tensor& x) {
+  if (auto y = row_norm_kernels(x, Tensor(), Tensor(), 1.0, kL2Eps, GateActivation::None); y.defined()) return y;
+  auto xf = x.to(accum_dtype(x));
+  return (xf * torch::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + kL2Eps)).to(x.scalar_type());
 }
 
 namespace {

@@ -1,0 +1,96 @@
+// GPU (CTest label `gpu`): the row-norm kernels (kernels/cuda/row_norm.cu behind
+// ops::gated_rms_norm and ops::l2_normalize). Output and the gradients of x, weight and gate
+// against the float64 reference (the libtorch math on the CPU, through autograd) on random inputs:
+// fp32 and bf16, row lengths off the warp width and past 256, every gate activation, no weight;
+// the switch `row_norm` off takes the reference on the GPU. Skips where no CUDA GPU (or kernels).
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_testing.h"
+
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "lt2/ops/norms/norms.h"
+#include "lt2/util/error.h"
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using torch::Tensor;
+using namespace lt2::gpu_testing;
+
+namespace {
+
+#define REQUIRE_ROW_NORM_KERNEL()                                      \
+  if (!torch::cuda::is_available() || !lt2::fused_decode_available()) \
+  GTEST_SKIP() << "no CUDA GPU or no CUDA kernels in this build"
+
+const char* act_name(ops::GateActivation a) {
+  return a == ops::GateActivation::Swish ? "swish" : a == ops::GateActivation::Sigmoid ? "sigmoid" : "none";
+}
+
+struct Grads {
+  Tensor y, dx, dw, dg;
+};
+
+// kind 0: gated RMSNorm (weight, gate per `act`); kind 1: L2 norm. Inputs float64 on the CPU.
+Grads run(int kind, const Tensor& x, const Tensor& w, const Tensor& g, ops::GateActivation act, const Tensor& dy,
+          torch::Device device, torch::ScalarType dt) {
+  auto xd = x.to(device, dt).detach().requires_grad_(true);
+  auto wd = w.to(device, dt == torch::kFloat64 ? dt : torch::kFloat32).detach().requires_grad_(true);
+  auto gd = g.to(device, dt).detach().requires_grad_(true);
+  const bool gated = act != ops::GateActivation::None;
+  auto y = kind == 0 ? ops::gated_rms_norm(xd, wd, 1e-6, gated ? gd : Tensor(), act) : ops::l2_normalize(xd);
+  y.backward(dy.to(device, y.scalar_type()));
+  return {y.detach().cpu(), xd.grad().cpu(), kind == 0 ? wd.grad().cpu() : Tensor(),
+          kind == 0 && gated ? gd.grad().cpu() : Tensor()};
+}
+
+}  // namespace
+
+TEST(RowNormGpu, ForwardAndGradientsMatchTheFloat64Reference) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::manual_seed(11);
+  const std::vector<ops::GateActivation> acts = {ops::GateActivation::Swish, ops::GateActivation::Sigmoid,
+                                                 ops::GateActivation::None};
+  for (int64_t D : {192, 96, 33, 1000}) {
+    for (int kind : {0, 1}) {
+      for (auto act : kind == 0 ? acts : std::vector<ops::GateActivation>{ops::GateActivation::None}) {
+        SCOPED_TRACE(cat(kind == 0 ? "gated rms norm " : "l2 norm ", act_name(act), " D", D));
+        const std::vector<int64_t> shape = {3, 37, 2, D};  // rows not a multiple of the block's 8
+        auto x = torch::randn(shape, torch::kFloat64) * 2;
+        auto w = 1 + 0.1 * torch::randn({D}, torch::kFloat64);
+        auto g = torch::randn(shape, torch::kFloat64);
+        auto dy = torch::randn(shape, torch::kFloat64);
+        for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+          SCOPED_TRACE(name(dt));
+          // bf16 rounds the inputs: the reference runs on the same rounded inputs.
+          const auto r = [&](const Tensor& t) { return t.to(dt).to(torch::kFloat64); };
+          const auto want = run(kind, r(x), w, r(g), act, r(dy), torch::kCPU, torch::kFloat64);
+          const auto got = run(kind, x, w, g, act, dy, torch::kCUDA, dt);
+          const double tol = tolerance(dt);
+          EXPECT_LT(rel_err(got.y, want.y), tol);
+          EXPECT_LT(rel_err(got.dx, want.dx), tol);
+          if (kind == 0) EXPECT_LT(rel_err(got.dw, want.dw), tol);
+          if (got.dg.defined()) EXPECT_LT(rel_err(got.dg, want.dg), tol);
+        }
+      }
+    }
+  }
+}
+
+TEST(RowNormGpu, SwitchOffTakesTheReference) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(12);
+  auto x = torch::randn({4, 50, 192}, gpu(torch::kFloat32));
+  auto w = torch::randn({192}, gpu(torch::kFloat32));
+  auto g = torch::randn({4, 50, 192}, gpu(torch::kFloat32));
+  const auto fused = ops::gated_rms_norm(x, w, 1e-6, g, ops::GateActivation::Swish);
+  const auto l2 = ops::l2_normalize(x);
+  DecodeOptions off;
+  off.row_norm = false;
+  DecodeOptionsGuard guard(off);
+  EXPECT_LT(rel_err(ops::gated_rms_norm(x, w, 1e-6, g, ops::GateActivation::Swish), fused), 1e-5);
+  EXPECT_LT(rel_err(ops::l2_normalize(x), l2), 1e-5);
+}
