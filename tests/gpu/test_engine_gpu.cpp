@@ -50,6 +50,14 @@ ModelConfig family_config(const Family& f) {
   return cfg;
 }
 
+// make_test_model on the GPU, in eval mode.
+LoopedLM cuda_test_model(const ModelConfig& cfg, uint64_t seed, torch::ScalarType dtype) {
+  auto m = make_test_model(cfg, seed, dtype);
+  m->to(torch::kCUDA);
+  m->eval();
+  return m;
+}
+
 }  // namespace
 
 TEST(EngineGpu, MixedLengthGraphDecodeEqualsForwardFp32) {
@@ -74,12 +82,8 @@ namespace {
 // the bf16 forward pass, both measured against the fp32 forward of the same weights.
 void expect_bf16_engine_as_accurate_as_forward(const ModelConfig& cfg, int64_t max_len) {
   torch::NoGradGuard ng;
-  auto m32 = make_test_model(cfg, 2, torch::kFloat32);
-  m32->to(torch::kCUDA);
-  m32->eval();
-  auto m16 = make_test_model(cfg, 2, torch::kBFloat16);
-  m16->to(torch::kCUDA);
-  m16->eval();
+  auto m32 = cuda_test_model(cfg, 2, torch::kFloat32);
+  auto m16 = cuda_test_model(cfg, 2, torch::kBFloat16);
   EngineOptions eo;
   eo.max_batch = 2;
   eo.max_len = max_len;
@@ -146,9 +150,7 @@ TEST(EngineGpu, DecodePlanFusesThe13BPresetShapes) {
     const auto cfg = preset_shapes(preset);
     {
       torch::NoGradGuard ng;
-      auto m = make_test_model(cfg, 5, torch::kBFloat16);
-      m->to(torch::kCUDA);
-      m->eval();
+      auto m = cuda_test_model(cfg, 5, torch::kBFloat16);
       EngineOptions eo;
       eo.max_batch = 8;
       eo.max_len = max_len;
@@ -168,9 +170,7 @@ TEST(EngineGpu, DecodePlanFusesThe13BPresetShapes) {
 // (whose attention step still takes the fused kernels).
 TEST(EngineGpu, DecodePlanRunsOuroBlocksUnfused) {
   REQUIRE_FUSED_DECODE();
-  auto m = make_test_model(family_config({"ouro", "full", ModelForm::Ouro}), 1, torch::kBFloat16);
-  m->to(torch::kCUDA);
-  m->eval();
+  auto m = cuda_test_model(family_config({"ouro", "full", ModelForm::Ouro}), 1, torch::kBFloat16);
   EngineOptions eo;
   eo.max_batch = 2;
   eo.max_len = 16;
@@ -211,9 +211,7 @@ TEST(EngineGpu, GraphReplayEqualsEagerStep) {
   for (const auto& f : families())
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       SCOPED_TRACE(f.name + (dt == torch::kBFloat16 ? " bf16" : " fp32"));
-      auto m = make_test_model(family_config(f), 3, dt);
-      m->to(torch::kCUDA);
-      m->eval();
+      auto m = cuda_test_model(family_config(f), 3, dt);
       expect_graph_replay_equals_eager(m);
     }
 }
@@ -247,9 +245,7 @@ TEST(EngineGpu, FusedAndReferenceDecodeAgree) {
   at::globalContext().setAllowTF32CuBLAS(false);
   for (const auto& f : families()) {
     SCOPED_TRACE(f.name);
-    auto m = make_test_model(family_config(f), 4, torch::kFloat32);
-    m->to(torch::kCUDA);
-    m->eval();
+    auto m = cuda_test_model(family_config(f), 4, torch::kFloat32);
     expect_fused_matches_reference(m, /*batch=*/2, /*max_len=*/24, /*filled=*/11, /*seed=*/9);
   }
 }
@@ -273,9 +269,7 @@ ModelConfig fused_dsa_config() {
 TEST(EngineGpu, FusedDsaDecodeAgreesWithReference) {
   REQUIRE_FUSED_DECODE();
   at::globalContext().setAllowTF32CuBLAS(false);
-  auto m = make_test_model(fused_dsa_config(), 4, torch::kFloat32);
-  m->to(torch::kCUDA);
-  m->eval();
+  auto m = cuda_test_model(fused_dsa_config(), 4, torch::kFloat32);
   expect_fused_matches_reference(m, /*batch=*/3, /*max_len=*/40, /*filled=*/23, /*seed=*/5);
 }
 
@@ -284,9 +278,7 @@ TEST(EngineGpu, FusedDsaGraphReplayEqualsEagerStep) {
   REQUIRE_FUSED_DECODE();
   for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
     SCOPED_TRACE(dt == torch::kBFloat16 ? "bf16" : "fp32");
-    auto m = make_test_model(fused_dsa_config(), 3, dt);
-    m->to(torch::kCUDA);
-    m->eval();
+    auto m = cuda_test_model(fused_dsa_config(), 3, dt);
     expect_graph_replay_equals_eager(m);
   }
 }
