@@ -9,8 +9,9 @@
 // Each batch-size bucket (1, 2, 4, ... up to max_batch) gets its decode step compiled at
 // construction: a DecodePlan (model/decode_plan.h) over views of the bucket's slots, which decides
 // once which (loop, layer) applications run their fused forms. On CUDA that step is then captured
-// once as a CUDA graph and replayed: a step allocates nothing and launches one graph. Inputs (tokens, positions) live in static device buffers the graph reads; logits come
-// back in the graph's static output. A decode of n sequences replays the smallest bucket >= n, so
+// once as a CUDA graph and replayed: a step allocates nothing and launches one graph. Inputs
+// (tokens, positions) live in static device buffers the step reads; logits come back in the
+// graph's static output. A decode of n sequences replays the smallest bucket >= n, so
 // it also advances slots n..bucket-1: the caller keeps its live sequences in slots 0..n-1, and a
 // slot past n holds no sequence that must survive (prefill resets a slot before using it).
 //
@@ -101,10 +102,10 @@ class Engine {
   const DecodePlan& decode_plan(int64_t n) const;
 
  private:
+  struct Bucket;
   struct Steps;
   int64_t bucket_for(int64_t n) const;
   // The eager decode step of one bucket on its static inputs (graph capture records exactly this).
-  struct Bucket;
   Tensor decode_eager(const Bucket& bucket);
   void check_row(int64_t row) const;
   // Every tensor of the row's state with the part that holds its sequence: along a token axis
