@@ -63,7 +63,12 @@ void run_bench(const std::string& mode, BenchArgs& a, const std::string& command
   const double copy_gbs = mode == "decode" ? measure_copy_bandwidth_gbs(a.opts.device) : 0;
   const std::string device = a.opts.device == "cuda" ? kernels::device_name(0) : "cpu";
   if (copy_gbs > 0) std::fprintf(stderr, "device %s, measured copy bandwidth %.0f GB/s\n", device.c_str(), copy_gbs);
-  auto progress = [](const BenchCell& c) {
+  std::string logged_plan;  // the decode plan, logged where it changes (a model, a batch size)
+  auto progress = [&logged_plan](const BenchCell& c) {
+    if (!c.decode_plan.empty() && c.decode_plan != logged_plan)
+      std::fprintf(stderr, "decode plan of %s at batch %lld: %s\n", c.model.c_str(), (long long)c.batch,
+                   c.decode_plan.c_str());
+    if (!c.decode_plan.empty()) logged_plan = c.decode_plan;
     if (c.oom)
       std::fprintf(stderr, "%s %s %s ctx %lld batch %lld: OOM from the plan (%.1f GB)\n", c.mode.c_str(),
                    c.model.c_str(), c.path.c_str(), (long long)c.context, (long long)c.batch, c.planned_gb);

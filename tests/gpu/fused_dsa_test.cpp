@@ -2,8 +2,8 @@
 // beyond their kernel-case rows (tests/gpu/kernel_cases_test.cpp): what they refuse; index scores
 // and top-k, and dsa_latent_prep with the q absorption folded in, captured in a CUDA graph and
 // replayed with new lengths or positions == eager (the prep: == its float64 reference); the latent
-// DSA mixer's fused decode step (step and step_residual) as accurate as its libtorch path, folded
-// == unfolded. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// DSA mixer's fused decode step (step, and its decode descriptor with a block's norm and residual
+// around it) as accurate as its libtorch path, folded == unfolded. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -204,12 +204,17 @@ TEST(FusedDsa, LatentDecodeStepAsAccurateAsReference) {
         const Positions p(0, 0, pos.seq_pos.to(in.device()));
         if (!residual) return mixer.step(in, p, st);
         const double eps = 1e-5;
-        auto h = fused ? mixer.step_residual(in, norm_weight.to(in.device(), in.scalar_type()), eps, p, st) : Tensor();
-        EXPECT_EQ(h.defined(), fused) << "step_residual takes the fused path exactly when it is on";
-        return h.defined() ? h : in + mixer.step(rms_norm(in, norm_weight.to(in.device(), in.scalar_type()), eps), p, st);
+        const auto nw = norm_weight.to(in.device(), in.scalar_type());
+        const auto d = fused ? mixer.decode_descriptor(st, in.size(0)) : std::optional<DecodeDescriptor>();
+        EXPECT_EQ(d.has_value(), fused) << "the descriptor exists exactly when the fused path is on";
+        if (!d) return in + mixer.step(rms_norm(in, nw, eps), p, st);
+        // What a decode plan runs: the normed input GEMV, the core, wo with the residual.
+        const auto x2 = in.reshape({in.size(0), -1});
+        const auto parts = ops::normed_linear(x2, d->input_weight, nw, eps).split_with_sizes(d->part_sizes, -1);
+        return PendingProjection{d->core(parts, p), d->output, {}, x2}.run().view(in.sizes());
       };
       for (bool residual : {false, true}) {
-        SCOPED_TRACE(residual ? "step_residual" : "step");
+        SCOPED_TRACE(residual ? "descriptor with residual" : "step");
         auto copy = [](const DSAState& from, torch::Device d, torch::ScalarType t) {
           auto c = std::make_unique<DSAState>();
           c->k = from.k.to(d, t).clone(), c->index_keys = from.index_keys.to(d, t).clone(), c->topk = from.topk;

@@ -1,11 +1,13 @@
 // GPU (CTest label `gpu`): the inference engine on CUDA. Mixed-length decode through captured
 // CUDA graphs and the fused kernels equals each sequence's plain forward, for every preset family
-// at a small size; graph replay equals the eager step on the same state.
+// at a small size; graph replay equals the eager step on the same state; the decode plan fuses
+// every application of the 1.3B presets' layer shapes and decodes as accurately as the forward.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
 
 #include "common/engine_testing.h"
+#include "lt2/config/presets.h"
 
 using namespace lt2;
 using lt2::testing::make_test_model;
@@ -48,6 +50,14 @@ ModelConfig family_config(const Family& f) {
   return cfg;
 }
 
+// make_test_model on the GPU, in eval mode.
+LoopedLM cuda_test_model(const ModelConfig& cfg, uint64_t seed, torch::ScalarType dtype) {
+  auto m = make_test_model(cfg, seed, dtype);
+  m->to(torch::kCUDA);
+  m->eval();
+  return m;
+}
+
 }  // namespace
 
 TEST(EngineGpu, MixedLengthGraphDecodeEqualsForwardFp32) {
@@ -66,46 +76,107 @@ TEST(EngineGpu, MixedLengthGraphDecodeEqualsForwardFp32) {
   }
 }
 
+namespace {
+
 // bf16: the engine (graphs, fused kernels, bf16 states and caches) must be about as accurate as
-// the bf16 forward pass, both measured against the fp32 forward of the same weights. DSA and NSA
-// are left out here: their top-k selections flip where bf16 rounding reorders close scores (a
-// discontinuity of the method, not an error); their bf16 engines are covered by graph == eager
-// below (and NSA's fused step by tests/gpu/fused_nsa_test.cpp).
+// the bf16 forward pass, both measured against the fp32 forward of the same weights.
+void expect_bf16_engine_as_accurate_as_forward(const ModelConfig& cfg, int64_t max_len) {
+  torch::NoGradGuard ng;
+  auto m32 = cuda_test_model(cfg, 2, torch::kFloat32);
+  auto m16 = cuda_test_model(cfg, 2, torch::kBFloat16);
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_len = max_len;
+  Engine engine(m16, eo);
+  torch::manual_seed(8);
+  const int64_t V = m32->config().vocab_size;
+  std::vector<torch::Tensor> seqs{torch::randint(V, {12}, torch::kLong), torch::randint(V, {5}, torch::kLong)};
+  for (int64_t s = 0; s < 2; ++s) engine.prefill(s, seqs[s]);
+  for (int step = 0; step < 4; ++step) {
+    auto next = torch::randint(V, {2}, torch::kLong);
+    auto got = engine.decode(next).cpu().to(torch::kFloat64);
+    for (int64_t s = 0; s < 2; ++s) {
+      seqs[s] = torch::cat({seqs[s], next.narrow(0, s, 1)});
+      auto tok = seqs[s].cuda().view({1, -1});
+      auto exact = m32->forward(tok).logits[0][-1].cpu();
+      const double forward_err = rel_err(m16->forward(tok).logits[0][-1].cpu(), exact);
+      const double engine_err = rel_err(got[s], exact);
+      EXPECT_LT(engine_err, 2 * forward_err + 2e-3)
+          << "step " << step << ", slot " << s << ": bf16 forward error " << forward_err;
+    }
+  }
+}
+
+}  // namespace
+
+// DSA and NSA are left out here: their top-k selections flip where bf16 rounding reorders close
+// scores (a discontinuity of the method, not an error); their bf16 engines are covered by graph ==
+// eager below (and NSA's fused step by tests/gpu/fused_nsa_test.cpp).
 TEST(EngineGpu, Bf16DecodeAsAccurateAsBf16Forward) {
   REQUIRE_CUDA();
   at::globalContext().setAllowTF32CuBLAS(false);
-  torch::NoGradGuard ng;
   for (const auto& f : families()) {
     if (f.pattern.find("dsa") != std::string::npos || f.pattern.find("nsa") != std::string::npos) continue;
     SCOPED_TRACE(f.name);
-    auto m32 = make_test_model(family_config(f), 2, torch::kFloat32);
-    m32->to(torch::kCUDA);
-    m32->eval();
-    auto m16 = make_test_model(family_config(f), 2, torch::kBFloat16);
-    m16->to(torch::kCUDA);
-    m16->eval();
-    EngineOptions eo;
-    eo.max_batch = 2;
-    eo.max_len = 32;
-    Engine engine(m16, eo);
-    torch::manual_seed(8);
-    const int64_t V = m32->config().vocab_size;
-    std::vector<torch::Tensor> seqs{torch::randint(V, {12}, torch::kLong), torch::randint(V, {5}, torch::kLong)};
-    for (int64_t s = 0; s < 2; ++s) engine.prefill(s, seqs[s]);
-    for (int step = 0; step < 4; ++step) {
-      auto next = torch::randint(V, {2}, torch::kLong);
-      auto got = engine.decode(next).cpu().to(torch::kFloat64);
-      for (int64_t s = 0; s < 2; ++s) {
-        seqs[s] = torch::cat({seqs[s], next.narrow(0, s, 1)});
-        auto tok = seqs[s].cuda().view({1, -1});
-        auto exact = m32->forward(tok).logits[0][-1].cpu();
-        const double forward_err = rel_err(m16->forward(tok).logits[0][-1].cpu(), exact);
-        const double engine_err = rel_err(got[s], exact);
-        EXPECT_LT(engine_err, 2 * forward_err + 2e-3)
-            << "step " << step << ", slot " << s << ": bf16 forward error " << forward_err;
+    expect_bf16_engine_as_accurate_as_forward(family_config(f), 32);
+  }
+}
+
+namespace {
+
+// A 1.3B preset's layer shapes (width, heads, head dims, FFN, DSA's latent dims and top-k) with
+// one period of its layer pattern (interleaved 4:1: four GDN layers and one attention layer), two
+// loops and a small vocabulary.
+ModelConfig preset_shapes(const std::string& preset) {
+  auto cfg = load_model_config(preset);
+  cfg.n_layers = 5;
+  cfg.n_loops = 2;
+  cfg.vocab_size = 512;
+  return cfg;
+}
+
+}  // namespace
+
+// The decode plan the engine compiles fuses every (loop, layer) application of the LT2 1.3B
+// presets' shapes in bf16 at batch 1 and 8 (GDN, full attention, latent DSA with its top-k below
+// the cache), and decoding through it is about as accurate as the bf16 forward. DSA is in: its
+// top-k (2048) covers every key of these short sequences, so no selection can flip.
+TEST(EngineGpu, DecodePlanFusesThe13BPresetShapes) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const int64_t max_len = 2100;  // above DSA's top-k, as at long contexts
+  for (const std::string preset : {"lt-1.3b", "lt2-gdn-1.3b", "lt2-full-gdn-1.3b", "lt2-gdn-dsa-1.3b"}) {
+    SCOPED_TRACE(preset);
+    const auto cfg = preset_shapes(preset);
+    {
+      torch::NoGradGuard ng;
+      auto m = cuda_test_model(cfg, 5, torch::kBFloat16);
+      EngineOptions eo;
+      eo.max_batch = 8;
+      eo.max_len = max_len;
+      eo.cuda_graphs = false;
+      Engine engine(m, eo);
+      for (int64_t n : {1, 8}) {
+        const auto& plan = engine.decode_plan(n);
+        EXPECT_EQ(plan.size(), cfg.n_layers * cfg.n_loops);
+        EXPECT_EQ(plan.fused_count(), plan.size()) << "batch " << n << ": " << plan.describe();
       }
     }
+    expect_bf16_engine_as_accurate_as_forward(cfg, max_len);
   }
+}
+
+// Ouro's sandwich norm leaves nothing for the plan to fold: every application runs its block
+// (whose attention step still takes the fused kernels).
+TEST(EngineGpu, DecodePlanRunsOuroBlocksUnfused) {
+  REQUIRE_FUSED_DECODE();
+  auto m = cuda_test_model(family_config({"ouro", "full", ModelForm::Ouro}), 1, torch::kBFloat16);
+  EngineOptions eo;
+  eo.max_batch = 2;
+  eo.max_len = 16;
+  eo.cuda_graphs = false;
+  Engine engine(m, eo);
+  EXPECT_EQ(engine.decode_plan(2).fused_count(), 0) << engine.decode_plan(2).describe();
 }
 
 namespace {
@@ -140,9 +211,7 @@ TEST(EngineGpu, GraphReplayEqualsEagerStep) {
   for (const auto& f : families())
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       SCOPED_TRACE(f.name + (dt == torch::kBFloat16 ? " bf16" : " fp32"));
-      auto m = make_test_model(family_config(f), 3, dt);
-      m->to(torch::kCUDA);
-      m->eval();
+      auto m = cuda_test_model(family_config(f), 3, dt);
       expect_graph_replay_equals_eager(m);
     }
 }
@@ -176,9 +245,7 @@ TEST(EngineGpu, FusedAndReferenceDecodeAgree) {
   at::globalContext().setAllowTF32CuBLAS(false);
   for (const auto& f : families()) {
     SCOPED_TRACE(f.name);
-    auto m = make_test_model(family_config(f), 4, torch::kFloat32);
-    m->to(torch::kCUDA);
-    m->eval();
+    auto m = cuda_test_model(family_config(f), 4, torch::kFloat32);
     expect_fused_matches_reference(m, /*batch=*/2, /*max_len=*/24, /*filled=*/11, /*seed=*/9);
   }
 }
@@ -202,9 +269,7 @@ ModelConfig fused_dsa_config() {
 TEST(EngineGpu, FusedDsaDecodeAgreesWithReference) {
   REQUIRE_FUSED_DECODE();
   at::globalContext().setAllowTF32CuBLAS(false);
-  auto m = make_test_model(fused_dsa_config(), 4, torch::kFloat32);
-  m->to(torch::kCUDA);
-  m->eval();
+  auto m = cuda_test_model(fused_dsa_config(), 4, torch::kFloat32);
   expect_fused_matches_reference(m, /*batch=*/3, /*max_len=*/40, /*filled=*/23, /*seed=*/5);
 }
 
@@ -213,9 +278,7 @@ TEST(EngineGpu, FusedDsaGraphReplayEqualsEagerStep) {
   REQUIRE_FUSED_DECODE();
   for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
     SCOPED_TRACE(dt == torch::kBFloat16 ? "bf16" : "fp32");
-    auto m = make_test_model(fused_dsa_config(), 3, dt);
-    m->to(torch::kCUDA);
-    m->eval();
+    auto m = cuda_test_model(fused_dsa_config(), 3, dt);
     expect_graph_replay_equals_eager(m);
   }
 }

@@ -1,5 +1,6 @@
 // The inference engine on the CPU: mixed-length batches decode like each sequence alone, the
-// memory planner counts exactly what is allocated, and wrong use gets a clear error.
+// decode plan steps like the plain decode, the memory planner counts exactly what is allocated,
+// and wrong use gets a clear error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "lt2/mixers/dsa.h"
 #include "lt2/mixers/full_attention.h"
 #include "lt2/mixers/registry.h"
+#include "mixers/mixer_testing.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
 
 using namespace lt2;
@@ -92,6 +94,79 @@ TEST(Engine, OuroMixedLengthBatch) {
                                                    {6, 1}, 3, 1e-10);
 }
 
+namespace {
+
+// A decode step at per-sequence positions through a plan compiled for one state, and the plain
+// step on an equal state: the same logits and the same states after, bit for bit. The plan is
+// returned for its report.
+DecodePlan expect_plan_steps_like_plain_decode(LoopedLM m) {
+  torch::NoGradGuard ng;
+  m->eval();
+  m->pack_for_inference();
+  const int64_t B = 2, L = 12;
+  std::vector<std::unique_ptr<ModelState>> states;
+  for (int i = 0; i < 2; ++i) {
+    states.push_back(m->make_state(B, L, torch::TensorOptions().dtype(torch::kFloat64)));
+    torch::manual_seed(7);
+    for (auto& s : states.back()->mixers)
+      for (auto& t : s->tensors()) t.normal_(0.0, 0.1);
+  }
+  auto plan = m->compile_decode_plan(*states[0]);
+  EXPECT_EQ(plan.size(), static_cast<int64_t>(states[0]->mixers.size()));
+  ForwardOptions plain;
+  plain.seq_pos = torch::tensor({3L, 8L});
+  ForwardOptions planned = plain;
+  planned.decode_plan = &plan;
+  const auto tokens = torch::tensor({5L, 11L}).view({B, 1});
+  const auto got = m->forward(tokens, states[0].get(), planned).logits;
+  const auto want = m->forward(tokens, states[1].get(), plain).logits;
+  EXPECT_TRUE(torch::equal(got, want)) << "logits differ by " << lt2::testing::rel_err(got, want);
+  for (size_t i = 0; i < states[0]->mixers.size(); ++i) {
+    const auto a = states[0]->mixers[i]->tensors(), b = states[1]->mixers[i]->tensors();
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_TRUE(torch::equal(a[j], b[j])) << "state " << i << " tensor " << j;
+  }
+  return plan;
+}
+
+}  // namespace
+
+// Every registered mixer that decodes with per-sequence positions, and the model forms and
+// patterns around them (Ouro's sandwich norm and exit gate, a hybrid, random slots with vote
+// draws): the plan's applications line up with the model's (loop, layer) states. On the CPU no
+// mixer has a fused form (the fused kernels are CUDA's), so the plan says every application runs
+// its block; tests/gpu/test_engine_gpu.cpp checks what it fuses on a GPU.
+TEST(DecodePlan, StepsLikeThePlainDecodeForEveryMixer) {
+  for (const auto& v : lt2::testing::mixer_variants()) {
+    SCOPED_TRACE(v.label);
+    auto m = make_test_model(lt2::testing::variant_config(v));
+    if (!m->mixers()[0]->caps().seq_pos) continue;
+    const auto plan = expect_plan_steps_like_plain_decode(m);
+    EXPECT_EQ(plan.fused_count(), 0);
+    EXPECT_EQ(plan.describe(), cat("0/", plan.size(), " applications fused (", v.name, " 0/", plan.size(), ")"));
+  }
+  for (const auto& [pattern, form] : {std::pair{"full", ModelForm::Ouro}, std::pair{"interleaved:1:1:gdn:full", ModelForm::LT2},
+                                      std::pair{"random:1:1", ModelForm::LT2}}) {
+    SCOPED_TRACE(pattern);
+    expect_plan_steps_like_plain_decode(make_test_model(engine_config(pattern, form)));
+  }
+}
+
+TEST(DecodePlan, TheEngineCompilesOnePerBucket) {
+  auto m = make_test_model(engine_config("interleaved:1:1:gdn:full"));
+  m->eval();
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.max_len = 8;
+  Engine engine(m, eo);
+  const auto& cfg = m->config();
+  for (int64_t n = 1; n <= 4; ++n) {
+    const auto& plan = engine.decode_plan(n);
+    EXPECT_EQ(plan.state().batch, n == 3 ? 4 : n) << "the bucket of " << n << " sequences";
+    EXPECT_EQ(plan.size(), cfg.n_loops * cfg.n_layers);
+    EXPECT_EQ(plan.describe(), "0/6 applications fused (gdn 0/3, full 0/3)");
+  }
+}
+
 TEST(Engine, FewerSequencesThanSlotsUseASmallerBucket) {
   // Two live sequences in a 4-slot engine decode through bucket 2 (1, 2, 4 are the buckets).
   EngineOptions eo;
@@ -122,6 +197,7 @@ TEST(Engine, ClearErrors) {
   expect_error([&] { engine.prefill(2, torch::zeros({2}, torch::kLong)); }, "slot 2");
   expect_error([&] { engine.prefill(0, torch::zeros({5}, torch::kLong)); }, "max_len");
   expect_error([&] { engine.decode(torch::zeros({3}, torch::kLong)); }, "max_batch");
+  expect_error([&] { engine.decode_plan(3); }, "bucket");
   engine.prefill(0, torch::zeros({4}, torch::kLong));
   expect_error([&] { engine.decode(torch::zeros({1}, torch::kLong)); }, "full");
   auto fixed = make_test_model(engine_config("full"));
@@ -293,6 +369,10 @@ TEST(Bench, DecodeAndPrefillCellsOnTheCpu) {
   }
   EXPECT_NE(bench_table(cells).find("| decode | tiny-full-gdn | engine | 16 | 2 |"), std::string::npos);
   EXPECT_EQ(cells_from_json(nlohmann::json{{"cells", {cells[0].to_json()}}}).front().context, 8);
+  EXPECT_EQ(cells[0].decode_plan, "");  // the reference path has none
+  EXPECT_EQ(cells_from_json(nlohmann::json{{"cells", {cells.back().to_json()}}}).front().decode_plan,
+            cells.back().decode_plan);
+  EXPECT_NE(cells.back().decode_plan.find("applications fused"), std::string::npos);
 }
 
 // Staging rows, copy_row and snapshot/restore (the server's continuous batching and prefix cache):

@@ -106,6 +106,7 @@ BenchCell run_decode_cell(LoopedLM& model, const std::string& name, const std::s
     eo.prefill_chunk = o.prefill_chunk;
     eo.every_bucket = false;  // the benchmark decodes full batches only
     engine = std::make_unique<Engine>(model, eo);
+    c.decode_plan = engine->decode_plan(B).describe();
     engine->fill_random(C, o.seed);
     step = [&] { engine->decode(tokens); };
   } else {
@@ -194,6 +195,7 @@ nlohmann::json BenchCell::to_json() const {
           {"bandwidth_pct", bandwidth_pct}, {"floor_ms", floor_ms}, {"memory_gb", memory_gb},
           {"planned_gb", planned_gb}};
   if (profile.steps > 0) j["profile"] = profile.to_json(40);
+  if (!decode_plan.empty()) j["decode_plan"] = decode_plan;
   return j;
 }
 
@@ -208,6 +210,7 @@ std::vector<BenchCell> cells_from_json(const nlohmann::json& j) {
     c.ms = r.at("ms"), c.tokens_per_s = r.at("tokens_per_s"), c.gb_per_step = r.at("gb_per_step");
     c.bandwidth_pct = r.at("bandwidth_pct"), c.floor_ms = r.at("floor_ms");
     c.memory_gb = r.at("memory_gb"), c.planned_gb = r.at("planned_gb");
+    c.decode_plan = r.value("decode_plan", "");
     out.push_back(c);
   }
   return out;

@@ -53,6 +53,7 @@ struct BenchCell {
   double memory_gb = 0;          // device memory in use during the cell (planned on the CPU)
   double planned_gb = 0;         // weights + states + workspace from the plan
   KernelProfile profile;         // engine cells with profile_steps > 0 (CUDA only)
+  std::string decode_plan;       // engine decode cells: the engine's DecodePlan::describe()
   nlohmann::json to_json() const;
 };
 

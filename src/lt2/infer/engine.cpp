@@ -15,18 +15,26 @@
 
 namespace lt2 {
 
-// One captured decode step per bucket: the graph, the static buffers it reads and its output.
-struct Engine::Graphs {
+// One bucket's decode step: views of its slots, the plan compiled over them, the static inputs the
+// step reads and, on CUDA, the captured graph and its output.
+struct Engine::Bucket {
+  Bucket(const LoopedLMImpl& model, const ModelState& state, int64_t size, const torch::TensorOptions& long_opts)
+      : slots(state.slice(0, size)),
+        plan(model.compile_decode_plan(*slots)),
+        tokens(torch::zeros({size, 1}, long_opts)),
+        positions(torch::zeros({size}, long_opts)) {}
+  std::unique_ptr<ModelState> slots;  // views of slots 0..size-1
+  DecodePlan plan;
+  Tensor tokens;     // [size, 1] int64
+  Tensor positions;  // [size] int64
 #ifdef LT2_WITH_CUDA
-  struct Bucket {
-    std::unique_ptr<at::cuda::CUDAGraph> graph;
-    std::unique_ptr<ModelState> slots;  // views of slots 0..bucket-1
-    Tensor tokens;                      // [bucket, 1] int64
-    Tensor positions;                   // [bucket] int64
-    Tensor logits;                      // [bucket, V]
-  };
-  std::vector<Bucket> buckets;  // parallel to Engine::buckets_
+  std::unique_ptr<at::cuda::CUDAGraph> graph;  // null where not captured
 #endif
+  Tensor logits;     // [size, V]: the captured step's output
+};
+
+struct Engine::Steps {
+  std::vector<Bucket> buckets;  // parallel to Engine::buckets_
 };
 
 Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), opts_(opts) {
@@ -59,7 +67,8 @@ Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), o
   device_lengths_ = torch::zeros({rows()}, state_opts_.dtype(torch::kLong));
   for (int64_t b = 1; opts_.every_bucket && b < opts_.max_batch; b *= 2) buckets_.push_back(b);
   buckets_.push_back(opts_.max_batch);
-  graphs_ = std::make_unique<Graphs>();
+  steps_ = std::make_unique<Steps>();
+  for (int64_t b : buckets_) steps_->buckets.emplace_back(*model_, *state_, b, state_opts_.dtype(torch::kLong));
 
 #ifdef LT2_WITH_CUDA
   if (!opts_.cuda_graphs || !param.is_cuda()) return;
@@ -68,23 +77,15 @@ Engine::Engine(LoopedLM model, EngineOptions opts) : model_(std::move(model)), o
   // Capture runs on a side stream; all buckets share one memory pool (they replay one at a time).
   auto stream = c10::cuda::getStreamFromPool();
   const auto pool = at::cuda::graph_pool_handle();
-  const auto long_opts = state_opts_.dtype(torch::kLong);
-  for (int64_t b : buckets_) {
-    Graphs::Bucket g;
-    g.slots = state_->slice(0, b);
-    g.tokens = torch::zeros({b, 1}, long_opts);
-    g.positions = torch::zeros({b}, long_opts);
-    {
-      c10::cuda::CUDAStreamGuard stream_guard(stream);
-      // Warm-up outside the capture: lazy library initialisation (cuBLAS handles, workspaces).
-      for (int i = 0; i < 2; ++i) decode_eager(g.tokens, g.positions, *g.slots);
-      stream.synchronize();
-      g.graph = std::make_unique<at::cuda::CUDAGraph>();
-      g.graph->capture_begin(pool);
-      g.logits = decode_eager(g.tokens, g.positions, *g.slots);
-      g.graph->capture_end();
-    }
-    graphs_->buckets.push_back(std::move(g));
+  for (auto& g : steps_->buckets) {
+    c10::cuda::CUDAStreamGuard stream_guard(stream);
+    // Warm-up outside the capture: lazy library initialisation (cuBLAS handles, workspaces).
+    for (int i = 0; i < 2; ++i) decode_eager(g);
+    stream.synchronize();
+    g.graph = std::make_unique<at::cuda::CUDAGraph>();
+    g.graph->capture_begin(pool);
+    g.logits = decode_eager(g);
+    g.graph->capture_end();
   }
   torch::cuda::synchronize();
   state_->reset();  // the warm-up steps wrote into the states
@@ -95,10 +96,16 @@ Engine::~Engine() = default;
 
 bool Engine::graphs_captured() const {
 #ifdef LT2_WITH_CUDA
-  return !graphs_->buckets.empty();
+  return steps_->buckets.front().graph != nullptr;
 #else
   return false;
 #endif
+}
+
+const DecodePlan& Engine::decode_plan(int64_t n) const {
+  LT2_CHECK(n >= 1 && n <= opts_.max_batch, "engine: no bucket decodes ", n, " sequences (max_batch ",
+            opts_.max_batch, ")");
+  return steps_->buckets[bucket_for(n)].plan;
 }
 
 int64_t Engine::bucket_for(int64_t n) const {
@@ -190,10 +197,11 @@ void Engine::restore(int64_t row, const Snapshot& snap) {
   set_length(row, snap.length);
 }
 
-Tensor Engine::decode_eager(const Tensor& tokens, const Tensor& positions, ModelState& slots) {
+Tensor Engine::decode_eager(const Bucket& bucket) {
   ForwardOptions fo = opts_.forward;
-  fo.seq_pos = positions;
-  return model_->forward(tokens, &slots, fo).logits.select(1, 0);  // [b, V]
+  fo.seq_pos = bucket.positions;
+  fo.decode_plan = &bucket.plan;
+  return model_->forward(bucket.tokens, bucket.slots.get(), fo).logits.select(1, 0);  // [b, V]
 }
 
 Tensor Engine::prefill(int64_t slot, const Tensor& prompt) {
@@ -241,30 +249,21 @@ Tensor Engine::decode(const Tensor& tokens) {
   for (int64_t s = 0; s < n; ++s)
     LT2_CHECK(lengths_[s] < opts_.max_len, "engine: slot ", s, " is full (", opts_.max_len, " tokens)");
   torch::NoGradGuard no_grad;
+  auto& bucket = steps_->buckets[bucket_for(n)];
   const int64_t b = buckets_[bucket_for(n)];
-  auto input = tokens.to(state_opts_.device(), torch::kLong).view({n, 1});
   // Positions of the new tokens: each slot's length; padding slots n..b-1 decode at position 0.
-  auto fill_inputs = [&](const Tensor& token_buf, const Tensor& position_buf) {
-    token_buf.narrow(0, 0, n).copy_(input);
-    position_buf.narrow(0, 0, n).copy_(device_lengths_.narrow(0, 0, n));
-    position_buf.narrow(0, n, b - n).zero_();
-  };
+  bucket.tokens.narrow(0, 0, n).copy_(tokens.to(state_opts_.device(), torch::kLong).view({n, 1}));
+  bucket.positions.narrow(0, 0, n).copy_(device_lengths_.narrow(0, 0, n));
+  bucket.positions.narrow(0, n, b - n).zero_();
   Tensor logits;
 #ifdef LT2_WITH_CUDA
-  if (graphs_captured()) {
-    auto& g = graphs_->buckets[bucket_for(n)];
-    fill_inputs(g.tokens, g.positions);
-    g.graph->replay();
-    logits = g.logits.narrow(0, 0, n);
+  if (bucket.graph) {
+    bucket.graph->replay();
+    logits = bucket.logits;
   }
 #endif
-  if (!logits.defined()) {
-    auto slots = state_->slice(0, b);
-    auto token_buf = torch::zeros({b, 1}, state_opts_.dtype(torch::kLong));
-    auto position_buf = torch::empty({b}, state_opts_.dtype(torch::kLong));
-    fill_inputs(token_buf, position_buf);
-    logits = decode_eager(token_buf, position_buf, *slots).narrow(0, 0, n);
-  }
+  if (!logits.defined()) logits = decode_eager(bucket);
+  logits = logits.narrow(0, 0, n);
   device_lengths_.narrow(0, 0, n).add_(1);
   for (int64_t s = 0; s < n; ++s) ++lengths_[s];
   return logits;

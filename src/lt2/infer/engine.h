@@ -6,10 +6,12 @@
 //   decode(tokens [n])     one token for each of slots 0..n-1 at its own position (sequences of
 //                          different lengths decode together; Positions::seq_pos).
 //
-// On CUDA the decode step of each batch-size bucket (1, 2, 4, ... up to max_batch) is captured
-// once as a CUDA graph at construction and replayed: a step allocates nothing and launches one
-// graph. Inputs (tokens, positions) live in static device buffers the graph reads; logits come
-// back in the graph's static output. A decode of n sequences replays the smallest bucket >= n, so
+// Each batch-size bucket (1, 2, 4, ... up to max_batch) gets its decode step compiled at
+// construction: a DecodePlan (model/decode_plan.h) over views of the bucket's slots, which decides
+// once which (loop, layer) applications run their fused forms. On CUDA that step is then captured
+// once as a CUDA graph and replayed: a step allocates nothing and launches one graph. Inputs
+// (tokens, positions) live in static device buffers the step reads; logits come back in the
+// graph's static output. A decode of n sequences replays the smallest bucket >= n, so
 // it also advances slots n..bucket-1: the caller keeps its live sequences in slots 0..n-1, and a
 // slot past n holds no sequence that must survive (prefill resets a slot before using it).
 //
@@ -96,12 +98,15 @@ class Engine {
   bool graphs_captured() const;
   // The batch-size buckets, ascending (the last is max_batch).
   const std::vector<int64_t>& buckets() const { return buckets_; }
+  // The decode plan of the bucket that decodes `n` sequences (1 <= n <= max_batch).
+  const DecodePlan& decode_plan(int64_t n) const;
 
  private:
-  struct Graphs;
+  struct Bucket;
+  struct Steps;
   int64_t bucket_for(int64_t n) const;
-  // The eager decode step of the first `n` slots (graph capture records exactly this).
-  Tensor decode_eager(const Tensor& tokens, const Tensor& positions, ModelState& slots);
+  // The eager decode step of one bucket on its static inputs (graph capture records exactly this).
+  Tensor decode_eager(const Bucket& bucket);
   void check_row(int64_t row) const;
   // Every tensor of the row's state with the part that holds its sequence: along a token axis
   // only rows [0, min(length, size)).
@@ -116,7 +121,7 @@ class Engine {
   Tensor device_lengths_;         // the same on the model's device: a decode step reads its positions
                                   // there, so no host-to-device copy waits for the previous step
   std::vector<int64_t> buckets_;
-  std::unique_ptr<Graphs> graphs_;
+  std::unique_ptr<Steps> steps_;
 };
 
 }  // namespace lt2

@@ -299,26 +299,54 @@ int64_t DSAImpl::workspace_bytes(int64_t batch, int64_t rows, int64_t keys) cons
   return std::max(block(index_row_bytes(batch, keys)), block(attention_row_bytes(batch, keys))) + batch * rows * keys;
 }
 
-std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, const Tensor& norm_weight,
-                                                            double norm_eps, bool residual, const Positions& pos,
-                                                            DSAState& s) {
-  if (!latent || !pos.seq_pos.defined() || !use_packed(w_in) || stage == IndexerStage::DenseWarmup ||
-      topk >= s.k.size(2))
+std::optional<DecodeDescriptor> DSAImpl::decode_descriptor(MixerState& state, int64_t batch) {
+  auto* s = dynamic_cast<DSAState*>(&state);
+  if (!fused_decode_enabled() || !s || !latent || !use_packed(w_in) || stage == IndexerStage::DenseWarmup ||
+      topk >= s->k.size(2))
     return std::nullopt;
-  const int64_t B = x.size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
-  const auto x2 = x.reshape({B, -1});
-  ops::GemvFusion norm;
-  norm.norm_weight = norm_weight, norm.norm_eps = norm_eps;
-  if (!ops::gemv_fused_applies(x2, w_in, norm)) return std::nullopt;
+  const int64_t B = batch, H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
+  const auto opts = w_in.options();
+  // The tensors latent_decode makes, and its inputs as views of one [B, N] GEMV output.
+  const auto q = torch::empty({B, H, dc + dr}, opts), index_q = torch::empty({B, index_heads, index_head_dim}, opts);
+  const auto v_cache = s->k.narrow(-1, 0, dc);
+  if (!ops::dsa_index_topk_supported(index_q, s->index_keys, topk) ||
+      !ops::sparse_attention_decode_supported(q, s->k, v_cache))
+    return std::nullopt;
+  const auto parts = unpack_outputs(torch::empty({B, w_in.size(0)}, opts), input_projections());
+  const auto q_raw = parts[0].view({B, H, D + dr});
+  const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();
+  // The absorptions q_latent[b, h] = q_nope[b, h] wk_b[h] and y[b, h] = (o[b, h] wv_b[h]) *
+  // sigmoid(gate[b, h]) are folded into the prep and the attention's combine where their kernels
+  // take them and B is within DecodeOptions::dsa_fold_q_max_rows / dsa_fold_o_max_rows (1 each:
+  // folding saves time at one row and costs it at eight, where the batched GEMVs stream the
+  // absorption weights once for every row), else batched GEMVs (the second's x is o [B, H, d_c],
+  // shaped like q's latent part).
+  const auto& options = decode_options();
+  const bool fold_q = B <= options.dsa_fold_q_max_rows && ops::dsa_latent_prep_absorb_supported(q_raw, q, wk_b_t);
+  const bool fold_o = B <= options.dsa_fold_o_max_rows &&
+                      ops::sparse_attention_absorb_supported(q, s->k, v_cache, wv_b_t, gate);
+  if ((!fold_q && !ops::gemv_batched_applies(q_raw.narrow(-1, 0, D), wk_b_t)) ||
+      (!fold_o && !ops::gemv_batched_applies(q.narrow(-1, 0, dc), wv_b_t, gate)))
+    return std::nullopt;
+  DecodeDescriptor d;
+  d.input_weight = w_in;
+  for (const auto& l : input_projections()) d.part_sizes.push_back(l->weight.size(0));
+  d.core = [this, s, fold_q, fold_o](const std::vector<Tensor>& parts, const Positions& pos) {
+    return latent_decode(parts, pos, *s, fold_q, fold_o);
+  };
+  d.output = wo;
+  return d;
+}
+
+Tensor DSAImpl::latent_decode(const std::vector<Tensor>& parts, const Positions& pos, DSAState& s, bool fold_q,
+                              bool fold_o) {
+  const int64_t B = parts[0].size(0), H = n_heads, D = head_dim, dc = latent_dim, dr = latent_rope_dim;
+  const auto opts = parts[0].options();
   ops::DsaLatentPrepArgs a;
-  a.q = torch::empty({B, H, dc + dr}, x.options());  // per head [q_nope W_uk | RoPE(q_rope)]
-  a.index_q = torch::empty({B, index_heads, index_head_dim}, x.options());
+  a.q = torch::empty({B, H, dc + dr}, opts);  // per head [q_nope W_uk | RoPE(q_rope)]
+  a.index_q = torch::empty({B, index_heads, index_head_dim}, opts);
   a.k_cache = s.k, a.index_keys = s.index_keys;
   const auto v_cache = s.k.narrow(-1, 0, dc);  // the values are the keys' latent part
-  if (!ops::dsa_index_topk_supported(a.index_q, s.index_keys, topk) ||
-      !ops::sparse_attention_decode_supported(a.q, s.k, v_cache))
-    return std::nullopt;
-  const auto parts = unpack_outputs(ops::gemv_fused(x2, w_in, norm), input_projections());  // [B, N_i] views
   a.q_raw = parts[0].view({B, H, D + dr});
   a.kv_raw = parts[1];
   a.index_q_raw = parts[2].view({B, index_heads, index_head_dim});
@@ -329,24 +357,10 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
   a.index_norm_eps = index_k_norm->options.eps();
   a.rope_theta = rope_theta, a.rope_style = rope_style, a.index_rope_dim = index_rope_dim;
   a.index_weight_scale = index_weight_scale(), a.topk = topk;
-  a.index_w = torch::empty({B, index_heads}, x.options().dtype(torch::kFloat32));
+  a.index_w = torch::empty({B, index_heads}, opts.dtype(torch::kFloat32));
   a.seq_lens = torch::empty({B}, pos.seq_pos.options()), a.counts = torch::empty({B}, pos.seq_pos.options());
-  const auto q_nope = a.q_raw.narrow(-1, 0, D);                                // [B, H, D]
-  const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();               // [B, H, D]
-  // The absorptions q_latent[b, h] = q_nope[b, h] wk_b[h] and y[b, h] = (o[b, h] wv_b[h]) *
-  // sigmoid(gate[b, h]) are folded into the prep and the attention's combine where their kernels
-  // take them and B is within DecodeOptions::dsa_fold_q_max_rows / dsa_fold_o_max_rows (1 each:
-  // folding saves time at one row and costs it at eight, where the batched GEMVs stream the
-  // absorption weights once for every row), else batched GEMVs (the second's x is o [B, H, d_c],
-  // shaped like q's latent part).
-  const auto& options = decode_options();
-  const bool fold_q = B <= options.dsa_fold_q_max_rows &&
-                      ops::dsa_latent_prep_absorb_supported(a.q_raw, a.q, wk_b_t);
-  const bool fold_o = B <= options.dsa_fold_o_max_rows &&
-                      ops::sparse_attention_absorb_supported(a.q, s.k, v_cache, wv_b_t, gate);
-  if ((!fold_q && !ops::gemv_batched_applies(q_nope, wk_b_t)) ||
-      (!fold_o && !ops::gemv_batched_applies(a.q.narrow(-1, 0, dc), wv_b_t, gate)))
-    return std::nullopt;
+  const auto q_nope = a.q_raw.narrow(-1, 0, D);                   // [B, H, D]
+  const auto gate = wgate ? parts[5].view({B, H, D}) : Tensor();  // [B, H, D]
   if (fold_q) a.absorb = wk_b_t;
   ops::dsa_latent_prep(a);
   if (!fold_q) ops::gemv_batched(q_nope, wk_b_t, a.q.narrow(-1, 0, dc));
@@ -356,22 +370,18 @@ std::optional<PendingProjection> DSAImpl::latent_fused_step(const Tensor& x, con
     y = ops::sparse_attention_decode_fused(a.q, s.k, v_cache, idx, a.counts, scale(), wv_b_t, gate);
   } else {
     auto o = ops::sparse_attention_decode_fused(a.q, s.k, v_cache, idx, a.counts, scale());  // [B, H, d_c]
-    y = torch::empty({B, H, D}, x.options());
+    y = torch::empty({B, H, D}, opts);
     ops::gemv_batched(o, wv_b_t, y, gate);
   }
-  return PendingProjection{y.view({B, H * D}), wo, {}, residual ? x2 : Tensor()};
-}
-
-std::optional<PendingProjection> DSAImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
-                                                                double norm_eps, const Positions& pos,
-                                                                MixerState& state) {
-  return latent_fused_step(x, norm_weight, norm_eps, /*residual=*/true, pos, dynamic_cast<DSAState&>(state));
+  return y.view({B, H * D});
 }
 
 Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
-  if (auto pending = latent_fused_step(x, {}, 0.0, /*residual=*/false, pos, s))
-    return pending->run().view({x.size(0), 1, -1});
   const int64_t B = x.size(0), L = s.k.size(2);
+  if (auto fused = decode_descriptor(s, B); fused && ops::gemv_fused_applies(x.reshape({B, -1}), w_in)) {
+    const auto parts = unpack_outputs(ops::gemv_fused(x.reshape({B, -1}), w_in), input_projections());
+    return ops::linear(fused->core(parts, pos), wo).view({B, 1, -1});
+  }
   auto h = project(x, pos);  // q [B, H, 1, D_qk], k, v [B, H_kv, 1, D_qk | D_v]
   cache_write_at(s.k, h.k, pos.seq_pos);
   if (!latent) cache_write_at(s.v, h.v, pos.seq_pos);

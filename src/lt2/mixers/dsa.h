@@ -70,10 +70,10 @@ class DSAImpl : public MixerImpl {
   std::string kind() const override { return "dsa"; }
   // GQA form: the attention block's packing; latent form: w_in and the transposed wk_b, wv_b.
   void pack_for_inference() override;
-  // The latent form's decode with the block's RMSNorm folded into the packed input GEMV, wo (with
-  // the residual add) pending (latent_fused_step); nullopt where the fused kernels do not apply.
-  std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                         const Positions& pos, MixerState& state) override;
+  // The latent form's fused decode: w_in, then latent_decode, then wo; nullopt where the fused
+  // kernels do not take the state (the GQA form, the dense warm-up stage, a top-k that covers the
+  // cache, shapes without a kernel).
+  std::optional<DecodeDescriptor> decode_descriptor(MixerState& state, int64_t batch) override;
   // The indexer's KL loss (stages: AuxLossStage Warmup = dense_warmup, Joint = sparse).
   AuxLoss* aux_loss() override { return &aux_; }
 
@@ -122,13 +122,13 @@ class DSAImpl : public MixerImpl {
   // Decode with per-sequence positions: cache writes at seq_pos, index scores over the
   // whole cache with slots past each sequence's length masked, attention over the top-k.
   Tensor step_at(const Tensor& x, const Positions& pos, DSAState& s);
-  // The latent form's step_at on fused kernels: one GEMV for every input projection (with the
-  // RMSNorm prologue when norm_weight is defined), ops::dsa_latent_prep, the absorbed q_nope W_uk,
-  // the index top-k, sparse attention over the latent cache, o W_uv with the output gate; wo (plus
-  // x with `residual`) pending. nullopt, before the state changes, when the kernels do not take
-  // the inputs.
-  std::optional<PendingProjection> latent_fused_step(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                     bool residual, const Positions& pos, DSAState& s);
+  // The latent form's decode core on fused kernels, from the packed input GEMV's outputs (parts,
+  // [B, N_i] in input_projections() order): ops::dsa_latent_prep, the absorbed q_nope W_uk, the
+  // index top-k, sparse attention over the latent cache, o W_uv with the output gate. Returns y
+  // [B, H * D], wo's input. fold_q / fold_o: the absorptions folded into the prep and the
+  // attention's combine instead of batched GEMVs (decided by decode_descriptor).
+  Tensor latent_decode(const std::vector<Tensor>& parts, const Positions& pos, DSAState& s, bool fold_q,
+                       bool fold_o);
   Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
   // Bytes of one query row's dense index logits and of its attention scores over `keys` keys,
   // and the rows of an inference block (of `rows`) at row_bytes each.

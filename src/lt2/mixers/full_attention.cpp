@@ -111,62 +111,66 @@ Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x, const Tensor&
 }
 
 Tensor FullAttentionImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  return attend(projections(x), x, pos, state, {});
+  return attend(projections(x), x, pos, state);
 }
 
-std::optional<PendingProjection> FullAttentionImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
-                                                                          double norm_eps, const Positions& pos,
-                                                                          MixerState& state) {
-  if (!pos.seq_pos.defined() || !use_packed(w_in) || !dynamic_cast<KVCache*>(&state)) return std::nullopt;
-  const auto projections = ops::normed_linear(x.reshape({x.size(0), -1}), w_in, norm_weight, norm_eps);  // [B, N]
-  if (!projections.defined()) return std::nullopt;
-  auto raw = unpack_outputs(projections.unsqueeze(1), packed_layers());  // [B, 1, *] each
-  if (auto pending = fused_decode(raw, pos, &state, x)) return pending;
-  // The kernels after the GEMV do not take these inputs: the rest unfused, its result as is.
-  return PendingProjection::done(attend(raw, Tensor(), pos, &state, x).view({x.size(0), -1}));
+std::optional<DecodeDescriptor> FullAttentionImpl::decode_descriptor(MixerState& state, int64_t batch) {
+  auto* cache = dynamic_cast<KVCache*>(&state);
+  if (!cache || !use_packed(w_in)) return std::nullopt;
+  // The decode token's projections as the plan makes them: views of one [B, N] GEMV output.
+  const auto raw = unpack_outputs(torch::empty({batch, w_in.size(0)}, w_in.options()), packed_layers());
+  const auto seq_pos = torch::empty({batch}, w_in.options().dtype(torch::kLong));
+  if (!ops::rope_cache_attention_applies(raw[0].view({batch, n_heads, head_dim}),
+                                         raw[1].view({batch, n_kv_heads, head_dim}),
+                                         raw[2].view({batch, n_kv_heads, head_dim}), cache->k, cache->v, seq_pos))
+    return std::nullopt;
+  DecodeDescriptor d;
+  d.input_weight = w_in;
+  for (const auto& l : packed_layers()) d.part_sizes.push_back(l->weight.size(0));
+  d.core = [this, cache](const std::vector<Tensor>& parts, const Positions& pos) {
+    return fused_decode(parts, pos, *cache);
+  };
+  d.output = wo;
+  if (wgate) d.gate_part = 3;  // the output gate folds into wo's GEMV
+  return d;
 }
 
 Tensor FullAttentionImpl::attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos,
-                                 MixerState* state, const Tensor& residual) {
-  if (pos.seq_pos.defined()) {
-    if (auto pending = fused_decode(raw, pos, state, residual)) return pending->run().view({raw[0].size(0), 1, -1});
+                                 MixerState* state) {
+  auto* cache = dynamic_cast<KVCache*>(state);
+  if (pos.seq_pos.defined() && cache && raw[0].size(1) == 1) {
+    const int64_t B = raw[0].size(0);
+    if (auto o = fused_decode(raw, pos, *cache); o.defined())
+      return ops::gated_linear_residual(o, wo, wgate ? raw[3].view({B, -1}) : Tensor(), {}).view({B, 1, -1});
   }
   auto [q, k, v, gate] = rotate(raw, pos);
   Tensor o;  // [B, T, H, D]
   if (pos.seq_pos.defined()) {
-    LT2_CHECK(state && q.size(1) == 1, "attention with per-sequence positions takes one token [B, 1, d] and a state");
-    auto& cache = dynamic_cast<KVCache&>(*state);
-    cache_write_at(cache.k, k.transpose(1, 2), pos.seq_pos);
-    cache_write_at(cache.v, v.transpose(1, 2), pos.seq_pos);
-    o = ops::attention_decode(q.squeeze(1), cache.k, cache.v, pos.seq_lens,
+    LT2_CHECK(cache && q.size(1) == 1, "attention with per-sequence positions takes one token [B, 1, d] and a KV cache");
+    cache_write_at(cache->k, k.transpose(1, 2), pos.seq_pos);
+    cache_write_at(cache->v, v.transpose(1, 2), pos.seq_pos);
+    o = ops::attention_decode(q.squeeze(1), cache->k, cache->v, pos.seq_lens,
                               1.0 / std::sqrt(static_cast<double>(head_dim)))
             .unsqueeze(1);
   } else if (state) {
-    auto& cache = dynamic_cast<KVCache&>(*state);
-    LT2_CHECK(cache.length == pos.start, "attention state holds ", cache.length,
+    LT2_CHECK(cache, "full attention takes a KV cache");
+    LT2_CHECK(cache->length == pos.start, "attention state holds ", cache->length,
               " tokens but the call starts at position ", pos.start);
-    auto [kc, vc] = kv_cache_append(cache, k.to(cache.k.scalar_type()), v.to(cache.v.scalar_type()));
+    auto [kc, vc] = kv_cache_append(*cache, k.to(cache->k.scalar_type()), v.to(cache->v.scalar_type()));
     o = causal_attention(q.transpose(1, 2), kc.to(q.scalar_type()), vc.to(q.scalar_type()), pos.start);
   } else {
     o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0);
   }
-  auto out = output(o, x, gate);
-  return residual.defined() ? residual + out : out;
+  return output(o, x, gate);
 }
 
-std::optional<PendingProjection> FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Positions& pos,
-                                                                 MixerState* state, const Tensor& residual) {
-  auto* cache = dynamic_cast<KVCache*>(state);
-  if (!cache || raw[0].size(1) != 1) return std::nullopt;
+Tensor FullAttentionImpl::fused_decode(const std::vector<Tensor>& raw, const Positions& pos, KVCache& cache) {
   const int64_t B = raw[0].size(0), H = n_heads, D = head_dim;
   const auto q = raw[0].view({B, H, D}), k = raw[1].view({B, n_kv_heads, D}), v = raw[2].view({B, n_kv_heads, D});
-  const auto o = ops::rope_cache_attention_fused(q, k, v, cache->k, cache->v, pos.seq_pos, pos.seq_lens, rope_theta,
+  const auto o = ops::rope_cache_attention_fused(q, k, v, cache.k, cache.v, pos.seq_pos, pos.seq_lens, rope_theta,
                                                  rope_style == RopeStyle::Interleaved,
                                                  1.0 / std::sqrt(static_cast<double>(D)));  // [B, H, D]
-  if (!o.defined()) return std::nullopt;
-  // The output gate and the residual fold into wo's GEMV.
-  return PendingProjection{o.view({B, H * D}), wo, wgate ? raw[3].view({B, H * D}) : Tensor(),
-                           residual.defined() ? residual.view({B, -1}) : Tensor()};
+  return o.defined() ? o.view({B, H * D}) : o;
 }
 
 std::unique_ptr<MixerState> FullAttentionImpl::make_state(int64_t batch, int64_t max_len,

@@ -41,10 +41,9 @@ class FullAttentionImpl : public MixerImpl {
   std::unique_ptr<MixerState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts, const LoopSettings& loop = {}) const override;
   std::string kind() const override { return "full"; }
-  // Decode at per-sequence positions with the block's norm folded into the packed projection's
-  // GEMV, wo (with the output gate and the residual add) pending; nullopt where it does not apply.
-  std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                         const Positions& pos, MixerState& state) override;
+  // Decode at per-sequence positions on the fused kernels (fused_decode) after the packed
+  // projection, wo with the output gate after them; nullopt where the kernels do not take the state.
+  std::optional<DecodeDescriptor> decode_descriptor(MixerState& state, int64_t batch) override;
 
   // The pieces subclasses (window, dsa) reuse around their own attention pattern.
   struct Projections {
@@ -73,16 +72,13 @@ class FullAttentionImpl : public MixerImpl {
 
  private:
   std::vector<torch::nn::Linear> packed_layers() const;  // the layers w_in packs, in order
-  // Attention and output from projections() (x: the mixer input, for an unpacked gate); residual,
-  // when defined ([B, T, d]), is added to the output.
-  Tensor attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos, MixerState* state,
-                const Tensor& residual);
+  // Attention and output from projections() (x: the mixer input, for an unpacked gate).
+  Tensor attend(const std::vector<Tensor>& raw, const Tensor& x, const Positions& pos, MixerState* state);
   // One token per sequence at positions pos.seq_pos on the fused kernels (RoPE + cache writes in one
-  // launch, flash-decoding), wo with the gate and residual folded in left pending ([B, d]);
-  // nullopt, before anything ran, when they do not apply (no KV cache, autograd, CPU, shapes
-  // without a kernel).
-  std::optional<PendingProjection> fused_decode(const std::vector<Tensor>& raw, const Positions& pos,
-                                                MixerState* state, const Tensor& residual);
+  // launch, flash-decoding) from its projections (raw: q, k, v [B, (1,) H * D | H_kv * D]): the
+  // attention output [B, H * D] before wo, or undefined, having run nothing, where the kernels do
+  // not take them (ops::rope_cache_attention_applies: autograd, CPU, shapes without a kernel).
+  Tensor fused_decode(const std::vector<Tensor>& raw, const Positions& pos, KVCache& cache);
 };
 
 }  // namespace lt2

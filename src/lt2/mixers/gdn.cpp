@@ -113,17 +113,16 @@ Tensor GatedDeltaNetImpl::step(const Tensor& x, const Positions& pos, MixerState
   return ops::linear(fused_core(parts, pos, *st).view({B, 1, -1}), o_proj);
 }
 
-std::optional<PendingProjection> GatedDeltaNetImpl::step_residual_pending(const Tensor& x, const Tensor& norm_weight,
-                                                                          double norm_eps, const Positions& pos,
-                                                                          MixerState& state) {
-  auto* st = fused_state(x, state);
-  if (!st || !use_packed(w_in)) return std::nullopt;
-  const int64_t B = x.size(0);
-  const auto x2 = x.reshape({B, -1});
-  const auto projections = ops::normed_linear(x2, w_in, norm_weight, norm_eps);
-  if (!projections.defined()) return std::nullopt;
-  const auto y = fused_core(unpack_outputs(projections, input_projections()), pos, *st);
-  return PendingProjection{y, o_proj, {}, x2};
+std::optional<DecodeDescriptor> GatedDeltaNetImpl::decode_descriptor(MixerState& state, int64_t batch) {
+  if (!use_packed(w_in)) return std::nullopt;
+  auto* st = fused_state(torch::empty({batch, 1, w_in.size(1)}, w_in.options()), state);  // x as decode gives it
+  if (!st) return std::nullopt;
+  DecodeDescriptor d;
+  d.input_weight = w_in;
+  for (const auto& l : input_projections()) d.part_sizes.push_back(l->weight.size(0));
+  d.core = [this, st](const std::vector<Tensor>& parts, const Positions& pos) { return fused_core(parts, pos, *st); };
+  d.output = o_proj;
+  return d;
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {

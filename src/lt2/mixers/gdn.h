@@ -24,10 +24,8 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   // then the whole recurrent step in one kernel (ops::gdn_decode_fused), then o_proj. Otherwise
   // the reference step.
   Tensor step(const Tensor& x, const Positions& pos, MixerState& state) override;
-  // The same fused step with the block's RMSNorm folded into the packed input GEMV, o_proj (with
-  // the residual add) pending, when the GEMVs take the inputs.
-  std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight, double norm_eps,
-                                                         const Positions& pos, MixerState& state) override;
+  // The same fused step as a descriptor once packed: w_in, then the one-kernel step, then o_proj.
+  std::optional<DecodeDescriptor> decode_descriptor(MixerState& state, int64_t batch) override;
   std::string kind() const override { return "gdn"; }
   // Packs q/k/v/a/b(/g) projections into w_in: the fused step then reads them in one GEMV.
   void pack_for_inference() override;

@@ -72,6 +72,23 @@ struct MixerCaps {
   std::function<int64_t(const MixerImpl& self, int64_t batch, int64_t rows, int64_t keys)> prefill_workspace;
 };
 
+// A mixer's fused decode step in three parts, so that the block around it can fold its norm into
+// the first and chain the last with its FFN (model/decode_plan.h):
+//   input projection  rms_norm(x) input_weight^T, x [B, d] the block input: one GEMV with the
+//                     block's norm as its prologue (ops::normed_linear), its output [B, N] split
+//                     along the last dim into parts of part_sizes (N their sum);
+//   core              the parts ([B, n_i] views) and the positions -> y [B, K]; advances the state
+//                     the descriptor was made for;
+//   output            x + (y * sigmoid(parts[gate_part]) when gate_part >= 0, else y) W_out^T,
+//                     left pending (PendingProjection) for the block's tail.
+struct DecodeDescriptor {
+  Tensor input_weight;  // [N, d], the mixer's packed input projections
+  std::vector<int64_t> part_sizes;
+  std::function<Tensor(const std::vector<Tensor>& parts, const Positions& pos)> core;
+  torch::nn::Linear output{nullptr};
+  int64_t gate_part = -1;
+};
+
 // Training stage of a mixer's auxiliary loss (MixerCaps::aux_loss):
 //   Off     nothing recorded (inference, or the auxiliary part fixed);
 //   Warmup  the mixer runs its warm-up form and records the loss; only its auxiliary parameters
@@ -92,7 +109,7 @@ class AuxLoss {
 };
 
 // The mixer contract: forward, step, make_state and kind, capabilities as data (caps()), an
-// optional auxiliary loss, and the decode fast path (pack_for_inference, step_residual_pending).
+// optional auxiliary loss, and the decode fast path (pack_for_inference, decode_descriptor).
 // Per-loop settings reach the mixer through its arguments (Positions, LoopSettings); a mixer never
 // changes behaviour because the model reconfigured it.
 class MixerImpl : public torch::nn::Module {
@@ -123,22 +140,12 @@ class MixerImpl : public torch::nn::Module {
   // Inference: pack the projections that read the same input into one matrix (pack_linears in
   // model/layers.h) so a decode step runs one GEMV instead of several. Same values; no-op default.
   virtual void pack_for_inference() {}
-  // The pre-norm block's decode half `x + step(rms_norm(x, norm_weight, eps))` with the norm and
-  // the residual add folded into the mixer's own kernels (x: [B, 1, d], the residual stream), its
-  // output projection (with the add) left pending so the block can chain it with the FFN's
-  // products. nullopt, before anything ran, when the mixer has no such form for these inputs: the
-  // block then runs the norm, step() and the add itself.
-  virtual std::optional<PendingProjection> step_residual_pending(const Tensor& x, const Tensor& norm_weight,
-                                                                 double norm_eps, const Positions& pos,
-                                                                 MixerState& state) {
-    return std::nullopt;
-  }
-  // step_residual_pending with the projection run: [B, 1, d], or undefined.
-  Tensor step_residual(const Tensor& x, const Tensor& norm_weight, double norm_eps, const Positions& pos,
-                       MixerState& state) {
-    const auto pending = step_residual_pending(x, norm_weight, norm_eps, pos, state);
-    return pending ? pending->run().view(x.sizes()) : Tensor();
-  }
+  // The mixer's fused decode form for `state` (one decode token per sequence at per-sequence
+  // positions, `batch` sequences, the packed weights of pack_for_inference, no gradient, the
+  // DecodeOptions in force), decided once: a decode plan (model/decode_plan.h) compiles it for each
+  // (loop, layer) application and runs it at every step without asking again. nullopt where the
+  // mixer has no such form for these: the plan runs the block's forward (and so step()) there.
+  virtual std::optional<DecodeDescriptor> decode_descriptor(MixerState& state, int64_t batch) { return std::nullopt; }
 
  protected:
   MixerCaps caps_;  // set by each mixer's constructor

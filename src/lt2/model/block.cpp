@@ -2,7 +2,6 @@
 
 #include "lt2/mixers/documents.h"
 #include "lt2/mixers/registry.h"
-#include "lt2/ops/decode_options.h"
 #include "lt2/ops/norms/norms.h"
 
 namespace lt2 {
@@ -19,19 +18,6 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& m
 }
 
 Tensor BlockImpl::forward(const Tensor& x, const Positions& pos, MixerState* state, const MixerObserver& observe) {
-  if (state && x.size(1) == 1 && !mixer_post_norm && !observe) {
-    // Decode of a pre-norm block with its norms and adds folded into the mixer's and the FFN's
-    // kernels, where they have such forms (both check their own inputs), the mixer's output
-    // projection chained with the FFN's products where that applies.
-    if (auto pending = mixer->step_residual_pending(x, mixer_norm->weight, mixer_norm->eps, pos, *state)) {
-      if (auto out = ops::swiglu_residual(*ffn, *pending, ffn_norm->weight, ffn_norm->eps, decode_options().chained_tail_max_rows);
-          out.defined())
-        return out.view(x.sizes());
-      const auto h = pending->run().view(x.sizes());
-      auto out = ops::swiglu_residual(*ffn, h, ffn_norm->weight, ffn_norm->eps);
-      return out.defined() ? out : h + ops::swiglu(*ffn, ops::rms_norm(h, ffn_norm));
-    }
-  }
   auto xin = ops::rms_norm(x, mixer_norm);
   Tensor m = (state && x.size(1) == 1) ? mixer->step(xin, pos, *state) : mixer_forward(*mixer, xin, pos, state);
   if (observe) observe(xin, m);

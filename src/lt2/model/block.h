@@ -18,7 +18,8 @@ class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& mixer_name);
   // x: [B, T, d]. With a state, runs the mixer's step (T == 1) or continues its forward.
-  // `observe`, when set, is called with the mixer's input and output.
+  // `observe`, when set, is called with the mixer's input and output. (The engine's decode folds
+  // the norms into the mixer's and the FFN's kernels instead: model/decode_plan.h.)
   Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr,
                  const MixerObserver& observe = {});
 

@@ -81,7 +81,7 @@ std::string LoopedLMImpl::first_mixer_without_seq_pos() const {
 
 Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
                                const Tensor& seq_pos, const Tensor& draw, const MixerTap& tap,
-                               const std::shared_ptr<const PackedDocuments>& documents) {
+                               const std::shared_ptr<const PackedDocuments>& documents, const DecodePlan* plan) {
   Positions pos{start, loop, seq_pos};
   pos.documents = documents;
   Tensor x = h;
@@ -89,6 +89,10 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
   for (int64_t l = 0; l < N; ++l) {
     pos.slot = slot_draw(draw, loop, l);
+    if (plan) {
+      x = plan->step(first + l, x, pos);
+      continue;
+    }
     MixerObserver observe;
     if (tap) observe = [&tap, l, loop](const Tensor& in, const Tensor& out) { tap(l, loop, in, out); };
     x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr, observe);
@@ -161,6 +165,9 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
     const auto missing = first_mixer_without_seq_pos();
     LT2_CHECK(missing.empty(), "mixer '", missing, "' does not decode with per-sequence positions");
   }
+  const DecodePlan* plan = opts.decode_plan;
+  LT2_CHECK(!plan || (per_seq && &plan->state() == state && !opts.mixer_tap), "a decode plan runs decode with "
+            "per-sequence positions over the state it was compiled for, without a mixer tap");
   std::shared_ptr<const PackedDocuments> documents;
   if (opts.documents) {
     LT2_CHECK(!state && !per_seq, "packed documents run in a forward without a state");
@@ -184,8 +191,8 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   for (int64_t loop = 0; loop < T; ++loop) {
     // Captures by value: with recompute it runs again in backward, after the caller's `opts` is gone.
     auto one_loop = [this, loop, start, state, ouro, seq_pos = opts.seq_pos, draw, tap = opts.mixer_tap,
-                     documents](const Tensor& prev) {
-      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw, tap, documents);
+                     documents, plan](const Tensor& prev) {
+      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw, tap, documents, plan);
       if (ouro) return ops::rms_norm(next, norm);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;

@@ -13,6 +13,7 @@
 #include "lt2/config/model_config.h"
 #include "lt2/mixers/mixer.h"
 #include "lt2/model/block.h"
+#include "lt2/model/decode_plan.h"
 #include "lt2/model/pattern.h"
 
 namespace lt2 {
@@ -54,6 +55,9 @@ struct ForwardOptions {
   // advanced, and nothing reads device values on the host (CUDA-graph capturable). Every mixer
   // must support it (MixerCaps::seq_pos).
   Tensor seq_pos;
+  // Decode through a plan compiled for `state` (compile_decode_plan; the engine's, with seq_pos):
+  // each (loop, layer) application runs the plan's entry, fused where the plan found a fused form.
+  const DecodePlan* decode_plan = nullptr;
   // Documents packed into the rows of tokens (training on packed documents; no state): every
   // (layer, loop) runs each document as if alone, so the outputs equal each document's own forward.
   std::shared_ptr<const PackedDocuments> documents;
@@ -81,13 +85,18 @@ class LoopedLMImpl : public torch::nn::Module {
                       const ForwardOptions& opts = {});
   std::unique_ptr<ModelState> make_state(int64_t batch, int64_t max_len,
                                          torch::TensorOptions opts = {}) const;
+  // The decode step compiled for `state` (a make_state of this model, or a slice of one) under the
+  // DecodeOptions in force: model/decode_plan.h. Call after pack_for_inference.
+  DecodePlan compile_decode_plan(ModelState& state) const { return DecodePlan(blocks_, state); }
   // The stack F applied once (loop index `loop`, 0-based) to h: [B, T, d]. `draw` (random
   // patterns, [n_loops, n_layers] bool, true = full) gives each layer's mixer its slot's draw.
   // With a state it uses the states of the current vote draw (random patterns). `documents`: the
   // packed documents of h's rows (ForwardOptions::documents), offsets on h's device, or null.
+  // `plan` (ForwardOptions::decode_plan, for `state`) runs each application instead of its block.
   Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
                    const Tensor& seq_pos = {}, const Tensor& draw = {}, const MixerTap& tap = {},
-                   const std::shared_ptr<const PackedDocuments>& documents = nullptr);
+                   const std::shared_ptr<const PackedDocuments>& documents = nullptr,
+                   const DecodePlan* plan = nullptr);
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
   // The LM head's weight [V, d]: the embedding's when tied.
   const Tensor& head_weight() const;

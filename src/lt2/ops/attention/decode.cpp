@@ -175,12 +175,16 @@ Tensor rope_cache_write(const Tensor& q, const Tensor& k, const Tensor& v, const
 Tensor rope_cache_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& seq_pos, const Tensor& seq_lens,
                                   double theta, bool interleaved, double scale) {
-  if (!fused_decode_enabled() || torch::GradMode::is_enabled() ||
-      !rope_cache_write_supported(q, k, v, k_cache, v_cache, seq_pos) ||
-      !attention_decode_supported(q, k_cache, v_cache))
-    return {};
+  if (!rope_cache_attention_applies(q, k, v, k_cache, v_cache, seq_pos)) return {};
   const auto q_rot = rope_cache_write(q, k, v, k_cache, v_cache, seq_pos, theta, interleaved);  // [B, H, D]
   return attention_decode_fused(q_rot, k_cache, v_cache, seq_lens, scale);
+}
+
+bool rope_cache_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                                  const Tensor& v_cache, const Tensor& seq_pos) {
+  return fused_decode_enabled() && !torch::GradMode::is_enabled() &&
+         rope_cache_write_supported(q, k, v, k_cache, v_cache, seq_pos) &&
+         attention_decode_supported(q, k_cache, v_cache);
 }
 
 }  // namespace lt2::ops

@@ -47,10 +47,14 @@ bool rope_cache_write_supported(const Tensor& q, const Tensor& k, const Tensor& 
 
 // Attention's whole decode step on the kernels: rope_cache_write, then attention_decode_fused of
 // the rotated q over the first seq_lens[b] keys. Returns o [B, H, D], or undefined, having run
-// nothing, where the fused kernels are off (fused_decode_enabled), a gradient is recorded, or
-// either kernel does not take the tensors: the caller then runs its unfused step.
+// nothing, where it does not apply (rope_cache_attention_applies): the caller then runs its
+// unfused step.
 Tensor rope_cache_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& seq_pos, const Tensor& seq_lens,
                                   double theta, bool interleaved, double scale);
+// Whether rope_cache_attention_fused takes these tensors: the fused kernels are on
+// (fused_decode_enabled), no gradient is recorded, and both kernels take them.
+bool rope_cache_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                                  const Tensor& v_cache, const Tensor& seq_pos);
 
 }  // namespace lt2::ops

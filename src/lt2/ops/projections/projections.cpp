@@ -13,10 +13,21 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
   return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : ops::linear(x, layer->weight);
 }
 
-Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
+namespace {
+GemvFusion rms_norm_prologue(const Tensor& norm_weight, double eps) {
   GemvFusion norm;
   norm.norm_weight = norm_weight, norm.norm_eps = eps;
+  return norm;
+}
+}  // namespace
+
+Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
+  const auto norm = rms_norm_prologue(norm_weight, eps);
   return gemv_fused_applies(x, w, norm) ? gemv_fused(x, w, norm) : Tensor();
+}
+
+bool normed_linear_applies(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps) {
+  return gemv_fused_applies(x, w, rms_norm_prologue(norm_weight, eps));
 }
 
 Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
@@ -51,7 +62,7 @@ Tensor swiglu_residual(SwiGLUImpl& ffn, const Tensor& h, const Tensor& norm_weig
 // third product holds 180 KB, which makes the 3-product chain the slower form there.
 Tensor swiglu_residual(SwiGLUImpl& ffn, const PendingProjection& mixer, const Tensor& norm_weight,
                        double eps, int64_t chained_tail_max_rows) {
-  if (!mixer.layer || mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(ffn.w13)) return {};
+  if (mixer.layer->bias.defined() || !mixer.residual.defined() || !use_packed(ffn.w13)) return {};
   ChainProduct projection{mixer.layer->weight}, gate_up{ffn.w13}, down_proj{ffn.w2->weight};
   projection.fusion.x_gate = mixer.x_gate, projection.fusion.residual = mixer.residual;  // h
   gate_up.fusion.norm_weight = norm_weight, gate_up.fusion.norm_eps = eps;

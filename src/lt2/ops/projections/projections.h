@@ -19,12 +19,13 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer);
 // The two ends of a pre-norm block's decode half with their elementwise work folded into the
 // fused GEMV (gemv_fused), as the mixers' and the FFN's residual forms use them:
 //   normed_linear          rms_norm(x, norm_weight, eps) W^T (x [..., K]; norm_weight undefined:
-//                          x W^T); undefined where the fused GEMV does not take them, so the
-//                          caller runs its unfused path.
+//                          x W^T); undefined where the fused GEMV does not take them
+//                          (normed_linear_applies), so the caller runs its unfused path.
 //   gated_linear_residual  residual + (y * sigmoid(x_gate)) W^T (y, x_gate [..., K], residual
 //                          [..., d]; either undefined: left out), one fused GEMV where it applies,
 //                          at::linear and elementwise ops otherwise.
 Tensor normed_linear(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps);
+bool normed_linear_applies(const Tensor& x, const Tensor& w, const Tensor& norm_weight, double eps);
 Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, const Tensor& x_gate,
                              const Tensor& residual);
 
@@ -32,14 +33,12 @@ Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, co
 
 // A decode half's output projection, not yet run: gated_linear_residual(y, layer, x_gate,
 // residual) (y [B, K], residual [B, d] or undefined), left to the block so it can run it in one
-// kernel with the FFN's products (ops::swiglu_residual). An undefined layer (done()) means y is
-// already the result.
+// kernel with the FFN's products (ops::swiglu_residual).
 struct PendingProjection {
   Tensor y;
   torch::nn::Linear layer{nullptr};
   Tensor x_gate, residual;
-  static PendingProjection done(Tensor result) { return {std::move(result), nullptr, {}, {}}; }
-  Tensor run() const { return layer ? ops::gated_linear_residual(y, layer, x_gate, residual) : y; }
+  Tensor run() const { return ops::gated_linear_residual(y, layer, x_gate, residual); }
 };
 
 namespace ops {
