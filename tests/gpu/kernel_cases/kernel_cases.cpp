@@ -254,15 +254,15 @@ KernelRun gdn_decode_run(GdnShape s, torch::ScalarType dt, bool gated, bool neg_
     for (int step = 0; step < 3; ++step) {
       gdn_token(a, B, dt, gated);
       auto y = ops::gdn_decode_fused(a, state, q_win, k_win, v_win);
-      auto q = l2_normalize(conv(a.q, a.q_conv_weight, q_win_ref).view({B, H, K}));
-      auto k = l2_normalize(conv(a.k, a.k_conv_weight, k_win_ref).view({B, H, K}));
+      auto q = ops::l2_normalize(conv(a.q, a.q_conv_weight, q_win_ref).view({B, H, K}));
+      auto k = ops::l2_normalize(conv(a.k, a.k_conv_weight, k_win_ref).view({B, H, K}));
       auto v = conv(a.v, a.v_conv_weight, v_win_ref).view({B, H, V});
       auto beta = torch::sigmoid(w(a.b)) * (neg_eigval ? 2.0 : 1.0);
       auto g = -w(a.A_log).exp() * torch::softplus(w(a.a) + w(a.dt_bias));
       auto o = ops::delta_rule_step(q, k, v, beta, g, a.scale, state_ref);
       auto gate = gated ? w(a.gate).view({B, H, V}) : Tensor();
-      auto y_ref = gated_rms_norm(o, w(a.norm_weight), a.norm_eps, gate,
-                                  gated ? GateActivation::Swish : GateActivation::None)
+      auto y_ref = ops::gated_rms_norm(o, w(a.norm_weight), a.norm_eps, gate,
+                                       gated ? ops::GateActivation::Swish : ops::GateActivation::None)
                        .reshape({B, H * V});
       out.push_back(holds(cat("output in ", name(dt), ", step ", step), y.scalar_type() == dt));
       out.push_back(below(cat("output, step ", step), rel_err(y, y_ref), tolerance(dt)));

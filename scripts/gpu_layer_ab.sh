@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE (device tool) after a build in build-gpu (scripts/gpu_infer.sh with
+# BUILD_TARGETS including lt2_cli and mixer_bench): the A/B of the kernels around the delta-rule
+# core (issue 23, "the layer around the kernel"). One GDN layer forward and forward + backward at
+# MODEL's shape, BATCH x SEQ, with the short-conv and row-norm kernels on, each off, both off, then
+# a per-kernel profile with both on; `lt2 bench prefill` of MODEL at PREFILL_CONTEXTS on and off.
+# Writes $OUT/layer_ab.txt (the RESULT lines and the profile) and $OUT/prefill_ab.json.
+#   MODEL=lt2-gdn-1.3b  BATCH=8  SEQ=4096  PREFILL_CONTEXTS=4k,32k  ITERS=5
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/lt2_gpu_out}
+mkdir -p "$OUT"
+MODEL=${MODEL:-lt2-gdn-1.3b}
+BATCH=${BATCH:-8}
+SEQ=${SEQ:-4096}
+PREFILL_CONTEXTS=${PREFILL_CONTEXTS:-4k,32k}
+ITERS=${ITERS:-5}
+ROOT=$PWD/.deps/root/usr
+[ -d "$ROOT" ] && export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+L=build-gpu/apps/lt2/lt2
+M=build-gpu/bench/mixer_bench
+off_both=(--option short_conv=0 --option row_norm=0)
+{
+  echo "# $M --model $MODEL --mixer gdn --batch $BATCH --seq $SEQ --iters $ITERS [options]"
+  for options in "" "--option short_conv=0" "--option row_norm=0" "${off_both[*]}"; do
+    # shellcheck disable=SC2086
+    "$M" --model "$MODEL" --mixer gdn --batch "$BATCH" --seq "$SEQ" --iters "$ITERS" $options 2>&1 | grep -E "RESULT|error"
+  done
+  echo "# per-kernel profile, both kernels on"
+  "$M" --model "$MODEL" --mixer gdn --batch "$BATCH" --seq "$SEQ" --iters 2 --profile 2 2>&1 | grep -v RESULT | head -40
+} > "$OUT/layer_ab.txt"
+cat "$OUT/layer_ab.txt"
+"$L" bench prefill -m "$MODEL" -c "$PREFILL_CONTEXTS" --out-json /tmp/prefill_on.json 2>&1 | grep -E "^\|"
+"$L" bench prefill -m "$MODEL" -c "$PREFILL_CONTEXTS" --decode-option short_conv=0 --decode-option row_norm=0 \
+  --out-json /tmp/prefill_off.json 2>&1 | grep -E "^\|"
+python3 - "$OUT/prefill_ab.json" << 'PY'
+import json, sys
+on, off = json.load(open("/tmp/prefill_on.json")), json.load(open("/tmp/prefill_off.json"))
+json.dump({"kernels_on": on, "kernels_off": off}, open(sys.argv[1], "w"), indent=1)
+PY
