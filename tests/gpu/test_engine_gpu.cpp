@@ -290,6 +290,7 @@ TEST(EngineGpu, BatchBeyondDeviceMemoryIsRefusedWithWhatFits) {
   REQUIRE_CUDA();
   auto m = make_test_model(family_config(families()[0]), 1, torch::kBFloat16);
   m->to(torch::kCUDA);
+  m->eval();
   EngineOptions eo;
   eo.max_batch = 4096;
   eo.max_len = 1 << 20;  // ~1 GiB of KV cache a row: ~4 TiB in all
