@@ -175,11 +175,38 @@ TEST(ChatTemplate, HostileTemplatesStopWithinBounds) {
   expect_error_containing([] { render("{% set s = 'x' * 10**7 %}{% for i in range(10**5) %}{{ s | length }}{% endfor %}"); },
                           "steps");
   expect_error_containing([] { render("{{ 'x' * 10**12 }}"); }, "longer than");
-  expect_error_containing([] { render("{% set s = 'ab' %}{% for i in range(40) %}{% set s = s ~ s %}{{ s }}{% endfor %}"); },
-                          "longer than");
+  expect_error_containing([] { render("{% set s = 'x' * 40000000 %}{{ s ~ s }}"); }, "a string longer than");
+  expect_error_containing([] { render("{% set s = 'x' * 20000000 %}{% for i in range(4) %}{{ s }}{% endfor %}"); },
+                          "the output is longer than");
   expect_error_containing([] { render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"); },
                           "macros call each other deeper than");
   expect_error_containing([] { render("{{ 2 ** 64 }}"); }, "integer overflow");
+}
+
+// Values stay acyclic and shallow, and walks over them (repr, tojson, ==) are charged: no stack
+// overflow, leak or unbounded copy however a template combines them.
+TEST(ChatTemplate, HostileValuesStopWithinBounds) {
+  expect_error_containing([] { render("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}"); },
+                          "a namespace() cannot hold a namespace()");
+  expect_error_containing([] { render("{% set ns = namespace(a=1) %}{% set ns.a = [1, {'x': ns}] %}"); },
+                          "a namespace() cannot hold a namespace()");
+  expect_error_containing([] { render("{% set t = namespace() %}{% set h = namespace(n=[t]) %}"); },
+                          "a namespace() cannot hold a namespace()");
+  expect_error_containing(
+      [] { render("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"); },
+      "nested deeper than 200 levels");
+  EXPECT_EQ(render("{% set ns = namespace(x=0) %}{% for i in range(199) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                   "{{ (ns.x | tojson)[:3] }}{{ ns.x == ns.x }}"),
+            "[[[True");
+  // A list that holds itself twice, 40 levels down: 2^40 leaves to walk.
+  const std::string doubled = "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}";
+  for (const char* walk : {"{{ ns.a }}", "{{ ns.a | tojson }}", "{{ ns.a == ns.a }}", "{{ ns.a < ns.a }}"})
+    expect_error_containing([&] { render(doubled + walk); }, "steps");
+  expect_error_containing([] { render("{% set s = 'x' * 60000000 %}{{ ([s] * 1000) | length }}"); }, "steps");
+  expect_error_containing([] { render("{% set s = 'x' * 40000000 %}{{ [s, s] | tojson }}"); }, "longer than");
+  json deep = json::array();
+  for (int k = 0; k < 300; ++k) deep = json::array({deep});
+  expect_error_containing([&] { render("{{ x }}", {{"x", deep}}); }, "a value nests deeper than 200 levels");
 }
 
 TEST(ChatTemplate, WhitespaceControlAndLiterals) {

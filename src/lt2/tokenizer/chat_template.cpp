@@ -21,15 +21,25 @@ namespace lt2 {
 namespace {
 
 // Bounds that keep a hostile or broken template from hanging or exhausting memory.
-constexpr int64_t kMaxSteps = int64_t{1} << 22;    // work units: nodes evaluated, items iterated, 256 bytes built
+// kMaxSteps ends a render within about 3 s in the sanitizer build (the fuzz target's timeout is
+// 10 s); real templates take a few hundred steps per message.
+constexpr int64_t kMaxSteps = int64_t{1} << 20;    // work units: nodes evaluated, items iterated, 256 bytes built or copied
 constexpr size_t kMaxOutput = size_t{1} << 26;     // bytes of any string the template builds
 constexpr int64_t kMaxItems = int64_t{1} << 18;    // items of a list the template builds
 constexpr int kMaxNesting = 200;                   // parser recursion (nested expressions/blocks)
 constexpr int kMaxCallDepth = 64;                  // macro calls within macro calls
+constexpr int kMaxValueDepth = 200;                // lists and dicts within each other (Value::holds)
 
 // ---------------------------------------------------------------------------------------------
 // Values: Python's types as jinja2 sees them. Lists and dicts are shared (a namespace() assigned
 // to two names is one object); dicts keep insertion order, keys are strings.
+//
+// Values stay acyclic and shallow, so that the recursive walks over them (repr, tojson, ==,
+// ordering, the destructor) cannot overflow the stack: a list or dict is built at most
+// kMaxValueDepth levels deep, and a namespace() never holds a namespace() (the only mutable
+// value, it is the only way to a cycle or to a chain that deepens after it was built). A list
+// holding a namespace() records the namespace's depth when built; its attributes, checked the same
+// way, may deepen it later by at most kMaxValueDepth, so every walk stays within 2 * kMaxValueDepth + 1.
 
 struct Value;
 using List = std::vector<Value>;
@@ -45,18 +55,45 @@ struct Fail {
   std::string msg;
 };
 
+// The work budget of the render running on this thread (see Renderer::run); helpers that loop over
+// items or bytes charge it, so that every render ends within kMaxSteps units.
+thread_local int64_t* t_steps_left = nullptr;
+
+void charge(int64_t units) {
+  if (t_steps_left && (*t_steps_left -= units) < 0) throw Fail{cat("the template takes more than ", kMaxSteps, " steps")};
+}
+
+// A value's string, whose copies are charged like the strings a template builds (a unit per 256
+// bytes): values are copied freely (list items, loop variables, [s] * n), and copies of one long
+// string must not outgrow memory before the budget ends the render.
+struct ChargedString : std::string {
+  using std::string::string;
+  using std::string::operator=;
+  ChargedString() = default;
+  ChargedString(const ChargedString& o) : std::string((charge(static_cast<int64_t>(o.size() / 256)), o)) {}
+  ChargedString(ChargedString&&) noexcept = default;
+  ChargedString& operator=(const ChargedString& o) {
+    charge(static_cast<int64_t>(o.size() / 256));
+    std::string::operator=(o);
+    return *this;
+  }
+  ChargedString& operator=(ChargedString&&) noexcept = default;
+};
+
 struct Value {
   enum Kind { kUndefined, kNone, kBool, kInt, kFloat, kStr, kList, kDict, kFunc };
   Kind kind = kUndefined;
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;  // the string; for an undefined value, what was missing
+  ChargedString s;  // the string; for an undefined value, what was missing
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Function> fn;
   bool is_namespace = false;  // a namespace(): its attributes may be assigned
   bool is_tuple = false;      // a list that prints as a Python tuple
+  int depth = 0;              // levels of lists and dicts, this one included, when it was built
+  bool has_namespace = false; // is or holds a namespace()
 
   static Value undefined(std::string what) { Value v; v.s = std::move(what); return v; }
   static Value none() { Value v; v.kind = kNone; return v; }
@@ -64,14 +101,36 @@ struct Value {
   static Value integer(int64_t x) { Value v; v.kind = kInt; v.i = x; return v; }
   static Value number(double x) { Value v; v.kind = kFloat; v.f = x; return v; }
   static Value str(std::string x) { Value v; v.kind = kStr; v.s = std::move(x); return v; }
-  static Value of_list(List x) { Value v; v.kind = kList; v.list = std::make_shared<List>(std::move(x)); return v; }
-  static Value of_dict(Dict x) { Value v; v.kind = kDict; v.dict = std::make_shared<Dict>(std::move(x)); return v; }
+  static Value of_list(List x) {
+    Value v;
+    v.kind = kList;
+    v.depth = 1;
+    for (const Value& e : x) v.holds(e);
+    v.list = std::make_shared<List>(std::move(x));
+    return v;
+  }
+  static Value of_dict(Dict x) {
+    Value v;
+    v.kind = kDict;
+    v.depth = 1;
+    for (const auto& e : x) v.holds(e.second);
+    v.dict = std::make_shared<Dict>(std::move(x));
+    return v;
+  }
   static Value function(Function x) { Value v; v.kind = kFunc; v.fn = std::make_shared<Function>(std::move(x)); return v; }
 
   bool defined() const { return kind != kUndefined; }
   bool numeric() const { return kind == kInt || kind == kFloat || kind == kBool; }
   double as_double() const { return kind == kFloat ? f : static_cast<double>(kind == kBool ? b : i); }
   int64_t as_int() const { return kind == kBool ? b : i; }
+
+ private:
+  // Accounts for `e`, an item of this list or dict being built.
+  void holds(const Value& e) {
+    depth = std::max(depth, e.depth + 1);
+    if (depth > kMaxValueDepth) throw Fail{cat("the template builds a value nested deeper than ", kMaxValueDepth, " levels")};
+    has_namespace = has_namespace || e.has_namespace;
+  }
 };
 
 const char* type_name(const Value& v) {
@@ -89,13 +148,9 @@ const char* type_name(const Value& v) {
   return "?";
 }
 
-// The work budget of the render running on this thread (see Renderer::run); helpers that loop over
-// items or bytes charge it, so that every render ends within kMaxSteps units.
-thread_local int64_t* t_steps_left = nullptr;
-
-void charge(int64_t units) {
-  if (t_steps_left && (*t_steps_left -= units) < 0) throw Fail{cat("the template takes more than ", kMaxSteps, " steps")};
-}
+// See Value: why a namespace() holds no namespace().
+constexpr const char* kNamespaceInNamespace =
+    "a namespace() cannot hold a namespace(), directly or in a list or dict (it could come to hold itself)";
 
 [[noreturn]] void fail_undefined(const Value& v) { throw Fail{cat("'", v.s, "' is undefined")}; }
 
@@ -180,6 +235,21 @@ std::string str_repr(const std::string& s) {
   return out + q;
 }
 
+// Checks the size `n` of a string about to be built and charges the work of building its last
+// `new_bytes` bytes (all of it by default).
+void check_size(size_t n, size_t new_bytes) {
+  if (n > kMaxOutput) throw Fail{cat("the template builds a string longer than ", kMaxOutput, " bytes")};
+  charge(static_cast<int64_t>(new_bytes / 256));
+}
+void check_size(size_t n) { check_size(n, n); }
+
+// Appends `piece` to `out`, a string that a walk over a value builds (repr, tojson): a walk over
+// a list that holds one long string many times must stay within the output bound too.
+void append(std::string& out, std::string_view piece) {
+  check_size(out.size() + piece.size(), piece.size());
+  out += piece;
+}
+
 std::string repr(const Value& v);
 
 // Python's str() of a value, which {{ }} prints.
@@ -199,15 +269,17 @@ std::string repr(const Value& v) {
   switch (v.kind) {
     case Value::kStr: return str_repr(v.s);
     case Value::kList: {
+      charge(static_cast<int64_t>(v.list->size()));
       std::string out = v.is_tuple ? "(" : "[";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
+      for (size_t k = 0; k < v.list->size(); ++k) append(out, (k ? ", " : "") + repr((*v.list)[k]));
       if (v.is_tuple) return out + (v.list->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Value::kDict: {
+      charge(static_cast<int64_t>(v.dict->size()));
       std::string out = v.is_namespace ? "<Namespace {" : "{";
       for (size_t k = 0; k < v.dict->size(); ++k)
-        out += (k ? ", " : "") + str_repr((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
+        append(out, (k ? ", " : "") + str_repr((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second));
       return out + (v.is_namespace ? "}>" : "}");
     }
     case Value::kFunc: return "<function>";
@@ -237,11 +309,13 @@ bool equal(const Value& a, const Value& b) {
     case Value::kUndefined: case Value::kNone: return true;
     case Value::kStr: return a.s == b.s;
     case Value::kList:
-      return a.list->size() == b.list->size() &&
-             std::equal(a.list->begin(), a.list->end(), b.list->begin(), equal);
+      if (a.list->size() != b.list->size()) return false;
+      charge(static_cast<int64_t>(a.list->size()));
+      return std::equal(a.list->begin(), a.list->end(), b.list->begin(), equal);
     case Value::kDict:
       if (a.dict->size() != b.dict->size()) return false;
       for (const auto& entry : *a.dict) {
+        charge(static_cast<int64_t>(b.dict->size()));  // the search for its key
         auto it = std::find_if(b.dict->begin(), b.dict->end(), [&](const auto& e) { return e.first == entry.first; });
         if (it == b.dict->end() || !equal(entry.second, it->second)) return false;
       }
@@ -258,6 +332,7 @@ int compare(const Value& a, const Value& b) {
   }
   if (a.kind == Value::kStr && b.kind == Value::kStr) return a.s < b.s ? -1 : a.s > b.s;
   if (a.kind == Value::kList && b.kind == Value::kList) {
+    charge(static_cast<int64_t>(std::min(a.list->size(), b.list->size())));
     for (size_t k = 0; k < a.list->size() && k < b.list->size(); ++k)
       if (int c = compare((*a.list)[k], (*b.list)[k])) return c;
     return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size();
@@ -267,7 +342,10 @@ int compare(const Value& a, const Value& b) {
   throw Fail{cat("cannot order ", type_name(a), " and ", type_name(b))};
 }
 
-Value from_json(const json& j) {
+// `j` as a value; `level` counts the arrays and objects it is in, itself included.
+Value from_json(const json& j, int level = 1) {
+  if ((j.is_array() || j.is_object()) && level > kMaxValueDepth)
+    throw Error(cat("chat template context: a value nests deeper than ", kMaxValueDepth, " levels"));
   switch (j.type()) {
     case json::value_t::null: return Value::none();
     case json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -277,12 +355,12 @@ Value from_json(const json& j) {
     case json::value_t::string: return Value::str(j.get<std::string>());
     case json::value_t::array: {
       List l;
-      for (const auto& x : j) l.push_back(from_json(x));
+      for (const auto& x : j) l.push_back(from_json(x, level + 1));
       return Value::of_list(std::move(l));
     }
     case json::value_t::object: {
       Dict d;
-      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json(x));
+      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json(x, level + 1));
       return Value::of_dict(std::move(d));
     }
     default: throw Error("chat template context: binary JSON values are not supported");
@@ -318,37 +396,33 @@ void to_json(const Value& v, int indent, bool sort_keys, int level, std::string&
     case Value::kFloat:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
-    case Value::kStr: out += json_string(v.s); return;
+    case Value::kStr: append(out, json_string(v.s)); return;
     case Value::kList:
       if (v.list->empty()) { out += "[]"; return; }
+      charge(static_cast<int64_t>(v.list->size()));
       out += "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
-        out += (k ? sep : "") + nl;
+        append(out, (k ? sep : "") + nl);
         to_json((*v.list)[k], indent, sort_keys, level + 1, out);
       }
-      out += close + "]";
+      append(out, close + "]");
       return;
     case Value::kDict: {
       if (v.dict->empty()) { out += "{}"; return; }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& e : *v.dict) items.push_back(&e);
       if (sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      charge(static_cast<int64_t>(items.size()));
       out += "{";
       for (size_t k = 0; k < items.size(); ++k) {
-        out += (k ? sep : "") + nl + json_string(items[k]->first) + ": ";
+        append(out, (k ? sep : "") + nl + json_string(items[k]->first) + ": ");
         to_json(items[k]->second, indent, sort_keys, level + 1, out);
       }
-      out += close + "}";
+      append(out, close + "}");
       return;
     }
     default: throw Fail{cat("tojson: a ", type_name(v), " value is not JSON serializable")};
   }
-}
-
-// Checks the size of a string about to be built and charges the work of building it.
-void check_size(size_t n) {
-  charge(static_cast<int64_t>(n / 256));
-  if (n > kMaxOutput) throw Fail{cat("the template builds a string longer than ", kMaxOutput, " bytes")};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1623,7 +1697,10 @@ class Renderer {
         }
         for (auto& [k, v] : a.kw) d.emplace_back(k, v);
         Value v = Value::of_dict(std::move(d));
-        v.is_namespace = ns;
+        if (ns) {
+          if (v.has_namespace) throw Fail{kNamespaceInNamespace};
+          v.is_namespace = v.has_namespace = true;
+        }
         return v;
       };
     };
@@ -1698,6 +1775,7 @@ class Renderer {
           if (!n.attr.empty()) {
             Value ns = lookup(n.name);
             if (!ns.is_namespace) throw Fail{cat("'", n.name, "' is not a namespace(), so '", n.name, ".", n.attr, "' cannot be set")};
+            if (v.has_namespace) throw Fail{kNamespaceInNamespace};
             auto it = std::find_if(ns.dict->begin(), ns.dict->end(), [&](const auto& e) { return e.first == n.attr; });
             if (it == ns.dict->end()) ns.dict->emplace_back(n.attr, std::move(v));
             else it->second = std::move(v);
@@ -1977,7 +2055,7 @@ class Renderer {
     }
     if (name == "indent") {
       Params q = p({{"width", Value::integer(4)}, {"first", Value::boolean(false)}, {"blank", Value::boolean(false)}});
-      const std::string pad = q[0].kind == Value::kStr ? q[0].s : std::string(std::clamp<int64_t>(to_index(q[0], "width"), 0, 256), ' ');
+      const std::string pad = q[0].kind == Value::kStr ? std::string(q[0].s) : std::string(std::clamp<int64_t>(to_index(q[0], "width"), 0, 256), ' ');
       const List lines = split(to_str(v), Value::str("\n"), -1);
       std::string out;
       for (size_t k = 0; k < lines.size(); ++k) {
