@@ -181,6 +181,12 @@ TEST(ChatTemplate, HostileTemplatesStopWithinBounds) {
   expect_error_containing([] { render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"); },
                           "macros call each other deeper than");
   expect_error_containing([] { render("{{ 2 ** 64 }}"); }, "integer overflow");
+  expect_error_containing([] { render("{{ (1e308 * 10) | int }}"); }, "integer overflow");
+  expect_error_containing([] { render("{{ 1e19 | int }}"); }, "integer overflow");
+  EXPECT_EQ(render("{{ (1e308 * 10 - 1e308 * 10) | int }} {{ -2.7 | int }} {{ 9007199254740993 | int }}"),
+            "0 -2 9007199254740993");
+  EXPECT_EQ(render("{{ range(-9223372036854775807 - 1, 9223372036854775807, 4611686018427387904) | list }}"),
+            "[-9223372036854775808, -4611686018427387904, 0, 4611686018427387904]");
 }
 
 // Values stay acyclic and shallow, and walks over them (repr, tojson, ==) are charged: no stack

@@ -1685,7 +1685,8 @@ class Renderer {
       const __int128 n = span <= 0 ? 0 : (span + (step > 0 ? step : -__int128{step}) - 1) / (step > 0 ? step : -__int128{step});
       check_items(static_cast<size_t>(std::min<__int128>(n, kMaxItems + 1)));
       List out;
-      for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) out.push_back(Value::integer(start + k * step));
+      // Every item lies between start and stop, but k * step alone may not fit an int64.
+      for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) out.push_back(Value::integer(static_cast<int64_t>(start + __int128{k} * step)));
       return Value::of_list(std::move(out));
     });
     auto dict_from_kw = [](bool ns) {
@@ -2068,7 +2069,14 @@ class Renderer {
     }
     if (name == "int" || name == "float") {
       Params q = p({{"default", name == "int" ? Value::integer(0) : Value::number(0)}});
-      if (v.numeric()) return name == "int" ? Value::integer(static_cast<int64_t>(v.as_double())) : Value::number(v.as_double());
+      if (v.numeric() && name == "float") return Value::number(v.as_double());
+      if (v.numeric() && v.kind != Value::kFloat) return Value::integer(v.as_int());
+      if (v.kind == Value::kFloat) {
+        if (std::isnan(v.f)) return q[0];  // jinja2: int(nan) and int(float(nan)) fail, so the default
+        // Python's int of a larger float (or of infinity, an OverflowError) does not fit an int64.
+        if (!(std::fabs(v.f) < 0x1p63)) throw Fail{"integer overflow"};
+        return Value::integer(static_cast<int64_t>(v.f));
+      }
       if (v.kind == Value::kStr) {
         const std::string t = strip(v.s, Value::none(), true, true);
         char* end = nullptr;
