@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ctime>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <unordered_map>
@@ -1264,11 +1265,23 @@ Value items_of(const Value& v) {
   return Value::of_list(std::move(out));
 }
 
+// Where `sub` first occurs in `s` at or after `from` (npos if nowhere), charging the bytes scanned.
+// glibc's memmem takes linear time (Two-Way), where std::string::find compares `sub` at every
+// position: a long needle of one repeated character took seconds per search.
+size_t find_sub(std::string_view s, std::string_view sub, size_t from = 0) {
+  if (from > s.size()) return std::string::npos;
+  const void* hit = ::memmem(s.data() + from, s.size() - from, sub.data(), sub.size());
+  const size_t at = hit ? static_cast<size_t>(static_cast<const char*>(hit) - s.data()) : std::string::npos;
+  charge(static_cast<int64_t>(((hit ? at + sub.size() : s.size()) - from) / 256));
+  return at;
+}
+
 bool contains(const Value& hay, const Value& needle) {
   switch (hay.kind) {
     case Value::kUndefined: return false;
-    case Value::kStr: return hay.s.find(need_str(needle, "the left side of 'in' a string")) != std::string::npos;
+    case Value::kStr: return find_sub(hay.s, need_str(needle, "the left side of 'in' a string")) != std::string::npos;
     case Value::kList:
+      charge(static_cast<int64_t>(hay.list->size()));
       return std::any_of(hay.list->begin(), hay.list->end(), [&](const Value& x) { return equal(x, needle); });
     case Value::kDict: return needle.kind == Value::kStr && dict_find(*hay.dict, needle.s);
     default: throw Fail{cat("'in' needs a string, list or dict on its right, found ", type_name(hay))};
@@ -1315,7 +1328,7 @@ List split(const std::string& s, const Value& sep, int64_t maxsplit) {
   if (d.empty()) throw Fail{"split: empty separator"};
   size_t p = 0;
   while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-    const size_t q = s.find(d, p);
+    const size_t q = find_sub(s, d, p);
     if (q == std::string::npos) break;
     out.push_back(Value::str(s.substr(p, q - p)));
     p = q + d.size();
@@ -1329,7 +1342,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
   std::string out;
   size_t p = 0;
   for (int64_t n = 0; count < 0 || n < count; ++n) {
-    const size_t q = s.find(from, p);
+    const size_t q = find_sub(s, from, p);
     if (q == std::string::npos) break;
     out += s.substr(p, q - p) + to;
     check_size(out.size());
@@ -1447,12 +1460,12 @@ Value method(const Value& obj, const std::string& name) {
         Params p(name.c_str(), a, {{"sub", Value()}});
         const std::string& sub = need_str(p[0], "the substring");
         if (name == "find") {
-          const size_t q = s.find(sub);
+          const size_t q = find_sub(s, sub);
           return Value::integer(q == std::string::npos ? -1 : char_count(std::string_view(s).substr(0, q)));
         }
         if (sub.empty()) return Value::integer(char_count(s) + 1);
         int64_t n = 0;
-        for (size_t q = s.find(sub); q != std::string::npos; q = s.find(sub, q + sub.size())) ++n;
+        for (size_t q = find_sub(s, sub); q != std::string::npos; q = find_sub(s, sub, q + sub.size())) ++n;
         return Value::integer(n);
       });
     if (name == "join")
@@ -2131,8 +2144,10 @@ class Renderer {
     if (name == "unique") {
       p({});
       List out;
-      for (const Value& it : iterate(v))
+      for (const Value& it : iterate(v)) {
+        charge(static_cast<int64_t>(out.size()));  // the comparisons with the items kept
         if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equal(o, it); })) out.push_back(it);
+      }
       return Value::of_list(std::move(out));
     }
     if (name == "sort") {
