@@ -1249,6 +1249,7 @@ int64_t length(const Value& v) {
 }
 
 const Value* dict_find(const Dict& d, const std::string& key) {
+  charge(static_cast<int64_t>(d.size()));  // a linear search: a dict of many keys read in a loop
   for (const auto& e : d)
     if (e.first == key) return &e.second;
   return nullptr;
@@ -1939,13 +1940,14 @@ class Renderer {
       }
       case N::DictLit: {
         Dict d;
+        std::unordered_map<std::string, size_t> at;  // key -> its entry in d: a repeated key replaces it
         for (size_t k = 0; k < n.kids.size(); k += 2) {
           Value key = eval(*n.kids[k]);
           if (key.kind != Value::kStr) throw Fail{cat("dict keys must be strings, found ", type_name(key))};
           Value v = eval(*n.kids[k + 1]);
-          auto it = std::find_if(d.begin(), d.end(), [&](const auto& e) { return e.first == key.s; });
-          if (it != d.end()) it->second = std::move(v);
-          else d.emplace_back(key.s, std::move(v));
+          const auto [it, fresh] = at.emplace(key.s, d.size());
+          if (fresh) d.emplace_back(key.s, std::move(v));
+          else d[it->second].second = std::move(v);
         }
         return Value::of_dict(std::move(d));
       }
