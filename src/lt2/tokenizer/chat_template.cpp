@@ -719,6 +719,20 @@ class Parser {
     ~Nest() { --p.depth_; }
     Parser& p;
   };
+  // A loop that folds operators or postfixes to the left (a ~ b ~ c, x.y[0]|f) deepens the tree by
+  // one level each, which evaluating it recurses through: counted as nesting until the fold ends.
+  struct Fold {
+    explicit Fold(Parser& p) : p(p) {}
+    ~Fold() { p.depth_ -= levels; }
+    Fold(const Fold&) = delete;
+    Fold& operator=(const Fold&) = delete;
+    void deeper(size_t pos) {
+      ++levels;
+      if (++p.depth_ > kMaxNesting) p.fail(pos, cat("the template nests deeper than ", kMaxNesting, " levels"));
+    }
+    Parser& p;
+    int levels = 0;
+  };
 
   // Statements and text until a block tag whose keyword is one of `ends` (consumed, returned in
   // `found`); with no `ends`, until the end of the source.
@@ -890,7 +904,9 @@ class Parser {
   NodeP expr(bool with_condition = true) {
     Nest nest(*this, peek().pos);
     NodeP a = or_expr();
+    Fold fold(*this);
     while (with_condition && is_name("if")) {
+      fold.deeper(peek().pos);
       auto n = node(N::Cond, next().pos);
       n->kids.push_back(or_expr());  // condition
       n->kids.push_back(std::move(a));
@@ -914,8 +930,10 @@ class Parser {
   // operand (keyword operand)*, folded to the left.
   NodeP left_fold(const char* keyword, N kind, NodeP (Parser::*operand)()) {
     NodeP a = (this->*operand)();
+    Fold fold(*this);
     while (is_name(keyword)) {
       const size_t pos = next().pos;
+      fold.deeper(pos);
       a = binary(kind, std::move(a), (this->*operand)(), pos);
     }
     return a;
@@ -961,32 +979,40 @@ class Parser {
   }
   NodeP math1() {
     NodeP a = concat();
+    Fold fold(*this);
     while (is_op("+") || is_op("-")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), concat(), t.pos, t.text);
     }
     return a;
   }
   NodeP concat() {
     NodeP a = math2();
+    Fold fold(*this);
     while (is_op("~")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), math2(), t.pos, "~");
     }
     return a;
   }
   NodeP math2() {
     NodeP a = power();
+    Fold fold(*this);
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), power(), t.pos, t.text);
     }
     return a;
   }
   NodeP power() {
     NodeP a = unary(true);
+    Fold fold(*this);
     while (is_op("**")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), unary(true), t.pos, "**");
     }
     return a;
@@ -1085,9 +1111,11 @@ class Parser {
   }
 
   NodeP postfix(NodeP a) {
+    Fold fold(*this);
     while (true) {
       if (is_op(".")) {
         const size_t pos = next().pos;
+        fold.deeper(pos);
         if (peek().type == Tok::Int) {
           auto n = node(N::Item, pos);
           auto key = node(N::Lit, peek().pos);
@@ -1103,6 +1131,7 @@ class Parser {
         }
       } else if (is_op("[")) {
         const size_t pos = next().pos;
+        fold.deeper(pos);
         NodeP parts[3];
         int colons = 0;
         while (!is_op("]")) {
@@ -1121,6 +1150,7 @@ class Parser {
         for (int k = 0; k < (colons == 0 ? 1 : 3); ++k) n->kids.push_back(std::move(parts[k]));
         a = std::move(n);
       } else if (is_op("(")) {
+        fold.deeper(peek().pos);
         auto n = node(N::Call, a->pos);
         n->kids.push_back(std::move(a));
         call_args(*n);
@@ -1132,16 +1162,17 @@ class Parser {
   }
 
   NodeP filters(NodeP a) {
+    Fold fold(*this);
     while (true) {
       if (is_op("|")) {
-        next();
+        fold.deeper(next().pos);
         auto n = node(N::Filter, peek().pos);
         n->name = expect_name("a filter name after '|'");
         n->kids.push_back(std::move(a));
         if (is_op("(")) call_args(*n);
         a = std::move(n);
       } else if (is_name("is")) {
-        next();
+        fold.deeper(next().pos);
         auto n = node(N::Test, peek().pos);
         if (is_name("not")) {
           next();
@@ -1166,6 +1197,7 @@ class Parser {
         }
         a = std::move(n);
       } else if (is_op("(")) {
+        fold.deeper(peek().pos);
         auto n = node(N::Call, a->pos);
         n->kids.push_back(std::move(a));
         call_args(*n);
