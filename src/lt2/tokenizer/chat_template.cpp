@@ -22,10 +22,11 @@ namespace lt2 {
 namespace {
 
 // Bounds that keep a hostile or broken template from hanging or exhausting memory.
-// kMaxSteps ends a render within about 3 s in the sanitizer build (the fuzz target's timeout is
-// 10 s); real templates take a few hundred steps per message.
-constexpr int64_t kMaxSteps = int64_t{1} << 20;    // work units: nodes evaluated, items iterated, 256 bytes built or copied
-constexpr size_t kMaxOutput = size_t{1} << 26;     // bytes of any string the template builds
+// kMaxSteps ends a render within about 1.5 s in the sanitizer build on a loaded machine (the fuzz
+// target renders twice within its 10 s timeout); real templates take a few hundred steps per
+// message. kMaxOutput is 30 times the prompt of a 128k-token context.
+constexpr int64_t kMaxSteps = int64_t{1} << 19;    // work units: nodes evaluated, items iterated, 256 bytes built or copied
+constexpr size_t kMaxOutput = size_t{1} << 24;     // bytes of any string the template builds
 constexpr int64_t kMaxItems = int64_t{1} << 18;    // items of a list the template builds
 constexpr int kMaxNesting = 200;                   // parser recursion (nested expressions/blocks)
 constexpr int kMaxCallDepth = 64;                  // macro calls within macro calls
@@ -1298,14 +1299,15 @@ Value items_of(const Value& v) {
   return Value::of_list(std::move(out));
 }
 
-// Where `sub` first occurs in `s` at or after `from` (npos if nowhere), charging the bytes scanned.
-// glibc's memmem takes linear time (Two-Way), where std::string::find compares `sub` at every
-// position: a long needle of one repeated character took seconds per search.
+// Where `sub` first occurs in `s` at or after `from` (npos if nowhere), charging a unit per search
+// (count, split and replace search once per match) and the bytes scanned. glibc's memmem takes
+// linear time (Two-Way), where std::string::find compares `sub` at every position: a long needle
+// of one repeated character took seconds per search.
 size_t find_sub(std::string_view s, std::string_view sub, size_t from = 0) {
   if (from > s.size()) return std::string::npos;
   const void* hit = ::memmem(s.data() + from, s.size() - from, sub.data(), sub.size());
   const size_t at = hit ? static_cast<size_t>(static_cast<const char*>(hit) - s.data()) : std::string::npos;
-  charge(static_cast<int64_t>(((hit ? at + sub.size() : s.size()) - from) / 256));
+  charge(1 + static_cast<int64_t>(((hit ? at + sub.size() : s.size()) - from) / 256));
   return at;
 }
 

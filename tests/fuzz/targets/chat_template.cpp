@@ -5,7 +5,7 @@
 // to the context), or other text (its lines, the contents of alternating user and assistant
 // messages). The template renders with a fixed conversation, or with the input's variables over
 // it, add_generation_prompt false and true: two renders, each within the interpreter's step budget
-// (about 3 s with the sanitizers), so that an input stays within the fuzzer's 10 s timeout.
+// (1.5 s or so with the sanitizers), so that an input stays within the fuzzer's 10 s timeout.
 #include <algorithm>
 #include <optional>
 
