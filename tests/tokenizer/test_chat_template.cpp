@@ -175,11 +175,75 @@ TEST(ChatTemplate, HostileTemplatesStopWithinBounds) {
   expect_error_containing([] { render("{% set s = 'x' * 10**7 %}{% for i in range(10**5) %}{{ s | length }}{% endfor %}"); },
                           "steps");
   expect_error_containing([] { render("{{ 'x' * 10**12 }}"); }, "longer than");
-  expect_error_containing([] { render("{% set s = 'ab' %}{% for i in range(40) %}{% set s = s ~ s %}{{ s }}{% endfor %}"); },
-                          "longer than");
+  expect_error_containing([] { render("{% set s = 'x' * 10000000 %}{{ s ~ s }}"); }, "a string longer than");
+  expect_error_containing([] { render("{% set s = 'x' * 5000000 %}{% for i in range(4) %}{{ s }}{% endfor %}"); },
+                          "the output is longer than");
   expect_error_containing([] { render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"); },
                           "macros call each other deeper than");
   expect_error_containing([] { render("{{ 2 ** 64 }}"); }, "integer overflow");
+  expect_error_containing([] { render("{{ (1e308 * 10) | int }}"); }, "integer overflow");
+  expect_error_containing([] { render("{{ 1e19 | int }}"); }, "integer overflow");
+  EXPECT_EQ(render("{{ (1e308 * 10 - 1e308 * 10) | int }} {{ -2.7 | int }} {{ 9007199254740993 | int }}"),
+            "0 -2 9007199254740993");
+  EXPECT_EQ(render("{{ range(-9223372036854775807 - 1, 9223372036854775807, 4611686018427387904) | list }}"),
+            "[-9223372036854775808, -4611686018427387904, 0, 4611686018427387904]");
+}
+
+// Values stay acyclic and shallow, and walks over them (repr, tojson, ==) are charged: no stack
+// overflow, leak or unbounded copy however a template combines them.
+TEST(ChatTemplate, HostileValuesStopWithinBounds) {
+  expect_error_containing([] { render("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}"); },
+                          "a namespace() cannot hold a namespace()");
+  expect_error_containing([] { render("{% set ns = namespace(a=1) %}{% set ns.a = [1, {'x': ns}] %}"); },
+                          "a namespace() cannot hold a namespace()");
+  expect_error_containing([] { render("{% set t = namespace() %}{% set h = namespace(n=[t]) %}"); },
+                          "a namespace() cannot hold a namespace()");
+  expect_error_containing(
+      [] { render("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"); },
+      "nested deeper than 200 levels");
+  EXPECT_EQ(render("{% set ns = namespace(x=0) %}{% for i in range(199) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                   "{{ (ns.x | tojson)[:3] }}{{ ns.x == ns.x }}"),
+            "[[[True");
+  // A list that holds itself twice, 40 levels down: 2^40 leaves to walk.
+  const std::string doubled = "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}";
+  for (const char* walk : {"{{ ns.a }}", "{{ ns.a | tojson }}", "{{ ns.a == ns.a }}", "{{ ns.a < ns.a }}"})
+    expect_error_containing([&] { render(doubled + walk); }, "steps");
+  expect_error_containing([] { render("{% set s = 'x' * 10000000 %}{{ ([s] * 1000) | length }}"); }, "steps");
+  expect_error_containing([] { render("{% set s = 'x' * 10000000 %}{{ [s, s] | tojson }}"); }, "longer than");
+  json deep = json::array();
+  for (int k = 0; k < 300; ++k) deep = json::array({deep});
+  expect_error_containing([&] { render("{{ x }}", {{"x", deep}}); }, "a value nests deeper than 200 levels");
+}
+
+// Work that grows faster than the template's size stays within the step budget or is refused.
+TEST(ChatTemplate, HostileRecursionAndSearchesStopWithinBounds) {
+  // A macro nesting an expression 80 levels deep, calling itself 63 times.
+  std::string body;
+  for (int k = 0; k < 40; ++k) body += "-(";
+  body += "(f(n + 1) | length if n < 63 else 0)";
+  for (int k = 0; k < 40; ++k) body += ")";
+  expect_error_containing([&] { render("{% macro f(n) %}{{ " + body + " }}{% endmacro %}{{ f(0) }}"); },
+                          "recurses deeper than 500 levels");
+  std::string chain = "'a'";
+  for (int k = 0; k < 300; ++k) chain += " ~ 'a'";
+  expect_error_containing([&] { render("{{ " + chain + " }}"); }, "nests deeper than 200 levels");
+  std::string filters = "{{ 1";
+  for (int k = 0; k < 300; ++k) filters += " | string";
+  expect_error_containing([&] { render(filters + " }}"); }, "nests deeper than 200 levels");
+  EXPECT_EQ(render("{{ (" + chain.substr(0, 3 + 150 * 6) + ") | length }}"), "151");
+  expect_error_containing([] { render("{{ range(100000) | unique | length }}"); }, "steps");
+  expect_error_containing(
+      [] { render("{% set big = range(200000) | list %}{% for i in range(100000) %}{% if -1 in big %}{% endif %}{% endfor %}"); },
+      "steps");
+  // A needle of one repeated character, searched in a long string of it: linear time.
+  EXPECT_EQ(render("{% set h = 'a' * 4000000 %}{% set n = 'a' * 10000 ~ 'b' %}{{ n in h }} {{ h.find(n) }} {{ h.count(n) }} "
+                   "{{ h.split(n) | length }} {{ h.replace(n, 'x') | length }} {{ h[:1000].count('aa') }}"),
+            "False -1 0 1 4000000 500");
+  // A search per match: 2,000,000 of them took 8 s under ASan.
+  expect_error_containing([] { render("{{ ('a' * 4000000).count('aa') }}"); }, "steps");
+  std::string dict = "{% set d = {";
+  for (int k = 0; k < 20000; ++k) dict += "'k" + std::to_string(k) + "': " + std::to_string(k) + ", ";
+  EXPECT_EQ(render(dict + "'k5': -5} %}{{ d.k5 }} {{ d.k19999 }} {{ d | length }}"), "-5 19999 20000");
 }
 
 TEST(ChatTemplate, WhitespaceControlAndLiterals) {

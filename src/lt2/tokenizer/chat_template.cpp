@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ctime>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <unordered_map>
@@ -21,15 +22,30 @@ namespace lt2 {
 namespace {
 
 // Bounds that keep a hostile or broken template from hanging or exhausting memory.
-constexpr int64_t kMaxSteps = int64_t{1} << 22;    // work units: nodes evaluated, items iterated, 256 bytes built
-constexpr size_t kMaxOutput = size_t{1} << 26;     // bytes of any string the template builds
+// kMaxSteps ends a render within about 1.5 s in the sanitizer build on a loaded machine (the fuzz
+// target renders twice within its 10 s timeout); real templates take a few hundred steps per
+// message. kMaxOutput is 30 times the prompt of a 128k-token context.
+constexpr int64_t kMaxSteps = int64_t{1} << 19;    // work units: nodes evaluated, items iterated, 256 bytes built or copied
+constexpr size_t kMaxOutput = size_t{1} << 24;     // bytes of any string the template builds
 constexpr int64_t kMaxItems = int64_t{1} << 18;    // items of a list the template builds
 constexpr int kMaxNesting = 200;                   // parser recursion (nested expressions/blocks)
 constexpr int kMaxCallDepth = 64;                  // macro calls within macro calls
+// Statements and expressions being evaluated, within each other: the two bounds above multiply
+// (a macro body nested 80 deep calling itself 64 times overflowed the stack). A level takes about
+// 6 KB of stack under AddressSanitizer, so 500 fit a thread's 8 MB with room for the walks below.
+constexpr int kMaxRenderDepth = 500;
+constexpr int kMaxValueDepth = 200;                // lists and dicts within each other (Value::holds)
 
 // ---------------------------------------------------------------------------------------------
 // Values: Python's types as jinja2 sees them. Lists and dicts are shared (a namespace() assigned
 // to two names is one object); dicts keep insertion order, keys are strings.
+//
+// Values stay acyclic and shallow, so that the recursive walks over them (repr, tojson, ==,
+// ordering, the destructor) cannot overflow the stack: a list or dict is built at most
+// kMaxValueDepth levels deep, and a namespace() never holds a namespace() (the only mutable
+// value, it is the only way to a cycle or to a chain that deepens after it was built). A list
+// holding a namespace() records the namespace's depth when built; its attributes, checked the same
+// way, may deepen it later by at most kMaxValueDepth, so every walk stays within 2 * kMaxValueDepth + 1.
 
 struct Value;
 using List = std::vector<Value>;
@@ -45,18 +61,45 @@ struct Fail {
   std::string msg;
 };
 
+// The work budget of the render running on this thread (see Renderer::run); helpers that loop over
+// items or bytes charge it, so that every render ends within kMaxSteps units.
+thread_local int64_t* t_steps_left = nullptr;
+
+void charge(int64_t units) {
+  if (t_steps_left && (*t_steps_left -= units) < 0) throw Fail{cat("the template takes more than ", kMaxSteps, " steps")};
+}
+
+// A value's string, whose copies are charged like the strings a template builds (a unit per 256
+// bytes): values are copied freely (list items, loop variables, [s] * n), and copies of one long
+// string must not outgrow memory before the budget ends the render.
+struct ChargedString : std::string {
+  using std::string::string;
+  using std::string::operator=;
+  ChargedString() = default;
+  ChargedString(const ChargedString& o) : std::string((charge(static_cast<int64_t>(o.size() / 256)), o)) {}
+  ChargedString(ChargedString&&) noexcept = default;
+  ChargedString& operator=(const ChargedString& o) {
+    charge(static_cast<int64_t>(o.size() / 256));
+    std::string::operator=(o);
+    return *this;
+  }
+  ChargedString& operator=(ChargedString&&) noexcept = default;
+};
+
 struct Value {
   enum Kind { kUndefined, kNone, kBool, kInt, kFloat, kStr, kList, kDict, kFunc };
   Kind kind = kUndefined;
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;  // the string; for an undefined value, what was missing
+  ChargedString s;  // the string; for an undefined value, what was missing
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Function> fn;
   bool is_namespace = false;  // a namespace(): its attributes may be assigned
   bool is_tuple = false;      // a list that prints as a Python tuple
+  int depth = 0;              // levels of lists and dicts, this one included, when it was built
+  bool has_namespace = false; // is or holds a namespace()
 
   static Value undefined(std::string what) { Value v; v.s = std::move(what); return v; }
   static Value none() { Value v; v.kind = kNone; return v; }
@@ -64,14 +107,36 @@ struct Value {
   static Value integer(int64_t x) { Value v; v.kind = kInt; v.i = x; return v; }
   static Value number(double x) { Value v; v.kind = kFloat; v.f = x; return v; }
   static Value str(std::string x) { Value v; v.kind = kStr; v.s = std::move(x); return v; }
-  static Value of_list(List x) { Value v; v.kind = kList; v.list = std::make_shared<List>(std::move(x)); return v; }
-  static Value of_dict(Dict x) { Value v; v.kind = kDict; v.dict = std::make_shared<Dict>(std::move(x)); return v; }
+  static Value of_list(List x) {
+    Value v;
+    v.kind = kList;
+    v.depth = 1;
+    for (const Value& e : x) v.holds(e);
+    v.list = std::make_shared<List>(std::move(x));
+    return v;
+  }
+  static Value of_dict(Dict x) {
+    Value v;
+    v.kind = kDict;
+    v.depth = 1;
+    for (const auto& e : x) v.holds(e.second);
+    v.dict = std::make_shared<Dict>(std::move(x));
+    return v;
+  }
   static Value function(Function x) { Value v; v.kind = kFunc; v.fn = std::make_shared<Function>(std::move(x)); return v; }
 
   bool defined() const { return kind != kUndefined; }
   bool numeric() const { return kind == kInt || kind == kFloat || kind == kBool; }
   double as_double() const { return kind == kFloat ? f : static_cast<double>(kind == kBool ? b : i); }
   int64_t as_int() const { return kind == kBool ? b : i; }
+
+ private:
+  // Accounts for `e`, an item of this list or dict being built.
+  void holds(const Value& e) {
+    depth = std::max(depth, e.depth + 1);
+    if (depth > kMaxValueDepth) throw Fail{cat("the template builds a value nested deeper than ", kMaxValueDepth, " levels")};
+    has_namespace = has_namespace || e.has_namespace;
+  }
 };
 
 const char* type_name(const Value& v) {
@@ -89,13 +154,9 @@ const char* type_name(const Value& v) {
   return "?";
 }
 
-// The work budget of the render running on this thread (see Renderer::run); helpers that loop over
-// items or bytes charge it, so that every render ends within kMaxSteps units.
-thread_local int64_t* t_steps_left = nullptr;
-
-void charge(int64_t units) {
-  if (t_steps_left && (*t_steps_left -= units) < 0) throw Fail{cat("the template takes more than ", kMaxSteps, " steps")};
-}
+// See Value: why a namespace() holds no namespace().
+constexpr const char* kNamespaceInNamespace =
+    "a namespace() cannot hold a namespace(), directly or in a list or dict (it could come to hold itself)";
 
 [[noreturn]] void fail_undefined(const Value& v) { throw Fail{cat("'", v.s, "' is undefined")}; }
 
@@ -180,6 +241,21 @@ std::string str_repr(const std::string& s) {
   return out + q;
 }
 
+// Checks the size `n` of a string about to be built and charges the work of building its last
+// `new_bytes` bytes (all of it by default).
+void check_size(size_t n, size_t new_bytes) {
+  if (n > kMaxOutput) throw Fail{cat("the template builds a string longer than ", kMaxOutput, " bytes")};
+  charge(static_cast<int64_t>(new_bytes / 256));
+}
+void check_size(size_t n) { check_size(n, n); }
+
+// Appends `piece` to `out`, a string that a walk over a value builds (repr, tojson): a walk over
+// a list that holds one long string many times must stay within the output bound too.
+void append(std::string& out, std::string_view piece) {
+  check_size(out.size() + piece.size(), piece.size());
+  out += piece;
+}
+
 std::string repr(const Value& v);
 
 // Python's str() of a value, which {{ }} prints.
@@ -199,15 +275,17 @@ std::string repr(const Value& v) {
   switch (v.kind) {
     case Value::kStr: return str_repr(v.s);
     case Value::kList: {
+      charge(static_cast<int64_t>(v.list->size()));
       std::string out = v.is_tuple ? "(" : "[";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
+      for (size_t k = 0; k < v.list->size(); ++k) append(out, (k ? ", " : "") + repr((*v.list)[k]));
       if (v.is_tuple) return out + (v.list->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Value::kDict: {
+      charge(static_cast<int64_t>(v.dict->size()));
       std::string out = v.is_namespace ? "<Namespace {" : "{";
       for (size_t k = 0; k < v.dict->size(); ++k)
-        out += (k ? ", " : "") + str_repr((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
+        append(out, (k ? ", " : "") + str_repr((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second));
       return out + (v.is_namespace ? "}>" : "}");
     }
     case Value::kFunc: return "<function>";
@@ -237,11 +315,13 @@ bool equal(const Value& a, const Value& b) {
     case Value::kUndefined: case Value::kNone: return true;
     case Value::kStr: return a.s == b.s;
     case Value::kList:
-      return a.list->size() == b.list->size() &&
-             std::equal(a.list->begin(), a.list->end(), b.list->begin(), equal);
+      if (a.list->size() != b.list->size()) return false;
+      charge(static_cast<int64_t>(a.list->size()));
+      return std::equal(a.list->begin(), a.list->end(), b.list->begin(), equal);
     case Value::kDict:
       if (a.dict->size() != b.dict->size()) return false;
       for (const auto& entry : *a.dict) {
+        charge(static_cast<int64_t>(b.dict->size()));  // the search for its key
         auto it = std::find_if(b.dict->begin(), b.dict->end(), [&](const auto& e) { return e.first == entry.first; });
         if (it == b.dict->end() || !equal(entry.second, it->second)) return false;
       }
@@ -258,6 +338,7 @@ int compare(const Value& a, const Value& b) {
   }
   if (a.kind == Value::kStr && b.kind == Value::kStr) return a.s < b.s ? -1 : a.s > b.s;
   if (a.kind == Value::kList && b.kind == Value::kList) {
+    charge(static_cast<int64_t>(std::min(a.list->size(), b.list->size())));
     for (size_t k = 0; k < a.list->size() && k < b.list->size(); ++k)
       if (int c = compare((*a.list)[k], (*b.list)[k])) return c;
     return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size();
@@ -267,7 +348,10 @@ int compare(const Value& a, const Value& b) {
   throw Fail{cat("cannot order ", type_name(a), " and ", type_name(b))};
 }
 
-Value from_json(const json& j) {
+// `j` as a value; `level` counts the arrays and objects it is in, itself included.
+Value from_json(const json& j, int level = 1) {
+  if ((j.is_array() || j.is_object()) && level > kMaxValueDepth)
+    throw Error(cat("chat template context: a value nests deeper than ", kMaxValueDepth, " levels"));
   switch (j.type()) {
     case json::value_t::null: return Value::none();
     case json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -277,12 +361,12 @@ Value from_json(const json& j) {
     case json::value_t::string: return Value::str(j.get<std::string>());
     case json::value_t::array: {
       List l;
-      for (const auto& x : j) l.push_back(from_json(x));
+      for (const auto& x : j) l.push_back(from_json(x, level + 1));
       return Value::of_list(std::move(l));
     }
     case json::value_t::object: {
       Dict d;
-      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json(x));
+      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json(x, level + 1));
       return Value::of_dict(std::move(d));
     }
     default: throw Error("chat template context: binary JSON values are not supported");
@@ -318,37 +402,33 @@ void to_json(const Value& v, int indent, bool sort_keys, int level, std::string&
     case Value::kFloat:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
-    case Value::kStr: out += json_string(v.s); return;
+    case Value::kStr: append(out, json_string(v.s)); return;
     case Value::kList:
       if (v.list->empty()) { out += "[]"; return; }
+      charge(static_cast<int64_t>(v.list->size()));
       out += "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
-        out += (k ? sep : "") + nl;
+        append(out, (k ? sep : "") + nl);
         to_json((*v.list)[k], indent, sort_keys, level + 1, out);
       }
-      out += close + "]";
+      append(out, close + "]");
       return;
     case Value::kDict: {
       if (v.dict->empty()) { out += "{}"; return; }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& e : *v.dict) items.push_back(&e);
       if (sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      charge(static_cast<int64_t>(items.size()));
       out += "{";
       for (size_t k = 0; k < items.size(); ++k) {
-        out += (k ? sep : "") + nl + json_string(items[k]->first) + ": ";
+        append(out, (k ? sep : "") + nl + json_string(items[k]->first) + ": ");
         to_json(items[k]->second, indent, sort_keys, level + 1, out);
       }
-      out += close + "}";
+      append(out, close + "}");
       return;
     }
     default: throw Fail{cat("tojson: a ", type_name(v), " value is not JSON serializable")};
   }
-}
-
-// Checks the size of a string about to be built and charges the work of building it.
-void check_size(size_t n) {
-  charge(static_cast<int64_t>(n / 256));
-  if (n > kMaxOutput) throw Fail{cat("the template builds a string longer than ", kMaxOutput, " bytes")};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,6 +720,20 @@ class Parser {
     ~Nest() { --p.depth_; }
     Parser& p;
   };
+  // A loop that folds operators or postfixes to the left (a ~ b ~ c, x.y[0]|f) deepens the tree by
+  // one level each, which evaluating it recurses through: counted as nesting until the fold ends.
+  struct Fold {
+    explicit Fold(Parser& p) : p(p) {}
+    ~Fold() { p.depth_ -= levels; }
+    Fold(const Fold&) = delete;
+    Fold& operator=(const Fold&) = delete;
+    void deeper(size_t pos) {
+      ++levels;
+      if (++p.depth_ > kMaxNesting) p.fail(pos, cat("the template nests deeper than ", kMaxNesting, " levels"));
+    }
+    Parser& p;
+    int levels = 0;
+  };
 
   // Statements and text until a block tag whose keyword is one of `ends` (consumed, returned in
   // `found`); with no `ends`, until the end of the source.
@@ -811,7 +905,9 @@ class Parser {
   NodeP expr(bool with_condition = true) {
     Nest nest(*this, peek().pos);
     NodeP a = or_expr();
+    Fold fold(*this);
     while (with_condition && is_name("if")) {
+      fold.deeper(peek().pos);
       auto n = node(N::Cond, next().pos);
       n->kids.push_back(or_expr());  // condition
       n->kids.push_back(std::move(a));
@@ -835,8 +931,10 @@ class Parser {
   // operand (keyword operand)*, folded to the left.
   NodeP left_fold(const char* keyword, N kind, NodeP (Parser::*operand)()) {
     NodeP a = (this->*operand)();
+    Fold fold(*this);
     while (is_name(keyword)) {
       const size_t pos = next().pos;
+      fold.deeper(pos);
       a = binary(kind, std::move(a), (this->*operand)(), pos);
     }
     return a;
@@ -882,32 +980,40 @@ class Parser {
   }
   NodeP math1() {
     NodeP a = concat();
+    Fold fold(*this);
     while (is_op("+") || is_op("-")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), concat(), t.pos, t.text);
     }
     return a;
   }
   NodeP concat() {
     NodeP a = math2();
+    Fold fold(*this);
     while (is_op("~")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), math2(), t.pos, "~");
     }
     return a;
   }
   NodeP math2() {
     NodeP a = power();
+    Fold fold(*this);
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), power(), t.pos, t.text);
     }
     return a;
   }
   NodeP power() {
     NodeP a = unary(true);
+    Fold fold(*this);
     while (is_op("**")) {
       const Token& t = next();
+      fold.deeper(t.pos);
       a = binary(N::Binary, std::move(a), unary(true), t.pos, "**");
     }
     return a;
@@ -1006,9 +1112,11 @@ class Parser {
   }
 
   NodeP postfix(NodeP a) {
+    Fold fold(*this);
     while (true) {
       if (is_op(".")) {
         const size_t pos = next().pos;
+        fold.deeper(pos);
         if (peek().type == Tok::Int) {
           auto n = node(N::Item, pos);
           auto key = node(N::Lit, peek().pos);
@@ -1024,6 +1132,7 @@ class Parser {
         }
       } else if (is_op("[")) {
         const size_t pos = next().pos;
+        fold.deeper(pos);
         NodeP parts[3];
         int colons = 0;
         while (!is_op("]")) {
@@ -1042,6 +1151,7 @@ class Parser {
         for (int k = 0; k < (colons == 0 ? 1 : 3); ++k) n->kids.push_back(std::move(parts[k]));
         a = std::move(n);
       } else if (is_op("(")) {
+        fold.deeper(peek().pos);
         auto n = node(N::Call, a->pos);
         n->kids.push_back(std::move(a));
         call_args(*n);
@@ -1053,16 +1163,17 @@ class Parser {
   }
 
   NodeP filters(NodeP a) {
+    Fold fold(*this);
     while (true) {
       if (is_op("|")) {
-        next();
+        fold.deeper(next().pos);
         auto n = node(N::Filter, peek().pos);
         n->name = expect_name("a filter name after '|'");
         n->kids.push_back(std::move(a));
         if (is_op("(")) call_args(*n);
         a = std::move(n);
       } else if (is_name("is")) {
-        next();
+        fold.deeper(next().pos);
         auto n = node(N::Test, peek().pos);
         if (is_name("not")) {
           next();
@@ -1087,6 +1198,7 @@ class Parser {
         }
         a = std::move(n);
       } else if (is_op("(")) {
+        fold.deeper(peek().pos);
         auto n = node(N::Call, a->pos);
         n->kids.push_back(std::move(a));
         call_args(*n);
@@ -1170,6 +1282,7 @@ int64_t length(const Value& v) {
 }
 
 const Value* dict_find(const Dict& d, const std::string& key) {
+  charge(static_cast<int64_t>(d.size()));  // a linear search: a dict of many keys read in a loop
   for (const auto& e : d)
     if (e.first == key) return &e.second;
   return nullptr;
@@ -1186,11 +1299,24 @@ Value items_of(const Value& v) {
   return Value::of_list(std::move(out));
 }
 
+// Where `sub` first occurs in `s` at or after `from` (npos if nowhere), charging a unit per search
+// (count, split and replace search once per match) and the bytes scanned. glibc's memmem takes
+// linear time (Two-Way), where std::string::find compares `sub` at every position: a long needle
+// of one repeated character took seconds per search.
+size_t find_sub(std::string_view s, std::string_view sub, size_t from = 0) {
+  if (from > s.size()) return std::string::npos;
+  const void* hit = ::memmem(s.data() + from, s.size() - from, sub.data(), sub.size());
+  const size_t at = hit ? static_cast<size_t>(static_cast<const char*>(hit) - s.data()) : std::string::npos;
+  charge(1 + static_cast<int64_t>(((hit ? at + sub.size() : s.size()) - from) / 256));
+  return at;
+}
+
 bool contains(const Value& hay, const Value& needle) {
   switch (hay.kind) {
     case Value::kUndefined: return false;
-    case Value::kStr: return hay.s.find(need_str(needle, "the left side of 'in' a string")) != std::string::npos;
+    case Value::kStr: return find_sub(hay.s, need_str(needle, "the left side of 'in' a string")) != std::string::npos;
     case Value::kList:
+      charge(static_cast<int64_t>(hay.list->size()));
       return std::any_of(hay.list->begin(), hay.list->end(), [&](const Value& x) { return equal(x, needle); });
     case Value::kDict: return needle.kind == Value::kStr && dict_find(*hay.dict, needle.s);
     default: throw Fail{cat("'in' needs a string, list or dict on its right, found ", type_name(hay))};
@@ -1237,7 +1363,7 @@ List split(const std::string& s, const Value& sep, int64_t maxsplit) {
   if (d.empty()) throw Fail{"split: empty separator"};
   size_t p = 0;
   while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-    const size_t q = s.find(d, p);
+    const size_t q = find_sub(s, d, p);
     if (q == std::string::npos) break;
     out.push_back(Value::str(s.substr(p, q - p)));
     p = q + d.size();
@@ -1251,7 +1377,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
   std::string out;
   size_t p = 0;
   for (int64_t n = 0; count < 0 || n < count; ++n) {
-    const size_t q = s.find(from, p);
+    const size_t q = find_sub(s, from, p);
     if (q == std::string::npos) break;
     out += s.substr(p, q - p) + to;
     check_size(out.size());
@@ -1369,12 +1495,12 @@ Value method(const Value& obj, const std::string& name) {
         Params p(name.c_str(), a, {{"sub", Value()}});
         const std::string& sub = need_str(p[0], "the substring");
         if (name == "find") {
-          const size_t q = s.find(sub);
+          const size_t q = find_sub(s, sub);
           return Value::integer(q == std::string::npos ? -1 : char_count(std::string_view(s).substr(0, q)));
         }
         if (sub.empty()) return Value::integer(char_count(s) + 1);
         int64_t n = 0;
-        for (size_t q = s.find(sub); q != std::string::npos; q = s.find(sub, q + sub.size())) ++n;
+        for (size_t q = find_sub(s, sub); q != std::string::npos; q = find_sub(s, sub, q + sub.size())) ++n;
         return Value::integer(n);
       });
     if (name == "join")
@@ -1611,7 +1737,8 @@ class Renderer {
       const __int128 n = span <= 0 ? 0 : (span + (step > 0 ? step : -__int128{step}) - 1) / (step > 0 ? step : -__int128{step});
       check_items(static_cast<size_t>(std::min<__int128>(n, kMaxItems + 1)));
       List out;
-      for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) out.push_back(Value::integer(start + k * step));
+      // Every item lies between start and stop, but k * step alone may not fit an int64.
+      for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) out.push_back(Value::integer(static_cast<int64_t>(start + __int128{k} * step)));
       return Value::of_list(std::move(out));
     });
     auto dict_from_kw = [](bool ns) {
@@ -1623,7 +1750,10 @@ class Renderer {
         }
         for (auto& [k, v] : a.kw) d.emplace_back(k, v);
         Value v = Value::of_dict(std::move(d));
-        v.is_namespace = ns;
+        if (ns) {
+          if (v.has_namespace) throw Fail{kNamespaceInNamespace};
+          v.is_namespace = v.has_namespace = true;
+        }
         return v;
       };
     };
@@ -1657,6 +1787,18 @@ class Renderer {
  private:
   enum class Flow { Normal, Break, Continue };
 
+  // One more statement or expression being evaluated, for as long as the object lives.
+  struct Deeper {
+    explicit Deeper(int& depth) : depth(depth) {
+      if (depth == kMaxRenderDepth) throw Fail{cat("the template recurses deeper than ", kMaxRenderDepth, " levels")};
+      ++depth;
+    }
+    ~Deeper() { --depth; }
+    Deeper(const Deeper&) = delete;
+    Deeper& operator=(const Deeper&) = delete;
+    int& depth;
+  };
+
   [[noreturn]] void fail_at(size_t pos, const std::string& msg) const {
     throw Error(cat(prog_.where, ":", line_col(prog_.source, pos), ": ", msg));
   }
@@ -1687,6 +1829,7 @@ class Renderer {
   Flow exec_one(const Node& n, std::string& out) {
     step(n.pos);
     try {
+      const Deeper deeper(render_depth_);
       switch (n.kind) {
         case N::Text: out += n.lit.s; break;
         case N::Output: out += to_str(eval(*n.kids[0])); break;
@@ -1698,6 +1841,7 @@ class Renderer {
           if (!n.attr.empty()) {
             Value ns = lookup(n.name);
             if (!ns.is_namespace) throw Fail{cat("'", n.name, "' is not a namespace(), so '", n.name, ".", n.attr, "' cannot be set")};
+            if (v.has_namespace) throw Fail{kNamespaceInNamespace};
             auto it = std::find_if(ns.dict->begin(), ns.dict->end(), [&](const auto& e) { return e.first == n.attr; });
             if (it == ns.dict->end()) ns.dict->emplace_back(n.attr, std::move(v));
             else it->second = std::move(v);
@@ -1810,6 +1954,7 @@ class Renderer {
   Value eval(const Node& n) {
     step(n.pos);
     try {
+      const Deeper deeper(render_depth_);
       return eval_inner(n);
     } catch (const Fail& f) {
       fail_at(n.pos, f.msg);
@@ -1829,13 +1974,14 @@ class Renderer {
       }
       case N::DictLit: {
         Dict d;
+        std::unordered_map<std::string, size_t> at;  // key -> its entry in d: a repeated key replaces it
         for (size_t k = 0; k < n.kids.size(); k += 2) {
           Value key = eval(*n.kids[k]);
           if (key.kind != Value::kStr) throw Fail{cat("dict keys must be strings, found ", type_name(key))};
           Value v = eval(*n.kids[k + 1]);
-          auto it = std::find_if(d.begin(), d.end(), [&](const auto& e) { return e.first == key.s; });
-          if (it != d.end()) it->second = std::move(v);
-          else d.emplace_back(key.s, std::move(v));
+          const auto [it, fresh] = at.emplace(key.s, d.size());
+          if (fresh) d.emplace_back(key.s, std::move(v));
+          else d[it->second].second = std::move(v);
         }
         return Value::of_dict(std::move(d));
       }
@@ -1977,7 +2123,7 @@ class Renderer {
     }
     if (name == "indent") {
       Params q = p({{"width", Value::integer(4)}, {"first", Value::boolean(false)}, {"blank", Value::boolean(false)}});
-      const std::string pad = q[0].kind == Value::kStr ? q[0].s : std::string(std::clamp<int64_t>(to_index(q[0], "width"), 0, 256), ' ');
+      const std::string pad = q[0].kind == Value::kStr ? std::string(q[0].s) : std::string(std::clamp<int64_t>(to_index(q[0], "width"), 0, 256), ' ');
       const List lines = split(to_str(v), Value::str("\n"), -1);
       std::string out;
       for (size_t k = 0; k < lines.size(); ++k) {
@@ -1990,7 +2136,14 @@ class Renderer {
     }
     if (name == "int" || name == "float") {
       Params q = p({{"default", name == "int" ? Value::integer(0) : Value::number(0)}});
-      if (v.numeric()) return name == "int" ? Value::integer(static_cast<int64_t>(v.as_double())) : Value::number(v.as_double());
+      if (v.numeric() && name == "float") return Value::number(v.as_double());
+      if (v.numeric() && v.kind != Value::kFloat) return Value::integer(v.as_int());
+      if (v.kind == Value::kFloat) {
+        if (std::isnan(v.f)) return q[0];  // jinja2: int(nan) and int(float(nan)) fail, so the default
+        // Python's int of a larger float (or of infinity, an OverflowError) does not fit an int64.
+        if (!(std::fabs(v.f) < 0x1p63)) throw Fail{"integer overflow"};
+        return Value::integer(static_cast<int64_t>(v.f));
+      }
       if (v.kind == Value::kStr) {
         const std::string t = strip(v.s, Value::none(), true, true);
         char* end = nullptr;
@@ -2027,8 +2180,10 @@ class Renderer {
     if (name == "unique") {
       p({});
       List out;
-      for (const Value& it : iterate(v))
+      for (const Value& it : iterate(v)) {
+        charge(static_cast<int64_t>(out.size()));  // the comparisons with the items kept
         if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equal(o, it); })) out.push_back(it);
+      }
       return Value::of_list(std::move(out));
     }
     if (name == "sort") {
@@ -2091,6 +2246,7 @@ class Renderer {
   const ChatTemplate::Program& prog_;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   int call_depth_ = 0;
+  int render_depth_ = 0;  // see Deeper
 };
 
 }  // namespace

@@ -22,6 +22,8 @@
 //     gt, ge, in, lower, upper;
 //   - methods: str strip/lstrip/rstrip/split/rsplit/startswith/endswith/upper/lower/title/
 //     capitalize/replace/find/count/join/splitlines, dict get/items/keys/values.
+// Unlike jinja2, a namespace() cannot hold another namespace() (nor a list or dict holding one), and
+// lists and dicts nest at most 200 levels: values stay acyclic and shallow.
 // Errors (a syntax error, an unknown filter, an undefined value used in arithmetic, a step or
 // output budget exceeded) are lt2::Error naming the construct and its line:column.
 #pragma once
