@@ -204,13 +204,9 @@ table() {  # distill_gpu.{json,md} from what evals/ holds so far, and the logs
   pack_logs
   python3 - "$WORK" "$OUT" "$(( $(date +%s) - START ))" <<'EOF'
 import glob, json, os, sys
+sys.path.insert(0, "scripts")
+from eval_table import load  # a JSON file, or None where it is missing or incomplete
 work, out, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
 s = load(f"{work}/settings.json")
 evals = {os.path.basename(p)[:-5]: load(p) for p in glob.glob(f"{work}/evals/*.json")}
 best = load(os.path.join(s["teacher"], "trainer_state.json"))

@@ -1093,6 +1093,15 @@ class Parser {
     fail(t.pos, cat("expected an expression, found ", describe(t)));
   }
 
+  // `callee(...)`, one nesting level deeper.
+  NodeP call(NodeP callee, Fold& fold) {
+    fold.deeper(peek().pos);
+    auto n = node(N::Call, callee->pos);
+    n->kids.push_back(std::move(callee));
+    call_args(*n);
+    return n;
+  }
+
   void call_args(Node& n) {
     expect_op("(");
     std::vector<NodeP> kw;
@@ -1151,11 +1160,7 @@ class Parser {
         for (int k = 0; k < (colons == 0 ? 1 : 3); ++k) n->kids.push_back(std::move(parts[k]));
         a = std::move(n);
       } else if (is_op("(")) {
-        fold.deeper(peek().pos);
-        auto n = node(N::Call, a->pos);
-        n->kids.push_back(std::move(a));
-        call_args(*n);
-        a = std::move(n);
+        a = call(std::move(a), fold);
       } else {
         return a;
       }
@@ -1198,11 +1203,7 @@ class Parser {
         }
         a = std::move(n);
       } else if (is_op("(")) {
-        fold.deeper(peek().pos);
-        auto n = node(N::Call, a->pos);
-        n->kids.push_back(std::move(a));
-        call_args(*n);
-        a = std::move(n);
+        a = call(std::move(a), fold);
       } else {
         return a;
       }

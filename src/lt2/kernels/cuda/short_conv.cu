@@ -216,6 +216,16 @@ dim3 conv_grid(const ShortConvParams& p, int tile) {
   return dim3(ceil_div(p.channels, kChannels), ceil_div(p.seq, tile * kTiles), p.batch);
 }
 
+// Calls f(T{}, MaxW) with T the CUDA type of the params' dtype and MaxW the register taps its width
+// needs: 4 (W <= 4) or kMaxConvWidth.
+template <typename F>
+void dispatch_conv(const ShortConvParams& p, F&& f) {
+  dispatch_dtype(p.dtype, [&](auto t) {
+    if (p.width <= 4) f(t, std::integral_constant<int, 4>{});
+    else f(t, std::integral_constant<int, kMaxConvWidth>{});
+  });
+}
+
 }  // namespace
 
 void short_conv_forward(const ShortConvParams& p, void* stream) {
@@ -224,10 +234,8 @@ void short_conv_forward(const ShortConvParams& p, void* stream) {
   if (p.batch == 0 || p.seq == 0 || p.channels == 0) return;
   const dim3 grid = conv_grid(p, kForwardTile), block(kChannels, kTiles);
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.dtype, [&](auto t) {
-    using T = decltype(t);
-    if (p.width <= 4) short_conv_forward_kernel<T, 4><<<grid, block, 0, s>>>(p);
-    else short_conv_forward_kernel<T, kMaxConvWidth><<<grid, block, 0, s>>>(p);
+  dispatch_conv(p, [&](auto t, auto max_w) {
+    short_conv_forward_kernel<decltype(t), decltype(max_w)::value><<<grid, block, 0, s>>>(p);
   });
   check_launch("short_conv_forward");
 }
@@ -240,10 +248,8 @@ void short_conv_backward(const ShortConvBackwardParams& bp, void* stream) {
   if (p.batch == 0 || p.seq == 0 || p.channels == 0) return;
   const dim3 grid = conv_grid(p, kBackwardTile), block(kChannels, kTiles);
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.dtype, [&](auto t) {
-    using T = decltype(t);
-    if (p.width <= 4) short_conv_backward_kernel<T, 4><<<grid, block, 0, s>>>(bp);
-    else short_conv_backward_kernel<T, kMaxConvWidth><<<grid, block, 0, s>>>(bp);
+  dispatch_conv(p, [&](auto t, auto max_w) {
+    short_conv_backward_kernel<decltype(t), decltype(max_w)::value><<<grid, block, 0, s>>>(bp);
   });
   check_launch("short_conv_backward");
 }

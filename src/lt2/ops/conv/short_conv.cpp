@@ -73,22 +73,15 @@ struct ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
     return {dx, dweight, dbias.defined() ? dbias : Tensor(), Tensor(), Tensor()};
   }
 };
-#endif
 
-// Whether the CUDA kernels run this call: on, CUDA, a kernel dtype, W within the kernels' bound,
-// sizes within their int32 indices, and no gradient through a window of past inputs.
-bool conv_kernel_applies(const Tensor& x, const Tensor& weight, const Tensor* window) {
-#ifdef LT2_WITH_CUDA
-  if (!decode_options().short_conv || !x.is_cuda() || !detail::kernel_dtype_ok(x.scalar_type())) return false;
-  if (weight.size(2) > kernels::kMaxConvWidth || x.size(0) > 65535 || x.size(1) > INT32_MAX || x.size(2) > INT32_MAX)
-    return false;
-  const bool grad = torch::GradMode::is_enabled() &&
-                    (x.requires_grad() || weight.requires_grad() || (window && window->requires_grad()));
-  return !(grad && window);
-#else
-  return false;
-#endif
+// Whether the CUDA kernels take this call: on, CUDA, a kernel dtype, W within the kernels' bound and
+// sizes within their int32 indices. (A gradient through a window of past inputs they do not give.)
+bool conv_kernel_applies(const Tensor& x, const Tensor& weight) {
+  return decode_options().short_conv && x.is_cuda() && detail::kernel_dtype_ok(x.scalar_type()) &&
+         weight.size(2) <= kernels::kMaxConvWidth && x.size(0) <= 65535 && x.size(1) <= INT32_MAX &&
+         x.size(2) <= INT32_MAX;
 }
+#endif
 
 // The convolution over packed documents: each tap masked where it would reach into the document
 // before (a sum over the W taps, differentiable through autograd).
@@ -123,7 +116,10 @@ Tensor short_conv(const Tensor& x, const Tensor& weight, const Tensor& bias, boo
               "], found ", offsets.sizes());
   }
 #ifdef LT2_WITH_CUDA
-  if (conv_kernel_applies(x, weight, window)) {
+  const bool grad = torch::GradMode::is_enabled() &&
+                    (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()) ||
+                     (window && window->requires_grad()));
+  if (conv_kernel_applies(x, weight) && !(grad && window)) {
     const auto xc = x.contiguous();
     const auto w = weight.to(torch::kFloat32).reshape({C, W}).contiguous();
     const auto b = bias.defined() ? bias.to(torch::kFloat32).contiguous() : Tensor();
@@ -134,8 +130,7 @@ Tensor short_conv(const Tensor& x, const Tensor& weight, const Tensor& bias, boo
       y = conv_forward_cuda(xc, w, b, o, pastc, silu);
       // The last W-1 inputs (older first), from the past where the call is shorter than that.
       window->copy_(T >= W - 1 ? xc.narrow(1, T - (W - 1), W - 1) : torch::cat({pastc.narrow(1, T, W - 1 - T), xc}, 1));
-    } else if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
-                                                 (bias.defined() && bias.requires_grad()))) {
+    } else if (grad) {
       y = ShortConvFunction::apply(xc, w, b.defined() ? b : torch::empty({0}, w.options()),
                                    o.defined() ? o : torch::empty({0}, x.options().dtype(torch::kLong)), silu);
     } else {
