@@ -267,10 +267,11 @@ def recovery(reference, label):
                   f"KL-selected hybrid: {rec('kl'):.0f}% (uniform: {rec('uniform'):.0f}%); the issue asks >= 90% "
                   "and more than uniform.")
     else:
-        md.append(f"\nAll-GDN is not worse than the {label} ({ppl('gdn'):.2f} against {ppl(reference):.2f} word "
-                  "ppl): no gap to recover against it.")
-recovery("self", "against the control, the same stages with every layer full")
-recovery("teacher", "against the teacher")
+        md.append(f"\nAll-GDN is not worse than {label} ({ppl('gdn'):.2f} against {ppl(reference):.2f} word "
+                  f"ppl): no gap to recover against it. The KL-selected hybrid: {ppl('kl'):.2f}, uniform: "
+                  f"{ppl('uniform'):.2f}.")
+recovery("self", "the control (the teacher through the same stages, every layer full)")
+recovery("teacher", "the teacher")
 names = {"mc": "zero-shot", "niah": "S-NIAH-1"}
 scored = [m for m, _, _ in models if m != "self"]  # the control is there for its perplexity only
 missing = [f"{names[k]} ({', '.join(m for m in scored if f'{m}.{k}' not in evals)})" for k in names

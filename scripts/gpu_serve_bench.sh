@@ -13,6 +13,7 @@
 #   When --max-batch rows do not fit, `lt2 serve` decodes fewer together (it says so at start; the
 #   table quotes it) and the rest queue.
 #   PREFILL_CHUNK=2048  CACHE_GB=16  PREBUILT=build-prebuilt (carried binaries, as scripts/gpu_infer.sh)
+#   LT2_COMMIT=<commit>  names the commit in the JSON (the device copy's .git can be stale)
 #   Runs anywhere for a smoke test: DEVICE=cpu MODELS=tiny-full-gdn PROMPTS=64 OUTPUT=8 CONCURRENCY="1 4"
 #   STEADY="4 64 32" DECODE_CONTEXT=1k scripts/gpu_serve_bench.sh   (L=path/to/lt2 to skip the build)
 set -uo pipefail
@@ -91,7 +92,7 @@ for model in ${MODELS//,/ }; do
   echo "== $model: lt2 bench decode -b $DECODE_BATCHES -c $DECODE_CONTEXT"
   if [ "$DEVICE" = cpu ]; then bench_dev="--device cpu --dtype fp32"; else bench_dev="--device cuda"; fi
   # shellcheck disable=SC2086
-  "$L" bench decode -m "$model" -c "$DECODE_CONTEXT" -b "$DECODE_BATCHES" $bench_dev \
+  "$L" bench decode -m "$model" -c "$DECODE_CONTEXT" -b "$DECODE_BATCHES" --paths engine $bench_dev \
     --out-json "$OUT/serve_decode_$model.json" 2>&1 | grep -E "^\| |error"
   : > "/tmp/serve_cap_$model.txt"
   cells=()
@@ -122,14 +123,18 @@ for model in ${MODELS//,/ }; do
     stop_server
   done
   python3 - "$OUT" "$model" "$DECODE_CONTEXT" "$STEADY_C" "${cells[@]}" << 'EOF'
-import json, sys, subprocess
+import json, os, sys, subprocess
 out, model, ctx, batch, cells = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 dec = json.load(open(f"{out}/serve_decode_{model}.json"))
 rows = dec["cells"] if isinstance(dec, dict) else dec
-bench = next((r.get("tokens_per_s") for r in rows if r.get("batch") == batch and r.get("path", "engine") == "engine"), None)
+bench_cell = next((r for r in rows if r.get("batch") == batch and r.get("path", "engine") == "engine"), None)
+bench = bench_cell["tokens_per_s"] if bench_cell and not bench_cell.get("oom") else None
 records, lines = [], []
 lines.append(f"# lt2 serve, {model} (random weights)\n")
-lines.append(f"`lt2 bench decode` batch {batch} at {ctx}: {bench} tok/s (same call).\n")
+if bench_cell and bench_cell.get("oom"):
+    lines.append(f"`lt2 bench decode` batch {batch} at {ctx}: OOM (plan {bench_cell.get('planned_gb', 0):.1f} GB, same call).\n")
+else:
+    lines.append(f"`lt2 bench decode` batch {batch} at {ctx}: {bench} tok/s (same call).\n")
 decode_rows = [r for r in rows if r.get("path", "engine") == "engine"]
 if len(decode_rows) > 1 or any(r.get("oom") for r in decode_rows):
     lines.append("| bench decode batch | tok/s | planned GB |\n|---|---|---|")
@@ -141,17 +146,21 @@ if cap:
     lines.append("`lt2 serve` at start: " + cap.replace("\n", "; ") + "\n")
 lines.append("| cache GB | shared | prompt | output | concurrency | ok | output tok/s | all-decoding tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
 lines.append("|---|---|---|---|---|---|---|---|---|---|")
+def all_decoding(rate):  # NaN: no moment when every request of the cell was decoding
+    return "—" if rate != rate else f"{rate:.1f}"
 for cell in cells:
     path, cache = cell.rsplit(":", 1)
     s = json.load(open(path)); s["cache"] = cache; records.append(s)
     lines.append(f"| {cache} | {s['shared_prefix']:.0%} | {s['prompt_len']} | {s['output_len']} | {s['concurrency']} | "
-                 f"{s['ok']}/{s['requests']} | {s['output_tokens_per_s']:.1f} | {s['steady_output_tokens_per_s']:.1f} | "
+                 f"{s['ok']}/{s['requests']} | {s['output_tokens_per_s']:.1f} | {all_decoding(s['steady_output_tokens_per_s'])} | "
                  f"{s['ttft_p50_ms']:.0f} / {s['ttft_p99_ms']:.0f} | {s['itl_p50_ms']:.2f} / {s['itl_p99_ms']:.2f} |")
+lines.append("\n—: no moment when every request of the cell was decoding (more requests than streams, or fewer "
+             "decode rows fit than streams).")
 steady = next((r for r in records if r["cache"] == "steady"), None)
 if steady and bench and not cap:
     lines.append(f"\nServed / bench at {batch} streams: {steady['steady_output_tokens_per_s'] / bench:.1%} "
                  f"(issue 26 asks >= 80%).")
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+commit = os.environ.get("LT2_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 json.dump({"model": model, "commit": commit, "bench_decode_tokens_per_s": bench, "serve_start": cap, "cells": records},
           open(f"{out}/serve_{model}.json", "w"), indent=1)
 open(f"{out}/serve_{model}.md", "w").write("\n".join(lines) + "\n")
