@@ -1,5 +1,6 @@
-// GPU (CTest label `gpu`): the CUDA scan over the chunks of the chunked delta rule (kernels/prefill.h,
-// ops::chunk_state_scan_cuda). delta_rule_chunked on CUDA (the kernel path) == the float64
+// GPU (CTest label `gpu`): the CUDA kernels of the chunked delta rule (kernels/prefill.h): the scan
+// over the chunks (ops::chunk_state_scan_cuda) and the chunk preparation (delta_rule_prepare and its
+// backward, checked against the libtorch preparation and the float64 recurrence). delta_rule_chunked on CUDA (the kernel path) == the float64
 // recurrence and the fp32 chunked CPU path, output and final state (relative RMS error < 1e-5), at
 // several head dims, chunk sizes, batches, lengths off the chunk, with and without an initial
 // state, no gate / per-head / per-channel gates; its gradients (the reverse scan) == the float64
@@ -157,6 +158,61 @@ TEST(DeltaRuleScan, ChunkedMatchesReference) {
       }
 }
 
+// The chunk preparation kernel (delta_rule_prepare) serves GDN and DeltaNet (no gate or one gate
+// per head) at C 64 with K, V multiples of 16 (K <= 128), in fp32 and bf16, and gives what the
+// libtorch preparation gives (the same op with DecodeOptions::delta_rule_prepare off) and the
+// float64 recurrence; per-channel gates, other chunk sizes and dims, and the option off keep the
+// libtorch preparation. Its backward: GradientsMatchReference and the TF32 test below.
+TEST(DeltaRuleScan, PreparedChunksMatchLibtorchPreparation) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const std::vector<Shape> shapes{{1, 45, 2, 16, 32, 64}, {3, 200, 2, 96, 192, 64}, {1, 77, 16, 96, 192, 64},
+                                  {2, 33, 3, 64, 48, 64}, {2, 64, 2, 128, 128, 64}, {1, 1, 1, 32, 64, 64}};
+  DecodeOptions libtorch_prep;
+  libtorch_prep.delta_rule_prepare = false;
+  for (const auto& s : shapes)
+    for (Gate gate : {Gate::None, Gate::Head})
+      for (auto dtype : {f32, torch::kBFloat16}) {
+        SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
+                                          << " C" << s.C << " " << gate_name(gate) << " " << name(dtype));
+        torch::manual_seed(s.B * 100 + s.T + s.K + static_cast<int>(gate));
+        auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, gate, /*with_state=*/true);
+        for (Tensor* t : {&in.q, &in.k, &in.v}) *t = t->to(dtype);
+        const auto o = torch::TensorOptions().device(torch::kCUDA);
+        torch::NoGradGuard no_grad;
+        EXPECT_TRUE(ops::delta_rule_prepare_serves(to(in.q, o), to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o),
+                                                   s.C));
+        const auto fused = chunked_on(in, o, s.C);
+        ops::RecurrenceResult plain;
+        {
+          DecodeOptionsGuard guard(libtorch_prep);
+          EXPECT_FALSE(ops::delta_rule_prepare_serves(to(in.q, o), to(in.k, o), to(in.v, o), to(in.beta, o),
+                                                      to(in.g, o), s.C));
+          plain = chunked_on(in, o, s.C);
+        }
+        const auto ref = recurrent_f64(in);
+        EXPECT_EQ(fused.o.scalar_type(), dtype);
+        // fp32 compute from the same rows either way: the outputs differ by fp32 rounding (bf16: one rounding of o).
+        EXPECT_LT(rel_err(fused.o.cpu(), plain.o.cpu()), tolerance(dtype)) << "output vs libtorch preparation";
+        EXPECT_LT(rel_err(fused.final_state.cpu(), plain.final_state.cpu()), 1e-5) << "state vs libtorch preparation";
+        EXPECT_LT(rel_err(fused.o.cpu(), ref.o), tolerance(dtype)) << "output vs float64 recurrence";
+        EXPECT_LT(rel_err(fused.final_state.cpu(), ref.final_state), 1e-5) << "state vs float64 recurrence";
+      }
+  torch::manual_seed(3);
+  const auto o = gpu(f32);
+  torch::NoGradGuard no_grad;
+  const auto channel = make_inputs(1, 70, 2, 32, 64, Gate::Channel, false);
+  EXPECT_FALSE(ops::delta_rule_prepare_serves(to(channel.q, o), to(channel.k, o), to(channel.v, o),
+                                              to(channel.beta, o), to(channel.g, o), 64))
+      << "per-channel gate";
+  for (const Shape& s : {Shape{1, 70, 2, 32, 64, 32}, Shape{1, 70, 2, 256, 64, 64}, Shape{1, 70, 2, 32, 40, 64}}) {
+    const auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, Gate::Head, false);
+    EXPECT_FALSE(ops::delta_rule_prepare_serves(to(in.q, o), to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o),
+                                                s.C))
+        << "K " << s.K << " V " << s.V << " C " << s.C;
+  }
+}
+
 // bf16 activations compute in fp32 too (the kernel path), the output rounded to bf16.
 TEST(DeltaRuleScan, Bf16InputsMatchReference) {
   REQUIRE_FUSED_DECODE();
@@ -186,9 +242,10 @@ TEST(DeltaRuleScan, GradientsMatchReference) {
     Shape s;
     Gate gate;
   };
-  // The 1.3B head at a length off the chunk, a small head with C 16, and per-channel decay (KDA).
-  for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head}, G{{1, 70, 2, 32, 64, 16}, Gate::None},
-                    G{{2, 100, 2, 64, 128, 64}, Gate::Channel}})
+  // The 1.3B head at a length off the chunk and DeltaNet (the preparation kernel and its backward),
+  // a small head with C 16, and per-channel decay (KDA) (the libtorch preparation).
+  for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head}, G{{1, 130, 2, 32, 64, 64}, Gate::None},
+                    G{{1, 70, 2, 32, 64, 16}, Gate::None}, G{{2, 100, 2, 64, 128, 64}, Gate::Channel}})
     for (bool with_state : {false, true}) {
       const Shape& s = c.s;
       SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V

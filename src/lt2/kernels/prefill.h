@@ -136,5 +136,60 @@ struct RowNormBackwardParams {
   float* dweight;         // [D], or nullptr (no weight)
 };
 void row_norm_backward(const RowNormBackwardParams& p, void* stream);
+// The chunk preparation of the chunked delta rule (ops::delta_rule_chunked) with one decay per
+// head or none: per chunk of C tokens of one (sequence, head), from the raw rows, with
+//   G = the chunk-local inclusive cumulative sum of g (0 without a gate), G_l = G at the chunk's last row,
+//   L[i][j] = beta_i (k_i . k_j) exp(G_i - G_j)          for j < i, else 0
+//   T = (I + L)^{-1}
+//   U = T diag(beta) V,  W = T diag(beta exp(G)) K        (the UT transform)
+//   A_qk[i][j] = scale (q_i . k_j) exp(G_i - G_j)         for j <= i, else 0
+//   Q_start = scale diag(exp(G)) Q,  Kt = (diag(exp(G_l - G)) K)^T,  carry = exp(G_l)
+// the scan's inputs (W, U, Kt, carry) and the output's (Q_start reads S_n, A_qk reads V_n). Rows past
+// the sequence's end are zeros (q, k, v, beta and g), as the padded chunk of the libtorch form.
+// All in fp32; q, k and v may be bf16 (converted on load). C is 64 (delta_rule_prepare_supported).
+struct DeltaRulePrepareParams {
+  const void* q;       // [B, T, H, K], dtype, packed
+  const void* k;       // [B, T, H, K], dtype, packed
+  const void* v;       // [B, T, H, V], dtype, packed
+  const float* beta;   // [B, T, H]
+  const float* g;      // [B, T, H] log-decay per head, or nullptr for none
+  float* w;            // [B, H, N, C, K]
+  float* u;            // [B, H, N, C, V]
+  float* kt;           // [B, H, N, K, C]
+  float* carry;        // [B, H, N]
+  float* q_start;      // [B, H, N, C, K]
+  float* a_qk;         // [B, H, N, C, C]
+  int batch, seq, heads, head_k, head_v, chunk_size;  // N = ceil(seq / chunk_size)
+  float scale;
+  DType dtype;  // of q, k and v: Float32 or BFloat16
+};
+void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
+
+// Its backward: from the gradients of the six outputs (chunk layout as above, fp32, packed) and the
+// forward's inputs, the gradients of q, k, v, beta and g, all fp32 (L, T and the products are
+// recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
+// exp(G) K], dUW = [dU | dW] and decay_ij = exp(G_i - G_j):
+//   dR = T^T dUW,  dL = -StrictTril(T^T (dUW R^T) T^T),  dS = beta_i dL decay,  P = scale dA_qk decay (j <= i)
+//   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
+//   dv = beta dR_V, dbeta and dG from every term, dg_i = sum over the chunk's rows s >= i of dG_s.
+struct DeltaRulePrepareBackwardParams {
+  DeltaRulePrepareParams forward;  // the inputs; its outputs are not read
+  const float* dw;        // [B, H, N, C, K]
+  const float* du;        // [B, H, N, C, V]
+  const float* dkt;       // [B, H, N, K, C]
+  const float* dcarry;    // [B, H, N]
+  const float* dq_start;  // [B, H, N, C, K]
+  const float* da_qk;     // [B, H, N, C, C]
+  float* dq;              // [B, T, H, K]
+  float* dk;              // [B, T, H, K]
+  float* dv;              // [B, T, H, V]
+  float* dbeta;           // [B, T, H]
+  float* dg;              // [B, T, H], exactly when forward.g is given
+};
+void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& p, void* stream);
+
+// Whether delta_rule_prepare and its backward serve these dims on CUDA device `device`: C 64, K
+// and V multiples of 16 with K <= 128, and the backward's shared memory within the device's limit.
+bool delta_rule_prepare_supported(int head_k, int head_v, int chunk_size, int device);
 
 }  // namespace lt2::kernels

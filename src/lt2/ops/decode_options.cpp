@@ -54,7 +54,8 @@ bool DecodeOptions::pdl_for(const char* kernel) const {
 const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
       "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
-      "short_conv", "row_norm", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
+      "short_conv", "row_norm", "delta_rule_prepare", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks",
+      "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
 }
 
@@ -67,6 +68,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "delta_rule_scan") delta_rule_scan = parse_bool(name, v);
   else if (name == "short_conv") short_conv = parse_bool(name, v);
   else if (name == "row_norm") row_norm = parse_bool(name, v);
+  else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
   else if (name == "dsa_fold_q_max_rows") dsa_fold_q_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "dsa_fold_o_max_rows") dsa_fold_o_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "topk_max_blocks") topk_max_blocks = static_cast<int>(parse_int(name, v, 0, 16));
@@ -86,6 +88,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "delta_rule_scan=" + b(delta_rule_scan),
           "short_conv=" + b(short_conv),
           "row_norm=" + b(row_norm),
+          "delta_rule_prepare=" + b(delta_rule_prepare),
           cat("dsa_fold_q_max_rows=", dsa_fold_q_max_rows),
           cat("dsa_fold_o_max_rows=", dsa_fold_o_max_rows),
           cat("topk_max_blocks=", topk_max_blocks),

@@ -33,6 +33,10 @@ struct DecodeOptions {
   // The linear mixers' gated RMSNorm and q/k L2 norm as one CUDA kernel forward and one backward,
   // in prefill and training (off: the libtorch reference; decided at forward time).
   bool row_norm = true;
+  // The chunk preparation of the delta rule with one decay per head or none (L, its inverse, U, W,
+  // the decayed queries and keys) as one CUDA kernel forward and one backward (prefill and
+  // training); off: libtorch ops. Needs delta_rule_scan on.
+  bool delta_rule_prepare = true;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.
   int64_t dsa_fold_q_max_rows = 1;

@@ -1,5 +1,5 @@
-// The chunked delta rule's kernels (prefill.h): the UT transform's triangular inverse, and the
-// inter-chunk scan (delta_rule_scan), one launch for all
+// The chunked delta rule's kernels (prefill.h): the chunk preparation (delta_rule_prepare), the
+// UT transform's triangular inverse, and the inter-chunk scan (delta_rule_scan), one launch for all
 // chunks of all (sequence, head) pairs, where ops::delta_rule_chunked would otherwise loop on the
 // host over ~8 libtorch kernels per chunk. The forward pass runs it in chunk order, the backward
 // pass (the adjoint recurrence of the state gradients) in reverse order with an addend.
@@ -340,6 +340,521 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
   const size_t smem = sizeof(float) * (static_cast<size_t>(p.size) * p.size + static_cast<size_t>(p.size) * threads);
   unit_lower_inverse_kernel<<<static_cast<unsigned>(p.count), threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   check_launch("unit_lower_inverse");
+}
+
+// ---------------------------------------------------------------------------------------------
+// delta_rule_prepare and delta_rule_prepare_backward (prefill.h): the chunk preparation of the
+// chunked delta rule with one decay per head or none, forward and backward, one block per chunk of
+// one (sequence, head), C = 64.
+//
+// Floor, per chunk-head at the 1.3B GDN head (K 96, V 192). Forward: K K^T and Q K^T 2 C^2 K FMAs
+// (0.79 M), the substitution for [U | W] C^2 (V + K) / 2 (0.59 M): 1.4 M FMAs; reads 2 C K + C V
+// inputs (bf16: 48 KiB), writes C (2 K + V + C) + K C fp32 (139 KiB). Backward: T (C^3 / 6),
+// M = dUW R^T and dR = T^T dUW (C^2 (V + K) and half of it), T^T M T^T (C^3), K K^T and Q K^T again,
+// dQ and dK (4 C^2 K): ~4.3 M FMAs; reads the six gradients (~190 KiB) and the inputs, writes
+// dq, dk, dv in fp32. At 8 x 4096 x 16 heads (8,192 chunk-heads): forward 11.5 G FMAs (0.35 ms at
+// the 67 TFLOP/s fp32 peak) and 1.5 GB (0.3 ms); backward 35 G FMAs (1.05 ms) and ~2.3 GB (0.5 ms).
+// Both are FMA-bound at the floor; the libtorch form they replace spends ~15 ms of elementwise
+// passes and batched products on the same work (bench/notes/training.md).
+//
+// Design. Every [64, n] product of two shared-memory operands is `tile_product`: thread (ti, tj)
+// of a 16 x 16 grid owns rows ti + 16 r (r < 4) and columns tj + 16 s, so a warp reads 16
+// consecutive columns of the right operand (rows at odd pitches K + 1, 65 or 17: distinct banks)
+// and two broadcast rows of the left one. T = (I + L)^{-1} is formed explicitly (one column per
+// thread for 64 threads, its values in registers), so the UT transform is a product, T times the
+// columns of [beta V | beta exp(G) K] streamed through shared memory in panels of 16 (v never
+// staged whole: two blocks fit an SM), and the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T
+// are products too. Recomputed in the backward, not stored: L, T, K K^T and Q K^T (cheaper than
+// reading them back: 4 C^2 floats a chunk-head against ~0.5 M FMAs). Plain fp32 FMAs, as the scan:
+// the GPU tests' fp32 tolerance.
+
+namespace {
+
+constexpr int kPrepChunk = 64;      // C
+constexpr int kPrepMaxK = 128;      // the [C, K + 1] tiles of q and k in shared memory
+constexpr int kPrepThreads = 256;    // the 16 x 16 grid of tile_product
+constexpr int kPrepPanel = 16;      // the backward's columns per panel; K and V multiples of it
+constexpr int kMatPitch = kPrepChunk + 1;
+constexpr int kPanelPitch = kPrepPanel + 1;
+
+// acc[r][s] += sum_{x < n} A(ti + 16 r, x) B(x, tj + 16 s) over the columns tj + 16 s < cols, with
+// A(i, x) = a[i * a_i + x * a_x] and B(x, j) = b[x * b_x + j * b_j] in shared memory (the strides
+// let either operand be read transposed).
+template <int S>
+__device__ __forceinline__ void tile_product(float (&acc)[4][S], const float* a, int a_i, int a_x, const float* b,
+                                             int b_x, int b_j, int n, int cols, int ti, int tj) {
+  for (int x = 0; x < n; ++x) {
+    float av[4], bv[S];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) av[r] = a[(ti + 16 * r) * a_i + x * a_x];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const int j = tj + 16 * s;
+      bv[s] = j < cols ? b[x * b_x + j * b_j] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int s = 0; s < S; ++s) acc[r][s] = fmaf(av[r], bv[s], acc[r][s]);
+  }
+}
+
+// Sum over the 16 lanes of a half-warp (the tj of one ti).
+__device__ __forceinline__ float half_warp_sum(float x) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o, 16);
+  return x;
+}
+
+// The chunk's rows of q and k (fp32, rows pitch K + 1; zeros past the sequence), beta, and G the
+// inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier.
+template <typename In>
+__device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, float* sQ, float* sK,
+                           float* sB, float* sG) {
+  const int K = p.head_k, H = p.heads, T = p.seq, P = K + 1;
+  const In* q = static_cast<const In*>(p.q);
+  const In* k = static_cast<const In*>(p.k);
+  for (int e = threadIdx.x; e < kPrepChunk * K; e += blockDim.x) {
+    const int i = e / K, d = e - i * K;
+    const int64_t at = ((static_cast<int64_t>(b) * T + t0 + i) * H + h) * K + d;
+    sQ[i * P + d] = i < rows ? to_float(q[at]) : 0.f;
+    sK[i * P + d] = i < rows ? to_float(k[at]) : 0.f;
+  }
+  if (threadIdx.x < kPrepChunk) {
+    const int i = threadIdx.x;
+    const int64_t at = (static_cast<int64_t>(b) * T + t0 + i) * H + h;
+    sB[i] = i < rows ? p.beta[at] : 0.f;
+    sG[i] = i < rows && p.g ? p.g[at] : 0.f;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // one warp, two rows a lane
+    const int l = threadIdx.x;
+    const float a = sG[2 * l], pair = a + sG[2 * l + 1];
+    float incl = pair;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (l >= o) incl += y;
+    }
+    sG[2 * l] = incl - pair + a;
+    sG[2 * l + 1] = incl;
+  }
+  __syncthreads();
+}
+
+// T = (I + L)^{-1} for L strictly lower in sL (row pitch kMatPitch), into sT: column c by thread
+// c < C, forward substitution on the identity's column in registers, L's column read as broadcasts.
+__device__ __forceinline__ void unit_lower_inverse_block(const float* sL, float* sT) {
+  constexpr int C = kPrepChunk;
+  if (threadIdx.x >= C) return;
+  const int c = threadIdx.x;
+  float t[C];
+#pragma unroll
+  for (int i = 0; i < C; ++i) t[i] = i == c ? 1.f : 0.f;
+#pragma unroll
+  for (int j = 0; j < C - 1; ++j) {
+    const float tj = t[j];
+#pragma unroll
+    for (int i = j + 1; i < C; ++i) t[i] = fmaf(-sL[i * kMatPitch + j], tj, t[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < C; ++i) sT[i * kMatPitch + c] = t[i];
+}
+
+// Columns c0 .. c0 + kPrepPanel - 1 of the chunk's [V | K] rows into sP (row pitch kPanelPitch):
+// v (zeros past the sequence) times value_scale[i], or k (from sK) times key_scale[i] (nullptr: 1).
+// K and V are multiples of the panel, so a panel is all values or all keys.
+template <typename In>
+__device__ __forceinline__ void load_panel(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, int c0,
+                                           const float* sK, const float* value_scale, const float* key_scale,
+                                           float* sP) {
+  const int K = p.head_k, V = p.head_v, P = K + 1;
+  const In* v = static_cast<const In*>(p.v);
+  for (int e = threadIdx.x; e < kPrepChunk * kPrepPanel; e += blockDim.x) {
+    const int i = e / kPrepPanel, c = e - i * kPrepPanel, col = c0 + c;
+    float x;
+    if (col < V) {
+      x = i < rows ? to_float(v[((static_cast<int64_t>(b) * p.seq + t0 + i) * p.heads + h) * V + col]) : 0.f;
+      if (value_scale) x *= value_scale[i];
+    } else {
+      x = sK[i * P + col - V];
+      if (key_scale) x *= key_scale[i];
+    }
+    sP[i * kPanelPitch + c] = x;
+  }
+}
+
+struct PrepareShared {  // offsets in floats
+  int q, k, l, t, panel, g, beta, f, total;
+};
+__host__ __device__ inline PrepareShared prepare_shared(int K) {
+  const int tile = kPrepChunk * (K + 1), mat = kPrepChunk * kMatPitch;
+  PrepareShared s{};
+  s.q = 0;
+  s.k = s.q + tile;
+  s.l = s.k + tile;
+  s.t = s.l + mat;
+  s.panel = s.t + mat;
+  s.g = s.panel + kPrepChunk * kPanelPitch;
+  s.beta = s.g + kPrepChunk;
+  s.f = s.beta + kPrepChunk;
+  s.total = s.f + kPrepChunk;
+  return s;
+}
+
+template <typename In>
+__global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(const DeltaRulePrepareParams p) {
+  constexpr int C = kPrepChunk;
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = K + 1;
+  const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
+  const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+  const PrepareShared lay = prepare_shared(K);
+  extern __shared__ __align__(16) float prep_smem[];
+  float *sQ = prep_smem + lay.q, *sK = prep_smem + lay.k, *sL = prep_smem + lay.l, *sT = prep_smem + lay.t;
+  float *sP = prep_smem + lay.panel, *sG = prep_smem + lay.g, *sB = prep_smem + lay.beta, *sF = prep_smem + lay.f;
+  load_chunk<In>(p, b, h, t0, rows, sQ, sK, sB, sG);
+  if (tid < C) sF[tid] = sB[tid] * __expf(sG[tid]);
+  const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+
+  // A_qk (global) and L (shared) from K K^T and Q K^T.
+  {
+    float kk[4][4] = {}, qk[4][4] = {};
+    tile_product(kk, sK, P, 1, sK, 1, P, K, C, ti, tj);
+    tile_product(qk, sQ, P, 1, sK, 1, P, K, C, ti, tj);
+    float* A = p.a_qk + chunk * C * C;
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int i = ti + 16 * r, j = tj + 16 * s;
+        const float decay = j <= i ? __expf(sG[i] - sG[j]) : 0.f;
+        A[i * C + j] = p.scale * qk[r][s] * decay;
+        sL[i * kMatPitch + j] = j < i ? sB[i] * kk[r][s] * decay : 0.f;
+      }
+  }
+  // Q_start, Kt and carry.
+  const float g_last = sG[C - 1];
+  float* Qs = p.q_start + chunk * C * K;
+  for (int e = tid; e < C * K; e += blockDim.x) {
+    const int i = e / K, d = e - i * K;
+    Qs[e] = sQ[i * P + d] * __expf(sG[i]) * p.scale;
+  }
+  float* Kt = p.kt + chunk * K * C;
+  for (int e = tid; e < K * C; e += blockDim.x) {
+    const int d = e / C, i = e - d * C;
+    Kt[e] = sK[i * P + d] * __expf(g_last - sG[i]);
+  }
+  if (tid == 0) p.carry[chunk] = __expf(g_last);
+  __syncthreads();
+  unit_lower_inverse_block(sL, sT);
+
+  // [U | W] = T [beta V | beta exp(G) K], a panel of columns at a time; thread (ti, tj) the rows
+  // ti + 16 r of column tj.
+  for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
+    __syncthreads();  // T is complete; the panel before is consumed
+    load_panel<In>(p, b, h, t0, rows, c0, sK, sB, sF, sP);
+    __syncthreads();
+    float acc[4] = {};
+    for (int j = 0; j < C; ++j) {
+      const float x = sP[j * kPanelPitch + tj];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[r] = fmaf(sT[(ti + 16 * r) * kMatPitch + j], x, acc[r]);
+    }
+    const int col = c0 + tj;
+    float* out = col < V ? p.u + chunk * C * V + col : p.w + chunk * C * K + (col - V);
+    const int pitch = col < V ? V : K;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) out[(ti + 16 * r) * pitch] = acc[r];
+  }
+}
+
+struct PrepareBackwardShared {  // offsets in floats
+  int q, k, t, m, x, dp, rp, g, beta, exp_g, db, dg, total;
+};
+__host__ __device__ inline PrepareBackwardShared prepare_backward_shared(int K) {
+  const int tile = kPrepChunk * (K + 1), mat = kPrepChunk * kMatPitch, panel = kPrepChunk * kPanelPitch;
+  PrepareBackwardShared s{};
+  s.q = 0;
+  s.k = s.q + tile;
+  s.t = s.k + tile;
+  s.m = s.t + mat;
+  s.x = s.m + mat;
+  s.dp = s.x + mat;
+  s.rp = s.dp + panel;
+  s.g = s.rp + panel;
+  s.beta = s.g + kPrepChunk;
+  s.exp_g = s.beta + kPrepChunk;
+  s.db = s.exp_g + kPrepChunk;
+  s.dg = s.db + kPrepChunk;
+  s.total = s.dg + kPrepChunk;
+  return s;
+}
+
+// The backward (prefill.h). Phases: 1 L (shared) and (K K^T) * decay (registers); 2 T; 3 the
+// panels of [dU | dW]: M = dUW R^T, dR = T^T dUW and what dR gives dv, dk (partial), dbeta, dG;
+// 4 dL = -StrictTril(T^T M T^T), then what dL and dA_qk give dbeta and dG, with dS = beta dL decay
+// and P = scale dA_qk decay kept for 5 dQ = P K + ..., dK = (dS + dS^T) K + P^T Q + ...; 6 dg from dG.
+template <typename In>
+__global__ void __launch_bounds__(kPrepThreads, 2)
+    delta_rule_prepare_backward_kernel(const DeltaRulePrepareBackwardParams bp) {
+  constexpr int C = kPrepChunk, S = kPrepMaxK / 16;
+  const DeltaRulePrepareParams& p = bp.forward;
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = K + 1;
+  const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
+  const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+  const PrepareBackwardShared lay = prepare_backward_shared(K);
+  extern __shared__ __align__(16) float prep_bwd_smem[];
+  float* const base = prep_bwd_smem;
+  float *sQ = base + lay.q, *sK = base + lay.k, *sT = base + lay.t, *sM = base + lay.m, *sX = base + lay.x;
+  float *sDP = base + lay.dp, *sRP = base + lay.rp, *sG = base + lay.g, *sB = base + lay.beta;
+  float *sEG = base + lay.exp_g, *sDB = base + lay.db, *sDG = base + lay.dg;
+  if (tid < C) sDB[tid] = sDG[tid] = 0.f;
+  load_chunk<In>(p, b, h, t0, rows, sQ, sK, sB, sG);
+  if (tid < C) sEG[tid] = __expf(sG[tid]);
+  const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
+  auto decay = [&](int i, int j) { return __expf(sG[i] - sG[j]); };
+
+  // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere); L = beta_i kke into sX.
+  float kke[4][4] = {};
+  tile_product(kke, sK, P, 1, sK, 1, P, K, C, ti, tj);
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int i = ti + 16 * r, j = tj + 16 * s;
+      kke[r][s] = j < i ? kke[r][s] * decay(i, j) : 0.f;
+      sX[i * kMatPitch + j] = sB[i] * kke[r][s];
+    }
+  __syncthreads();
+
+  // 2: T = (I + L)^{-1}.
+  unit_lower_inverse_block(sX, sT);
+  __syncthreads();
+
+  // 3: the columns of [dU | dW] and of the raw [V | K] in panels.
+  const float* du = bp.du + chunk * C * V;
+  const float* dw = bp.dw + chunk * C * K;
+  float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
+  float row_db[4] = {}, row_w[4] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c]
+  for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
+    const bool value_panel = c0 < V;
+    load_panel<In>(p, b, h, t0, rows, c0, sK, nullptr, nullptr, sRP);
+    for (int e = tid; e < C * kPrepPanel; e += blockDim.x) {
+      const int i = e / kPrepPanel, c = e - i * kPrepPanel, col = c0 + c;
+      sDP[i * kPanelPitch + c] = value_panel ? du[i * V + col] : dw[i * K + col - V];
+    }
+    __syncthreads();
+    if (value_panel) tile_product(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
+    else tile_product(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
+    float dr[4] = {};  // dR[i][c0 + tj] = sum_{j >= i} T[j][i] dUW[j][c0 + tj]
+    for (int j = 0; j < C; ++j) {
+      const float d = sDP[j * kPanelPitch + tj];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) dr[r] = fmaf(sT[j * kMatPitch + ti + 16 * r], d, dr[r]);
+    }
+    const int col = c0 + tj;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = ti + 16 * r;
+      const float x = sRP[i * kPanelPitch + tj];
+      if (value_panel) {
+        if (i < rows) bp.dv[token(i) * V + col] = sB[i] * dr[r];
+        row_db[r] = fmaf(dr[r], x, row_db[r]);
+      } else {
+        if (i < rows) bp.dk[token(i) * K + col - V] = sB[i] * sEG[i] * dr[r];
+        row_w[r] = fmaf(dr[r], x, row_w[r]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int i = ti + 16 * r;
+    const float db = half_warp_sum(row_db[r]), w = half_warp_sum(row_w[r]);
+    if (tj == 0) {
+      sDB[i] += db + sEG[i] * w;
+      sDG[i] += sB[i] * sEG[i] * w;
+    }
+  }
+
+  // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int i = ti + 16 * r, j = tj + 16 * s;
+      sM[i * kMatPitch + j] = sB[j] * (mv[r][s] + sEG[j] * mk[r][s]);
+    }
+  __syncthreads();
+  {
+    float x[4][4] = {};
+    tile_product(x, sT, 1, kMatPitch, sM, kMatPitch, 1, C, C, ti, tj);
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) sX[(ti + 16 * r) * kMatPitch + tj + 16 * s] = x[r][s];
+  }
+  __syncthreads();
+  float ds[4][4] = {}, pq[4][4] = {}, qk[4][4] = {};
+  tile_product(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, C, C, ti, tj);  // X T^T
+  tile_product(qk, sQ, P, 1, sK, 1, P, K, C, ti, tj);
+  const float* dA = bp.da_qk + chunk * C * C;
+  float row_g[4] = {}, row_b[4] = {}, col_g[4] = {};
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int i = ti + 16 * r, j = tj + 16 * s;
+      const float e = j <= i ? decay(i, j) : 0.f;
+      const float dl = j < i ? -ds[r][s] : 0.f;
+      const float da = j <= i ? dA[i * C + j] : 0.f;
+      const float w = dl * sB[i] * kke[r][s] + da * p.scale * qk[r][s] * e;  // dL L + dA A
+      row_b[r] = fmaf(dl, kke[r][s], row_b[r]);
+      row_g[r] += w;
+      col_g[s] -= w;
+      ds[r][s] = sB[i] * dl * e;
+      pq[r][s] = p.scale * da * e;
+    }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int i = ti + 16 * r;
+    const float g = half_warp_sum(row_g[r]), db = half_warp_sum(row_b[r]);
+    if (tj == 0) {
+      atomicAdd(sDG + i, g);
+      atomicAdd(sDB + i, db);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < 4; ++s) atomicAdd(sDG + tj + 16 * s, col_g[s]);
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int at = (ti + 16 * r) * kMatPitch + tj + 16 * s;
+      sX[at] = ds[r][s];
+      sM[at] = pq[r][s];
+    }
+  __syncthreads();
+
+  // 5: dQ = P K + scale exp(G) dQ_start; dK = (dS + dS^T) K + P^T Q + dKt^T exp(G_l - G) + the
+  // partial from phase 3; and the row terms of dG they carry.
+  {
+    float dq[4][S] = {}, dk[4][S] = {};
+    tile_product(dq, sM, kMatPitch, 1, sK, P, 1, C, K, ti, tj);
+    tile_product(dk, sX, kMatPitch, 1, sK, P, 1, C, K, ti, tj);
+    tile_product(dk, sX, 1, kMatPitch, sK, P, 1, C, K, ti, tj);
+    tile_product(dk, sM, 1, kMatPitch, sQ, P, 1, C, K, ti, tj);
+    const float* dQs = bp.dq_start + chunk * C * K;
+    const float* dKt = bp.dkt + chunk * K * C;
+    const float g_last = sG[C - 1];
+    float row_q[4] = {}, row_z[4] = {};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = ti + 16 * r;
+      const float to_last = __expf(g_last - sG[i]);
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        const int c = tj + 16 * s;
+        if (c >= K) continue;
+        const float dqs = dQs[i * K + c], dkt = dKt[c * C + i], q = sQ[i * P + c], k = sK[i * P + c];
+        row_q[r] = fmaf(dqs, q, row_q[r]);
+        row_z[r] = fmaf(dkt * to_last, k, row_z[r]);
+        if (i < rows) {
+          bp.dq[token(i) * K + c] = dq[r][s] + p.scale * sEG[i] * dqs;
+          float* dk_out = bp.dk + token(i) * K + c;
+          *dk_out += dk[r][s] + dkt * to_last;
+        }
+      }
+    }
+    float last = 0.f;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = ti + 16 * r;
+      const float q = half_warp_sum(row_q[r]), z = half_warp_sum(row_z[r]);
+      last += z;
+      if (tj == 0) atomicAdd(sDG + i, p.scale * sEG[i] * q - z);
+    }
+    if (tj == 0) atomicAdd(sDG + C - 1, last);
+    if (tid == 0) atomicAdd(sDG + C - 1, bp.dcarry[chunk] * __expf(g_last));
+  }
+  __syncthreads();
+
+  // 6: dbeta, and dg_i = sum_{s >= i} dG_s (G is g's inclusive cumulative sum over the chunk).
+  if (tid < C && tid < rows) {
+    bp.dbeta[token(tid)] = sDB[tid];
+    if (bp.dg) {
+      float sum = 0.f;
+      for (int s = tid; s < C; ++s) sum += sDG[s];
+      bp.dg[token(tid)] = sum;
+    }
+  }
+}
+
+bool prepare_dims_in_bounds(int K, int V, int C) {
+  return C == kPrepChunk && K >= kPrepPanel && K <= kPrepMaxK && K % kPrepPanel == 0 && V >= kPrepPanel &&
+         V % kPrepPanel == 0;
+}
+
+void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
+  LT2_CHECK(prepare_dims_in_bounds(p.head_k, p.head_v, p.chunk_size), op, ": needs C ", kPrepChunk,
+            ", K and V multiples of ", kPrepPanel, " with K <= ", kPrepMaxK, ", found K ", p.head_k, ", V ",
+            p.head_v, ", C ", p.chunk_size);
+  LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
+            p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
+  LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
+}
+
+}  // namespace
+
+bool delta_rule_prepare_supported(int head_k, int head_v, int chunk_size, int device) {
+  return prepare_dims_in_bounds(head_k, head_v, chunk_size) &&
+         sizeof(float) * static_cast<size_t>(prepare_backward_shared(head_k).total) <= max_shared_bytes(device);
+}
+
+void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
+  check_prepare(p, "delta_rule_prepare");
+  const int chunks = ceil_div(p.seq, kPrepChunk);
+  if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
+  LT2_CHECK(p.q && p.k && p.v && p.beta && p.w && p.u && p.kt && p.carry && p.q_start && p.a_qk,
+            "delta_rule_prepare: every pointer but g must be given");
+  const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
+  const dim3 grid(chunks, p.heads, p.batch);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.dtype == DType::BFloat16) {
+    reserve_shared<delta_rule_prepare_kernel<__nv_bfloat16>>(smem, "delta_rule_prepare");
+    delta_rule_prepare_kernel<__nv_bfloat16><<<grid, kPrepThreads, smem, s>>>(p);
+  } else {
+    reserve_shared<delta_rule_prepare_kernel<float>>(smem, "delta_rule_prepare");
+    delta_rule_prepare_kernel<float><<<grid, kPrepThreads, smem, s>>>(p);
+  }
+  check_launch("delta_rule_prepare");
+}
+
+void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void* stream) {
+  const DeltaRulePrepareParams& p = bp.forward;
+  check_prepare(p, "delta_rule_prepare_backward");
+  const int chunks = ceil_div(p.seq, kPrepChunk);
+  if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
+  LT2_CHECK(p.q && p.k && p.v && p.beta && bp.dw && bp.du && bp.dkt && bp.dcarry && bp.dq_start && bp.da_qk &&
+                bp.dq && bp.dk && bp.dv && bp.dbeta && (bp.dg != nullptr) == (p.g != nullptr),
+            "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is)");
+  int device = 0;
+  cudaGetDevice(&device);
+  const size_t smem = sizeof(float) * prepare_backward_shared(p.head_k).total;
+  LT2_CHECK(smem <= max_shared_bytes(device), "delta_rule_prepare_backward: K ", p.head_k, " needs ", smem,
+            " bytes of shared memory, the device gives ", max_shared_bytes(device));
+  const dim3 grid(chunks, p.heads, p.batch);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.dtype == DType::BFloat16) {
+    reserve_shared<delta_rule_prepare_backward_kernel<__nv_bfloat16>>(smem, "delta_rule_prepare_backward");
+    delta_rule_prepare_backward_kernel<__nv_bfloat16><<<grid, kPrepThreads, smem, s>>>(bp);
+  } else {
+    reserve_shared<delta_rule_prepare_backward_kernel<float>>(smem, "delta_rule_prepare_backward");
+    delta_rule_prepare_backward_kernel<float><<<grid, kPrepThreads, smem, s>>>(bp);
+  }
+  check_launch("delta_rule_prepare_backward");
 }
 
 }  // namespace lt2::kernels

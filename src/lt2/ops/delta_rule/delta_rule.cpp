@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,14 @@ std::pair<Tensor, Tensor> delta_token(const Tensor& q, const Tensor& k, const Te
   S = S + k.unsqueeze(-1) * u.unsqueeze(-2);                       // [B, H, K, V]
   auto o = torch::matmul(q.unsqueeze(-2), S).squeeze(-2) * scale;  // [B, H, V] = scale S^T q
   return {o, S};
+}
+
+// Whether autograd will need gradients of any of `tensors`.
+bool needs_grad(std::initializer_list<const Tensor*> tensors) {
+  if (!torch::GradMode::is_enabled()) return false;
+  for (const Tensor* t : tensors)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
 }
 
 std::string shape_of(const Tensor& t) { return t.defined() ? cat(t.sizes()) : std::string("undefined"); }
@@ -289,11 +298,7 @@ ChunkScanResult chunk_state_scan(const ChunkScanInputs& in) {
 ChunkScanResult chunk_state_scan_differentiable(const Tensor& w, const Tensor& u, const Tensor& kt,
                                                 const Tensor& carry, const Tensor& initial_state,
                                                 const Tensor& doc_starts, const Tensor& doc_states) {
-  bool needs_grad = false;
-  if (torch::GradMode::is_enabled())
-    for (const Tensor* t : {&w, &u, &kt, &carry, &initial_state, &doc_states})
-      needs_grad = needs_grad || (t->defined() && t->requires_grad());
-  if (!needs_grad) {
+  if (!needs_grad({&w, &u, &kt, &carry, &initial_state, &doc_states})) {
     Tensor resets;
     if (doc_starts.defined()) resets = document_resets(doc_starts, w.size(2), w.device()).first;
     return chunk_state_scan({w, u, kt, carry, initial_state, Tensor(), false, resets, doc_states});
@@ -325,37 +330,150 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 
 namespace {
 
-// The chunked form on inputs already in chunks, in the compute dtype: Q, Kc [B, H, N, C, K],
-// Vc [B, H, N, C, V], b (beta) [B, H, N, C, 1], G the chunk-local cumulative log-gate
-// [B, H, N, C, 1 or K]; the scan's initial state or packed documents as in
-// chunk_state_scan_differentiable.
-struct ChunkedForm {
-  Tensor o;            // [B, H, N, C, V]
-  ChunkScanResult scan;
-  Tensor kt, carry;    // [B, H, N, K, C] and [B, H, N, 1 or K, 1]: how each chunk writes S
+// What the chunked form computes per chunk before the recurrence (the formulas of
+// kernels/prefill.h: delta_rule_prepare), in the compute dtype, chunk layout [B, H, N, ...].
+struct ChunkPrep {
+  Tensor w, u;     // [B, H, N, C, K], [B, H, N, C, V]: the UT transform
+  Tensor kt;       // [B, H, N, K, C]: how each chunk writes S
+  Tensor carry;    // [B, H, N, 1 or K, 1]: the chunk's decay of S
+  Tensor q_start;  // [B, H, N, C, K]: reads S_n
+  Tensor a_qk;     // [B, H, N, C, C]: reads V_n
 };
-ChunkedForm chunked_form(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, const Tensor& b, const Tensor& G,
-                         double scale, const Tensor& initial_state, const Tensor& doc_starts = {},
-                         const Tensor& doc_states = {}) {
+
+// The preparation in libtorch ops (differentiable) from inputs already in chunks: Q, Kc
+// [B, H, N, C, K], Vc [B, H, N, C, V], b (beta) [B, H, N, C, 1], G the chunk-local cumulative
+// log-gate [B, H, N, C, 1 or K].
+ChunkPrep prepare_chunks(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, const Tensor& b, const Tensor& G,
+                         double scale) {
   const int64_t C = Q.size(3), K = Q.size(4), V = Vc.size(4);
   auto G_last = G.narrow(-2, C - 1, 1);                          // [B, H, N, 1, 1 or K]
   // UT transform: [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))] per chunk.
   auto L = decayed_scores(b * Kc, Kc, G, /*inclusive=*/false);   // [B, H, N, C, C]
   auto rhs = torch::cat({b * Vc, b * Kc * G.exp()}, -1);         // [B, H, N, C, V + K]
   auto UW = torch::matmul(unit_lower_inverse(L), rhs);           // [B, H, N, C, V + K]
-  auto U = UW.narrow(-1, 0, V);                                  // [B, H, N, C, V]
-  auto W = UW.narrow(-1, V, K);                                  // [B, H, N, C, K]
+  return {UW.narrow(-1, V, K), UW.narrow(-1, 0, V),
+          (Kc * (G_last - G).exp()).transpose(-1, -2),           // [B, H, N, K, C]
+          G_last.exp().transpose(-1, -2),                        // [B, H, N, 1 or K, 1]
+          Q * G.exp() * scale,                                   // [B, H, N, C, K]
+          decayed_scores(Q, Kc, G, /*inclusive=*/true) * scale};
+}
 
-  auto Aqk = decayed_scores(Q, Kc, G, /*inclusive=*/true) * scale;  // [B, H, N, C, C]
-  auto Q_start = Q * G.exp() * scale;                            // [B, H, N, C, K] reads S
-  auto Kt = (Kc * (G_last - G).exp()).transpose(-1, -2);         // [B, H, N, K, C] writes S
-  auto carry = G_last.exp().transpose(-1, -2);                   // [B, H, N, 1 or K, 1]
-  auto scan = chunk_state_scan_differentiable(W, U, Kt, carry, initial_state, doc_starts, doc_states);
-  auto O = torch::matmul(Q_start, scan.states) + torch::matmul(Aqk, scan.v);  // [B, H, N, C, V]
-  return {O, scan, Kt, carry};
+#ifdef LT2_WITH_CUDA
+// The kernels' parameters for q, k, v, beta, g (already packed: q, k, v of one dtype, beta and g
+// fp32) and a chunk size C.
+kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                                               const Tensor& g, double scale, int64_t C) {
+  kernels::DeltaRulePrepareParams p{};
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr();
+  p.beta = beta.data_ptr<float>();
+  p.g = g.defined() ? g.data_ptr<float>() : nullptr;
+  p.batch = static_cast<int>(q.size(0)), p.seq = static_cast<int>(q.size(1)), p.heads = static_cast<int>(q.size(2));
+  p.head_k = static_cast<int>(q.size(3)), p.head_v = static_cast<int>(v.size(3)), p.chunk_size = static_cast<int>(C);
+  p.scale = static_cast<float>(scale);
+  p.dtype = q.scalar_type() == torch::kBFloat16 ? kernels::DType::BFloat16 : kernels::DType::Float32;
+  return p;
+}
+
+// The preparation kernel and, under autograd, its backward kernel (kernels/prefill.h). Inputs as
+// prepare_params takes them (g an empty tensor for none); outputs w, u, kt, carry, q_start, a_qk.
+struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
+                                                const Tensor& k, const Tensor& v, const Tensor& beta,
+                                                const Tensor& g, double scale, int64_t C) {
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
+    const auto f32 = q.options().dtype(torch::kFloat32);
+    std::vector<Tensor> out{torch::empty({B, H, N, C, K}, f32), torch::empty({B, H, N, C, V}, f32),
+                            torch::empty({B, H, N, K, C}, f32), torch::empty({B, H, N, 1, 1}, f32),
+                            torch::empty({B, H, N, C, K}, f32), torch::empty({B, H, N, C, C}, f32)};
+    c10::cuda::CUDAGuard guard(q.device());
+    auto p = prepare_params(q, k, v, beta, empty_as_absent(g), scale, C);
+    p.w = out[0].data_ptr<float>(), p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
+    p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>(), p.a_qk = out[5].data_ptr<float>();
+    kernels::delta_rule_prepare(p, detail::current_stream(q));
+    ctx->save_for_backward({q, k, v, beta, g});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["chunk"] = C;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &beta = saved[3], g = empty_as_absent(saved[4]);
+    const int64_t C = ctx->saved_data["chunk"].toInt();
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
+    const auto f32 = q.options().dtype(torch::kFloat32);
+    const std::vector<std::vector<int64_t>> shapes{{B, H, N, C, K}, {B, H, N, C, V}, {B, H, N, K, C},
+                                                   {B, H, N, 1, 1}, {B, H, N, C, K}, {B, H, N, C, C}};
+    std::vector<Tensor> d(6);
+    for (size_t i = 0; i < 6; ++i)
+      d[i] = grads[i].defined() ? grads[i].to(torch::kFloat32).contiguous() : torch::zeros(shapes[i], f32);
+    c10::cuda::CUDAGuard guard(q.device());
+    kernels::DeltaRulePrepareBackwardParams bp{};
+    bp.forward = prepare_params(q, k, v, beta, g, ctx->saved_data["scale"].toDouble(), C);
+    bp.dw = d[0].data_ptr<float>(), bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
+    bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
+    auto dq = torch::empty({B, T, H, K}, f32), dk = torch::empty({B, T, H, K}, f32);
+    auto dv = torch::empty({B, T, H, V}, f32), dbeta = torch::empty({B, T, H}, f32);
+    auto dg = g.defined() ? torch::empty({B, T, H}, f32) : Tensor();
+    bp.dq = dq.data_ptr<float>(), bp.dk = dk.data_ptr<float>(), bp.dv = dv.data_ptr<float>();
+    bp.dbeta = dbeta.data_ptr<float>(), bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
+    kernels::delta_rule_prepare_backward(bp, detail::current_stream(q));
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta,
+            g.defined() ? dg : Tensor(), Tensor(), Tensor()};
+  }
+};
+#endif
+
+// The same preparation by the CUDA kernels, from the raw rows (delta_rule_prepare_serves holds);
+// differentiable.
+ChunkPrep prepare_chunks_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
+                              double scale, int64_t C) {
+#ifdef LT2_WITH_CUDA
+  const auto dtype = q.scalar_type();
+  auto out = PrepareChunksFunction::apply(q.contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous(),
+                                          beta.to(torch::kFloat32).contiguous(),
+                                          g.defined() ? g.to(torch::kFloat32).contiguous() : torch::empty({0}),
+                                          scale, C);
+  return {out[0], out[1], out[2], out[3], out[4], out[5]};
+#else
+  detail::no_cuda("delta_rule_prepare");
+#endif
+}
+
+// The chunked form from its preparation: the recurrence (with the scan's initial state or packed
+// documents as in chunk_state_scan_differentiable), then O = Q_start S_n + A_qk V_n.
+struct ChunkedForm {
+  Tensor o;  // [B, H, N, C, V]
+  ChunkScanResult scan;
+};
+ChunkedForm chunked_form(const ChunkPrep& prep, const Tensor& initial_state, const Tensor& doc_starts = {},
+                         const Tensor& doc_states = {}) {
+  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry, initial_state, doc_starts,
+                                              doc_states);
+  auto O = torch::matmul(prep.q_start, scan.states) + torch::matmul(prep.a_qk, scan.v);  // [B, H, N, C, V]
+  return {O, scan};
 }
 
 }  // namespace
+
+bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                               const Tensor& g, int64_t chunk_size) {
+#ifdef LT2_WITH_CUDA
+  const auto dtype = q.scalar_type();
+  const auto& options = decode_options();
+  if (!options.delta_rule_prepare || !options.delta_rule_scan || !q.is_cuda() || accum_dtype(v) != torch::kFloat32 ||
+      (dtype != torch::kFloat32 && dtype != torch::kBFloat16) || (g.defined() && g.dim() != 3))
+    return false;
+  const int64_t K = q.size(3), V = v.size(3), T = q.size(1);
+  if (K > INT32_MAX || V > INT32_MAX || T > INT32_MAX || chunk_size > INT32_MAX) return false;
+  const int device = q.device().has_index() ? q.device().index() : c10::cuda::current_device();
+  return chunk_state_scan_supported(K, V, chunk_size, q.device()) &&
+         kernels::delta_rule_prepare_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(chunk_size),
+                                               device);
+#else
+  return false;
+#endif
+}
 
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
@@ -365,9 +483,12 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
   const auto dt = accum_dtype(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
   const int64_t C = chunk_size;
-  auto form = chunked_form(to_chunks(q, C, dt), to_chunks(k, C, dt), to_chunks(v, C, dt),
-                           to_chunks(beta.unsqueeze(-1), C, dt), chunk_cumulative_gate(g, B, T, H, C, dt, v.device()),
-                           scale, initial_state.defined() ? initial_state.to(dt) : Tensor());
+  const auto prep = delta_rule_prepare_serves(q, k, v, beta, g, C)
+                        ? prepare_chunks_cuda(q, k, v, beta, g, scale, C)
+                        : prepare_chunks(to_chunks(q, C, dt), to_chunks(k, C, dt), to_chunks(v, C, dt),
+                                         to_chunks(beta.unsqueeze(-1), C, dt),
+                                         chunk_cumulative_gate(g, B, T, H, C, dt, v.device()), scale);
+  auto form = chunked_form(prep, initial_state.defined() ? initial_state.to(dt) : Tensor());
   return {from_chunks(form.o, T).to(v.scalar_type()), form.scan.final_state};
 }
 
@@ -423,13 +544,13 @@ RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, con
                        : torch::zeros({1, H, N, C, 1}, v.options().dtype(dt));
   const auto present_index = index(present);
   auto doc_states = initial_states.defined() ? initial_states.to(dt).index_select(0, present_index) : Tensor();
-  auto form = chunked_form(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), G, scale, Tensor(),
-                           torch::tensor(starts, torch::kLong), doc_states);
+  const auto prep = prepare_chunks(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), G, scale);
+  auto form = chunked_form(prep, Tensor(), torch::tensor(starts, torch::kLong), doc_states);
   auto o = form.o.permute({0, 2, 3, 1, 4}).reshape({N * C, H, V}).index_select(0, index(where));
   // Each document's final state: its last chunk's write onto the state entering that chunk.
   const auto last = index(lasts);
   auto at = [&](const Tensor& t) { return t.index_select(2, last); };
-  auto finals = at(form.carry) * at(form.scan.states) + torch::matmul(at(form.kt), at(form.scan.v));
+  auto finals = at(prep.carry) * at(form.scan.states) + torch::matmul(at(prep.kt), at(form.scan.v));
   final_states = final_states.index_copy(0, present_index, finals.squeeze(0).transpose(0, 1));
   return {o.unsqueeze(0).to(v.scalar_type()), final_states};
 }

@@ -36,10 +36,19 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 // Any T (the tail chunk is padded internally). Differentiable. Everything but the recurrence over
 // the chunks is batched over all chunks at once; the recurrence is chunk_state_scan (one kernel
 // launch on CUDA), and under autograd its backward is the same scan in reverse, so neither pass
-// loops over the chunks on the host.
+// loops over the chunks on the host. On CUDA with fp32 compute and one decay per head or none, the
+// chunk preparation (L, its inverse, U, W, the decayed queries and keys) is one kernel launch from
+// the raw rows, and its backward one more (delta_rule_prepare_serves).
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);
+
+// Whether delta_rule_chunked prepares its chunks with the CUDA kernels (kernels/prefill.h:
+// delta_rule_prepare and its backward) for these inputs: CUDA, q/k/v fp32 or bf16 with fp32
+// compute, g undefined or [B, T, H], chunk size 64, K and V multiples of 16 with K <= 128,
+// DecodeOptions::delta_rule_prepare and delta_rule_scan on.
+bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                               const Tensor& g, int64_t chunk_size);
 
 // (I + StrictTril(L))^{-1} for L [..., C, C] (the UT transform's inverse; L's diagonal and upper
 // part are not read). Differentiable: dL = -StrictTril(T^T dT T^T). On CUDA in float32 with
