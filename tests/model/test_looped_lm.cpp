@@ -100,7 +100,9 @@ TEST(LoopedLM, OuroExitDistribution) {
     for (int64_t t = 0; t < 7; ++t) {
       int64_t k = e.exit_loop[b][t].item<int64_t>();
       EXPECT_TRUE(k == 4 || cdf[b][t][k - 1].item<double>() >= 0.3);
-      if (k > 1) EXPECT_LT(cdf[b][t][k - 2].item<double>(), 0.3);
+      if (k > 1) {
+        EXPECT_LT(cdf[b][t][k - 2].item<double>(), 0.3);
+      }
       EXPECT_LT(rel_err(e.logits[b][t], out.loop_logits[k - 1][b][t]), 1e-12);
     }
 }

@@ -256,7 +256,7 @@ TEST(AdamW, NoDecayOnGainsAndRho) {
   EXPECT_FALSE(takes_weight_decay("rho", torch::zeros({4, 4})));
   // One step on a known gradient matches the AdamW formula.
   auto w = torch::tensor({1.0, -2.0}, torch::kFloat64).view({1, 2}).requires_grad_(true);
-  AdamW opt({{"w", w}}, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  AdamW opt({{"w", w}}, AdamWOptions{0.9, 0.95, 1e-8, 0.1, nullptr});
   w.mutable_grad() = torch::tensor({0.5, -0.25}, torch::kFloat64).view({1, 2});
   opt.step(0.01);
   // step 1: m_hat = g, v_hat = g^2 -> update = g/|g| = sign(g); w = w(1 - lr wd) - lr sign(g)

@@ -259,7 +259,7 @@ TaskRunner::TaskRunner(TaskRunConfig cfg, bool resume, std::FILE* log)
   cb.batch = [this](int64_t step, int64_t) {
     const int64_t B = cfg_.batch_size;
     Example e = make_batch(cfg_.task_params(impl_->curriculum.n()), cfg_.seed, Stream::Train, step * B, B);
-    return Batch{e.tokens, e.targets, e.mask};
+    return Batch{e.tokens, e.targets, e.mask, nullptr};
   };
   cb.loss = [](LoopedLM& model, const Batch& b, const ForwardOptions& fo) {
     return masked_cross_entropy(forward_logits(model, b.inputs, fo), b.targets, b.mask);

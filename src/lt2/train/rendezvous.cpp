@@ -3,9 +3,11 @@
 // ships no gloo headers; Debian's libgloo-dev provides the few that ProcessGroupGloo.hpp names.
 // Their version differs from the gloo inside libtorch, which is safe here: ProcessGroupGloo and
 // its Options hold gloo objects only through pointers, and every Gloo function called runs in
-// libtorch_cpu.
+// libtorch_cpu. Torch's CMake package may define them on the command line already.
+#ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
-#ifdef LT2_WITH_CUDA
+#endif
+#if defined(LT2_WITH_CUDA) && !defined(USE_C10D_NCCL)
 #define USE_C10D_NCCL
 #endif
 
