@@ -101,7 +101,9 @@ TEST(ShortConvGpu, ForwardAndGradientsMatchTheFloat64Reference) {
       EXPECT_LT(rel_err(got.y, ref.y), tol);
       EXPECT_LT(rel_err(got.dx, ref.dx), tol);
       EXPECT_LT(rel_err(got.dw, ref.dw), tol);
-      if (c.bias) EXPECT_LT(rel_err(got.db, ref.db), tol);
+      if (c.bias) {
+        EXPECT_LT(rel_err(got.db, ref.db), tol);
+      }
     }
   }
 }

@@ -233,7 +233,9 @@ void expect_grads_equal(const std::vector<torch::Tensor>& packed, const std::vec
   ASSERT_EQ(packed.size(), alone.size());
   for (size_t i = 0; i < packed.size(); ++i) {
     ASSERT_EQ(packed[i].defined(), alone[i].defined()) << names[i];
-    if (packed[i].defined()) EXPECT_LT(rel_err(packed[i], alone[i]), 1e-10) << names[i];
+    if (packed[i].defined()) {
+      EXPECT_LT(rel_err(packed[i], alone[i]), 1e-10) << names[i];
+    }
   }
 }
 

@@ -343,7 +343,9 @@ TEST(Trainer, DsaIndexerWarmupTrainsOnlyTheIndexer) {
   for (const auto& p : warm.model()->named_parameters()) {
     const bool changed = !torch::equal(p.value(), start[p.key()]);
     moved += changed;
-    if (changed) EXPECT_NE(p.key().find(".index_"), std::string::npos) << "moved: " << p.key();
+    if (changed) {
+      EXPECT_NE(p.key().find(".index_"), std::string::npos) << "moved: " << p.key();
+    }
   }
   EXPECT_GT(moved, 0);
   // The sparse stage trains everything on LM loss + indexer KL.
