@@ -269,7 +269,7 @@ TEST(AdamW, NoDecayOnGainsAndRho) {
 TEST(AdamW, LearningRateScaleByName) {
   auto fast = torch::tensor({1.0, -2.0}, torch::kFloat64).view({1, 2}).requires_grad_(true);
   auto slow = fast.detach().clone().requires_grad_(true);
-  AdamWOptions o{0.9, 0.95, 1e-8, 0.0};
+  AdamWOptions o{0.9, 0.95, 1e-8, 0.0, nullptr};
   o.lr_scale = [](const std::string& name) { return name == "slow" ? 0.25 : 1.0; };
   AdamW opt({{"fast", fast}, {"slow", slow}}, o);
   for (auto* p : {&fast, &slow}) p->mutable_grad() = torch::tensor({0.5, -0.25}, torch::kFloat64).view({1, 2});
@@ -380,7 +380,7 @@ struct CallbackClient {
     // The trainer seeds the RNG from (seed, step, micro) before asking for a micro-batch.
     cb.batch = [](int64_t, int64_t) {
       auto x = torch::randint(50, {2, 17}, torch::kLong);
-      return Batch{x.narrow(1, 0, 16), x.narrow(1, 1, 16), {}};
+      return Batch{x.narrow(1, 0, 16), x.narrow(1, 1, 16), {}, nullptr};
     };
     cb.lr = [](int64_t) { return 3e-3; };
     cb.stop_before = [this](int64_t step) { return step >= stop_at; };
