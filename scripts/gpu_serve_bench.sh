@@ -7,7 +7,8 @@
 #   PROMPTS="1024 8192"  OUTPUT=256  CONCURRENCY="1 8 64"   the grid (requests per cell: max(2 x concurrency, 8))
 #   SHARED="0 0.9"      shared-prefix fractions; 0.9 runs with the prefix cache on and off
 #   STEADY="64 7168 1024"  the headline cell: concurrency, prompt, output (8k context): output tok/s
-#                        while all streams decode, against `lt2 bench decode -b 64 -c 8k`
+#                        while all streams decode, against `lt2 bench decode -b 64 -c 8k`; "off" skips it
+#   SKIP_CELLS="8192x64"  grid cells (PROMPTxCONCURRENCY) not run, e.g. the one the steady cell covers
 #   DECODE_BATCHES=64   the batches of `lt2 bench decode` (comma-separated; the frontier of a model whose
 #                       state outgrows the device, e.g. "8,16,32,64" for lt-1.3b)
 #   When --max-batch rows do not fit, `lt2 serve` decodes fewer together (it says so at start; the
@@ -30,7 +31,8 @@ PREFILL_CHUNK=${PREFILL_CHUNK:-2048}
 CACHE_GB=${CACHE_GB:-16}
 DEVICE=${DEVICE:-auto}
 DECODE_CONTEXT=${DECODE_CONTEXT:-8k}
-DECODE_BATCHES=${DECODE_BATCHES:-${STEADY%% *}}
+SKIP_CELLS=${SKIP_CELLS:-}
+if [ "$STEADY" = off ]; then STEADY="0 0 0"; fi
 ROOT=$PWD/.deps/root/usr
 if [ -d "$ROOT" ]; then
   export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
@@ -56,6 +58,7 @@ max_out=$(( OUTPUT > STEADY_O ? OUTPUT : STEADY_O ))
 CONTEXT=$(( max_prompt + max_out ))
 max_c=$STEADY_C
 for c in $CONCURRENCY; do [ "$c" -gt "$max_c" ] && max_c=$c; done
+DECODE_BATCHES=${DECODE_BATCHES:-$max_c}
 
 server_pid=
 stop_server() {
@@ -105,6 +108,7 @@ for model in ${MODELS//,/ }; do
       if [ "$cache" = 0 ] && [ "$shared" = 0 ]; then continue; fi
       for p in $PROMPTS; do
         for c in $CONCURRENCY; do
+          if [[ " $SKIP_CELLS " == *" ${p}x${c} "* ]]; then continue; fi
           n=$(( 2 * c > 8 ? 2 * c : 8 ))
           j=/tmp/serve_${model}_${cache}_${shared}_${p}_${c}.json
           echo -n "cache ${cache} GB: "
@@ -114,7 +118,7 @@ for model in ${MODELS//,/ }; do
         done
       done
     done
-    if [ "$cache" != 0 ]; then
+    if [ "$cache" != 0 ] && [ "$STEADY_C" -gt 0 ]; then
       j=/tmp/serve_${model}_steady.json
       echo -n "steady: "
       load "$model" "$j" --requests "$STEADY_C" --concurrency "$STEADY_C" --prompt-len "$STEADY_P" --output-len "$STEADY_O"
@@ -127,6 +131,8 @@ import json, os, sys, subprocess
 out, model, ctx, batch, cells = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 dec = json.load(open(f"{out}/serve_decode_{model}.json"))
 rows = dec["cells"] if isinstance(dec, dict) else dec
+if batch == 0:  # no steady cell: quote the bench's largest batch
+    batch = max(r["batch"] for r in rows)
 bench_cell = next((r for r in rows if r.get("batch") == batch and r.get("path", "engine") == "engine"), None)
 bench = bench_cell["tokens_per_s"] if bench_cell and not bench_cell.get("oom") else None
 records, lines = [], []
