@@ -91,41 +91,9 @@ load() {  # load MODEL OUT_JSON args...
   python3 bench/serve_load.py --port "$port" --model "$model" --vocab 256 --seed 0 --out-json "$json" "$@"
 }
 
-for model in ${MODELS//,/ }; do
-  echo "== $model: lt2 bench decode -b $DECODE_BATCHES -c $DECODE_CONTEXT"
-  if [ "$DEVICE" = cpu ]; then bench_dev="--device cpu --dtype fp32"; else bench_dev="--device cuda"; fi
-  # shellcheck disable=SC2086
-  "$L" bench decode -m "$model" -c "$DECODE_CONTEXT" -b "$DECODE_BATCHES" --paths engine $bench_dev \
-    --out-json "$OUT/serve_decode_$model.json" 2>&1 | grep -E "^\| |error"
-  : > "/tmp/serve_cap_$model.txt"
-  cells=()
-  for cache in "$CACHE_GB" 0; do
-    start_server "$model" "$cache" || continue
-    grep -h "do not fit" "/tmp/lt2_serve_${model}_${cache}.log" | sed "s/^/cache $cache GB: /" | tee -a "/tmp/serve_cap_$model.txt"
-    load "$model" /tmp/warm.json --requests 2 --concurrency 1 --prompt-len 64 --output-len 4 > /dev/null
-    for shared in $SHARED; do
-      # Without the cache only the shared-prefix cells (the comparison); with it, the whole grid.
-      if [ "$cache" = 0 ] && [ "$shared" = 0 ]; then continue; fi
-      for p in $PROMPTS; do
-        for c in $CONCURRENCY; do
-          if [[ " $SKIP_CELLS " == *" ${p}x${c} "* ]]; then continue; fi
-          n=$(( 2 * c > 8 ? 2 * c : 8 ))
-          j=/tmp/serve_${model}_${cache}_${shared}_${p}_${c}.json
-          echo -n "cache ${cache} GB: "
-          load "$model" "$j" --requests "$n" --concurrency "$c" --prompt-len "$p" --output-len "$OUTPUT" \
-            --shared-prefix "$shared"
-          cells+=("$j:$cache")
-        done
-      done
-    done
-    if [ "$cache" != 0 ] && [ "$STEADY_C" -gt 0 ]; then
-      j=/tmp/serve_${model}_steady.json
-      echo -n "steady: "
-      load "$model" "$j" --requests "$STEADY_C" --concurrency "$STEADY_C" --prompt-len "$STEADY_P" --output-len "$STEADY_O"
-      cells+=("$j:steady")
-    fi
-    stop_server
-  done
+# report: the model's table and JSON from the cells so far (after every cell, so that a call cut
+# short by its time limit still returns what it measured)
+report() {
   python3 - "$OUT" "$model" "$DECODE_CONTEXT" "$STEADY_C" "${cells[@]}" << 'EOF'
 import json, os, sys, subprocess
 out, model, ctx, batch, cells = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
@@ -172,4 +140,44 @@ json.dump({"model": model, "commit": commit, "bench_decode_tokens_per_s": bench,
 open(f"{out}/serve_{model}.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
+}
+
+for model in ${MODELS//,/ }; do
+  echo "== $model: lt2 bench decode -b $DECODE_BATCHES -c $DECODE_CONTEXT"
+  if [ "$DEVICE" = cpu ]; then bench_dev="--device cpu --dtype fp32"; else bench_dev="--device cuda"; fi
+  # shellcheck disable=SC2086
+  "$L" bench decode -m "$model" -c "$DECODE_CONTEXT" -b "$DECODE_BATCHES" --paths engine $bench_dev \
+    --out-json "$OUT/serve_decode_$model.json" 2>&1 | grep -E "^\| |error"
+  : > "/tmp/serve_cap_$model.txt"
+  cells=()
+  for cache in "$CACHE_GB" 0; do
+    start_server "$model" "$cache" || continue
+    grep -h "do not fit" "/tmp/lt2_serve_${model}_${cache}.log" | sed "s/^/cache $cache GB: /" | tee -a "/tmp/serve_cap_$model.txt"
+    load "$model" /tmp/warm.json --requests 2 --concurrency 1 --prompt-len 64 --output-len 4 > /dev/null
+    for shared in $SHARED; do
+      # Without the cache only the shared-prefix cells (the comparison); with it, the whole grid.
+      if [ "$cache" = 0 ] && [ "$shared" = 0 ]; then continue; fi
+      for p in $PROMPTS; do
+        for c in $CONCURRENCY; do
+          if [[ " $SKIP_CELLS " == *" ${p}x${c} "* ]]; then continue; fi
+          n=$(( 2 * c > 8 ? 2 * c : 8 ))
+          j=/tmp/serve_${model}_${cache}_${shared}_${p}_${c}.json
+          echo -n "cache ${cache} GB: "
+          rm -f "$j"
+          load "$model" "$j" --requests "$n" --concurrency "$c" --prompt-len "$p" --output-len "$OUTPUT" \
+            --shared-prefix "$shared"
+          [ -f "$j" ] && cells+=("$j:$cache") && report > /dev/null
+        done
+      done
+    done
+    if [ "$cache" != 0 ] && [ "$STEADY_C" -gt 0 ]; then
+      j=/tmp/serve_${model}_steady.json
+      echo -n "steady: "
+      rm -f "$j"
+      load "$model" "$j" --requests "$STEADY_C" --concurrency "$STEADY_C" --prompt-len "$STEADY_P" --output-len "$STEADY_O"
+      [ -f "$j" ] && cells+=("$j:steady") && report > /dev/null
+    fi
+    stop_server
+  done
+  report
 done
