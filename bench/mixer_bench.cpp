@@ -2,9 +2,13 @@
 // under bf16 autocast on GPU. With --trace, also writes a per-op profile (chrome trace JSON).
 // With --core, times the delta-rule recurrence alone instead (ops::delta_rule_chunked on bf16
 // q, k, v: gdn one decay per head, kda one per key channel, deltanet none), the counterpart of
-// flash-linear-attention's chunk_gated_delta_rule / chunk_kda / chunk_delta_rule.
+// flash-linear-attention's chunk_gated_delta_rule / chunk_kda / chunk_delta_rule; --core --mixer
+// window times ops::window_attention (--head-k is the head dim, --window the band) and --core
+// --mixer full libtorch's causal SDPA at the same shape, its upper bound.
 //   mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 [--trace gdn.json]
 //   mixer_bench --core --mixer gdn --batch 8 --seq 4096 --heads 16 --head-k 96 --head-v 192
+//   mixer_bench --core --mixer window --window 512 --batch 1 --seq 32768 --head-k 128 --option window_flash=1
+//   mixer_bench --model lt2-gdn-1.3b --mixer window --mixer-option window=512 --batch 8 --seq 4096
 //   mixer_bench --model lt2-gdn-1.3b --batch 8 --seq 4096 --option short_conv=0   (an A/B of a kernel)
 #include <ATen/autocast_mode.h>
 #include <CLI/CLI.hpp>
@@ -20,6 +24,7 @@
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
 #include "lt2/util/json.h"
@@ -41,10 +46,14 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters)->capture_default_str();
   app.add_option("--trace", trace, "Write a chrome-trace profile of one forward+backward here");
   bool core = false;
-  int64_t heads = 16, head_k = 96, head_v = 192, chunk = 64;
-  app.add_flag("--core", core, "Time the delta-rule recurrence alone (gdn, kda, deltanet), not the layer");
+  int64_t heads = 16, head_k = 96, head_v = 192, chunk = 64, window = 512;
+  app.add_flag("--core", core,
+               "Time the op alone, not the layer: the delta-rule recurrence (gdn, kda, deltanet), "
+               "ops::window_attention (window) or causal SDPA (full)");
   app.add_option("--heads", heads, "--core: heads")->capture_default_str();
-  app.add_option("--head-k", head_k, "--core: key head dim")->capture_default_str();
+  app.add_option("--head-k", head_k, "--core: key head dim (window, full: the head dim)")->capture_default_str();
+  app.add_option("--window", window, "--core --mixer window: keys each query sees, itself included")
+      ->capture_default_str();
   app.add_option("--head-v", head_v, "--core: value head dim")->capture_default_str();
   app.add_option("--chunk", chunk, "--core: chunk size")->capture_default_str();
   bool tf32 = true;
@@ -53,6 +62,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
       ->capture_default_str();
+  std::vector<std::string> mixer_options;
+  app.add_option("--mixer-option", mixer_options,
+                 "An option of the mixer as name=value (value as JSON, e.g. window=512), over the preset's; "
+                 "repeatable");
   std::vector<std::string> options;
   app.add_option("--option", options,
                  "A kernel switch as name=value (the DecodeOptions fields of docs/decode.md, e.g. short_conv=0); "
@@ -73,11 +86,21 @@ int main(int argc, char** argv) {
     std::function<void(bool)> run;
     lt2::Mixer mixer_layer;
     torch::Tensor x;
-    std::vector<torch::Tensor> core_inputs;  // q, k, v, beta, g
-    if (core) {
+    std::vector<torch::Tensor> core_inputs;  // q, k, v (and beta, g for the delta rule)
+    const auto bf16 = torch::TensorOptions().device(dev).dtype(cuda ? torch::kBFloat16 : torch::kFloat32);
+    if (core && (mixer == "window" || mixer == "full")) {
+      for (int i = 0; i < 3; ++i)  // q, k, v [B, H, T, D]
+        core_inputs.push_back(torch::randn({batch, heads, seq, head_k}, bf16).requires_grad_(true));
+      run = [&](bool backward) {
+        const auto& in = core_inputs;
+        auto o = mixer == "window" ? lt2::window_attention(in[0], in[1], in[2], window)
+                                   : at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, /*is_causal=*/true);
+        if (backward) o.to(torch::kFloat32).square().mean().backward();
+      };
+    } else if (core) {
       LT2_CHECK(mixer == "gdn" || mixer == "kda" || mixer == "deltanet",
-                "--core times the delta-rule recurrence: --mixer must be gdn, kda or deltanet, found ", mixer);
-      const auto bf16 = torch::TensorOptions().device(dev).dtype(cuda ? torch::kBFloat16 : torch::kFloat32);
+                "--core times the delta-rule recurrence (gdn, kda, deltanet) or attention (window, full), found ",
+                mixer);
       auto k = torch::randn({batch, seq, heads, head_k}, bf16);
       core_inputs = {torch::randn({batch, seq, heads, head_k}, bf16), k / k.norm(2, -1, true),
                      torch::randn({batch, seq, heads, head_v}, bf16), torch::rand({batch, seq, heads}, bf16),
@@ -94,6 +117,11 @@ int main(int argc, char** argv) {
     } else {
       auto cfg = lt2::load_model_config(model);
       if (cfg.vocab_size == 0) cfg.vocab_size = 256;
+      for (const auto& o : mixer_options) {
+        const auto eq = o.find('=');
+        LT2_CHECK(eq != std::string::npos, "--mixer-option takes name=value, found '", o, "'");
+        cfg.mixer_options[mixer][o.substr(0, eq)] = lt2::json::parse(o.substr(eq + 1));
+      }
       mixer_layer = lt2::make_mixer(mixer, cfg, 0);
       mixer_layer->to(dev);
       x = torch::randn({batch, seq, cfg.d_model}, torch::TensorOptions().device(dev)).requires_grad_(true);
@@ -139,6 +167,8 @@ int main(int argc, char** argv) {
     j["tf32"] = cuda && tf32;
     j["options"] = options;
     if (core) j["core"] = {{"heads", heads}, {"head_k", head_k}, {"head_v", head_v}, {"chunk", chunk}};
+    if (core && mixer == "window") j["core"]["window"] = window;
+    j["mixer_options"] = mixer_options;
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mixer_bench: %s\n", e.what());

@@ -4,6 +4,7 @@
 
 #include "lt2/mixers/full_attention.h"
 #include "lt2/mixers/window.h"
+#include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "mixers/sparse_testing.h"
 
 namespace {
@@ -91,6 +92,29 @@ TEST(Window, GradientsMatchFiniteDifferences) {
   auto m = make_f64("window", cfg);
   auto x = random_x(1, 7, cfg.d_model, 4);
   EXPECT_LT(gradcheck_mixer(*m, x, /*loop=*/0), 1e-6);
+}
+
+// ops::window_attention with queries at the last T of L key positions (a continued prefill; NSA's
+// window branch): each query attends to its own W-key band, counted back from its position.
+TEST(Window, WindowAttentionAtTheLastPositionsMatchesNaiveBands) {
+  torch::manual_seed(3);
+  const int64_t B = 2, H = 4, H_kv = 2, T = 5, L = 12, D = 8;
+  auto q = torch::randn({B, H, T, D}, f64()), k = torch::randn({B, H_kv, L, D}, f64());
+  auto v = torch::randn({B, H_kv, L, D}, f64());
+  for (int64_t W : {1, 3, 12, 0}) {
+    auto want = torch::zeros({B, T, H, D}, f64());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t p = L - T + t, lo = W > 0 ? std::max<int64_t>(0, p - W + 1) : 0;
+        auto keys = k.select(1, h / (H / H_kv)).slice(1, lo, p + 1);  // [B, n, D]
+        auto vals = v.select(1, h / (H / H_kv)).slice(1, lo, p + 1);
+        auto s = torch::einsum("bd,bnd->bn", {q.select(1, h).select(1, t), keys}) / std::sqrt(double(D));
+        want.select(1, t).select(1, h).copy_(torch::einsum("bn,bnd->bd", {torch::softmax(s, -1), vals}));
+      }
+    EXPECT_LT(rel_err(window_attention(q, k, v, W), want), 1e-12) << "W " << W;
+  }
+  EXPECT_THROW(window_attention(q, k.narrow(2, 0, T - 1), v.narrow(2, 0, T - 1), 3), Error);  // T > L
+  EXPECT_THROW(window_attention(q, k, v, -1), Error);
 }
 
 TEST(Window, Options) {

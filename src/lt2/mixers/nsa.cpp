@@ -232,8 +232,8 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   auto slc_mask = blocks.index_select(-1, torch::div(k_pos, select_block, "floor")) & window_mask(q_pos, k_pos, 0);  // [B, H_kv, T, L]
   auto o_slc = masked_attention(q, ks[kv_set(kSlc)], vs[kv_set(kSlc)], slc_mask.repeat_interleave(G, 1));
 
-  // Sliding-window branch.
-  auto o_win = masked_attention(q, ks[kv_set(kWin)], vs[kv_set(kWin)], window_mask(q_pos, k_pos, window));
+  // Sliding-window branch (the queries are the last T of the L keys' positions).
+  auto o_win = window_attention(q, ks[kv_set(kWin)], vs[kv_set(kWin)], window);
   return combine(x, o_cmp, o_slc, o_win);
 }
 

@@ -98,19 +98,15 @@ Tensor WindowAttentionImpl::forward(const Tensor& x, const Positions& pos, Mixer
   const int64_t T = x.size(1), W = window_for(pos.loop_settings());
   auto [q, k, v, gate] = project(x, pos);
   auto qh = q.transpose(1, 2);  // [B, H, T, D]
+  if (!state) return output(window_attention(qh, k.transpose(1, 2), v.transpose(1, 2), W), x, gate);
   auto q_pos = positions(pos.start, T, x.device());
-  Tensor o;  // [B, T, H, D]
-  if (!state) {
-    o = masked_attention(qh, k.transpose(1, 2), v.transpose(1, 2), window_mask(q_pos, q_pos, W));
-    return output(o, x, gate);
-  }
   auto& ring = ring_for(*state, pos);
   const int64_t S = ring.slots(), past = std::min(ring.length, S);
   // Keys: the cached tokens (in slot order) followed by the new ones; the mask reads positions.
   auto k_all = torch::cat({ring.k.narrow(2, 0, past).to(q.scalar_type()), k.transpose(1, 2)}, 2);
   auto v_all = torch::cat({ring.v.narrow(2, 0, past).to(q.scalar_type()), v.transpose(1, 2)}, 2);
   auto k_pos = torch::cat({slot_positions(ring.length, past, S, x.device()), q_pos});
-  o = masked_attention(qh, k_all, v_all, window_mask(q_pos, k_pos, W));
+  auto o = masked_attention(qh, k_all, v_all, window_mask(q_pos, k_pos, W));  // [B, T, H, D]
   // Keep the last min(T, S) new tokens.
   const int64_t keep = std::min(T, S);
   auto slots = positions(pos.start + T - keep, keep, x.device()) % S;

@@ -37,6 +37,12 @@ struct DecodeOptions {
   // the decayed queries and keys) as one CUDA kernel forward and one backward (prefill and
   // training); off: libtorch ops. Needs delta_rule_scan on.
   bool delta_rule_prepare = true;
+  // Causal sliding-window and plain causal attention over a contiguous run of keys (the window
+  // mixer's whole-sequence forward, NSA's window branch) through libtorch's FlashAttention-2
+  // kernels with their window bound, forward and backward, on CUDA in bf16/fp16 (off: SDPA with a
+  // boolean mask, which scores every key). Off by default until the GPU suite has run it
+  // (docs/decode.md).
+  bool window_flash = false;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.
   int64_t dsa_fold_q_max_rows = 1;

@@ -101,7 +101,7 @@ Tensor attention_decode_fused(const Tensor& q, const Tensor& k_cache, const Tens
   if (!fused_decode_available()) no_cuda(op);
   const auto problem = attention_problem(q, k_cache, v_cache);
   LT2_CHECK(problem.empty(), op, ": ", problem);
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(1), L = k_cache.size(2);
+  [[maybe_unused]] const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(1), L = k_cache.size(2);
   LT2_CHECK(seq_lens.defined() && seq_lens.scalar_type() == torch::kInt64 &&
                 seq_lens.sizes() == torch::IntArrayRef({B}) && seq_lens.device() == q.device(),
             op, ": seq_lens must be [B] = [", B, "] int64 on ", q.device(), ", found ",

@@ -252,7 +252,7 @@ void gemv_batched(const Tensor& x, const Tensor& w, const Tensor& out, const Ten
   if (!fused_decode_available()) no_cuda(op);
   const auto problem = gemv_batched_problem(x, w, gate);
   LT2_CHECK(problem.empty(), op, ": ", problem);
-  const int64_t M = x.size(0), J = w.size(0), N = w.size(1), K = w.size(2);
+  [[maybe_unused]] const int64_t M = x.size(0), J = w.size(0), N = w.size(1), K = w.size(2);
   LT2_CHECK(out.defined() && out.sizes() == torch::IntArrayRef({M, J, N}) && out.stride(-1) == 1 &&
                 out.scalar_type() == x.scalar_type() && out.device() == x.device(),
             op, ": out must be [", M, ", ", J, ", ", N, "] ", x.scalar_type(), " on ", x.device(),

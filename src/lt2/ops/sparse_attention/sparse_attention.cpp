@@ -7,7 +7,13 @@
 #include <vector>
 
 #include "lt2/nn/linear.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/util/error.h"
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
 
 namespace lt2 {
 
@@ -25,6 +31,78 @@ Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (scale > 0) sdpa_scale = scale;
   auto o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, sdpa_scale, gqa);
   return o.transpose(1, 2);  // [B, T, H, D]
+}
+
+namespace {
+
+#ifdef LT2_WITH_CUDA
+// libtorch's FlashAttention-2 with its causal window: q [B, T, H, D], k and v [B, L, H_kv, D], each
+// with a unit last stride; keys left of a query's position by more than `window_left` are skipped
+// (-1: none). The forward keeps the log-sum-exp of each query's scores for the backward, which
+// recomputes the probabilities block by block instead of storing them.
+struct WindowFlashFunction : public torch::autograd::Function<WindowFlashFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
+                                                const Tensor& k, const Tensor& v, int64_t window_left,
+                                                double scale) {
+    const int64_t T = q.size(1), L = k.size(1);
+    auto [out, lse, rng_state, unused, debug_mask] =
+        at::_flash_attention_forward(q, k, v, std::nullopt, std::nullopt, T, L, /*dropout_p=*/0.0,
+                                     /*is_causal=*/true, /*return_debug_mask=*/false, scale, window_left,
+                                     /*window_size_right=*/0);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["rng_state"] = rng_state;
+    ctx->saved_data["unused"] = unused;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["scale"] = scale;
+    return {out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    auto [dq, dk, dv] = at::_flash_attention_backward(
+        grads[0].contiguous(), q, k, v, out, lse, Tensor(), Tensor(), q.size(1), k.size(1), /*dropout_p=*/0.0,
+        /*is_causal=*/true, ctx->saved_data["rng_state"].toTensor(), ctx->saved_data["unused"].toTensor(),
+        ctx->saved_data["scale"].toDouble(), ctx->saved_data["window_left"].toInt(), /*window_size_right=*/0);
+    return {dq, dk, dv, Tensor(), Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+
+bool window_flash_serves(const Tensor& q, const Tensor& k, const Tensor& v) {
+#ifdef LT2_WITH_CUDA
+  if (!decode_options().window_flash || !q.is_cuda() || !k.is_cuda() || !v.is_cuda()) return false;
+  const auto dt = q.scalar_type();
+  if ((dt != torch::kBFloat16 && dt != torch::kHalf) || k.scalar_type() != dt || v.scalar_type() != dt) return false;
+  const int64_t D = q.size(3);
+  if (D % 8 != 0 || D > 256 || k.size(3) != D || v.size(3) != D) return false;
+  if (q.size(1) % k.size(1) != 0 || q.size(2) > k.size(2) || k.size(2) == 0) return false;
+  const int device = q.device().has_index() ? q.device().index() : c10::cuda::current_device();
+  return at::cuda::getDeviceProperties(device)->major >= 8;
+#else
+  (void)q, (void)k, (void)v;
+  return false;
+#endif
+}
+
+Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window, double scale) {
+  LT2_CHECK(window >= 0, "window_attention: window must be >= 0 (0 = causal), found ", window);
+  const int64_t T = q.size(2), L = k.size(2);
+  LT2_CHECK(T <= L, "window_attention: ", T, " queries at the last positions of ", L, " keys");
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+#ifdef LT2_WITH_CUDA
+  if (window_flash_serves(q, k, v)) {
+    c10::cuda::CUDAGuard guard(q.device());
+    const int64_t window_left = window > 0 && window < L ? window - 1 : -1;
+    return WindowFlashFunction::apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window_left,
+                                      scale)[0];
+  }
+#endif
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+  auto k_pos = torch::arange(L, opts);
+  return masked_attention(q, k, v, window_mask(k_pos.narrow(0, L - T, T), k_pos, window), scale);
 }
 
 std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -26,6 +26,21 @@ Tensor window_mask(const Tensor& q_pos, const Tensor& k_pos, int64_t window);
 Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                         double scale = 0);
 
+// Causal sliding-window attention of the queries q [B, H, T, D] at the last T of L contiguous key
+// positions (k, v [B, H_kv, L, D], T <= L, GQA as above): query i, at position L - T + i, sees the
+// keys in (L - T + i - window, L - T + i]; window 0 = plain causal. The result of masked_attention
+// with window_mask over those positions. Where window_flash_serves holds it runs libtorch's
+// FlashAttention-2 kernels with their window bound, forward and backward (an autograd function),
+// which skip the key blocks outside the band: O(T * window) work where the mask costs O(T * L);
+// elsewhere masked_attention. Returns [B, T, H, D].
+Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window, double scale = 0);
+
+// Whether window_attention takes FlashAttention-2 for these inputs: DecodeOptions::window_flash on,
+// CUDA tensors of one dtype, bf16 or fp16, on a GPU of compute capability 8.0 or newer, head dim a
+// multiple of 8 up to 256 for queries, keys and values alike, query heads a multiple of key heads,
+// T <= L.
+bool window_flash_serves(const Tensor& q, const Tensor& k, const Tensor& v);
+
 // The same attention computed explicitly, also returning the probabilities [B, H, T, L] (zero on
 // masked keys). A query that sees no key gets probabilities 0 and output 0 (NSA's compression
 // branch before the first block completes). Returns {out [B, T, H, D_v], probs}.
