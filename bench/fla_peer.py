@@ -5,11 +5,13 @@ its chunked kernel alone, forward and forward + backward, on the GPU, one JSON l
 
   fla_peer.py --what layer,core --mixer gdn,kda --shape 8x4096,1x32768 \
       [--hidden 2048 --heads 16 --head-k 96 --head-v 192] [--iters 10]
+  fla_peer.py --what layer --mixer gla,retnet,hgrn2,linear --shape 8x4096
 
 Every combination runs in one process, so Triton's autotuning of a kernel is paid once.
 
 The layer is fla's GatedDeltaNet / KimiDeltaAttention / DeltaNet in bf16 with a short convolution
-and (GDN) the output gate, d = hidden; the core is chunk_gated_delta_rule / chunk_kda /
+and (GDN) the output gate, d = hidden, or its GatedLinearAttention / MultiScaleRetention /
+HGRN2Attention / LinearAttention at the dims of lt2's mixer of that name; the core is chunk_gated_delta_rule / chunk_kda /
 chunk_delta_rule on bf16 q, k (unit rows), v, fp32 gates, as mixer_bench --core times ours.
 
 Two things this stack needs, both recorded in the output:
@@ -74,20 +76,44 @@ def time_ms(run, backward, iters):
     return start.elapsed_time(end) / iters, warm
 
 
+def make_layer(mixer, hidden, H, K, V):
+    """fla's layer for an lt2 mixer, at the dims lt2's mixer takes by default at d = hidden and H heads
+    (mixers/*.cpp): the delta-rule family at head dims K and V; GLA (expand_k 0.5, expand_v 1),
+    RetNet (expand_k 1, expand_v 2) and linear attention (elu + 1 features, expand 1) with H heads;
+    HGRN2 at d / 128 heads."""
+    import fla.layers as L
+    if mixer in ("gdn", "kda", "deltanet"):
+        cls = {"gdn": L.GatedDeltaNet, "kda": L.KimiDeltaAttention, "deltanet": L.DeltaNet}[mixer]
+        return cls(hidden_size=hidden, head_dim=K, num_heads=H, expand_v=V / K, mode="chunk")
+    if mixer == "gla":
+        return L.GatedLinearAttention(mode="chunk", hidden_size=hidden, num_heads=H, expand_k=0.5, expand_v=1.0)
+    if mixer == "retnet":
+        return L.MultiScaleRetention(mode="chunk", hidden_size=hidden, num_heads=H, expand_k=1.0, expand_v=2.0)
+    if mixer == "hgrn2":
+        return L.HGRN2Attention(mode="chunk", hidden_size=hidden, num_heads=max(1, hidden // 128))
+    if mixer == "linear":
+        return L.LinearAttention(mode="chunk", hidden_size=hidden, num_heads=H, feature_map="elu")
+    raise SystemExit(f"fla_peer: no fla layer for mixer {mixer!r}")
+
+
+def layer_params(run):
+    """Parameters of the layer a layer run closes over."""
+    return sum(p.numel() for p in run.layer.parameters())
+
+
 def make_run(what, mixer, B, T, hidden, H, K, V):
     """The function that runs one forward (and backward) of the layer or the core."""
     dev = torch.device("cuda")
     bf16 = dict(device=dev, dtype=torch.bfloat16)
     if what == "layer":
-        from fla.layers import DeltaNet, GatedDeltaNet, KimiDeltaAttention
-        cls = {"gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "deltanet": DeltaNet}[mixer]
-        layer = cls(hidden_size=hidden, head_dim=K, num_heads=H, expand_v=V / K, mode="chunk").to(**bf16)
+        layer = make_layer(mixer, hidden, H, K, V).to(**bf16)
         x = torch.randn(B, T, hidden, **bf16, requires_grad=True)
 
         def run(backward):
             y = layer(x)[0]
             if backward:
                 y.float().square().mean().backward()
+        run.layer = layer
         return run
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -113,7 +139,8 @@ def make_run(what, mixer, B, T, hidden, H, K, V):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--what", default="layer,core", help="comma-separated: layer, core")
-    ap.add_argument("--mixer", default="gdn", help="comma-separated: gdn, kda, deltanet")
+    ap.add_argument("--mixer", default="gdn",
+                    help="comma-separated: gdn, kda, deltanet (layer and core); gla, retnet, hgrn2, linear (layer)")
     ap.add_argument("--shape", default="8x4096,1x32768", help="comma-separated BATCHxSEQ")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
@@ -139,9 +166,10 @@ def main():
                 row = {"peer": f"fla {getattr(fla, '__version__', '?')}", "what": what, "mixer": mixer, "batch": B,
                        "seq": T, "heads": a.heads, "head_k": a.head_k, "head_v": a.head_v,
                        "hidden": a.hidden if what == "layer" else None, "forward_ms": fwd,
+                       "params": layer_params(run) if what == "layer" else None,
                        "forward_backward_ms": fwd_bwd, "tokens_per_s_fwd_bwd": B * T / (fwd_bwd / 1000),
                        "autotune_s": round(warm_fwd + warm_bwd, 1),
-                       "fla_gated_bwd_guard_lifted": guard_lifted and mixer != "deltanet"}
+                       "fla_gated_bwd_guard_lifted": guard_lifted and mixer not in ("deltanet", "linear")}
                 print("RESULT " + json.dumps(row), flush=True)
                 del run
                 torch.cuda.empty_cache()

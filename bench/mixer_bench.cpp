@@ -164,6 +164,11 @@ int main(int argc, char** argv) {
     lt2::json j{{"model", core ? "core" : model}, {"mixer", mixer}, {"batch", batch}, {"seq", seq},
                 {"device", cuda ? "cuda" : "cpu"}, {"forward_ms", fwd}, {"forward_backward_ms", fwd_bwd},
                 {"tokens_per_s_fwd_bwd", batch * seq / (fwd_bwd / 1000)}};
+    if (mixer_layer) {
+      int64_t params = 0;
+      for (const auto& p : mixer_layer->parameters()) params += p.numel();
+      j["params"] = params;
+    }
     j["tf32"] = cuda && tf32;
     j["options"] = options;
     if (core) j["core"] = {{"heads", heads}, {"head_k", head_k}, {"head_v", head_v}, {"chunk", chunk}};
