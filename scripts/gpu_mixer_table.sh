@@ -8,8 +8,11 @@
 #   MIXERS="full window gdn kda deltanet mamba2 gla retnet hgrn2 linear dsa nsa"
 #   SHAPES="8x4096 1x32768"  MODEL=lt2-gdn-1.3b  ITERS=5  RUN_S=120
 #   OPTIONS="--option window_flash=1"   kernel switches for every lt2 run (docs/decode.md)
-#   FLA_MIXERS="gla retnet hgrn2 linear gdn kda deltanet"   empty: no peer. Triton autotunes each new
-#                        shape on first use (over a minute a shape): budget the call for it.
+#   FLA_MIXERS="gla retnet hgrn2 linear gdn"   empty: no peer. Their parameter counts equal lt2's at
+#                        d 2048 (checked on the CPU). fla_peer builds KDA and DeltaNet at GDN's head
+#                        dims (96 / 192), not at lt2's defaults for them (d / H): those two are compared
+#                        at GDN's dims by the delta-rule benchmarks. Triton autotunes each new shape on
+#                        first use (over a minute a shape): budget the call for it.
 #   LT2_COMMIT=<commit>  names the commit (the device copy's .git can be stale)
 #   M=path/to/mixer_bench  (default build-gpu/bench/mixer_bench; a CPU build runs a smoke test:
 #   M=build/bench/mixer_bench MODEL=tiny-full-gdn SHAPES=2x64 FLA_MIXERS= scripts/gpu_mixer_table.sh)
@@ -23,7 +26,7 @@ MODEL=${MODEL:-lt2-gdn-1.3b}
 ITERS=${ITERS:-5}
 RUN_S=${RUN_S:-120}
 OPTIONS=${OPTIONS:-}
-FLA_MIXERS=${FLA_MIXERS-gla retnet hgrn2 linear gdn kda deltanet}
+FLA_MIXERS=${FLA_MIXERS-gla retnet hgrn2 linear gdn}
 ROOT=$PWD/.deps/root/usr
 [ -d "$ROOT" ] && export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 M=${M:-build-gpu/bench/mixer_bench}
