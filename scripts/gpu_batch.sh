@@ -12,6 +12,8 @@
 # and seconds; 124: it reached its limit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Steps that run lt2's binaries directly find the libraries .deps carries.
+[ -d "$PWD/.deps/root/usr" ] && export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 FINAL=${OUT:-/tmp/lt2_gpu_out}
 RESULTS=/tmp/lt2_batch
 mkdir -p "$FINAL"
