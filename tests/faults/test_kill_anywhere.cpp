@@ -197,9 +197,11 @@ void kill_anywhere(const std::string& dir, const std::vector<std::string>& comma
     before_first_checkpoint += !has_checkpoint(out);
     expect_latest_loads(run_dirs(out), context);
     // (c): once this process trained a step, what earlier kills left is gone.
-    if (trained_a_step(log))
-      for (const auto& [path, mtime] : temporaries(out))
+    if (trained_a_step(log)) {
+      for (const auto& [path, mtime] : temporaries(out)) {
         EXPECT_TRUE(owned_by(path, mtime, p.pid(), spawned)) << context << ": '" << path << "' was left by an earlier process";
+      }
+    }
   }
   // The run in progress goes to its end without a kill.
   const bool resume = has_checkpoint(out);

@@ -152,7 +152,9 @@ TEST_F(TaskRunnerTest, ResultsJsonHoldsStagesEvalsModelAndConfig) {
     const auto st = stage_result_from_json(stages[i]);
     EXPECT_EQ(st.stage, static_cast<int64_t>(i) + 1);
     EXPECT_EQ(st.n, int64_t{8} << i);
-    if (i + 1 < stages.size()) EXPECT_TRUE(st.solved);
+    if (i + 1 < stages.size()) {
+      EXPECT_TRUE(st.solved);
+    }
     EXPECT_EQ(st.solved, st.final_accuracy >= 0.04);
     if (st.solved) n_max = st.n;
     step_sum += st.steps;
