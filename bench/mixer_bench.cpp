@@ -72,11 +72,16 @@ int main(int argc, char** argv) {
                  "repeatable");
   CLI11_PARSE(app, argc, argv);
   try {
+    // "name=value" of a repeatable flag -> {name, value}.
+    auto name_value = [](const std::string& o, const char* flag) {
+      const auto eq = o.find('=');
+      LT2_CHECK(eq != std::string::npos, flag, " takes name=value, found '", o, "'");
+      return std::pair{o.substr(0, eq), o.substr(eq + 1)};
+    };
     lt2::DecodeOptions kernel_options;
     for (const auto& o : options) {
-      const auto eq = o.find('=');
-      LT2_CHECK(eq != std::string::npos, "--option takes name=value, found '", o, "'");
-      kernel_options.set(o.substr(0, eq), o.substr(eq + 1));
+      const auto [name, value] = name_value(o, "--option");
+      kernel_options.set(name, value);
     }
     lt2::DecodeOptionsGuard options_guard(kernel_options);
     const bool cuda = torch::cuda::is_available();
@@ -118,9 +123,8 @@ int main(int argc, char** argv) {
       auto cfg = lt2::load_model_config(model);
       if (cfg.vocab_size == 0) cfg.vocab_size = 256;
       for (const auto& o : mixer_options) {
-        const auto eq = o.find('=');
-        LT2_CHECK(eq != std::string::npos, "--mixer-option takes name=value, found '", o, "'");
-        cfg.mixer_options[mixer][o.substr(0, eq)] = lt2::json::parse(o.substr(eq + 1));
+        const auto [name, value] = name_value(o, "--mixer-option");
+        cfg.mixer_options[mixer][name] = lt2::json::parse(value);
       }
       mixer_layer = lt2::make_mixer(mixer, cfg, 0);
       mixer_layer->to(dev);
