@@ -16,7 +16,7 @@ namespace lt2::cli {
 
 namespace {
 
-struct TrainArgs {
+struct TokenizerTrainArgs {
   std::vector<std::string> inputs;
   int32_t vocab_size = 32000;
   std::string out = "tokenizer.json";
@@ -27,7 +27,7 @@ struct TrainArgs {
   int threads = 0;
 };
 
-void run_train(const TrainArgs& a) {
+void run_tokenizer_train(const TokenizerTrainArgs& a) {
   BpeTrainerOptions o;
   o.special_tokens.clear();
   o.vocab_size = a.vocab_size;
@@ -63,7 +63,7 @@ void add_tokenizer_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("tokenizer", "Train a byte-level BPE tokenizer, or encode/decode with a tokenizer.json");
   cmd->require_subcommand(1);
 
-  auto train_args = std::make_shared<TrainArgs>();
+  auto train_args = std::make_shared<TokenizerTrainArgs>();
   CLI::App* train = cmd->add_subcommand("train", "Train a byte-level BPE tokenizer (HF tokenizer.json output)");
   train->add_option("--input", train_args->inputs,
                     "Text files, JSONL files (a \"text\" field per line) or folders (searched for "
@@ -87,7 +87,7 @@ void add_tokenizer_command(CLI::App& app) {
                     "How plain text files are cut into documents: paragraph (at blank lines), file, or line")
       ->capture_default_str();
   train->add_option("--threads", train_args->threads, "Word counting threads (0: all cores)")->capture_default_str();
-  train->callback([train_args] { run_train(*train_args); });
+  train->callback([train_args] { run_tokenizer_train(*train_args); });
 
   struct EncodeArgs {
     std::string tokenizer, text;

@@ -11,6 +11,8 @@
 
 namespace lt2::testing {
 
+inline torch::TensorOptions f64() { return torch::TensorOptions().dtype(torch::kFloat64); }
+
 // A tiny config for fast CPU tests.
 inline ModelConfig tiny_config(const std::string& pattern = "full", ModelForm form = ModelForm::LT2) {
   ModelConfig c;

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "common/expect_error.h"
 #include "lt2/data/corpus.h"
 #include "lt2/data/prepare.h"
 #include "lt2/data/shard.h"
@@ -16,6 +17,7 @@ namespace lt2 {
 namespace {
 
 namespace fs = std::filesystem;
+using lt2::testing::expect_error_containing;
 
 class Prepare : public ::testing::Test {
  protected:
@@ -41,15 +43,6 @@ class Prepare : public ::testing::Test {
   }
   std::string dir_;
 };
-
-void expect_error_containing(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an lt2::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST_F(Prepare, CorpusFindsDocumentsInOrder) {
   const auto docs = documents({dir_ + "/corpus"});

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <random>
 
+#include "common/expect_error.h"
 #include "lt2/data/shard.h"
 #include "lt2/util/error.h"
 #include "lt2/util/fs.h"
@@ -15,6 +16,7 @@ namespace lt2 {
 namespace {
 
 namespace fs = std::filesystem;
+using lt2::testing::expect_error_containing;
 
 class Shard : public ::testing::Test {
  protected:
@@ -26,15 +28,6 @@ class Shard : public ::testing::Test {
   std::string file(const std::string& name) const { return dir_ + "/" + name; }
   std::string dir_;
 };
-
-void expect_error_containing(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an lt2::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST_F(Shard, RoundTripsBothWidths) {
   std::mt19937 rng(1);

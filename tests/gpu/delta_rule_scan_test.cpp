@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gate_kind.h"
 #include "common/testing.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/util/error.h"
@@ -31,8 +32,8 @@ namespace {
 const auto f32 = torch::kFloat32;
 const auto f64 = torch::kFloat64;
 
-enum class Gate { None, Head, Channel };
-const char* gate_name(Gate g) { return g == Gate::None ? "no gate" : g == Gate::Head ? "per-head" : "per-channel"; }
+using lt2::testing::Gate;
+using lt2::testing::gate_name;
 
 // Op inputs on the CPU in fp32: q, k [B, T, H, K] (unit keys, as the mixers give), v [B, T, H, V],
 // beta [B, T, H] in (0, 1), g <= 0 per the gate, s0 [B, H, K, V] or undefined.

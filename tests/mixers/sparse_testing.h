@@ -13,7 +13,7 @@ namespace lt2::sparse_testing {
 
 using lt2::testing::rel_err;
 
-inline torch::TensorOptions f64() { return torch::TensorOptions().dtype(torch::kFloat64); }
+using lt2::testing::f64;
 
 // A tiny attention config: d 32, 4 query heads over 2 KV heads (GQA), head dim 8, 3 loops.
 inline ModelConfig attention_config(const std::string& mixer, const json& options) {

@@ -14,6 +14,7 @@ namespace {
 
 using namespace lt2;
 using lt2::testing::MixerVariant;
+using lt2::testing::f64;
 using lt2::testing::rel_err;
 
 ModelConfig mixer_config(const MixerVariant& c) {
@@ -37,8 +38,6 @@ torch::Tensor random_x(int64_t B, int64_t T, torch::ScalarType dt, uint64_t seed
   torch::manual_seed(seed);
   return torch::randn({B, T, 32}, torch::TensorOptions().dtype(dt));
 }
-
-torch::TensorOptions f64() { return torch::TensorOptions().dtype(torch::kFloat64); }
 
 class LinearMixer : public ::testing::TestWithParam<MixerVariant> {
  protected:

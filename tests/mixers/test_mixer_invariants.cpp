@@ -33,10 +33,9 @@ namespace {
 
 using namespace lt2;
 using lt2::testing::MixerVariant;
+using lt2::testing::f64;
 using lt2::testing::rel_err;
 using lt2::testing::variant_config;
-
-torch::TensorOptions f64() { return torch::TensorOptions().dtype(torch::kFloat64); }
 
 torch::Tensor random_x(int64_t B, int64_t T, uint64_t seed = 1) {
   torch::manual_seed(seed);
@@ -45,7 +44,7 @@ torch::Tensor random_x(int64_t B, int64_t T, uint64_t seed = 1) {
 
 // The mixer of layer 0 in float64, its zero-initialised gates (SDPA output gate, NSA's position
 // terms) given random values so every path counts.
-Mixer make_f64(const MixerVariant& v) {
+Mixer make_variant_f64(const MixerVariant& v) {
   torch::manual_seed(0);
   auto m = make_mixer(v.name, variant_config(v), 0);
   m->to(torch::kFloat64);
@@ -71,7 +70,7 @@ class MixerInvariants : public ::testing::TestWithParam<MixerVariant> {
 };
 
 TEST_P(MixerInvariants, ForwardEqualsStepByStep) {
-  auto m = make_f64(GetParam());
+  auto m = make_variant_f64(GetParam());
   torch::NoGradGuard ng;
   const int64_t B = 2, T = 11;
   auto x = random_x(B, T);
@@ -86,7 +85,7 @@ TEST_P(MixerInvariants, ForwardEqualsStepByStep) {
 }
 
 TEST_P(MixerInvariants, SplitPrefillEqualsWhole) {
-  auto m = make_f64(GetParam());
+  auto m = make_variant_f64(GetParam());
   torch::NoGradGuard ng;
   const int64_t B = 2, T = 12;
   auto x = random_x(B, T, 2);
@@ -104,7 +103,7 @@ TEST_P(MixerInvariants, SplitPrefillEqualsWhole) {
 }
 
 TEST_P(MixerInvariants, InputGradientsMatchFiniteDifferences) {
-  auto m = make_f64(GetParam());
+  auto m = make_variant_f64(GetParam());
   for (int64_t loop : loops_of(*m)) {
     SCOPED_TRACE("loop " + std::to_string(loop));
     lt2::testing::expect_gradients_match(
@@ -113,7 +112,7 @@ TEST_P(MixerInvariants, InputGradientsMatchFiniteDifferences) {
 }
 
 TEST_P(MixerInvariants, ParameterGradientsMatchFiniteDifferences) {
-  auto m = make_f64(GetParam());
+  auto m = make_variant_f64(GetParam());
   // Parameters an auxiliary loss trains get no gradient from the forward (by design), so they are
   // left out; every other parameter is checked.
   std::set<const void*> aux;
@@ -136,7 +135,7 @@ TEST_P(MixerInvariants, ParameterGradientsMatchFiniteDifferences) {
 }
 
 TEST_P(MixerInvariants, CapabilitiesMatchTheMixer) {
-  auto m = make_f64(GetParam());
+  auto m = make_variant_f64(GetParam());
   EXPECT_EQ(m->kind(), GetParam().name);
   EXPECT_EQ(m->caps().aux_loss, m->aux_loss() != nullptr);
   EXPECT_GE(m->prefill_workspace_bytes(1, 8, 16), 0);
@@ -240,7 +239,7 @@ void expect_grads_equal(const std::vector<torch::Tensor>& packed, const std::vec
 }
 
 TEST_P(MixerInvariants, PackedDocumentsEqualEachDocumentAlone) {
-  auto m = make_f64(GetParam());
+  auto m = make_variant_f64(GetParam());
   const auto docs = packed_rows();
   std::vector<torch::Tensor> leaves;
   std::vector<std::string> names{"x"};

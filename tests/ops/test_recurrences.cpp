@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "common/gate_kind.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/gated_linear/gated_linear.h"
 #include "ops/numeric_check.h"
@@ -15,10 +16,9 @@ namespace {
 
 using lt2::ops::RecurrenceResult;
 using lt2::testing::expect_gradients_match;
+using lt2::testing::Gate;
 using lt2::testing::rel_err;
 using torch::Tensor;
-
-enum class Gate { None, Head, Channel };
 
 struct Family {
   bool delta;  // delta rule (with beta) or additive gated linear

@@ -28,7 +28,7 @@ struct Case {
   bool latent;  // v = k.narrow(-1, 0, Dv)
 };
 
-struct Inputs {
+struct DecodeInputs {
   Tensor q, k, v, indices, counts;
   double scale;
 };
@@ -36,8 +36,8 @@ struct Inputs {
 // Caches with a batch stride of two sequences (every other one of a larger buffer, offset by one)
 // and rows 8 elements longer than the head dim; distinct indices per sequence in random order,
 // entries past the count set to -1.
-Inputs make_inputs(const Case& c, torch::ScalarType dt) {
-  Inputs in;
+DecodeInputs make_inputs(const Case& c, torch::ScalarType dt) {
+  DecodeInputs in;
   const int64_t pad = 8;
   auto k_buf = torch::randn({2 * c.B + 1, c.Hkv, c.L, c.Dk + pad}).to(dt);
   in.k = k_buf.slice(0, 1, 2 * c.B + 1, 2).narrow(3, 0, c.Dk);
@@ -63,7 +63,7 @@ Inputs make_inputs(const Case& c, torch::ScalarType dt) {
 }
 
 // Dense float64 attention over every cache row, restricted to the selected ones by a mask.
-Tensor dense_reference(const Inputs& in) {
+Tensor dense_reference(const DecodeInputs& in) {
   const int64_t B = in.q.size(0), Hq = in.q.size(1), L = in.k.size(2), G = Hq / in.k.size(1);
   std::vector<Tensor> outs;
   for (int64_t b = 0; b < B; ++b) {

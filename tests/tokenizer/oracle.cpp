@@ -16,16 +16,6 @@ namespace lt2::test {
 
 namespace fs = std::filesystem;
 
-void expect_error_containing(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an lt2::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nexpected to contain: " << needle;
-  }
-}
-
 namespace {
 
 std::string shell_quote(const std::string& s) {

@@ -10,9 +10,6 @@
 
 namespace lt2::test {
 
-// Fails the test unless f() throws an lt2::Error whose message contains `needle`.
-void expect_error_containing(const std::function<void()>& f, const std::string& needle);
-
 // A fresh folder under the system temp folder, removed with its contents at destruction.
 class TempDir {
  public:

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "lt2/tokenizer/chat_template.h"
 #include "lt2/tokenizer/tokenizer.h"
 #include "lt2/util/error.h"
@@ -15,7 +16,7 @@
 namespace lt2 {
 namespace {
 
-using test::expect_error_containing;
+using lt2::testing::expect_error_containing;
 
 struct ChatTemplateSource {
   const char* name;

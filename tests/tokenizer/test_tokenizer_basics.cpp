@@ -7,6 +7,7 @@
 #include <thread>
 #include <random>
 
+#include "common/expect_error.h"
 #include "lt2/tokenizer/byte_level.h"
 #include "lt2/tokenizer/normalizer.h"
 #include "lt2/tokenizer/tokenizer.h"
@@ -18,7 +19,7 @@
 namespace lt2 {
 namespace {
 
-using test::expect_error_containing;
+using lt2::testing::expect_error_containing;
 
 std::string random_bytes(std::mt19937& rng, size_t n) {
   std::string s(n, '\0');
