@@ -20,6 +20,7 @@
 #include "common/gate_kind.h"
 #include "common/testing.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
 #include "lt2/util/error.h"
 
 using namespace lt2;
@@ -342,8 +343,9 @@ TEST(DeltaRuleScan, UnitLowerInverseMatchesReference) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Packed documents on CUDA (the kernel's resets, forward and reverse): outputs, final states and
-// gradients equal each document run alone through the float64 recurrence.
+// Packed documents on CUDA (the kernel's resets, forward and reverse), for both recurrence
+// families (the gated linear one runs the scan with W = 0): outputs, final states and gradients
+// equal each document run alone through the float64 recurrence.
 
 TEST(DeltaRuleScan, PackedDocumentsMatchEachAlone) {
   REQUIRE_FUSED_DECODE();
@@ -352,39 +354,49 @@ TEST(DeltaRuleScan, PackedDocumentsMatchEachAlone) {
   std::vector<int64_t> cu{0};
   for (int64_t l : lengths) cu.push_back(cu.back() + l);
   const int64_t T = cu.back(), D = static_cast<int64_t>(lengths.size()), H = 2, K = 96, V = 192;
-  for (Gate gate : {Gate::Head, Gate::Channel}) {
-    SCOPED_TRACE(gate_name(gate));
-    torch::manual_seed(21 + static_cast<int>(gate));
-    const auto in = make_inputs(1, T, H, K, V, gate, false);
-    const auto s0 = 0.5 * torch::randn({D, H, K, V}, f32);
-    const auto d_o = torch::randn({1, T, H, V}, f64);
-    const auto d_s = torch::randn({D, H, K, V}, f64);
-    std::vector<Tensor> leaves;
-    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
-      leaves.push_back(t->to(gpu(f32)).detach().requires_grad_(true));
-    const auto out = ops::delta_rule_chunked_varlen(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], in.scale,
-                                                    leaves[5], cu, 64);
-    ((out.o.to(f64) * d_o.cuda()).sum() + (out.final_state.to(f64) * d_s.cuda()).sum()).backward();
-    std::vector<Tensor> ref_leaves;
-    for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
-      ref_leaves.push_back(t->to(f64).detach().requires_grad_(true));
-    Tensor loss = torch::zeros({}, f64);
-    std::vector<Tensor> ref_o;
-    for (int64_t d = 0; d < D; ++d) {
-      auto part = [&](const Tensor& x) { return x.narrow(1, cu[d], lengths[d]); };
-      const auto ref = ops::delta_rule_recurrent(part(ref_leaves[0]), part(ref_leaves[1]), part(ref_leaves[2]),
-                                                 part(ref_leaves[3]), part(ref_leaves[4]), in.scale,
-                                                 ref_leaves[5].select(0, d).unsqueeze(0));
-      EXPECT_LT(rel_err(part(out.o.detach().cpu()), ref.o.detach()), 1e-5) << "output of document " << d;
-      EXPECT_LT(rel_err(out.final_state.detach().select(0, d).cpu(), ref.final_state.detach().squeeze(0)), 1e-5)
-          << "final state of document " << d;
-      loss = loss + (ref.o * part(d_o)).sum() + (ref.final_state.squeeze(0) * d_s.select(0, d)).sum();
+  for (bool delta : {true, false})
+    for (Gate gate : {Gate::Head, Gate::Channel}) {
+      SCOPED_TRACE(::testing::Message() << (delta ? "delta rule, " : "gated linear, ") << gate_name(gate));
+      torch::manual_seed(21 + static_cast<int>(gate));
+      const auto in = make_inputs(1, T, H, K, V, gate, false);
+      const auto s0 = 0.5 * torch::randn({D, H, K, V}, f32);
+      const auto d_o = torch::randn({1, T, H, V}, f64);
+      const auto d_s = torch::randn({D, H, K, V}, f64);
+      // l: q, k, v, beta, g, initial states
+      auto varlen = [&](const std::vector<Tensor>& l) {
+        return delta ? ops::delta_rule_chunked_varlen(l[0], l[1], l[2], l[3], l[4], in.scale, l[5], cu, 64)
+                     : ops::gated_linear_chunked_varlen(l[0], l[1], l[2], l[4], in.scale, l[5], cu, 64);
+      };
+      auto recurrent = [&](const std::vector<Tensor>& l, const Tensor& state) {
+        return delta ? ops::delta_rule_recurrent(l[0], l[1], l[2], l[3], l[4], in.scale, state)
+                     : ops::gated_linear_recurrent(l[0], l[1], l[2], l[4], in.scale, state);
+      };
+      std::vector<Tensor> leaves;
+      for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
+        leaves.push_back(t->to(gpu(f32)).detach().requires_grad_(true));
+      const auto out = varlen(leaves);
+      ((out.o.to(f64) * d_o.cuda()).sum() + (out.final_state.to(f64) * d_s.cuda()).sum()).backward();
+      std::vector<Tensor> ref_leaves;
+      for (const Tensor* t : {&in.q, &in.k, &in.v, &in.beta, &in.g, &s0})
+        ref_leaves.push_back(t->to(f64).detach().requires_grad_(true));
+      Tensor loss = torch::zeros({}, f64);
+      for (int64_t d = 0; d < D; ++d) {
+        auto part = [&](const Tensor& x) { return x.narrow(1, cu[d], lengths[d]); };
+        std::vector<Tensor> parts;
+        for (size_t i = 0; i < 5; ++i) parts.push_back(part(ref_leaves[i]));
+        const auto ref = recurrent(parts, ref_leaves[5].select(0, d).unsqueeze(0));
+        EXPECT_LT(rel_err(part(out.o.detach().cpu()), ref.o.detach()), 1e-5) << "output of document " << d;
+        EXPECT_LT(rel_err(out.final_state.detach().select(0, d).cpu(), ref.final_state.detach().squeeze(0)), 1e-5)
+            << "final state of document " << d;
+        loss = loss + (ref.o * part(d_o)).sum() + (ref.final_state.squeeze(0) * d_s.select(0, d)).sum();
+      }
+      loss.backward();
+      const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_states"};
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        if (i == 3 && !delta) continue;  // the gated linear family reads no beta
+        EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), 1e-5) << names[i];
+      }
     }
-    loss.backward();
-    const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_states"};
-    for (size_t i = 0; i < leaves.size(); ++i)
-      EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), 1e-5) << names[i];
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = true;
-  caps_.packed_documents = true;  // delta_rule_chunked_varlen, convs masked at the boundaries
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
   conv_channels = {key_dim, key_dim, value_dim};
 }

@@ -50,14 +50,14 @@ GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : nor
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
-RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentState* st, const Positions&) {
+RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
   if (use_short_conv) {
-    q = q_conv1d(q, st ? &st->conv[0] : nullptr);
-    k = k_conv1d(k, st ? &st->conv[1] : nullptr);
-    v = v_conv1d(v, st ? &st->conv[2] : nullptr);
+    q = q_conv1d(q, st ? &st->conv[0] : nullptr, pos);
+    k = k_conv1d(k, st ? &st->conv[1] : nullptr, pos);
+    v = v_conv1d(v, st ? &st->conv[2] : nullptr, pos);
   }
   RecurrenceInputs in;
   in.q = q.view({B, T, num_heads, head_k_dim});

@@ -45,13 +45,13 @@ Mamba2Impl::Mamba2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   conv_channels = {conv_dim};
 }
 
-RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const Positions&) {
+RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1), GN = n_groups * state_size;
   const int64_t heads_per_group = num_heads / n_groups;
   const auto ct = accum_dtype(x);
   auto zxbcdt = in_proj(x);                                            // [B, T, d_inner + conv_dim + H]
   auto parts = zxbcdt.split_with_sizes({d_inner, d_inner + 2 * GN, num_heads}, -1);
-  auto xBC = conv1d(parts[1], st ? &st->conv[0] : nullptr);          // [B, T, d_inner + 2 G N]
+  auto xBC = conv1d(parts[1], st ? &st->conv[0] : nullptr, pos);     // [B, T, d_inner + 2 G N]
   auto xbc = xBC.split_with_sizes({d_inner, GN, GN}, -1);
   auto xs = xbc[0].view({B, T, num_heads, head_dim});                 // [B, T, H, P]
   auto dt = torch::softplus(parts[2].to(ct) + dt_bias.to(ct));        // [B, T, H]

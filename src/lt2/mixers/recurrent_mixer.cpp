@@ -57,17 +57,21 @@ Tensor ShortConvImpl::forward(const Tensor& x, Tensor* window, const Positions& 
 
 namespace {
 
-// The delta rule over packed documents: the B rows as one row of B * T tokens, each document
-// chunked on its own (ops::delta_rule_chunked_varlen). Returns o [B, T, H, V].
-Tensor packed_delta_rule(const RecurrenceInputs& in, const std::vector<int64_t>& cu_seqlens, int64_t chunk_size) {
+// The recurrence over packed documents: the B rows as one row of B * T tokens, each document
+// chunked on its own (ops::delta_rule_chunked_varlen, ops::gated_linear_chunked_varlen). Returns
+// o [B, T, H, V].
+Tensor packed_recurrence(const RecurrenceInputs& in, bool delta_rule, const std::vector<int64_t>& cu_seqlens,
+                         int64_t chunk_size) {
   auto flat = [](const Tensor& t) {  // [B, T, ...] -> [1, B * T, ...]
     if (!t.defined()) return t;
     std::vector<int64_t> shape{1, t.size(0) * t.size(1)};
     for (int64_t i = 2; i < t.dim(); ++i) shape.push_back(t.size(i));
     return t.reshape(shape);
   };
-  const auto r = ops::delta_rule_chunked_varlen(flat(in.q), flat(in.k), flat(in.v), flat(in.beta), flat(in.g),
-                                                in.scale, Tensor(), cu_seqlens, chunk_size);
+  const auto r = delta_rule ? ops::delta_rule_chunked_varlen(flat(in.q), flat(in.k), flat(in.v), flat(in.beta),
+                                                             flat(in.g), in.scale, Tensor(), cu_seqlens, chunk_size)
+                            : ops::gated_linear_chunked_varlen(flat(in.q), flat(in.k), flat(in.v), flat(in.g),
+                                                               in.scale, Tensor(), cu_seqlens, chunk_size);
   return r.o.view({in.v.size(0), in.v.size(1), in.v.size(2), -1});
 }
 
@@ -91,8 +95,8 @@ Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState
     auto g = in.g.defined() ? in.g.select(1, 0) : Tensor();
     o = ops::recurrent_step(q, k, v, beta, g, in.scale, st->S).unsqueeze(1);
   } else if (pos.documents) {
-    LT2_CHECK(delta_rule && !st, kind(), ": packed documents run through the delta rule without a state");
-    o = packed_delta_rule(in, pos.documents->cu_seqlens, chunk_size);
+    LT2_CHECK(!st, kind(), ": packed documents run without a state");
+    o = packed_recurrence(in, delta_rule, pos.documents->cu_seqlens, chunk_size);
   } else {
     Tensor s0 = st ? st->S : Tensor();
     auto r = delta_rule

@@ -60,7 +60,12 @@ class RecurrentMixerImpl : public MixerImpl {
                                          torch::TensorOptions opts, const LoopSettings& loop = {}) const override;
   // Positions do not enter the recurrence, and a mixer whose projections use them (RetNet's RoPE)
   // reads them from `pos`, per sequence when pos.seq_pos is set: any lengths decode together.
-  RecurrentMixerImpl() { caps_.seq_pos = true; }
+  // Packed documents run through the ops' varlen forms, the short convolutions masked at the
+  // boundaries (`project` passes `pos` to them).
+  RecurrentMixerImpl() {
+    caps_.seq_pos = true;
+    caps_.packed_documents = true;
+  }
 
   // x: [B, T, d] -> the op's inputs. `state` (may be null) supplies and advances the conv
   // windows; `pos` places x's tokens (a start, or one position per sequence at decode).

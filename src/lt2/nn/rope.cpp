@@ -73,6 +73,7 @@ Tensor apply_rope(const Tensor& x, const Tensor& positions, double theta, RopeSt
 }
 
 Tensor apply_rope(const Tensor& x, const Positions& pos, double theta, RopeStyle style) {
+  if (pos.documents) return apply_rope(x, pos.documents->offsets, theta, style);  // positions in each document
   if (!pos.seq_pos.defined()) return apply_rope(x, pos.start, theta, style);
   LT2_CHECK(x.size(1) == 1, "per-sequence positions rotate one token per sequence, found ", x.size(1));
   return apply_rope(x, pos.seq_pos.view({x.size(0), 1}), theta, style);

@@ -19,7 +19,8 @@ Tensor apply_rope(const Tensor& x, int64_t start, double theta, RopeStyle style)
 // engine's decode). Same angles and rounding as the form above; no host read of the positions.
 Tensor apply_rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style);
 
-// The positions of a mixer call (nn/positions.h): start.. for every sequence, or seq_pos[b] (T == 1).
+// The positions of a mixer call (nn/positions.h): start.. for every sequence, seq_pos[b] (T == 1), or
+// with packed documents each token's position inside its document.
 Tensor apply_rope(const Tensor& x, const Positions& pos, double theta, RopeStyle style);
 
 }  // namespace lt2

@@ -30,6 +30,56 @@ Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, i
   return to_chunks(g4, chunk, dt).cumsum(-2);   // [B, H, N, C, 1 or K]
 }
 
+DocumentChunks::DocumentChunks(const std::vector<int64_t>& cu_seqlens, int64_t T, int64_t chunk,
+                               const torch::Device& device, const char* op)
+    : op_(op), chunk_(chunk), T_(T) {
+  LT2_CHECK(chunk > 0, op, ": chunk size must be > 0, found ", chunk);
+  LT2_CHECK(cu_seqlens.size() >= 2 && cu_seqlens.front() == 0 && cu_seqlens.back() == T, op,
+            ": cu_seqlens must run from 0 to T = ", T, " with at least one document, found ",
+            torch::IntArrayRef(cu_seqlens));
+  documents_ = static_cast<int64_t>(cu_seqlens.size()) - 1;
+  std::vector<int64_t> slots, where(T), firsts, lasts, present_docs;
+  for (int64_t d = 0; d < documents_; ++d) {
+    const int64_t begin = cu_seqlens[d], end = cu_seqlens[d + 1];
+    LT2_CHECK(begin <= end, op, ": cu_seqlens must not descend, found ", torch::IntArrayRef(cu_seqlens));
+    if (begin == end) continue;
+    present_docs.push_back(d);
+    firsts.push_back(static_cast<int64_t>(slots.size()) / chunk);
+    for (int64_t t = begin; t < end; ++t) {
+      where[t] = static_cast<int64_t>(slots.size());
+      slots.push_back(t);
+    }
+    while (slots.size() % chunk != 0) slots.push_back(T);
+    lasts.push_back(static_cast<int64_t>(slots.size()) / chunk - 1);
+  }
+  chunks_ = static_cast<int64_t>(slots.size()) / chunk;
+  const auto on_device = [&](const std::vector<int64_t>& x) { return torch::tensor(x, torch::kLong).to(device); };
+  present = on_device(present_docs);
+  first_chunk = torch::tensor(firsts, torch::kLong);
+  last_chunk = on_device(lasts);
+  slots_ = on_device(slots);
+  where_ = on_device(where);
+}
+
+Tensor DocumentChunks::to_chunks(const Tensor& x, torch::ScalarType dt) const {
+  LT2_CHECK(x.dim() == 4 && x.size(0) == 1 && x.size(1) == T_, op_, ": packed documents sit in one row of T = ", T_,
+            " tokens [1, T, H, X], found ", x.sizes());
+  const int64_t H = x.size(2), X = x.size(3);
+  auto rows = torch::cat({x.select(0, 0).to(dt), torch::zeros({1, H, X}, x.options().dtype(dt))}, 0);  // [T + 1, H, X]
+  return rows.index_select(0, slots_).view({1, chunks_, chunk_, H, X}).permute({0, 3, 1, 2, 4});
+}
+
+Tensor DocumentChunks::from_chunks(const Tensor& y) const {
+  const int64_t H = y.size(1), X = y.size(4);
+  return y.permute({0, 2, 3, 1, 4}).reshape({chunks_ * chunk_, H, X}).index_select(0, where_).unsqueeze(0);
+}
+
+Tensor DocumentChunks::cumulative_gate(const Tensor& g, int64_t H, torch::ScalarType dt) const {
+  if (!g.defined()) return torch::zeros({1, H, chunks_, chunk_, 1}, torch::TensorOptions().dtype(dt).device(slots_.device()));
+  LT2_CHECK(g.dim() == 3 || g.dim() == 4, op_, ": log-gate must be [1, T, H] or [1, T, H, K], found ", g.sizes());
+  return to_chunks(g.dim() == 3 ? g.unsqueeze(-1) : g, dt).cumsum(-2);  // [1, H, N, C, 1 or K]
+}
+
 namespace {
 
 // [C, C] mask of the kept entries: j <= i (inclusive) or j < i.

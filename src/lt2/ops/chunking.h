@@ -5,12 +5,13 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "lt2/nn/linear.h"  // accum_dtype: the dtype the recurrences compute in
 
 namespace lt2::ops {
 
 using torch::Tensor;
-
 
 // Turns bf16 autocast off for the scope: the recurrences keep their states, gates and chunk
 // products in fp32 (accum_dtype) even when the model runs under autocast.
@@ -26,6 +27,37 @@ class Fp32Scope {
 Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt);
 // y: [B, H, N, C, D] -> [B, T, H, D] (drops the padded tail).
 Tensor from_chunks(const Tensor& y, int64_t T);
+
+// Documents packed into one row (flash-linear-attention's cu_seqlens: document d holds tokens
+// cu_seqlens[d] .. cu_seqlens[d + 1] - 1 of T; cu_seqlens[0] = 0, ascending, the last = T, empty
+// documents allowed), laid out so that each document is chunked on its own: its tokens fill whole
+// chunks, the last one zero-padded, and no chunk holds two documents.
+class DocumentChunks {
+ public:
+  // Throws lt2::Error naming `op` when cu_seqlens does not describe T tokens.
+  DocumentChunks(const std::vector<int64_t>& cu_seqlens, int64_t T, int64_t chunk, const torch::Device& device,
+                 const char* op);
+  int64_t documents() const { return documents_; }  // D, empty ones included
+  int64_t chunks() const { return chunks_; }        // N
+  int64_t chunk_size() const { return chunk_; }     // C
+  const char* op() const { return op_; }            // the op named in errors
+  // x [1, T, H, X] -> [1, H, N, C, X] in dtype `dt`, zeros in each document's padding.
+  Tensor to_chunks(const Tensor& x, torch::ScalarType dt) const;
+  // y [1, H, N, C, X] -> [1, T, H, X].
+  Tensor from_chunks(const Tensor& y) const;
+  // The chunk-local inclusive cumulative log-gate of chunk_cumulative_gate in this layout: g
+  // undefined (zeros [1, H, N, C, 1]), [1, T, H] or [1, T, H, K].
+  Tensor cumulative_gate(const Tensor& g, int64_t H, torch::ScalarType dt) const;
+  Tensor present;      // [D'] int64 on the device: the non-empty documents, ascending
+  Tensor first_chunk;  // [D'] int64 on the CPU: each one's first chunk (0 first, ascending)
+  Tensor last_chunk;   // [D'] int64 on the device: each one's last chunk
+
+ private:
+  const char* op_;
+  int64_t documents_ = 0, chunks_ = 0, chunk_ = 0, T_ = 0;
+  Tensor slots_;  // [N * C] int64: the token at each chunk position (T: padding)
+  Tensor where_;  // [T] int64: each token's chunk position
+};
 
 // Chunk-local inclusive cumulative log-gate, always with a trailing channel axis:
 //   g undefined      -> zeros [B, H, N, C, 1]      (no decay)

@@ -328,34 +328,32 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
   return {torch::stack(outs, 1).to(v.scalar_type()), S};
 }
 
-namespace {
+ChunkPrep chunk_reads_and_writes(const Tensor& Q, const Tensor& Kc, const Tensor& G, double scale) {
+  auto G_last = G.narrow(-2, Q.size(3) - 1, 1);                  // [B, H, N, 1, 1 or K]
+  ChunkPrep prep;
+  prep.kt = (Kc * (G_last - G).exp()).transpose(-1, -2);         // [B, H, N, K, C]
+  prep.carry = G_last.exp().transpose(-1, -2);                   // [B, H, N, 1 or K, 1]
+  prep.q_start = Q * G.exp() * scale;                            // [B, H, N, C, K]
+  prep.a_qk = decayed_scores(Q, Kc, G, /*inclusive=*/true) * scale;
+  return prep;
+}
 
-// What the chunked form computes per chunk before the recurrence (the formulas of
-// kernels/prefill.h: delta_rule_prepare), in the compute dtype, chunk layout [B, H, N, ...].
-struct ChunkPrep {
-  Tensor w, u;     // [B, H, N, C, K], [B, H, N, C, V]: the UT transform
-  Tensor kt;       // [B, H, N, K, C]: how each chunk writes S
-  Tensor carry;    // [B, H, N, 1 or K, 1]: the chunk's decay of S
-  Tensor q_start;  // [B, H, N, C, K]: reads S_n
-  Tensor a_qk;     // [B, H, N, C, C]: reads V_n
-};
+namespace {
 
 // The preparation in libtorch ops (differentiable) from inputs already in chunks: Q, Kc
 // [B, H, N, C, K], Vc [B, H, N, C, V], b (beta) [B, H, N, C, 1], G the chunk-local cumulative
 // log-gate [B, H, N, C, 1 or K].
 ChunkPrep prepare_chunks(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, const Tensor& b, const Tensor& G,
                          double scale) {
-  const int64_t C = Q.size(3), K = Q.size(4), V = Vc.size(4);
-  auto G_last = G.narrow(-2, C - 1, 1);                          // [B, H, N, 1, 1 or K]
+  const int64_t K = Q.size(4), V = Vc.size(4);
+  auto prep = chunk_reads_and_writes(Q, Kc, G, scale);
   // UT transform: [U | W] = (I + L)^{-1} [diag(beta) V | diag(beta) (K * exp(G))] per chunk.
   auto L = decayed_scores(b * Kc, Kc, G, /*inclusive=*/false);   // [B, H, N, C, C]
   auto rhs = torch::cat({b * Vc, b * Kc * G.exp()}, -1);         // [B, H, N, C, V + K]
   auto UW = torch::matmul(unit_lower_inverse(L), rhs);           // [B, H, N, C, V + K]
-  return {UW.narrow(-1, V, K), UW.narrow(-1, 0, V),
-          (Kc * (G_last - G).exp()).transpose(-1, -2),           // [B, H, N, K, C]
-          G_last.exp().transpose(-1, -2),                        // [B, H, N, 1 or K, 1]
-          Q * G.exp() * scale,                                   // [B, H, N, C, K]
-          decayed_scores(Q, Kc, G, /*inclusive=*/true) * scale};
+  prep.w = UW.narrow(-1, V, K);
+  prep.u = UW.narrow(-1, 0, V);
+  return prep;
 }
 
 #ifdef LT2_WITH_CUDA
@@ -492,67 +490,38 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
   return {from_chunks(form.o, T).to(v.scalar_type()), form.scan.final_state};
 }
 
+RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q, const Tensor& v,
+                                     const Tensor& initial_states, const std::function<ChunkPrep()>& prepare) {
+  const int64_t D = docs.documents(), H = q.size(2), K = q.size(3), V = v.size(3);
+  const auto dt = accum_dtype(v);
+  if (initial_states.defined())
+    LT2_CHECK(initial_states.sizes() == torch::IntArrayRef({D, H, K, V}), docs.op(), ": initial_states must be [", D,
+              ", ", H, ", ", K, ", ", V, "], found ", initial_states.sizes());
+  Tensor final_states = initial_states.defined() ? initial_states.to(dt).clone()
+                                                 : torch::zeros({D, H, K, V}, v.options().dtype(dt));
+  if (docs.chunks() == 0) return {torch::zeros({1, 0, H, V}, v.options()), final_states};
+  const auto prep = prepare();
+  auto doc_states = initial_states.defined() ? initial_states.to(dt).index_select(0, docs.present) : Tensor();
+  auto form = chunked_form(prep, Tensor(), docs.first_chunk, doc_states);
+  // Each document's final state: its last chunk's write onto the state entering that chunk.
+  auto at = [&](const Tensor& t) { return t.index_select(2, docs.last_chunk); };
+  auto finals = at(prep.carry) * at(form.scan.states) + torch::matmul(at(prep.kt), at(form.scan.v));
+  final_states = final_states.index_copy(0, docs.present, finals.squeeze(0).transpose(0, 1));
+  return {docs.from_chunks(form.o).to(v.scalar_type()), final_states};
+}
+
 RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& beta, const Tensor& g, double scale,
                                            const Tensor& initial_states,
                                            const std::vector<int64_t>& cu_seqlens, int64_t chunk_size) {
-  const char* op = "delta_rule_chunked_varlen";
   check_inputs(q, k, v, beta, g);
   Fp32Scope fp32;
   const auto dt = accum_dtype(v);
-  const int64_t T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), C = chunk_size;
-  LT2_CHECK(q.size(0) == 1, op, ": packed documents sit in one row, found batch ", q.size(0));
-  LT2_CHECK(C > 0, op, ": chunk size must be > 0, found ", C);
-  LT2_CHECK(cu_seqlens.size() >= 2 && cu_seqlens.front() == 0 && cu_seqlens.back() == T, op,
-            ": cu_seqlens must run from 0 to T = ", T, " with at least one document, found ", torch::IntArrayRef(cu_seqlens));
-  const int64_t D = static_cast<int64_t>(cu_seqlens.size()) - 1;
-  if (initial_states.defined())
-    LT2_CHECK(initial_states.sizes() == torch::IntArrayRef({D, H, K, V}), op, ": initial_states must be [", D,
-              ", ", H, ", ", K, ", ", V, "], found ", initial_states.sizes());
-
-  // Each non-empty document chunked on its own: `slots` maps every chunk position to its token (T:
-  // a zero row pads a document's last chunk), `where` every token to its chunk position.
-  std::vector<int64_t> slots, where(T), starts, lasts, present;
-  for (int64_t d = 0; d < D; ++d) {
-    const int64_t begin = cu_seqlens[d], end = cu_seqlens[d + 1];
-    LT2_CHECK(begin <= end, op, ": cu_seqlens must not descend, found ", torch::IntArrayRef(cu_seqlens));
-    if (begin == end) continue;
-    present.push_back(d);
-    starts.push_back(static_cast<int64_t>(slots.size()) / C);
-    for (int64_t t = begin; t < end; ++t) {
-      where[t] = static_cast<int64_t>(slots.size());
-      slots.push_back(t);
-    }
-    while (slots.size() % C != 0) slots.push_back(T);
-    lasts.push_back(static_cast<int64_t>(slots.size()) / C - 1);
-  }
-  const auto device = v.device();
-  const auto index = [&](const std::vector<int64_t>& x) {
-    return torch::tensor(x, torch::kLong).to(device);
-  };
-  Tensor final_states = initial_states.defined() ? initial_states.to(dt).clone()
-                                                 : torch::zeros({D, H, K, V}, v.options().dtype(dt));
-  if (present.empty()) return {torch::zeros({1, 0, H, V}, v.options()), final_states};
-  const int64_t N = static_cast<int64_t>(slots.size()) / C;
-  const auto slot_index = index(slots);
-  // x [1, T, H, X] -> [1, H, N, C, X] in the compute dtype.
-  auto chunks = [&](const Tensor& x) {
-    auto rows = torch::cat({x.select(0, 0).to(dt), torch::zeros({1, H, x.size(3)}, x.options().dtype(dt))}, 0);
-    return rows.index_select(0, slot_index).view({1, N, C, H, x.size(3)}).permute({0, 3, 1, 2, 4});
-  };
-  auto G = g.defined() ? chunks(g.dim() == 3 ? g.unsqueeze(-1) : g).cumsum(-2)
-                       : torch::zeros({1, H, N, C, 1}, v.options().dtype(dt));
-  const auto present_index = index(present);
-  auto doc_states = initial_states.defined() ? initial_states.to(dt).index_select(0, present_index) : Tensor();
-  const auto prep = prepare_chunks(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), G, scale);
-  auto form = chunked_form(prep, Tensor(), torch::tensor(starts, torch::kLong), doc_states);
-  auto o = form.o.permute({0, 2, 3, 1, 4}).reshape({N * C, H, V}).index_select(0, index(where));
-  // Each document's final state: its last chunk's write onto the state entering that chunk.
-  const auto last = index(lasts);
-  auto at = [&](const Tensor& t) { return t.index_select(2, last); };
-  auto finals = at(prep.carry) * at(form.scan.states) + torch::matmul(at(prep.kt), at(form.scan.v));
-  final_states = final_states.index_copy(0, present_index, finals.squeeze(0).transpose(0, 1));
-  return {o.unsqueeze(0).to(v.scalar_type()), final_states};
+  const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), "delta_rule_chunked_varlen");
+  return chunked_form_varlen(docs, q, v, initial_states, [&] {
+    return prepare_chunks(docs.to_chunks(q, dt), docs.to_chunks(k, dt), docs.to_chunks(v, dt),
+                          docs.to_chunks(beta.unsqueeze(-1), dt), docs.cumulative_gate(g, q.size(2), dt), scale);
+  });
 }
 
 Tensor delta_rule_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,

@@ -10,7 +10,10 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
+
+#include "lt2/ops/chunking.h"
 
 namespace lt2::ops {
 
@@ -117,6 +120,33 @@ RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, con
                                            const Tensor& beta, const Tensor& g, double scale,
                                            const Tensor& initial_states,
                                            const std::vector<int64_t>& cu_seqlens, int64_t chunk_size);
+
+// What the chunked form computes per chunk before the recurrence over the chunks
+// (chunk_state_scan), in the compute dtype, chunk layout [B, H, N, ...]: the delta rule's UT
+// transform, or for the gated linear family (gated_linear.h) W = 0 and U = V, so that V_n = V.
+struct ChunkPrep {
+  Tensor w, u;     // [B, H, N, C, K], [B, H, N, C, V]
+  Tensor kt;       // [B, H, N, K, C]: how each chunk writes S
+  Tensor carry;    // [B, H, N, 1 or K, 1]: the chunk's decay of S
+  Tensor q_start;  // [B, H, N, C, K]: reads S_n
+  Tensor a_qk;     // [B, H, N, C, C]: reads V_n
+};
+
+// The parts of a ChunkPrep both families share, from chunks Q, Kc [B, H, N, C, K] and G the
+// chunk-local cumulative log-gate [B, H, N, C, 1 or K] (w and u left undefined):
+//   kt = (K * exp(G_C - G))^T,  carry = exp(G_C),  q_start = scale Q * exp(G),
+//   a_qk = scale Tril(Q K^T decayed by exp(G_i - G_j)).
+// Differentiable.
+ChunkPrep chunk_reads_and_writes(const Tensor& Q, const Tensor& Kc, const Tensor& G, double scale);
+
+// The chunked form over packed documents laid out by `docs`, from their preparation (`prepare`,
+// called only when some document is non-empty, returns the ChunkPrep of docs' chunks): the
+// recurrence restarts at each document's first chunk from initial_states [D, H, K, V] (undefined:
+// zeros). q [1, T, H, K] and v [1, T, H, V] give the shapes and dtypes. Returns o [1, T, H, V] in
+// v's dtype and each document's final state [D, H, K, V] (an empty one keeps its initial state).
+// Differentiable.
+RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q, const Tensor& v,
+                                     const Tensor& initial_states, const std::function<ChunkPrep()>& prepare);
 
 // One decode token: q, k [B, H, K], v [B, H, V], beta [B, H], g undefined / [B, H] / [B, H, K].
 // Updates `state` ([B, H, K, V]) in place and returns o [B, H, V] in v's dtype.

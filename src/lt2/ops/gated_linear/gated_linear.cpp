@@ -84,6 +84,23 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
   return {from_chunks(O, T).to(v.scalar_type()), S_all.select(2, N).contiguous()};
 }
 
+RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                             double scale, const Tensor& initial_states,
+                                             const std::vector<int64_t>& cu_seqlens, int64_t chunk_size) {
+  const char* op = "gated_linear_chunked_varlen";
+  check_recurrence_inputs(q, k, v, g, op);
+  Fp32Scope fp32;
+  const auto dt = accum_dtype(v);
+  const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), op);
+  return chunked_form_varlen(docs, q, v, initial_states, [&] {
+    auto Q = docs.to_chunks(q, dt);
+    auto prep = chunk_reads_and_writes(Q, docs.to_chunks(k, dt), docs.cumulative_gate(g, q.size(2), dt), scale);
+    prep.w = torch::zeros_like(Q);  // no delta-rule correction: V_n = U_n = V
+    prep.u = docs.to_chunks(v, dt);
+    return prep;
+  });
+}
+
 Tensor gated_linear_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          double scale, Tensor& state) {
   const auto dt = state.scalar_type();

@@ -28,6 +28,17 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& g, double scale, const Tensor& initial_state,
                                       int64_t chunk_size);
 
+// The chunked form over documents packed into one row (flash-linear-attention's cu_seqlens), as
+// delta_rule_chunked_varlen: q, k [1, T, H, K], v [1, T, H, V], g undefined, [1, T, H] or
+// [1, T, H, K]; document d holds tokens cu_seqlens[d] .. cu_seqlens[d + 1] - 1; each is chunked on
+// its own and no state crosses a boundary. The recurrence over the chunks is the delta rule's
+// chunk_state_scan with W = 0 (one kernel launch on CUDA), whose resets start each document.
+// initial_states [D, H, K, V] or undefined (zeros). Returns o [1, T, H, V] and each document's
+// final state [D, H, K, V]. Differentiable.
+RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                             double scale, const Tensor& initial_states,
+                                             const std::vector<int64_t>& cu_seqlens, int64_t chunk_size);
+
 // One decode token: q, k [B, H, K], v [B, H, V], g undefined / [B, H] / [B, H, K]. Updates
 // `state` ([B, H, K, V]) in place and returns o [B, H, V] in v's dtype.
 Tensor gated_linear_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
