@@ -34,7 +34,7 @@ std::shared_ptr<RecurrentMixerImpl> make(const MixerVariant& c, torch::ScalarTyp
   return m;
 }
 
-torch::Tensor random_x(int64_t B, int64_t T, torch::ScalarType dt, uint64_t seed = 1) {
+torch::Tensor random_x_in(int64_t B, int64_t T, torch::ScalarType dt, uint64_t seed = 1) {
   torch::manual_seed(seed);
   return torch::randn({B, T, 32}, torch::TensorOptions().dtype(dt));
 }
@@ -49,13 +49,13 @@ class LinearMixer : public ::testing::TestWithParam<MixerVariant> {
 TEST_P(LinearMixer, StateStartMustMatchPosition) {
   auto m = make(GetParam(), torch::kFloat64);
   auto state = m->make_state(1, 16, f64());
-  EXPECT_THROW(m->forward(random_x(1, 3, torch::kFloat64), {2, 0}, state.get()), lt2::Error);
+  EXPECT_THROW(m->forward(random_x_in(1, 3, torch::kFloat64), {2, 0}, state.get()), lt2::Error);
 }
 
 TEST_P(LinearMixer, GateRanges) {
   auto m = make(GetParam(), torch::kFloat64);
   torch::NoGradGuard ng;
-  auto in = m->project(3.0 * random_x(2, 30, torch::kFloat64), nullptr, 0);
+  auto in = m->project(3.0 * random_x_in(2, 30, torch::kFloat64), nullptr, 0);
   if (in.g.defined()) {
     auto decay = in.g.exp();
     EXPECT_TRUE((decay > 0).all().item<bool>()) << "decay must be > 0";
@@ -77,7 +77,7 @@ TEST_P(LinearMixer, StateBytesAndReset) {
   EXPECT_EQ(state->bytes(), expected);
   EXPECT_EQ(st.S.scalar_type(), torch::kFloat32);
   torch::NoGradGuard ng;
-  m->forward(random_x(3, 5, torch::kFloat32), {0, 0}, state.get());
+  m->forward(random_x_in(3, 5, torch::kFloat32), {0, 0}, state.get());
   EXPECT_EQ(state->length, 5);
   EXPECT_GT(st.S.abs().sum().item<double>(), 0);
   state->reset();
@@ -90,7 +90,7 @@ TEST_P(LinearMixer, LongFp32SequenceStaysFinite) {
   c.options["chunk_size"] = 64;
   auto m = make(c, torch::kFloat32);
   torch::NoGradGuard ng;
-  auto x = random_x(1, 4096, torch::kFloat32);
+  auto x = random_x_in(1, 4096, torch::kFloat32);
   auto y = m->forward(x, {0, 0});
   EXPECT_TRUE(torch::isfinite(y).all().item<bool>());
   // The fp32 chunked path stays close to the float64 one over the whole sequence.
@@ -106,7 +106,7 @@ TEST_P(LinearMixer, Bfloat16ModelKeepsAnFp32State) {
   auto m16 = make(GetParam(), torch::kBFloat16);
   torch::NoGradGuard ng;
   const int64_t T = 12;
-  auto x = random_x(2, T, torch::kFloat32);
+  auto x = random_x_in(2, T, torch::kFloat32);
   auto y32 = m32->forward(x, {0, 0});
   auto y16 = m16->forward(x.to(torch::kBFloat16), {0, 0});
   EXPECT_EQ(y16.scalar_type(), torch::kBFloat16);

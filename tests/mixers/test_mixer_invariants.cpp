@@ -37,7 +37,7 @@ using lt2::testing::f64;
 using lt2::testing::rel_err;
 using lt2::testing::variant_config;
 
-torch::Tensor random_x(int64_t B, int64_t T, uint64_t seed = 1) {
+torch::Tensor random_f64_x(int64_t B, int64_t T, uint64_t seed = 1) {
   torch::manual_seed(seed);
   return torch::randn({B, T, 32}, f64());
 }
@@ -73,7 +73,7 @@ TEST_P(MixerInvariants, ForwardEqualsStepByStep) {
   auto m = make_variant_f64(GetParam());
   torch::NoGradGuard ng;
   const int64_t B = 2, T = 11;
-  auto x = random_x(B, T);
+  auto x = random_f64_x(B, T);
   for (int64_t loop : loops_of(*m)) {
     auto whole = m->forward(x, {0, loop});
     auto state = m->make_state(B, T + 3, f64(), {loop});
@@ -88,7 +88,7 @@ TEST_P(MixerInvariants, SplitPrefillEqualsWhole) {
   auto m = make_variant_f64(GetParam());
   torch::NoGradGuard ng;
   const int64_t B = 2, T = 12;
-  auto x = random_x(B, T, 2);
+  auto x = random_f64_x(B, T, 2);
   for (int64_t loop : loops_of(*m)) {
     auto whole = m->forward(x, {0, loop});
     auto state = m->make_state(B, T + 2, f64(), {loop});
@@ -107,7 +107,7 @@ TEST_P(MixerInvariants, InputGradientsMatchFiniteDifferences) {
   for (int64_t loop : loops_of(*m)) {
     SCOPED_TRACE("loop " + std::to_string(loop));
     lt2::testing::expect_gradients_match(
-        [&](const std::vector<torch::Tensor>& xs) { return m->forward(xs[0], {0, loop}); }, {random_x(1, 9, 3)});
+        [&](const std::vector<torch::Tensor>& xs) { return m->forward(xs[0], {0, loop}); }, {random_f64_x(1, 9, 3)});
   }
 }
 
@@ -121,7 +121,7 @@ TEST_P(MixerInvariants, ParameterGradientsMatchFiniteDifferences) {
   std::vector<torch::Tensor> params;
   for (auto& p : m->parameters())
     if (!aux.count(p.unsafeGetTensorImpl())) params.push_back(p);
-  auto x = random_x(1, 9, 4);
+  auto x = random_f64_x(1, 9, 4);
   torch::manual_seed(5);
   auto R = torch::randn({1, 9, 32}, f64());
   for (int64_t loop : loops_of(*m)) {
@@ -149,10 +149,10 @@ TEST_P(MixerInvariants, CapabilitiesMatchTheMixer) {
   if (auto* aux = m->aux_loss()) {
     // Stage Off records nothing; a recording stage records one loss per parallel forward.
     torch::NoGradGuard ng;
-    m->forward(random_x(1, 6), {0, 0});
+    m->forward(random_f64_x(1, 6), {0, 0});
     EXPECT_TRUE(aux->take().empty());
     aux->set_stage(AuxLossStage::Joint);
-    m->forward(random_x(1, 6), {0, 0});
+    m->forward(random_f64_x(1, 6), {0, 0});
     EXPECT_EQ(aux->take().size(), 1u);
     EXPECT_TRUE(aux->take().empty());
     aux->set_stage(AuxLossStage::Off);
@@ -249,7 +249,7 @@ TEST_P(MixerInvariants, PackedDocumentsEqualEachDocumentAlone) {
   }
   for (int64_t loop : loops_of(*m)) {
     SCOPED_TRACE("loop " + std::to_string(loop));
-    auto x = random_x(2, docs->T, 6 + loop).requires_grad_(true);
+    auto x = random_f64_x(2, docs->T, 6 + loop).requires_grad_(true);
     torch::manual_seed(7);
     const auto R = torch::randn({2, docs->T, 32}, f64());
     Positions pos{0, loop};

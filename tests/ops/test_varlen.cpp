@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
+#include "common/gate_kind.h"
 #include "common/testing.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/gated_linear/gated_linear.h"
@@ -18,10 +20,11 @@
 
 namespace {
 
+using lt2::testing::expect_error_containing;
+using lt2::testing::Gate;
+using lt2::testing::gate_name;
 using lt2::testing::rel_err;
 using torch::Tensor;
-
-enum class Gate { None, Head, Channel };
 
 struct Packed {
   Tensor q, k, v, beta, g, s0;  // one row [1, T, ...]; s0 [D, H, K, V] or undefined
@@ -52,11 +55,9 @@ Tensor doc(const Tensor& x, const Packed& p, size_t d) {
   return x.defined() ? x.narrow(1, p.cu[d], p.cu[d + 1] - p.cu[d]) : x;
 }
 
-const char* gate_name(Gate g) { return g == Gate::None ? "no gate" : g == Gate::Head ? "per-head" : "per-channel"; }
-
 // A recurrence family: its varlen form and its naive reference on inputs {q, k, v, beta, g} (the
 // additive family reads no beta).
-struct Family {
+struct VarlenFamily {
   const char* name;
   bool reads_beta;
   std::function<lt2::ops::RecurrenceResult(const std::vector<Tensor>&, double, const Tensor&,
@@ -65,7 +66,7 @@ struct Family {
   std::function<lt2::ops::RecurrenceResult(const std::vector<Tensor>&, double, const Tensor&)> recurrent;
 };
 
-std::vector<Family> families() {
+std::vector<VarlenFamily> varlen_families() {
   using V = const std::vector<Tensor>&;
   return {{"delta rule", true,
            [](V in, double scale, const Tensor& s0, const std::vector<int64_t>& cu, int64_t C) {
@@ -87,7 +88,7 @@ std::vector<Family> families() {
 
 TEST(ChunkedVarlen, EqualsEachDocumentAlone) {
   const int64_t H = 2, K = 8, V = 12, C = 64;
-  for (const auto& family : families())
+  for (const auto& family : varlen_families())
     for (Gate gate : {Gate::None, Gate::Head, Gate::Channel})
       for (bool with_state : {false, true}) {
         SCOPED_TRACE(::testing::Message() << family.name << ", " << gate_name(gate)
@@ -115,7 +116,7 @@ TEST(ChunkedVarlen, EqualsEachDocumentAlone) {
 
 TEST(ChunkedVarlen, GradientsEqualEachDocumentAlone) {
   const int64_t H = 2, K = 8, V = 12, C = 16;
-  for (const auto& family : families())
+  for (const auto& family : varlen_families())
     for (Gate gate : {Gate::None, Gate::Head, Gate::Channel})
       for (bool with_state : {false, true}) {
         SCOPED_TRACE(::testing::Message() << family.name << ", " << gate_name(gate)
@@ -182,26 +183,18 @@ TEST(ChunkedVarlen, ScanResetsRestartTheState) {
 
 TEST(ChunkedVarlen, RejectsBadSeqlens) {
   const auto p = make_packed({3, 5}, 1, 4, 4, Gate::Head, false);
-  auto expect_error = [](const std::function<void()>& f, const std::string& what) {
-    try {
-      f();
-      ADD_FAILURE() << "no error, expected one mentioning \"" << what << "\"";
-    } catch (const lt2::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
-  for (const auto& family : families()) {
+  for (const auto& family : varlen_families()) {
     SCOPED_TRACE(family.name);
     auto call = [&](std::vector<int64_t> cu, const Tensor& s0 = {}) {
       return [=] { family.varlen({p.q, p.k, p.v, p.beta, p.g}, p.scale, s0, cu, 4); };
     };
-    expect_error(call({0, 3, 7}), "cu_seqlens must run from 0 to T = 8");
-    expect_error(call({1, 3, 8}), "cu_seqlens must run from 0");
-    expect_error(call({0}), "at least one document");
-    expect_error(call({0, 5, 3, 8}), "must not descend");
-    expect_error(call({0, 3, 8}, torch::zeros({3, 1, 4, 4}, torch::kFloat64)), "initial_states must be [2, 1, 4, 4]");
+    expect_error_containing(call({0, 3, 7}), "cu_seqlens must run from 0 to T = 8");
+    expect_error_containing(call({1, 3, 8}), "cu_seqlens must run from 0");
+    expect_error_containing(call({0}), "at least one document");
+    expect_error_containing(call({0, 5, 3, 8}), "must not descend");
+    expect_error_containing(call({0, 3, 8}, torch::zeros({3, 1, 4, 4}, torch::kFloat64)), "initial_states must be [2, 1, 4, 4]");
     auto two_rows = [](const Tensor& x) { return x.expand({2, -1, -1, -1}); };
-    expect_error([&] { family.varlen({two_rows(p.q), two_rows(p.k), two_rows(p.v), p.beta.expand({2, -1, -1}),
+    expect_error_containing([&] { family.varlen({two_rows(p.q), two_rows(p.k), two_rows(p.v), p.beta.expand({2, -1, -1}),
                                       p.g.expand({2, -1, -1})}, p.scale, {}, {0, 8}, 4); },
                  "one row");
   }

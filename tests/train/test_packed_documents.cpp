@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "common/expect_error.h"
 #include "common/testing.h"
 #include "lt2/data/prepare.h"
 #include "lt2/tokenizer/tokenizer.h"
@@ -20,6 +21,9 @@ using namespace lt2;
 namespace fs = std::filesystem;
 
 namespace {
+
+using lt2::testing::expect_error_containing;
+using lt2::testing::losses_of;
 
 // The tiny run on a hybrid model (GDN: the varlen scan; full attention: the per-document
 // fallback), packing at token 0, which the pattern shard holds every 23 tokens and at random.
@@ -36,22 +40,6 @@ TrainConfig packed_run(const std::string& dir) {
   cfg.seq_len = 48;  // about two documents a row
   cfg.steps = 4;
   return cfg;
-}
-
-std::vector<double> losses_of(Trainer& t) {
-  std::vector<double> out;
-  t.on_step = [&](const StepMetrics& m) { out.push_back(m.loss); };
-  t.run();
-  return out;
-}
-
-void expect_error_contains(const std::function<void()>& fn, const std::string& part) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one saying '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace
@@ -112,9 +100,9 @@ TEST(PackedDocuments, UnknownSeparatorIsAnError) {
   const std::string dir = (fs::temp_directory_path() / "lt2_packed_no_separator").string();
   auto cfg = packed_run(dir);
   cfg.document_separator = -1;  // the shard's: no summary.json beside it
-  expect_error_contains([&] { Trainer t(cfg, false); }, "document_separator");
+  expect_error_containing([&] { Trainer t(cfg, false); }, "document_separator");
   cfg.document_separator = 50;  // the shard's vocabulary is 50
-  expect_error_contains([&] { Trainer t(cfg, false); }, "outside the model's vocabulary");
+  expect_error_containing([&] { Trainer t(cfg, false); }, "outside the model's vocabulary");
 }
 
 // The separator of a shard from `lt2 data prepare` is found beside it (summary.json names it,

@@ -21,14 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using lt2::testing::losses_of;
 using lt2::testing::tiny_run;
-
-std::vector<double> losses_of(Trainer& t) {
-  std::vector<double> out;
-  t.on_step = [&](const StepMetrics& m) { out.push_back(m.loss); };
-  t.run();
-  return out;
-}
 
 }  // namespace
 

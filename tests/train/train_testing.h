@@ -7,6 +7,7 @@
 #include "common/testing.h"
 #include "lt2/data/shard.h"
 #include "lt2/train/train_config.h"
+#include "lt2/train/trainer.h"
 
 namespace lt2::testing {
 
@@ -47,6 +48,14 @@ inline TrainConfig tiny_run(const std::string& dir) {
   c.eval_every = 0;
   c.eval_batches = 2;
   return c;
+}
+
+// The loss of every step of t.run().
+inline std::vector<double> losses_of(Trainer& t) {
+  std::vector<double> out;
+  t.on_step = [&](const StepMetrics& m) { out.push_back(m.loss); };
+  t.run();
+  return out;
 }
 
 }  // namespace lt2::testing
