@@ -24,8 +24,8 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
   echo "no GPU: test_gpu and the benchmarks are not built"
 fi
 # Unity batches (8 sources a translation unit): every translation unit loads libtorch's ~700 MB
-# precompiled header, ~12 s on a CI core before its own code, so batching roughly halves a cold
-# build. Development builds (scripts/build.sh) stay one source at a time for fast rebuilds.
+# precompiled header, ~12 s on a CI core before its own code; batches pay it once per 8 sources
+# (docs/testing.md has the times). Development builds (scripts/build.sh) stay one source a unit.
 set -- -DCMAKE_UNITY_BUILD=ON "$@"
 export BUILD_DIR=${BUILD_DIR:-build-test}
 rm -rf "$BUILD_DIR"
