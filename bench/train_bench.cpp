@@ -1,6 +1,8 @@
 // Training throughput of the real trainer (lt2 train's loop) on a model preset, with random
 // tokens: median step time, tokens/s and MFU, as one JSON line.
-//   train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 30 [--checkpoint-loops]
+//   train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 30 [--checkpoint-loops[=auto|on|off]]
+//   train_bench --model lt-100m --pattern interleaved:4:1:gdn:window --mixer-options '{"window": {"window": 512}}'
+
 #include "lt2/util/fs.h"
 #include <CLI/CLI.hpp>
 
@@ -28,6 +30,10 @@ int main(int argc, char** argv) {
   std::string out = "/tmp/lt2_train_bench";
   int64_t warm = 5;
   app.add_option("--model", cfg.model, "Model preset or config JSON")->capture_default_str();
+  app.add_option("--pattern", cfg.layer_pattern, "Layer pattern over the preset's (TrainConfig::layer_pattern)");
+  std::string mixer_options;
+  app.add_option("--mixer-options", mixer_options,
+                 "Mixer options over the preset's, as a JSON object of mixer names (TrainConfig::mixer_options)");
   app.add_option("--seq-len", cfg.seq_len)->capture_default_str();
   app.add_option("--batch-size", cfg.batch_size)->capture_default_str();
   app.add_option("--grad-accum", cfg.grad_accum)->capture_default_str();
@@ -35,12 +41,16 @@ int main(int argc, char** argv) {
   app.add_option("--warm", warm, "Steps excluded from the timing")->capture_default_str();
   app.add_option("--device", cfg.device)->capture_default_str();
   app.add_option("--dtype", cfg.dtype)->capture_default_str();
-  bool checkpoint_loops = false;
-  app.add_flag("--checkpoint-loops", checkpoint_loops, "Recompute each loop in backward (default: store activations)");
+  std::string checkpoint_loops = "off";
+  app.add_flag("--checkpoint-loops{on}", checkpoint_loops,
+               "Per-loop activation checkpointing: off (the default: store activations), on (alone: on), or auto "
+               "(lt2 train's default: chosen from the first step's measured memory)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--tf32", cfg.tf32, "With bf16: fp32 matmuls on TF32 tensor cores (1) or in fp32 (0)")->capture_default_str();
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!mixer_options.empty()) cfg.mixer_options = lt2::json::parse(mixer_options);
     lt2::remove_tree(out);
     std::filesystem::create_directories(out);
     const int64_t vocab = 32768;
@@ -55,7 +65,9 @@ int main(int argc, char** argv) {
     cfg.train_data = out + "/tokens.bin";
     cfg.out_dir = out + "/run";
     cfg.save_every = 0;
-    cfg.checkpoint_loops = checkpoint_loops ? lt2::LoopCheckpointing::On : lt2::LoopCheckpointing::Off;
+    cfg.checkpoint_loops = checkpoint_loops == "on"     ? lt2::LoopCheckpointing::On
+                           : checkpoint_loops == "auto" ? lt2::LoopCheckpointing::Auto
+                                                        : lt2::LoopCheckpointing::Off;
     lt2::Trainer trainer(cfg, false);
     std::vector<double> ms;
     trainer.on_step = [&](const lt2::StepMetrics& m) {
@@ -69,11 +81,13 @@ int main(int argc, char** argv) {
     const std::string dev = lt2::kernels::device_name(0);
     const double peak = lt2::peak_flops(dev);
     lt2::json j{{"model", cfg.model},
+                {"layer_pattern", trainer.model()->config().layer_pattern},
+                {"mixer_options", cfg.mixer_options},
                 {"parameters", trainer.model()->num_parameters()},
                 {"seq_len", cfg.seq_len},
                 {"batch_size", cfg.batch_size},
                 {"grad_accum", cfg.grad_accum},
-                {"checkpoint_loops", checkpoint_loops}, {"tf32", cfg.tf32},
+                {"checkpoint_policy", checkpoint_loops}, {"checkpoint_loops", trainer.checkpoint_loops()}, {"tf32", cfg.tf32},
                 {"device", dev.empty() ? "cpu" : dev},
                 {"median_step_ms", median},
                 {"tokens_per_s", tokens / (median / 1000)},

@@ -21,20 +21,6 @@ struct DistillArgs {
   std::optional<int64_t> align_steps, kd_steps, long_steps, align_seq_len, kd_seq_len, long_seq_len;
 };
 
-// "--set section.key=value": the value parsed as JSON when it parses, else taken as a string.
-void apply_set(json& j, const std::string& kv) {
-  const auto eq = kv.find('=');
-  LT2_CHECK(eq != std::string::npos && eq > 0, "--set expects section.key=value, found '", kv, "'");
-  const std::string path = kv.substr(0, eq), value = kv.substr(eq + 1);
-  const auto dot = path.find('.');
-  LT2_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < path.size(), "--set expects section.key=value (sections: "
-            "train, student, align, select, kd, long), found '", kv, "'");
-  auto parsed = json::parse(value, nullptr, false);
-  json& section = j[path.substr(0, dot)];
-  LT2_CHECK(section.is_null() || section.is_object(), "--set '", kv, "': '", path.substr(0, dot), "' is not a section");
-  section[path.substr(dot + 1)] = parsed.is_discarded() ? json(value) : parsed;
-}
-
 void run_distill_command(const DistillArgs& a) {
   const std::string config_path = a.config.empty() ? distill::default_distill_config_path() : a.config;
   ConfigWithFlags flags(config_path);
@@ -62,7 +48,7 @@ void run_distill_command(const DistillArgs& a) {
   set("align", "seq_len", a.align_seq_len);
   set("kd", "seq_len", a.kd_seq_len);
   set("long", "seq_len", a.long_seq_len);
-  for (const auto& kv : a.sets) apply_set(j, kv);
+  for (const auto& kv : a.sets) set_dotted(j, kv, "--set", "train, student, align, select, kd, long");
   distill::DistillRun run;
   run.teacher = a.teacher;
   run.config = distill::DistillConfig::from_json(j, "'" + config_path + "' with the flags");

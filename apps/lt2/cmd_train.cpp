@@ -17,7 +17,8 @@ struct TrainArgs {
   bool resume = false;
   bool json_out = false;
   // Overrides of the config's fields: given ones replace the file's value (and are checked with it).
-  std::optional<std::string> model, init_from, train_data, val_data, out_dir, device, dtype, objective;
+  std::optional<std::string> model, pattern, init_from, train_data, val_data, out_dir, device, dtype, objective;
+  std::vector<std::string> mixer_options;  // MIXER.NAME=VALUE
   std::optional<int64_t> steps, seq_len, batch_size, grad_accum, warmup, eval_every, save_every, log_every, seed;
   std::optional<double> lr, dist_timeout;
   std::optional<std::string> checkpoint_loops;
@@ -52,6 +53,9 @@ void run_train(const TrainArgs& a) {
   ConfigWithFlags flags(a.config);
   json& j = flags.j;
   flags.set("model", a.model);
+  flags.set("layer_pattern", a.pattern);
+  for (const auto& kv : a.mixer_options)
+    set_dotted(j["mixer_options"], kv, "--mixer-option", "a mixer name, e.g. gla.chunk_size=32");
   flags.set("init_from", a.init_from);
   flags.set("train_data", a.train_data);
   flags.set("val_data", a.val_data);
@@ -108,6 +112,12 @@ void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a looped model on a token shard");
   cmd->add_option("--config", a->config, "Training config JSON (fields of TrainConfig; flags below override it)");
   cmd->add_option("--model", a->model, "Model preset name or model config JSON");
+  cmd->add_option("--pattern", a->pattern,
+                  "Layer pattern of the new model, over the model config's (e.g. gla, interleaved:4:1:gdn:window; "
+                  "docs/models.md); a checkpoint resumed or started from keeps its own");
+  cmd->add_option("--mixer-option", a->mixer_options,
+                  "A mixer option of the new model as MIXER.NAME=VALUE (value as JSON), over the model config's "
+                  "(repeatable; e.g. --mixer-option window.window=512)");
   cmd->add_option("--init-from", a->init_from, "Start from this checkpoint's weights (a new stage: fresh optimizer and step 0)");
   cmd->add_option("--train-data", a->train_data, "Training token shard (from `lt2 data prepare`)");
   cmd->add_option("--val-data", a->val_data, "Held-out token shard for evaluation");
@@ -150,7 +160,7 @@ void add_train_command(CLI::App& app) {
                   "Data-parallel: seconds a rank waits for its peers (joining, each all-reduce) before the job "
                   "ends with an error (default 600)");
   cmd->footer("Log line per step: step, loss, grad norm, lr, ms, tokens/s (and MFU on GPU).\n"
-              "TrainConfig fields: model train_data val_data out_dir device dtype seq_len batch_size grad_accum\n"
+              "TrainConfig fields: model layer_pattern mixer_options train_data val_data out_dir device dtype seq_len batch_size grad_accum\n"
               "steps lr min_lr_ratio warmup weight_decay beta1 beta2 eps clip seed log_every eval_every\n"
               "eval_batches save_every keep_best checkpoint_loops tf32 objective ouro_entropy_beta gate_min_gain init_from\n"
               "fused_loss (default true: the chunked head + cross-entropy; false: full logits) loss_chunk_tokens\n"

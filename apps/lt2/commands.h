@@ -29,6 +29,21 @@ struct ConfigWithFlags {
   json j;
 };
 
+// "section.key=value" into j[section][key], the value parsed as JSON when it parses, else taken as
+// a string: `lt2 distill --set` and `lt2 train --mixer-option`. Errors name `flag` and what a
+// section may be (`sections`).
+inline void set_dotted(json& j, const std::string& kv, const char* flag, const char* sections) {
+  const auto eq = kv.find('=');
+  const auto dot = kv.substr(0, eq == std::string::npos ? 0 : eq).find('.');
+  LT2_CHECK(eq != std::string::npos && dot != std::string::npos && dot > 0 && dot + 1 < eq, flag,
+            " expects section.key=value (sections: ", sections, "), found '", kv, "'");
+  const std::string section_name = kv.substr(0, dot), key = kv.substr(dot + 1, eq - dot - 1), value = kv.substr(eq + 1);
+  json& section = j[section_name];
+  LT2_CHECK(section.is_null() || section.is_object(), flag, " '", kv, "': '", section_name, "' is not a section");
+  auto parsed = json::parse(value, nullptr, false);
+  section[key] = parsed.is_discarded() ? json(value) : parsed;
+}
+
 // A CLI11 check that a numeric flag is at least `min`: "--seed: must be >= 0, found -1". It runs
 // before the conversion, so an unsigned flag never takes a negative value wrapped around.
 inline CLI::Validator at_least(double min) {

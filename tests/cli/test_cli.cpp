@@ -86,6 +86,27 @@ TEST_F(Cli, TrainFlagsAreUsedOrRefused) {
   EXPECT_EQ(used["warmup"], 0);
 }
 
+TEST_F(Cli, TrainPatternAndMixerOptionsBuildTheNewModel) {
+  const std::string cfg = train_config();
+  const CliRun ok = run_cli({"train", "--config", cfg, "--pattern", "gla,window", "--mixer-option", "gla.chunk_size=8",
+                             "--mixer-option", "window.window=3", "--eval-every", "0", "--out", path("run")},
+                            log());
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_TRUE(ok.contains("pattern 'gla,window'")) << ok.output;
+  const json used = load_json_file(path("run/train_config.json"));
+  EXPECT_EQ(used["layer_pattern"], "gla,window");
+  EXPECT_EQ(used["mixer_options"]["gla"]["chunk_size"], 8);
+  const ModelConfig saved = load_checkpoint_config(latest_checkpoint(path("run")));
+  EXPECT_EQ(saved.layer_pattern, "gla,window");
+  EXPECT_EQ(saved.mixer_options["gla"]["chunk_size"], 8);
+  EXPECT_EQ(saved.mixer_options["window"]["window"], 3);
+  expect_cli_error({"train", "--config", cfg, "--mixer-option", "chunk_size=8"}, log(),
+                   {"--mixer-option expects section.key=value"});
+  expect_cli_error({"train", "--config", cfg, "--pattern", "gla", "--mixer-option", "gla.chunk_sise=8"}, log(),
+                   {"chunk_sise"});
+  expect_cli_error({"train", "--config", cfg, "--pattern", "glaa"}, log(), {"glaa"});
+}
+
 TEST_F(Cli, OtherCommandsRefuseBadNumbers) {
   const std::string ck = checkpoint();
   // Flags whose value was a sentinel (-1: unset) or wrapped into an unsigned.

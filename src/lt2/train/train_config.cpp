@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "lt2/config/presets.h"
+
 namespace lt2 {
 
 std::string to_string(LoopCheckpointing c) {
@@ -50,14 +52,31 @@ void TrainConfig::validate(bool needs_train_data) const {
   LT2_CHECK(indexer_loss_coef >= 0, w, ": 'indexer_loss_coef' must be >= 0");
   LT2_CHECK(loss_chunk_tokens >= 0, w, ": 'loss_chunk_tokens' must be >= 0 (0 = automatic), found ",
             loss_chunk_tokens);
+  LT2_CHECK(mixer_options.is_object(), w, ": 'mixer_options' must be an object of mixer names, found ",
+            mixer_options.dump());
+  for (const auto& [mixer, options] : mixer_options.items())
+    LT2_CHECK(options.is_object(), w, ": 'mixer_options.", mixer, "' must be an object of options, found ",
+              options.dump());
   LT2_CHECK(document_separator >= -1, w, ": 'document_separator' must be a token id or -1 (the shard's), found ",
             document_separator);
   LT2_CHECK(dist_timeout > 0, w, ": 'dist_timeout' must be > 0 seconds, found ", dist_timeout);
   LT2_CHECK(dist_bucket_mb > 0, w, ": 'dist_bucket_mb' must be > 0, found ", dist_bucket_mb);
 }
 
+ModelConfig TrainConfig::model_config() const {
+  ModelConfig m = load_model_config(model);
+  if (!layer_pattern.empty()) m.layer_pattern = layer_pattern;
+  for (const auto& [mixer, options] : mixer_options.items()) {
+    json& merged = m.mixer_options[mixer];
+    if (!merged.is_object()) merged = json::object();
+    merged.update(options);
+  }
+  m.validate();
+  return m;
+}
+
 json TrainConfig::to_json() const {
-  return json{{"model", model}, {"init_from", init_from}, {"train_data", train_data}, {"val_data", val_data},
+  return json{{"model", model}, {"layer_pattern", layer_pattern}, {"mixer_options", mixer_options}, {"init_from", init_from}, {"train_data", train_data}, {"val_data", val_data},
               {"out_dir", out_dir}, {"device", device}, {"dtype", dtype},
               {"seq_len", seq_len}, {"batch_size", batch_size}, {"grad_accum", grad_accum},
               {"steps", steps}, {"lr", lr}, {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup},
@@ -78,6 +97,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   TrainConfig c;
   json_reject_unknown_fields(j, c.to_json(), where);
   json_get(j, "model", c.model, where);
+  json_get(j, "layer_pattern", c.layer_pattern, where);
+  if (auto it = j.find("mixer_options"); it != j.end()) c.mixer_options = *it;
   json_get(j, "init_from", c.init_from, where);
   json_get(j, "train_data", c.train_data, where);
   json_get(j, "val_data", c.val_data, where);

@@ -20,6 +20,11 @@ std::string to_string(LoopCheckpointing c);
 
 struct TrainConfig {
   std::string model;            // path of a model config JSON, or a preset name in configs/
+  // Overrides of that model config for a new model (a checkpoint resumed or started from keeps
+  // its own): the layer pattern (empty: the config's), and per-mixer options merged over the
+  // config's ({"window": {"window": 512}}).
+  std::string layer_pattern;
+  json mixer_options = json::object();
   std::string init_from;        // checkpoint folder whose weights start the run (fresh optimizer)
   std::string train_data;       // token shard (data/shard.h)
   std::string val_data;         // optional held-out shard
@@ -75,6 +80,8 @@ struct TrainConfig {
   // trainer's callbacks give the batches: TrainerCallbacks in train/trainer.h).
   void validate(bool needs_train_data = true) const;
   json to_json() const;
+  // `model`'s config with layer_pattern and mixer_options applied (load_model_config's errors).
+  ModelConfig model_config() const;
   static TrainConfig from_json(const json& j, const std::string& where = "train config");
 };
 

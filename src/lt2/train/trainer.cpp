@@ -190,7 +190,7 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
     if (cb_.model_config) {
       mcfg = cb_.model_config();
     } else {
-      mcfg = load_model_config(cfg_.model);
+      mcfg = cfg_.model_config();
       if (mcfg.vocab_size == 0) mcfg.vocab_size = train_shard->vocab_size();
     }
     torch::manual_seed(cfg_.seed);
