@@ -4,7 +4,9 @@
 // q, k, v: gdn one decay per head, kda one per key channel, deltanet none), the counterpart of
 // flash-linear-attention's chunk_gated_delta_rule / chunk_kda / chunk_delta_rule; --core --mixer
 // window times ops::window_attention (--head-k is the head dim, --window the band) and --core
-// --mixer full libtorch's causal SDPA at the same shape, its upper bound.
+// --mixer full libtorch's causal SDPA at the same shape, its upper bound; --core --mixer gla
+// (one decay per key channel), mamba2 (one per head) or linear (none) times the gated linear
+// family's chunked form (ops::gated_linear_chunked; --option gated_prefix_chunks=0 its chunk scan).
 //   mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 [--trace gdn.json]
 //   mixer_bench --core --mixer gdn --batch 8 --seq 4096 --heads 16 --head-k 96 --head-v 192
 //   mixer_bench --core --mixer window --window 512 --batch 1 --seq 32768 --head-k 128 --option window_flash=1
@@ -24,6 +26,7 @@
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
 #include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
@@ -102,10 +105,23 @@ int main(int argc, char** argv) {
                                    : at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, /*is_causal=*/true);
         if (backward) o.to(torch::kFloat32).square().mean().backward();
       };
+    } else if (core && (mixer == "gla" || mixer == "mamba2" || mixer == "linear")) {
+      core_inputs = {torch::randn({batch, seq, heads, head_k}, bf16), torch::randn({batch, seq, heads, head_k}, bf16),
+                     torch::randn({batch, seq, heads, head_v}, bf16),
+                     mixer == "linear" ? torch::Tensor()
+                     : mixer == "mamba2" ? -torch::rand({batch, seq, heads}, bf16.dtype(torch::kFloat32))
+                                         : -torch::rand({batch, seq, heads, head_k}, bf16.dtype(torch::kFloat32))};
+      for (auto& t : core_inputs)
+        if (t.defined()) t.requires_grad_(true);
+      run = [&](bool backward) {
+        const auto& in = core_inputs;
+        auto r = lt2::ops::gated_linear_chunked(in[0], in[1], in[2], in[3], 1.0 / std::sqrt(head_k), {}, chunk);
+        if (backward) r.o.to(torch::kFloat32).square().mean().backward();
+      };
     } else if (core) {
       LT2_CHECK(mixer == "gdn" || mixer == "kda" || mixer == "deltanet",
-                "--core times the delta-rule recurrence (gdn, kda, deltanet) or attention (window, full), found ",
-                mixer);
+                "--core times the delta-rule recurrence (gdn, kda, deltanet), the gated linear family (gla, mamba2, "
+                "linear) or attention (window, full), found ", mixer);
       auto k = torch::randn({batch, seq, heads, head_k}, bf16);
       core_inputs = {torch::randn({batch, seq, heads, head_k}, bf16), k / k.norm(2, -1, true),
                      torch::randn({batch, seq, heads, head_v}, bf16), torch::rand({batch, seq, heads}, bf16),

@@ -160,6 +160,35 @@ TEST(DeltaRuleScan, ChunkedMatchesReference) {
       }
 }
 
+// The gated linear family on CUDA, both forms of its chunk-start states (DecodeOptions::
+// gated_prefix_chunks: the prefix product, or the chunk scan kernel with W = 0), against the
+// float64 recurrence.
+TEST(DeltaRuleScan, GatedLinearChunkedMatchesReferenceOnBothForms) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const int64_t C = 16, H = 2, K = 64, V = 96, T = C * 150 + 5;
+  for (int64_t prefix_chunks : {int64_t{1000}, int64_t{0}})
+    for (Gate gate : {Gate::None, Gate::Head, Gate::Channel}) {
+      SCOPED_TRACE(::testing::Message() << "gated_prefix_chunks " << prefix_chunks << ", " << gate_name(gate));
+      DecodeOptions options;
+      options.gated_prefix_chunks = prefix_chunks;
+      DecodeOptionsGuard guard(options);
+      torch::manual_seed(T + static_cast<int>(gate));
+      const auto in = make_inputs(1, T, H, K, V, gate, true);
+      ops::RecurrenceResult out;
+      {
+        torch::NoGradGuard no_grad;
+        out = ops::gated_linear_chunked(in.q.cuda(), in.k.cuda(), in.v.cuda(), to(in.g, gpu(f32)), in.scale,
+                                        in.s0.cuda(), C);
+      }
+      const auto o = torch::TensorOptions().dtype(f64);
+      const auto ref = ops::gated_linear_recurrent(to(in.q, o), to(in.k, o), to(in.v, o), to(in.g, o), in.scale,
+                                                   to(in.s0, o));
+      EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5) << "output";
+      EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "final state";
+    }
+}
+
 // The chunk preparation kernel (delta_rule_prepare) serves GDN and DeltaNet (no gate or one gate
 // per head) at C 64 with K, V multiples of 16 (K <= 128), in fp32 and bf16, and gives what the
 // libtorch preparation gives (the same op with DecodeOptions::delta_rule_prepare off) and the

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 
 #include "common/gate_kind.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/gated_linear/gated_linear.h"
 #include "ops/numeric_check.h"
@@ -79,6 +81,19 @@ Inputs slice(const Inputs& in, int64_t a, int64_t b) {
   return s;
 }
 
+// The gated family's chunked form has two forms of the chunk-start states (DecodeOptions::
+// gated_prefix_chunks): the prefix product (the default at these lengths) and the chunk scan (0).
+// The delta rule has one.
+std::vector<int64_t> gated_forms(const Family& f) {
+  return f.delta ? std::vector<int64_t>{lt2::DecodeOptions{}.gated_prefix_chunks}
+                 : std::vector<int64_t>{lt2::DecodeOptions{}.gated_prefix_chunks, 0};
+}
+std::unique_ptr<lt2::DecodeOptionsGuard> gated_form(int64_t prefix_chunks) {
+  lt2::DecodeOptions options;
+  options.gated_prefix_chunks = prefix_chunks;
+  return std::make_unique<lt2::DecodeOptionsGuard>(options);
+}
+
 class Recurrence : public ::testing::TestWithParam<Family> {
  protected:
   // Tiny shapes: one intra-op thread. Under `ctest -j` on 2 cores, OpenMP's spinning threads
@@ -89,15 +104,19 @@ class Recurrence : public ::testing::TestWithParam<Family> {
 TEST_P(Recurrence, ChunkedMatchesNaiveInFloat64) {
   torch::manual_seed(0);
   const auto f = GetParam();
-  for (int64_t T : {1, 7, 16, 37, 70}) {
-    auto in = make_inputs(f, 2, T, 3, 5, 6, torch::kFloat64);
-    for (bool with_state : {false, true}) {
-      Tensor s0 = with_state ? torch::randn({2, 3, 5, 6}, torch::kFloat64) : Tensor();
-      auto ref = recurrent(f, in, s0);
-      for (int64_t C : {1, 4, 8, 16, 32, 64}) {  // 32, 64: sub-chunked scores
-        auto out = chunked(f, in, s0, C);
-        EXPECT_LT(rel_err(out.o, ref.o), 1e-10) << "T " << T << " C " << C << " state " << with_state;
-        EXPECT_LT(rel_err(out.final_state, ref.final_state), 1e-10) << "T " << T << " C " << C;
+  for (int64_t prefix_chunks : gated_forms(f)) {
+    SCOPED_TRACE(::testing::Message() << "gated_prefix_chunks " << prefix_chunks);
+    const auto form = gated_form(prefix_chunks);
+    for (int64_t T : {1, 7, 16, 37, 70}) {
+      auto in = make_inputs(f, 2, T, 3, 5, 6, torch::kFloat64);
+      for (bool with_state : {false, true}) {
+        Tensor s0 = with_state ? torch::randn({2, 3, 5, 6}, torch::kFloat64) : Tensor();
+        auto ref = recurrent(f, in, s0);
+        for (int64_t C : {1, 4, 8, 16, 32, 64}) {  // 32, 64: sub-chunked scores
+          auto out = chunked(f, in, s0, C);
+          EXPECT_LT(rel_err(out.o, ref.o), 1e-10) << "T " << T << " C " << C << " state " << with_state;
+          EXPECT_LT(rel_err(out.final_state, ref.final_state), 1e-10) << "T " << T << " C " << C;
+        }
       }
     }
   }
@@ -152,8 +171,12 @@ void expect_chunked_gradients_match(const Family& f, int64_t T, int64_t C) {
 TEST_P(Recurrence, ChunkedGradientsMatchFiniteDifferences) {
   torch::manual_seed(3);
   const auto f = GetParam();
-  expect_chunked_gradients_match(f, 11, 4);
-  if (f.gate == Gate::Channel) expect_chunked_gradients_match(f, 37, 32);  // sub-chunked scores
+  for (int64_t prefix_chunks : gated_forms(f)) {
+    SCOPED_TRACE(::testing::Message() << "gated_prefix_chunks " << prefix_chunks);
+    const auto form = gated_form(prefix_chunks);
+    expect_chunked_gradients_match(f, 11, 4);
+    if (f.gate == Gate::Channel) expect_chunked_gradients_match(f, 37, 32);  // sub-chunked scores
+  }
 }
 
 TEST_P(Recurrence, StrongDecaysStayFiniteAndExact) {

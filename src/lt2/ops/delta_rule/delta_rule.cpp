@@ -486,8 +486,13 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
                         : prepare_chunks(to_chunks(q, C, dt), to_chunks(k, C, dt), to_chunks(v, C, dt),
                                          to_chunks(beta.unsqueeze(-1), C, dt),
                                          chunk_cumulative_gate(g, B, T, H, C, dt, v.device()), scale);
-  auto form = chunked_form(prep, initial_state.defined() ? initial_state.to(dt) : Tensor());
-  return {from_chunks(form.o, T).to(v.scalar_type()), form.scan.final_state};
+  return run_chunked_form(prep, initial_state, T, v.scalar_type());
+}
+
+RecurrenceResult run_chunked_form(const ChunkPrep& prep, const Tensor& initial_state, int64_t T,
+                                  torch::ScalarType out_dtype) {
+  auto form = chunked_form(prep, initial_state.defined() ? initial_state.to(prep.u.scalar_type()) : Tensor());
+  return {from_chunks(form.o, T).to(out_dtype), form.scan.final_state};
 }
 
 RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q, const Tensor& v,

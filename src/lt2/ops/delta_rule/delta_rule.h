@@ -139,6 +139,13 @@ struct ChunkPrep {
 // Differentiable.
 ChunkPrep chunk_reads_and_writes(const Tensor& Q, const Tensor& Kc, const Tensor& G, double scale);
 
+// The chunked form from its preparation (chunk layout of to_chunks over T tokens): the recurrence
+// over the chunks (chunk_state_scan, one kernel launch on CUDA) from initial_state [B, H, K, V]
+// (undefined: zeros), then O = Q_start S_n + A_qk V_n. Returns o [B, T, H, V] in out_dtype and the
+// final state. Differentiable.
+RecurrenceResult run_chunked_form(const ChunkPrep& prep, const Tensor& initial_state, int64_t T,
+                                  torch::ScalarType out_dtype);
+
 // The chunked form over packed documents laid out by `docs`, from their preparation (`prepare`,
 // called only when some document is non-empty, returns the ChunkPrep of docs' chunks): the
 // recurrence restarts at each document's first chunk from initial_states [D, H, K, V] (undefined:

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "lt2/ops/chunking.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/util/error.h"
 
 namespace lt2::ops {
@@ -40,6 +41,19 @@ RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const 
   return {torch::stack(outs, 1).to(v.scalar_type()), S};
 }
 
+namespace {
+
+// The gated linear family's ChunkPrep (delta_rule.h): the shared reads and writes, no delta-rule
+// correction (W = 0), so the scan's V_n = U_n = V.
+ChunkPrep additive_prep(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, const Tensor& G, double scale) {
+  auto prep = chunk_reads_and_writes(Q, Kc, G, scale);
+  prep.w = torch::zeros_like(Q);
+  prep.u = Vc;
+  return prep;
+}
+
+}  // namespace
+
 RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, double scale, const Tensor& initial_state,
                                       int64_t chunk_size) {
@@ -53,6 +67,8 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
   auto Vc = to_chunks(v, C, dt);                                  // [B, H, N, C, V]
   auto G = chunk_cumulative_gate(g, B, T, H, C, dt, v.device());  // [B, H, N, C, 1 or K]
   const int64_t N = Q.size(2);
+  if (N > decode_options().gated_prefix_chunks)
+    return run_chunked_form(additive_prep(Q, Kc, Vc, G, scale), initial_state, T, v.scalar_type());
   auto G_last = G.narrow(-2, C - 1, 1);                           // [B, H, N, 1, 1 or K]
 
   // Intra-chunk (diagonal blocks), parallel over chunks.
@@ -93,11 +109,8 @@ RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, c
   const auto dt = accum_dtype(v);
   const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), op);
   return chunked_form_varlen(docs, q, v, initial_states, [&] {
-    auto Q = docs.to_chunks(q, dt);
-    auto prep = chunk_reads_and_writes(Q, docs.to_chunks(k, dt), docs.cumulative_gate(g, q.size(2), dt), scale);
-    prep.w = torch::zeros_like(Q);  // no delta-rule correction: V_n = U_n = V
-    prep.u = docs.to_chunks(v, dt);
-    return prep;
+    return additive_prep(docs.to_chunks(q, dt), docs.to_chunks(k, dt), docs.to_chunks(v, dt),
+                         docs.cumulative_gate(g, q.size(2), dt), scale);
   });
 }
 
