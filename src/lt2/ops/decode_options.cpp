@@ -70,7 +70,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "row_norm") row_norm = parse_bool(name, v);
   else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
   else if (name == "window_flash") window_flash = parse_bool(name, v);
-  else if (name == "gated_prefix_chunks") gated_prefix_chunks = parse_int(name, v, 0, 1 << 30);
+  else if (name == "gated_prefix_chunks") gated_prefix_chunks = parse_int(name, v, -1, 1 << 30);
   else if (name == "dsa_fold_q_max_rows") dsa_fold_q_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "dsa_fold_o_max_rows") dsa_fold_o_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "topk_max_blocks") topk_max_blocks = static_cast<int>(parse_int(name, v, 0, 16));

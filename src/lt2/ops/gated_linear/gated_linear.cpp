@@ -67,7 +67,8 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
   auto Vc = to_chunks(v, C, dt);                                  // [B, H, N, C, V]
   auto G = chunk_cumulative_gate(g, B, T, H, C, dt, v.device());  // [B, H, N, C, 1 or K]
   const int64_t N = Q.size(2);
-  if (N > decode_options().gated_prefix_chunks)
+  const int64_t prefix_chunks = decode_options().gated_prefix_chunks;
+  if (N > (prefix_chunks >= 0 ? prefix_chunks : v.is_cuda() ? std::numeric_limits<int64_t>::max() : 128))
     return run_chunked_form(additive_prep(Q, Kc, Vc, G, scale), initial_state, T, v.scalar_type());
   auto G_last = G.narrow(-2, C - 1, 1);                           // [B, H, N, 1, 1 or K]
 
