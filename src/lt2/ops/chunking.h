@@ -39,7 +39,6 @@ class DocumentChunks {
                  const char* op);
   int64_t documents() const { return documents_; }  // D, empty ones included
   int64_t chunks() const { return chunks_; }        // N
-  int64_t chunk_size() const { return chunk_; }     // C
   const char* op() const { return op_; }            // the op named in errors
   // x [1, T, H, X] -> [1, H, N, C, X] in dtype `dt`, zeros in each document's padding.
   Tensor to_chunks(const Tensor& x, torch::ScalarType dt) const;

@@ -1,6 +1,7 @@
 #include "lt2/ops/gated_linear/gated_linear.h"
 
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "lt2/ops/chunking.h"
@@ -43,13 +44,12 @@ RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const 
 
 namespace {
 
-// The gated linear family's ChunkPrep (delta_rule.h): the shared reads and writes, no delta-rule
-// correction (W = 0), so the scan's V_n = U_n = V.
-ChunkPrep additive_prep(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, const Tensor& G, double scale) {
-  auto prep = chunk_reads_and_writes(Q, Kc, G, scale);
-  prep.w = torch::zeros_like(Q);
-  prep.u = Vc;
-  return prep;
+// The gated linear family's ChunkPrep for the chunk scan (delta_rule.h), from the shared reads and
+// writes: no delta-rule correction (W = 0), so the scan's V_n = U_n = V.
+ChunkPrep additive_prep(ChunkPrep reads_and_writes, const Tensor& Vc) {
+  reads_and_writes.w = torch::zeros_like(reads_and_writes.q_start);
+  reads_and_writes.u = Vc;
+  return reads_and_writes;
 }
 
 }  // namespace
@@ -67,21 +67,18 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
   auto Vc = to_chunks(v, C, dt);                                  // [B, H, N, C, V]
   auto G = chunk_cumulative_gate(g, B, T, H, C, dt, v.device());  // [B, H, N, C, 1 or K]
   const int64_t N = Q.size(2);
+  auto prep = chunk_reads_and_writes(Q, Kc, G, scale);
   const int64_t prefix_chunks = decode_options().gated_prefix_chunks;
   if (N > (prefix_chunks >= 0 ? prefix_chunks : v.is_cuda() ? std::numeric_limits<int64_t>::max() : 128))
-    return run_chunked_form(additive_prep(Q, Kc, Vc, G, scale), initial_state, T, v.scalar_type());
-  auto G_last = G.narrow(-2, C - 1, 1);                           // [B, H, N, 1, 1 or K]
+    return run_chunked_form(additive_prep(std::move(prep), Vc), initial_state, T, v.scalar_type());
 
-  // Intra-chunk (diagonal blocks), parallel over chunks.
-  auto O_intra = torch::matmul(decayed_scores(Q, Kc, G, /*inclusive=*/true), Vc) * scale;
   // Inter-chunk: S_n = c_{n-1} S_{n-1} + X_{n-1} with X_m = K_end_m^T V_m and c_m = exp(a_m),
   // a_m = G_last_m, unrolled as one product over the chunks: with P_n = a_0 + .. + a_{n-1},
   //   S_n = exp(P_n) S_0 + sum_{m < n} exp(P_n - P_{m+1}) X_m,      n = 0 .. N (S_N the final state)
   // (a decay-weighted prefix sum; every exponent <= 0, the masked ones -inf).
-  auto K_end = Kc * (G_last - G).exp();                           // [B, H, N, C, K]
-  auto X = torch::matmul(K_end.transpose(-1, -2), Vc);            // [B, H, N, K, V]
+  auto X = torch::matmul(prep.kt, Vc);                            // [B, H, N, K, V]
   const int64_t Kd = G.size(-1);                                  // 1 (per head) or K (per channel)
-  auto a = G_last.squeeze(-2).transpose(-1, -2);                  // [B, H, Kd, N]
+  auto a = G.select(-2, C - 1).transpose(-1, -2);                 // [B, H, Kd, N]: G_last
   auto P = torch::constant_pad_nd(a.cumsum(-1), {1, 0});          // [B, H, Kd, N + 1]: P_0 = 0
   auto rel = P.unsqueeze(-1) - P.narrow(-1, 1, N).unsqueeze(-2);  // [B, H, Kd, N + 1, N]: P_n - P_{m+1}
   auto keep = torch::ones({N + 1, N}, torch::TensorOptions().dtype(torch::kBool).device(v.device())).tril(-1);
@@ -97,7 +94,8 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
     S_all = S_all + from_s0 * initial_state.to(dt).unsqueeze(2);
   }
   auto S_start = S_all.narrow(2, 0, N);                           // [B, H, N, K, V]
-  auto O = torch::matmul(Q * G.exp(), S_start) * scale + O_intra;  // [B, H, N, C, V]
+  // O = Q_start S_n + A_qk V (the diagonal blocks), as the scan's form computes it.
+  auto O = torch::matmul(prep.q_start, S_start) + torch::matmul(prep.a_qk, Vc);  // [B, H, N, C, V]
   return {from_chunks(O, T).to(v.scalar_type()), S_all.select(2, N).contiguous()};
 }
 
@@ -110,8 +108,9 @@ RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, c
   const auto dt = accum_dtype(v);
   const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), op);
   return chunked_form_varlen(docs, q, v, initial_states, [&] {
-    return additive_prep(docs.to_chunks(q, dt), docs.to_chunks(k, dt), docs.to_chunks(v, dt),
-                         docs.cumulative_gate(g, q.size(2), dt), scale);
+    return additive_prep(chunk_reads_and_writes(docs.to_chunks(q, dt), docs.to_chunks(k, dt),
+                                                docs.cumulative_gate(g, q.size(2), dt), scale),
+                         docs.to_chunks(v, dt));
   });
 }
 
