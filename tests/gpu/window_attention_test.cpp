@@ -1,10 +1,10 @@
 // GPU (CTest label `gpu`): sliding-window attention through libtorch's FlashAttention-2 kernels
 // (ops::window_attention with DecodeOptions::window_flash on). Output, dq, dk and dv against the
 // float64 reference (masked attention over window_mask on the CPU, through autograd) on random
-// inputs in bf16 and fp16: windows 1, 64, 1000, at and past the length and 0 (plain causal),
-// lengths off the kernels' 128-row blocks, queries at the last T of L keys (a continued prefill),
-// GQA; the window and NSA mixers' whole-sequence forward with the switch on equals it off. Skips
-// where no CUDA GPU.
+// inputs in bf16 and fp16: windows 1 (where dq and dk are zero), 64, 1000, at and past the length
+// and 0 (plain causal), lengths off the kernels' 128-row blocks, queries at the last T of L keys (a
+// continued prefill), GQA; the window and NSA mixers' whole-sequence forward with the switch on
+// equals it off. Skips where no CUDA GPU.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -77,9 +77,17 @@ TEST(WindowAttentionGpu, FlashMatchesTheFloat64Reference) {
       const auto got = run(q, k, v, dout, c.window, torch::kCUDA, dt);
       const double tol = tolerance(dt);
       EXPECT_LT(rel_err(got.o, want.o), tol);
-      EXPECT_LT(rel_err(got.dq, want.dq), tol);
-      EXPECT_LT(rel_err(got.dk, want.dk), tol);
       EXPECT_LT(rel_err(got.dv, want.dv), tol);
+      if (c.window == 1) {
+        // Each query sees only its own key: the softmax is constant, so dq and dk are exactly zero
+        // and what the kernel returns is rounding, checked against the size of the output gradient.
+        const double scale = dout.norm().item<double>();
+        EXPECT_LT(got.dq.norm().item<double>() / scale, tol);
+        EXPECT_LT(got.dk.norm().item<double>() / scale, tol);
+      } else {
+        EXPECT_LT(rel_err(got.dq, want.dq), tol);
+        EXPECT_LT(rel_err(got.dk, want.dk), tol);
+      }
     }
   }
 }
@@ -95,6 +103,7 @@ TEST(WindowAttentionGpu, TakesTheMaskedPathWhereFlashDoesNotServe) {
   EXPECT_FALSE(window_flash_serves(qb.narrow(3, 0, 60), kb.narrow(3, 0, 60), kb.narrow(3, 0, 60)));  // D % 8
   EXPECT_FALSE(window_flash_serves(qb, kb.narrow(2, 0, 8), kb.narrow(2, 0, 8)));  // T > L
   DecodeOptions off;
+  off.window_flash = false;
   DecodeOptionsGuard guard(off);
   EXPECT_FALSE(window_flash_serves(qb, kb, kb));
 }

@@ -40,9 +40,8 @@ struct DecodeOptions {
   // Causal sliding-window and plain causal attention over a contiguous run of keys (the window
   // mixer's whole-sequence forward, NSA's window branch) through libtorch's FlashAttention-2
   // kernels with their window bound, forward and backward, on CUDA in bf16/fp16 (off: SDPA with a
-  // boolean mask, which scores every key). Off by default until the GPU suite has run it
-  // (docs/decode.md).
-  bool window_flash = false;
+  // boolean mask, which scores every key).
+  bool window_flash = true;
   // The gated linear family's chunked form (ops::gated_linear_chunked): the states at the chunk
   // starts as one decay-weighted prefix product up to this many chunks (no loop, but N^2 work and
   // memory), the chunk scan beyond (linear in the chunks; one CUDA kernel in fp32). 0: always the
