@@ -21,7 +21,8 @@ ITERS=${ITERS:-5}
 ROOT=$PWD/.deps/root/usr
 [ -d "$ROOT" ] && export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 M=build-gpu/bench/mixer_bench
-build-gpu/tests/test_gpu --gtest_filter='WindowAttentionGpu.*' 2>&1 | tail -15 | tee "$OUT/window_tests.txt"
+build-gpu/tests/test_gpu --gtest_filter='WindowAttentionGpu.*' 2>&1 | grep -v '^\[ RUN' > "$OUT/window_tests.txt"
+tail -15 "$OUT/window_tests.txt"
 results=/tmp/window_bench_results.txt
 : > "$results"
 bench() {  # bench LABEL args...: one RESULT line, labelled
