@@ -192,4 +192,33 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& p, void* 
 // and V multiples of 16 with K <= 128, and the backward's shared memory within the device's limit.
 bool delta_rule_prepare_supported(int head_k, int head_v, int chunk_size, int device);
 
+// The per-channel decayed scores of the chunked gated forms (ops::decayed_scores with one decay per
+// key channel: GLA, HGRN2, KDA), for `count` independent chunks of C rows and K channels:
+//   A[i][j] = sum_d a[i][d] b[j][d] exp(G[i][d] - G[j][d])   for j <= i (inclusive) or j < i, else 0
+// G is a chunk's cumulative log-decay (non-increasing along the chunk), so every kept exponent is
+// <= 0. The backward from dA (its entries outside the kept triangle ignored), with
+// e_ijd = exp(G[i][d] - G[j][d]) over the kept pairs:
+//   da[i][d] = sum_j dA[i][j] b[j][d] e_ijd,  db[j][d] = sum_i dA[i][j] a[i][d] e_ijd,
+//   dG = a * da - b * db.
+// All fp32, packed: a, b, G, da, db, dG [count, C, K], A and dA [count, C, C]; C <= 64, any K.
+constexpr int kMaxChannelScoresChunk = 64;
+struct ChannelScoresParams {
+  const float* a;
+  const float* b;
+  const float* g;
+  float* scores;  // A, written whole (zeros outside the kept triangle)
+  int64_t count;
+  int chunk, dim;
+  bool inclusive;
+};
+void channel_scores_forward(const ChannelScoresParams& p, void* stream);
+struct ChannelScoresBackwardParams {
+  ChannelScoresParams forward;  // `scores` unused
+  const float* d_scores;
+  float* da;
+  float* db;
+  float* dg;
+};
+void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);
+
 }  // namespace lt2::kernels

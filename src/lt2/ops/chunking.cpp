@@ -2,7 +2,15 @@
 
 #include <limits>
 
+#include "lt2/ops/decode_options.h"
+#include "lt2/ops/fused_common.h"
 #include "lt2/util/error.h"
+
+#ifdef LT2_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "lt2/kernels/prefill.h"
+#endif
 
 namespace lt2::ops {
 
@@ -90,6 +98,66 @@ Tensor causal_keep(int64_t C, bool inclusive, const torch::Device& device) {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+#ifdef LT2_WITH_CUDA
+// The kernels' view of packed fp32 a, b, G [count, C, K].
+kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+  kernels::ChannelScoresParams p{};
+  p.a = a.data_ptr<float>(), p.b = b.data_ptr<float>(), p.g = G.data_ptr<float>();
+  p.count = a.size(0);
+  p.chunk = static_cast<int>(a.size(1)), p.dim = static_cast<int>(a.size(2));
+  p.inclusive = inclusive;
+  return p;
+}
+
+// Autograd over the per-channel score kernels (kernels/prefill.h has the formulas): a, b and G
+// [count, C, K] packed fp32 are all that is saved; the exponentials are recomputed in the backward.
+struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& G,
+                        bool inclusive) {
+    c10::cuda::CUDAGuard guard(a.device());
+    auto scores = torch::empty({a.size(0), a.size(1), a.size(1)}, a.options());
+    auto p = channel_scores_params(a, b, G, inclusive);
+    p.scores = scores.data_ptr<float>();
+    kernels::channel_scores_forward(p, detail::current_stream(a));
+    ctx->save_for_backward({a, b, G});
+    ctx->saved_data["inclusive"] = inclusive;
+    return scores;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &a = saved[0], &b = saved[1], &G = saved[2];
+    c10::cuda::CUDAGuard guard(a.device());
+    const auto d_scores = grads[0].to(torch::kFloat32).contiguous();
+    auto da = torch::empty_like(a), db = torch::empty_like(b), dG = torch::empty_like(G);
+    kernels::ChannelScoresBackwardParams bp{};
+    bp.forward = channel_scores_params(a, b, G, ctx->saved_data["inclusive"].toBool());
+    bp.d_scores = d_scores.data_ptr<float>();
+    bp.da = da.data_ptr<float>(), bp.db = db.data_ptr<float>(), bp.dg = dG.data_ptr<float>();
+    kernels::channel_scores_backward(bp, detail::current_stream(a));
+    return {da, db, dG, Tensor()};
+  }
+};
+
+// Whether the kernels take these scores: on, CUDA, fp32, a, b and G of one shape, C within the
+// kernels' bound and the chunk count within a grid.
+bool channel_scores_kernel_applies(const Tensor& a, const Tensor& b, const Tensor& G) {
+  if (!decode_options().channel_scores || !a.is_cuda() || a.scalar_type() != torch::kFloat32 ||
+      b.scalar_type() != torch::kFloat32 || G.scalar_type() != torch::kFloat32 || b.sizes() != a.sizes() ||
+      G.sizes() != a.sizes() || a.size(-2) > kernels::kMaxChannelScoresChunk || a.size(-1) > INT32_MAX)
+    return false;
+  return a.numel() / (a.size(-2) * a.size(-1)) <= INT32_MAX;
+}
+
+Tensor channel_scores_cuda(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+  const int64_t C = a.size(-2), K = a.size(-1);
+  auto packed = [&](const Tensor& x) { return x.reshape({-1, C, K}).contiguous(); };
+  auto shape = a.sizes().vec();
+  shape.back() = C;
+  return ChannelScoresFunction::apply(packed(a), packed(b), packed(G), inclusive).view(shape);
+}
+#endif
+
 // Per-channel decayed scores by direct pairwise exponents: [..., C, C, K] intermediates.
 Tensor channel_scores_pairwise(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
   auto keep = causal_keep(a.size(-2), inclusive, a.device());
@@ -107,6 +175,9 @@ Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool in
     auto rel = G - G.transpose(-1, -2);                      // [..., C, C]: G_i - G_j
     return torch::matmul(a, b.transpose(-1, -2)) * rel.masked_fill(keep.logical_not(), kNegInf).exp();
   }
+#ifdef LT2_WITH_CUDA
+  if (channel_scores_kernel_applies(a, b, G)) return channel_scores_cuda(a, b, G, inclusive);
+#endif
   // Per-channel decay. Split the chunk into S sub-chunks of c = 16 tokens (fla's KDA layout):
   // diagonal c x c blocks pairwise, off-diagonal blocks (I > J) as a matmul after factoring
   //   exp(G_i - G_j) = exp(G_i - G_n) exp(G_n - G_j),  n = the first token of sub-chunk I,

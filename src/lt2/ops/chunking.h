@@ -71,7 +71,8 @@ Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, i
 //   S[i, j] = 0                                          otherwise.
 // a, b: [..., C, K]; G: [..., C, 1] (per-head decay) or [..., C, K] (per-channel decay).
 // Only relative exponents G_i - G_j <= 0 are exponentiated; the upper triangle is masked before
-// the exp, so nothing overflows and no 0 * inf appears in either pass.
+// the exp, so nothing overflows and no 0 * inf appears in either pass. Per-channel decay in fp32 on
+// CUDA runs one kernel forward and one backward (DecodeOptions::channel_scores).
 Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive);
 
 // Per-token log-gate in the layout the step functions use: [B, H, 1, 1] or [B, H, K, 1] (it

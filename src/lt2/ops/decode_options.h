@@ -42,6 +42,10 @@ struct DecodeOptions {
   // kernels with their window bound, forward and backward, on CUDA in bf16/fp16 (off: SDPA with a
   // boolean mask, which scores every key).
   bool window_flash = true;
+  // The per-channel decayed scores of the chunked gated forms (GLA's and HGRN2's intra-chunk
+  // scores, KDA's and its UT transform's) as one CUDA kernel forward and one backward, in fp32, in
+  // prefill and training (off: the libtorch sub-chunk form).
+  bool channel_scores = true;
   // The gated linear family's chunked form (ops::gated_linear_chunked): the states at the chunk
   // starts as one decay-weighted prefix product up to this many chunks (no loop, but N^2 work and
   // memory), the chunk scan beyond (linear in the chunks; one CUDA kernel in fp32). 0: always the

@@ -1,0 +1,119 @@
+// GPU (CTest label `gpu`): the per-channel decayed-score kernels (kernels/prefill.h, reached through
+// ops::decayed_scores with DecodeOptions::channel_scores on): scores and the gradients of a, b and
+// G against the float64 libtorch form on the CPU, on random inputs with cumulative log-gates as the
+// gated forms build them, strict and inclusive, at chunk sizes 64 (the mixers'), 48, 16 and 5 and
+// head dims 1 to 256 (off the kernels' 32-channel tiles too); the option off keeps the libtorch
+// form on CUDA; GLA's chunked form and its gradients through the kernels against the float64
+// recurrence. Skips where no CUDA GPU (or no CUDA kernels) is present.
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_testing.h"
+
+#include <vector>
+
+#include "common/testing.h"
+#include "lt2/ops/chunking.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using torch::Tensor;
+using namespace lt2::gpu_testing;
+
+namespace {
+
+struct ScoreCase {
+  std::vector<int64_t> batch;
+  int64_t C, K;
+};
+
+struct Scores {
+  Tensor s, da, db, dG;
+};
+
+// The scores and, for the score gradient `dS`, the gradients of a, b and G, on `device` in `dt`.
+Scores scores_and_grads(const Tensor& a, const Tensor& b, const Tensor& G, const Tensor& dS, bool inclusive,
+                        const torch::TensorOptions& on) {
+  auto ad = a.to(on).detach().requires_grad_(true), bd = b.to(on).detach().requires_grad_(true);
+  auto Gd = G.to(on).detach().requires_grad_(true);
+  auto s = ops::decayed_scores(ad, bd, Gd, inclusive);
+  s.backward(dS.to(on));
+  auto f64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
+  return {f64(s), f64(ad.grad()), f64(bd.grad()), f64(Gd.grad())};
+}
+
+}  // namespace
+
+TEST(ChannelScoresGpu, MatchFloat64ReferenceWithGradients) {
+  REQUIRE_FUSED_DECODE();
+  const std::vector<ScoreCase> cases{{{2, 3}, 64, 32},  {{1, 4, 2}, 64, 96}, {{3}, 64, 256}, {{2, 2}, 48, 33},
+                                     {{5}, 16, 1},      {{2, 1}, 5, 7},      {{1}, 64, 100}};
+  for (const auto& c : cases)
+    for (bool inclusive : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "C " << c.C << " K " << c.K << (inclusive ? " inclusive" : " strict"));
+      torch::manual_seed(c.C * 1000 + c.K + inclusive);
+      auto shape = c.batch;
+      shape.insert(shape.end(), {c.C, c.K});
+      const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+      const auto a = torch::randn(shape, f64), b = torch::randn(shape, f64);
+      // A chunk's cumulative log-decay: non-increasing, as GLA's gates (log-sigmoid / 16) make it.
+      const auto G = (torch::log_sigmoid(torch::randn(shape, f64)) / 4).cumsum(-2);
+      auto s_shape = c.batch;
+      s_shape.insert(s_shape.end(), {c.C, c.C});
+      const auto dS = torch::randn(s_shape, f64);
+      const auto want = scores_and_grads(a, b, G, dS, inclusive, f64);
+      const auto got = scores_and_grads(a, b, G, dS, inclusive, gpu(torch::kFloat32));
+      const double tol = tolerance(torch::kFloat32);
+      EXPECT_LT(rel_err(got.s, want.s), tol) << "scores";
+      EXPECT_LT(rel_err(got.da, want.da), tol) << "da";
+      EXPECT_LT(rel_err(got.db, want.db), tol) << "db";
+      EXPECT_LT(rel_err(got.dG, want.dG), tol) << "dG";
+      // Outside the kept triangle the scores are exactly zero.
+      const auto keep = torch::ones({c.C, c.C}, torch::kBool).tril(inclusive ? 0 : -1);
+      EXPECT_EQ(got.s.masked_select(keep.logical_not()).abs().max().item<double>(), 0.0);
+    }
+}
+
+TEST(ChannelScoresGpu, OptionOffKeepsTheLibtorchForm) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(3);
+  const auto on = gpu(torch::kFloat32);
+  const auto a = torch::randn({2, 64, 40}, on), b = torch::randn({2, 64, 40}, on);
+  const auto G = (torch::log_sigmoid(torch::randn({2, 64, 40}, on)) / 4).cumsum(-2);
+  torch::NoGradGuard no_grad;
+  const auto kernel = ops::decayed_scores(a, b, G, true);
+  DecodeOptions off;
+  off.channel_scores = false;
+  DecodeOptionsGuard guard(off);
+  const auto libtorch = ops::decayed_scores(a, b, G, true);
+  EXPECT_LT(rel_err(kernel, libtorch), tolerance(torch::kFloat32));
+}
+
+// GLA's chunked form (per-channel gates) through the kernels: output, final state and every
+// gradient against the float64 recurrence, with an initial state and a length off the chunk.
+TEST(ChannelScoresGpu, GatedLinearChunkedGradientsMatchRecurrence) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  torch::manual_seed(5);
+  const int64_t B = 2, T = 64 * 3 + 17, H = 2, K = 32, V = 48;
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const auto q = torch::randn({B, T, H, K}, f64), k = torch::randn({B, T, H, K}, f64) / 4;
+  const auto v = torch::randn({B, T, H, V}, f64);
+  const auto g = torch::log_sigmoid(torch::randn({B, T, H, K}, f64)) / 8;
+  const auto s0 = 0.5 * torch::randn({B, H, K, V}, f64);
+  const auto d_o = torch::randn({B, T, H, V}, f64), d_final = torch::randn({B, H, K, V}, f64);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(K));
+  auto run = [&](const torch::TensorOptions& on, bool chunked) {
+    std::vector<Tensor> in;
+    for (const auto& t : {q, k, v, g, s0}) in.push_back(t.to(on).detach().requires_grad_(true));
+    const auto r = chunked ? ops::gated_linear_chunked(in[0], in[1], in[2], in[3], scale, in[4], 64)
+                           : ops::gated_linear_recurrent(in[0], in[1], in[2], in[3], scale, in[4]);
+    torch::autograd::backward({r.o, r.final_state}, {d_o.to(on), d_final.to(on)});
+    std::vector<Tensor> out{r.o.detach().cpu().to(torch::kFloat64), r.final_state.detach().cpu().to(torch::kFloat64)};
+    for (const auto& t : in) out.push_back(t.grad().cpu().to(torch::kFloat64));
+    return out;
+  };
+  const auto want = run(f64, false), got = run(gpu(torch::kFloat32), true);
+  const char* names[] = {"o", "final state", "dq", "dk", "dv", "dg", "ds0"};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(torch::kFloat32)) << names[i];
+}
