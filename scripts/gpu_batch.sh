@@ -5,7 +5,8 @@
 # finished, and the device tool's limit of 8 files holds whatever the steps write. Each step's log
 # is its folder's log.txt; the last 25 lines of it are printed.
 #   scripts/gpu_batch.sh "NAME SECONDS COMMAND..." ...
-#   e.g. LT2_COMMIT=$(git rev-parse --short HEAD) scripts/gpu_batch.sh \
+#   e.g. (LT2_COMMIT written out: the command runs on the device, whose copy of .git can be stale)
+#        LT2_COMMIT=1a2b3c4 scripts/gpu_batch.sh \
 #          "tests 240 LT2_SERVE=ON STAGES=test BUILD_TARGETS='lt2_cli test_gpu mixer_bench' scripts/gpu_infer.sh" \
 #          "window 120 scripts/gpu_window_bench.sh"
 # Unpack here with: tar xzf results.tar.gz -C some/folder (steps.txt lists each step's exit code
