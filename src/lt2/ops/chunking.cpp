@@ -14,18 +14,24 @@
 
 namespace lt2::ops {
 
+namespace {
+// x in dtype `dt` and packed, in one copy (none where it already is).
+Tensor packed_as(const Tensor& x, torch::ScalarType dt) {
+  return x.to(x.options().dtype(dt), /*non_blocking=*/false, /*copy=*/false, torch::MemoryFormat::Contiguous);
+}
+}  // namespace
+
 Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt) {
   LT2_CHECK(chunk > 0, "chunk size must be > 0, found ", chunk);
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
   const int64_t N = (T + chunk - 1) / chunk;
-  auto y = x.to(dt);
-  if (N * chunk != T) y = torch::constant_pad_nd(y, {0, 0, 0, 0, 0, N * chunk - T});
-  return y.view({B, N, chunk, H, D}).permute({0, 3, 1, 2, 4});  // [B, H, N, C, D]
+  auto y = N * chunk != T ? torch::constant_pad_nd(x, {0, 0, 0, 0, 0, N * chunk - T}) : x;
+  return packed_as(y.view({B, N, chunk, H, D}).permute({0, 3, 1, 2, 4}), dt);  // [B, H, N, C, D]
 }
 
-Tensor from_chunks(const Tensor& y, int64_t T) {
+Tensor from_chunks(const Tensor& y, int64_t T, torch::ScalarType dt) {
   const int64_t B = y.size(0), H = y.size(1), N = y.size(2), C = y.size(3), D = y.size(4);
-  return y.permute({0, 2, 3, 1, 4}).reshape({B, N * C, H, D}).narrow(1, 0, T);
+  return packed_as(y.permute({0, 2, 3, 1, 4}), dt).view({B, N * C, H, D}).narrow(1, 0, T);
 }
 
 Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, int64_t chunk,
@@ -74,12 +80,12 @@ Tensor DocumentChunks::to_chunks(const Tensor& x, torch::ScalarType dt) const {
             " tokens [1, T, H, X], found ", x.sizes());
   const int64_t H = x.size(2), X = x.size(3);
   auto rows = torch::cat({x.select(0, 0).to(dt), torch::zeros({1, H, X}, x.options().dtype(dt))}, 0);  // [T + 1, H, X]
-  return rows.index_select(0, slots_).view({1, chunks_, chunk_, H, X}).permute({0, 3, 1, 2, 4});
+  return packed_as(rows.index_select(0, slots_).view({1, chunks_, chunk_, H, X}).permute({0, 3, 1, 2, 4}), dt);
 }
 
-Tensor DocumentChunks::from_chunks(const Tensor& y) const {
+Tensor DocumentChunks::from_chunks(const Tensor& y, torch::ScalarType dt) const {
   const int64_t H = y.size(1), X = y.size(4);
-  return y.permute({0, 2, 3, 1, 4}).reshape({chunks_ * chunk_, H, X}).index_select(0, where_).unsqueeze(0);
+  return packed_as(y.permute({0, 2, 3, 1, 4}), dt).view({chunks_ * chunk_, H, X}).index_select(0, where_).unsqueeze(0);
 }
 
 Tensor DocumentChunks::cumulative_gate(const Tensor& g, int64_t H, torch::ScalarType dt) const {

@@ -23,10 +23,11 @@ class Fp32Scope {
   c10::impl::ExcludeDispatchKeyGuard guard_;
 };
 
-// x: [B, T, H, D] -> [B, H, N, C, D] in dtype `dt`, N = ceil(T / C), the tail zero-padded.
+// x: [B, T, H, D] -> [B, H, N, C, D] in dtype `dt`, N = ceil(T / C), the tail zero-padded; packed
+// (the cast and the move of the head axis are one copy, and the chunk products read it as is).
 Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt);
-// y: [B, H, N, C, D] -> [B, T, H, D] (drops the padded tail).
-Tensor from_chunks(const Tensor& y, int64_t T);
+// y: [B, H, N, C, D] -> [B, T, H, D] in dtype `dt` (drops the padded tail; one copy).
+Tensor from_chunks(const Tensor& y, int64_t T, torch::ScalarType dt);
 
 // Documents packed into one row (flash-linear-attention's cu_seqlens: document d holds tokens
 // cu_seqlens[d] .. cu_seqlens[d + 1] - 1 of T; cu_seqlens[0] = 0, ascending, the last = T, empty
@@ -43,7 +44,7 @@ class DocumentChunks {
   // x [1, T, H, X] -> [1, H, N, C, X] in dtype `dt`, zeros in each document's padding.
   Tensor to_chunks(const Tensor& x, torch::ScalarType dt) const;
   // y [1, H, N, C, X] -> [1, T, H, X].
-  Tensor from_chunks(const Tensor& y) const;
+  Tensor from_chunks(const Tensor& y, torch::ScalarType dt) const;
   // The chunk-local inclusive cumulative log-gate of chunk_cumulative_gate in this layout: g
   // undefined (zeros [1, H, N, C, 1]), [1, T, H] or [1, T, H, K].
   Tensor cumulative_gate(const Tensor& g, int64_t H, torch::ScalarType dt) const;

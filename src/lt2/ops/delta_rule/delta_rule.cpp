@@ -492,7 +492,7 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
 RecurrenceResult run_chunked_form(const ChunkPrep& prep, const Tensor& initial_state, int64_t T,
                                   torch::ScalarType out_dtype) {
   auto form = chunked_form(prep, initial_state.defined() ? initial_state.to(prep.u.scalar_type()) : Tensor());
-  return {from_chunks(form.o, T).to(out_dtype), form.scan.final_state};
+  return {from_chunks(form.o, T, out_dtype), form.scan.final_state};
 }
 
 RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q, const Tensor& v,
@@ -512,7 +512,7 @@ RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q
   auto at = [&](const Tensor& t) { return t.index_select(2, docs.last_chunk); };
   auto finals = at(prep.carry) * at(form.scan.states) + torch::matmul(at(prep.kt), at(form.scan.v));
   final_states = final_states.index_copy(0, docs.present, finals.squeeze(0).transpose(0, 1));
-  return {docs.from_chunks(form.o).to(v.scalar_type()), final_states};
+  return {docs.from_chunks(form.o, v.scalar_type()), final_states};
 }
 
 RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -83,20 +83,23 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
   auto rel = P.unsqueeze(-1) - P.narrow(-1, 1, N).unsqueeze(-2);  // [B, H, Kd, N + 1, N]: P_n - P_{m+1}
   auto keep = torch::ones({N + 1, N}, torch::TensorOptions().dtype(torch::kBool).device(v.device())).tril(-1);
   auto D = rel.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity()).exp();
-  Tensor S_all;                                                   // [B, H, N + 1, K, V]
-  if (Kd == 1) {
-    S_all = torch::matmul(D.squeeze(2), X.reshape({B, H, N, K * V})).view({B, H, N + 1, K, V});
-  } else {
-    S_all = torch::matmul(D, X.permute({0, 1, 3, 2, 4})).permute({0, 1, 3, 2, 4});  // per channel row
-  }
-  if (initial_state.defined()) {
-    auto from_s0 = P.exp().transpose(-1, -2).unsqueeze(-1);     // [B, H, N + 1, Kd, 1]
-    S_all = S_all + from_s0 * initial_state.to(dt).unsqueeze(2);
-  }
-  auto S_start = S_all.narrow(2, 0, N);                           // [B, H, N, K, V]
+  const auto Xs = Kd == 1 ? X.reshape({B, H, N, K * V}) : X.permute({0, 1, 3, 2, 4});  // the products' layout
+  // S_n for n in [first, first + count): the chunk starts (0, N) and the final state (N, 1), each
+  // packed as the next product reads it.
+  auto states = [&](int64_t first, int64_t count) {
+    const auto Dn = D.narrow(-2, first, count);
+    Tensor S = Kd == 1 ? torch::matmul(Dn.squeeze(2), Xs).view({B, H, count, K, V})
+                       : torch::matmul(Dn, Xs).permute({0, 1, 3, 2, 4});  // per channel row
+    if (initial_state.defined()) {
+      auto from_s0 = P.narrow(-1, first, count).exp().transpose(-1, -2).unsqueeze(-1);  // [B, H, count, Kd, 1]
+      S = S + from_s0 * initial_state.to(dt).unsqueeze(2);
+    }
+    return S.contiguous();
+  };
+  const auto S_start = states(0, N);                              // [B, H, N, K, V]
   // O = Q_start S_n + A_qk V (the diagonal blocks), as the scan's form computes it.
   auto O = torch::matmul(prep.q_start, S_start) + torch::matmul(prep.a_qk, Vc);  // [B, H, N, C, V]
-  return {from_chunks(O, T).to(v.scalar_type()), S_all.select(2, N).contiguous()};
+  return {from_chunks(O, T, v.scalar_type()), states(N, 1).squeeze(2)};
 }
 
 RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
