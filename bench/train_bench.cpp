@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
                 {"peak_flops", peak},
                 {"mfu", peak > 0 ? flops * tokens / (median / 1000) / peak : 0.0},
                 {"timed_steps", ms.size()}};
+    if (const auto c = trainer.checkpointing_choice())  // what "auto" measured
+      j["checkpoint_need"] = {{"stored_bytes", c->stored_bytes},
+                              {"recomputed_bytes", c->recomputed_bytes},
+                              {"available_bytes", c->available_bytes}};
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_bench: %s\n", e.what());

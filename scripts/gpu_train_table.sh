@@ -3,9 +3,10 @@
 # BUILD_TARGETS including train_bench): issue 24's training table. lt2 train's loop (bench/train_bench, random
 # tokens, bf16 autocast) on MODEL (lt-100m) with its layer pattern replaced by each row's: every mixer
 # family and the LT2 paper's hybrids, at each of SHAPES (seq x batch, the same tokens a step), tokens/s
-# and MFU, and each row's tokens/s over the full-attention row's at that shape. Every run has a time
-# limit (RUN_S); one that fails or runs out says so in its row. The table and JSON are rewritten after
-# every run, so a call cut short keeps what finished.
+# and MFU, and each row's tokens/s over the full-attention row's at that shape; with CHECKPOINT=auto,
+# what the policy measured (a step's need storing activations, and the free memory) beside its
+# choice. Every run has a time limit (RUN_S); one that fails or runs out says so in its row. The
+# table and JSON are rewritten after every run, so a call cut short keeps what finished.
 #   ROWS="full gdn ..."    row names of the list below (default: all)
 #   SHAPES="2048x16 8192x4"  STEPS=10 WARM=4 RUN_S=90  CHECKPOINT=auto (on | off: per-loop checkpointing)
 #   LT2_COMMIT=<commit>    names the commit (the device copy's .git can be stale)
@@ -64,6 +65,16 @@ commit = os.environ.get("LT2_COMMIT") or subprocess.run(["git", "rev-parse", "--
 json.dump({"commit": commit, "date": datetime.date.today().isoformat(), "model": model, "rows": rows},
           open(f"{out}/train_table.json", "w"), indent=1)
 full = {(r["seq"], r["batch"]): r["tokens_per_s"] for r in rows if r["name"] == "full" and "tokens_per_s" in r}
+
+
+def checkpointed(r):  # the policy's choice, and with `auto` what it measured
+    said = "yes" if r["checkpoint_loops"] else "no"
+    need = r.get("checkpoint_need")
+    if need:
+        said += f" ({need['stored_bytes'] / 1e9:.1f} GB stored, {need['available_bytes'] / 1e9:.0f} free)"
+    return said
+
+
 md = [f"# Training throughput by mixer: {model}'s shape with each layer pattern, commit {commit}\n",
       "bench/train_bench (lt2 train's loop, random tokens); ratio = tokens/s over the full-attention row's "
       "at the same shape.\n"]
@@ -81,7 +92,7 @@ for shape in shapes:
         base = full.get((seq, batch))
         ratio = f"{r['tokens_per_s'] / base:.2f}" if base else ""
         md.append(f"| {r['name']} | `{r['pattern']}` | {r['parameters'] / 1e6:.1f}M | {r['median_step_ms']:.0f} | "
-                  f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {ratio} | {'yes' if r['checkpoint_loops'] else 'no'} |")
+                  f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {ratio} | {checkpointed(r)} |")
 open(f"{out}/train_table.md", "w").write("\n".join(md) + "\n")
 PY
 }

@@ -99,6 +99,7 @@ struct Trainer::Impl {
   bool main = true;  // rank 0: logs and writes the run folder
   bool checkpoint_loops = false;  // cfg.checkpoint_loops resolved
   bool checkpointing_chosen = false;
+  std::optional<CheckpointingChoice> checkpointing_choice;  // what "auto" measured
   // TrainConfig::keep_best: the lowest held-out loss so far and its step (0: no evaluation yet).
   double best_val = std::numeric_limits<double>::infinity();
   int64_t best_step = 0;
@@ -124,6 +125,7 @@ torch::Device Trainer::device() const { return impl_->device; }
 bool Trainer::autocast() const { return impl_->autocast; }
 int Trainer::world_size() const { return impl_->group ? impl_->group->world_size() : 1; }
 bool Trainer::checkpoint_loops() const { return impl_->checkpoint_loops; }
+std::optional<CheckpointingChoice> Trainer::checkpointing_choice() const { return impl_->checkpointing_choice; }
 
 torch::Device training_device(const TrainConfig& cfg) {
   const bool cuda = cfg.device == "cuda" || (cfg.device == "auto" && torch::cuda::is_available());
@@ -395,6 +397,7 @@ void Trainer::choose_checkpointing() {
   }
   I.checkpoint_loops = choice.checkpoint_loops;
   I.checkpointing_chosen = true;
+  I.checkpointing_choice = choice;
   if (I.main && cb_.step_lines) {
     std::printf("%s\n", choice.summary().c_str());
     std::fflush(stdout);

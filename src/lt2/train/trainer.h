@@ -25,9 +25,11 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "lt2/model/looped_lm.h"
+#include "lt2/train/memory_policy.h"
 #include "lt2/train/train_config.h"
 
 namespace lt2 {
@@ -102,6 +104,8 @@ class Trainer {
   // Whether forwards recompute each loop in backward: cfg.checkpoint_loops, with "auto" resolved
   // at the start of run() (train/memory_policy.h; every rank takes the same decision).
   bool checkpoint_loops() const;
+  // What "auto" measured and chose (nullopt where the config fixed the policy, or before run()).
+  std::optional<CheckpointingChoice> checkpointing_choice() const;
   // This process's rank and the number of ranks (0 and 1 outside a data-parallel job).
   int rank() const;
   int world_size() const;
