@@ -116,6 +116,12 @@ TEST(Trainer, AutoCheckpointingTrainsAsTheChosenPolicy) {
   Trainer fixed(told, false);
   EXPECT_EQ(losses_of(fixed), a);
   EXPECT_FALSE(chose.checkpoint_loops());  // a tiny model fits any machine
+  // What auto measured: storing needs more than recomputing, and both fit what was free.
+  const auto choice = chose.checkpointing_choice();
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_GT(choice->stored_bytes, choice->recomputed_bytes);
+  EXPECT_GT(choice->available_bytes, choice->stored_bytes);
+  EXPECT_FALSE(fixed.checkpointing_choice().has_value());  // the config fixed the policy
 }
 
 TEST(Trainer, ResumeWithoutCheckpointFails) {
