@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     std::function<void(bool)> run;
     lt2::Mixer mixer_layer;
     torch::Tensor x;
-    std::vector<torch::Tensor> core_inputs;  // q, k, v (and beta, g for the delta rule)
+    std::vector<torch::Tensor> core_inputs;  // q, k, v (attention); q, k, v, beta, g (the recurrences)
     const auto bf16 = torch::TensorOptions().device(dev).dtype(cuda ? torch::kBFloat16 : torch::kFloat32);
     if (core && (mixer == "window" || mixer == "full")) {
       for (int i = 0; i < 3; ++i)  // q, k, v [B, H, T, D]
@@ -105,34 +105,27 @@ int main(int argc, char** argv) {
                                    : at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, /*is_causal=*/true);
         if (backward) o.to(torch::kFloat32).square().mean().backward();
       };
-    } else if (core && (mixer == "gla" || mixer == "mamba2" || mixer == "linear")) {
-      core_inputs = {torch::randn({batch, seq, heads, head_k}, bf16), torch::randn({batch, seq, heads, head_k}, bf16),
-                     torch::randn({batch, seq, heads, head_v}, bf16),
-                     mixer == "linear" ? torch::Tensor()
-                     : mixer == "mamba2" ? -torch::rand({batch, seq, heads}, bf16.dtype(torch::kFloat32))
-                                         : -torch::rand({batch, seq, heads, head_k}, bf16.dtype(torch::kFloat32))};
-      for (auto& t : core_inputs)
-        if (t.defined()) t.requires_grad_(true);
-      run = [&](bool backward) {
-        const auto& in = core_inputs;
-        auto r = lt2::ops::gated_linear_chunked(in[0], in[1], in[2], in[3], 1.0 / std::sqrt(head_k), {}, chunk);
-        if (backward) r.o.to(torch::kFloat32).square().mean().backward();
-      };
     } else if (core) {
-      LT2_CHECK(mixer == "gdn" || mixer == "kda" || mixer == "deltanet",
+      const bool gated = mixer == "gla" || mixer == "mamba2" || mixer == "linear";
+      LT2_CHECK(gated || mixer == "gdn" || mixer == "kda" || mixer == "deltanet",
                 "--core times the delta-rule recurrence (gdn, kda, deltanet), the gated linear family (gla, mamba2, "
                 "linear) or attention (window, full), found ", mixer);
+      // The log-gate: none, one per head or one per key channel.
+      const auto f32 = bf16.dtype(torch::kFloat32);
+      const auto g = mixer == "linear" || mixer == "deltanet" ? torch::Tensor()
+                     : mixer == "mamba2" || mixer == "gdn"    ? -torch::rand({batch, seq, heads}, f32)
+                                                              : -torch::rand({batch, seq, heads, head_k}, f32);
       auto k = torch::randn({batch, seq, heads, head_k}, bf16);
-      core_inputs = {torch::randn({batch, seq, heads, head_k}, bf16), k / k.norm(2, -1, true),
-                     torch::randn({batch, seq, heads, head_v}, bf16), torch::rand({batch, seq, heads}, bf16),
-                     mixer == "deltanet" ? torch::Tensor()
-                     : mixer == "gdn"    ? -torch::rand({batch, seq, heads}, bf16.dtype(torch::kFloat32))
-                                         : -torch::rand({batch, seq, heads, head_k}, bf16.dtype(torch::kFloat32))};
+      core_inputs = {torch::randn({batch, seq, heads, head_k}, bf16), gated ? k : k / k.norm(2, -1, true),
+                     torch::randn({batch, seq, heads, head_v}, bf16),
+                     gated ? torch::Tensor() : torch::rand({batch, seq, heads}, bf16), g};  // q, k, v, beta, g
       for (auto& t : core_inputs)
         if (t.defined()) t.requires_grad_(true);
-      run = [&](bool backward) {
+      run = [&, gated](bool backward) {
         const auto& in = core_inputs;
-        auto r = lt2::ops::delta_rule_chunked(in[0], in[1], in[2], in[3], in[4], 1.0 / std::sqrt(head_k), {}, chunk);
+        const double scale = 1.0 / std::sqrt(head_k);
+        auto r = gated ? lt2::ops::gated_linear_chunked(in[0], in[1], in[2], in[4], scale, {}, chunk)
+                       : lt2::ops::delta_rule_chunked(in[0], in[1], in[2], in[3], in[4], scale, {}, chunk);
         if (backward) r.o.to(torch::kFloat32).square().mean().backward();
       };
     } else {

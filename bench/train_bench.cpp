@@ -65,9 +65,7 @@ int main(int argc, char** argv) {
     cfg.train_data = out + "/tokens.bin";
     cfg.out_dir = out + "/run";
     cfg.save_every = 0;
-    cfg.checkpoint_loops = checkpoint_loops == "on"     ? lt2::LoopCheckpointing::On
-                           : checkpoint_loops == "auto" ? lt2::LoopCheckpointing::Auto
-                                                        : lt2::LoopCheckpointing::Off;
+    cfg.checkpoint_loops = lt2::parse_loop_checkpointing(checkpoint_loops, "--checkpoint-loops");
     lt2::Trainer trainer(cfg, false);
     std::vector<double> ms;
     trainer.on_step = [&](const lt2::StepMetrics& m) {

@@ -43,7 +43,7 @@ class DocumentChunks {
   const char* op() const { return op_; }            // the op named in errors
   // x [1, T, H, X] -> [1, H, N, C, X] in dtype `dt`, zeros in each document's padding.
   Tensor to_chunks(const Tensor& x, torch::ScalarType dt) const;
-  // y [1, H, N, C, X] -> [1, T, H, X].
+  // y [1, H, N, C, X] -> [1, T, H, X] in dtype `dt`.
   Tensor from_chunks(const Tensor& y, torch::ScalarType dt) const;
   // The chunk-local inclusive cumulative log-gate of chunk_cumulative_gate in this layout: g
   // undefined (zeros [1, H, N, C, 1]), [1, T, H] or [1, T, H, K].

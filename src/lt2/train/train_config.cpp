@@ -15,6 +15,12 @@ std::string to_string(LoopCheckpointing c) {
   return "?";
 }
 
+LoopCheckpointing parse_loop_checkpointing(const std::string& name, const std::string& where) {
+  for (auto c : {LoopCheckpointing::Off, LoopCheckpointing::On, LoopCheckpointing::Auto})
+    if (name == to_string(c)) return c;
+  throw Error(cat(where, ": 'checkpoint_loops' must be auto, on, off, true or false, found '", name, "'"));
+}
+
 std::string to_string(Objective o) {
   switch (o) {
     case Objective::CE: return "ce";
@@ -76,7 +82,8 @@ ModelConfig TrainConfig::model_config() const {
 }
 
 json TrainConfig::to_json() const {
-  return json{{"model", model}, {"layer_pattern", layer_pattern}, {"mixer_options", mixer_options}, {"init_from", init_from}, {"train_data", train_data}, {"val_data", val_data},
+  return json{{"model", model}, {"layer_pattern", layer_pattern}, {"mixer_options", mixer_options},
+              {"init_from", init_from}, {"train_data", train_data}, {"val_data", val_data},
               {"out_dir", out_dir}, {"device", device}, {"dtype", dtype},
               {"seq_len", seq_len}, {"batch_size", batch_size}, {"grad_accum", grad_accum},
               {"steps", steps}, {"lr", lr}, {"min_lr_ratio", min_lr_ratio}, {"warmup", warmup},
@@ -127,11 +134,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
     if (it->is_boolean()) {
       c.checkpoint_loops = it->get<bool>() ? LoopCheckpointing::On : LoopCheckpointing::Off;
     } else {
-      const std::string s = it->is_string() ? it->get<std::string>() : it->dump();
-      if (s == "off") c.checkpoint_loops = LoopCheckpointing::Off;
-      else if (s == "on") c.checkpoint_loops = LoopCheckpointing::On;
-      else if (s == "auto") c.checkpoint_loops = LoopCheckpointing::Auto;
-      else throw Error(cat(where, ": 'checkpoint_loops' must be auto, on, off, true or false, found ", it->dump()));
+      c.checkpoint_loops = parse_loop_checkpointing(it->is_string() ? it->get<std::string>() : it->dump(), where);
     }
   }
   json_get(j, "tf32", c.tf32, where);

@@ -17,6 +17,8 @@ enum class Objective { CE, Ouro, OuroGate };
 // step's measured memory (train/memory_policy.h).
 enum class LoopCheckpointing { Off, On, Auto };
 std::string to_string(LoopCheckpointing c);
+// "auto", "on" or "off"; anything else is an error naming `where`.
+LoopCheckpointing parse_loop_checkpointing(const std::string& name, const std::string& where);
 
 struct TrainConfig {
   std::string model;            // path of a model config JSON, or a preset name in configs/

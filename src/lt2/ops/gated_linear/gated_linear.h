@@ -22,10 +22,10 @@ RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const 
 //   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed by exp(G_i - G_j)) V)
 //   S <- exp(G_C) S + (K * exp(G_C - G))^T V
 // The states at the chunk starts: up to DecodeOptions::gated_prefix_chunks chunks (by default 128
-// on the CPU, any number on CUDA), one
-// decay-weighted prefix sum over the chunks' writes (a [N + 1, N] product per head or key channel:
-// no loop over the chunks in either pass, but N^2 work and memory); beyond, the delta rule's chunk
-// scan with W = 0 (linear in N, one kernel launch on CUDA; delta_rule.h: run_chunked_form).
+// on the CPU, any number on CUDA), one decay-weighted prefix sum over the chunks' writes (a
+// [N + 1, N] product per head or key channel: no loop over the chunks in either pass, but N^2 work
+// and memory); beyond, the delta rule's chunk scan with W = 0 (linear in N, one kernel launch on
+// CUDA; delta_rule.h: run_chunked_form).
 RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, double scale, const Tensor& initial_state,
                                       int64_t chunk_size);
