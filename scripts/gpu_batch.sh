@@ -15,6 +15,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # Steps that run lt2's binaries directly find the libraries .deps carries.
 [ -d "$PWD/.deps/root/usr" ] && export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+# Binaries built on the CPU machine (scripts/prebuild_gpu.sh) arrive packed in .deps: unpacked to build-prebuilt/,
+# with the libraries they load (theirs, libtorch's, the CUDA runtime) on the path.
+if [ -f .deps/build-prebuilt.tar.xz ]; then
+  rm -rf build-prebuilt && python3 -c "import tarfile; tarfile.open('.deps/build-prebuilt.tar.xz').extractall()"
+  export LD_LIBRARY_PATH="$PWD/build-prebuilt:$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+  echo "unpacked build-prebuilt/ ($(cat build-prebuilt/COMMIT))"
+fi
 FINAL=${OUT:-/tmp/lt2_gpu_out}
 RESULTS=/tmp/lt2_batch
 mkdir -p "$FINAL"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds lt2 and test_gpu here (the CPU machine compiles the CUDA code too), strips them and puts them with
-# the one shared library they need beyond libtorch and the CUDA runtime into build-prebuilt/, to carry to the
-# GPU machine: `run` with carry ["build-prebuilt"] and PREBUILT=build-prebuilt scripts/gpu_infer.sh.
+# the libraries they need beyond libtorch and the CUDA runtime into build-prebuilt/, and packs that folder into
+# .deps/build-prebuilt.tar.xz (~17 MB against ~140 MB unpacked: the carry limit is 64 MiB) for the GPU machine:
+# `run` with carry [".deps"] and scripts/gpu_batch.sh, which unpacks it, then PREBUILT=build-prebuilt in a step.
 # BENCH="mixer_bench train_bench" also carries those benchmarks (build-prebuilt/<name>; the scripts that
 # run them take its path, e.g. T=build-prebuilt/train_bench scripts/gpu_train_table.sh).
 # COMMIT records the commit (and whether the tree had changes) the binaries were built from, SOURCE_HASH the
@@ -17,4 +18,6 @@ for bench in ${BENCH:-}; do strip -o "build-prebuilt/$bench" "build/bench/$bench
 for lib in $(ldd build/apps/lt2/lt2 | awk '/libpcre2-8|libcpp-httplib|libbrotli/ {print $3}'); do cp -L "$lib" build-prebuilt/; done
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src apps tests || echo '+changes')" > build-prebuilt/COMMIT
 python3 scripts/gpu_status.py --hash > build-prebuilt/SOURCE_HASH
-du -sh build-prebuilt
+tar cf - build-prebuilt | xz -T"$(nproc)" -6 > .deps/build-prebuilt.tar.xz.tmp
+mv .deps/build-prebuilt.tar.xz.tmp .deps/build-prebuilt.tar.xz
+du -sh build-prebuilt .deps/build-prebuilt.tar.xz
