@@ -98,3 +98,18 @@ TEST(RowNormGpu, SwitchOffTakesTheReference) {
   EXPECT_LT(rel_err(ops::gated_rms_norm(x, w, 1e-6, g, ops::GateActivation::Swish), fused), 1e-5);
   EXPECT_LT(rel_err(ops::l2_normalize(x), l2), 1e-5);
 }
+
+TEST(RowNormGpu, InferenceReadsModelDtypeWeightsAsTheyAre) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(13);
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(name(dt));
+    const auto x = torch::randn({5, 33, 192}, gpu(dt)), g = torch::randn({5, 33, 192}, gpu(dt));
+    const auto w = (1 + 0.1 * torch::randn({192}, gpu(torch::kFloat32))).to(dt);
+    const auto y = ops::gated_rms_norm(x, w, 1e-6, g, ops::GateActivation::Swish);
+    const auto f64 = [](const Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); };
+    const auto want = ops::gated_rms_norm(f64(x), f64(w), 1e-6, f64(g), ops::GateActivation::Swish);
+    EXPECT_LT(rel_err(y.cpu(), want), tolerance(dt));
+  }
+}

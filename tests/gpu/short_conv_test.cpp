@@ -136,3 +136,29 @@ TEST(ShortConvGpu, PrefillInPiecesThroughTheWindowEqualsOneCall) {
     EXPECT_LT(rel_err(ops::short_conv(x, w, b, true, &ref_window), whole), 1e-5);
   }
 }
+
+TEST(ShortConvGpu, InferenceReadsSlicesAndModelDtypeWeightsInPlace) {
+  REQUIRE_CONV_KERNEL();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(9);
+  // x a column slice of a packed projection [B, T, 3C] (as GDN's q, k and v are at inference), the
+  // weight in the model's dtype, through the window as prefill runs it; float64 on the CPU is the
+  // reference, on the same rounded inputs.
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    for (int64_t B : {1, 3}) {
+      SCOPED_TRACE(cat(name(dt), " B", B));
+      const int64_t T = 45, C = 40, W = 4;
+      const auto packed = torch::randn({B, T, 3 * C}, gpu(dt));
+      const auto x = packed.narrow(2, C, C);
+      const auto w = (torch::randn({C, 1, W}, gpu(torch::kFloat32)) * 0.5).to(dt);
+      const auto past = torch::randn({B, W - 1, C}, gpu(dt));
+      auto window = past.clone();
+      const auto y = ops::short_conv(x, w, Tensor(), true, &window);
+      auto ref_window = past.to(torch::kCPU, torch::kFloat64);
+      const auto want = ops::short_conv(x.to(torch::kCPU, torch::kFloat64), w.to(torch::kCPU, torch::kFloat64), Tensor(),
+                                        true, &ref_window);
+      EXPECT_LT(rel_err(y.cpu(), want), tolerance(dt));
+      EXPECT_LT(rel_err(window.cpu(), ref_window), 1e-7);
+    }
+  }
+}

@@ -77,15 +77,18 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream);
 // with packed documents (no tap reaches into the document before), else 1. Computed in fp32.
 constexpr int kMaxConvWidth = 8;  // W in [1, 8]
 struct ShortConvParams {
-  const void* x;          // [B, T, C] dtype, packed
+  const void* x;          // [B, T, C] dtype, channels packed, tokens x_token_stride apart
   const void* past;       // [B, W - 1, C] dtype, packed, or nullptr
-  const float* weight;    // [C, W], packed
+  const void* weight;     // [C, W] weight_dtype (Float32 or dtype), packed
   const float* bias;      // [C], or nullptr
   const int64_t* offsets; // [B, T], each token's position in its document, or nullptr
   void* y;                // [B, T, C] dtype
   int batch, seq, channels, width;
+  // Elements from one token of x to the next (>= channels; rows seq * x_token_stride apart): a
+  // column slice of a wider [B, T, N] tensor, as the parts of a packed projection, is read in place.
+  int64_t x_token_stride;
   bool silu;
-  DType dtype;
+  DType dtype, weight_dtype;
 };
 void short_conv_forward(const ShortConvParams& p, void* stream);
 
@@ -114,14 +117,14 @@ enum class GateAct { None, Swish, Sigmoid };
 struct RowNormParams {
   const void* x;         // [rows, D] dtype, packed
   const void* gate;      // [rows, D] dtype, packed, or nullptr
-  const float* weight;   // [D], or nullptr
+  const void* weight;    // [D] weight_dtype (Float32 or dtype), or nullptr
   void* y;               // [rows, D] dtype
   float* rstd;           // [rows]: r
   int64_t rows;
   int dim;
   float divisor, eps;
   GateAct act;
-  DType dtype;
+  DType dtype, weight_dtype;
 };
 void row_norm_forward(const RowNormParams& p, void* stream);
 
@@ -191,6 +194,26 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& p, void* 
 // Whether delta_rule_prepare and its backward serve these dims on CUDA device `device`: C 64, K
 // and V multiples of 16 with K <= 128, and the backward's shared memory within the device's limit.
 bool delta_rule_prepare_supported(int head_k, int head_v, int chunk_size, int device);
+
+// The gates of the gated delta rule (ops::delta_rule_gates: GDN, KDA) from their raw projections,
+// for `rows` tokens:
+//   g[r][c]    = -exp(A_log[c / (cols / heads)]) * softplus(a[r][c] + dt_bias[c])   c < cols
+//   beta[r][h] = beta_scale * sigmoid(b[r][h])                                        h < beta_cols
+// in fp32, softplus as libtorch's (x past 20 is taken as is). The forward only: training
+// differentiates the libtorch form.
+struct DeltaRuleGatesParams {
+  const void* a;         // [rows, cols] dtype, columns packed, rows a_row_stride apart
+  const void* b;         // [rows, beta_cols] dtype, columns packed, rows b_row_stride apart
+  const void* A_log;     // [heads] param_dtype
+  const void* dt_bias;   // [cols] param_dtype
+  float* g;              // [rows, cols], packed
+  float* beta;           // [rows, beta_cols], packed
+  int64_t rows, a_row_stride, b_row_stride;
+  int cols, heads, beta_cols;  // heads divides cols
+  float beta_scale;
+  DType dtype, param_dtype;    // param_dtype: Float32 or dtype
+};
+void delta_rule_gates(const DeltaRuleGatesParams& p, void* stream);
 
 // The per-channel decayed scores of the chunked gated forms (ops::decayed_scores with one decay per
 // key channel: GLA, HGRN2, KDA), for `count` independent chunks of C rows and K channels:

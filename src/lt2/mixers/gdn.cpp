@@ -4,6 +4,7 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/ops/delta_rule/decode.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
@@ -57,16 +58,24 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm
 
 RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
-  const auto ct = accum_dtype(x);
   RecurrenceInputs in;
-  auto q = q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
-  auto k = k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
+  // q, k, v, a, b (and the output gate): at inference one GEMM whose parts are column slices, which
+  // the convolutions read in place.
+  std::vector<Tensor> p;
+  if (use_packed(w_in)) {
+    p = unpack_outputs(ops::linear(x, w_in), input_projections());
+    if (use_gate) in.gate = p[5];
+  } else {
+    p = {q_proj(x), k_proj(x), v_proj(x), a_proj(x), b_proj(x)};
+  }
+  auto q = q_conv1d(p[0], st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
+  auto k = k_conv1d(p[1], st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   in.q = repeat_heads(ops::l2_normalize(q), groups);                   // [B, T, HV, K]
   in.k = repeat_heads(ops::l2_normalize(k), groups);                   // [B, T, HV, K]
-  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
-  in.beta = torch::sigmoid(b_proj(x).to(ct));                          // [B, T, HV]
-  if (allow_neg_eigval) in.beta = in.beta * 2;
-  in.g = -A_log.to(ct).exp() * torch::softplus(a_proj(x).to(ct) + dt_bias.to(ct));  // [B, T, HV]
+  in.v = v_conv1d(p[2], st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
+  auto gates = ops::delta_rule_gates(p[3], p[4], A_log, dt_bias, allow_neg_eigval ? 2.0 : 1.0);
+  in.g = gates.g;        // [B, T, HV]
+  in.beta = gates.beta;  // [B, T, HV]
   in.scale = scale();
   return in;
 }
@@ -134,9 +143,9 @@ void GatedDeltaNetImpl::pack_for_inference() {
   if (!w_in.defined()) w_in = pack_linears(input_projections());
 }
 
-Tensor GatedDeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
+Tensor GatedDeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto gate = use_gate ? g_proj(x).view({B, T, num_v_heads, head_v_dim}) : Tensor();
+  auto gate = use_gate ? (in.gate.defined() ? in.gate : g_proj(x)).view({B, T, num_v_heads, head_v_dim}) : Tensor();
   auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate,
                                use_gate ? ops::GateActivation::Swish : ops::GateActivation::None);
   return o_proj(y.reshape({B, T, num_v_heads * head_v_dim}).to(x.scalar_type()));

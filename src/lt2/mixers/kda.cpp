@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
@@ -55,17 +56,15 @@ KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const ModelConfig& cfg) : norm_ep
 
 RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
-  const auto ct = accum_dtype(x);
   RecurrenceInputs in;
   auto q = q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   auto k = k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   in.q = repeat_heads(ops::l2_normalize(q), groups);                   // [B, T, HV, K]
   in.k = repeat_heads(ops::l2_normalize(k), groups);                   // [B, T, HV, K]
   in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
-  in.beta = torch::sigmoid(b_proj(x).to(ct));                          // [B, T, HV]
-  if (allow_neg_eigval) in.beta = in.beta * 2;
-  auto f = (f_proj->forward(x).to(ct) + dt_bias.to(ct)).view({B, T, num_v_heads, head_k_dim});
-  in.g = -A_log.to(ct).exp().view({num_v_heads, 1}) * torch::softplus(f);  // [B, T, HV, K]
+  auto gates = ops::delta_rule_gates(f_proj->forward(x), b_proj(x), A_log, dt_bias, allow_neg_eigval ? 2.0 : 1.0);
+  in.g = gates.g.view({B, T, num_v_heads, head_k_dim});  // [B, T, HV, K]
+  in.beta = gates.beta;                                   // [B, T, HV]
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
   return in;
 }

@@ -54,7 +54,8 @@ bool DecodeOptions::pdl_for(const char* kernel) const {
 const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
       "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
-      "short_conv", "row_norm", "delta_rule_prepare", "window_flash", "channel_scores", "gated_prefix_chunks",
+      "short_conv", "row_norm", "delta_rule_prepare", "window_flash", "channel_scores", "delta_rule_gates",
+      "gated_prefix_chunks",
       "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
 }
@@ -71,6 +72,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
   else if (name == "window_flash") window_flash = parse_bool(name, v);
   else if (name == "channel_scores") channel_scores = parse_bool(name, v);
+  else if (name == "delta_rule_gates") delta_rule_gates = parse_bool(name, v);
   else if (name == "gated_prefix_chunks") gated_prefix_chunks = parse_int(name, v, -1, 1 << 30);
   else if (name == "dsa_fold_q_max_rows") dsa_fold_q_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "dsa_fold_o_max_rows") dsa_fold_o_max_rows = parse_int(name, v, 0, 1 << 20);
@@ -94,6 +96,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "delta_rule_prepare=" + b(delta_rule_prepare),
           "window_flash=" + b(window_flash),
           "channel_scores=" + b(channel_scores),
+          "delta_rule_gates=" + b(delta_rule_gates),
           cat("gated_prefix_chunks=", gated_prefix_chunks),
           cat("dsa_fold_q_max_rows=", dsa_fold_q_max_rows),
           cat("dsa_fold_o_max_rows=", dsa_fold_o_max_rows),

@@ -52,13 +52,15 @@ __device__ __forceinline__ void store_row(void* base, int64_t row, int dim, int 
   }
 }
 
-// weight[i] for the lane's columns (1 without a weight).
-template <int PerLane>
-__device__ __forceinline__ void load_weight(const float* weight, int dim, int lane, float (&w)[PerLane]) {
+// weight[i] for the lane's columns (1 without a weight), fp32 or of the rows' type T.
+template <typename T, int PerLane>
+__device__ __forceinline__ void load_weight(const RowNormParams& p, int lane, float (&w)[PerLane]) {
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) {
     const int i = lane + 32 * j;
-    w[j] = weight && i < dim ? weight[i] : 1.f;
+    w[j] = !p.weight || i >= p.dim               ? 1.f
+           : p.weight_dtype == DType::Float32 ? static_cast<const float*>(p.weight)[i]
+                                              : to_float(static_cast<const T*>(p.weight)[i]);
   }
 }
 
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const Row
   float x[PerLane], w[PerLane], g[PerLane];
   load_row<T>(p.x, row, p.dim, lane, x);
   if (p.gate) load_row<T>(p.gate, row, p.dim, lane, g);
-  load_weight(p.weight, p.dim, lane, w);
+  load_weight<T>(p, lane, w);
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) ss = fmaf(x[j], x[j], ss);
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
   const RowNormParams& p = bp.forward;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float w[PerLane], dw[PerLane] = {};
-  load_weight(p.weight, p.dim, lane, w);
+  load_weight<T>(p, lane, w);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < p.rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     float x[PerLane], dy[PerLane], g[PerLane];
@@ -128,6 +130,8 @@ void check_params(const RowNormParams& p, const char* op) {
             p.dim);
   LT2_CHECK(p.rows >= 0 && p.rows / kWarps < INT32_MAX, op, ": rows ", p.rows, " outside [0, 2^31 x ", kWarps, ")");
   LT2_CHECK(p.x && p.rstd && p.divisor > 0, op, ": x and rstd must be given and the divisor > 0");
+  LT2_CHECK(p.weight_dtype == DType::Float32 || p.weight_dtype == p.dtype, op,
+            ": the weight must be fp32 or of x's dtype");
 }
 
 // Calls f with the elements per lane the row length needs: 8 (D <= 256) or 32.

@@ -50,11 +50,11 @@ struct ConvThread {
     t0 = (blockIdx.y * kTiles + threadIdx.y) * tile;
     t1 = min(t0 + tile, p.seq);
     active = c < p.channels && t0 < p.seq;
-    x = static_cast<const T*>(p.x) + static_cast<int64_t>(b) * p.seq * p.channels + c;
+    x = static_cast<const T*>(p.x) + static_cast<int64_t>(b) * p.seq * p.x_token_stride + c;
     offsets = p.offsets ? p.offsets + static_cast<int64_t>(b) * p.seq : nullptr;
   }
   __device__ float load(const ShortConvParams& p, int t) const {
-    if (t >= 0) return to_float(x[static_cast<int64_t>(t) * p.channels]);
+    if (t >= 0) return to_float(x[static_cast<int64_t>(t) * p.x_token_stride]);
     if (!p.past) return 0.f;
     const T* past = static_cast<const T*>(p.past) + static_cast<int64_t>(b) * (p.width - 1) * p.channels + c;
     return to_float(past[static_cast<int64_t>(p.width - 1 + t) * p.channels]);
@@ -63,13 +63,17 @@ struct ConvThread {
   __device__ int reach(int t) const { return offsets ? static_cast<int>(min(offsets[t], int64_t{kMaxConvWidth})) : kMaxConvWidth; }
 };
 
-// Weights right-aligned: w[MaxW - 1 - d] multiplies the input d tokens back; zero for d >= W.
-template <int MaxW>
+// Weights right-aligned: w[MaxW - 1 - d] multiplies the input d tokens back; zero for d >= W. They
+// are fp32, or of x's type T (an inference model's weights, read without a conversion pass).
+template <typename T, int MaxW>
 __device__ __forceinline__ void load_taps(const ShortConvParams& p, int c, float (&w)[MaxW]) {
 #pragma unroll
   for (int j = 0; j < MaxW; ++j) {
     const int d = MaxW - 1 - j;
-    w[j] = d < p.width ? p.weight[static_cast<int64_t>(c) * p.width + (p.width - 1 - d)] : 0.f;
+    const int64_t i = static_cast<int64_t>(c) * p.width + (p.width - 1 - d);
+    w[j] = d >= p.width                       ? 0.f
+           : p.weight_dtype == DType::Float32 ? static_cast<const float*>(p.weight)[i]
+                                              : to_float(static_cast<const T*>(p.weight)[i]);
   }
 }
 
@@ -94,7 +98,7 @@ __global__ void __launch_bounds__(kChannels* kTiles) short_conv_forward_kernel(c
   const ConvThread<T> th(p, kForwardTile);
   if (!th.active) return;
   float w[MaxW], xs[MaxW];
-  load_taps(p, th.c, w);
+  load_taps<T>(p, th.c, w);
   const float bias = p.bias ? p.bias[th.c] : 0.f;
 #pragma unroll
   for (int j = 0; j + 1 < MaxW; ++j) {
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(kChannels* kTiles) short_conv_backward_kernel(
   if (th.active) {
     float w[MaxW], xs[MaxW], dpre[MaxW] = {};
     int reach[MaxW] = {};
-    load_taps(p, th.c, w);
+    load_taps<T>(p, th.c, w);
     const float bias = p.bias ? p.bias[th.c] : 0.f;
 #pragma unroll
     for (int j = 0; j + 1 < MaxW; ++j) {
@@ -210,6 +214,10 @@ void check_params(const ShortConvParams& p, const char* op) {
   LT2_CHECK(p.batch >= 0 && p.batch <= 65535 && p.seq >= 0 && p.channels >= 0, op, ": batch ", p.batch,
             " must be in [0, 65535], seq ", p.seq, " and channels ", p.channels, " >= 0");
   LT2_CHECK(p.x && p.weight, op, ": x and weight must be given");
+  LT2_CHECK(p.x_token_stride >= p.channels, op, ": x_token_stride (", p.x_token_stride, ") must be >= channels (",
+            p.channels, ")");
+  LT2_CHECK(p.weight_dtype == DType::Float32 || p.weight_dtype == p.dtype, op,
+            ": the weight must be fp32 or of x's dtype");
 }
 
 dim3 conv_grid(const ShortConvParams& p, int tile) {

@@ -14,15 +14,23 @@ namespace lt2::ops {
 namespace {
 
 #ifdef LT2_WITH_CUDA
-// The kernels' view of a call: x [B, T, C] packed in a kernel dtype, weight as packed fp32 [C, W],
-// bias fp32 [C] or undefined, offsets int64 [B, T] or undefined, past [B, W-1, C] in x's dtype or
-// undefined.
+// Whether the kernels read x [B, T, C] where it lies: channels packed, rows seq token strides apart
+// (a column slice of a packed [B, T, N] projection is).
+bool kernel_reads_in_place(const Tensor& x) {
+  return x.stride(2) == 1 && x.stride(1) >= x.size(2) && (x.size(0) == 1 || x.stride(0) == x.size(1) * x.stride(1));
+}
+
+// The kernels' view of a call: x [B, T, C] in a kernel dtype as kernel_reads_in_place takes it,
+// weight [C, W] packed in fp32 or x's dtype, bias fp32 [C] or undefined, offsets int64 [B, T] or
+// undefined, past [B, W-1, C] in x's dtype or undefined.
 kernels::ShortConvParams conv_params(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& offsets,
                                      const Tensor& past, bool silu) {
   kernels::ShortConvParams p{};
   p.x = x.data_ptr();
+  p.x_token_stride = x.stride(1);
   p.past = past.defined() ? past.data_ptr() : nullptr;
-  p.weight = weight.data_ptr<float>();
+  p.weight = weight.data_ptr();
+  p.weight_dtype = detail::kernel_dtype(weight.scalar_type());
   p.bias = bias.defined() ? bias.data_ptr<float>() : nullptr;
   p.offsets = offsets.defined() ? offsets.data_ptr<int64_t>() : nullptr;
   p.batch = static_cast<int>(x.size(0)), p.seq = static_cast<int>(x.size(1));
@@ -35,7 +43,7 @@ kernels::ShortConvParams conv_params(const Tensor& x, const Tensor& weight, cons
 Tensor conv_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& offsets,
                          const Tensor& past, bool silu) {
   c10::cuda::CUDAGuard guard(x.device());
-  auto y = torch::empty_like(x);
+  auto y = torch::empty(x.sizes(), x.options());  // packed, whatever x's strides
   auto p = conv_params(x, weight, bias, offsets, past, silu);
   p.y = y.data_ptr();
   kernels::short_conv_forward(p, detail::current_stream(x));
@@ -120,8 +128,10 @@ Tensor short_conv(const Tensor& x, const Tensor& weight, const Tensor& bias, boo
                     (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()) ||
                      (window && window->requires_grad()));
   if (conv_kernel_applies(x, weight) && !(grad && window)) {
-    const auto xc = x.contiguous();
-    const auto w = weight.to(torch::kFloat32).reshape({C, W}).contiguous();
+    // Without gradients, x is read in place and the weight in x's dtype: no copy or conversion pass.
+    const auto xc = grad || !kernel_reads_in_place(x) ? x.contiguous() : x;
+    const bool weight_as_is = !grad && weight.scalar_type() == x.scalar_type();
+    const auto w = (weight_as_is ? weight : weight.to(torch::kFloat32)).reshape({C, W}).contiguous();
     const auto b = bias.defined() ? bias.to(torch::kFloat32).contiguous() : Tensor();
     const auto o = offsets.defined() ? offsets.to(x.device(), torch::kLong).contiguous() : Tensor();
     Tensor y;

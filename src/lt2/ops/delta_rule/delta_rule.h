@@ -53,6 +53,19 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
 bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
                                const Tensor& g, int64_t chunk_size);
 
+// The gates of the gated delta rule from their raw projections (GDN: cols = heads; KDA: one decay
+// per key channel, cols = heads * K):
+//   g    = -exp(A_log[head of the column]) * softplus(a + dt_bias)   [B, T, cols]
+//   beta = beta_scale * sigmoid(b)                                    [B, T, H_b]
+// both in the compute dtype (fp32; fp64 for fp64 inputs). a and b may be column slices of one
+// packed projection. On CUDA without gradients (and DecodeOptions::delta_rule_gates on) one kernel
+// launch reading them in place; otherwise the libtorch form, differentiable.
+struct DeltaRuleGates {
+  Tensor g, beta;
+};
+DeltaRuleGates delta_rule_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias,
+                                double beta_scale);
+
 // (I + StrictTril(L))^{-1} for L [..., C, C] (the UT transform's inverse; L's diagonal and upper
 // part are not read). Differentiable: dL = -StrictTril(T^T dT T^T). On CUDA in float32 with
 // C <= 64 one kernel launch (forward substitution, kernels/prefill.h: unit_lower_inverse);

@@ -58,13 +58,15 @@ kernels::GateAct kernel_act(GateActivation act) {
                                           : kernels::GateAct::None;
 }
 
-// The kernels' view of x [rows, d] (packed), weight fp32 [d] or undefined, gate like x or undefined.
+// The kernels' view of x [rows, d] (packed), weight [d] in fp32 or x's dtype or undefined, gate like x
+// or undefined.
 kernels::RowNormParams row_norm_params(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor,
                                        double eps, GateActivation act, const Tensor& rstd) {
   kernels::RowNormParams p{};
   p.x = x.data_ptr();
   p.gate = gate.defined() ? gate.data_ptr() : nullptr;
-  p.weight = weight.defined() ? weight.data_ptr<float>() : nullptr;
+  p.weight = weight.defined() ? weight.data_ptr() : nullptr;
+  p.weight_dtype = kernel_dtype(weight.defined() ? weight.scalar_type() : torch::kFloat32);
   p.rstd = rstd.data_ptr<float>();
   p.rows = x.size(0), p.dim = static_cast<int>(x.size(1));
   p.divisor = static_cast<float>(divisor), p.eps = static_cast<float>(eps);
@@ -134,10 +136,12 @@ Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gat
   if (gate.defined() && (gate.sizes() != x.sizes() || gate.device() != x.device())) return Tensor();
   const int64_t d = x.size(-1);
   const auto x2 = x.reshape({-1, d}).contiguous();
-  const auto w = weight.defined() ? weight.to(torch::kFloat32).contiguous() : Tensor();
   const auto g = gate.defined() ? gate.to(x.scalar_type()).reshape({-1, d}).contiguous() : Tensor();
   const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || (weight.defined() && weight.requires_grad()) ||
                                                       (gate.defined() && gate.requires_grad()));
+  // Without gradients a weight of x's dtype is read as it is (no conversion pass); the backward takes fp32.
+  const bool weight_as_is = weight.defined() && !grad && weight.scalar_type() == x.scalar_type();
+  const auto w = !weight.defined() ? Tensor() : (weight_as_is ? weight : weight.to(torch::kFloat32)).contiguous();
   Tensor y;
   if (grad) {
     const auto empty = torch::empty({0}, x.options());

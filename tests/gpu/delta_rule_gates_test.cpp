@@ -1,0 +1,103 @@
+// GPU (CTest label `gpu`): the gated delta rule's gates kernel (kernels/cuda/delta_rule_gates.cu
+// behind ops::delta_rule_gates) against the float64 reference on random inputs, read in place from
+// a packed projection or packed, with fp32 or model-dtype parameters, values past softplus's
+// threshold; and the inference form of the GDN and KDA layers (one packed projection, the
+// convolutions and norms reading slices and model-dtype weights in place, the gates kernel) equal
+// to the training form. Skips where no CUDA GPU (or no CUDA kernels).
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_testing.h"
+
+#include <vector>
+
+#include "common/testing.h"
+#include "lt2/mixers/recurrent_mixer.h"
+#include "lt2/mixers/registry.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
+
+using namespace lt2;
+using lt2::testing::rel_err;
+using torch::Tensor;
+using namespace lt2::gpu_testing;
+
+namespace {
+
+struct GatesCase {
+  int64_t B, T, cols, heads, beta_cols;
+};
+
+}  // namespace
+
+TEST(DeltaRuleGatesGpu, KernelMatchesTheFloat64Reference) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(31);
+  // GDN's shape (one decay per head), KDA's (one per key channel of 4 heads), and odd sizes.
+  for (const GatesCase c : std::vector<GatesCase>{{2, 37, 16, 16, 16}, {1, 50, 128, 4, 4}, {3, 5, 6, 2, 3}}) {
+    SCOPED_TRACE(cat("B", c.B, " T", c.T, " cols", c.cols, " heads", c.heads, " beta_cols", c.beta_cols));
+    auto packed = torch::randn({c.B, c.T, c.cols + c.beta_cols + 5}, torch::kFloat64) * 4;
+    packed.index_put_({0, 0, 0}, 25.0);  // past softplus's threshold
+    packed.index_put_({0, 1, 1}, -30.0);
+    const auto A_log = torch::randn({c.heads}, torch::kFloat64) * 0.5;
+    const auto dt_bias = torch::randn({c.cols}, torch::kFloat64);
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      for (auto param_dt : {torch::kFloat32, dt}) {
+        for (bool in_place : {true, false}) {
+          for (double scale : {1.0, 2.0}) {
+            SCOPED_TRACE(cat(name(dt), " params ", name(param_dt), in_place ? " slices" : " packed", " scale ", scale));
+            const auto r = [](const Tensor& t, torch::ScalarType s) { return t.to(s).to(torch::kFloat64); };
+            const auto want = ops::delta_rule_gates(r(packed, dt).narrow(2, 0, c.cols),
+                                                    r(packed, dt).narrow(2, c.cols, c.beta_cols), r(A_log, param_dt),
+                                                    r(dt_bias, param_dt), scale);
+            const auto p = packed.to(torch::kCUDA, dt);
+            auto a = p.narrow(2, 0, c.cols), b = p.narrow(2, c.cols, c.beta_cols);
+            if (!in_place) a = a.contiguous(), b = b.contiguous();
+            const auto got = ops::delta_rule_gates(a, b, A_log.to(torch::kCUDA, param_dt),
+                                                   dt_bias.to(torch::kCUDA, param_dt), scale);
+            ASSERT_EQ(got.g.scalar_type(), torch::kFloat32);
+            EXPECT_LT(rel_err(got.g.cpu(), want.g), tolerance(torch::kFloat32));
+            EXPECT_LT(rel_err(got.beta.cpu(), want.beta), tolerance(torch::kFloat32));
+            // The switch off takes the libtorch form on the GPU, which agrees.
+            DecodeOptions off;
+            off.delta_rule_gates = false;
+            DecodeOptionsGuard guard(off);
+            const auto ref = ops::delta_rule_gates(a, b, A_log.to(torch::kCUDA, param_dt),
+                                                   dt_bias.to(torch::kCUDA, param_dt), scale);
+            EXPECT_LT(rel_err(ref.g, got.g), tolerance(torch::kFloat32));
+            EXPECT_LT(rel_err(ref.beta, got.beta), tolerance(torch::kFloat32));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DeltaRuleGatesGpu, InferenceLayerEqualsTheTrainingForm) {
+  REQUIRE_FUSED_DECODE();
+  for (const char* kind : {"gdn", "kda"}) {
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(cat(kind, " ", name(dt)));
+      auto cfg = lt2::testing::tiny_config(kind);
+      cfg.d_model = 128;
+      cfg.n_heads = 2;
+      torch::manual_seed(32);
+      auto m = make_mixer(kind, cfg, 0);
+      m->to(torch::kCUDA, dt);
+      const int64_t B = 2, T = 77;
+      auto x = torch::randn({B, T, cfg.d_model}, gpu(dt));
+      // The training form: separate projections, the libtorch gates, convolution and norm weights
+      // converted to fp32 (gradients on), continuing a state as prefill does.
+      auto train_state = m->make_state(B, T, x.options());
+      const auto y_train = m->forward(x, Positions{0}, train_state.get()).detach();
+      m->pack_for_inference();
+      torch::NoGradGuard no_grad;
+      auto state = m->make_state(B, T, x.options());
+      const auto y = m->forward(x, Positions{0}, state.get());
+      EXPECT_LT(rel_err(y, y_train), tolerance(dt));
+      const auto& a = dynamic_cast<RecurrentState&>(*state);
+      const auto& b = dynamic_cast<RecurrentState&>(*train_state);
+      EXPECT_LT(rel_err(a.S, b.S), tolerance(dt));
+      for (size_t i = 0; i < a.conv.size(); ++i) EXPECT_LT(rel_err(a.conv[i], b.conv[i]), tolerance(dt));
+    }
+  }
+}
