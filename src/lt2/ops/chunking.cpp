@@ -34,6 +34,13 @@ Tensor from_chunks(const Tensor& y, int64_t T, torch::ScalarType dt) {
   return packed_as(y.permute({0, 2, 3, 1, 4}), dt).view({B, N * C, H, D}).narrow(1, 0, T);
 }
 
+Tensor chunk_outputs(const Tensor& q_start, const Tensor& states, const Tensor& a, const Tensor& v) {
+  auto flat = [](const Tensor& t) { return t.reshape({-1, t.size(-2), t.size(-1)}); };
+  auto shape = q_start.sizes().vec();
+  shape.back() = v.size(-1);
+  return torch::baddbmm(torch::bmm(flat(a), flat(v)), flat(q_start), flat(states)).view(shape);
+}
+
 Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, int64_t chunk,
                              torch::ScalarType dt, const torch::Device& device) {
   const int64_t N = (T + chunk - 1) / chunk;

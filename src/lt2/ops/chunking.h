@@ -28,6 +28,10 @@ class Fp32Scope {
 Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt);
 // y: [B, H, N, C, D] -> [B, T, H, D] in dtype `dt` (drops the padded tail; one copy).
 Tensor from_chunks(const Tensor& y, int64_t T, torch::ScalarType dt);
+// The chunked forms' outputs O = Q_start S + A V per chunk: q_start [..., C, K], states [..., K, V],
+// a [..., C, C], v [..., C, V] with the same leading dims -> [..., C, V], as two batched GEMMs (the
+// second accumulates into the first's result: no separate sum pass).
+Tensor chunk_outputs(const Tensor& q_start, const Tensor& states, const Tensor& a, const Tensor& v);
 
 // Documents packed into one row (flash-linear-attention's cu_seqlens: document d holds tokens
 // cu_seqlens[d] .. cu_seqlens[d + 1] - 1 of T; cu_seqlens[0] = 0, ascending, the last = T, empty

@@ -448,7 +448,7 @@ ChunkedForm chunked_form(const ChunkPrep& prep, const Tensor& initial_state, con
                          const Tensor& doc_states = {}) {
   auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry, initial_state, doc_starts,
                                               doc_states);
-  auto O = torch::matmul(prep.q_start, scan.states) + torch::matmul(prep.a_qk, scan.v);  // [B, H, N, C, V]
+  auto O = chunk_outputs(prep.q_start, scan.states, prep.a_qk, scan.v);  // [B, H, N, C, V]
   return {O, scan};
 }
 

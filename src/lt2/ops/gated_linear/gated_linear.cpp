@@ -98,7 +98,7 @@ RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Te
   };
   const auto S_start = states(0, N);                              // [B, H, N, K, V]
   // O = Q_start S_n + A_qk V (the diagonal blocks), as the scan's form computes it.
-  auto O = torch::matmul(prep.q_start, S_start) + torch::matmul(prep.a_qk, Vc);  // [B, H, N, C, V]
+  auto O = chunk_outputs(prep.q_start, S_start, prep.a_qk, Vc);  // [B, H, N, C, V]
   return {from_chunks(O, T, v.scalar_type()), states(N, 1).squeeze(2)};
 }
 
