@@ -153,8 +153,7 @@ void Engine::copy_row(int64_t src, int64_t dst) {
   check_row(dst);
   if (src == dst) return;
   torch::NoGradGuard no_grad;
-  const auto from = row_parts(src, lengths_[src]), to = row_parts(dst, lengths_[src]);
-  for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  at::_foreach_copy_(row_parts(dst, lengths_[src]), row_parts(src, lengths_[src]));
   set_length(dst, lengths_[src]);
 }
 
@@ -176,8 +175,9 @@ Engine::Snapshot Engine::snapshot(int64_t row, std::optional<torch::Device> devi
   torch::NoGradGuard no_grad;
   Snapshot s;
   s.length = lengths_[row];
-  for (const auto& t : row_parts(row, s.length))
-    s.tensors.push_back(t.to(device.value_or(state_opts_.device()), /*non_blocking=*/false, /*copy=*/true));
+  const auto parts = row_parts(row, s.length);
+  for (const auto& t : parts) s.tensors.push_back(torch::empty(t.sizes(), t.options().device(device.value_or(t.device()))));
+  at::_foreach_copy_(s.tensors, parts);  // one multi-tensor launch where all sit on one device
   return s;
 }
 
@@ -189,11 +189,10 @@ void Engine::restore(int64_t row, const Snapshot& snap) {
   const auto to = row_parts(row, snap.length);
   LT2_CHECK(to.size() == snap.tensors.size(), "engine: the snapshot holds ", snap.tensors.size(),
             " tensors, this engine's rows ", to.size(), " (a snapshot of another model?)");
-  for (size_t i = 0; i < to.size(); ++i) {
+  for (size_t i = 0; i < to.size(); ++i)
     LT2_CHECK(to[i].sizes() == snap.tensors[i].sizes(), "engine: snapshot tensor ", i, " has shape ",
               snap.tensors[i].sizes(), ", the row's ", to[i].sizes());
-    to[i].copy_(snap.tensors[i]);
-  }
+  at::_foreach_copy_(to, snap.tensors);
   set_length(row, snap.length);
 }
 

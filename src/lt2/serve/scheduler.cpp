@@ -277,17 +277,21 @@ void Scheduler::prefill_work(int64_t budget) {
         cache_.insert(prompt, engine_->snapshot(s.row));
     }
     if (s.filled < T) break;  // the budget ran out
-    if (cache_.enabled() && !cache_.contains(prompt, T)) cache_.insert(prompt, engine_->snapshot(s.row), logits.clone());
+    const bool keep_prompt = cache_.enabled() && !cache_.contains(prompt, T);
     auto sp = std::move(prefilling_[i]);
     prefilling_.erase(prefilling_.begin() + i);
-    start_decoding(std::move(sp), logits);
+    start_decoding(std::move(sp), logits, keep_prompt);
   }
 }
 
-void Scheduler::start_decoding(std::unique_ptr<Seq> sp, const Tensor& logits) {
+void Scheduler::start_decoding(std::unique_ptr<Seq> sp, const Tensor& logits, bool keep_prompt) {
   Seq& s = *sp;
   const int64_t staging_row = s.row;
-  if (!take_token(s, logits, std::nullopt)) {  // unless its first token ends it
+  const bool finished = take_token(s, logits, std::nullopt);
+  // The whole prompt's snapshot, taken once its first token is out: the client's time to first
+  // token does not wait on the copy.
+  if (keep_prompt) cache_.insert(s.req.prompt, engine_->snapshot(staging_row), logits.clone());
+  if (!finished) {  // unless its first token ends it
     const int64_t slot = running_.size();
     engine_->copy_row(staging_row, slot);
     s.row = slot;

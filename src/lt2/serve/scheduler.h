@@ -131,7 +131,8 @@ class Scheduler {
   void prefill_work(int64_t budget);
   // A prefilled sequence (in a staging row, `logits` its prompt's last) takes its first token and,
   // unless that ends it, moves into the next decode slot; the staging row is freed either way.
-  void start_decoding(std::unique_ptr<Seq> sp, const Tensor& logits);
+  // keep_prompt: the prefix cache takes the whole prompt's state (after the first token is out).
+  void start_decoding(std::unique_ptr<Seq> sp, const Tensor& logits, bool keep_prompt = false);
   void decode_step();
   // Samples the next token of `s` from `logits` ([V], its row of the step's logits; `greedy_id`
   // when already known), emits it; returns true when the sequence is finished.
