@@ -255,6 +255,10 @@ def status_line(path, rec, current_hash, link=False):
     scope = "GPU suite" if rec.get("filter", "*") in ("*", "", None) else f"GPU suite (filter {rec['filter']})"
     counts = f"{t['passed']}/{t['tests']} passed"
     extra = [f"{t[k]} {k}" for k in ("failed", "crashed", "skipped") if t.get(k)]
+    failing = sorted(n for n, s in rec["tests"].items() if s in ("failed", "crashed"))
+    if failing:  # named, so that a reader can tell whether a later change addressed them
+        more = f" and {len(failing) - 3} more" if len(failing) > 3 else ""
+        extra[-1] += "; failing: " + ", ".join(f"`{n}`" for n in failing[:3]) + more
     if extra:
         counts += " (" + ", ".join(extra) + ")"
     if rec.get("note") and not t["tests"]:
@@ -310,7 +314,7 @@ def _self_test():
     rec = {"schema": 1, "date": "2026-01-01", "device": "d", "commit": "c", "kernels_ops_hash": "0" * 64,
            "totals": totals_of(tests), "tests": tests}
     assert record_problems(rec) == [], record_problems(rec)
-    assert "1/3 passed (1 failed, 1 skipped)" in status_line(None, rec, "1" * 64)
+    assert "1/3 passed (1 failed, 1 skipped; failing: `A.y`)" in status_line(None, rec, "1" * 64)
     assert "not yet run on a GPU" in status_line(None, rec, "1" * 64)
     assert "unchanged since" in status_line(None, rec, "0" * 64)
 

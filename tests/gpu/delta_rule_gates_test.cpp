@@ -2,8 +2,8 @@
 // behind ops::delta_rule_gates) against the float64 reference on random inputs, read in place from
 // a packed projection or packed, with fp32 or model-dtype parameters, values past softplus's
 // threshold; and the inference form of the GDN and KDA layers (one packed projection, the
-// convolutions and norms reading slices and model-dtype weights in place, the gates kernel) equal
-// to the training form. Skips where no CUDA GPU (or no CUDA kernels).
+// convolutions and norms reading slices and model-dtype weights in place, the gates kernel) as
+// accurate as the training form. Skips where no CUDA GPU (or no CUDA kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -72,7 +72,14 @@ TEST(DeltaRuleGatesGpu, KernelMatchesTheFloat64Reference) {
   }
 }
 
-TEST(DeltaRuleGatesGpu, InferenceLayerEqualsTheTrainingForm) {
+// In fp32 the two forms agree to invariant 5's tolerance. In bf16 they round at different points
+// (one packed GEMM against separate ones, the prefill scan against the training chunks), and the
+// layer rounds at ~8 points: the training form itself is ~0.6% from the float64 layer at this shape
+// (on the CPU, where both forms run the same libtorch ops), so two bf16 forms differ by about that
+// much. There each is compared with the float64 layer on the same rounded weights and inputs, and the
+// inference form must be as accurate as the training form to within invariant 5's bf16 tolerance: a
+// wrong slice, weight or gate is off by O(1).
+TEST(DeltaRuleGatesGpu, InferenceLayerAsAccurateAsTheTrainingForm) {
   REQUIRE_FUSED_DECODE();
   for (const char* kind : {"gdn", "kda"}) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
@@ -83,8 +90,16 @@ TEST(DeltaRuleGatesGpu, InferenceLayerEqualsTheTrainingForm) {
       torch::manual_seed(32);
       auto m = make_mixer(kind, cfg, 0);
       m->to(torch::kCUDA, dt);
+      torch::manual_seed(32);
+      auto reference = make_mixer(kind, cfg, 0);
+      reference->to(dt);
+      reference->to(torch::kFloat64);
       const int64_t B = 2, T = 77;
       auto x = torch::randn({B, T, cfg.d_model}, gpu(dt));
+      // The float64 layer on the CPU (the reference path), on the inputs as rounded to dt.
+      const auto x64 = x.cpu().to(torch::kFloat64);
+      auto ref_state = reference->make_state(B, T, x64.options());
+      const auto y_ref = reference->forward(x64, Positions{0}, ref_state.get()).detach();
       // The training form: separate projections, the libtorch gates, convolution and norm weights
       // converted to fp32 (gradients on), continuing a state as prefill does.
       auto train_state = m->make_state(B, T, x.options());
@@ -93,11 +108,20 @@ TEST(DeltaRuleGatesGpu, InferenceLayerEqualsTheTrainingForm) {
       torch::NoGradGuard no_grad;
       auto state = m->make_state(B, T, x.options());
       const auto y = m->forward(x, Positions{0}, state.get());
-      EXPECT_LT(rel_err(y, y_train), tolerance(dt));
+      const auto expect_as_accurate = [&](const Tensor& got, const Tensor& train, const Tensor& ref, const char* what) {
+        SCOPED_TRACE(what);
+        if (dt == torch::kFloat32) {
+          EXPECT_LT(rel_err(got, train), tolerance(dt));
+        } else {
+          EXPECT_LT(rel_err(got.cpu(), ref), rel_err(train.cpu(), ref) + tolerance(dt));
+        }
+      };
+      expect_as_accurate(y, y_train, y_ref, "output");
       const auto& a = dynamic_cast<RecurrentState&>(*state);
       const auto& b = dynamic_cast<RecurrentState&>(*train_state);
-      EXPECT_LT(rel_err(a.S, b.S), tolerance(dt));
-      for (size_t i = 0; i < a.conv.size(); ++i) EXPECT_LT(rel_err(a.conv[i], b.conv[i]), tolerance(dt));
+      const auto& r = dynamic_cast<RecurrentState&>(*ref_state);
+      expect_as_accurate(a.S, b.S, r.S, "state");
+      for (size_t i = 0; i < a.conv.size(); ++i) expect_as_accurate(a.conv[i], b.conv[i], r.conv[i], "conv tail");
     }
   }
 }
