@@ -22,7 +22,9 @@
 //   tile in registers, over the block's 8 tiles in shared memory, then one atomicAdd per block.
 // - Loads go out kInFlight tokens at a time before any is used: one load in flight per thread
 //   would keep ~4 KiB in flight per SM, far below the ~20 KiB the HBM latency-bandwidth product
-//   asks (Little's law: 4.8 TB/s x ~0.6 us over 132 SMs).
+//   asks (Little's law: 4.8 TB/s x ~0.6 us over 132 SMs). The loads are unconditional (a token
+//   past the tile or row re-reads the last one inside and is not used): behind a branch each load
+//   waited for its value before the next went out, which made the walk one latency per token.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -53,8 +55,11 @@ struct ConvThread {
     x = static_cast<const T*>(p.x) + static_cast<int64_t>(b) * p.seq * p.x_token_stride + c;
     offsets = p.offsets ? p.offsets + static_cast<int64_t>(b) * p.seq : nullptr;
   }
+  // x at token t of the row, 0 <= t < seq: no branch, so a batch of these issues back to back.
+  __device__ T at(const ShortConvParams& p, int t) const { return x[static_cast<int64_t>(t) * p.x_token_stride]; }
+  // x at token t, or the past inputs for t < 0 (the taps before a tile).
   __device__ float load(const ShortConvParams& p, int t) const {
-    if (t >= 0) return to_float(x[static_cast<int64_t>(t) * p.x_token_stride]);
+    if (t >= 0) return to_float(at(p, t));
     if (!p.past) return 0.f;
     const T* past = static_cast<const T*>(p.past) + static_cast<int64_t>(b) * (p.width - 1) * p.channels + c;
     return to_float(past[static_cast<int64_t>(p.width - 1 + t) * p.channels]);
@@ -107,16 +112,17 @@ __global__ void __launch_bounds__(kChannels* kTiles) short_conv_forward_kernel(c
   }
   T* y = static_cast<T*>(p.y) + static_cast<int64_t>(th.b) * p.seq * p.channels + th.c;
   for (int t = th.t0; t < th.t1; t += kInFlight) {
-    float in[kInFlight];
+    T in[kInFlight];
     int reach[kInFlight];
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      in[u] = t + u < th.t1 ? th.load(p, t + u) : 0.f;
-      reach[u] = t + u < th.t1 ? th.reach(t + u) : 0;
+    for (int u = 0; u < kInFlight; ++u) {  // past the tile: its last token again, unused
+      const int tu = min(t + u, th.t1 - 1);
+      in[u] = th.at(p, tu);
+      reach[u] = th.reach(tu);
     }
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
-      xs[MaxW - 1] = in[u];
+      xs[MaxW - 1] = to_float(in[u]);
       const float pre = conv_at(w, xs, bias, reach[u]);
       if (t + u < th.t1) y[static_cast<int64_t>(t + u) * p.channels] = from_float<T>(p.silu ? pre * sigmoid(pre) : pre);
       shift(xs);
@@ -143,25 +149,27 @@ __global__ void __launch_bounds__(kChannels* kTiles) short_conv_backward_kernel(
     const T* dy = static_cast<const T*>(bp.dy) + row;
     T* dx = static_cast<T*>(bp.dx) + row;
     const int s_end = th.t1 + MaxW - 1;  // dx of the tile's last token needs dpre up to t1 + W - 2
+    const int s_last = min(s_end, p.seq) - 1;
     for (int s0 = th.t0; s0 < s_end; s0 += kInFlight) {
-      float in[kInFlight], grad[kInFlight];
+      T in[kInFlight], grad[kInFlight];
       int in_reach[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const bool inside = s0 + u < min(s_end, p.seq);
-        in[u] = inside ? th.load(p, s0 + u) : 0.f;
-        grad[u] = inside ? to_float(dy[static_cast<int64_t>(s0 + u) * p.channels]) : 0.f;
-        in_reach[u] = inside ? th.reach(s0 + u) : 0;
+      for (int u = 0; u < kInFlight; ++u) {  // past the row: its last token again, read as zeros below
+        const int su = min(s0 + u, s_last);
+        in[u] = th.at(p, su);
+        grad[u] = dy[static_cast<int64_t>(su) * p.channels];
+        in_reach[u] = th.reach(su);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int s = s0 + u;
         if (s >= s_end) break;
         // The newest ring entries: token s (past the row: zeros, which no gradient reads).
-        xs[MaxW - 1] = in[u];
-        reach[MaxW - 1] = in_reach[u];
+        const bool inside = s <= s_last;
+        xs[MaxW - 1] = inside ? to_float(in[u]) : 0.f;
+        reach[MaxW - 1] = inside ? in_reach[u] : 0;
         const float pre = conv_at(w, xs, bias, reach[MaxW - 1]);
-        float d = grad[u];
+        float d = inside ? to_float(grad[u]) : 0.f;
         if (p.silu) {
           const float sg = sigmoid(pre);
           d *= sg * (1.f + pre * (1.f - sg));
