@@ -51,6 +51,32 @@ __global__ void __launch_bounds__(kSiluMulThreads) silu_mul_kernel(const SiluMul
   static_cast<T*>(p.out)[idx] = from_float<T>(to_float(act) * to_float(in[p.hidden + c]));
 }
 
+// The same, 16 bytes of T a thread (8 bf16 / fp16 or 4 fp32 columns of one row), where hidden, the
+// row stride and both pointers allow 16-byte accesses. At prefill sizes (8k rows of 5,632) the
+// one-element form issues a 2-byte load per input and a 64-bit division per element, and runs at
+// ~3x the traffic floor; here a thread moves 48 bytes in three accesses and divides once.
+template <typename T>
+__global__ void __launch_bounds__(kSiluMulThreads) silu_mul_vec_kernel(const SiluMulParams p) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int per_row = p.hidden / kVec;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kSiluMulThreads + threadIdx.x;
+  if (idx >= p.rows * per_row) return;
+  const int64_t row = idx / per_row;
+  const int c = static_cast<int>(idx - row * per_row) * kVec;
+  const T* in = static_cast<const T*>(p.gate_up) + row * p.row_stride;
+  alignas(16) T gate[kVec], up[kVec], out[kVec];
+  *reinterpret_cast<uint4*>(gate) = *reinterpret_cast<const uint4*>(in + c);
+  *reinterpret_cast<uint4*>(up) = *reinterpret_cast<const uint4*>(in + p.hidden + c);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const T act = from_float<T>(silu(to_float(gate[j])));
+    out[j] = from_float<T>(to_float(act) * to_float(up[j]));
+  }
+  *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + idx * kVec) = *reinterpret_cast<const uint4*>(out);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
 }  // namespace
 
 void rms_norm(const RmsNormParams& p, void* stream) {
@@ -69,12 +95,17 @@ void rms_norm(const RmsNormParams& p, void* stream) {
 
 void silu_mul(const SiluMulParams& p, void* stream) {
   LT2_CHECK(p.hidden >= 1 && p.rows >= 0, "silu_mul: ", p.rows, " rows of hidden size ", p.hidden);
-  const int64_t blocks = (p.rows * p.hidden + kSiluMulThreads - 1) / kSiluMulThreads;
-  if (blocks == 0) return;
-  LT2_CHECK(blocks <= INT32_MAX, "silu_mul: ", p.rows, " x ", p.hidden, " elements is too many for one launch");
+  if (p.rows == 0) return;
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    silu_mul_kernel<T><<<static_cast<unsigned>(blocks), kSiluMulThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = p.hidden % kVec == 0 && p.row_stride % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out);
+    const int64_t threads = p.rows * p.hidden / (vec ? kVec : 1);
+    const int64_t blocks = (threads + kSiluMulThreads - 1) / kSiluMulThreads;
+    LT2_CHECK(blocks <= INT32_MAX, "silu_mul: ", p.rows, " x ", p.hidden, " elements is too many for one launch");
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (vec) silu_mul_vec_kernel<T><<<static_cast<unsigned>(blocks), kSiluMulThreads, 0, s>>>(p);
+    else silu_mul_kernel<T><<<static_cast<unsigned>(blocks), kSiluMulThreads, 0, s>>>(p);
   });
   check_launch("silu_mul");
 }
