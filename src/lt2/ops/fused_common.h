@@ -62,6 +62,15 @@ inline std::string state_problem(const torch::Tensor& state, const torch::Tensor
   return "";
 }
 
+// For t [B, T, n] with its columns packed and its tokens evenly strided across the batch (as a
+// column slice of a packed [B, T, N] projection is): the elements from one token to the next, which
+// the kernels that read such slices in place take. 0 where they need a copy.
+inline int64_t token_stride(const torch::Tensor& t) {
+  const bool even = t.stride(2) == 1 && t.stride(1) >= t.size(2) &&
+                    (t.size(0) == 1 || t.stride(0) == t.size(1) * t.stride(1));
+  return even ? t.stride(1) : 0;
+}
+
 // t in dtype `dt` with a contiguous last dim (no copy when it already is).
 inline torch::Tensor with_contiguous_rows(const torch::Tensor& t, torch::ScalarType dt) {
   auto c = t.to(dt);

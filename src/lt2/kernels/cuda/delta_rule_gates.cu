@@ -16,11 +16,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__device__ __forceinline__ float param(const DeltaRuleGatesParams& p, const void* base, int i) {
-  return p.param_dtype == DType::Float32 ? static_cast<const float*>(base)[i] : to_float(static_cast<const T*>(base)[i]);
-}
-
 // libtorch's softplus with beta 1 and threshold 20.
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
 
@@ -34,7 +29,8 @@ __global__ void __launch_bounds__(kThreads) delta_rule_gates_kernel(const DeltaR
       const int64_t r = i / p.cols;
       const int c = static_cast<int>(i - r * p.cols);
       const float a = to_float(static_cast<const T*>(p.a)[r * p.a_row_stride + c]);
-      p.g[i] = -__expf(param<T>(p, p.A_log, c / per_head)) * softplus(a + param<T>(p, p.dt_bias, c));
+      p.g[i] = -__expf(param_as_float<T>(p.A_log, p.param_dtype, c / per_head)) *
+               softplus(a + param_as_float<T>(p.dt_bias, p.param_dtype, c));
     } else {
       const int64_t j = i - n_g, r = j / p.beta_cols;
       const int h = static_cast<int>(j - r * p.beta_cols);

@@ -235,8 +235,6 @@ size_t max_shared_bytes(int device) {
   return static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, "delta_rule_scan"));
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 int delta_rule_scan_value_block(int batch, int heads, int head_k, int head_v, int chunk_size, int device) {

@@ -24,6 +24,8 @@ namespace lt2::kernels {
 // Integer ceil(a / b) and a rounded up to a multiple of b (a >= 0, b > 0), for grids and layouts.
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
+// Whether a pointer allows 16-byte vector accesses.
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -37,6 +39,13 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// Element i of a parameter stored in fp32 or in the activations' type T (an inference model's
+// weights, read as they are without a conversion pass), as a float.
+template <typename T>
+__device__ __forceinline__ float param_as_float(const void* base, DType dtype, int64_t i) {
+  return dtype == DType::Float32 ? static_cast<const float*>(base)[i] : to_float(static_cast<const T*>(base)[i]);
+}
 
 // 16 bytes of T (4 floats or 8 halves) -> floats.
 template <typename T>

@@ -75,8 +75,6 @@ __global__ void __launch_bounds__(kSiluMulThreads) silu_mul_vec_kernel(const Sil
   *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + idx * kVec) = *reinterpret_cast<const uint4*>(out);
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 void rms_norm(const RmsNormParams& p, void* stream) {

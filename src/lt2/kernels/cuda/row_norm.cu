@@ -58,9 +58,7 @@ __device__ __forceinline__ void load_weight(const RowNormParams& p, int lane, fl
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) {
     const int i = lane + 32 * j;
-    w[j] = !p.weight || i >= p.dim               ? 1.f
-           : p.weight_dtype == DType::Float32 ? static_cast<const float*>(p.weight)[i]
-                                              : to_float(static_cast<const T*>(p.weight)[i]);
+    w[j] = p.weight && i < p.dim ? param_as_float<T>(p.weight, p.weight_dtype, i) : 1.f;
   }
 }
 

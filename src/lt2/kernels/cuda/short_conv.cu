@@ -68,17 +68,14 @@ struct ConvThread {
   __device__ int reach(int t) const { return offsets ? static_cast<int>(min(offsets[t], int64_t{kMaxConvWidth})) : kMaxConvWidth; }
 };
 
-// Weights right-aligned: w[MaxW - 1 - d] multiplies the input d tokens back; zero for d >= W. They
-// are fp32, or of x's type T (an inference model's weights, read without a conversion pass).
+// Weights right-aligned: w[MaxW - 1 - d] multiplies the input d tokens back; zero for d >= W.
 template <typename T, int MaxW>
 __device__ __forceinline__ void load_taps(const ShortConvParams& p, int c, float (&w)[MaxW]) {
 #pragma unroll
   for (int j = 0; j < MaxW; ++j) {
     const int d = MaxW - 1 - j;
-    const int64_t i = static_cast<int64_t>(c) * p.width + (p.width - 1 - d);
-    w[j] = d >= p.width                       ? 0.f
-           : p.weight_dtype == DType::Float32 ? static_cast<const float*>(p.weight)[i]
-                                              : to_float(static_cast<const T*>(p.weight)[i]);
+    w[j] = d < p.width ? param_as_float<T>(p.weight, p.weight_dtype, static_cast<int64_t>(c) * p.width + (p.width - 1 - d))
+                       : 0.f;
   }
 }
 

@@ -14,13 +14,7 @@ namespace lt2::ops {
 namespace {
 
 #ifdef LT2_WITH_CUDA
-// Whether the kernels read x [B, T, C] where it lies: channels packed, rows seq token strides apart
-// (a column slice of a packed [B, T, N] projection is).
-bool kernel_reads_in_place(const Tensor& x) {
-  return x.stride(2) == 1 && x.stride(1) >= x.size(2) && (x.size(0) == 1 || x.stride(0) == x.size(1) * x.stride(1));
-}
-
-// The kernels' view of a call: x [B, T, C] in a kernel dtype as kernel_reads_in_place takes it,
+// The kernels' view of a call: x [B, T, C] in a kernel dtype with a token stride (detail::token_stride),
 // weight [C, W] packed in fp32 or x's dtype, bias fp32 [C] or undefined, offsets int64 [B, T] or
 // undefined, past [B, W-1, C] in x's dtype or undefined.
 kernels::ShortConvParams conv_params(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& offsets,
@@ -129,7 +123,7 @@ Tensor short_conv(const Tensor& x, const Tensor& weight, const Tensor& bias, boo
                      (window && window->requires_grad()));
   if (conv_kernel_applies(x, weight) && !(grad && window)) {
     // Without gradients, x is read in place and the weight in x's dtype: no copy or conversion pass.
-    const auto xc = grad || !kernel_reads_in_place(x) ? x.contiguous() : x;
+    const auto xc = grad || !detail::token_stride(x) ? x.contiguous() : x;
     const bool weight_as_is = !grad && weight.scalar_type() == x.scalar_type();
     const auto w = (weight_as_is ? weight : weight.to(torch::kFloat32)).reshape({C, W}).contiguous();
     const auto b = bias.defined() ? bias.to(torch::kFloat32).contiguous() : Tensor();

@@ -12,18 +12,11 @@ namespace lt2::ops {
 namespace {
 
 #ifdef LT2_WITH_CUDA
-// [B, T, n] with packed columns and rows evenly strided, as the kernel reads it: its row stride, or
-// 0 where a copy is needed.
-int64_t row_stride(const Tensor& t) {
-  const bool even = t.stride(2) == 1 && t.stride(1) >= t.size(2) && (t.size(0) == 1 || t.stride(0) == t.size(1) * t.stride(1));
-  return even ? t.stride(1) : 0;
-}
-
 DeltaRuleGates gates_cuda(const Tensor& a_in, const Tensor& b_in, const Tensor& A_log, const Tensor& dt_bias,
                           double beta_scale) {
   c10::cuda::CUDAGuard guard(a_in.device());
-  const auto a = row_stride(a_in) ? a_in : a_in.contiguous();
-  const auto b = row_stride(b_in) && b_in.scalar_type() == a.scalar_type() ? b_in : b_in.to(a.scalar_type()).contiguous();
+  const auto a = detail::token_stride(a_in) ? a_in : a_in.contiguous();
+  const auto b = detail::token_stride(b_in) && b_in.scalar_type() == a.scalar_type() ? b_in : b_in.to(a.scalar_type()).contiguous();
   const auto param_dtype = A_log.scalar_type() == a.scalar_type() && dt_bias.scalar_type() == a.scalar_type()
                                ? a.scalar_type()
                                : torch::kFloat32;
@@ -33,7 +26,7 @@ DeltaRuleGates gates_cuda(const Tensor& a_in, const Tensor& b_in, const Tensor& 
   kernels::DeltaRuleGatesParams p{};
   p.a = a.data_ptr(), p.b = b.data_ptr(), p.A_log = A.data_ptr(), p.dt_bias = dt.data_ptr();
   p.g = out.g.data_ptr<float>(), p.beta = out.beta.data_ptr<float>();
-  p.rows = a.size(0) * a.size(1), p.a_row_stride = row_stride(a), p.b_row_stride = row_stride(b);
+  p.rows = a.size(0) * a.size(1), p.a_row_stride = detail::token_stride(a), p.b_row_stride = detail::token_stride(b);
   p.cols = static_cast<int>(a.size(2)), p.heads = static_cast<int>(A_log.numel());
   p.beta_cols = static_cast<int>(b.size(2));
   p.beta_scale = static_cast<float>(beta_scale);
