@@ -23,8 +23,8 @@
 // - Loads go out kInFlight tokens at a time before any is used: one load in flight per thread
 //   would keep ~4 KiB in flight per SM, far below the ~20 KiB the HBM latency-bandwidth product
 //   asks (Little's law: 4.8 TB/s x ~0.6 us over 132 SMs). The loads are unconditional (a token
-//   past the tile or row re-reads the last one inside and is not used): behind a branch each load
-//   waited for its value before the next went out, which made the walk one latency per token.
+//   past the tile or row re-reads the last one inside and is not used): a load behind its own branch
+//   is consumed before the next one issues, which would make the walk one memory latency per token.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
