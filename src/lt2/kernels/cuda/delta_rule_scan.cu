@@ -5,35 +5,40 @@
 // pass (the adjoint recurrence of the state gradients) in reverse order with an addend.
 //
 // Floor. The value columns of S [K, V] evolve independently, so a block owns S[:, v0 : v0 + VB]
-// of one (sequence, head) in shared memory for the whole scan. Per chunk and block it reads W_n
-// [C, K], Kt_n [K, C], U_n[:, slice] [C, VB] and carry_n [1 or K], writes S_n and V_new (the
-// slices) and does 2 C K VB FMAs: at the 1.3B GDN head (K 96, V 192, C 64, VB 16) 49 KiB read
-// (mostly L2 hits: the V / VB blocks of a head read the same matrices), 10 KiB written, 197k FMAs.
-// The chunks of a block are sequential, so the scan is bound by each chunk's latency (its two
-// products, two barriers and the loads in flight), not by the device's FLOPs. That is why the
-// outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the
-// op computes them for all chunks with two batched GEMMs): inside it they would double each
-// chunk's chain of products and barriers. A 4096-token lt2-gdn-1.3b prefill spends 0.63 ms per
-// call here, 9.8 us per chunk (bench/results/prefill_profile_h200.md).
+// of one (sequence, head) for the whole scan. Per chunk and block it reads W_n [C, K], Kt_n [K, C],
+// U_n[:, slice] [C, VB] and carry_n [1 or K], writes S_n and V_new (the slices) and does 2 C K VB
+// multiply-adds: at the 1.3B GDN head (K 96, V 192, C 64, VB 16) 49 KiB read (mostly L2 hits: the
+// V / VB blocks of a head read the same matrices), 10 KiB written, 197k multiply-adds. The chunks
+// of a block are sequential, so the scan is bound by each chunk's latency (its two dependent
+// products, two barriers and the loads in flight), not by the device's FLOPs: at 8,192 tokens
+// (128 chunks) and the 1.3B head, the plain-FMA form took 11.5 us a chunk (1.48 ms a call), ~4x
+// what its shared-memory reads alone cost (bench/notes/prefill.md). The outputs
+// O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the op computes
+// them for all chunks with two batched GEMMs): inside it they would lengthen each chunk's chain.
 //
 // Design.
-// - Grid (V / VB, H, B), 256 threads. Thread t owns value column j = t % VB of the slice and the
-//   rows rg + RG i (rg = t / VB, RG = 256 / VB row groups) of every [rows, VB] product, so each
-//   phase is one primitive, rows_times_cols: acc[i] += sum_x L[row_i][x] R[x][j], the left matrix
-//   read as 16-byte broadcasts (one row, or 32 / VB consecutive rows, per warp), the right one
-//   ([x][VB] rows, S or V_new) as one conflict-free word per lane. Plain fp32 FMAs: TF32 tensor
-//   cores would not hold the 1e-5 fp32 tolerance of the GPU tests (tests/gpu/gpu_testing.h).
-// - Per chunk: store S_n (each thread its own entries); 1 V_new = U_n - W_n S (shared and
-//   global); 2 S = carry_n * S + Kt_n V_new + Y_n (each thread updates its own entries, the
-//   accumulator starting from the addend Y_n where one is given). Two barriers.
+// - Grid (V / VB, H, B), 4 warps. Both products run on tensor cores as 3xTF32 mma.sync m16n8k8:
+//   each operand x = big + small with big = tf32(x) and small = tf32(x - big), and
+//   A B ~ A_big B_big + A_big B_small + A_small B_big, which keeps fp32's accuracy (the dropped
+//   term is 2^-22 of the product) where one TF32 product would lose 2^-11 and fail the 1e-5 fp32
+//   tolerance of the GPU tests; the corrections go to a second accumulator, so each product's
+//   dependent chain is as long as one TF32 product's.
+// - Warp w owns the n-tile (8 value columns) w % (VB / 8) and every (4 / (VB / 8))-th m-tile
+//   (16 rows) from w / (VB / 8): in phase 1 of V_new's [C, VB], in phase 2 of S's [K, VB]. Its S
+//   tiles stay in registers (mma accumulator fragments) for the whole scan.
+// - Per chunk: store S_n (registers to global) and S to shared memory (phase 1's B operand);
+//   1 V_new = U_n - W_n S, to shared memory (phase 2's B operand) and global; 2 S = carry_n * S +
+//   Y_n + Kt_n V_new in registers. Two barriers.
 // - The chunk's matrices stream in with cp.async: the next chunk's Kt and carry (two buffers, taking
 //   turns) are issued as chunk n starts and have the whole chunk to land; the next W is issued once
-//   phase 1 is done with W_n and lands during phase 2. U_n is read into registers at the chunk
-//   start. Shared memory at the 1.3B head with VB 16: 87 KiB (two blocks per SM; the launch
-//   bounds cap registers at 128 for that: VB 8 / 16 use 96, VB 32 128 with 4 bytes spilled);
-//   K 256 with C 64 fits with VB 8 or 16 only (226 KiB at 16).
-// - Left-matrix rows sit `broadcast_pitch` floats apart (a multiple of 4 that is 4 mod 8), so the
-//   2 or 4 rows a warp reads at once (VB 16 or 8) fall in distinct banks.
+//   phase 1 is done with W_n and lands during phase 2. U_n and Y_n are read into registers at the
+//   chunk start. The A operands (W, Kt) load as ldmatrix.x4 (an 8 x 8 b16 matrix is 8 rows of 4
+//   fp32: lane 4 g + t gets row g's float t, the m16n8k8 TF32 A fragment). Shared memory is zeroed
+//   first, so K and C pad to multiples of 16 with zeros the copies never overwrite. At the 1.3B head
+//   with VB 16: 94 KiB (two blocks an SM); K 256 with C 64 fits with VB 8 (218 KiB).
+// - A operands' rows sit round_up(cols, 16) + 4 floats apart (4 or 20 mod 32): ldmatrix's 8 rows
+//   and the fragments' 8 rows g fall in distinct banks. B operands ([rows, VB]: S, V_new) read
+//   B[t][g] across a warp: rows 8 or 24 mod 32 floats apart make those 32 words distinct banks.
 // - VB: the widest of 32, 16, 8 dividing V, narrowed while the grid has fewer blocks than SMs
 //   (a B 1 prefill of 16 heads of 192 columns: VB 16, 192 blocks). Untuned.
 // Requirements: K, C multiples of 4 (16-byte rows), K <= 256, C <= 64, V a multiple of 8.
@@ -44,33 +49,38 @@
 namespace lt2::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
 
-// Shared-memory row pitch (floats) of a left matrix with `cols` columns: see the header comment.
-__host__ __device__ constexpr int broadcast_pitch(int cols) { return round_up(cols, 8) + 4; }
+// Row pitches (floats): of an A operand with `cols` columns, and of a [rows, VB] B operand.
+__host__ __device__ constexpr int a_pitch(int cols) { return round_up(cols, 16) + 4; }
+__host__ __device__ constexpr int b_pitch(int vb) { return vb == 8 ? 8 : vb + 8; }
 
-// The block's shared memory, offsets in floats (all multiples of 4: 16-byte aligned).
+// The block's shared memory, offsets in floats (all multiples of 4: 16-byte aligned). Rows and
+// columns pad to multiples of 16 (Kp, Cp).
 struct ScanLayout {
-  int pk, pc;     // row pitches of the [., K] and [., C] left matrices
-  int s;          // S slice       [K, VB]
-  int vn;         // V_new slice   [C, VB]
-  int w;          // W_n [C, pk]
-  int kt;         // Kt_n [K, pc], two buffers taking turns, kt_size apart
-  int carry;      // carry_n [K] (or [1]), two buffers with them, carry_size apart
+  int pk, pc, pv;  // row pitches of [., K] and [., C] A operands and of [., VB] B operands
+  int s;           // S slice       [Kp, pv]
+  int vn;          // V_new slice   [Cp, pv]
+  int w;           // W_n [Cp, pk]
+  int kt;          // Kt_n [Kp, pc], two buffers taking turns, kt_size apart
+  int carry;       // carry_n [Kp] (or [1]), two buffers with them, carry_size apart
   int kt_size, carry_size;
   int total;
 };
 __host__ __device__ inline ScanLayout scan_layout(int K, int C, int VB) {
+  const int Kp = round_up(K, 16), Cp = round_up(C, 16);
   ScanLayout l{};
-  l.pk = broadcast_pitch(K);
-  l.pc = broadcast_pitch(C);
+  l.pk = a_pitch(K);
+  l.pc = a_pitch(C);
+  l.pv = b_pitch(VB);
   l.s = 0;
-  l.vn = l.s + K * VB;
-  l.w = l.vn + C * VB;
-  l.kt = l.w + C * l.pk;
-  l.kt_size = K * l.pc;
+  l.vn = l.s + Kp * l.pv;
+  l.w = l.vn + Cp * l.pv;
+  l.kt = l.w + Cp * l.pk;
+  l.kt_size = Kp * l.pc;
   l.carry = l.kt + 2 * l.kt_size;
-  l.carry_size = round_up(K, 4);
+  l.carry_size = Kp;
   l.total = l.carry + 2 * l.carry_size;
   return l;
 }
@@ -87,46 +97,72 @@ __device__ __forceinline__ void copy_rows_async(float* dst, int pitch, const flo
   }
 }
 
-// acc[i] += sum_{x < X} L[r_i][x] R[x][j] for the thread's rows r_i = rg + RG i that are < rows.
-// L: row-major in shared memory, rows `lp` floats apart (16-byte aligned rows); R: [X, VB] in
-// shared memory. X % 4 == 0. The rows go in groups of up to 8, each a pass over x that reads R
-// once, and the passes stop at the first group without a row below `rows`: the register arrays
-// are sized for the largest K and C, and predicated-off FMAs would still cost issue slots.
-template <int VB, int Rows>
-__device__ __forceinline__ void rows_times_cols(float (&acc)[Rows], const float* L, int lp, int rows,
-                                                const float* R, int X, int rg, int j) {
-  constexpr int RG = kThreads / VB;
-  constexpr int kGroup = Rows < 8 ? Rows : 8;
-  static_assert(Rows % kGroup == 0, "rows per thread must split into equal groups");
+// x = big + small, each a TF32 operand (3xTF32).
+struct SplitTf32 {
+  uint32_t big, small;
+};
+__device__ __forceinline__ SplitTf32 split_tf32(float x) {
+  SplitTf32 s;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(s.big) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(s.small) : "f"(x - __uint_as_float(s.big)));
+  return s;
+}
+
+// acc += A B for one m16n8k8 TF32 product. Fragments (lane = 4 g + t): a0 = A[g][t],
+// a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4]; b0 = B[t][g], b1 = B[t + 4][g];
+// acc0, 1 = C[g][2t, 2t + 1], acc2, 3 = C[g + 8][2t, 2t + 1].
+__device__ __forceinline__ void mma_tf32(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// hi + lo += A[m0 : m0 + 16, :X] B[:X, n0 : n0 + 8] in 3xTF32 (hi: the big products, lo: the
+// corrections) for the warp's tiles: m0 = 16 (mt0 + step i) for i < tiles, one n0. A: rows `ap`
+// floats apart in shared memory, X % 8 == 0 columns; B: [X, .] rows `bp` apart, from column n0.
+template <int Tiles>
+__device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&lo)[Tiles][4], const float* A, int ap,
+                                                 int mt0, int step, int tiles, const float* B, int bp, int n0,
+                                                 int X) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // ldmatrix.x4: lanes 8q .. 8q + 7 address the rows of matrix q (rows + 8 for q odd, columns + 4 for q >= 2).
+  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 4 * (lane >> 4);
+  for (int x = 0; x < X; x += 8) {
+    const SplitTf32 b0 = split_tf32(B[(x + t) * bp + n0 + g]), b1 = split_tf32(B[(x + t + 4) * bp + n0 + g]);
 #pragma unroll
-  for (int g = 0; g < Rows; g += kGroup) {
-    if (rg + RG * g >= rows) break;
-    for (int x = 0; x < X; x += 4) {
-      const float r0 = R[(x + 0) * VB + j], r1 = R[(x + 1) * VB + j];
-      const float r2 = R[(x + 2) * VB + j], r3 = R[(x + 3) * VB + j];
+    for (int i = 0; i < Tiles; ++i) {
+      if (i >= tiles) break;
+      const float* a_rows = A + (16 * (mt0 + step * i) + lrow) * ap + x + lcol;
+      uint32_t raw[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(raw[0]), "=r"(raw[1]), "=r"(raw[2]), "=r"(raw[3])
+                   : "r"(static_cast<unsigned>(__cvta_generic_to_shared(a_rows))));
+      uint32_t big[4], small[4];
 #pragma unroll
-      for (int i = g; i < g + kGroup; ++i) {
-        const int r = rg + RG * i;
-        if (r < rows) {
-          const float4 l = *reinterpret_cast<const float4*>(L + r * lp + x);
-          acc[i] = fmaf(l.x, r0, acc[i]);
-          acc[i] = fmaf(l.y, r1, acc[i]);
-          acc[i] = fmaf(l.z, r2, acc[i]);
-          acc[i] = fmaf(l.w, r3, acc[i]);
-        }
+      for (int r = 0; r < 4; ++r) {
+        const SplitTf32 s = split_tf32(__uint_as_float(raw[r]));
+        big[r] = s.big, small[r] = s.small;
       }
+      mma_tf32(lo[i], small, b0.big, b1.big);
+      mma_tf32(lo[i], big, b0.small, b1.small);
+      mma_tf32(hi[i], big, b0.big, b1.big);
     }
   }
 }
 
 template <int VB>
-__global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const DeltaRuleScanParams p) {
-  constexpr int RG = kThreads / VB;                               // row groups
-  constexpr int kChunkRows = (kMaxScanChunk + RG - 1) / RG;       // rows of [C, VB] per thread
-  constexpr int kStateRows = (kMaxScanHeadK + RG - 1) / RG;       // rows of [K, VB] per thread
+__global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRuleScanParams p) {
+  constexpr int NT = VB / 8;                                       // n-tiles of the slice
+  constexpr int kMtStep = kWarps / NT;                             // m-tiles between a warp's tiles
+  constexpr int kChunkTiles = ceil_div(kMaxScanChunk / 16, kMtStep);  // V_new tiles per warp, at most
+  constexpr int kStateTiles = ceil_div(kMaxScanHeadK / 16, kMtStep);  // S tiles per warp, at most
   const int K = p.head_k, V = p.head_v, C = p.chunk_size, N = p.chunks;
-  const int j = threadIdx.x % VB, rg = threadIdx.x / VB;
-  const int v0 = blockIdx.x * VB;
+  const int Kp = round_up(K, 16), Cp = round_up(C, 16);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = 8 * (warp % NT), mt0 = warp / NT;
+  const int chunk_tiles = ceil_div(Cp / 16 - mt0, kMtStep), state_tiles = ceil_div(Kp / 16 - mt0, kMtStep);
+  const int v0 = blockIdx.x * VB, col = n0 + 2 * t;  // the thread's accumulator columns: col, col + 1
   const int64_t bh = static_cast<int64_t>(blockIdx.z) * p.heads + blockIdx.y;
   const ScanLayout lay = scan_layout(K, C, VB);
   extern __shared__ __align__(16) float smem[];
@@ -139,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
   auto chunk_at = [&](int i) { return p.reverse ? N - 1 - i : i; };
   auto w_of = [&](int n) { return p.w + ((bh * N + n) * C) * K; };
   auto kt_of = [&](int n) { return p.kt + ((bh * N + n) * K) * C; };
-  auto uv_offset = [&](int n, int c) { return ((bh * N + n) * C + c) * V + v0 + j; };  // u, v_new
+  auto uv_offset = [&](int n, int c) { return ((bh * N + n) * C + c) * V + v0 + col; };  // u, v_new
   const int carry_dim = p.per_channel_carry ? K : 1;
   // Kt_n and carry_n into buffer `b`.
   auto load_kt_carry = [&](int n, int b) {
@@ -149,81 +185,118 @@ __global__ void __launch_bounds__(kThreads, 2) delta_rule_scan_kernel(const Delt
     if (p.per_channel_carry) copy_rows_async(dst, 0, carry, 1, K);
     else if (threadIdx.x == 0) cp_async4(dst, carry);
   };
+  // Row r (0 or 1: g or g + 8) of the warp's i-th state tile, and whether it is a row of S.
+  auto state_row = [&](int i, int r) { return 16 * (mt0 + kMtStep * i) + g + 8 * r; };
+  // The thread's entries of S ([K, V] rows V apart, from column v0) into s; rows past K read as zeros.
+  float s[kStateTiles][4];
+  auto load_state = [&](const float* src) {
+#pragma unroll
+    for (int i = 0; i < kStateTiles; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int k = state_row(i, r);
+        const float2 v = src && i < state_tiles && k < K ? *reinterpret_cast<const float2*>(src + int64_t{k} * V + col)
+                                                          : make_float2(0.f, 0.f);
+        s[i][2 * r] = v.x, s[i][2 * r + 1] = v.y;
+      }
+  };
+  auto store_state = [&](float* dst) {
+#pragma unroll
+    for (int i = 0; i < kStateTiles; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int k = state_row(i, r);
+        if (i < state_tiles && k < K)
+          *reinterpret_cast<float2*>(dst + int64_t{k} * V + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
+      }
+  };
 
-  // Prologue: W_0, Kt_0 and carry_0 in flight, S from the initial state.
+  // Prologue: the pads zeroed, then W_0, Kt_0 and carry_0 in flight, S from the initial state.
+  for (int i = threadIdx.x; i < lay.total; i += kThreads) smem[i] = 0.f;
+  __syncthreads();
   if (N > 0) {
     copy_rows_async(sW, lay.pk, w_of(chunk_at(0)), C, K);
     load_kt_carry(chunk_at(0), 0);
   }
   cp_async_commit();
-  const float* S0 = p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr;
-  for (int k = rg; k < K; k += RG) sS[k * VB + j] = S0 ? S0[static_cast<int64_t>(k) * V + j] : 0.f;
+  load_state(p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr);
 
   for (int step = 0; step < N; ++step) {
     const int b = step & 1, n = chunk_at(step);
-    // A document starts here (packed rows): S restarts from its state. Each thread replaces its
-    // own entries, which only it reads before the next barrier.
+    // A document starts here (packed rows): S restarts from its state.
     const int reset = p.resets ? __ldg(p.resets + n) : -1;
-    if (reset >= 0) {
-      const float* R = p.reset_states ? p.reset_states + (static_cast<int64_t>(reset) * p.heads + blockIdx.y) * K * V + v0
-                                      : nullptr;
-      for (int k = rg; k < K; k += RG) sS[k * VB + j] = R ? R[static_cast<int64_t>(k) * V + j] : 0.f;
-    }
-    // S_n: the thread's own entries (written by itself in the last phase 2, the prologue or the reset).
-    float* Sn = p.states + (bh * N + n) * K * V + v0;
-    for (int k = rg; k < K; k += RG) Sn[static_cast<int64_t>(k) * V + j] = sS[k * VB + j];
-    float u[kChunkRows];  // U_n[c_i, j]
+    if (reset >= 0)
+      load_state(p.reset_states ? p.reset_states + (int64_t{reset} * p.heads + blockIdx.y) * K * V + v0 : nullptr);
+    store_state(p.states + (bh * N + n) * K * V + v0);  // S_n
+    // S to shared memory for phase 1 (its last readers, the previous phase 1, passed a barrier since).
 #pragma unroll
-    for (int i = 0; i < kChunkRows; ++i) {
-      const int c = rg + RG * i;
-      u[i] = c < C ? __ldg(p.u + uv_offset(n, c)) : 0.f;
-    }
+    for (int i = 0; i < kStateTiles; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (i < state_tiles)
+          *reinterpret_cast<float2*>(sS + state_row(i, r) * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
+    float u[kChunkTiles][4];  // U_n at the thread's V_new entries (rows past C: zeros)
+#pragma unroll
+    for (int i = 0; i < kChunkTiles; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int c = 16 * (mt0 + kMtStep * i) + g + 8 * r;
+        const float2 v = i < chunk_tiles && c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c)))
+                                                  : make_float2(0.f, 0.f);
+        u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
+      }
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
-    __syncthreads();     // ... for every thread; the last phase 2 (S, reads of buffer b ^ 1) is done
+    __syncthreads();     // ... for every thread; S is in shared memory; the last phase 2 is done with buffer b ^ 1
     if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
     cp_async_commit();
 
     // 1: V_new = U_n - W_n S.
-    float ws[kChunkRows] = {};
-    rows_times_cols<VB>(ws, sW, lay.pk, C, sS, K, rg, j);
+    {
+      float hi[kChunkTiles][4] = {}, lo[kChunkTiles][4] = {};
+      tiles_times_cols<kChunkTiles>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
 #pragma unroll
-    for (int i = 0; i < kChunkRows; ++i) {
-      const int c = rg + RG * i;
-      if (c < C) {
-        const float v = u[i] - ws[i];
-        sVn[c * VB + j] = v;
-        p.v_new[uv_offset(n, c)] = v;
-      }
+      for (int i = 0; i < kChunkTiles; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int c = 16 * (mt0 + kMtStep * i) + g + 8 * r;
+          if (i >= chunk_tiles) continue;
+          const float2 v = make_float2(u[i][2 * r] - (hi[i][2 * r] + lo[i][2 * r]),
+                                       u[i][2 * r + 1] - (hi[i][2 * r + 1] + lo[i][2 * r + 1]));
+          *reinterpret_cast<float2*>(sVn + c * lay.pv + col) = v;  // rows past C: zeros
+          if (c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
+        }
     }
     __syncthreads();  // V_new complete; nobody reads W_n any more
     if (step + 1 < N) copy_rows_async(sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
     cp_async_commit();
 
-    // 2: S = carry_n * S + Kt_n V_new + Y_n, each thread on its own entries of S.
-    const float* sKt = smem + lay.kt + b * lay.kt_size;
-    const float* sCarry = smem + lay.carry + b * lay.carry_size;
-    float kv[kStateRows];  // starts from Y_n[k_i, j], the addend
-    const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
+    // 2: S = carry_n * S + Y_n + Kt_n V_new, on the warp's own tiles.
+    {
+      const float* sCarry = smem + lay.carry + b * lay.carry_size;
+      const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
+      float lo[kStateTiles][4] = {};
 #pragma unroll
-    for (int i = 0; i < kStateRows; ++i) {
-      const int k = rg + RG * i;
-      kv[i] = Yn && k < K ? __ldg(Yn + static_cast<int64_t>(k) * V + j) : 0.f;
-    }
-    rows_times_cols<VB>(kv, sKt, lay.pc, K, sVn, C, rg, j);
+      for (int i = 0; i < kStateTiles; ++i)
 #pragma unroll
-    for (int i = 0; i < kStateRows; ++i) {
-      const int k = rg + RG * i;
-      if (k < K) {
-        const float d = p.per_channel_carry ? sCarry[k] : sCarry[0];
-        sS[k * VB + j] = fmaf(d, sS[k * VB + j], kv[i]);
-      }
+        for (int r = 0; r < 2; ++r) {
+          const int k = state_row(i, r);
+          if (i >= state_tiles) continue;
+          const float d = p.per_channel_carry ? sCarry[k] : sCarry[0];  // rows past K: zeros
+          const float2 y = Yn && k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col))
+                                       : make_float2(0.f, 0.f);
+          s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
+          s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
+        }
+      tiles_times_cols<kStateTiles>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles, sVn,
+                                    lay.pv, n0, Cp);
+#pragma unroll
+      for (int i = 0; i < kStateTiles; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[i][e] += lo[i][e];
     }
   }
   cp_async_wait<0>();  // nothing real is left in flight (the last chunk's prefetches are empty)
-
-  // Each thread wrote its own entries of S: no barrier needed before it reads them back.
-  float* S1 = p.final_state + bh * K * V + v0;
-  for (int k = rg; k < K; k += RG) S1[static_cast<int64_t>(k) * V + j] = sS[k * VB + j];
+  store_state(p.final_state + bh * K * V + v0);
 }
 
 bool dims_in_bounds(int K, int V, int C) {
@@ -266,8 +339,11 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
   LT2_CHECK(p.final_state && (p.chunks == 0 || (p.w && p.u && p.kt && p.carry && p.states && p.v_new)),
             "delta_rule_scan: every pointer but initial_state must be given (only final_state without chunks)");
   LT2_CHECK(!p.resets || p.batch == 1, "delta_rule_scan: resets (packed documents) need batch 1, found ", p.batch);
-  LT2_CHECK(aligned16(p.w) && aligned16(p.kt) && (!p.per_channel_carry || aligned16(p.carry)),
-            "delta_rule_scan: w, kt (and a per-channel carry) must be 16-byte aligned");
+  auto aligned = [](const void* ptr) { return !ptr || aligned16(ptr); };
+  LT2_CHECK(aligned(p.w) && aligned(p.kt) && (!p.per_channel_carry || aligned(p.carry)) && aligned(p.u) &&
+                aligned(p.v_new) && aligned(p.states) && aligned(p.final_state) && aligned(p.initial_state) &&
+                aligned(p.addend) && aligned(p.reset_states),
+            "delta_rule_scan: every matrix (and a per-channel carry) must be 16-byte aligned");
   int device = 0;
   cudaGetDevice(&device);
   const int vb = p.value_block != 0 ? p.value_block
