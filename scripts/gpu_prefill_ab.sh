@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE (device tool), as a step of scripts/gpu_batch.sh (which unpacks this tree's
+# build-prebuilt/): `lt2 bench prefill` of this tree's binary against a baseline's in the same call, in
+# alternating arms (the machine drifts between runs), then a per-kernel profile of the new binary. The
+# baseline is another tarball of scripts/prebuild_gpu.sh, built at the baseline commit and renamed, carried
+# in .deps.
+#   BASE_TARBALL=.deps/build-<commit>.tar.xz (required)  MODEL=lt2-gdn-1.3b  CONTEXTS=820,8192,32768
+#   ARMS="base new base new"  PROFILE_CONTEXTS=820,8192 (empty: no profile)
+# Writes $OUT/prefill_ab.json (every arm's cells, and per context each arm's median ms and new/base) and
+# $OUT/prefill_ab.md; with a profile, $OUT/prefill_profile.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/lt2_gpu_out}
+mkdir -p "$OUT"
+: "${BASE_TARBALL:?BASE_TARBALL: the prebuilt tarball of the baseline, from scripts/prebuild_gpu.sh}"
+MODEL=${MODEL:-lt2-gdn-1.3b}
+CONTEXTS=${CONTEXTS:-820,8192,32768}
+ARMS=${ARMS:-base new base new}
+PROFILE_CONTEXTS=${PROFILE_CONTEXTS-820,8192}
+NEW=build-prebuilt/lt2
+[ -x "$NEW" ] || { echo "gpu_prefill_ab: $NEW is missing: run this inside scripts/gpu_batch.sh with .deps carried"; exit 1; }
+BASE_DIR=/tmp/prefill_ab_base
+rm -rf "$BASE_DIR" && mkdir -p "$BASE_DIR"
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$BASE_TARBALL" "$BASE_DIR"
+BASE=$BASE_DIR/build-prebuilt/lt2
+i=0
+for arm in $ARMS; do
+  bin=$NEW
+  [ "$arm" = base ] && bin=$BASE
+  "$bin" bench prefill -m "$MODEL" -c "$CONTEXTS" --out-json "/tmp/prefill_ab_$i.json"
+  i=$((i + 1))
+done
+base_commit=$(cat "$BASE_DIR/build-prebuilt/COMMIT")
+new_commit=$(cat build-prebuilt/COMMIT)
+python3 - "$OUT" "$base_commit" "$new_commit" $ARMS <<'PY'
+import json, statistics, sys
+out, base_commit, new_commit, arms = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+runs = [json.load(open(f"/tmp/prefill_ab_{i}.json")) for i in range(len(arms))]
+cells = [dict(c, arm=arm, run=i) for i, (arm, r) in enumerate(zip(arms, runs)) for c in r["cells"]]
+contexts = sorted({c["context"] for c in cells})
+summary = []
+for ctx in contexts:
+    ms = {a: statistics.median(c["ms"] for c in cells if c["context"] == ctx and c["arm"] == a) for a in ("base", "new")}
+    summary.append({"context": ctx, "base_ms": ms["base"], "new_ms": ms["new"], "new_over_base": ms["new"] / ms["base"],
+                    "base_tokens_per_s": ctx / ms["base"] * 1e3, "new_tokens_per_s": ctx / ms["new"] * 1e3})
+rec = {"model": runs[0]["cells"][0]["model"], "base": base_commit, "new": new_commit, "arms": arms,
+       "device": runs[0]["device"], "date": runs[0]["date"], "summary": summary, "cells": cells}
+json.dump(rec, open(f"{out}/prefill_ab.json", "w"), indent=1)
+lines = [f"`lt2 bench prefill -m {rec['model']}`, batch 1, arms {' '.join(arms)} (medians per arm): "
+         f"base {base_commit}, new {new_commit}, {rec['date']}", "",
+         "| context | base ms | new ms | base tok/s | new tok/s | new / base time |", "|---:|---:|---:|---:|---:|---:|"]
+lines += [f"| {s['context']} | {s['base_ms']:.1f} | {s['new_ms']:.1f} | {s['base_tokens_per_s']:.0f} | "
+          f"{s['new_tokens_per_s']:.0f} | {s['new_over_base']:.3f} |" for s in summary]
+open(f"{out}/prefill_ab.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+if [ -n "$PROFILE_CONTEXTS" ]; then
+  "$NEW" bench prefill -m "$MODEL" -c "$PROFILE_CONTEXTS" --profile 2 --profile-md "$OUT/prefill_profile.md" > /dev/null
+  grep -A12 "^### " "$OUT/prefill_profile.md" | head -40
+fi
