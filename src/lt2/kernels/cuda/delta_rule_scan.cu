@@ -481,18 +481,37 @@ __device__ __forceinline__ float half_warp_sum(float x) {
 }
 
 // The chunk's rows of q and k (fp32, rows pitch K + 1; zeros past the sequence), beta, and G the
-// inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier.
+// inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier. q and k
+// arrive in 16-byte loads, every load of a thread issued before the first is used (a load consumed
+// before the next is issued costs one memory latency each: ~24 a thread at K 96).
 template <typename In>
 __device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, float* sQ, float* sK,
                            float* sB, float* sG) {
-  const int K = p.head_k, H = p.heads, T = p.seq, P = K + 1;
+  constexpr int E = 16 / sizeof(In);                                 // elements a load
+  constexpr int kLoads = kPrepChunk * kPrepMaxK / E / kPrepThreads;  // loads a thread and tensor, at most
+  const int K = p.head_k, H = p.heads, T = p.seq, P = K + 1, per_row = K / E;
   const In* q = static_cast<const In*>(p.q);
   const In* k = static_cast<const In*>(p.k);
-  for (int e = threadIdx.x; e < kPrepChunk * K; e += blockDim.x) {
-    const int i = e / K, d = e - i * K;
+  uint4 rq[kLoads], rk[kLoads];
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) {
+    const int e = threadIdx.x + l * kPrepThreads, i = e / per_row, d = E * (e - i * per_row);
     const int64_t at = ((static_cast<int64_t>(b) * T + t0 + i) * H + h) * K + d;
-    sQ[i * P + d] = i < rows ? to_float(q[at]) : 0.f;
-    sK[i * P + d] = i < rows ? to_float(k[at]) : 0.f;
+    rq[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(q + at)) : make_uint4(0, 0, 0, 0);
+    rk[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(k + at)) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) {
+    const int e = threadIdx.x + l * kPrepThreads, i = e / per_row, d = E * (e - i * per_row);
+    if (i >= kPrepChunk) break;
+    float fq[E], fk[E];
+    unpack16<In>(rq[l], fq);
+    unpack16<In>(rk[l], fk);
+#pragma unroll
+    for (int x = 0; x < E; ++x) {
+      sQ[i * P + d + x] = fq[x];
+      sK[i * P + d + x] = fk[x];
+    }
   }
   if (threadIdx.x < kPrepChunk) {
     const int i = threadIdx.x;
@@ -535,26 +554,34 @@ __device__ __forceinline__ void unit_lower_inverse_block(const float* sL, float*
   for (int i = 0; i < C; ++i) sT[i * kMatPitch + c] = t[i];
 }
 
-// Columns c0 .. c0 + kPrepPanel - 1 of the chunk's [V | K] rows into sP (row pitch kPanelPitch):
-// v (zeros past the sequence) times value_scale[i], or k (from sK) times key_scale[i] (nullptr: 1).
-// K and V are multiples of the panel, so a panel is all values or all keys.
+// A panel is columns c0 .. c0 + kPrepPanel - 1 of the chunk's [V | K] rows; K and V are multiples
+// of it, so a panel is all values or all keys. Thread tid holds its elements e = tid + kPrepThreads m
+// (row e / kPrepPanel, column e % kPrepPanel). The value panels come from global memory: fetched a
+// panel ahead into registers, so their loads are in flight during the panel before.
+constexpr int kPanelLoads = kPrepChunk * kPrepPanel / kPrepThreads;
 template <typename In>
-__device__ __forceinline__ void load_panel(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, int c0,
-                                           const float* sK, const float* value_scale, const float* key_scale,
-                                           float* sP) {
-  const int K = p.head_k, V = p.head_v, P = K + 1;
+__device__ __forceinline__ void fetch_values(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, int c0,
+                                             float (&x)[kPanelLoads]) {
   const In* v = static_cast<const In*>(p.v);
-  for (int e = threadIdx.x; e < kPrepChunk * kPrepPanel; e += blockDim.x) {
-    const int i = e / kPrepPanel, c = e - i * kPrepPanel, col = c0 + c;
-    float x;
-    if (col < V) {
-      x = i < rows ? to_float(v[((static_cast<int64_t>(b) * p.seq + t0 + i) * p.heads + h) * V + col]) : 0.f;
-      if (value_scale) x *= value_scale[i];
-    } else {
-      x = sK[i * P + col - V];
-      if (key_scale) x *= key_scale[i];
-    }
-    sP[i * kPanelPitch + c] = x;
+#pragma unroll
+  for (int m = 0; m < kPanelLoads; ++m) {
+    const int e = threadIdx.x + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
+    x[m] = c0 < p.head_v && i < rows ? to_float(v[((static_cast<int64_t>(b) * p.seq + t0 + i) * p.heads + h) *
+                                                      p.head_v + col])
+                                     : 0.f;
+  }
+}
+// The panel at c0 into sP (row pitch kPanelPitch): the fetched values times value_scale[i], or k
+// (from sK) times key_scale[i] (nullptr: 1).
+__device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int K, int V, int c0, const float* sK,
+                                          const float* value_scale, const float* key_scale, float* sP) {
+#pragma unroll
+  for (int m = 0; m < kPanelLoads; ++m) {
+    const int e = threadIdx.x + m * kPrepThreads, i = e / kPrepPanel, c = e % kPrepPanel;
+    float y;
+    if (c0 < V) y = value_scale ? x[m] * value_scale[i] : x[m];
+    else y = key_scale ? sK[i * (K + 1) + c0 + c - V] * key_scale[i] : sK[i * (K + 1) + c0 + c - V];
+    sP[i * kPanelPitch + c] = y;
   }
 }
 
@@ -624,10 +651,13 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
 
   // [U | W] = T [beta V | beta exp(G) K], a panel of columns at a time; thread (ti, tj) the rows
   // ti + 16 r of column tj.
+  float values[kPanelLoads];
+  fetch_values<In>(p, b, h, t0, rows, 0, values);
   for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
     __syncthreads();  // T is complete; the panel before is consumed
-    load_panel<In>(p, b, h, t0, rows, c0, sK, sB, sF, sP);
+    put_panel(values, K, V, c0, sK, sB, sF, sP);
     __syncthreads();
+    if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
     float acc[4] = {};
     for (int j = 0; j < C; ++j) {
       const float x = sP[j * kPanelPitch + tj];
@@ -711,14 +741,30 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   const float* dw = bp.dw + chunk * C * K;
   float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
   float row_db[4] = {}, row_w[4] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c]
+  // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
+  float values[kPanelLoads], grads[kPanelLoads];
+  auto fetch_grads = [&](int c0) {
+#pragma unroll
+    for (int m = 0; m < kPanelLoads; ++m) {
+      const int e = tid + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
+      grads[m] = col < V ? du[i * V + col] : dw[i * K + col - V];
+    }
+  };
+  fetch_values<In>(p, b, h, t0, rows, 0, values);
+  fetch_grads(0);
   for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
     const bool value_panel = c0 < V;
-    load_panel<In>(p, b, h, t0, rows, c0, sK, nullptr, nullptr, sRP);
-    for (int e = tid; e < C * kPrepPanel; e += blockDim.x) {
-      const int i = e / kPrepPanel, c = e - i * kPrepPanel, col = c0 + c;
-      sDP[i * kPanelPitch + c] = value_panel ? du[i * V + col] : dw[i * K + col - V];
+    put_panel(values, K, V, c0, sK, nullptr, nullptr, sRP);
+#pragma unroll
+    for (int m = 0; m < kPanelLoads; ++m) {
+      const int e = tid + m * kPrepThreads;
+      sDP[(e / kPrepPanel) * kPanelPitch + e % kPrepPanel] = grads[m];
     }
     __syncthreads();
+    if (c0 + kPrepPanel < V + K) {
+      if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
+      fetch_grads(c0 + kPrepPanel);
+    }
     if (value_panel) tile_product(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
     else tile_product(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
     float dr[4] = {};  // dR[i][c0 + tj] = sum_{j >= i} T[j][i] dUW[j][c0 + tj]
@@ -878,6 +924,7 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
   LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
             p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
   LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
+  LT2_CHECK(aligned16(p.q) && aligned16(p.k), op, ": q and k must be 16-byte aligned (they are read in 16-byte loads)");
 }
 
 }  // namespace

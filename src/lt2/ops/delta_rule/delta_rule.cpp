@@ -22,6 +22,16 @@ namespace lt2::ops {
 
 namespace {
 
+#ifdef LT2_WITH_CUDA
+// A packed (contiguous), 16-byte aligned tensor for the CUDA kernels' 16-byte accesses: t itself
+// where it is one, else a copy (a contiguous view may start anywhere); undefined stays undefined.
+Tensor aligned_packed(const Tensor& t) {
+  if (!t.defined()) return t;
+  auto c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+#endif
+
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
                   const Tensor& g) {
   check_recurrence_inputs(q, k, v, g, "delta rule");
@@ -251,14 +261,9 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
             device, " (needs K and C multiples of 4, K <= ", kernels::kMaxScanHeadK, ", C <= ",
             kernels::kMaxScanChunk, ", V a multiple of 8)");
   LT2_CHECK(N <= INT32_MAX, op, ": ", N, " chunks (at most ", INT32_MAX, ")");
-  // Packed, 16-byte aligned copies where the inputs are not (a contiguous view may start anywhere).
-  auto packed = [](const Tensor& t) {
-    if (!t.defined()) return t;
-    auto c = t.contiguous();
-    return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
-  };
-  const auto w = packed(in.w), u = packed(in.u), kt = packed(in.kt), carry = packed(in.carry);
-  const auto s0 = packed(in.initial_state), addend = packed(in.addend), reset_states = packed(in.reset_states);
+  const auto w = aligned_packed(in.w), u = aligned_packed(in.u), kt = aligned_packed(in.kt);
+  const auto carry = aligned_packed(in.carry), s0 = aligned_packed(in.initial_state);
+  const auto addend = aligned_packed(in.addend), reset_states = aligned_packed(in.reset_states);
   const auto resets = in.resets.defined() ? in.resets.contiguous() : Tensor();
   c10::cuda::CUDAGuard guard(device);
   ChunkScanResult r{torch::empty({B, H, N, K, V}, w.options()), torch::empty({B, H, N, C, V}, w.options()),
@@ -428,7 +433,7 @@ ChunkPrep prepare_chunks_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                               double scale, int64_t C) {
 #ifdef LT2_WITH_CUDA
   const auto dtype = q.scalar_type();
-  auto out = PrepareChunksFunction::apply(q.contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous(),
+  auto out = PrepareChunksFunction::apply(aligned_packed(q), aligned_packed(k.to(dtype)), v.to(dtype).contiguous(),
                                           beta.to(torch::kFloat32).contiguous(),
                                           g.defined() ? g.to(torch::kFloat32).contiguous() : torch::empty({0}),
                                           scale, C);
