@@ -9,33 +9,36 @@
 // U_n[:, slice] [C, VB] and carry_n [1 or K], writes S_n and V_new (the slices) and does 2 C K VB
 // multiply-adds: at the 1.3B GDN head (K 96, V 192, C 64, VB 16) 49 KiB read (mostly L2 hits: the
 // V / VB blocks of a head read the same matrices), 10 KiB written, 197k multiply-adds. The chunks
-// of a block are sequential, so the scan is bound by each chunk's latency (its two dependent
-// products, two barriers and the loads in flight), not by the device's FLOPs: at 8,192 tokens
-// (128 chunks) and the 1.3B head, the plain-FMA form took 11.5 us a chunk (1.48 ms a call), ~4x
-// what its shared-memory reads alone cost (bench/notes/prefill.md). The outputs
-// O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the op computes
-// them for all chunks with two batched GEMMs): inside it they would lengthen each chunk's chain.
+// of a block are sequential, and a B 1 prefill has only ~1.5 blocks an SM, so the scan is bound by
+// each chunk's chain of instructions, not by the device's FLOPs or bytes: at 8,192 tokens (128
+// chunks) and the 1.3B head it took 11.2 us a chunk (1.42 ms a call, H100) in both the plain-FMA
+// form and the first tensor-core form, whose warps issued ~4,100 instructions a chunk (Nsight
+// Compute: issue slots 29% busy, 1.5 warps a scheduler, HMMA 3.5% of instructions; the rest the
+// TF32 rounding, the copies' integer divisions and predicated-off tiles; bench/notes/prefill.md).
+// The outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the
+// op computes them for all chunks with two batched GEMMs): inside it they would lengthen each chain.
 //
 // Design.
-// - Grid (V / VB, H, B), 4 warps. Both products run on tensor cores as 3xTF32 mma.sync m16n8k8:
-//   each operand x = big + small with big = tf32(x) and small = tf32(x - big), and
+// - Grid (V / VB, H, B), 8 warps. Both products run on tensor cores as 3xTF32 mma.sync m16n8k8:
+//   each operand x = big + small (split_tf32: bit operations, no conversion instruction) and
 //   A B ~ A_big B_big + A_big B_small + A_small B_big, which keeps fp32's accuracy (the dropped
 //   term is 2^-22 of the product) where one TF32 product would lose 2^-11 and fail the 1e-5 fp32
 //   tolerance of the GPU tests; the corrections go to a second accumulator, so each product's
 //   dependent chain is as long as one TF32 product's.
-// - Warp w owns the n-tile (8 value columns) w % (VB / 8) and every (4 / (VB / 8))-th m-tile
+// - Warp w owns the n-tile (8 value columns) w % (VB / 8) and every (8 / (VB / 8))-th m-tile
 //   (16 rows) from w / (VB / 8): in phase 1 of V_new's [C, VB], in phase 2 of S's [K, VB]. Its S
 //   tiles stay in registers (mma accumulator fragments) for the whole scan.
 // - Per chunk: store S_n (registers to global) and S to shared memory (phase 1's B operand);
 //   1 V_new = U_n - W_n S, to shared memory (phase 2's B operand) and global; 2 S = carry_n * S +
 //   Y_n + Kt_n V_new in registers. Two barriers.
-// - The chunk's matrices stream in with cp.async: the next chunk's Kt and carry (two buffers, taking
-//   turns) are issued as chunk n starts and have the whole chunk to land; the next W is issued once
-//   phase 1 is done with W_n and lands during phase 2. U_n and Y_n are read into registers at the
-//   chunk start. The A operands (W, Kt) load as ldmatrix.x4 (an 8 x 8 b16 matrix is 8 rows of 4
-//   fp32: lane 4 g + t gets row g's float t, the m16n8k8 TF32 A fragment). Shared memory is zeroed
-//   first, so K and C pad to multiples of 16 with zeros the copies never overwrite. At the 1.3B head
-//   with VB 16: 94 KiB (two blocks an SM); K 256 with C 64 fits with VB 8 (218 KiB).
+// - The chunk's matrices stream in with cp.async, each thread's pieces placed once per kernel
+//   (plan_row_copy): the next chunk's Kt and carry (two buffers, taking turns) are issued as chunk n
+//   starts and have the whole chunk to land; the next W is issued once phase 1 is done with W_n and
+//   lands during phase 2. U_n and Y_n are read into registers at the chunk start. The A operands
+//   (W, Kt) load as ldmatrix.x4 (an 8 x 8 b16 matrix is 8 rows of 4 fp32: lane 4 g + t gets row g's
+//   float t, the m16n8k8 TF32 A fragment). Shared memory is zeroed first, so K and C pad to
+//   multiples of 16 with zeros the copies never overwrite. At the 1.3B head with VB 16: 94 KiB (two
+//   blocks an SM); K 256 with C 64 fits with VB 8 (218 KiB).
 // - A operands' rows sit round_up(cols, 16) + 4 floats apart (4 or 20 mod 32): ldmatrix's 8 rows
 //   and the fragments' 8 rows g fall in distinct banks. B operands ([rows, VB]: S, V_new) read
 //   B[t][g] across a warp: rows 8 or 24 mod 32 floats apart make those 32 words distinct banks.
@@ -49,7 +52,7 @@
 namespace lt2::kernels {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
 // Row pitches (floats): of an A operand with `cols` columns, and of a [rows, VB] B operand.
@@ -87,25 +90,40 @@ __host__ __device__ inline ScanLayout scan_layout(int K, int C, int VB) {
 
 size_t scan_smem_bytes(int K, int C, int VB) { return sizeof(float) * scan_layout(K, C, VB).total; }
 
-// rows x cols floats, rows `cols` apart in global memory (cols % 4 == 0, 16-byte aligned), to
-// shared memory rows `pitch` apart; the whole block issues, one 16-byte copy per thread and step.
-__device__ __forceinline__ void copy_rows_async(float* dst, int pitch, const float* src, int rows, int cols) {
+// A block-wide copy of [rows, cols] floats (cols % 4 == 0, cols <= 4 kThreads) in 16-byte pieces:
+// thread tid takes piece tid % (cols / 4) of every (kThreads / (cols / 4))-th row from
+// tid / (cols / 4); threads past a whole number of rows idle. Planned once per kernel: the integer
+// divisions cost more than the copies they place.
+struct RowCopy {
+  int row0, col, row_step;
+};
+__device__ __forceinline__ RowCopy plan_row_copy(int cols) {
   const int per_row = cols / 4;
-  for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
-    const int r = i / per_row, c = 4 * (i % per_row);
-    cp_async16(dst + r * pitch + c, src + static_cast<int64_t>(r) * cols + c);
-  }
+  RowCopy c;
+  c.row_step = kThreads / per_row;
+  c.row0 = threadIdx.x / per_row;
+  c.col = 4 * (threadIdx.x - c.row0 * per_row);
+  if (c.row0 >= c.row_step) c.row0 = 1 << 30;  // idle
+  return c;
+}
+// rows x cols floats, rows `cols` apart in global memory (16-byte aligned), to shared memory rows
+// `pitch` apart, by cp.async as `c` (planned for these cols) places them.
+__device__ __forceinline__ void copy_rows_async(const RowCopy& c, float* dst, int pitch, const float* src, int rows,
+                                                int cols) {
+  for (int r = c.row0; r < rows; r += c.row_step)
+    cp_async16(dst + r * pitch + c.col, src + static_cast<int64_t>(r) * cols + c.col);
 }
 
-// x = big + small, each a TF32 operand (3xTF32).
+// x = big + small, each a TF32 operand (3xTF32). big is x with its 13 low mantissa bits cleared,
+// small the exact remainder; the mma reads a TF32 operand's top 19 bits, so small loses its own low
+// bits (2^-22 of x, as rounding would). Bit operations, not cvt.rna.tf32.f32: on sm_90 that
+// conversion is a dozen integer and compare instructions.
 struct SplitTf32 {
   uint32_t big, small;
 };
 __device__ __forceinline__ SplitTf32 split_tf32(float x) {
-  SplitTf32 s;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(s.big) : "f"(x));
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(s.small) : "f"(x - __uint_as_float(s.big)));
-  return s;
+  const uint32_t big = __float_as_uint(x) & 0xffffe000u;
+  return {big, __float_as_uint(x - __uint_as_float(big))};
 }
 
 // acc += A B for one m16n8k8 TF32 product. Fragments (lane = 4 g + t): a0 = A[g][t],
@@ -128,6 +146,7 @@ __device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // ldmatrix.x4: lanes 8q .. 8q + 7 address the rows of matrix q (rows + 8 for q odd, columns + 4 for q >= 2).
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 4 * (lane >> 4);
+#pragma unroll 2
   for (int x = 0; x < X; x += 8) {
     const SplitTf32 b0 = split_tf32(B[(x + t) * bp + n0 + g]), b1 = split_tf32(B[(x + t + 4) * bp + n0 + g]);
 #pragma unroll
@@ -177,45 +196,51 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   auto kt_of = [&](int n) { return p.kt + ((bh * N + n) * K) * C; };
   auto uv_offset = [&](int n, int c) { return ((bh * N + n) * C + c) * V + v0 + col; };  // u, v_new
   const int carry_dim = p.per_channel_carry ? K : 1;
+  const RowCopy copy_k = plan_row_copy(K), copy_c = plan_row_copy(C);  // of [., K] and [., C] rows
   // Kt_n and carry_n into buffer `b`.
   auto load_kt_carry = [&](int n, int b) {
-    copy_rows_async(smem + lay.kt + b * lay.kt_size, lay.pc, kt_of(n), K, C);
+    copy_rows_async(copy_c, smem + lay.kt + b * lay.kt_size, lay.pc, kt_of(n), K, C);
     const float* carry = p.carry + (bh * N + n) * carry_dim;
     float* dst = smem + lay.carry + b * lay.carry_size;
-    if (p.per_channel_carry) copy_rows_async(dst, 0, carry, 1, K);
+    if (p.per_channel_carry) copy_rows_async(copy_k, dst, 0, carry, 1, K);
     else if (threadIdx.x == 0) cp_async4(dst, carry);
   };
   // Row r (0 or 1: g or g + 8) of the warp's i-th state tile, and whether it is a row of S.
   auto state_row = [&](int i, int r) { return 16 * (mt0 + kMtStep * i) + g + 8 * r; };
   // The thread's entries of S ([K, V] rows V apart, from column v0) into s; rows past K read as zeros.
-  float s[kStateTiles][4];
+  float s[kStateTiles][4] = {};
+  // Tiles past state_tiles stay zero and are never read. The loops over the warp's tiles stop at
+  // state_tiles (`break`): predicated-off iterations would still cost their address arithmetic.
   auto load_state = [&](const float* src) {
 #pragma unroll
-    for (int i = 0; i < kStateTiles; ++i)
+    for (int i = 0; i < kStateTiles; ++i) {
+      if (i >= state_tiles) break;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int k = state_row(i, r);
-        const float2 v = src && i < state_tiles && k < K ? *reinterpret_cast<const float2*>(src + int64_t{k} * V + col)
-                                                          : make_float2(0.f, 0.f);
+        const float2 v = src && k < K ? *reinterpret_cast<const float2*>(src + int64_t{k} * V + col)
+                                      : make_float2(0.f, 0.f);
         s[i][2 * r] = v.x, s[i][2 * r + 1] = v.y;
       }
+    }
   };
   auto store_state = [&](float* dst) {
 #pragma unroll
-    for (int i = 0; i < kStateTiles; ++i)
+    for (int i = 0; i < kStateTiles; ++i) {
+      if (i >= state_tiles) break;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int k = state_row(i, r);
-        if (i < state_tiles && k < K)
-          *reinterpret_cast<float2*>(dst + int64_t{k} * V + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
+        if (k < K) *reinterpret_cast<float2*>(dst + int64_t{k} * V + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
       }
+    }
   };
 
   // Prologue: the pads zeroed, then W_0, Kt_0 and carry_0 in flight, S from the initial state.
   for (int i = threadIdx.x; i < lay.total; i += kThreads) smem[i] = 0.f;
   __syncthreads();
   if (N > 0) {
-    copy_rows_async(sW, lay.pk, w_of(chunk_at(0)), C, K);
+    copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(0)), C, K);
     load_kt_carry(chunk_at(0), 0);
   }
   cp_async_commit();
@@ -230,21 +255,23 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     store_state(p.states + (bh * N + n) * K * V + v0);  // S_n
     // S to shared memory for phase 1 (its last readers, the previous phase 1, passed a barrier since).
 #pragma unroll
-    for (int i = 0; i < kStateTiles; ++i)
+    for (int i = 0; i < kStateTiles; ++i) {
+      if (i >= state_tiles) break;
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        if (i < state_tiles)
-          *reinterpret_cast<float2*>(sS + state_row(i, r) * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
+        *reinterpret_cast<float2*>(sS + state_row(i, r) * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
+    }
     float u[kChunkTiles][4];  // U_n at the thread's V_new entries (rows past C: zeros)
 #pragma unroll
-    for (int i = 0; i < kChunkTiles; ++i)
+    for (int i = 0; i < kChunkTiles; ++i) {
+      if (i >= chunk_tiles) break;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int c = 16 * (mt0 + kMtStep * i) + g + 8 * r;
-        const float2 v = i < chunk_tiles && c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c)))
-                                                  : make_float2(0.f, 0.f);
+        const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
         u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
       }
+    }
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
     __syncthreads();     // ... for every thread; S is in shared memory; the last phase 2 is done with buffer b ^ 1
     if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
@@ -255,19 +282,20 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
       float hi[kChunkTiles][4] = {}, lo[kChunkTiles][4] = {};
       tiles_times_cols<kChunkTiles>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
 #pragma unroll
-      for (int i = 0; i < kChunkTiles; ++i)
+      for (int i = 0; i < kChunkTiles; ++i) {
+        if (i >= chunk_tiles) break;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int c = 16 * (mt0 + kMtStep * i) + g + 8 * r;
-          if (i >= chunk_tiles) continue;
           const float2 v = make_float2(u[i][2 * r] - (hi[i][2 * r] + lo[i][2 * r]),
                                        u[i][2 * r + 1] - (hi[i][2 * r + 1] + lo[i][2 * r + 1]));
           *reinterpret_cast<float2*>(sVn + c * lay.pv + col) = v;  // rows past C: zeros
           if (c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
         }
+      }
     }
     __syncthreads();  // V_new complete; nobody reads W_n any more
-    if (step + 1 < N) copy_rows_async(sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
+    if (step + 1 < N) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
     cp_async_commit();
 
     // 2: S = carry_n * S + Y_n + Kt_n V_new, on the warp's own tiles.
@@ -276,23 +304,26 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
       const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
       float lo[kStateTiles][4] = {};
 #pragma unroll
-      for (int i = 0; i < kStateTiles; ++i)
+      for (int i = 0; i < kStateTiles; ++i) {
+        if (i >= state_tiles) break;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int k = state_row(i, r);
-          if (i >= state_tiles) continue;
           const float d = p.per_channel_carry ? sCarry[k] : sCarry[0];  // rows past K: zeros
           const float2 y = Yn && k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col))
                                        : make_float2(0.f, 0.f);
           s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
           s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
         }
+      }
       tiles_times_cols<kStateTiles>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles, sVn,
                                     lay.pv, n0, Cp);
 #pragma unroll
-      for (int i = 0; i < kStateTiles; ++i)
+      for (int i = 0; i < kStateTiles; ++i) {
+        if (i >= state_tiles) break;
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[i][e] += lo[i][e];
+      }
     }
   }
   cp_async_wait<0>();  // nothing real is left in flight (the last chunk's prefetches are empty)
