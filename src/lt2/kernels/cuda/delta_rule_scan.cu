@@ -136,6 +136,29 @@ __device__ __forceinline__ void mma_tf32(float (&acc)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ldmatrix.x4 of fp32 rows in shared memory: an 8 x 8 b16 matrix is 8 rows of 4 floats, and lane
+// 4 g + t receives row g's float t of each of the four, the m16n8k8 TF32 fragment layout. Lanes
+// 8q .. 8q + 7 give the row addresses of matrix q (16-byte aligned).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
+}
+
+// hi + lo += A B in 3xTF32 for one m16n8k8 product: A's fragment raw, B's split.
+__device__ __forceinline__ void mma_3xtf32(float (&hi)[4], float (&lo)[4], const uint32_t (&a)[4], SplitTf32 b0,
+                                           SplitTf32 b1) {
+  uint32_t big[4], small[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const SplitTf32 s = split_tf32(__uint_as_float(a[r]));
+    big[r] = s.big, small[r] = s.small;
+  }
+  mma_tf32(lo, small, b0.big, b1.big);
+  mma_tf32(lo, big, b0.small, b1.small);
+  mma_tf32(hi, big, b0.big, b1.big);
+}
+
 // hi + lo += A[m0 : m0 + 16, :X] B[:X, n0 : n0 + 8] in 3xTF32 (hi: the big products, lo: the
 // corrections) for the warp's tiles: m0 = 16 (mt0 + step i) for i < tiles, one n0. A: rows `ap`
 // floats apart in shared memory, X % 8 == 0 columns; B: [X, .] rows `bp` apart, from column n0.
@@ -152,20 +175,9 @@ __device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&
 #pragma unroll
     for (int i = 0; i < Tiles; ++i) {
       if (i >= tiles) break;
-      const float* a_rows = A + (16 * (mt0 + step * i) + lrow) * ap + x + lcol;
-      uint32_t raw[4];
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(raw[0]), "=r"(raw[1]), "=r"(raw[2]), "=r"(raw[3])
-                   : "r"(static_cast<unsigned>(__cvta_generic_to_shared(a_rows))));
-      uint32_t big[4], small[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const SplitTf32 s = split_tf32(__uint_as_float(raw[r]));
-        big[r] = s.big, small[r] = s.small;
-      }
-      mma_tf32(lo[i], small, b0.big, b1.big);
-      mma_tf32(lo[i], big, b0.small, b1.small);
-      mma_tf32(hi[i], big, b0.big, b1.big);
+      uint32_t a[4];
+      ldmatrix_x4(a, A + (16 * (mt0 + step * i) + lrow) * ap + x + lcol);
+      mma_3xtf32(hi[i], lo[i], a, b0, b1);
     }
   }
 }
@@ -459,19 +471,23 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // dQ and dK (4 C^2 K): ~4.3 M FMAs; reads the six gradients (~190 KiB) and the inputs, writes
 // dq, dk, dv in fp32. At 8 x 4096 x 16 heads (8,192 chunk-heads): forward 11.5 G FMAs (0.35 ms at
 // the 67 TFLOP/s fp32 peak) and 1.5 GB (0.3 ms); backward 35 G FMAs (1.05 ms) and ~2.3 GB (0.5 ms).
-// Both are FMA-bound at the floor; the libtorch form they replace spends ~15 ms of elementwise
-// passes and batched products on the same work (bench/notes/training.md).
+// In scalar fp32 FMAs both are FMA-bound at the floor; on tensor cores (3xTF32: ~3x the multiply-
+// adds at ~7x the rate) the forward's floor is its bytes. The libtorch form they replace spends
+// ~15 ms of elementwise passes and batched products on the same work (bench/notes/training.md).
 //
-// Design. Every [64, n] product of two shared-memory operands is `tile_product`: thread (ti, tj)
-// of a 16 x 16 grid owns rows ti + 16 r (r < 4) and columns tj + 16 s, so a warp reads 16
-// consecutive columns of the right operand (rows at odd pitches K + 1, 65 or 17: distinct banks)
-// and two broadcast rows of the left one. T = (I + L)^{-1} is formed explicitly (one column per
-// thread for 64 threads, its values in registers), so the UT transform is a product, T times the
-// columns of [beta V | beta exp(G) K] streamed through shared memory in panels of 16 (v never
-// staged whole: two blocks fit an SM), and the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T
-// are products too. Recomputed in the backward, not stored: L, T, K K^T and Q K^T (cheaper than
-// reading them back: 4 C^2 floats a chunk-head against ~0.5 M FMAs). Plain fp32 FMAs, as the scan:
-// the GPU tests' fp32 tolerance.
+// Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how): at
+// 8,192 tokens of the 1.3B head its scalar form spent 76% of its instructions on FFMA and shared
+// loads at 50% issue utilisation (Nsight Compute, bench/results/scan_prepare_ncu_31c9be9_h100.txt).
+// The backward's [64, n] products are `tile_product`: thread (ti, tj) of a 16 x 16 grid owns rows
+// ti + 16 r (r < 4) and columns tj + 16 s, so a warp reads 16 consecutive columns of the right
+// operand (rows at odd pitches K + 1, 65 or 17: distinct banks) and two broadcast rows of the left
+// one. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
+// registers), so the UT transform is a product, T times the columns of [beta V | beta exp(G) K]
+// streamed through shared memory in panels of 16 (v never staged whole: two blocks fit an SM), and
+// the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T are products too. Recomputed in the
+// backward, not stored: L, T, K K^T and Q K^T (cheaper than reading them back: 4 C^2 floats a
+// chunk-head against ~0.5 M FMAs). fp32 accuracy throughout (3xTF32 where TF32 alone would round),
+// as the GPU tests' fp32 tolerance asks.
 
 namespace {
 
@@ -511,16 +527,16 @@ __device__ __forceinline__ float half_warp_sum(float x) {
   return x;
 }
 
-// The chunk's rows of q and k (fp32, rows pitch K + 1; zeros past the sequence), beta, and G the
+// The chunk's rows of q and k (fp32, rows P floats apart; zeros past the sequence), beta, and G the
 // inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier. q and k
 // arrive in 16-byte loads, every load of a thread issued before the first is used (a load consumed
 // before the next is issued costs one memory latency each: ~24 a thread at K 96).
 template <typename In>
-__device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, float* sQ, float* sK,
-                           float* sB, float* sG) {
+__device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, int P, float* sQ,
+                           float* sK, float* sB, float* sG) {
   constexpr int E = 16 / sizeof(In);                                 // elements a load
   constexpr int kLoads = kPrepChunk * kPrepMaxK / E / kPrepThreads;  // loads a thread and tensor, at most
-  const int K = p.head_k, H = p.heads, T = p.seq, P = K + 1, per_row = K / E;
+  const int K = p.head_k, H = p.heads, T = p.seq, per_row = K / E;
   const In* q = static_cast<const In*>(p.q);
   const In* k = static_cast<const In*>(p.k);
   uint4 rq[kLoads], rk[kLoads];
@@ -602,66 +618,105 @@ __device__ __forceinline__ void fetch_values(const DeltaRulePrepareParams& p, in
                                      : 0.f;
   }
 }
-// The panel at c0 into sP (row pitch kPanelPitch): the fetched values times value_scale[i], or k
-// (from sK) times key_scale[i] (nullptr: 1).
-__device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int K, int V, int c0, const float* sK,
-                                          const float* value_scale, const float* key_scale, float* sP) {
+// The panel at c0 into sP (rows `pitch` floats apart): the fetched values times value_scale[i], or
+// k (from sK, rows kp floats apart) times key_scale[i] (nullptr: 1).
+__device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int V, int c0, const float* sK, int kp,
+                                          const float* value_scale, const float* key_scale, float* sP, int pitch) {
 #pragma unroll
   for (int m = 0; m < kPanelLoads; ++m) {
     const int e = threadIdx.x + m * kPrepThreads, i = e / kPrepPanel, c = e % kPrepPanel;
     float y;
     if (c0 < V) y = value_scale ? x[m] * value_scale[i] : x[m];
-    else y = key_scale ? sK[i * (K + 1) + c0 + c - V] * key_scale[i] : sK[i * (K + 1) + c0 + c - V];
-    sP[i * kPanelPitch + c] = y;
+    else y = key_scale ? sK[i * kp + c0 + c - V] * key_scale[i] : sK[i * kp + c0 + c - V];
+    sP[i * pitch + c] = y;
   }
 }
+
+// The forward's tiles of q and k sit K + 4 floats apart (4 mod 16: ldmatrix's 8 rows in distinct
+// banks) and its panel rows kFwdPanelPitch apart (8 mod 16: the B fragments' B[t][g] in distinct banks).
+constexpr int kFwdPanelPitch = kPrepPanel + 8;
+__host__ __device__ constexpr int fwd_tile_pitch(int K) { return K + 4; }
 
 struct PrepareShared {  // offsets in floats
   int q, k, l, t, panel, g, beta, f, total;
 };
 __host__ __device__ inline PrepareShared prepare_shared(int K) {
-  const int tile = kPrepChunk * (K + 1), mat = kPrepChunk * kMatPitch;
+  const int tile = kPrepChunk * fwd_tile_pitch(K), mat = kPrepChunk * kMatPitch;
   PrepareShared s{};
   s.q = 0;
   s.k = s.q + tile;
   s.l = s.k + tile;
   s.t = s.l + mat;
   s.panel = s.t + mat;
-  s.g = s.panel + kPrepChunk * kPanelPitch;
+  s.g = s.panel + kPrepChunk * kFwdPanelPitch;
   s.beta = s.g + kPrepChunk;
   s.f = s.beta + kPrepChunk;
   s.total = s.f + kPrepChunk;
   return s;
 }
 
+// The forward's products run on tensor cores (m16n8k8 TF32): K K^T and Q K^T from bf16 inputs in
+// one TF32 product each (a bf16 value is exact in TF32), from fp32 inputs in 3xTF32; T [V | K] in
+// 3xTF32 (T and the scaled panel are arbitrary fp32), skipping T's zero blocks above the diagonal.
+// Warp w owns rows 16 (w / 2) .. + 15 of each product: columns 32 (w % 2) .. + 31 of the [C, C]
+// products, columns 8 (w % 2) .. + 7 of each panel.
 template <typename In>
 __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(const DeltaRulePrepareParams p) {
   constexpr int C = kPrepChunk;
-  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = K + 1;
+  constexpr bool kExactInTf32 = !std::is_same_v<In, float>;
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = fwd_tile_pitch(K);
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
-  const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int mt = warp / 2, m0 = 16 * mt;  // the warp's rows
   const PrepareShared lay = prepare_shared(K);
   extern __shared__ __align__(16) float prep_smem[];
   float *sQ = prep_smem + lay.q, *sK = prep_smem + lay.k, *sL = prep_smem + lay.l, *sT = prep_smem + lay.t;
   float *sP = prep_smem + lay.panel, *sG = prep_smem + lay.g, *sB = prep_smem + lay.beta, *sF = prep_smem + lay.f;
-  load_chunk<In>(p, b, h, t0, rows, sQ, sK, sB, sG);
+  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
   if (tid < C) sF[tid] = sB[tid] * __expf(sG[tid]);
   const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
 
-  // A_qk (global) and L (shared) from K K^T and Q K^T.
+  // A_qk (global) and L (shared) from K K^T and Q K^T: the warp's four n-tiles from column n0.
   {
-    float kk[4][4] = {}, qk[4][4] = {};
-    tile_product(kk, sK, P, 1, sK, 1, P, K, C, ti, tj);
-    tile_product(qk, sQ, P, 1, sK, 1, P, K, C, ti, tj);
+    const int n0 = 32 * (warp % 2);
+    // ldmatrix.x4 lanes: A's four matrices are rows (+ 8) x columns (+ 4); a B pair (two n-tiles of
+    // K's rows) is rows x columns (+ 4), then the next 8 rows.
+    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 4 * (lane >> 4);
+    const int b_row = (lane & 7) + 8 * (lane >> 4), b_col = 4 * ((lane >> 3) & 1);
+    float kk[4][4] = {}, qk[4][4] = {}, kk_lo[4][4] = {}, qk_lo[4][4] = {};
+    for (int x = 0; x < K; x += 8) {
+      uint32_t ak[4], aq[4], bk[2][4];
+      ldmatrix_x4(ak, sK + (m0 + a_row) * P + x + a_col);
+      ldmatrix_x4(aq, sQ + (m0 + a_row) * P + x + a_col);
+      ldmatrix_x4(bk[0], sK + (n0 + b_row) * P + x + b_col);
+      ldmatrix_x4(bk[1], sK + (n0 + 16 + b_row) * P + x + b_col);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
+        if constexpr (kExactInTf32) {
+          mma_tf32(kk[q], ak, b0, b1);
+          mma_tf32(qk[q], aq, b0, b1);
+        } else {
+          const SplitTf32 s0 = split_tf32(__uint_as_float(b0)), s1 = split_tf32(__uint_as_float(b1));
+          mma_3xtf32(kk[q], kk_lo[q], ak, s0, s1);
+          mma_3xtf32(qk[q], qk_lo[q], aq, s0, s1);
+        }
+      }
+    }
     float* A = p.a_qk + chunk * C * C;
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int i = ti + 16 * r, j = tj + 16 * s;
-        const float decay = j <= i ? __expf(sG[i] - sG[j]) : 0.f;
-        A[i * C + j] = p.scale * qk[r][s] * decay;
-        sL[i * kMatPitch + j] = j < i ? sB[i] * kk[r][s] * decay : 0.f;
+      for (int r = 0; r < 2; ++r) {
+        const int i = m0 + g + 8 * r, j = n0 + 8 * q + 2 * t;
+        float a[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float decay = j + e <= i ? __expf(sG[i] - sG[j + e]) : 0.f;
+          a[e] = p.scale * (qk[q][2 * r + e] + qk_lo[q][2 * r + e]) * decay;
+          sL[i * kMatPitch + j + e] = j + e < i ? sB[i] * (kk[q][2 * r + e] + kk_lo[q][2 * r + e]) * decay : 0.f;
+        }
+        *reinterpret_cast<float2*>(A + i * C + j) = make_float2(a[0], a[1]);
       }
   }
   // Q_start, Kt and carry.
@@ -679,27 +734,41 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   if (tid == 0) p.carry[chunk] = __expf(g_last);
   __syncthreads();
   unit_lower_inverse_block(sL, sT);
+  __syncthreads();
 
-  // [U | W] = T [beta V | beta exp(G) K], a panel of columns at a time; thread (ti, tj) the rows
-  // ti + 16 r of column tj.
+  // [U | W] = T [beta V | beta exp(G) K], a panel of columns at a time. The warp's rows of T as A
+  // fragments, held for every panel: k-step s covers T's columns 8 s .. 8 s + 7.
+  const int k_steps = 2 * (mt + 1);  // T's columns past the warp's last row are zeros
+  uint32_t ta[C / 8][4];
+#pragma unroll
+  for (int s = 0; s < C / 8; ++s) {
+    ta[s][0] = __float_as_uint(sT[(m0 + g) * kMatPitch + 8 * s + t]);
+    ta[s][1] = __float_as_uint(sT[(m0 + g + 8) * kMatPitch + 8 * s + t]);
+    ta[s][2] = __float_as_uint(sT[(m0 + g) * kMatPitch + 8 * s + t + 4]);
+    ta[s][3] = __float_as_uint(sT[(m0 + g + 8) * kMatPitch + 8 * s + t + 4]);
+  }
+  const int pn0 = 8 * (warp % 2);  // the warp's columns of a panel
   float values[kPanelLoads];
   fetch_values<In>(p, b, h, t0, rows, 0, values);
   for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
-    __syncthreads();  // T is complete; the panel before is consumed
-    put_panel(values, K, V, c0, sK, sB, sF, sP);
+    __syncthreads();  // the panel before is consumed
+    put_panel(values, V, c0, sK, P, sB, sF, sP, kFwdPanelPitch);
     __syncthreads();
     if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
-    float acc[4] = {};
-    for (int j = 0; j < C; ++j) {
-      const float x = sP[j * kPanelPitch + tj];
+    float hi[4] = {}, lo[4] = {};
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[r] = fmaf(sT[(ti + 16 * r) * kMatPitch + j], x, acc[r]);
+    for (int s = 0; s < C / 8; ++s) {
+      if (s >= k_steps) break;
+      const SplitTf32 b0 = split_tf32(sP[(8 * s + t) * kFwdPanelPitch + pn0 + g]);
+      const SplitTf32 b1 = split_tf32(sP[(8 * s + t + 4) * kFwdPanelPitch + pn0 + g]);
+      mma_3xtf32(hi, lo, ta[s], b0, b1);
     }
-    const int col = c0 + tj;
-    float* out = col < V ? p.u + chunk * C * V + col : p.w + chunk * C * K + (col - V);
-    const int pitch = col < V ? V : K;
+    const int col = c0 + pn0 + 2 * t;  // a panel is all values or all keys
+    float* out = c0 < V ? p.u + chunk * C * V + col : p.w + chunk * C * K + (col - V);
+    const int pitch = c0 < V ? V : K;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) out[(ti + 16 * r) * pitch] = acc[r];
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(out + (m0 + g + 8 * r) * pitch) = make_float2(hi[2 * r] + lo[2 * r], hi[2 * r + 1] + lo[2 * r + 1]);
   }
 }
 
@@ -744,7 +813,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   float *sDP = base + lay.dp, *sRP = base + lay.rp, *sG = base + lay.g, *sB = base + lay.beta;
   float *sEG = base + lay.exp_g, *sDB = base + lay.db, *sDG = base + lay.dg;
   if (tid < C) sDB[tid] = sDG[tid] = 0.f;
-  load_chunk<In>(p, b, h, t0, rows, sQ, sK, sB, sG);
+  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
   if (tid < C) sEG[tid] = __expf(sG[tid]);
   const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
   auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
@@ -785,7 +854,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   fetch_grads(0);
   for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
     const bool value_panel = c0 < V;
-    put_panel(values, K, V, c0, sK, nullptr, nullptr, sRP);
+    put_panel(values, V, c0, sK, P, nullptr, nullptr, sRP, kPanelPitch);
 #pragma unroll
     for (int m = 0; m < kPanelLoads; ++m) {
       const int e = tid + m * kPrepThreads;
