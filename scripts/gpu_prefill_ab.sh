@@ -41,16 +41,21 @@ contexts = sorted({c["context"] for c in cells})
 summary = []
 for ctx in contexts:
     ms = {a: statistics.median(c["ms"] for c in cells if c["context"] == ctx and c["arm"] == a) for a in ("base", "new")}
+    each = {a: [round(c["ms"], 1) for c in cells if c["context"] == ctx and c["arm"] == a] for a in ("base", "new")}
     summary.append({"context": ctx, "base_ms": ms["base"], "new_ms": ms["new"], "new_over_base": ms["new"] / ms["base"],
-                    "base_tokens_per_s": ctx / ms["base"] * 1e3, "new_tokens_per_s": ctx / ms["new"] * 1e3})
+                    "base_tokens_per_s": ctx / ms["base"] * 1e3, "new_tokens_per_s": ctx / ms["new"] * 1e3,
+                    "base_arms_ms": each["base"], "new_arms_ms": each["new"],
+                    "new_over_base_best": min(each["new"]) / min(each["base"])})
 rec = {"model": runs[0]["cells"][0]["model"], "base": base_commit, "new": new_commit, "arms": arms,
        "device": runs[0]["device"], "date": runs[0]["date"], "summary": summary, "cells": cells}
 json.dump(rec, open(f"{out}/prefill_ab.json", "w"), indent=1)
 lines = [f"`lt2 bench prefill -m {rec['model']}`, batch 1, arms {' '.join(arms)} (medians per arm): "
          f"base {base_commit}, new {new_commit}, {rec['date']}", "",
-         "| context | base ms | new ms | base tok/s | new tok/s | new / base time |", "|---:|---:|---:|---:|---:|---:|"]
+         "| context | base ms | new ms | base tok/s | new tok/s | new / base time | each arm, base; new (ms) | best new / best base |",
+         "|---:|---:|---:|---:|---:|---:|---|---:|"]
 lines += [f"| {s['context']} | {s['base_ms']:.1f} | {s['new_ms']:.1f} | {s['base_tokens_per_s']:.0f} | "
-          f"{s['new_tokens_per_s']:.0f} | {s['new_over_base']:.3f} |" for s in summary]
+          f"{s['new_tokens_per_s']:.0f} | {s['new_over_base']:.3f} | {', '.join(map(str, s['base_arms_ms']))}; "
+          f"{', '.join(map(str, s['new_arms_ms']))} | {s['new_over_base_best']:.3f} |" for s in summary]
 open(f"{out}/prefill_ab.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
