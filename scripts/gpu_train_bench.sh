@@ -13,6 +13,8 @@
 #   prefill: `lt2 bench prefill` of PREFILL_MODELS (lt2-gdn-1.3b,lt2-full-gdn-1.3b) at PREFILL_CONTEXTS, batch 1
 # Writes $OUT/train_bench.jsonl (every RESULT line) and $OUT/train_bench.md (tables, lt2 / fla ratios).
 # Builds build-gpu's lt2_cli, mixer_bench and train_bench first unless SKIP_BUILD=1 (already built this call).
+# PREBUILT=build-prebuilt: the binaries scripts/prebuild_gpu.sh carried (BENCH="mixer_bench train_bench"), unpacked
+# by scripts/gpu_batch.sh; no build. LAYER_EXTRAS=0 skips the layers stage's 100M-shape and TF32-off rows.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
@@ -24,6 +26,10 @@ ROOT=$PWD/.deps/root/usr
 export CMAKE_PREFIX_PATH="$ROOT:$ROOT/lib/x86_64-linux-gnu/cmake:$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 export LD_LIBRARY_PATH="$ROOT/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export TRITON_CACHE_DIR=$PWD/.triton-cache
+MIXER_BENCH=build-gpu/bench/mixer_bench TRAIN_BENCH=build-gpu/bench/train_bench LT2=build-gpu/apps/lt2/lt2
+if [ -n "${PREBUILT:-}" ]; then
+  MIXER_BENCH=$PREBUILT/mixer_bench TRAIN_BENCH=$PREBUILT/train_bench LT2=$PREBUILT/lt2 SKIP_BUILD=1
+fi
 B=build-gpu
 JSONL=$OUT/train_bench.jsonl
 : > "$JSONL"
@@ -42,17 +48,17 @@ if has layers; then
   for mixer in ${MIXERS//,/ }; do
     for shape in ${SHAPES//,/ }; do
       b=${shape%x*} t=${shape#*x}
-      $B/bench/mixer_bench --model lt2-gdn-1.3b --mixer "$mixer" --batch "$b" --seq "$t" 2>&1 | record
-      $B/bench/mixer_bench --core --mixer "$mixer" --batch "$b" --seq "$t" --heads 16 --head-k 96 --head-v 192 2>&1 | record
+      $MIXER_BENCH --model lt2-gdn-1.3b --mixer "$mixer" --batch "$b" --seq "$t" 2>&1 | record
+      $MIXER_BENCH --core --mixer "$mixer" --batch "$b" --seq "$t" --heads 16 --head-k 96 --head-v 192 2>&1 | record
     done
   done
   # The 100M shape of results/mixer_layer_h200.json (before the chunk scan trained), every recurrent family.
-  for mixer in gdn kda mamba2 gla retnet; do
-    $B/bench/mixer_bench --model lt2-full-gdn-100m --mixer $mixer --batch 16 --seq 2048 2>&1 | record
+  [ "${LAYER_EXTRAS:-1}" = 1 ] && for mixer in gdn kda mamba2 gla retnet; do
+    $MIXER_BENCH --model lt2-full-gdn-100m --mixer $mixer --batch 16 --seq 2048 2>&1 | record
   done
   # TF32 off (the chunk products as fp32 FMAs): the A/B of TrainConfig::tf32 at the first shape.
   shape=${SHAPES%%,*}
-  $B/bench/mixer_bench --model lt2-gdn-1.3b --mixer gdn --batch "${shape%x*}" --seq "${shape#*x}" --tf32 0 2>&1 | record
+  [ "${LAYER_EXTRAS:-1}" = 1 ] && $MIXER_BENCH --model lt2-gdn-1.3b --mixer gdn --batch "${shape%x*}" --seq "${shape#*x}" --tf32 0 2>&1 | record
 fi
 
 
@@ -60,7 +66,7 @@ if has train; then
   models=${TRAIN_MODELS:-lt-100m,lt2-gdn-100m,lt2-full-gdn-100m}
   for model in ${models//,/ }; do
     for sb in 2048x16 8192x4; do
-      $B/bench/train_bench --model "$model" --seq-len "${sb%x*}" --batch-size "${sb#*x}" --steps "${TRAIN_STEPS:-12}" --checkpoint-loops \
+      $TRAIN_BENCH --model "$model" --seq-len "${sb%x*}" --batch-size "${sb#*x}" --steps "${TRAIN_STEPS:-12}" --checkpoint-loops \
         > /tmp/train_bench.log 2>&1
       record < /tmp/train_bench.log || tail -3 /tmp/train_bench.log
     done
@@ -68,7 +74,7 @@ if has train; then
 fi
 
 if has prefill; then
-  $B/apps/lt2/lt2 bench prefill -m "${PREFILL_MODELS:-lt2-gdn-1.3b,lt2-full-gdn-1.3b}" \
+  $LT2 bench prefill -m "${PREFILL_MODELS:-lt2-gdn-1.3b,lt2-full-gdn-1.3b}" \
     -c "${PREFILL_CONTEXTS:-4k,8k,16k,32k}" --json > /tmp/prefill.json 2> /tmp/prefill.err || tail -3 /tmp/prefill.err
   python3 -c "
 import json
