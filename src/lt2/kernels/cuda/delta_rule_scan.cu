@@ -182,6 +182,19 @@ __device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&
   }
 }
 
+// f(i, r, row) for the thread's rows of a warp's tiles: row r (g or g + 8) of its i-th tile (m-tile
+// mt0 + step i), `row` its index in the product. Stops at `tiles` (`break`: predicated-off
+// iterations would still cost their address arithmetic); MaxTiles sizes the unrolled loop.
+template <int MaxTiles, typename F>
+__device__ __forceinline__ void for_warp_rows(int tiles, int mt0, int step, int g, F&& f) {
+#pragma unroll
+  for (int i = 0; i < MaxTiles; ++i) {
+    if (i >= tiles) break;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) f(i, r, 16 * (mt0 + step * i) + g + 8 * r);
+  }
+}
+
 template <int VB>
 __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRuleScanParams p) {
   constexpr int NT = VB / 8;                                       // n-tiles of the slice
@@ -217,35 +230,23 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     if (p.per_channel_carry) copy_rows_async(copy_k, dst, 0, carry, 1, K);
     else if (threadIdx.x == 0) cp_async4(dst, carry);
   };
-  // Row r (0 or 1: g or g + 8) of the warp's i-th state tile, and whether it is a row of S.
-  auto state_row = [&](int i, int r) { return 16 * (mt0 + kMtStep * i) + g + 8 * r; };
-  // The thread's entries of S ([K, V] rows V apart, from column v0) into s; rows past K read as zeros.
+  // The thread's entries of S (k: past K in the pad) and of V_new (c: past C in the pad). Tiles past
+  // state_tiles stay zero, never read.
   float s[kStateTiles][4] = {};
-  // Tiles past state_tiles stay zero and are never read. The loops over the warp's tiles stop at
-  // state_tiles (`break`): predicated-off iterations would still cost their address arithmetic.
+  auto for_state_rows = [&](auto&& f) { for_warp_rows<kStateTiles>(state_tiles, mt0, kMtStep, g, f); };
+  auto for_chunk_rows = [&](auto&& f) { for_warp_rows<kChunkTiles>(chunk_tiles, mt0, kMtStep, g, f); };
+  // S from [K, V] rows V apart (from column v0); rows past K, or all without src, as zeros.
   auto load_state = [&](const float* src) {
-#pragma unroll
-    for (int i = 0; i < kStateTiles; ++i) {
-      if (i >= state_tiles) break;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int k = state_row(i, r);
-        const float2 v = src && k < K ? *reinterpret_cast<const float2*>(src + int64_t{k} * V + col)
-                                      : make_float2(0.f, 0.f);
-        s[i][2 * r] = v.x, s[i][2 * r + 1] = v.y;
-      }
-    }
+    for_state_rows([&](int i, int r, int k) {
+      const float2 v = src && k < K ? *reinterpret_cast<const float2*>(src + int64_t{k} * V + col)
+                                    : make_float2(0.f, 0.f);
+      s[i][2 * r] = v.x, s[i][2 * r + 1] = v.y;
+    });
   };
   auto store_state = [&](float* dst) {
-#pragma unroll
-    for (int i = 0; i < kStateTiles; ++i) {
-      if (i >= state_tiles) break;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int k = state_row(i, r);
-        if (k < K) *reinterpret_cast<float2*>(dst + int64_t{k} * V + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
-      }
-    }
+    for_state_rows([&](int i, int r, int k) {
+      if (k < K) *reinterpret_cast<float2*>(dst + int64_t{k} * V + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
+    });
   };
 
   // Prologue: the pads zeroed, then W_0, Kt_0 and carry_0 in flight, S from the initial state.
@@ -266,24 +267,14 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
       load_state(p.reset_states ? p.reset_states + (int64_t{reset} * p.heads + blockIdx.y) * K * V + v0 : nullptr);
     store_state(p.states + (bh * N + n) * K * V + v0);  // S_n
     // S to shared memory for phase 1 (its last readers, the previous phase 1, passed a barrier since).
-#pragma unroll
-    for (int i = 0; i < kStateTiles; ++i) {
-      if (i >= state_tiles) break;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(sS + state_row(i, r) * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
-    }
+    for_state_rows([&](int i, int r, int k) {
+      *reinterpret_cast<float2*>(sS + k * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
+    });
     float u[kChunkTiles][4];  // U_n at the thread's V_new entries (rows past C: zeros)
-#pragma unroll
-    for (int i = 0; i < kChunkTiles; ++i) {
-      if (i >= chunk_tiles) break;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int c = 16 * (mt0 + kMtStep * i) + g + 8 * r;
-        const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
-        u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
-      }
-    }
+    for_chunk_rows([&](int i, int r, int c) {
+      const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
+      u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
+    });
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
     __syncthreads();     // ... for every thread; S is in shared memory; the last phase 2 is done with buffer b ^ 1
     if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
@@ -293,18 +284,12 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     {
       float hi[kChunkTiles][4] = {}, lo[kChunkTiles][4] = {};
       tiles_times_cols<kChunkTiles>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
-#pragma unroll
-      for (int i = 0; i < kChunkTiles; ++i) {
-        if (i >= chunk_tiles) break;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int c = 16 * (mt0 + kMtStep * i) + g + 8 * r;
-          const float2 v = make_float2(u[i][2 * r] - (hi[i][2 * r] + lo[i][2 * r]),
-                                       u[i][2 * r + 1] - (hi[i][2 * r + 1] + lo[i][2 * r + 1]));
-          *reinterpret_cast<float2*>(sVn + c * lay.pv + col) = v;  // rows past C: zeros
-          if (c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
-        }
-      }
+      for_chunk_rows([&](int i, int r, int c) {
+        const float2 v = make_float2(u[i][2 * r] - (hi[i][2 * r] + lo[i][2 * r]),
+                                     u[i][2 * r + 1] - (hi[i][2 * r + 1] + lo[i][2 * r + 1]));
+        *reinterpret_cast<float2*>(sVn + c * lay.pv + col) = v;  // rows past C: zeros
+        if (c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
+      });
     }
     __syncthreads();  // V_new complete; nobody reads W_n any more
     if (step + 1 < N) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
@@ -315,19 +300,13 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
       const float* sCarry = smem + lay.carry + b * lay.carry_size;
       const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
       float lo[kStateTiles][4] = {};
-#pragma unroll
-      for (int i = 0; i < kStateTiles; ++i) {
-        if (i >= state_tiles) break;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int k = state_row(i, r);
-          const float d = p.per_channel_carry ? sCarry[k] : sCarry[0];  // rows past K: zeros
-          const float2 y = Yn && k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col))
-                                       : make_float2(0.f, 0.f);
-          s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
-          s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
-        }
-      }
+      for_state_rows([&](int i, int r, int k) {
+        const float d = p.per_channel_carry ? sCarry[k] : sCarry[0];  // rows past K: zeros
+        const float2 y = Yn && k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col))
+                                     : make_float2(0.f, 0.f);
+        s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
+        s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
+      });
       tiles_times_cols<kStateTiles>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles, sVn,
                                     lay.pv, n0, Cp);
 #pragma unroll
