@@ -6,6 +6,9 @@
 # in .deps.
 #   BASE_TARBALL=.deps/build-<commit>.tar.xz (required)  MODEL=lt2-gdn-1.3b  CONTEXTS=820,8192,32768
 #   ARMS="base new base new"  PROFILE_CONTEXTS=820,8192 (empty: no profile)
+#   BENCH_ARGS="..."  more `lt2 bench prefill` flags for every arm (a CPU smoke test, with the libraries on
+#   LD_LIBRARY_PATH as gpu_batch.sh sets them: MODEL=lt2-gdn-100m CONTEXTS=64 PROFILE_CONTEXTS=
+#   BENCH_ARGS="--device cpu --dtype fp32" BASE_TARBALL=... scripts/gpu_prefill_ab.sh)
 # Writes $OUT/prefill_ab.json (every arm's cells, and per context each arm's median ms and new/base) and
 # $OUT/prefill_ab.md; with a profile, $OUT/prefill_profile.md.
 set -euo pipefail
@@ -27,7 +30,7 @@ i=0
 for arm in $ARMS; do
   bin=$NEW
   [ "$arm" = base ] && bin=$BASE
-  "$bin" bench prefill -m "$MODEL" -c "$CONTEXTS" --out-json "/tmp/prefill_ab_$i.json"
+  "$bin" bench prefill -m "$MODEL" -c "$CONTEXTS" ${BENCH_ARGS:-} --out-json "/tmp/prefill_ab_$i.json"
   i=$((i + 1))
 done
 base_commit=$(cat "$BASE_DIR/build-prebuilt/COMMIT")
@@ -60,6 +63,6 @@ open(f"{out}/prefill_ab.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
 if [ -n "$PROFILE_CONTEXTS" ]; then
-  "$NEW" bench prefill -m "$MODEL" -c "$PROFILE_CONTEXTS" --profile 2 --profile-md "$OUT/prefill_profile.md" > /dev/null
+  "$NEW" bench prefill -m "$MODEL" -c "$PROFILE_CONTEXTS" ${BENCH_ARGS:-} --profile 2 --profile-md "$OUT/prefill_profile.md" > /dev/null
   grep -A12 "^### " "$OUT/prefill_profile.md" | head -40
 fi
