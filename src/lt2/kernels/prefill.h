@@ -43,6 +43,9 @@ struct DeltaRuleScanParams {
   int batch, heads, chunks, chunk_size, head_k, head_v;
   bool per_channel_carry;
   bool reverse;  // chunks from the last to the first
+  // The products' precision: one TF32 product each (a 10-bit mantissa, as cuBLAS under TF32) where
+  // tf32, else 3xTF32 (fp32's accuracy).
+  bool tf32;
   // Value columns per block: 8, 16 or 32 (dividing V), or 0 for delta_rule_scan_value_block's choice.
   int value_block;
 };
@@ -165,6 +168,9 @@ struct DeltaRulePrepareParams {
   int batch, seq, heads, head_k, head_v, chunk_size;  // N = ceil(seq / chunk_size)
   float scale;
   DType dtype;  // of q, k and v: Float32 or BFloat16
+  // The forward's T [V | K] product (and K K^T, Q K^T from fp32 inputs): one TF32 product each
+  // where tf32, else 3xTF32 (fp32's accuracy). The backward ignores it (fp32 FMAs).
+  bool tf32;
 };
 void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 

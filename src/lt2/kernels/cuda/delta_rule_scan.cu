@@ -24,7 +24,9 @@
 //   A B ~ A_big B_big + A_big B_small + A_small B_big, which keeps fp32's accuracy (the dropped
 //   term is 2^-22 of the product) where one TF32 product would lose 2^-11 and fail the 1e-5 fp32
 //   tolerance of the GPU tests; the corrections go to a second accumulator, so each product's
-//   dependent chain is as long as one TF32 product's.
+//   dependent chain is as long as one TF32 product's. With `tf32` (the caller runs its fp32 matmuls
+//   on TF32: training and the engine under bf16) one TF32 product of rounded operands instead, a
+//   third of the mma and none of the splits, at cuBLAS-under-TF32's precision.
 // - Warp w owns the n-tile (8 value columns) w % (VB / 8) and every (8 / (VB / 8))-th m-tile
 //   (16 rows) from w / (VB / 8): in phase 1 of V_new's [C, VB], in phase 2 of S's [K, VB]. Its S
 //   tiles stay in registers (mma accumulator fragments) for the whole scan.
@@ -145,6 +147,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* row) 
                : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
 }
 
+// x rounded to TF32 (to nearest, ties away from zero) as an mma operand: two integer instructions
+// where cvt.rna.tf32.f32 is a dozen on sm_90.
+__device__ __forceinline__ uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
 // hi + lo += A B in 3xTF32 for one m16n8k8 product: A's fragment raw, B's split.
 __device__ __forceinline__ void mma_3xtf32(float (&hi)[4], float (&lo)[4], const uint32_t (&a)[4], SplitTf32 b0,
                                            SplitTf32 b1) {
@@ -159,10 +165,24 @@ __device__ __forceinline__ void mma_3xtf32(float (&hi)[4], float (&lo)[4], const
   mma_tf32(hi, big, b0.big, b1.big);
 }
 
-// hi + lo += A[m0 : m0 + 16, :X] B[:X, n0 : n0 + 8] in 3xTF32 (hi: the big products, lo: the
-// corrections) for the warp's tiles: m0 = 16 (mt0 + step i) for i < tiles, one n0. A: rows `ap`
-// floats apart in shared memory, X % 8 == 0 columns; B: [X, .] rows `bp` apart, from column n0.
-template <int Tiles>
+// hi + lo += A[m0 : m0 + 16, :X] B[:X, n0 : n0 + 8] for the warp's tiles: m0 = 16 (mt0 + step i)
+// for i < tiles, one n0. A: rows `ap` floats apart in shared memory, X % 8 == 0 columns; B: [X, .]
+// rows `bp` apart, from column n0. In 3xTF32 (hi: the big products, lo: the corrections), or with
+// kTf32 one TF32 product of rounded operands (hi only).
+// hi += lo over the first `tiles` tiles: the 3xTF32 corrections into the result (none with kTf32).
+template <int Tiles, bool kTf32>
+__device__ __forceinline__ void fold_corrections(float (&hi)[Tiles][4], const float (&lo)[Tiles][4], int tiles) {
+  if constexpr (!kTf32) {
+#pragma unroll
+    for (int i = 0; i < Tiles; ++i) {
+      if (i >= tiles) break;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hi[i][e] += lo[i][e];
+    }
+  }
+}
+
+template <int Tiles, bool kTf32>
 __device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&lo)[Tiles][4], const float* A, int ap,
                                                  int mt0, int step, int tiles, const float* B, int bp, int n0,
                                                  int X) {
@@ -171,13 +191,20 @@ __device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 4 * (lane >> 4);
 #pragma unroll 2
   for (int x = 0; x < X; x += 8) {
-    const SplitTf32 b0 = split_tf32(B[(x + t) * bp + n0 + g]), b1 = split_tf32(B[(x + t + 4) * bp + n0 + g]);
+    const float b0 = B[(x + t) * bp + n0 + g], b1 = B[(x + t + 4) * bp + n0 + g];
+    const SplitTf32 s0 = split_tf32(b0), s1 = split_tf32(b1);  // unused with kTf32: compiled out
 #pragma unroll
     for (int i = 0; i < Tiles; ++i) {
       if (i >= tiles) break;
       uint32_t a[4];
       ldmatrix_x4(a, A + (16 * (mt0 + step * i) + lrow) * ap + x + lcol);
-      mma_3xtf32(hi[i], lo[i], a, b0, b1);
+      if constexpr (kTf32) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[r] = tf32_round(__uint_as_float(a[r]));
+        mma_tf32(hi[i], a, tf32_round(b0), tf32_round(b1));
+      } else {
+        mma_3xtf32(hi[i], lo[i], a, s0, s1);
+      }
     }
   }
 }
@@ -195,7 +222,7 @@ __device__ __forceinline__ void for_warp_rows(int tiles, int mt0, int step, int 
   }
 }
 
-template <int VB>
+template <int VB, bool kTf32>
 __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRuleScanParams p) {
   constexpr int NT = VB / 8;                                       // n-tiles of the slice
   constexpr int kMtStep = kWarps / NT;                             // m-tiles between a warp's tiles
@@ -283,10 +310,10 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     // 1: V_new = U_n - W_n S.
     {
       float hi[kChunkTiles][4] = {}, lo[kChunkTiles][4] = {};
-      tiles_times_cols<kChunkTiles>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
+      tiles_times_cols<kChunkTiles, kTf32>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
+      fold_corrections<kChunkTiles, kTf32>(hi, lo, chunk_tiles);
       for_chunk_rows([&](int i, int r, int c) {
-        const float2 v = make_float2(u[i][2 * r] - (hi[i][2 * r] + lo[i][2 * r]),
-                                     u[i][2 * r + 1] - (hi[i][2 * r + 1] + lo[i][2 * r + 1]));
+        const float2 v = make_float2(u[i][2 * r] - hi[i][2 * r], u[i][2 * r + 1] - hi[i][2 * r + 1]);
         *reinterpret_cast<float2*>(sVn + c * lay.pv + col) = v;  // rows past C: zeros
         if (c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
       });
@@ -307,14 +334,9 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
         s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
         s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
       });
-      tiles_times_cols<kStateTiles>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles, sVn,
+      tiles_times_cols<kStateTiles, kTf32>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles, sVn,
                                     lay.pv, n0, Cp);
-#pragma unroll
-      for (int i = 0; i < kStateTiles; ++i) {
-        if (i >= state_tiles) break;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][e] += lo[i][e];
-      }
+      fold_corrections<kStateTiles, kTf32>(s, lo, state_tiles);
     }
   }
   cp_async_wait<0>();  // nothing real is left in flight (the last chunk's prefetches are empty)
@@ -380,20 +402,25 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   };
-  switch (vb) {
-    case 32:
-      reserve_shared<delta_rule_scan_kernel<32>>(smem, "delta_rule_scan");
-      launch(delta_rule_scan_kernel<32>);
-      break;
-    case 16:
-      reserve_shared<delta_rule_scan_kernel<16>>(smem, "delta_rule_scan");
-      launch(delta_rule_scan_kernel<16>);
-      break;
-    default:
-      reserve_shared<delta_rule_scan_kernel<8>>(smem, "delta_rule_scan");
-      launch(delta_rule_scan_kernel<8>);
-      break;
-  }
+  auto launch_vb = [&](auto tf32) {
+    constexpr bool kTf32 = decltype(tf32)::value;
+    switch (vb) {
+      case 32:
+        reserve_shared<delta_rule_scan_kernel<32, kTf32>>(smem, "delta_rule_scan");
+        launch(delta_rule_scan_kernel<32, kTf32>);
+        break;
+      case 16:
+        reserve_shared<delta_rule_scan_kernel<16, kTf32>>(smem, "delta_rule_scan");
+        launch(delta_rule_scan_kernel<16, kTf32>);
+        break;
+      default:
+        reserve_shared<delta_rule_scan_kernel<8, kTf32>>(smem, "delta_rule_scan");
+        launch(delta_rule_scan_kernel<8, kTf32>);
+        break;
+    }
+  };
+  if (p.tf32) launch_vb(std::true_type{});
+  else launch_vb(std::false_type{});
   check_launch("delta_rule_scan");
 }
 
@@ -465,8 +492,8 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // streamed through shared memory in panels of 16 (v never staged whole: two blocks fit an SM), and
 // the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T are products too. Recomputed in the
 // backward, not stored: L, T, K K^T and Q K^T (cheaper than reading them back: 4 C^2 floats a
-// chunk-head against ~0.5 M FMAs). fp32 accuracy throughout (3xTF32 where TF32 alone would round),
-// as the GPU tests' fp32 tolerance asks.
+// chunk-head against ~0.5 M FMAs). fp32 accuracy (3xTF32 where TF32 alone would round), as the GPU
+// tests' fp32 tolerance asks, unless the caller asks for TF32 (DeltaRulePrepareParams::tf32).
 
 namespace {
 
@@ -637,12 +664,13 @@ __host__ __device__ inline PrepareShared prepare_shared(int K) {
 // The forward's products run on tensor cores (m16n8k8 TF32): K K^T and Q K^T from bf16 inputs in
 // one TF32 product each (a bf16 value is exact in TF32), from fp32 inputs in 3xTF32; T [V | K] in
 // 3xTF32 (T and the scaled panel are arbitrary fp32), skipping T's zero blocks above the diagonal.
+// With kTf32 (DeltaRulePrepareParams::tf32) every product is one TF32 product of rounded operands.
 // Warp w owns rows 16 (w / 2) .. + 15 of each product: columns 32 (w % 2) .. + 31 of the [C, C]
 // products, columns 8 (w % 2) .. + 7 of each panel.
-template <typename In>
+template <typename In, bool kTf32>
 __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(const DeltaRulePrepareParams p) {
   constexpr int C = kPrepChunk;
-  constexpr bool kExactInTf32 = !std::is_same_v<In, float>;
+  constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
   const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = fwd_tile_pitch(K);
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -675,6 +703,13 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
         if constexpr (kExactInTf32) {
           mma_tf32(kk[q], ak, b0, b1);
           mma_tf32(qk[q], aq, b0, b1);
+        } else if constexpr (kTf32) {
+          uint32_t akr[4], aqr[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) akr[r] = tf32_round(__uint_as_float(ak[r])), aqr[r] = tf32_round(__uint_as_float(aq[r]));
+          const uint32_t b0r = tf32_round(__uint_as_float(b0)), b1r = tf32_round(__uint_as_float(b1));
+          mma_tf32(kk[q], akr, b0r, b1r);
+          mma_tf32(qk[q], aqr, b0r, b1r);
         } else {
           const SplitTf32 s0 = split_tf32(__uint_as_float(b0)), s1 = split_tf32(__uint_as_float(b1));
           mma_3xtf32(kk[q], kk_lo[q], ak, s0, s1);
@@ -718,13 +753,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   // [U | W] = T [beta V | beta exp(G) K], a panel of columns at a time. The warp's rows of T as A
   // fragments, held for every panel: k-step s covers T's columns 8 s .. 8 s + 7.
   const int k_steps = 2 * (mt + 1);  // T's columns past the warp's last row are zeros
-  uint32_t ta[C / 8][4];
+  uint32_t ta[C / 8][4];  // raw, or rounded to TF32 with kTf32
+  const auto operand = [](float x) { return kTf32 ? tf32_round(x) : __float_as_uint(x); };
 #pragma unroll
   for (int s = 0; s < C / 8; ++s) {
-    ta[s][0] = __float_as_uint(sT[(m0 + g) * kMatPitch + 8 * s + t]);
-    ta[s][1] = __float_as_uint(sT[(m0 + g + 8) * kMatPitch + 8 * s + t]);
-    ta[s][2] = __float_as_uint(sT[(m0 + g) * kMatPitch + 8 * s + t + 4]);
-    ta[s][3] = __float_as_uint(sT[(m0 + g + 8) * kMatPitch + 8 * s + t + 4]);
+    ta[s][0] = operand(sT[(m0 + g) * kMatPitch + 8 * s + t]);
+    ta[s][1] = operand(sT[(m0 + g + 8) * kMatPitch + 8 * s + t]);
+    ta[s][2] = operand(sT[(m0 + g) * kMatPitch + 8 * s + t + 4]);
+    ta[s][3] = operand(sT[(m0 + g + 8) * kMatPitch + 8 * s + t + 4]);
   }
   const int pn0 = 8 * (warp % 2);  // the warp's columns of a panel
   float values[kPanelLoads];
@@ -738,9 +774,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
 #pragma unroll
     for (int s = 0; s < C / 8; ++s) {
       if (s >= k_steps) break;
-      const SplitTf32 b0 = split_tf32(sP[(8 * s + t) * kFwdPanelPitch + pn0 + g]);
-      const SplitTf32 b1 = split_tf32(sP[(8 * s + t + 4) * kFwdPanelPitch + pn0 + g]);
-      mma_3xtf32(hi, lo, ta[s], b0, b1);
+      const float b0 = sP[(8 * s + t) * kFwdPanelPitch + pn0 + g], b1 = sP[(8 * s + t + 4) * kFwdPanelPitch + pn0 + g];
+      if constexpr (kTf32) mma_tf32(hi, ta[s], tf32_round(b0), tf32_round(b1));
+      else mma_3xtf32(hi, lo, ta[s], split_tf32(b0), split_tf32(b1));
     }
     const int col = c0 + pn0 + 2 * t;  // a panel is all values or all keys
     float* out = c0 < V ? p.u + chunk * C * V + col : p.w + chunk * C * K + (col - V);
@@ -1022,13 +1058,18 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
   const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p.dtype == DType::BFloat16) {
-    reserve_shared<delta_rule_prepare_kernel<__nv_bfloat16>>(smem, "delta_rule_prepare");
-    delta_rule_prepare_kernel<__nv_bfloat16><<<grid, kPrepThreads, smem, s>>>(p);
-  } else {
-    reserve_shared<delta_rule_prepare_kernel<float>>(smem, "delta_rule_prepare");
-    delta_rule_prepare_kernel<float><<<grid, kPrepThreads, smem, s>>>(p);
-  }
+  auto launch = [&](auto in, auto tf32) {
+    using In = decltype(in);
+    constexpr bool kTf32 = decltype(tf32)::value;
+    reserve_shared<delta_rule_prepare_kernel<In, kTf32>>(smem, "delta_rule_prepare");
+    delta_rule_prepare_kernel<In, kTf32><<<grid, kPrepThreads, smem, s>>>(p);
+  };
+  auto launch_in = [&](auto in) {
+    if (p.tf32) launch(in, std::true_type{});
+    else launch(in, std::false_type{});
+  };
+  if (p.dtype == DType::BFloat16) launch_in(__nv_bfloat16{});
+  else launch_in(float{});
   check_launch("delta_rule_prepare");
 }
 

@@ -284,6 +284,9 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
   p.chunk_size = static_cast<int>(C), p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V);
   p.per_channel_carry = carry.size(3) == K && K != 1;
   p.reverse = in.reverse;
+  // TF32 products where the fp32 matmuls around the scan run on TF32 too (lt2::Tf32Scope: training
+  // and the engine under bf16); else 3xTF32, fp32's accuracy.
+  p.tf32 = at::globalContext().allowTF32CuBLAS();
   p.value_block = value_block;
   kernels::delta_rule_scan(p, detail::current_stream(w));
   return r;
@@ -374,6 +377,7 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
   p.head_k = static_cast<int>(q.size(3)), p.head_v = static_cast<int>(v.size(3)), p.chunk_size = static_cast<int>(C);
   p.scale = static_cast<float>(scale);
   p.dtype = q.scalar_type() == torch::kBFloat16 ? kernels::DType::BFloat16 : kernels::DType::Float32;
+  p.tf32 = at::globalContext().allowTF32CuBLAS();  // as the scan (chunk_state_scan_cuda)
   return p;
 }
 
