@@ -77,10 +77,7 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
 }
 
 std::vector<Tensor> FullAttentionImpl::projections(const Tensor& x) {
-  if (use_packed(w_in)) return unpack_outputs(ops::linear(x, w_in), packed_layers());
-  std::vector<Tensor> out{wq(x), wk(x), wv(x)};
-  if (wgate) out.push_back(wgate(x));
-  return out;
+  return ops::linear_group(x, packed_layers(), w_in);
 }
 
 FullAttentionImpl::Projections FullAttentionImpl::rotate(const std::vector<Tensor>& p, const Positions& pos) const {

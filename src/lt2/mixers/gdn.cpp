@@ -59,15 +59,10 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm
 RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
   RecurrenceInputs in;
-  // q, k, v, a, b (and the output gate): at inference one GEMM whose parts are column slices, which
-  // the convolutions read in place.
-  std::vector<Tensor> p;
-  if (use_packed(w_in)) {
-    p = unpack_outputs(ops::linear(x, w_in), input_projections());
-    if (use_gate) in.gate = p[5];
-  } else {
-    p = {q_proj(x), k_proj(x), v_proj(x), a_proj(x), b_proj(x)};
-  }
+  // q, k, v, a, b and the output gate: one GEMM whose parts are column slices, which the
+  // convolutions read in place.
+  const auto p = ops::linear_group(x, input_projections(), w_in);
+  if (use_gate) in.gate = p[5];
   auto q = q_conv1d(p[0], st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   auto k = k_conv1d(p[1], st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   in.q = repeat_heads(ops::l2_normalize(q), groups);                   // [B, T, HV, K]
@@ -145,7 +140,7 @@ void GatedDeltaNetImpl::pack_for_inference() {
 
 Tensor GatedDeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto gate = use_gate ? (in.gate.defined() ? in.gate : g_proj(x)).view({B, T, num_v_heads, head_v_dim}) : Tensor();
+  auto gate = use_gate ? in.gate.view({B, T, num_v_heads, head_v_dim}) : Tensor();
   auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate,
                                use_gate ? ops::GateActivation::Swish : ops::GateActivation::None);
   return o_proj(y.reshape({B, T, num_v_heads * head_v_dim}).to(x.scalar_type()));

@@ -13,6 +13,16 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
   return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : ops::linear(x, layer->weight);
 }
 
+std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed) {
+  if (use_packed(packed)) return unpack_outputs(ops::linear(x, packed), layers);
+  std::vector<Tensor> weights;
+  for (const auto& l : layers) {
+    LT2_CHECK(!l->bias.defined(), "linear_group: only bias-free layers are grouped");
+    weights.push_back(l->weight);
+  }
+  return unpack_outputs(at::linear(x, torch::cat(weights, 0)), layers);
+}
+
 namespace {
 GemvFusion rms_norm_prologue(const Tensor& norm_weight, double eps) {
   GemvFusion norm;

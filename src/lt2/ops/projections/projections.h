@@ -15,6 +15,12 @@ namespace ops {
 // takes its weight and bias.
 Tensor linear(const Tensor& x, const Tensor& weight);
 Tensor linear(const Tensor& x, const torch::nn::Linear& layer);
+// x through bias-free `layers` that all read it, as one GEMM whose outputs are column slices (in
+// the order of `layers`): by `packed` where inference packed them (use_packed), else by their
+// weights concatenated for this call. Under autograd that is one GEMM forward and one for x's
+// gradient, where a GEMM per layer would also cast x under autocast once per layer and add the
+// layers' gradients of x.
+std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed);
 
 // The two ends of a pre-norm block's decode half with their elementwise work folded into the
 // fused GEMV (gemv_fused), as the mixers' and the FFN's residual forms use them:
