@@ -25,14 +25,18 @@ torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias) {
   return lin;
 }
 
-Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
-  torch::NoGradGuard ng;
+Tensor cat_weights(const std::vector<torch::nn::Linear>& layers) {
   std::vector<Tensor> weights;
   for (const auto& l : layers) {
-    LT2_CHECK(!l->bias.defined(), "pack_linears: only bias-free layers are packed");
+    LT2_CHECK(!l->bias.defined(), "cat_weights: only bias-free layers are concatenated");
     weights.push_back(l->weight);
   }
-  auto packed = torch::cat(weights, 0);  // [sum out, in]
+  return torch::cat(weights, 0);
+}
+
+Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
+  torch::NoGradGuard ng;
+  auto packed = cat_weights(layers);
   int64_t row = 0;
   for (const auto& l : layers) {
     const int64_t n = l->weight.size(0);

@@ -23,6 +23,9 @@ void trunc_normal_(Tensor w, double std);
 // gate, rho).
 torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias = false);
 
+// The weights of bias-free Linear layers that read the same input, concatenated along the output
+// dim: [sum(out), in], differentiable (x through all of them is one GEMM, ops::linear_group).
+Tensor cat_weights(const std::vector<torch::nn::Linear>& layers);
 // Inference packing of bias-free Linear layers that read the same input: their weights are
 // concatenated along the output dim into one [sum(out), in] matrix, and each layer's weight
 // becomes a view of its row block (same values, no second copy), so one GEMM (a single GEMV at

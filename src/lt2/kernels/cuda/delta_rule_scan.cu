@@ -10,11 +10,10 @@
 // multiply-adds: at the 1.3B GDN head (K 96, V 192, C 64, VB 16) 49 KiB read (mostly L2 hits: the
 // V / VB blocks of a head read the same matrices), 10 KiB written, 197k multiply-adds. The chunks
 // of a block are sequential, and a B 1 prefill has only ~1.5 blocks an SM, so the scan is bound by
-// each chunk's chain of instructions, not by the device's FLOPs or bytes: at 8,192 tokens (128
-// chunks) and the 1.3B head it took 11.2 us a chunk (1.42 ms a call, H100) in both the plain-FMA
-// form and the first tensor-core form, whose warps issued ~4,100 instructions a chunk (Nsight
-// Compute: issue slots 29% busy, 1.5 warps a scheduler, HMMA 3.5% of instructions; the rest the
-// TF32 rounding, the copies' integer divisions and predicated-off tiles; bench/notes/prefill.md).
+// each chunk's chain of dependent instructions, not by the device's FLOPs or bytes: every
+// instruction in a chunk's loop costs latency (bench/notes/prefill.md has the Nsight Compute
+// counts). Hence tensor cores for the products, operand splits by bit operations, copies placed
+// once, and loops that stop at a warp's own tile count.
 // The outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the
 // op computes them for all chunks with two batched GEMMs): inside it they would lengthen each chain.
 //
@@ -116,59 +115,6 @@ __device__ __forceinline__ void copy_rows_async(const RowCopy& c, float* dst, in
     cp_async16(dst + r * pitch + c.col, src + static_cast<int64_t>(r) * cols + c.col);
 }
 
-// x = big + small, each a TF32 operand (3xTF32). big is x with its 13 low mantissa bits cleared,
-// small the exact remainder; the mma reads a TF32 operand's top 19 bits, so small loses its own low
-// bits (2^-22 of x, as rounding would). Bit operations, not cvt.rna.tf32.f32: on sm_90 that
-// conversion is a dozen integer and compare instructions.
-struct SplitTf32 {
-  uint32_t big, small;
-};
-__device__ __forceinline__ SplitTf32 split_tf32(float x) {
-  const uint32_t big = __float_as_uint(x) & 0xffffe000u;
-  return {big, __float_as_uint(x - __uint_as_float(big))};
-}
-
-// acc += A B for one m16n8k8 TF32 product. Fragments (lane = 4 g + t): a0 = A[g][t],
-// a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4]; b0 = B[t][g], b1 = B[t + 4][g];
-// acc0, 1 = C[g][2t, 2t + 1], acc2, 3 = C[g + 8][2t, 2t + 1].
-__device__ __forceinline__ void mma_tf32(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// ldmatrix.x4 of fp32 rows in shared memory: an 8 x 8 b16 matrix is 8 rows of 4 floats, and lane
-// 4 g + t receives row g's float t of each of the four, the m16n8k8 TF32 fragment layout. Lanes
-// 8q .. 8q + 7 give the row addresses of matrix q (16-byte aligned).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
-}
-
-// x rounded to TF32 (to nearest, ties away from zero) as an mma operand: two integer instructions
-// where cvt.rna.tf32.f32 is a dozen on sm_90.
-__device__ __forceinline__ uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
-
-// hi + lo += A B in 3xTF32 for one m16n8k8 product: A's fragment raw, B's split.
-__device__ __forceinline__ void mma_3xtf32(float (&hi)[4], float (&lo)[4], const uint32_t (&a)[4], SplitTf32 b0,
-                                           SplitTf32 b1) {
-  uint32_t big[4], small[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const SplitTf32 s = split_tf32(__uint_as_float(a[r]));
-    big[r] = s.big, small[r] = s.small;
-  }
-  mma_tf32(lo, small, b0.big, b1.big);
-  mma_tf32(lo, big, b0.small, b1.small);
-  mma_tf32(hi, big, b0.big, b1.big);
-}
-
-// hi + lo += A[m0 : m0 + 16, :X] B[:X, n0 : n0 + 8] for the warp's tiles: m0 = 16 (mt0 + step i)
-// for i < tiles, one n0. A: rows `ap` floats apart in shared memory, X % 8 == 0 columns; B: [X, .]
-// rows `bp` apart, from column n0. In 3xTF32 (hi: the big products, lo: the corrections), or with
-// kTf32 one TF32 product of rounded operands (hi only).
 // hi += lo over the first `tiles` tiles: the 3xTF32 corrections into the result (none with kTf32).
 template <int Tiles, bool kTf32>
 __device__ __forceinline__ void fold_corrections(float (&hi)[Tiles][4], const float (&lo)[Tiles][4], int tiles) {
@@ -182,6 +128,10 @@ __device__ __forceinline__ void fold_corrections(float (&hi)[Tiles][4], const fl
   }
 }
 
+// hi + lo += A[m0 : m0 + 16, :X] B[:X, n0 : n0 + 8] for the warp's tiles: m0 = 16 (mt0 + step i)
+// for i < tiles, one n0. A: rows `ap` floats apart in shared memory, X % 8 == 0 columns; B: [X, .]
+// rows `bp` apart, from column n0. In 3xTF32 (hi: the big products, lo: the corrections), or with
+// kTf32 one TF32 product of rounded operands (hi only).
 template <int Tiles, bool kTf32>
 __device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&lo)[Tiles][4], const float* A, int ap,
                                                  int mt0, int step, int tiles, const float* B, int bp, int n0,
@@ -199,11 +149,12 @@ __device__ __forceinline__ void tiles_times_cols(float (&hi)[Tiles][4], float (&
       uint32_t a[4];
       ldmatrix_x4(a, A + (16 * (mt0 + step * i) + lrow) * ap + x + lcol);
       if constexpr (kTf32) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[r] = tf32_round(__uint_as_float(a[r]));
+        round_fragment_tf32(a);
         mma_tf32(hi[i], a, tf32_round(b0), tf32_round(b1));
       } else {
-        mma_3xtf32(hi[i], lo[i], a, s0, s1);
+        uint32_t big[4], small[4];
+        split_fragment_tf32(a, big, small);
+        mma_3xtf32(hi[i], lo[i], big, small, s0, s1);
       }
     }
   }
@@ -481,10 +432,8 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // adds at ~7x the rate) the forward's floor is its bytes. The libtorch form they replace spends
 // ~15 ms of elementwise passes and batched products on the same work (bench/notes/training.md).
 //
-// Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how): at
-// 8,192 tokens of the 1.3B head its scalar form spent 76% of its instructions on FFMA and shared
-// loads at 50% issue utilisation (Nsight Compute, bench/results/scan_prepare_ncu_31c9be9_h100.txt).
-// The backward's [64, n] products are `tile_product`: thread (ti, tj) of a 16 x 16 grid owns rows
+// Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how). The
+// backward's [64, n] products are `tile_product`: thread (ti, tj) of a 16 x 16 grid owns rows
 // ti + 16 r (r < 4) and columns tj + 16 s, so a warp reads 16 consecutive columns of the right
 // operand (rows at odd pitches K + 1, 65 or 17: distinct banks) and two broadcast rows of the left
 // one. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
@@ -697,25 +646,42 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
       ldmatrix_x4(aq, sQ + (m0 + a_row) * P + x + a_col);
       ldmatrix_x4(bk[0], sK + (n0 + b_row) * P + x + b_col);
       ldmatrix_x4(bk[1], sK + (n0 + 16 + b_row) * P + x + b_col);
+      if constexpr (kExactInTf32) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
-        if constexpr (kExactInTf32) {
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
           mma_tf32(kk[q], ak, b0, b1);
           mma_tf32(qk[q], aq, b0, b1);
-        } else if constexpr (kTf32) {
-          uint32_t akr[4], aqr[4];
+        }
+      } else if constexpr (kTf32) {
+        round_fragment_tf32(ak);
+        round_fragment_tf32(aq);
+        round_fragment_tf32(bk[0]);
+        round_fragment_tf32(bk[1]);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) akr[r] = tf32_round(__uint_as_float(ak[r])), aqr[r] = tf32_round(__uint_as_float(aq[r]));
-          const uint32_t b0r = tf32_round(__uint_as_float(b0)), b1r = tf32_round(__uint_as_float(b1));
-          mma_tf32(kk[q], akr, b0r, b1r);
-          mma_tf32(qk[q], aqr, b0r, b1r);
-        } else {
-          const SplitTf32 s0 = split_tf32(__uint_as_float(b0)), s1 = split_tf32(__uint_as_float(b1));
-          mma_3xtf32(kk[q], kk_lo[q], ak, s0, s1);
-          mma_3xtf32(qk[q], qk_lo[q], aq, s0, s1);
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
+          mma_tf32(kk[q], ak, b0, b1);
+          mma_tf32(qk[q], aq, b0, b1);
+        }
+      } else {
+        uint32_t k_big[4], k_small[4], q_big[4], q_small[4];
+        split_fragment_tf32(ak, k_big, k_small);
+        split_fragment_tf32(aq, q_big, q_small);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const SplitTf32 s0 = split_tf32(__uint_as_float(bk[q / 2][2 * (q % 2)]));
+          const SplitTf32 s1 = split_tf32(__uint_as_float(bk[q / 2][2 * (q % 2) + 1]));
+          mma_3xtf32(kk[q], kk_lo[q], k_big, k_small, s0, s1);
+          mma_3xtf32(qk[q], qk_lo[q], q_big, q_small, s0, s1);
         }
       }
+    }
+    if constexpr (!kExactInTf32 && !kTf32) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) kk[q][e] += kk_lo[q][e], qk[q][e] += qk_lo[q][e];
     }
     float* A = p.a_qk + chunk * C * C;
 #pragma unroll
@@ -727,8 +693,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float decay = j + e <= i ? __expf(sG[i] - sG[j + e]) : 0.f;
-          a[e] = p.scale * (qk[q][2 * r + e] + qk_lo[q][2 * r + e]) * decay;
-          sL[i * kMatPitch + j + e] = j + e < i ? sB[i] * (kk[q][2 * r + e] + kk_lo[q][2 * r + e]) * decay : 0.f;
+          a[e] = p.scale * qk[q][2 * r + e] * decay;
+          sL[i * kMatPitch + j + e] = j + e < i ? sB[i] * kk[q][2 * r + e] * decay : 0.f;
         }
         *reinterpret_cast<float2*>(A + i * C + j) = make_float2(a[0], a[1]);
       }
@@ -775,15 +741,24 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
     for (int s = 0; s < C / 8; ++s) {
       if (s >= k_steps) break;
       const float b0 = sP[(8 * s + t) * kFwdPanelPitch + pn0 + g], b1 = sP[(8 * s + t + 4) * kFwdPanelPitch + pn0 + g];
-      if constexpr (kTf32) mma_tf32(hi, ta[s], tf32_round(b0), tf32_round(b1));
-      else mma_3xtf32(hi, lo, ta[s], split_tf32(b0), split_tf32(b1));
+      if constexpr (kTf32) {
+        mma_tf32(hi, ta[s], tf32_round(b0), tf32_round(b1));
+      } else {
+        uint32_t big[4], small[4];
+        split_fragment_tf32(ta[s], big, small);
+        mma_3xtf32(hi, lo, big, small, split_tf32(b0), split_tf32(b1));
+      }
+    }
+    if constexpr (!kTf32) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hi[e] += lo[e];
     }
     const int col = c0 + pn0 + 2 * t;  // a panel is all values or all keys
     float* out = c0 < V ? p.u + chunk * C * V + col : p.w + chunk * C * K + (col - V);
     const int pitch = c0 < V ? V : K;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<float2*>(out + (m0 + g + 8 * r) * pitch) = make_float2(hi[2 * r] + lo[2 * r], hi[2 * r + 1] + lo[2 * r + 1]);
+      *reinterpret_cast<float2*>(out + (m0 + g + 8 * r) * pitch) = make_float2(hi[2 * r], hi[2 * r + 1]);
   }
 }
 

@@ -101,6 +101,63 @@ __device__ __forceinline__ void mma_16816(float (&acc)[4], uint32_t a0, uint32_t
   }
 }
 
+// x = big + small, each a TF32 operand (3xTF32). big is x with its 13 low mantissa bits cleared,
+// small the exact remainder; the mma reads a TF32 operand's top 19 bits, so small loses its own low
+// bits (2^-22 of x, as rounding would). Bit operations, not cvt.rna.tf32.f32: on sm_90 that
+// conversion is a dozen integer and compare instructions.
+struct SplitTf32 {
+  uint32_t big, small;
+};
+__device__ __forceinline__ SplitTf32 split_tf32(float x) {
+  const uint32_t big = __float_as_uint(x) & 0xffffe000u;
+  return {big, __float_as_uint(x - __uint_as_float(big))};
+}
+
+// acc += A B for one m16n8k8 TF32 product. Fragments (lane = 4 g + t): a0 = A[g][t],
+// a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4]; b0 = B[t][g], b1 = B[t + 4][g];
+// acc0, 1 = C[g][2t, 2t + 1], acc2, 3 = C[g + 8][2t, 2t + 1].
+__device__ __forceinline__ void mma_tf32(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix.x4 of fp32 rows in shared memory: an 8 x 8 b16 matrix is 8 rows of 4 floats, and lane
+// 4 g + t receives row g's float t of each of the four, the m16n8k8 TF32 fragment layout. Lanes
+// 8q .. 8q + 7 give the row addresses of matrix q (16-byte aligned).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
+}
+
+// x rounded to TF32 (to nearest, ties away from zero) as an mma operand: two integer instructions
+// where cvt.rna.tf32.f32 is a dozen on sm_90.
+__device__ __forceinline__ uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+// A fragment (4 registers of fp32 bits) rounded to TF32 in place, or split into big and small.
+__device__ __forceinline__ void round_fragment_tf32(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) a[r] = tf32_round(__uint_as_float(a[r]));
+}
+__device__ __forceinline__ void split_fragment_tf32(const uint32_t (&a)[4], uint32_t (&big)[4], uint32_t (&small)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const SplitTf32 s = split_tf32(__uint_as_float(a[r]));
+    big[r] = s.big, small[r] = s.small;
+  }
+}
+
+// hi + lo += A B in 3xTF32 for one m16n8k8 product (A and B split): hi the big products, lo the
+// corrections, a second accumulator so each dependent chain is one product long.
+__device__ __forceinline__ void mma_3xtf32(float (&hi)[4], float (&lo)[4], const uint32_t (&a_big)[4],
+                                           const uint32_t (&a_small)[4], SplitTf32 b0, SplitTf32 b1) {
+  mma_tf32(lo, a_small, b0.big, b1.big);
+  mma_tf32(lo, a_big, b0.small, b1.small);
+  mma_tf32(hi, a_big, b0.big, b1.big);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

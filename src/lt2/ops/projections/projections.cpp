@@ -15,12 +15,7 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
 
 std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed) {
   if (use_packed(packed)) return unpack_outputs(ops::linear(x, packed), layers);
-  std::vector<Tensor> weights;
-  for (const auto& l : layers) {
-    LT2_CHECK(!l->bias.defined(), "linear_group: only bias-free layers are grouped");
-    weights.push_back(l->weight);
-  }
-  return unpack_outputs(at::linear(x, torch::cat(weights, 0)), layers);
+  return unpack_outputs(at::linear(x, cat_weights(layers)), layers);
 }
 
 namespace {
