@@ -47,14 +47,11 @@ Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
 }
 
 std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers) {
-  std::vector<Tensor> out;
-  int64_t col = 0;
-  for (const auto& l : layers) {
-    const int64_t n = l->weight.size(0);
-    out.push_back(y.narrow(-1, col, n));
-    col += n;
-  }
-  return out;
+  // One split, not a narrow per part: under autograd its backward is one concatenation of the
+  // parts' gradients, where a narrow each would build a zero-filled gradient of y's whole size per part.
+  std::vector<int64_t> sizes;
+  for (const auto& l : layers) sizes.push_back(l->weight.size(0));
+  return torch::split_with_sizes(y, sizes, -1);
 }
 
 }  // namespace lt2
