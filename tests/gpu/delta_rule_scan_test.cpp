@@ -19,6 +19,7 @@
 
 #include "common/gate_kind.h"
 #include "common/testing.h"
+#include "lt2/ops/chunking.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/gated_linear/gated_linear.h"
 #include "lt2/util/error.h"
@@ -455,6 +456,58 @@ TEST(DeltaRuleScan, BindingMatchesLoopForEveryValueBlock) {
             EXPECT_LT(rel_err(out.v.cpu(), ref.v), 1e-5) << "v";
             EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "final state";
           }
+}
+
+// The chunk outputs kernel (ops::chunk_outputs_in_tokens on CUDA: kernels/prefill.h delta_rule_output)
+// == chunk_outputs + from_chunks in float64, value and every gradient, on random inputs: head dims
+// 16 to 256, lengths on and off the chunk, fp32 out in 3xTF32 (1e-5) and on TF32 / bf16 out (the
+// bf16 tolerance); the libtorch form where the kernel does not serve (K 40) or is switched off.
+TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  struct S {
+    int64_t B, T, H, K, V;
+  };
+  DecodeOptions kernel_off;
+  kernel_off.delta_rule_output = false;
+  for (const S s : {S{2, 200, 3, 96, 192}, S{1, 64, 2, 16, 16}, S{1, 130, 1, 256, 256}, S{3, 1, 2, 32, 80},
+                    S{1, 100, 2, 40, 64}})
+    for (auto dtype : {f32, torch::kBFloat16})
+      for (bool tf32 : {false, true})
+        for (bool off : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
+                                            << " out " << name(dtype) << (tf32 ? " TF32" : "")
+                                            << (off ? " switched off" : ""));
+          torch::manual_seed(s.T + s.K + s.V + tf32 * 3 + (dtype == f32) * 5 + off);
+          const int64_t C = 64, N = (s.T + C - 1) / C;
+          std::vector<Tensor> leaves, ref_leaves;
+          for (auto shape : {std::vector<int64_t>{s.B, s.H, N, C, s.K}, std::vector<int64_t>{s.B, s.H, N, s.K, s.V},
+                             std::vector<int64_t>{s.B, s.H, N, C, C}, std::vector<int64_t>{s.B, s.H, N, C, s.V}}) {
+            auto x = torch::randn(shape, f64);
+            if (shape.back() == C && shape[3] == C) x = x.tril();  // A_qk is causal
+            ref_leaves.push_back(x.detach().requires_grad_(true));
+            leaves.push_back(x.to(gpu(f32)).detach().requires_grad_(true));
+          }
+          const auto d_o = torch::randn({s.B, s.T, s.H, s.V}, f64);
+          Tensor out;
+          {
+            DecodeOptions current;
+            DecodeOptionsGuard guard(off ? kernel_off : current);
+            at::globalContext().setAllowTF32CuBLAS(tf32);
+            out = ops::chunk_outputs_in_tokens(leaves[0], leaves[1], leaves[2], leaves[3], s.T, dtype);
+            (out.to(f64) * d_o.cuda()).sum().backward();
+            at::globalContext().setAllowTF32CuBLAS(false);
+          }
+          const auto ref =
+              ops::from_chunks(ops::chunk_outputs(ref_leaves[0], ref_leaves[1], ref_leaves[2], ref_leaves[3]), s.T, f64);
+          (ref * d_o).sum().backward();
+          EXPECT_EQ(out.scalar_type(), dtype);
+          EXPECT_EQ(out.sizes(), ref.sizes());
+          const double tol = dtype == f32 && !tf32 ? 1e-5 : tolerance(torch::kBFloat16);
+          EXPECT_LT(rel_err(out.detach().cpu().to(f64), ref.detach()), tol) << "output";
+          const char* names[] = {"d q_start", "d states", "d a_qk", "d v_new"};
+          for (size_t i = 0; i < leaves.size(); ++i)
+            EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), tol) << names[i];
+        }
 }
 
 TEST(DeltaRuleScan, BindingTakesStridedAndMisalignedInputs) {

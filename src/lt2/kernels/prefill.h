@@ -60,6 +60,27 @@ int delta_rule_scan_value_block(int batch, int heads, int head_k, int head_v, in
 // Whether delta_rule_scan serves these dims on CUDA device `device` (for some value block).
 bool delta_rule_scan_supported(int head_k, int head_v, int chunk_size, int device);
 
+// The chunked form's outputs from the scan (ops::run_chunked_form), written in the token layout:
+//   O_n = Q_n S_n + A_n V_n        row i of chunk n is token n C + i (rows past seq are not written)
+// with Q_n the queries decayed to the chunk start, A_n the causal intra-chunk scores (zero above
+// the diagonal: the kernel skips those blocks), S_n and V_n the scan's states and new values.
+struct DeltaRuleOutputParams {
+  const float* q_start;  // [B, H, N, C, K]
+  const float* states;   // [B, H, N, K, V]
+  const float* a_qk;     // [B, H, N, C, C]
+  const float* v_new;    // [B, H, N, C, V]
+  void* out;             // [B, seq, H, V] in dtype, packed
+  int batch, seq, heads, head_k, head_v, chunk_size;  // N = ceil(seq / chunk_size)
+  DType dtype;  // of out: Float32 or BFloat16
+  // One TF32 product per product (as cuBLAS under TF32) where tf32, else 3xTF32 (fp32's accuracy).
+  bool tf32;
+};
+void delta_rule_output(const DeltaRuleOutputParams& p, void* stream);
+
+// Whether delta_rule_output serves these dims on CUDA device `device`: C 64, K and V multiples of
+// 16 in [16, 256].
+bool delta_rule_output_supported(int head_k, int head_v, int chunk_size, int device);
+
 // The UT transform's inverse of the chunked delta rule, for a batch of `count` C x C matrices:
 //   T = (I + StrictTril(L))^{-1}             (unit lower triangular; L's diagonal and upper part unread)
 // by forward substitution, one block per matrix and one thread per column of T (a column depends

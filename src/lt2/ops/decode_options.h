@@ -37,6 +37,10 @@ struct DecodeOptions {
   // the decayed queries and keys) as one CUDA kernel forward and one backward (prefill and
   // training); off: libtorch ops. Needs delta_rule_scan on.
   bool delta_rule_prepare = true;
+  // The chunked forms' outputs O_n = Q_n S_n + A_n V_n (delta rule and gated family) as one CUDA
+  // kernel writing the token layout in the output dtype, in prefill and training (the backward is
+  // libtorch's products); off: two batched GEMMs and a copy to the token layout.
+  bool delta_rule_output = true;
   // Causal sliding-window and plain causal attention over a contiguous run of keys (the window
   // mixer's whole-sequence forward, NSA's window branch) through libtorch's FlashAttention-2
   // kernels with their window bound, forward and backward, on CUDA in bf16/fp16 (off: SDPA with a

@@ -1,6 +1,6 @@
 // The chunked delta rule's kernels (prefill.h): the chunk preparation (delta_rule_prepare), the
-// UT transform's triangular inverse, and the inter-chunk scan (delta_rule_scan), one launch for all
-// chunks of all (sequence, head) pairs, where ops::delta_rule_chunked would otherwise loop on the
+// UT transform's triangular inverse, the inter-chunk scan (delta_rule_scan) and the chunk outputs
+// (delta_rule_output), each one launch for all chunks of all (sequence, head) pairs, where ops::delta_rule_chunked would otherwise loop on the
 // host over ~8 libtorch kernels per chunk. The forward pass runs it in chunk order, the backward
 // pass (the adjoint recurrence of the state gradients) in reverse order with an addend.
 //
@@ -14,8 +14,8 @@
 // instruction in a chunk's loop costs latency (bench/notes/prefill.md has the Nsight Compute
 // counts). Hence tensor cores for the products, operand splits by bit operations, copies placed
 // once, and loops that stop at a warp's own tile count.
-// The outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop (the
-// op computes them for all chunks with two batched GEMMs): inside it they would lengthen each chain.
+// The outputs O_n = Q_n S_n + A_n V_new, which do not feed the recurrence, stay out of the loop
+// (delta_rule_output computes them for all chunks at once): inside it they would lengthen each chain.
 //
 // Design.
 // - Grid (V / VB, H, B), 8 warps. Both products run on tensor cores as 3xTF32 mma.sync m16n8k8:
@@ -373,6 +373,188 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
   if (p.tf32) launch_vb(std::true_type{});
   else launch_vb(std::false_type{});
   check_launch("delta_rule_scan");
+}
+
+// ---------------------------------------------------------------------------------------------
+// delta_rule_output: O_n = Q_n S_n + A_n V_n for every chunk-head, written in the token layout.
+//
+// Floor. Per chunk-head it reads Q_n [C, K], A_n [C, C], S_n [K, V] and V_n [C, V] in fp32, writes
+// O_n [C, V] in the output dtype and does 2 C V (K + C) FLOPs: at the 1.3B GDN head (K 96, V 192,
+// C 64) 160 KiB read, 24 KiB written in bf16, 3.9 MFLOP. An 8k-token prefill (2,048 chunk-heads a
+// layer) moves 0.38 GB, ~0.11 ms at ~3.3 TB/s; its 8 GFLOP are ~0.02 ms in TF32 (~0.06 in 3xTF32).
+// The two batched fp32 GEMMs and the copy to the token layout and dtype it replaces moved the
+// outputs twice more (fp32 O written, read, written again).
+//
+// Design.
+// - Grid (N, H, B), 8 warps; a block computes one chunk-head's [C, V] (C 64): warp w rows
+//   16 (w % 4) .. + 15 and value columns (w / 4) V / 2 .. + V / 2 - 1 (V / 16 n-tiles) as mma.sync
+//   m16n8k8: one TF32 product with `tf32`, else 3xTF32 into the same accumulator.
+// - Q_n and A_n (the A operands) sit whole in shared memory; the B operand [S_n ; V_n] (K + C rows)
+//   streams through kOutStages buffers of 16 rows by cp.async, kOutStages - 1 panels ahead of the
+//   one in use. A_n is causal: a warp skips the V_n panels past its rows.
+// - The result passes through shared memory (over the operands' space) to leave in 16-byte stores
+//   along each token's row.
+// - Pitches as the scan's: A operands round_up(cols, 16) + 4 floats (ldmatrix rows in distinct
+//   banks), B rows V + 8 (8 or 24 mod 32: B[t][g] across a warp in distinct banks).
+// Requirements: C 64, K and V multiples of 16 in [16, 256].
+
+namespace {
+
+constexpr int kOutChunk = 64;
+constexpr int kOutMaxDim = 256;
+constexpr int kOutStages = 3;
+constexpr int kOutPanelRows = 16;
+
+struct OutputShared {  // offsets and pitches in floats
+  int pk, pc, pv, po;  // row pitches: Q_n, A_n, the B panels, the staged result
+  int q, a, panels, panel_size, total;
+};
+__host__ __device__ inline OutputShared output_shared(int K, int V) {
+  OutputShared l{};
+  l.pk = a_pitch(K);
+  l.pc = a_pitch(kOutChunk);
+  l.pv = V + 8;
+  l.po = V + 4;
+  l.q = 0;
+  l.a = l.q + kOutChunk * l.pk;
+  l.panels = l.a + kOutChunk * l.pc;
+  l.panel_size = kOutPanelRows * l.pv;
+  l.total = max(l.panels + kOutStages * l.panel_size, kOutChunk * l.po);
+  return l;
+}
+
+bool output_dims_in_bounds(int K, int V, int C) {
+  return C == kOutChunk && K >= 16 && K <= kOutMaxDim && K % 16 == 0 && V >= 16 && V <= kOutMaxDim && V % 16 == 0;
+}
+
+template <typename Out, bool kTf32>
+__global__ void __launch_bounds__(kThreads, 2) delta_rule_output_kernel(const DeltaRuleOutputParams p) {
+  constexpr int C = kOutChunk, kMaxTiles = kOutMaxDim / 16;
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads;
+  const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int mt = warp % 4, tiles = V / 16, c0 = (warp / 4) * (V / 2);
+  const OutputShared lay = output_shared(K, V);
+  extern __shared__ __align__(16) float out_smem[];
+  const float *sQ = out_smem + lay.q, *sA = out_smem + lay.a;
+  const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  const float* state = p.states + chunk * K * V;
+  const float* v_new = p.v_new + chunk * C * V;
+  const int panels = (K + C) / kOutPanelRows;
+  const RowCopy copy_v = plan_row_copy(V);
+  // Panel i (rows 16 i .. of [S_n ; V_n]) into buffer i % kOutStages; a group per panel, empty
+  // past the last, so every wait counts the same.
+  auto load_panel = [&](int i) {
+    if (i < panels) {
+      const int r0 = kOutPanelRows * i;
+      const float* src = r0 < K ? state + int64_t{r0} * V : v_new + int64_t{r0 - K} * V;
+      copy_rows_async(copy_v, out_smem + lay.panels + (i % kOutStages) * lay.panel_size, lay.pv, src, kOutPanelRows, V);
+    }
+    cp_async_commit();
+  };
+  copy_rows_async(plan_row_copy(K), out_smem + lay.q, lay.pk, p.q_start + chunk * C * K, C, K);
+  copy_rows_async(plan_row_copy(C), out_smem + lay.a, lay.pc, p.a_qk + chunk * C * C, C, C);
+  for (int i = 0; i < kOutStages - 1; ++i) load_panel(i);  // Q_n and A_n land with panel 0
+
+  float acc[kMaxTiles][4] = {};
+  // ldmatrix.x4: lanes 8q .. 8q + 7 address the rows of matrix q (rows + 8 for q odd, columns + 4 for q >= 2).
+  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 4 * (lane >> 4);
+  for (int i = 0; i < panels; ++i) {
+    cp_async_wait<kOutStages - 2>();  // panel i landed (this thread's pieces) ...
+    __syncthreads();                  // ... everyone's; panel i - 1's buffer is free
+    load_panel(i + kOutStages - 1);
+    const int r0 = kOutPanelRows * i;
+    const bool values = r0 >= K;            // a V_n panel: A_n's columns, else S_n's: Q_n's
+    const int x0 = values ? r0 - K : r0;    // the A operand's first column for this panel
+    if (values && x0 > 16 * mt) continue;   // A_n is zero there for the warp's rows
+    const float* A = (values ? sA : sQ) + (16 * mt + lrow) * (values ? lay.pc : lay.pk) + x0 + lcol;
+    const float* B = out_smem + lay.panels + (i % kOutStages) * lay.panel_size + c0 + g;
+#pragma unroll
+    for (int ks = 0; ks < kOutPanelRows / 8; ++ks) {
+      uint32_t a[4], big[4], small[4];
+      ldmatrix_x4(a, A + 8 * ks);
+      if constexpr (kTf32) round_fragment_tf32(a);
+      else split_fragment_tf32(a, big, small);
+      const float* Bk = B + 8 * ks * lay.pv;
+#pragma unroll
+      for (int j = 0; j < kMaxTiles; ++j) {
+        if (j >= tiles) break;
+        const float b0 = Bk[t * lay.pv + 8 * j], b1 = Bk[(t + 4) * lay.pv + 8 * j];
+        if constexpr (kTf32) mma_tf32(acc[j], a, tf32_round(b0), tf32_round(b1));
+        else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the operands: their space takes the result
+  float* sO = out_smem;
+#pragma unroll
+  for (int j = 0; j < kMaxTiles; ++j) {
+    if (j >= tiles) break;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(sO + (16 * mt + g + 8 * r) * lay.po + c0 + 8 * j + 2 * t) =
+          make_float2(acc[j][2 * r], acc[j][2 * r + 1]);
+  }
+  __syncthreads();
+  // 16-byte pieces along each token's row of V values.
+  constexpr int kPiece = 16 / sizeof(Out);
+  const int per_row = V / kPiece;
+  Out* out = static_cast<Out*>(p.out) + ((static_cast<int64_t>(b) * T + t0) * H + h) * V;
+  for (int e = threadIdx.x; e < rows * per_row; e += kThreads) {
+    const int i = e / per_row, c = (e - i * per_row) * kPiece;
+    const float* src = sO + i * lay.po + c;
+    Out* dst = out + static_cast<int64_t>(i) * H * V + c;
+    if constexpr (std::is_same_v<Out, float>) {
+      *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+    } else {
+      const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<Out>(lo.x, lo.y), pack2<Out>(lo.z, lo.w),
+                                                  pack2<Out>(hi.x, hi.y), pack2<Out>(hi.z, hi.w));
+    }
+  }
+}
+
+}  // namespace
+
+bool delta_rule_output_supported(int head_k, int head_v, int chunk_size, int device) {
+  return output_dims_in_bounds(head_k, head_v, chunk_size) &&
+         sizeof(float) * static_cast<size_t>(output_shared(head_k, head_v).total) <= max_shared_bytes(device);
+}
+
+void delta_rule_output(const DeltaRuleOutputParams& p, void* stream) {
+  const char* op = "delta_rule_output";
+  LT2_CHECK(output_dims_in_bounds(p.head_k, p.head_v, p.chunk_size), op, ": needs C ", kOutChunk,
+            ", K and V multiples of 16 in [16, ", kOutMaxDim, "], found K ", p.head_k, ", V ", p.head_v, ", C ",
+            p.chunk_size);
+  LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
+            p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
+  LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": out must be fp32 or bf16");
+  const int chunks = ceil_div(p.seq, kOutChunk);
+  if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
+  LT2_CHECK(p.q_start && p.states && p.a_qk && p.v_new && p.out, op, ": every pointer must be given");
+  LT2_CHECK(aligned16(p.q_start) && aligned16(p.states) && aligned16(p.a_qk) && aligned16(p.v_new) &&
+                aligned16(p.out),
+            op, ": every tensor must be 16-byte aligned");
+  int device = 0;
+  cudaGetDevice(&device);
+  const size_t smem = sizeof(float) * output_shared(p.head_k, p.head_v).total;
+  LT2_CHECK(smem <= max_shared_bytes(device), op, ": K ", p.head_k, ", V ", p.head_v, " need ", smem,
+            " bytes of shared memory, the device gives ", max_shared_bytes(device));
+  const dim3 grid(chunks, p.heads, p.batch);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto launch = [&](auto out, auto tf32) {
+    constexpr auto kernel = delta_rule_output_kernel<decltype(out), decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, op);
+    kernel<<<grid, kThreads, smem, s>>>(p);
+  };
+  auto launch_out = [&](auto out) {
+    if (p.tf32) launch(out, std::true_type{});
+    else launch(out, std::false_type{});
+  };
+  if (p.dtype == DType::BFloat16) launch_out(__nv_bfloat16{});
+  else launch_out(float{});
+  check_launch(op);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -447,16 +447,52 @@ ChunkPrep prepare_chunks_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
 #endif
 }
 
-// The chunked form from its preparation: the recurrence (with the scan's initial state or packed
-// documents as in chunk_state_scan_differentiable), then O = Q_start S_n + A_qk V_n.
+#ifdef LT2_WITH_CUDA
+// O = Q_start S_n + A_qk V_n in the token layout [B, T, H, V] of `dtype` by the kernel
+// (kernels/prefill.h: delta_rule_output); the backward by the products autograd takes for the
+// libtorch form, on the output gradient in chunks.
+struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q_start, const Tensor& states,
+                        const Tensor& a_qk, const Tensor& v_new, int64_t T, torch::ScalarType dtype) {
+    const int64_t B = q_start.size(0), H = q_start.size(1), C = q_start.size(3), K = q_start.size(4),
+                  V = v_new.size(4);
+    const auto q = aligned_packed(q_start), s = aligned_packed(states), a = aligned_packed(a_qk),
+               v = aligned_packed(v_new);
+    auto out = torch::empty({B, T, H, V}, q.options().dtype(dtype));
+    c10::cuda::CUDAGuard guard(q.device());
+    kernels::DeltaRuleOutputParams p{};
+    p.q_start = q.data_ptr<float>(), p.states = s.data_ptr<float>(), p.a_qk = a.data_ptr<float>();
+    p.v_new = v.data_ptr<float>(), p.out = out.data_ptr();
+    p.batch = static_cast<int>(B), p.seq = static_cast<int>(T), p.heads = static_cast<int>(H);
+    p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V), p.chunk_size = static_cast<int>(C);
+    p.dtype = dtype == torch::kBFloat16 ? kernels::DType::BFloat16 : kernels::DType::Float32;
+    p.tf32 = at::globalContext().allowTF32CuBLAS();  // as the batched GEMMs it replaces
+    kernels::delta_rule_output(p, detail::current_stream(q));
+    ctx->save_for_backward({q_start, states, a_qk, v_new});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &q_start = saved[0], &states = saved[1], &a_qk = saved[2], &v_new = saved[3];
+    const auto dO = to_chunks(grads[0], q_start.size(3), torch::kFloat32);  // [B, H, N, C, V]
+    auto t = [](const Tensor& x) { return x.transpose(-1, -2); };
+    auto need = [&](size_t i) { return ctx->needs_input_grad(i); };
+    return {need(0) ? torch::matmul(dO, t(states)) : Tensor(), need(1) ? torch::matmul(t(q_start), dO) : Tensor(),
+            need(2) ? torch::matmul(dO, t(v_new)) : Tensor(), need(3) ? torch::matmul(t(a_qk), dO) : Tensor(),
+            Tensor(), Tensor()};
+  }
+};
+#endif
+
+// The chunked form of packed documents from its preparation: the recurrence (documents as in
+// chunk_state_scan_differentiable), then O = Q_start S_n + A_qk V_n in chunks.
 struct ChunkedForm {
   Tensor o;  // [B, H, N, C, V]
   ChunkScanResult scan;
 };
-ChunkedForm chunked_form(const ChunkPrep& prep, const Tensor& initial_state, const Tensor& doc_starts = {},
-                         const Tensor& doc_states = {}) {
-  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry, initial_state, doc_starts,
-                                              doc_states);
+ChunkedForm documents_chunked_form(const ChunkPrep& prep, const Tensor& doc_starts, const Tensor& doc_states) {
+  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry, Tensor(), doc_starts, doc_states);
   auto O = chunk_outputs(prep.q_start, scan.states, prep.a_qk, scan.v);  // [B, H, N, C, V]
   return {O, scan};
 }
@@ -498,10 +534,26 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
   return run_chunked_form(prep, initial_state, T, v.scalar_type());
 }
 
+Tensor chunk_outputs_in_tokens(const Tensor& q_start, const Tensor& states, const Tensor& a_qk, const Tensor& v_new,
+                               int64_t T, torch::ScalarType dtype) {
+#ifdef LT2_WITH_CUDA
+  const int64_t K = q_start.size(4), V = v_new.size(4), C = q_start.size(3);
+  if (decode_options().delta_rule_output && q_start.is_cuda() && q_start.scalar_type() == torch::kFloat32 &&
+      (dtype == torch::kFloat32 || dtype == torch::kBFloat16) && T <= INT32_MAX && K <= INT32_MAX &&
+      V <= INT32_MAX && C <= INT32_MAX &&
+      kernels::delta_rule_output_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(C),
+                                           q_start.device().has_index() ? q_start.device().index()
+                                                                        : c10::cuda::current_device()))
+    return ChunkOutputsFunction::apply(q_start, states, a_qk, v_new, T, dtype);
+#endif
+  return from_chunks(chunk_outputs(q_start, states, a_qk, v_new), T, dtype);
+}
+
 RecurrenceResult run_chunked_form(const ChunkPrep& prep, const Tensor& initial_state, int64_t T,
                                   torch::ScalarType out_dtype) {
-  auto form = chunked_form(prep, initial_state.defined() ? initial_state.to(prep.u.scalar_type()) : Tensor());
-  return {from_chunks(form.o, T, out_dtype), form.scan.final_state};
+  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry,
+                                              initial_state.defined() ? initial_state.to(prep.u.scalar_type()) : Tensor());
+  return {chunk_outputs_in_tokens(prep.q_start, scan.states, prep.a_qk, scan.v, T, out_dtype), scan.final_state};
 }
 
 RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q, const Tensor& v,
@@ -516,7 +568,7 @@ RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q
   if (docs.chunks() == 0) return {torch::zeros({1, 0, H, V}, v.options()), final_states};
   const auto prep = prepare();
   auto doc_states = initial_states.defined() ? initial_states.to(dt).index_select(0, docs.present) : Tensor();
-  auto form = chunked_form(prep, Tensor(), docs.first_chunk, doc_states);
+  auto form = documents_chunked_form(prep, docs.first_chunk, doc_states);
   // Each document's final state: its last chunk's write onto the state entering that chunk.
   auto at = [&](const Tensor& t) { return t.index_select(2, docs.last_chunk); };
   auto finals = at(prep.carry) * at(form.scan.states) + torch::matmul(at(prep.kt), at(form.scan.v));

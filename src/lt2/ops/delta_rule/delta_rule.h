@@ -152,6 +152,14 @@ struct ChunkPrep {
 // Differentiable.
 ChunkPrep chunk_reads_and_writes(const Tensor& Q, const Tensor& Kc, const Tensor& G, double scale);
 
+// O = Q_start S_n + A_qk V_n (chunk_outputs) in the token layout [B, T, H, V] of `dtype`, from
+// q_start [B, H, N, C, K], states [B, H, N, K, V], a_qk [B, H, N, C, C] (causal) and v_new
+// [B, H, N, C, V]: one CUDA kernel where it serves (fp32 inputs, fp32 or bf16 out, C 64, K and V
+// multiples of 16 up to 256, DecodeOptions::delta_rule_output), else chunk_outputs and from_chunks.
+// Differentiable.
+Tensor chunk_outputs_in_tokens(const Tensor& q_start, const Tensor& states, const Tensor& a_qk, const Tensor& v_new,
+                               int64_t T, torch::ScalarType dtype);
+
 // The chunked form from its preparation (chunk layout of to_chunks over T tokens): the recurrence
 // over the chunks (chunk_state_scan, one kernel launch on CUDA) from initial_state [B, H, K, V]
 // (undefined: zeros), then O = Q_start S_n + A_qk V_n. Returns o [B, T, H, V] in out_dtype and the
