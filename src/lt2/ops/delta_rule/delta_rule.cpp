@@ -141,6 +141,25 @@ std::pair<Tensor, Tensor> document_resets(const Tensor& doc_starts, int64_t N, c
   return {forward.to(device), backward.to(device)};
 }
 
+// -x^T over the last two dims, packed: one pass (negating the transposed view, then packing it for
+// the kernel, would be two).
+Tensor negated_transpose(const Tensor& x) {
+  auto sizes = x.sizes().vec();
+  std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
+  auto out = torch::empty(sizes, x.options());
+  at::neg_out(out, x.transpose(-1, -2));
+  return out;
+}
+
+// alpha A B over the leading (batch) dims, alpha folded into the GEMM rather than a pass of its own.
+Tensor batched_product(const Tensor& a, const Tensor& b, double alpha) {
+  auto sizes = a.sizes().vec();
+  sizes.back() = b.size(-1);
+  const auto a3 = a.reshape({-1, a.size(-2), a.size(-1)}), b3 = b.reshape({-1, b.size(-2), b.size(-1)});
+  auto out = torch::empty({a3.size(0), a3.size(1), b3.size(2)}, a.options());
+  return at::baddbmm_out(out, out, a3, b3, /*beta=*/0, alpha).view(sizes);
+}
+
 // Autograd for the forward scan; the formulas are in delta_rule.h (chunk_state_scan_differentiable).
 // Function::apply takes no undefined tensors: an absent optional input travels as an empty tensor.
 Tensor absent_as_empty(const Tensor& t) { return t.defined() ? t : torch::empty({0}); }
@@ -174,8 +193,8 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
     const Tensor d_v = grads[1].defined() ? grads[1] : torch::zeros_like(v);
     const bool documents = ctx->saved_data.find("doc_starts") != ctx->saved_data.end();
     const Tensor adjoint_resets = documents ? ctx->saved_data["adjoint_resets"].toTensor() : Tensor();
-    const auto adjoint = chunk_state_scan({-kt.transpose(-1, -2), d_v, -w.transpose(-1, -2), carry, d_final,
-                                           d_states, /*reverse=*/true, adjoint_resets, Tensor()});
+    const auto adjoint = chunk_state_scan({negated_transpose(kt), d_v, negated_transpose(w), carry, d_final, d_states,
+                                           /*reverse=*/true, adjoint_resets, Tensor()});
     const Tensor& g_next = adjoint.states;  // G_{n+1}: the gradient of the state leaving chunk n
     auto d_carry = (g_next * states).sum(-1, /*keepdim=*/true);  // [B, H, N, K, 1]
     if (carry.size(3) == 1) d_carry = d_carry.sum(-2, /*keepdim=*/true);
@@ -188,7 +207,7 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
       if (d_states.defined()) g = g + at(d_states);
       d_doc_states = g.squeeze(0).transpose(0, 1);  // [D, H, K, V]
     }
-    return {-torch::matmul(adjoint.v, states.transpose(-1, -2)),  // dW
+    return {batched_product(adjoint.v, states.transpose(-1, -2), -1.0),  // dW
             adjoint.v,                                           // dU
             torch::matmul(g_next, v.transpose(-1, -2)),          // dKt
             d_carry,
