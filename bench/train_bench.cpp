@@ -2,6 +2,7 @@
 // tokens: median step time, tokens/s and MFU, as one JSON line.
 //   train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 30 [--checkpoint-loops[=auto|on|off]]
 //   train_bench --model lt-100m --pattern interleaved:4:1:gdn:window --mixer-options '{"window": {"window": 512}}'
+//   train_bench --model lt2-gdn-100m --profile 2   (CUDA: then the per-kernel GPU time of 2 more steps)
 
 #include "lt2/util/fs.h"
 #include <CLI/CLI.hpp>
@@ -12,6 +13,7 @@
 #include <random>
 
 #include "lt2/data/shard.h"
+#include "lt2/infer/kernel_profile.h"
 #include "lt2/kernels/kernels.h"
 #include "lt2/train/flops.h"
 #include "lt2/train/trainer.h"
@@ -48,6 +50,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--tf32", cfg.tf32, "With bf16: fp32 matmuls on TF32 tensor cores (1) or in fp32 (0)")->capture_default_str();
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
+  int64_t profile = 0;
+  app.add_option("--profile", profile,
+                 "CUDA: after timing, print the per-kernel GPU time of this many further training steps")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (!mixer_options.empty()) cfg.mixer_options = lt2::json::parse(mixer_options);
@@ -66,7 +72,14 @@ int main(int argc, char** argv) {
     cfg.out_dir = out + "/run";
     cfg.save_every = 0;
     cfg.checkpoint_loops = lt2::parse_loop_checkpointing(checkpoint_loops, "--checkpoint-loops");
-    lt2::Trainer trainer(cfg, false);
+    if (profile > 0 && cfg.steps < 2)
+      throw std::runtime_error("--profile needs --steps >= 2 (a run's last step also evaluates and saves)");
+    // Trainer::run trains from its first step to cfg.steps; the profile reruns the first step alone,
+    // a whole optimizer step like the timed ones.
+    int64_t stop_at = cfg.steps;
+    lt2::TrainerCallbacks callbacks;
+    callbacks.stop_before = [&](int64_t step) { return step >= stop_at; };
+    lt2::Trainer trainer(cfg, false, callbacks);
     std::vector<double> ms;
     trainer.on_step = [&](const lt2::StepMetrics& m) {
       if (m.step > warm) ms.push_back(m.ms);
@@ -97,6 +110,13 @@ int main(int argc, char** argv) {
       j["checkpoint_need"] = {{"stored_bytes", c->stored_bytes},
                               {"recomputed_bytes", c->recomputed_bytes},
                               {"available_bytes", c->available_bytes}};
+    if (profile > 0) {
+      trainer.on_step = nullptr;
+      stop_at = 1;
+      const auto p = lt2::profile_device_activity([&] { trainer.run(); }, profile);
+      std::printf("%s\n", lt2::kernel_profile_table(p, 30).c_str());
+      if (p.steps > 0) j["profile"] = p.to_json(30);
+    }
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_bench: %s\n", e.what());
