@@ -14,6 +14,7 @@
 #include "common/expect_error.h"
 #include "common/gate_kind.h"
 #include "common/testing.h"
+#include "lt2/ops/chunking.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/gated_linear/gated_linear.h"
 #include "lt2/util/error.h"
@@ -179,6 +180,30 @@ TEST(ChunkedVarlen, ScanResetsRestartTheState) {
   EXPECT_LT(rel_err(r.states, torch::cat({first.states, second.states}, 2)), 1e-12);
   EXPECT_LT(rel_err(r.v, torch::cat({first.v, second.v}, 2)), 1e-12);
   EXPECT_LT(rel_err(r.final_state, second.final_state), 1e-12);
+}
+
+// The documents' padded token rows (DocumentChunks::to_padded_rows, the layout the CUDA
+// preparation reads): each document from a chunk boundary, zeros in its padding, the inverse
+// exact, and the chunk layout to_chunks gives is the same rows in chunks.
+TEST(ChunkedVarlen, PaddedRowsPlaceEachDocumentAtAChunkBoundary) {
+  const std::vector<int64_t> cu{0, 3, 3, 8, 9};  // lengths 3, 0, 5, 1
+  const int64_t C = 4, H = 2, X = 3;
+  const lt2::ops::DocumentChunks docs(cu, cu.back(), C, torch::kCPU, "test");
+  const auto x = torch::randn({1, cu.back(), H, X}, torch::kFloat64);
+  const auto rows = docs.to_padded_rows(x);
+  ASSERT_EQ(rows.sizes(), torch::IntArrayRef({1, docs.chunks() * C, H, X}));
+  EXPECT_EQ(docs.chunks(), 4);  // 1 + 2 + 1 chunks
+  const std::vector<std::pair<int64_t, int64_t>> placed{{0, 0}, {3, 4}, {8, 12}};  // (first token, first row)
+  const std::vector<int64_t> lengths{3, 5, 1};
+  for (size_t d = 0; d < placed.size(); ++d) {
+    const auto [token, row] = placed[d];
+    const int64_t len = lengths[d], padded = (len + C - 1) / C * C;
+    EXPECT_TRUE(torch::equal(rows.narrow(1, row, len), x.narrow(1, token, len))) << "document " << d;
+    EXPECT_EQ(rows.narrow(1, row + len, padded - len).abs().sum().item<double>(), 0.0) << "padding of " << d;
+  }
+  EXPECT_TRUE(torch::equal(docs.from_padded_rows(rows), x));
+  const auto chunks = docs.to_chunks(x, torch::kFloat64);  // [1, H, N, C, X]
+  EXPECT_TRUE(torch::equal(chunks.permute({0, 2, 3, 1, 4}).reshape({1, -1, H, X}), rows));
 }
 
 TEST(ChunkedVarlen, RejectsBadSeqlens) {

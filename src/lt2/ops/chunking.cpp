@@ -86,14 +86,23 @@ Tensor DocumentChunks::to_chunks(const Tensor& x, torch::ScalarType dt) const {
   LT2_CHECK(x.dim() == 4 && x.size(0) == 1 && x.size(1) == T_, op_, ": packed documents sit in one row of T = ", T_,
             " tokens [1, T, H, X], found ", x.sizes());
   const int64_t H = x.size(2), X = x.size(3);
-  auto rows = torch::cat({x.select(0, 0).to(dt), torch::zeros({1, H, X}, x.options().dtype(dt))}, 0);  // [T + 1, H, X]
-  return packed_as(rows.index_select(0, slots_).view({1, chunks_, chunk_, H, X}).permute({0, 3, 1, 2, 4}), dt);
+  return packed_as(to_padded_rows(x.to(dt)).view({1, chunks_, chunk_, H, X}).permute({0, 3, 1, 2, 4}), dt);
 }
 
 Tensor DocumentChunks::from_chunks(const Tensor& y, torch::ScalarType dt) const {
   const int64_t H = y.size(1), X = y.size(4);
-  return packed_as(y.permute({0, 2, 3, 1, 4}), dt).view({chunks_ * chunk_, H, X}).index_select(0, where_).unsqueeze(0);
+  return from_padded_rows(packed_as(y.permute({0, 2, 3, 1, 4}), dt).view({1, chunks_ * chunk_, H, X}));
 }
+
+Tensor DocumentChunks::to_padded_rows(const Tensor& x) const {
+  LT2_CHECK(x.dim() >= 2 && x.size(0) == 1 && x.size(1) == T_, op_, ": packed documents sit in one row of T = ", T_,
+            " tokens [1, T, ...], found ", x.sizes());
+  auto pad = x.sizes().vec();
+  pad[1] = 1;
+  return torch::cat({x, torch::zeros(pad, x.options())}, 1).index_select(1, slots_);  // token T: the zero row
+}
+
+Tensor DocumentChunks::from_padded_rows(const Tensor& y) const { return y.index_select(1, where_); }
 
 Tensor DocumentChunks::cumulative_gate(const Tensor& g, int64_t H, torch::ScalarType dt) const {
   if (!g.defined()) return torch::zeros({1, H, chunks_, chunk_, 1}, torch::TensorOptions().dtype(dt).device(slots_.device()));

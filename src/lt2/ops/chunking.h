@@ -49,6 +49,10 @@ class DocumentChunks {
   Tensor to_chunks(const Tensor& x, torch::ScalarType dt) const;
   // y [1, H, N, C, X] -> [1, T, H, X] in dtype `dt`.
   Tensor from_chunks(const Tensor& y, torch::ScalarType dt) const;
+  // The same layout as token rows, for kernels that read rows: x [1, T, ...] -> [1, N C, ...],
+  // each document from a chunk boundary, zeros in its padding; and back.
+  Tensor to_padded_rows(const Tensor& x) const;
+  Tensor from_padded_rows(const Tensor& y) const;
   // The chunk-local inclusive cumulative log-gate of chunk_cumulative_gate in this layout: g
   // undefined (zeros [1, H, N, C, 1]), [1, T, H] or [1, T, H, K].
   Tensor cumulative_gate(const Tensor& g, int64_t H, torch::ScalarType dt) const;

@@ -504,18 +504,6 @@ struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunct
 };
 #endif
 
-// The chunked form of packed documents from its preparation: the recurrence (documents as in
-// chunk_state_scan_differentiable), then O = Q_start S_n + A_qk V_n in chunks.
-struct ChunkedForm {
-  Tensor o;  // [B, H, N, C, V]
-  ChunkScanResult scan;
-};
-ChunkedForm documents_chunked_form(const ChunkPrep& prep, const Tensor& doc_starts, const Tensor& doc_states) {
-  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry, Tensor(), doc_starts, doc_states);
-  auto O = chunk_outputs(prep.q_start, scan.states, prep.a_qk, scan.v);  // [B, H, N, C, V]
-  return {O, scan};
-}
-
 }  // namespace
 
 bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
@@ -587,12 +575,16 @@ RecurrenceResult chunked_form_varlen(const DocumentChunks& docs, const Tensor& q
   if (docs.chunks() == 0) return {torch::zeros({1, 0, H, V}, v.options()), final_states};
   const auto prep = prepare();
   auto doc_states = initial_states.defined() ? initial_states.to(dt).index_select(0, docs.present) : Tensor();
-  auto form = documents_chunked_form(prep, docs.first_chunk, doc_states);
+  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry, Tensor(), docs.first_chunk,
+                                              doc_states);
   // Each document's final state: its last chunk's write onto the state entering that chunk.
   auto at = [&](const Tensor& t) { return t.index_select(2, docs.last_chunk); };
-  auto finals = at(prep.carry) * at(form.scan.states) + torch::matmul(at(prep.kt), at(form.scan.v));
+  auto finals = at(prep.carry) * at(scan.states) + torch::matmul(at(prep.kt), at(scan.v));
   final_states = final_states.index_copy(0, docs.present, finals.squeeze(0).transpose(0, 1));
-  return {docs.from_chunks(form.o, v.scalar_type()), final_states};
+  const int64_t rows = docs.chunks() * prep.q_start.size(3);
+  return {docs.from_padded_rows(chunk_outputs_in_tokens(prep.q_start, scan.states, prep.a_qk, scan.v, rows,
+                                                        v.scalar_type())),
+          final_states};
 }
 
 RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -604,6 +596,10 @@ RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, con
   const auto dt = accum_dtype(v);
   const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), "delta_rule_chunked_varlen");
   return chunked_form_varlen(docs, q, v, initial_states, [&] {
+    if (delta_rule_prepare_serves(q, k, v, beta, g, chunk_size)) {  // the kernel over the documents' padded rows
+      auto rows = [&](const Tensor& t) { return t.defined() ? docs.to_padded_rows(t) : t; };
+      return prepare_chunks_cuda(rows(q), rows(k), rows(v), rows(beta), rows(g), scale, chunk_size);
+    }
     return prepare_chunks(docs.to_chunks(q, dt), docs.to_chunks(k, dt), docs.to_chunks(v, dt),
                           docs.to_chunks(beta.unsqueeze(-1), dt), docs.cumulative_gate(g, q.size(2), dt), scale);
   });
