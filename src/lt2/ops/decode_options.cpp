@@ -54,8 +54,8 @@ bool DecodeOptions::pdl_for(const char* kernel) const {
 const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
       "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
-      "short_conv", "row_norm", "delta_rule_prepare", "delta_rule_output", "window_flash", "channel_scores", "delta_rule_gates",
-      "gated_prefix_chunks",
+      "short_conv", "row_norm", "delta_rule_prepare", "delta_rule_output", "window_flash", "channel_scores",
+      "delta_rule_gates", "gated_prefix_chunks",
       "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
 }

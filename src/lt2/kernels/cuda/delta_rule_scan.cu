@@ -1,8 +1,9 @@
 // The chunked delta rule's kernels (prefill.h): the chunk preparation (delta_rule_prepare), the
 // UT transform's triangular inverse, the inter-chunk scan (delta_rule_scan) and the chunk outputs
-// (delta_rule_output), each one launch for all chunks of all (sequence, head) pairs, where ops::delta_rule_chunked would otherwise loop on the
-// host over ~8 libtorch kernels per chunk. The forward pass runs it in chunk order, the backward
-// pass (the adjoint recurrence of the state gradients) in reverse order with an addend.
+// (delta_rule_output), each one launch for all chunks of all (sequence, head) pairs, where
+// ops::delta_rule_chunked would otherwise loop on the host over ~8 libtorch kernels per chunk. The
+// forward pass runs the scan in chunk order, the backward pass (the adjoint recurrence of the state
+// gradients) in reverse order with an addend.
 //
 // Floor. The value columns of S [K, V] evolve independently, so a block owns S[:, v0 : v0 + VB]
 // of one (sequence, head) for the whole scan. Per chunk and block it reads W_n [C, K], Kt_n [K, C],

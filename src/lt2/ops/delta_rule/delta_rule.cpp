@@ -558,8 +558,8 @@ Tensor chunk_outputs_in_tokens(const Tensor& q_start, const Tensor& states, cons
 
 RecurrenceResult run_chunked_form(const ChunkPrep& prep, const Tensor& initial_state, int64_t T,
                                   torch::ScalarType out_dtype) {
-  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry,
-                                              initial_state.defined() ? initial_state.to(prep.u.scalar_type()) : Tensor());
+  const auto s0 = initial_state.defined() ? initial_state.to(prep.u.scalar_type()) : Tensor();
+  auto scan = chunk_state_scan_differentiable(prep.w, prep.u, prep.kt, prep.carry, s0);
   return {chunk_outputs_in_tokens(prep.q_start, scan.states, prep.a_qk, scan.v, T, out_dtype), scan.final_state};
 }
 
