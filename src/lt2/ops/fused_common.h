@@ -11,6 +11,7 @@
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -120,6 +121,11 @@ struct SplitWorkspace {
   float* out_ptr() const { return out.defined() ? out.data_ptr<float>() : nullptr; }
   float* lse_ptr() const { return lse.defined() ? lse.data_ptr<float>() : nullptr; }
 };
+
+// The index of CUDA device `device`: its own, or the current device's where it names none.
+inline int cuda_index(const torch::Device& device) {
+  return device.has_index() ? device.index() : c10::cuda::current_device();
+}
 
 // The current CUDA stream of `on`'s device, as the launchers take it.
 inline void* current_stream(const torch::Tensor& on) {

@@ -414,7 +414,7 @@ __host__ __device__ inline OutputShared output_shared(int K, int V) {
   OutputShared l{};
   l.pk = a_pitch(K);
   l.pc = a_pitch(kOutChunk);
-  l.pv = V + 8;
+  l.pv = b_pitch(V);
   l.po = V + 4;
   l.q = 0;
   l.a = l.q + kOutChunk * l.pk;

@@ -23,6 +23,10 @@ namespace lt2::ops {
 namespace {
 
 #ifdef LT2_WITH_CUDA
+// Whether the kernels' fp32 products run as one TF32 product each, as the fp32 matmuls around
+// them do under lt2::Tf32Scope (training and the engine under bf16); else 3xTF32, fp32's accuracy.
+bool tf32_products() { return at::globalContext().allowTF32CuBLAS(); }
+
 // A packed (contiguous), 16-byte aligned tensor for the CUDA kernels' 16-byte accesses: t itself
 // where it is one, else a copy (a contiguous view may start anywhere); undefined stays undefined.
 Tensor aligned_packed(const Tensor& t) {
@@ -262,8 +266,8 @@ Tensor unit_lower_inverse(const Tensor& L) {
 bool chunk_state_scan_supported(int64_t K, int64_t V, int64_t C, const torch::Device& device) {
 #ifdef LT2_WITH_CUDA
   if (!device.is_cuda() || K > INT32_MAX || V > INT32_MAX || C > INT32_MAX) return false;  // the kernel checks the rest
-  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-  return kernels::delta_rule_scan_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(C), index);
+  return kernels::delta_rule_scan_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(C),
+                                            detail::cuda_index(device));
 #else
   return false;
 #endif
@@ -303,9 +307,7 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
   p.chunk_size = static_cast<int>(C), p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V);
   p.per_channel_carry = carry.size(3) == K && K != 1;
   p.reverse = in.reverse;
-  // TF32 products where the fp32 matmuls around the scan run on TF32 too (lt2::Tf32Scope: training
-  // and the engine under bf16); else 3xTF32, fp32's accuracy.
-  p.tf32 = at::globalContext().allowTF32CuBLAS();
+  p.tf32 = tf32_products();
   p.value_block = value_block;
   kernels::delta_rule_scan(p, detail::current_stream(w));
   return r;
@@ -395,8 +397,8 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
   p.batch = static_cast<int>(q.size(0)), p.seq = static_cast<int>(q.size(1)), p.heads = static_cast<int>(q.size(2));
   p.head_k = static_cast<int>(q.size(3)), p.head_v = static_cast<int>(v.size(3)), p.chunk_size = static_cast<int>(C);
   p.scale = static_cast<float>(scale);
-  p.dtype = q.scalar_type() == torch::kBFloat16 ? kernels::DType::BFloat16 : kernels::DType::Float32;
-  p.tf32 = at::globalContext().allowTF32CuBLAS();  // as the scan (chunk_state_scan_cuda)
+  p.dtype = detail::kernel_dtype(q.scalar_type());
+  p.tf32 = tf32_products();
   return p;
 }
 
@@ -484,8 +486,8 @@ struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunct
     p.v_new = v.data_ptr<float>(), p.out = out.data_ptr();
     p.batch = static_cast<int>(B), p.seq = static_cast<int>(T), p.heads = static_cast<int>(H);
     p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V), p.chunk_size = static_cast<int>(C);
-    p.dtype = dtype == torch::kBFloat16 ? kernels::DType::BFloat16 : kernels::DType::Float32;
-    p.tf32 = at::globalContext().allowTF32CuBLAS();  // as the batched GEMMs it replaces
+    p.dtype = detail::kernel_dtype(dtype);
+    p.tf32 = tf32_products();
     kernels::delta_rule_output(p, detail::current_stream(q));
     ctx->save_for_backward({q_start, states, a_qk, v_new});
     return out;
@@ -516,10 +518,9 @@ bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v
     return false;
   const int64_t K = q.size(3), V = v.size(3), T = q.size(1);
   if (K > INT32_MAX || V > INT32_MAX || T > INT32_MAX || chunk_size > INT32_MAX) return false;
-  const int device = q.device().has_index() ? q.device().index() : c10::cuda::current_device();
   return chunk_state_scan_supported(K, V, chunk_size, q.device()) &&
          kernels::delta_rule_prepare_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(chunk_size),
-                                               device);
+                                               detail::cuda_index(q.device()));
 #else
   return false;
 #endif
@@ -549,8 +550,7 @@ Tensor chunk_outputs_in_tokens(const Tensor& q_start, const Tensor& states, cons
       (dtype == torch::kFloat32 || dtype == torch::kBFloat16) && T <= INT32_MAX && K <= INT32_MAX &&
       V <= INT32_MAX && C <= INT32_MAX &&
       kernels::delta_rule_output_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(C),
-                                           q_start.device().has_index() ? q_start.device().index()
-                                                                        : c10::cuda::current_device()))
+                                           detail::cuda_index(q_start.device())))
     return ChunkOutputsFunction::apply(q_start, states, a_qk, v_new, T, dtype);
 #endif
   return from_chunks(chunk_outputs(q_start, states, a_qk, v_new), T, dtype);

@@ -79,8 +79,7 @@ bool window_flash_serves(const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t D = q.size(3);
   if (D % 8 != 0 || D > 256 || k.size(3) != D || v.size(3) != D) return false;
   if (q.size(1) % k.size(1) != 0 || q.size(2) > k.size(2) || k.size(2) == 0) return false;
-  const int device = q.device().has_index() ? q.device().index() : c10::cuda::current_device();
-  return at::cuda::getDeviceProperties(device)->major >= 8;
+  return at::cuda::getDeviceProperties(ops::detail::cuda_index(q.device()))->major >= 8;
 #else
   (void)q, (void)k, (void)v;
   return false;
