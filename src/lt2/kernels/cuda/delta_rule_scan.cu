@@ -383,8 +383,8 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
 // O_n [C, V] in the output dtype and does 2 C V (K + C) FLOPs: at the 1.3B GDN head (K 96, V 192,
 // C 64) 160 KiB read, 24 KiB written in bf16, 3.9 MFLOP. An 8k-token prefill (2,048 chunk-heads a
 // layer) moves 0.38 GB, ~0.11 ms at ~3.3 TB/s; its 8 GFLOP are ~0.02 ms in TF32 (~0.06 in 3xTF32).
-// The two batched fp32 GEMMs and the copy to the token layout and dtype it replaces moved the
-// outputs twice more (fp32 O written, read, written again).
+// As batched GEMMs (chunk_outputs, the fallback) the outputs would cross memory twice more: fp32 O
+// written in chunks, read, and written again in the token layout and dtype.
 //
 // Design.
 // - Grid (N, H, B), 8 warps; a block computes one chunk-head's [C, V] (C 64): warp w rows
