@@ -20,6 +20,8 @@ cd "$(dirname "$0")/.."
 if [ -f .deps/build-prebuilt.tar.xz ]; then
   rm -rf build-prebuilt && python3 -c "import tarfile; tarfile.open('.deps/build-prebuilt.tar.xz').extractall()"
   export LD_LIBRARY_PATH="$PWD/build-prebuilt:$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+  # The binaries name the presets folder of the tree they were built in; this tree's is the one here.
+  export LT2_CONFIG_DIR="$PWD/configs"
   echo "unpacked build-prebuilt/ ($(cat build-prebuilt/COMMIT))"
 fi
 FINAL=${OUT:-/tmp/lt2_gpu_out}
