@@ -664,6 +664,33 @@ __device__ __forceinline__ float half_warp_sum(float x) {
   return x;
 }
 
+// acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
+// mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
+// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x] (either layout), B(x, c) =
+// b[x * b_x + c]. x0 and x1 multiples of 8.
+template <int Tiles, bool kTf32>
+__device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float* a, int a_i, int a_x, const float* b,
+                                             int b_x, int m0, int nt0, int tiles, int x0, int x1) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const float* a_rows = a + (m0 + g) * a_i;
+  for (int x = x0; x < x1; x += 8) {
+    uint32_t frag[4] = {__float_as_uint(a_rows[(x + t) * a_x]), __float_as_uint(a_rows[8 * a_i + (x + t) * a_x]),
+                        __float_as_uint(a_rows[(x + t + 4) * a_x]),
+                        __float_as_uint(a_rows[8 * a_i + (x + t + 4) * a_x])};
+    uint32_t big[4], small[4];
+    if constexpr (kTf32) round_fragment_tf32(frag);
+    else split_fragment_tf32(frag, big, small);
+    const float* b_rows = b + (x + t) * b_x + 8 * nt0 + g;
+#pragma unroll
+    for (int j = 0; j < Tiles; ++j) {
+      if (j >= tiles) break;
+      const float b0 = b_rows[8 * j], b1 = b_rows[4 * b_x + 8 * j];
+      if constexpr (kTf32) mma_tf32(acc[j], frag, tf32_round(b0), tf32_round(b1));
+      else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
+    }
+  }
+}
+
 // The chunk's rows of q and k (fp32, rows P floats apart; zeros past the sequence), beta, and G the
 // inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier. q and k
 // arrive in 16-byte loads, every load of a thread issued before the first is used (a load consumed
@@ -970,10 +997,10 @@ __host__ __device__ inline PrepareBackwardShared prepare_backward_shared(int K) 
 // panels of [dU | dW]: M = dUW R^T, dR = T^T dUW and what dR gives dv, dk (partial), dbeta, dG;
 // 4 dL = -StrictTril(T^T M T^T), then what dL and dA_qk give dbeta and dG, with dS = beta dL decay
 // and P = scale dA_qk decay kept for 5 dQ = P K + ..., dK = (dS + dS^T) K + P^T Q + ...; 6 dg from dG.
-template <typename In>
+template <typename In, bool kTf32>
 __global__ void __launch_bounds__(kPrepThreads, 2)
     delta_rule_prepare_backward_kernel(const DeltaRulePrepareBackwardParams bp) {
-  constexpr int C = kPrepChunk, S = kPrepMaxK / 16;
+  constexpr int C = kPrepChunk;
   const DeltaRulePrepareParams& p = bp.forward;
   const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = K + 1;
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
@@ -1131,44 +1158,70 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   __syncthreads();
 
   // 5: dQ = P K + scale exp(G) dQ_start; dK = (dS + dS^T) K + P^T Q + dKt^T exp(G_l - G) + the
-  // partial from phase 3; and the row terms of dG they carry.
+  // partial from phase 3; and the row terms of dG they carry. On tensor cores: warp w owns rows
+  // 16 (w % 4) .. + 15 and half the key columns (w / 4); P and dS are lower triangular (P with its
+  // diagonal), so the products skip their zero blocks: rows x <= i for P K and dS K, x >= i for the
+  // transposed ones.
   {
-    float dq[4][S] = {}, dk[4][S] = {};
-    tile_product(dq, sM, kMatPitch, 1, sK, P, 1, C, K, ti, tj);
-    tile_product(dk, sX, kMatPitch, 1, sK, P, 1, C, K, ti, tj);
-    tile_product(dk, sX, 1, kMatPitch, sK, P, 1, C, K, ti, tj);
-    tile_product(dk, sM, 1, kMatPitch, sQ, P, 1, C, K, ti, tj);
+    constexpr int kTiles = kPrepMaxK / 16;  // n-tiles a warp, at most
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int m0 = 16 * (warp % 4), tiles = K / 16, nt0 = (warp / 4) * tiles;
     const float* dQs = bp.dq_start + chunk * C * K;
     const float* dKt = bp.dkt + chunk * K * C;
     const float g_last = sG[C - 1];
-    float row_q[4] = {}, row_z[4] = {};
+    // f(j, r, i, c) at the thread's accumulator entries: n-tile j, row half r, row i, columns c, c + 1.
+    auto for_entries = [&](auto&& f) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = ti + 16 * r;
-      const float to_last = __expf(g_last - sG[i]);
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int s = 0; s < S; ++s) {
-        const int c = tj + 16 * s;
-        if (c >= K) continue;
-        const float dqs = dQs[i * K + c], dkt = dKt[c * C + i], q = sQ[i * P + c], k = sK[i * P + c];
-        row_q[r] = fmaf(dqs, q, row_q[r]);
-        row_z[r] = fmaf(dkt * to_last, k, row_z[r]);
-        if (i < rows) {
-          bp.dq[token(i) * K + c] = dq[r][s] + p.scale * sEG[i] * dqs;
-          float* dk_out = bp.dk + token(i) * K + c;
-          *dk_out += dk[r][s] + dkt * to_last;
+        for (int j = 0; j < kTiles; ++j) {
+          if (j >= tiles) break;
+          f(j, r, m0 + g + 8 * r, 8 * (nt0 + j) + 2 * t);
         }
-      }
+    };
+    float row_q[2] = {}, row_z[2] = {};
+    {  // dq, one product at a time: two accumulator sets would spill
+      float acc[kTiles][4] = {};
+      warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, m0, nt0, tiles, 0, m0 + 16);
+      for_entries([&](int j, int r, int i, int c) {
+        const float2 dqs = *reinterpret_cast<const float2*>(dQs + i * K + c);
+        row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
+        const float e = p.scale * sEG[i];
+        if (i < rows)
+          *reinterpret_cast<float2*>(bp.dq + token(i) * K + c) =
+              make_float2(acc[j][2 * r] + e * dqs.x, acc[j][2 * r + 1] + e * dqs.y);
+      });
+    }
+    {
+      float acc[kTiles][4] = {};
+      warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, m0, nt0, tiles, 0, m0 + 16);
+      warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, m0, nt0, tiles, m0, C);
+      warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, m0, nt0, tiles, m0, C);
+      for_entries([&](int j, int r, int i, int c) {
+        const float to_last = __expf(g_last - sG[i]);
+        const float dkt0 = dKt[c * C + i] * to_last, dkt1 = dKt[(c + 1) * C + i] * to_last;
+        row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
+        if (i < rows) {
+          float2* dk_out = reinterpret_cast<float2*>(bp.dk + token(i) * K + c);
+          const float2 partial = *dk_out;  // phase 3's
+          *dk_out = make_float2(partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
+        }
+      });
     }
     float last = 0.f;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = ti + 16 * r;
-      const float q = half_warp_sum(row_q[r]), z = half_warp_sum(row_z[r]);
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + g + 8 * r;
+      float q = row_q[r], z = row_z[r];
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g
+        q += __shfl_xor_sync(0xffffffffu, q, o);
+        z += __shfl_xor_sync(0xffffffffu, z, o);
+      }
       last += z;
-      if (tj == 0) atomicAdd(sDG + i, p.scale * sEG[i] * q - z);
+      if (t == 0) atomicAdd(sDG + i, p.scale * sEG[i] * q - z);
     }
-    if (tj == 0) atomicAdd(sDG + C - 1, last);
+    if (t == 0) atomicAdd(sDG + C - 1, last);
     if (tid == 0) atomicAdd(sDG + C - 1, bp.dcarry[chunk] * __expf(g_last));
   }
   __syncthreads();
@@ -1245,13 +1298,17 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
             " bytes of shared memory, the device gives ", max_shared_bytes(device));
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p.dtype == DType::BFloat16) {
-    reserve_shared<delta_rule_prepare_backward_kernel<__nv_bfloat16>>(smem, "delta_rule_prepare_backward");
-    delta_rule_prepare_backward_kernel<__nv_bfloat16><<<grid, kPrepThreads, smem, s>>>(bp);
-  } else {
-    reserve_shared<delta_rule_prepare_backward_kernel<float>>(smem, "delta_rule_prepare_backward");
-    delta_rule_prepare_backward_kernel<float><<<grid, kPrepThreads, smem, s>>>(bp);
-  }
+  auto launch = [&](auto in, auto tf32) {
+    constexpr auto kernel = delta_rule_prepare_backward_kernel<decltype(in), decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, "delta_rule_prepare_backward");
+    kernel<<<grid, kPrepThreads, smem, s>>>(bp);
+  };
+  auto launch_in = [&](auto in) {
+    if (p.tf32) launch(in, std::true_type{});
+    else launch(in, std::false_type{});
+  };
+  if (p.dtype == DType::BFloat16) launch_in(__nv_bfloat16{});
+  else launch_in(float{});
   check_launch("delta_rule_prepare_backward");
 }
 
