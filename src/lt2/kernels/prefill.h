@@ -190,7 +190,8 @@ struct DeltaRulePrepareParams {
   float scale;
   DType dtype;  // of q, k and v: Float32 or BFloat16
   // The forward's T [V | K] product (and K K^T, Q K^T from fp32 inputs): one TF32 product each
-  // where tf32, else 3xTF32 (fp32's accuracy). The backward likewise for its dq, dk products (fp32 FMAs for the rest).
+  // where tf32, else 3xTF32 (fp32's accuracy). The backward likewise for its panel and dq, dk
+  // products (fp32 FMAs for the rest).
   bool tf32;
 };
 void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);

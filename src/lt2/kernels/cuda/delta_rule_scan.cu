@@ -614,8 +614,10 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // adds at ~7x the rate) the forward's floor is its bytes. The libtorch form they replace spends
 // ~15 ms of elementwise passes and batched products on the same work (bench/notes/training.md).
 //
-// Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how). The
-// backward's [64, n] products are `tile_product`: thread (ti, tj) of a 16 x 16 grid owns rows
+// Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how), and
+// so do the backward's panel products (M = dUW R^T, dR = T^T dUW) and its dq, dk products
+// (warp_product: 3xTF32, or TF32 with DeltaRulePrepareParams::tf32). Its [C, C] products from K, Q
+// and T (K K^T, Q K^T, T^T M, X T^T) are still `tile_product`: thread (ti, tj) of a 16 x 16 grid owns rows
 // ti + 16 r (r < 4) and columns tj + 16 s, so a warp reads 16 consecutive columns of the right
 // operand (rows at odd pitches K + 1, 65 or 17: distinct banks) and two broadcast rows of the left
 // one. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
@@ -666,11 +668,11 @@ __device__ __forceinline__ float half_warp_sum(float x) {
 
 // acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
 // mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
-// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x] (either layout), B(x, c) =
-// b[x * b_x + c]. x0 and x1 multiples of 8.
+// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x], B(x, c) = b[x * b_x + c * b_c]
+// (either layout each). x0 and x1 multiples of 8.
 template <int Tiles, bool kTf32>
 __device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float* a, int a_i, int a_x, const float* b,
-                                             int b_x, int m0, int nt0, int tiles, int x0, int x1) {
+                                             int b_x, int b_c, int m0, int nt0, int tiles, int x0, int x1) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const float* a_rows = a + (m0 + g) * a_i;
   for (int x = x0; x < x1; x += 8) {
@@ -680,11 +682,11 @@ __device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float
     uint32_t big[4], small[4];
     if constexpr (kTf32) round_fragment_tf32(frag);
     else split_fragment_tf32(frag, big, small);
-    const float* b_rows = b + (x + t) * b_x + 8 * nt0 + g;
+    const float* b_rows = b + (x + t) * b_x + (8 * nt0 + g) * b_c;
 #pragma unroll
     for (int j = 0; j < Tiles; ++j) {
       if (j >= tiles) break;
-      const float b0 = b_rows[8 * j], b1 = b_rows[4 * b_x + 8 * j];
+      const float b0 = b_rows[8 * j * b_c], b1 = b_rows[4 * b_x + 8 * j * b_c];
       if constexpr (kTf32) mma_tf32(acc[j], frag, tf32_round(b0), tf32_round(b1));
       else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
     }
@@ -1035,11 +1037,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   unit_lower_inverse_block(sX, sT);
   __syncthreads();
 
-  // 3: the columns of [dU | dW] and of the raw [V | K] in panels.
+  // 3: the columns of [dU | dW] and of the raw [V | K] in panels. On tensor cores: warp w owns rows
+  // 16 (w % 4) .. + 15 of M's [C, C] (columns 32 (w / 4) .. + 31) and of each panel's dR (columns
+  // 8 (w / 4) .. + 7); T^T is upper triangular, so dR's product starts at row m0.
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, m0 = 16 * (warp % 4);
   const float* du = bp.du + chunk * C * V;
   const float* dw = bp.dw + chunk * C * K;
-  float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
-  float row_db[4] = {}, row_w[4] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c]
+  float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c], n-tiles 4 (w / 4) + j
+  float row_db[2] = {}, row_w[2] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c], rows m0 + g + 8 r
   // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
   float values[kPanelLoads], grads[kPanelLoads];
   auto fetch_grads = [&](int c0) {
@@ -1064,47 +1069,54 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
       fetch_grads(c0 + kPrepPanel);
     }
-    if (value_panel) tile_product(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
-    else tile_product(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
-    float dr[4] = {};  // dR[i][c0 + tj] = sum_{j >= i} T[j][i] dUW[j][c0 + tj]
-    for (int j = 0; j < C; ++j) {
-      const float d = sDP[j * kPanelPitch + tj];
+    // M += dUW_panel R_panel^T: A(i, x) = dP[i][x], B(x, j) = R[j][x].
+    const int nt0 = 4 * (warp / 4);
+    if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nt0, 4, 0, kPrepPanel);
+    else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nt0, 4, 0, kPrepPanel);
+    float dr[1][4] = {};  // dR[i][c0 + c] = sum_{j >= i} T[j][i] dUW[j][c0 + c]
+    warp_product<1, kTf32>(dr, sT, 1, kMatPitch, sDP, kPanelPitch, 1, m0, warp / 4, 1, m0, C);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) dr[r] = fmaf(sT[j * kMatPitch + ti + 16 * r], d, dr[r]);
-    }
-    const int col = c0 + tj;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = ti + 16 * r;
-      const float x = sRP[i * kPanelPitch + tj];
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + g + 8 * r, c = 8 * (warp / 4) + 2 * t, col = c0 + c;
+      const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
+      const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
       if (value_panel) {
-        if (i < rows) bp.dv[token(i) * V + col] = sB[i] * dr[r];
-        row_db[r] = fmaf(dr[r], x, row_db[r]);
+        if (i < rows) *reinterpret_cast<float2*>(bp.dv + token(i) * V + col) = make_float2(sB[i] * d0, sB[i] * d1);
+        row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
       } else {
-        if (i < rows) bp.dk[token(i) * K + col - V] = sB[i] * sEG[i] * dr[r];
-        row_w[r] = fmaf(dr[r], x, row_w[r]);
+        const float key_scale = sB[i] * sEG[i];
+        if (i < rows)
+          *reinterpret_cast<float2*>(bp.dk + token(i) * K + col - V) = make_float2(key_scale * d0, key_scale * d1);
+        row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
       }
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int i = ti + 16 * r;
-    const float db = half_warp_sum(row_db[r]), w = half_warp_sum(row_w[r]);
-    if (tj == 0) {
-      sDB[i] += db + sEG[i] * w;
-      sDG[i] += sB[i] * sEG[i] * w;
+  for (int r = 0; r < 2; ++r) {
+    const int i = m0 + g + 8 * r;
+    float db = row_db[r], w = row_w[r];
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g; the two warps of a row add atomically
+      db += __shfl_xor_sync(0xffffffffu, db, o);
+      w += __shfl_xor_sync(0xffffffffu, w, o);
+    }
+    if (t == 0) {
+      atomicAdd(sDB + i, db + sEG[i] * w);
+      atomicAdd(sDG + i, sB[i] * sEG[i] * w);
     }
   }
 
   // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+  for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = ti + 16 * r, j = tj + 16 * s;
-      sM[i * kMatPitch + j] = sB[j] * (mv[r][s] + sEG[j] * mk[r][s]);
-    }
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = m0 + g + 8 * r, col = 8 * (4 * (warp / 4) + j) + 2 * t + e;
+        sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
+      }
   __syncthreads();
   {
     float x[4][4] = {};
@@ -1138,9 +1150,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int i = ti + 16 * r;
-    const float g = half_warp_sum(row_g[r]), db = half_warp_sum(row_b[r]);
+    const float dg = half_warp_sum(row_g[r]), db = half_warp_sum(row_b[r]);
     if (tj == 0) {
-      atomicAdd(sDG + i, g);
+      atomicAdd(sDG + i, dg);
       atomicAdd(sDB + i, db);
     }
   }
@@ -1164,8 +1176,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   // transposed ones.
   {
     constexpr int kTiles = kPrepMaxK / 16;  // n-tiles a warp, at most
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int m0 = 16 * (warp % 4), tiles = K / 16, nt0 = (warp / 4) * tiles;
+    const int tiles = K / 16, nt0 = (warp / 4) * tiles;
     const float* dQs = bp.dq_start + chunk * C * K;
     const float* dKt = bp.dkt + chunk * K * C;
     const float g_last = sG[C - 1];
@@ -1182,7 +1193,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     float row_q[2] = {}, row_z[2] = {};
     {  // dq, one product at a time: two accumulator sets would spill
       float acc[kTiles][4] = {};
-      warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, m0, nt0, tiles, 0, m0 + 16);
+      warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
       for_entries([&](int j, int r, int i, int c) {
         const float2 dqs = *reinterpret_cast<const float2*>(dQs + i * K + c);
         row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
@@ -1194,9 +1205,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     }
     {
       float acc[kTiles][4] = {};
-      warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, m0, nt0, tiles, 0, m0 + 16);
-      warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, m0, nt0, tiles, m0, C);
-      warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, m0, nt0, tiles, m0, C);
+      warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
+      warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, 1, m0, nt0, tiles, m0, C);
+      warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, 1, m0, nt0, tiles, m0, C);
       for_entries([&](int j, int r, int i, int c) {
         const float to_last = __expf(g_last - sG[i]);
         const float dkt0 = dKt[c * C + i] * to_last, dkt1 = dKt[(c + 1) * C + i] * to_last;
