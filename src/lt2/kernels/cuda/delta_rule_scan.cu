@@ -56,6 +56,18 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
+// f(T{}, std::bool_constant<kTf32>{}) with T the CUDA type of dtype (BFloat16, else Float32) and
+// kTf32 = tf32: the kernels' instantiation by their runtime dtype and precision.
+template <typename F>
+void dispatch_dtype_tf32(DType dtype, bool tf32, F&& f) {
+  auto with_precision = [&](auto t) {
+    if (tf32) f(t, std::true_type{});
+    else f(t, std::false_type{});
+  };
+  if (dtype == DType::BFloat16) with_precision(__nv_bfloat16{});
+  else with_precision(float{});
+}
+
 // Row pitches (floats): of an A operand with `cols` columns, and of a [rows, VB] B operand.
 __host__ __device__ constexpr int a_pitch(int cols) { return round_up(cols, 16) + 4; }
 __host__ __device__ constexpr int b_pitch(int vb) { return vb == 8 ? 8 : vb + 8; }
@@ -543,17 +555,11 @@ void delta_rule_output(const DeltaRuleOutputParams& p, void* stream) {
             " bytes of shared memory, the device gives ", max_shared_bytes(device));
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  auto launch = [&](auto out, auto tf32) {
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto out, auto tf32) {
     constexpr auto kernel = delta_rule_output_kernel<decltype(out), decltype(tf32)::value>;
     reserve_shared<kernel>(smem, op);
     kernel<<<grid, kThreads, smem, s>>>(p);
-  };
-  auto launch_out = [&](auto out) {
-    if (p.tf32) launch(out, std::true_type{});
-    else launch(out, std::false_type{});
-  };
-  if (p.dtype == DType::BFloat16) launch_out(__nv_bfloat16{});
-  else launch_out(float{});
+  });
   check_launch(op);
 }
 
@@ -1279,18 +1285,11 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
   const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  auto launch = [&](auto in, auto tf32) {
-    using In = decltype(in);
-    constexpr bool kTf32 = decltype(tf32)::value;
-    reserve_shared<delta_rule_prepare_kernel<In, kTf32>>(smem, "delta_rule_prepare");
-    delta_rule_prepare_kernel<In, kTf32><<<grid, kPrepThreads, smem, s>>>(p);
-  };
-  auto launch_in = [&](auto in) {
-    if (p.tf32) launch(in, std::true_type{});
-    else launch(in, std::false_type{});
-  };
-  if (p.dtype == DType::BFloat16) launch_in(__nv_bfloat16{});
-  else launch_in(float{});
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
+    constexpr auto kernel = delta_rule_prepare_kernel<decltype(in), decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, "delta_rule_prepare");
+    kernel<<<grid, kPrepThreads, smem, s>>>(p);
+  });
   check_launch("delta_rule_prepare");
 }
 
@@ -1309,17 +1308,11 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
             " bytes of shared memory, the device gives ", max_shared_bytes(device));
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  auto launch = [&](auto in, auto tf32) {
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
     constexpr auto kernel = delta_rule_prepare_backward_kernel<decltype(in), decltype(tf32)::value>;
     reserve_shared<kernel>(smem, "delta_rule_prepare_backward");
     kernel<<<grid, kPrepThreads, smem, s>>>(bp);
-  };
-  auto launch_in = [&](auto in) {
-    if (p.tf32) launch(in, std::true_type{});
-    else launch(in, std::false_type{});
-  };
-  if (p.dtype == DType::BFloat16) launch_in(__nv_bfloat16{});
-  else launch_in(float{});
+  });
   check_launch("delta_rule_prepare_backward");
 }
 
