@@ -621,12 +621,11 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // ~15 ms of elementwise passes and batched products on the same work (bench/notes/training.md).
 //
 // Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how), and
-// so do the backward's panel products (M = dUW R^T, dR = T^T dUW) and its dq, dk products
-// (warp_product: 3xTF32, or TF32 with DeltaRulePrepareParams::tf32). Its [C, C] products from K, Q
-// and T (K K^T, Q K^T, T^T M, X T^T) are still `tile_product`: thread (ti, tj) of a 16 x 16 grid owns rows
-// ti + 16 r (r < 4) and columns tj + 16 s, so a warp reads 16 consecutive columns of the right
-// operand (rows at odd pitches K + 1, 65 or 17: distinct banks) and two broadcast rows of the left
-// one. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
+// so do all of the backward's (warp_product: mma.sync m16n8k8 with operands read from shared memory
+// in either layout, 3xTF32, or TF32 with DeltaRulePrepareParams::tf32; one TF32 product for K K^T
+// and Q K^T from bf16 inputs, exact): warp w owns rows 16 (w % 4) .. + 15 of each product and half
+// of its columns, and the triangular operands' zero blocks are skipped. Rows sit at odd pitches
+// (K + 1, 65, 17) in shared memory. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
 // registers), so the UT transform is a product, T times the columns of [beta V | beta exp(G) K]
 // streamed through shared memory in panels of 16 (v never staged whole: two blocks fit an SM), and
 // the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T are products too. Recomputed in the
@@ -638,39 +637,10 @@ namespace {
 
 constexpr int kPrepChunk = 64;      // C
 constexpr int kPrepMaxK = 128;      // the [C, K + 1] tiles of q and k in shared memory
-constexpr int kPrepThreads = 256;    // the 16 x 16 grid of tile_product
+constexpr int kPrepThreads = 256;    // 8 warps
 constexpr int kPrepPanel = 16;      // the backward's columns per panel; K and V multiples of it
 constexpr int kMatPitch = kPrepChunk + 1;
 constexpr int kPanelPitch = kPrepPanel + 1;
-
-// acc[r][s] += sum_{x < n} A(ti + 16 r, x) B(x, tj + 16 s) over the columns tj + 16 s < cols, with
-// A(i, x) = a[i * a_i + x * a_x] and B(x, j) = b[x * b_x + j * b_j] in shared memory (the strides
-// let either operand be read transposed).
-template <int S>
-__device__ __forceinline__ void tile_product(float (&acc)[4][S], const float* a, int a_i, int a_x, const float* b,
-                                             int b_x, int b_j, int n, int cols, int ti, int tj) {
-  for (int x = 0; x < n; ++x) {
-    float av[4], bv[S];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) av[r] = a[(ti + 16 * r) * a_i + x * a_x];
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const int j = tj + 16 * s;
-      bv[s] = j < cols ? b[x * b_x + j * b_j] : 0.f;
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int s = 0; s < S; ++s) acc[r][s] = fmaf(av[r], bv[s], acc[r][s]);
-  }
-}
-
-// Sum over the 16 lanes of a half-warp (the tj of one ti).
-__device__ __forceinline__ float half_warp_sum(float x) {
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o, 16);
-  return x;
-}
 
 // acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
 // mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
@@ -1012,7 +982,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   const DeltaRulePrepareParams& p = bp.forward;
   const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = K + 1;
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
-  const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+  const int tid = threadIdx.x;
   const PrepareBackwardShared lay = prepare_backward_shared(K);
   extern __shared__ __align__(16) float prep_bwd_smem[];
   float* const base = prep_bwd_smem;
@@ -1026,17 +996,27 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
   auto decay = [&](int i, int j) { return __expf(sG[i] - sG[j]); };
 
+  // Warp w owns rows m0 .. m0 + 15 of every product; of a [C, C] product the columns of n-tiles
+  // nsq .. nsq + 3 (warp_product's layout: for_square_entries visits them).
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, m0 = 16 * (warp % 4), nsq = 4 * (warp / 4);
+  auto for_square_entries = [&](auto&& f) {  // f(j, r, e, i, col): entry [j][2 r + e] is (i, col)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) f(j, r, e, m0 + g + 8 * r, 8 * (nsq + j) + 2 * t + e);
+  };
+  constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
+
   // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere); L = beta_i kke into sX.
   float kke[4][4] = {};
-  tile_product(kke, sK, P, 1, sK, 1, P, K, C, ti, tj);
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = ti + 16 * r, j = tj + 16 * s;
-      kke[r][s] = j < i ? kke[r][s] * decay(i, j) : 0.f;
-      sX[i * kMatPitch + j] = sB[i] * kke[r][s];
-    }
+  warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    float& v = kke[j][2 * r + e];
+    v = col < i ? v * decay(i, col) : 0.f;
+    sX[i * kMatPitch + col] = sB[i] * v;
+  });
   __syncthreads();
 
   // 2: T = (I + L)^{-1}.
@@ -1046,10 +1026,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   // 3: the columns of [dU | dW] and of the raw [V | K] in panels. On tensor cores: warp w owns rows
   // 16 (w % 4) .. + 15 of M's [C, C] (columns 32 (w / 4) .. + 31) and of each panel's dR (columns
   // 8 (w / 4) .. + 7); T^T is upper triangular, so dR's product starts at row m0.
-  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, m0 = 16 * (warp % 4);
   const float* du = bp.du + chunk * C * V;
   const float* dw = bp.dw + chunk * C * K;
-  float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c], n-tiles 4 (w / 4) + j
+  float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
   float row_db[2] = {}, row_w[2] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c], rows m0 + g + 8 r
   // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
   float values[kPanelLoads], grads[kPanelLoads];
@@ -1076,9 +1055,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       fetch_grads(c0 + kPrepPanel);
     }
     // M += dUW_panel R_panel^T: A(i, x) = dP[i][x], B(x, j) = R[j][x].
-    const int nt0 = 4 * (warp / 4);
-    if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nt0, 4, 0, kPrepPanel);
-    else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nt0, 4, 0, kPrepPanel);
+    if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
+    else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
     float dr[1][4] = {};  // dR[i][c0 + c] = sum_{j >= i} T[j][i] dUW[j][c0 + c]
     warp_product<1, kTf32>(dr, sT, 1, kMatPitch, sDP, kPanelPitch, 1, m0, warp / 4, 1, m0, C);
 #pragma unroll
@@ -1114,65 +1092,60 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   }
 
   // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = m0 + g + 8 * r, col = 8 * (4 * (warp / 4) + j) + 2 * t + e;
-        sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
-      }
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
+  });
   __syncthreads();
   {
-    float x[4][4] = {};
-    tile_product(x, sT, 1, kMatPitch, sM, kMatPitch, 1, C, C, ti, tj);
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int s = 0; s < 4; ++s) sX[(ti + 16 * r) * kMatPitch + tj + 16 * s] = x[r][s];
+    float x[4][4] = {};  // T^T M: T^T is upper triangular, rows x >= i
+    warp_product<4, kTf32>(x, sT, 1, kMatPitch, sM, kMatPitch, 1, m0, nsq, 4, m0, C);
+    for_square_entries([&](int j, int r, int e, int i, int col) { sX[i * kMatPitch + col] = x[j][2 * r + e]; });
   }
   __syncthreads();
   float ds[4][4] = {}, pq[4][4] = {}, qk[4][4] = {};
-  tile_product(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, C, C, ti, tj);  // X T^T
-  tile_product(qk, sQ, P, 1, sK, 1, P, K, C, ti, tj);
+  warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
+  warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
   const float* dA = bp.da_qk + chunk * C * C;
-  float row_g[4] = {}, row_b[4] = {}, col_g[4] = {};
+  float row_g[2] = {}, row_b[2] = {}, col_g[4][2] = {};
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    const int at = 2 * r + e;
+    const float decayed = col <= i ? decay(i, col) : 0.f;
+    const float dl = col < i ? -ds[j][at] : 0.f;
+    const float da = col <= i ? dA[i * C + col] : 0.f;
+    const float w = dl * sB[i] * kke[j][at] + da * p.scale * qk[j][at] * decayed;  // dL L + dA A
+    row_b[r] = fmaf(dl, kke[j][at], row_b[r]);
+    row_g[r] += w;
+    col_g[j][e] -= w;
+    ds[j][at] = sB[i] * dl * decayed;
+    pq[j][at] = p.scale * da * decayed;
+  });
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < 2; ++r) {  // a row's sums: over its 4 lanes t here, over its two warps by atomics
+    float dg = row_g[r], db = row_b[r];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = ti + 16 * r, j = tj + 16 * s;
-      const float e = j <= i ? decay(i, j) : 0.f;
-      const float dl = j < i ? -ds[r][s] : 0.f;
-      const float da = j <= i ? dA[i * C + j] : 0.f;
-      const float w = dl * sB[i] * kke[r][s] + da * p.scale * qk[r][s] * e;  // dL L + dA A
-      row_b[r] = fmaf(dl, kke[r][s], row_b[r]);
-      row_g[r] += w;
-      col_g[s] -= w;
-      ds[r][s] = sB[i] * dl * e;
-      pq[r][s] = p.scale * da * e;
+    for (int o = 1; o < 4; o <<= 1) {
+      dg += __shfl_xor_sync(0xffffffffu, dg, o);
+      db += __shfl_xor_sync(0xffffffffu, db, o);
     }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int i = ti + 16 * r;
-    const float dg = half_warp_sum(row_g[r]), db = half_warp_sum(row_b[r]);
-    if (tj == 0) {
-      atomicAdd(sDG + i, dg);
-      atomicAdd(sDB + i, db);
+    if (t == 0) {
+      atomicAdd(sDG + m0 + g + 8 * r, dg);
+      atomicAdd(sDB + m0 + g + 8 * r, db);
     }
   }
 #pragma unroll
-  for (int s = 0; s < 4; ++s) atomicAdd(sDG + tj + 16 * s, col_g[s]);
-  __syncthreads();
+  for (int j = 0; j < 4; ++j)
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+    for (int e = 0; e < 2; ++e) {  // a column's: over the 8 lanes g here, over the four warps of its rows by atomics
+      float c = col_g[j][e];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int at = (ti + 16 * r) * kMatPitch + tj + 16 * s;
-      sX[at] = ds[r][s];
-      sM[at] = pq[r][s];
+      for (int o = 4; o < 32; o <<= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+      if (g == 0) atomicAdd(sDG + 8 * (nsq + j) + 2 * t + e, c);
     }
+  __syncthreads();
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    sX[i * kMatPitch + col] = ds[j][2 * r + e];
+    sM[i * kMatPitch + col] = pq[j][2 * r + e];
+  });
   __syncthreads();
 
   // 5: dQ = P K + scale exp(G) dQ_start; dK = (dS + dS^T) K + P^T Q + dKt^T exp(G_l - G) + the
