@@ -8,8 +8,13 @@
 // ~4.8 TB/s. The reference (fp32 casts, pow, mean, rsqrt, products, SiLU, and autograd's backward
 // of each) makes a dozen passes over fp32 copies of these tensors.
 //
-// Design. One warp per row; lane l holds elements l, l + 32, ... (PerLane of them: D <= 32 PerLane),
-// so loads are coalesced and the row's sums are warp shuffles. The backward walks rows grid-stride,
+// Design. The forward, where a row is whole 16-byte pieces (D a multiple of 16 / sizeof(T), at most
+// 32 pieces) and the tensors 16-byte aligned: a row takes L lanes (the power of two >= its pieces),
+// a warp 32 / L rows, a lane one piece (8 bf16 or 4 fp32), so every access is 16 bytes and the row's
+// sum is L-lane shuffles. A lane holding 2-byte elements one by one issued a load per element and
+// kept ~12 KiB in flight per SM, under the ~25 KiB the HBM's latency-bandwidth product asks: ~3x the
+// traffic floor. Otherwise, and in the backward: one warp per row; lane l holds elements l, l + 32,
+// ... (PerLane of them: D <= 32 PerLane), so loads are coalesced and the row's sums are warp shuffles. The backward walks rows grid-stride,
 // a lane summing dweight for its own columns, then the block's warps sum through shared memory and
 // one atomicAdd per column and block remains.
 #include "lt2/kernels/prefill.h"
@@ -81,6 +86,35 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const Row
   if (lane == 0) p.rstd[row] = r;
 }
 
+// The forward in 16-byte pieces, L lanes a row (the design above); lanes past the row's pieces and
+// rows past the end take part in the shuffles with zeros.
+template <typename T, int L>
+__global__ void __launch_bounds__(32 * kWarps) row_norm_forward_vec_kernel(const RowNormParams p) {
+  constexpr int kVec = 16 / sizeof(T), kRowsPerWarp = 32 / L;
+  const int lane = threadIdx.x % 32, piece = lane % L, c = piece * kVec;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kRowsPerWarp + lane / L;
+  const bool active = row < p.rows && c < p.dim;
+  const int64_t at = row * p.dim + c;
+  float x[kVec] = {}, g[kVec];
+  if (active) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + at), x);
+  if (active && p.gate) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + at), g);
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) ss = fmaf(x[j], x[j], ss);
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o, L);
+  const float r = rsqrtf(ss / p.divisor + p.eps);
+  if (!active) return;
+  alignas(16) T y[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float w = p.weight ? param_as_float<T>(p.weight, p.weight_dtype, c + j) : 1.f;
+    y[j] = from_float<T>(x[j] * r * w * (p.gate ? activate(g[j], p.act) : 1.f));
+  }
+  *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + at) = *reinterpret_cast<const uint4*>(y);
+  if (piece == 0) p.rstd[row] = r;
+}
+
 template <typename T, int PerLane>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const RowNormBackwardParams bp) {
   const RowNormParams& p = bp.forward;
@@ -145,10 +179,30 @@ void row_norm_forward(const RowNormParams& p, void* stream) {
   check_params(p, "row_norm_forward");
   LT2_CHECK(p.y, "row_norm_forward: y must be given");
   if (p.rows == 0) return;
-  const auto blocks = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
+    constexpr int kVec = 16 / sizeof(T);
+    const int pieces = p.dim / kVec;
+    const bool vec = p.dim % kVec == 0 && pieces <= 32 && aligned16(p.x) && aligned16(p.y) &&
+                     (!p.gate || aligned16(p.gate));
+    if (vec) {
+      int lanes = 1;
+      while (lanes < pieces) lanes *= 2;
+      const int64_t rows_per_block = int64_t{kWarps} * (32 / lanes);
+      const auto blocks = static_cast<unsigned>((p.rows + rows_per_block - 1) / rows_per_block);
+      auto launch = [&](auto l) { row_norm_forward_vec_kernel<T, decltype(l)::value><<<blocks, 32 * kWarps, 0, s>>>(p); };
+      switch (lanes) {
+        case 1: launch(std::integral_constant<int, 1>{}); break;
+        case 2: launch(std::integral_constant<int, 2>{}); break;
+        case 4: launch(std::integral_constant<int, 4>{}); break;
+        case 8: launch(std::integral_constant<int, 8>{}); break;
+        case 16: launch(std::integral_constant<int, 16>{}); break;
+        default: launch(std::integral_constant<int, 32>{}); break;
+      }
+      return;
+    }
+    const auto blocks = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
     dispatch_per_lane(p.dim, [&](auto per_lane) {
       row_norm_forward_kernel<T, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(p);
     });
