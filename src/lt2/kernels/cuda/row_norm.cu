@@ -115,6 +115,19 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_vec_kernel(const
   if (piece == 0) p.rstd[row] = r;
 }
 
+// dweight[i] += sum over the block's warps of partial[warp][i] for i < dim, one atomicAdd per column
+// (after a barrier: every warp has written its row of partial).
+template <int Cols>
+__device__ __forceinline__ void add_block_columns(const float (&partial)[kWarps][Cols], int dim, float* dweight) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) sum += partial[k][i];
+    atomicAdd(dweight + i, sum);
+  }
+}
+
 template <typename T, int PerLane>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const RowNormBackwardParams bp) {
   const RowNormParams& p = bp.forward;
@@ -148,13 +161,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
   __shared__ float partial[kWarps][32 * PerLane];
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) partial[warp][lane + 32 * j] = dw[j];
-  __syncthreads();
-  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) sum += partial[k][i];
-    atomicAdd(bp.dweight + i, sum);
-  }
+  add_block_columns(partial, p.dim, bp.dweight);
 }
 
 // The backward in 16-byte pieces, L lanes a row, rows grid-stride (a warp's row groups advance
@@ -213,13 +220,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_vec_kernel(cons
     for (int o = L; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);  // over the warp's row groups
     if (lane < L && in_row) partial[warp][c + j] = v;
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) sum += partial[k][i];
-    atomicAdd(bp.dweight + i, sum);
-  }
+  add_block_columns(partial, p.dim, bp.dweight);
 }
 
 // Calls f(std::integral_constant<int, L>) with L the lanes a row of p takes in the 16-byte form, and
