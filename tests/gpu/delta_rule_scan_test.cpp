@@ -510,6 +510,21 @@ TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
         }
 }
 
+// The scan backward's row dots (ops::last_dim_dots, kernels/prefill.h row_dots) == float64 on random
+// inputs: rows not a multiple of the block's 8, rows shorter and longer than a warp's 128 columns.
+TEST(DeltaRuleScan, RowDotsMatchReference) {
+  REQUIRE_FUSED_DECODE();
+  for (const auto& shape : {std::vector<int64_t>{2, 3, 5, 96, 192}, std::vector<int64_t>{7, 4}, std::vector<int64_t>{3, 1, 300}}) {
+    SCOPED_TRACE(::testing::Message() << torch::IntArrayRef(shape));
+    torch::manual_seed(shape.back());
+    const auto x = torch::randn(shape, f64), y = torch::randn(shape, f64);
+    const auto got = ops::last_dim_dots(x.to(gpu(f32)), y.to(gpu(f32)));
+    const auto want = (x * y).sum(-1, /*keepdim=*/true);
+    EXPECT_EQ(got.sizes(), want.sizes());
+    EXPECT_LT(rel_err(got.cpu().to(f64), want), 1e-5);
+  }
+}
+
 TEST(DeltaRuleScan, BindingTakesStridedAndMisalignedInputs) {
   REQUIRE_FUSED_DECODE();
   torch::manual_seed(12);

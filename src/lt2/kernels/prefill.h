@@ -81,6 +81,19 @@ void delta_rule_output(const DeltaRuleOutputParams& p, void* stream);
 // 16 in [16, 256].
 bool delta_rule_output_supported(int head_k, int head_v, int chunk_size, int device);
 
+// Row dot products of two [rows, cols] fp32 matrices: out[r] = sum_c x[r][c] y[r][c], in one read of
+// each (the chunk scan's backward: the decay gradient sum_v G_{n+1}[k][v] S_n[k][v], where a product
+// and a sum would write and read back a temporary of S's size). cols a multiple of 4, the matrices
+// packed and 16-byte aligned.
+struct RowDotsParams {
+  const float* x;
+  const float* y;
+  float* out;  // [rows]
+  int64_t rows;
+  int cols;
+};
+void row_dots(const RowDotsParams& p, void* stream);
+
 // The UT transform's inverse of the chunked delta rule, for a batch of `count` C x C matrices:
 //   T = (I + StrictTril(L))^{-1}             (unit lower triangular; L's diagonal and upper part unread)
 // by forward substitution, one block per matrix and one thread per column of T (a column depends
@@ -190,7 +203,8 @@ struct DeltaRulePrepareParams {
   float scale;
   DType dtype;  // of q, k and v: Float32 or BFloat16
   // The forward's T [V | K] product (and K K^T, Q K^T from fp32 inputs): one TF32 product each
-  // where tf32, else 3xTF32 (fp32's accuracy). The backward ignores it (fp32 FMAs).
+  // where tf32, else 3xTF32 (fp32's accuracy). The backward likewise for its panel and dq, dk
+  // products (fp32 FMAs for the rest).
   bool tf32;
 };
 void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);

@@ -57,6 +57,18 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
+// f(T{}, std::bool_constant<kTf32>{}) with T the CUDA type of dtype (BFloat16, else Float32) and
+// kTf32 = tf32: the kernels' instantiation by their runtime dtype and precision.
+template <typename F>
+void dispatch_dtype_tf32(DType dtype, bool tf32, F&& f) {
+  auto with_precision = [&](auto t) {
+    if (tf32) f(t, std::true_type{});
+    else f(t, std::false_type{});
+  };
+  if (dtype == DType::BFloat16) with_precision(__nv_bfloat16{});
+  else with_precision(float{});
+}
+
 // Row pitches (floats): of an A operand with `cols` columns, and of a [rows, VB] B operand.
 __host__ __device__ constexpr int a_pitch(int cols) { return round_up(cols, 16) + 4; }
 __host__ __device__ constexpr int b_pitch(int vb) { return vb == 8 ? 8 : vb + 8; }
@@ -544,18 +556,50 @@ void delta_rule_output(const DeltaRuleOutputParams& p, void* stream) {
             " bytes of shared memory, the device gives ", max_shared_bytes(device));
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  auto launch = [&](auto out, auto tf32) {
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto out, auto tf32) {
     constexpr auto kernel = delta_rule_output_kernel<decltype(out), decltype(tf32)::value>;
     reserve_shared<kernel>(smem, op);
     kernel<<<grid, kThreads, smem, s>>>(p);
-  };
-  auto launch_out = [&](auto out) {
-    if (p.tf32) launch(out, std::true_type{});
-    else launch(out, std::false_type{});
-  };
-  if (p.dtype == DType::BFloat16) launch_out(__nv_bfloat16{});
-  else launch_out(float{});
+  });
   check_launch(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// row_dots: one warp per row in 16-byte loads (a row of the 1.3B head's states is 192 floats: a
+// warp's 32 lanes take 128 of them a step). Floor: the two matrices read once, 1.2 GB at the 8 x
+// 4096 training shape, ~0.37 ms; the product-then-sum it replaces moves 1.8 GB more.
+
+namespace {
+
+constexpr int kRowDotWarps = 8;
+
+__global__ void __launch_bounds__(32 * kRowDotWarps) row_dots_kernel(const RowDotsParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowDotWarps + threadIdx.x / 32;
+  if (row >= p.rows) return;
+  const float* x = p.x + row * p.cols;
+  const float* y = p.y + row * p.cols;
+  float sum = 0.f;
+  for (int c = 4 * lane; c < p.cols; c += 128) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + c)), b = __ldg(reinterpret_cast<const float4*>(y + c));
+    sum = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, sum))));
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) p.out[row] = sum;
+}
+
+}  // namespace
+
+void row_dots(const RowDotsParams& p, void* stream) {
+  LT2_CHECK(p.rows >= 0 && p.cols >= 0 && p.cols % 4 == 0, "row_dots: ", p.rows, " rows of ", p.cols,
+            " columns (a multiple of 4)");
+  if (p.rows == 0) return;
+  LT2_CHECK(p.x && p.y && p.out && aligned16(p.x) && aligned16(p.y), "row_dots: x, y and out must be given, x and y "
+            "16-byte aligned");
+  const int64_t blocks = (p.rows + kRowDotWarps - 1) / kRowDotWarps;
+  LT2_CHECK(blocks <= INT32_MAX, "row_dots: ", p.rows, " rows is too many");
+  row_dots_kernel<<<static_cast<unsigned>(blocks), 32 * kRowDotWarps, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  check_launch("row_dots");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -615,11 +659,12 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // adds at ~7x the rate) the forward's floor is its bytes. The libtorch form they replace spends
 // ~15 ms of elementwise passes and batched products on the same work (bench/notes/training.md).
 //
-// Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how). The
-// backward's [64, n] products are `tile_product`: thread (ti, tj) of a 16 x 16 grid owns rows
-// ti + 16 r (r < 4) and columns tj + 16 s, so a warp reads 16 consecutive columns of the right
-// operand (rows at odd pitches K + 1, 65 or 17: distinct banks) and two broadcast rows of the left
-// one. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
+// Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how), and
+// so do all of the backward's (warp_product: mma.sync m16n8k8 with operands read from shared memory
+// in either layout, 3xTF32, or TF32 with DeltaRulePrepareParams::tf32; one TF32 product for K K^T
+// and Q K^T from bf16 inputs, exact): warp w owns rows 16 (w % 4) .. + 15 of each product and half
+// of its columns, and the triangular operands' zero blocks are skipped. Rows sit at odd pitches
+// (K + 1, 65, 17) in shared memory. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
 // registers), so the UT transform is a product, T times the columns of [beta V | beta exp(G) K]
 // streamed through shared memory in panels of 16 (v never staged whole: two blocks fit an SM), and
 // the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T are products too. Recomputed in the
@@ -631,38 +676,36 @@ namespace {
 
 constexpr int kPrepChunk = 64;      // C
 constexpr int kPrepMaxK = 128;      // the [C, K + 1] tiles of q and k in shared memory
-constexpr int kPrepThreads = 256;    // the 16 x 16 grid of tile_product
+constexpr int kPrepThreads = 256;    // 8 warps
 constexpr int kPrepPanel = 16;      // the backward's columns per panel; K and V multiples of it
 constexpr int kMatPitch = kPrepChunk + 1;
 constexpr int kPanelPitch = kPrepPanel + 1;
 
-// acc[r][s] += sum_{x < n} A(ti + 16 r, x) B(x, tj + 16 s) over the columns tj + 16 s < cols, with
-// A(i, x) = a[i * a_i + x * a_x] and B(x, j) = b[x * b_x + j * b_j] in shared memory (the strides
-// let either operand be read transposed).
-template <int S>
-__device__ __forceinline__ void tile_product(float (&acc)[4][S], const float* a, int a_i, int a_x, const float* b,
-                                             int b_x, int b_j, int n, int cols, int ti, int tj) {
-  for (int x = 0; x < n; ++x) {
-    float av[4], bv[S];
+// acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
+// mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
+// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x], B(x, c) = b[x * b_x + c * b_c]
+// (either layout each). x0 and x1 multiples of 8.
+template <int Tiles, bool kTf32>
+__device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float* a, int a_i, int a_x, const float* b,
+                                             int b_x, int b_c, int m0, int nt0, int tiles, int x0, int x1) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const float* a_rows = a + (m0 + g) * a_i;
+  for (int x = x0; x < x1; x += 8) {
+    uint32_t frag[4] = {__float_as_uint(a_rows[(x + t) * a_x]), __float_as_uint(a_rows[8 * a_i + (x + t) * a_x]),
+                        __float_as_uint(a_rows[(x + t + 4) * a_x]),
+                        __float_as_uint(a_rows[8 * a_i + (x + t + 4) * a_x])};
+    uint32_t big[4], small[4];
+    if constexpr (kTf32) round_fragment_tf32(frag);
+    else split_fragment_tf32(frag, big, small);
+    const float* b_rows = b + (x + t) * b_x + (8 * nt0 + g) * b_c;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) av[r] = a[(ti + 16 * r) * a_i + x * a_x];
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const int j = tj + 16 * s;
-      bv[s] = j < cols ? b[x * b_x + j * b_j] : 0.f;
+    for (int j = 0; j < Tiles; ++j) {
+      if (j >= tiles) break;
+      const float b0 = b_rows[8 * j * b_c], b1 = b_rows[4 * b_x + 8 * j * b_c];
+      if constexpr (kTf32) mma_tf32(acc[j], frag, tf32_round(b0), tf32_round(b1));
+      else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
     }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int s = 0; s < S; ++s) acc[r][s] = fmaf(av[r], bv[s], acc[r][s]);
   }
-}
-
-// Sum over the 16 lanes of a half-warp (the tj of one ti).
-__device__ __forceinline__ float half_warp_sum(float x) {
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o, 16);
-  return x;
 }
 
 // The chunk's rows of q and k (fp32, rows P floats apart; zeros past the sequence), beta, and G the
@@ -971,14 +1014,14 @@ __host__ __device__ inline PrepareBackwardShared prepare_backward_shared(int K) 
 // panels of [dU | dW]: M = dUW R^T, dR = T^T dUW and what dR gives dv, dk (partial), dbeta, dG;
 // 4 dL = -StrictTril(T^T M T^T), then what dL and dA_qk give dbeta and dG, with dS = beta dL decay
 // and P = scale dA_qk decay kept for 5 dQ = P K + ..., dK = (dS + dS^T) K + P^T Q + ...; 6 dg from dG.
-template <typename In>
+template <typename In, bool kTf32>
 __global__ void __launch_bounds__(kPrepThreads, 2)
     delta_rule_prepare_backward_kernel(const DeltaRulePrepareBackwardParams bp) {
-  constexpr int C = kPrepChunk, S = kPrepMaxK / 16;
+  constexpr int C = kPrepChunk;
   const DeltaRulePrepareParams& p = bp.forward;
   const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = K + 1;
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
-  const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16;
+  const int tid = threadIdx.x;
   const PrepareBackwardShared lay = prepare_backward_shared(K);
   extern __shared__ __align__(16) float prep_bwd_smem[];
   float* const base = prep_bwd_smem;
@@ -992,28 +1035,40 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
   auto decay = [&](int i, int j) { return __expf(sG[i] - sG[j]); };
 
+  // Warp w owns rows m0 .. m0 + 15 of every product; of a [C, C] product the columns of n-tiles
+  // nsq .. nsq + 3 (warp_product's layout: for_square_entries visits them).
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, m0 = 16 * (warp % 4), nsq = 4 * (warp / 4);
+  auto for_square_entries = [&](auto&& f) {  // f(j, r, e, i, col): entry [j][2 r + e] is (i, col)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) f(j, r, e, m0 + g + 8 * r, 8 * (nsq + j) + 2 * t + e);
+  };
+  constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
+
   // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere); L = beta_i kke into sX.
   float kke[4][4] = {};
-  tile_product(kke, sK, P, 1, sK, 1, P, K, C, ti, tj);
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = ti + 16 * r, j = tj + 16 * s;
-      kke[r][s] = j < i ? kke[r][s] * decay(i, j) : 0.f;
-      sX[i * kMatPitch + j] = sB[i] * kke[r][s];
-    }
+  warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    float& v = kke[j][2 * r + e];
+    v = col < i ? v * decay(i, col) : 0.f;
+    sX[i * kMatPitch + col] = sB[i] * v;
+  });
   __syncthreads();
 
   // 2: T = (I + L)^{-1}.
   unit_lower_inverse_block(sX, sT);
   __syncthreads();
 
-  // 3: the columns of [dU | dW] and of the raw [V | K] in panels.
+  // 3: the columns of [dU | dW] and of the raw [V | K] in panels. On tensor cores: warp w owns rows
+  // 16 (w % 4) .. + 15 of M's [C, C] (columns 32 (w / 4) .. + 31) and of each panel's dR (columns
+  // 8 (w / 4) .. + 7); T^T is upper triangular, so dR's product starts at row m0.
   const float* du = bp.du + chunk * C * V;
   const float* dw = bp.dw + chunk * C * K;
   float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
-  float row_db[4] = {}, row_w[4] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c]
+  float row_db[2] = {}, row_w[2] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c], rows m0 + g + 8 r
   // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
   float values[kPanelLoads], grads[kPanelLoads];
   auto fetch_grads = [&](int c0) {
@@ -1038,138 +1093,164 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
       fetch_grads(c0 + kPrepPanel);
     }
-    if (value_panel) tile_product(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
-    else tile_product(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, kPrepPanel, C, ti, tj);
-    float dr[4] = {};  // dR[i][c0 + tj] = sum_{j >= i} T[j][i] dUW[j][c0 + tj]
-    for (int j = 0; j < C; ++j) {
-      const float d = sDP[j * kPanelPitch + tj];
+    // M += dUW_panel R_panel^T: A(i, x) = dP[i][x], B(x, j) = R[j][x].
+    if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
+    else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
+    float dr[1][4] = {};  // dR[i][c0 + c] = sum_{j >= i} T[j][i] dUW[j][c0 + c]
+    warp_product<1, kTf32>(dr, sT, 1, kMatPitch, sDP, kPanelPitch, 1, m0, warp / 4, 1, m0, C);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) dr[r] = fmaf(sT[j * kMatPitch + ti + 16 * r], d, dr[r]);
-    }
-    const int col = c0 + tj;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = ti + 16 * r;
-      const float x = sRP[i * kPanelPitch + tj];
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + g + 8 * r, c = 8 * (warp / 4) + 2 * t, col = c0 + c;
+      const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
+      const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
       if (value_panel) {
-        if (i < rows) bp.dv[token(i) * V + col] = sB[i] * dr[r];
-        row_db[r] = fmaf(dr[r], x, row_db[r]);
+        if (i < rows) *reinterpret_cast<float2*>(bp.dv + token(i) * V + col) = make_float2(sB[i] * d0, sB[i] * d1);
+        row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
       } else {
-        if (i < rows) bp.dk[token(i) * K + col - V] = sB[i] * sEG[i] * dr[r];
-        row_w[r] = fmaf(dr[r], x, row_w[r]);
+        const float key_scale = sB[i] * sEG[i];
+        if (i < rows)
+          *reinterpret_cast<float2*>(bp.dk + token(i) * K + col - V) = make_float2(key_scale * d0, key_scale * d1);
+        row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
       }
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int i = ti + 16 * r;
-    const float db = half_warp_sum(row_db[r]), w = half_warp_sum(row_w[r]);
-    if (tj == 0) {
-      sDB[i] += db + sEG[i] * w;
-      sDG[i] += sB[i] * sEG[i] * w;
+  for (int r = 0; r < 2; ++r) {
+    const int i = m0 + g + 8 * r;
+    float db = row_db[r], w = row_w[r];
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g; the two warps of a row add atomically
+      db += __shfl_xor_sync(0xffffffffu, db, o);
+      w += __shfl_xor_sync(0xffffffffu, w, o);
+    }
+    if (t == 0) {
+      atomicAdd(sDB + i, db + sEG[i] * w);
+      atomicAdd(sDG + i, sB[i] * sEG[i] * w);
     }
   }
 
   // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = ti + 16 * r, j = tj + 16 * s;
-      sM[i * kMatPitch + j] = sB[j] * (mv[r][s] + sEG[j] * mk[r][s]);
-    }
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
+  });
   __syncthreads();
   {
-    float x[4][4] = {};
-    tile_product(x, sT, 1, kMatPitch, sM, kMatPitch, 1, C, C, ti, tj);
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int s = 0; s < 4; ++s) sX[(ti + 16 * r) * kMatPitch + tj + 16 * s] = x[r][s];
+    float x[4][4] = {};  // T^T M: T^T is upper triangular, rows x >= i
+    warp_product<4, kTf32>(x, sT, 1, kMatPitch, sM, kMatPitch, 1, m0, nsq, 4, m0, C);
+    for_square_entries([&](int j, int r, int e, int i, int col) { sX[i * kMatPitch + col] = x[j][2 * r + e]; });
   }
   __syncthreads();
   float ds[4][4] = {}, pq[4][4] = {}, qk[4][4] = {};
-  tile_product(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, C, C, ti, tj);  // X T^T
-  tile_product(qk, sQ, P, 1, sK, 1, P, K, C, ti, tj);
+  warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
+  warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
   const float* dA = bp.da_qk + chunk * C * C;
-  float row_g[4] = {}, row_b[4] = {}, col_g[4] = {};
+  float row_g[2] = {}, row_b[2] = {}, col_g[4][2] = {};
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    const int at = 2 * r + e;
+    const float decayed = col <= i ? decay(i, col) : 0.f;
+    const float dl = col < i ? -ds[j][at] : 0.f;
+    const float da = col <= i ? dA[i * C + col] : 0.f;
+    const float w = dl * sB[i] * kke[j][at] + da * p.scale * qk[j][at] * decayed;  // dL L + dA A
+    row_b[r] = fmaf(dl, kke[j][at], row_b[r]);
+    row_g[r] += w;
+    col_g[j][e] -= w;
+    ds[j][at] = sB[i] * dl * decayed;
+    pq[j][at] = p.scale * da * decayed;
+  });
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < 2; ++r) {  // a row's sums: over its 4 lanes t here, over its two warps by atomics
+    float dg = row_g[r], db = row_b[r];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = ti + 16 * r, j = tj + 16 * s;
-      const float e = j <= i ? decay(i, j) : 0.f;
-      const float dl = j < i ? -ds[r][s] : 0.f;
-      const float da = j <= i ? dA[i * C + j] : 0.f;
-      const float w = dl * sB[i] * kke[r][s] + da * p.scale * qk[r][s] * e;  // dL L + dA A
-      row_b[r] = fmaf(dl, kke[r][s], row_b[r]);
-      row_g[r] += w;
-      col_g[s] -= w;
-      ds[r][s] = sB[i] * dl * e;
-      pq[r][s] = p.scale * da * e;
+    for (int o = 1; o < 4; o <<= 1) {
+      dg += __shfl_xor_sync(0xffffffffu, dg, o);
+      db += __shfl_xor_sync(0xffffffffu, db, o);
     }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int i = ti + 16 * r;
-    const float g = half_warp_sum(row_g[r]), db = half_warp_sum(row_b[r]);
-    if (tj == 0) {
-      atomicAdd(sDG + i, g);
-      atomicAdd(sDB + i, db);
+    if (t == 0) {
+      atomicAdd(sDG + m0 + g + 8 * r, dg);
+      atomicAdd(sDB + m0 + g + 8 * r, db);
     }
   }
 #pragma unroll
-  for (int s = 0; s < 4; ++s) atomicAdd(sDG + tj + 16 * s, col_g[s]);
-  __syncthreads();
+  for (int j = 0; j < 4; ++j)
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+    for (int e = 0; e < 2; ++e) {  // a column's: over the 8 lanes g here, over the four warps of its rows by atomics
+      float c = col_g[j][e];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int at = (ti + 16 * r) * kMatPitch + tj + 16 * s;
-      sX[at] = ds[r][s];
-      sM[at] = pq[r][s];
+      for (int o = 4; o < 32; o <<= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+      if (g == 0) atomicAdd(sDG + 8 * (nsq + j) + 2 * t + e, c);
     }
+  __syncthreads();
+  for_square_entries([&](int j, int r, int e, int i, int col) {
+    sX[i * kMatPitch + col] = ds[j][2 * r + e];
+    sM[i * kMatPitch + col] = pq[j][2 * r + e];
+  });
   __syncthreads();
 
   // 5: dQ = P K + scale exp(G) dQ_start; dK = (dS + dS^T) K + P^T Q + dKt^T exp(G_l - G) + the
-  // partial from phase 3; and the row terms of dG they carry.
+  // partial from phase 3; and the row terms of dG they carry. On tensor cores: warp w owns rows
+  // 16 (w % 4) .. + 15 and half the key columns (w / 4); P and dS are lower triangular (P with its
+  // diagonal), so the products skip their zero blocks: rows x <= i for P K and dS K, x >= i for the
+  // transposed ones.
   {
-    float dq[4][S] = {}, dk[4][S] = {};
-    tile_product(dq, sM, kMatPitch, 1, sK, P, 1, C, K, ti, tj);
-    tile_product(dk, sX, kMatPitch, 1, sK, P, 1, C, K, ti, tj);
-    tile_product(dk, sX, 1, kMatPitch, sK, P, 1, C, K, ti, tj);
-    tile_product(dk, sM, 1, kMatPitch, sQ, P, 1, C, K, ti, tj);
+    constexpr int kTiles = kPrepMaxK / 16;  // n-tiles a warp, at most
+    const int tiles = K / 16, nt0 = (warp / 4) * tiles;
     const float* dQs = bp.dq_start + chunk * C * K;
     const float* dKt = bp.dkt + chunk * K * C;
     const float g_last = sG[C - 1];
-    float row_q[4] = {}, row_z[4] = {};
+    // f(j, r, i, c) at the thread's accumulator entries: n-tile j, row half r, row i, columns c, c + 1.
+    auto for_entries = [&](auto&& f) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = ti + 16 * r;
-      const float to_last = __expf(g_last - sG[i]);
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int s = 0; s < S; ++s) {
-        const int c = tj + 16 * s;
-        if (c >= K) continue;
-        const float dqs = dQs[i * K + c], dkt = dKt[c * C + i], q = sQ[i * P + c], k = sK[i * P + c];
-        row_q[r] = fmaf(dqs, q, row_q[r]);
-        row_z[r] = fmaf(dkt * to_last, k, row_z[r]);
-        if (i < rows) {
-          bp.dq[token(i) * K + c] = dq[r][s] + p.scale * sEG[i] * dqs;
-          float* dk_out = bp.dk + token(i) * K + c;
-          *dk_out += dk[r][s] + dkt * to_last;
+        for (int j = 0; j < kTiles; ++j) {
+          if (j >= tiles) break;
+          f(j, r, m0 + g + 8 * r, 8 * (nt0 + j) + 2 * t);
         }
-      }
+    };
+    float row_q[2] = {}, row_z[2] = {};
+    {  // dq, one product at a time: two accumulator sets would spill
+      float acc[kTiles][4] = {};
+      warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
+      for_entries([&](int j, int r, int i, int c) {
+        const float2 dqs = *reinterpret_cast<const float2*>(dQs + i * K + c);
+        row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
+        const float e = p.scale * sEG[i];
+        if (i < rows)
+          *reinterpret_cast<float2*>(bp.dq + token(i) * K + c) =
+              make_float2(acc[j][2 * r] + e * dqs.x, acc[j][2 * r + 1] + e * dqs.y);
+      });
+    }
+    {
+      float acc[kTiles][4] = {};
+      warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
+      warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, 1, m0, nt0, tiles, m0, C);
+      warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, 1, m0, nt0, tiles, m0, C);
+      for_entries([&](int j, int r, int i, int c) {
+        const float to_last = __expf(g_last - sG[i]);
+        const float dkt0 = dKt[c * C + i] * to_last, dkt1 = dKt[(c + 1) * C + i] * to_last;
+        row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
+        if (i < rows) {
+          float2* dk_out = reinterpret_cast<float2*>(bp.dk + token(i) * K + c);
+          const float2 partial = *dk_out;  // phase 3's
+          *dk_out = make_float2(partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
+        }
+      });
     }
     float last = 0.f;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = ti + 16 * r;
-      const float q = half_warp_sum(row_q[r]), z = half_warp_sum(row_z[r]);
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + g + 8 * r;
+      float q = row_q[r], z = row_z[r];
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g
+        q += __shfl_xor_sync(0xffffffffu, q, o);
+        z += __shfl_xor_sync(0xffffffffu, z, o);
+      }
       last += z;
-      if (tj == 0) atomicAdd(sDG + i, p.scale * sEG[i] * q - z);
+      if (t == 0) atomicAdd(sDG + i, p.scale * sEG[i] * q - z);
     }
-    if (tj == 0) atomicAdd(sDG + C - 1, last);
+    if (t == 0) atomicAdd(sDG + C - 1, last);
     if (tid == 0) atomicAdd(sDG + C - 1, bp.dcarry[chunk] * __expf(g_last));
   }
   __syncthreads();
@@ -1216,18 +1297,11 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
   const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  auto launch = [&](auto in, auto tf32) {
-    using In = decltype(in);
-    constexpr bool kTf32 = decltype(tf32)::value;
-    reserve_shared<delta_rule_prepare_kernel<In, kTf32>>(smem, "delta_rule_prepare");
-    delta_rule_prepare_kernel<In, kTf32><<<grid, kPrepThreads, smem, s>>>(p);
-  };
-  auto launch_in = [&](auto in) {
-    if (p.tf32) launch(in, std::true_type{});
-    else launch(in, std::false_type{});
-  };
-  if (p.dtype == DType::BFloat16) launch_in(__nv_bfloat16{});
-  else launch_in(float{});
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
+    constexpr auto kernel = delta_rule_prepare_kernel<decltype(in), decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, "delta_rule_prepare");
+    kernel<<<grid, kPrepThreads, smem, s>>>(p);
+  });
   check_launch("delta_rule_prepare");
 }
 
@@ -1246,13 +1320,11 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
             " bytes of shared memory, the device gives ", max_shared_bytes(device));
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p.dtype == DType::BFloat16) {
-    reserve_shared<delta_rule_prepare_backward_kernel<__nv_bfloat16>>(smem, "delta_rule_prepare_backward");
-    delta_rule_prepare_backward_kernel<__nv_bfloat16><<<grid, kPrepThreads, smem, s>>>(bp);
-  } else {
-    reserve_shared<delta_rule_prepare_backward_kernel<float>>(smem, "delta_rule_prepare_backward");
-    delta_rule_prepare_backward_kernel<float><<<grid, kPrepThreads, smem, s>>>(bp);
-  }
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
+    constexpr auto kernel = delta_rule_prepare_backward_kernel<decltype(in), decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, "delta_rule_prepare_backward");
+    kernel<<<grid, kPrepThreads, smem, s>>>(bp);
+  });
   check_launch("delta_rule_prepare_backward");
 }
 

@@ -8,8 +8,12 @@
 // ~4.8 TB/s. The reference (fp32 casts, pow, mean, rsqrt, products, SiLU, and autograd's backward
 // of each) makes a dozen passes over fp32 copies of these tensors.
 //
-// Design. One warp per row; lane l holds elements l, l + 32, ... (PerLane of them: D <= 32 PerLane),
-// so loads are coalesced and the row's sums are warp shuffles. The backward walks rows grid-stride,
+// Design. Where a row is whole 16-byte pieces (D a multiple of 16 / sizeof(T), at most 32 pieces) and
+// the tensors 16-byte aligned: a row takes L lanes (the power of two >= its pieces), a warp 32 / L
+// rows, a lane one piece (8 bf16 or 4 fp32), so every access is 16 bytes and the row's sums are
+// L-lane shuffles (a load per 2-byte element keeps ~12 KiB in flight per SM, under the ~25 KiB the
+// HBM's latency-bandwidth product asks: ~3x the traffic floor). Otherwise: one warp per row; lane l holds elements l, l + 32, ... (PerLane of them: D <= 32
+// PerLane), so loads are coalesced and the row's sums are warp shuffles. The backward walks rows grid-stride,
 // a lane summing dweight for its own columns, then the block's warps sum through shared memory and
 // one atomicAdd per column and block remains.
 #include "lt2/kernels/prefill.h"
@@ -81,6 +85,48 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const Row
   if (lane == 0) p.rstd[row] = r;
 }
 
+// The forward in 16-byte pieces, L lanes a row (the design above); lanes past the row's pieces and
+// rows past the end take part in the shuffles with zeros.
+template <typename T, int L>
+__global__ void __launch_bounds__(32 * kWarps) row_norm_forward_vec_kernel(const RowNormParams p) {
+  constexpr int kVec = 16 / sizeof(T), kRowsPerWarp = 32 / L;
+  const int lane = threadIdx.x % 32, piece = lane % L, c = piece * kVec;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kRowsPerWarp + lane / L;
+  const bool active = row < p.rows && c < p.dim;
+  const int64_t at = row * p.dim + c;
+  float x[kVec] = {}, g[kVec];
+  if (active) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + at), x);
+  if (active && p.gate) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + at), g);
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) ss = fmaf(x[j], x[j], ss);
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o, L);
+  const float r = rsqrtf(ss / p.divisor + p.eps);
+  if (!active) return;
+  alignas(16) T y[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float w = p.weight ? param_as_float<T>(p.weight, p.weight_dtype, c + j) : 1.f;
+    y[j] = from_float<T>(x[j] * r * w * (p.gate ? activate(g[j], p.act) : 1.f));
+  }
+  *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + at) = *reinterpret_cast<const uint4*>(y);
+  if (piece == 0) p.rstd[row] = r;
+}
+
+// dweight[i] += sum over the block's warps of partial[warp][i] for i < dim, one atomicAdd per column
+// (after a barrier: every warp has written its row of partial).
+template <int Cols>
+__device__ __forceinline__ void add_block_columns(const float (&partial)[kWarps][Cols], int dim, float* dweight) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) sum += partial[k][i];
+    atomicAdd(dweight + i, sum);
+  }
+}
+
 template <typename T, int PerLane>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const RowNormBackwardParams bp) {
   const RowNormParams& p = bp.forward;
@@ -114,13 +160,89 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
   __shared__ float partial[kWarps][32 * PerLane];
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) partial[warp][lane + 32 * j] = dw[j];
-  __syncthreads();
-  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
-    float sum = 0.f;
+  add_block_columns(partial, p.dim, bp.dweight);
+}
+
+// The backward in 16-byte pieces, L lanes a row, rows grid-stride (a warp's row groups advance
+// together, so its shuffles see every lane). dweight: a lane sums its piece's columns over its rows,
+// the warp's row groups over shuffles, the block's warps through shared memory, then one atomicAdd
+// per column and block.
+template <typename T, int L>
+__global__ void __launch_bounds__(32 * kWarps) row_norm_backward_vec_kernel(const RowNormBackwardParams bp) {
+  constexpr int kVec = 16 / sizeof(T), kRowsPerWarp = 32 / L;
+  const RowNormParams& p = bp.forward;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, piece = lane % L, c = piece * kVec;
+  const bool in_row = c < p.dim;
+  float w[kVec], dw[kVec] = {};
 #pragma unroll
-    for (int k = 0; k < kWarps; ++k) sum += partial[k][i];
-    atomicAdd(bp.dweight + i, sum);
+  for (int j = 0; j < kVec; ++j) w[j] = p.weight && in_row ? param_as_float<T>(p.weight, p.weight_dtype, c + j) : 1.f;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRowsPerWarp;
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRowsPerWarp; first < p.rows;
+       first += step) {
+    const int64_t row = first + lane / L, at = row * p.dim + c;
+    const bool active = row < p.rows && in_row;
+    float x[kVec] = {}, dy[kVec] = {}, g[kVec];
+    if (active) {
+      unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + at), x);
+      unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(bp.dy) + at), dy);
+      if (p.gate) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + at), g);
+    }
+    const float r = active ? p.rstd[row] : 0.f;
+    float dn[kVec], dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float n = x[j] * r, a = p.gate && active ? activate(g[j], p.act) : 1.f;
+      dn[j] = dy[j] * w[j] * a;
+      dot = fmaf(dn[j], n, dot);
+      dw[j] = fmaf(dy[j] * n, a, dw[j]);
+      if (p.gate && active) g[j] = dy[j] * n * w[j] * activate_grad(g[j], p.act);  // dgate, in place
+    }
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o, L);
+    if (!active) continue;
+    const float mean_dot = dot / p.divisor;
+    alignas(16) T dx[kVec], dg[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      dx[j] = from_float<T>(r * (dn[j] - x[j] * r * mean_dot));
+      if (p.gate) dg[j] = from_float<T>(g[j]);
+    }
+    *reinterpret_cast<uint4*>(static_cast<T*>(bp.dx) + at) = *reinterpret_cast<const uint4*>(dx);
+    if (p.gate) *reinterpret_cast<uint4*>(static_cast<T*>(bp.dgate) + at) = *reinterpret_cast<const uint4*>(dg);
   }
+  if (!bp.dweight) return;
+  __shared__ float partial[kWarps][32 * 8];  // a row's columns: at most 32 pieces of 8
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    float v = dw[j];
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);  // over the warp's row groups
+    if (lane < L && in_row) partial[warp][c + j] = v;
+  }
+  add_block_columns(partial, p.dim, bp.dweight);
+}
+
+// Calls f(std::integral_constant<int, L>) with L the lanes a row of p takes in the 16-byte form, and
+// returns true; false where the form does not serve p (the row not whole 16-byte pieces, more than
+// 32 of them, or a tensor not 16-byte aligned).
+template <typename T, typename F>
+bool dispatch_row_lanes(const RowNormParams& p, std::initializer_list<const void*> tensors, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int pieces = p.dim / kVec;
+  if (p.dim % kVec != 0 || pieces > 32) return false;
+  for (const void* t : tensors)
+    if (t && !aligned16(t)) return false;
+  int lanes = 1;
+  while (lanes < pieces) lanes *= 2;
+  switch (lanes) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
+  }
+  return true;
 }
 
 void check_params(const RowNormParams& p, const char* op) {
@@ -145,10 +267,17 @@ void row_norm_forward(const RowNormParams& p, void* stream) {
   check_params(p, "row_norm_forward");
   LT2_CHECK(p.y, "row_norm_forward: y must be given");
   if (p.rows == 0) return;
-  const auto blocks = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
+    if (dispatch_row_lanes<T>(p, {p.x, p.y, p.gate}, [&](auto lanes) {
+          constexpr int L = decltype(lanes)::value;
+          const int64_t rows_per_block = int64_t{kWarps} * (32 / L);
+          const auto blocks = static_cast<unsigned>((p.rows + rows_per_block - 1) / rows_per_block);
+          row_norm_forward_vec_kernel<T, L><<<blocks, 32 * kWarps, 0, s>>>(p);
+        }))
+      return;
+    const auto blocks = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
     dispatch_per_lane(p.dim, [&](auto per_lane) {
       row_norm_forward_kernel<T, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(p);
     });
@@ -166,10 +295,18 @@ void row_norm_backward(const RowNormBackwardParams& bp, void* stream) {
   // Enough blocks to fill the device a few times over; each walks its rows grid-stride, so the
   // dweight atomics are per block, not per row.
   const int64_t fill = 8LL * device_attribute(cudaDevAttrMultiProcessorCount, device, "row_norm_backward");
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((p.rows + kWarps - 1) / kWarps, fill));
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
+    if (dispatch_row_lanes<T>(p, {p.x, p.gate, bp.dy, bp.dx, bp.dgate}, [&](auto lanes) {
+          constexpr int L = decltype(lanes)::value;
+          const int64_t rows_per_block = int64_t{kWarps} * (32 / L);
+          const auto blocks =
+              static_cast<unsigned>(std::min<int64_t>((p.rows + rows_per_block - 1) / rows_per_block, fill));
+          row_norm_backward_vec_kernel<T, L><<<blocks, 32 * kWarps, 0, s>>>(bp);
+        }))
+      return;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>((p.rows + kWarps - 1) / kWarps, fill));
     dispatch_per_lane(p.dim, [&](auto per_lane) {
       row_norm_backward_kernel<T, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(bp);
     });

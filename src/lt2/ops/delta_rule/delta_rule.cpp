@@ -200,7 +200,7 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
     const auto adjoint = chunk_state_scan({negated_transpose(kt), d_v, negated_transpose(w), carry, d_final, d_states,
                                            /*reverse=*/true, adjoint_resets, Tensor()});
     const Tensor& g_next = adjoint.states;  // G_{n+1}: the gradient of the state leaving chunk n
-    auto d_carry = (g_next * states).sum(-1, /*keepdim=*/true);  // [B, H, N, K, 1]
+    auto d_carry = last_dim_dots(g_next, states);  // [B, H, N, K, 1]
     if (carry.size(3) == 1) d_carry = d_carry.sum(-2, /*keepdim=*/true);
     Tensor d_doc_states;
     if (ctx->saved_data["has_doc_states"].toBool()) {
@@ -250,6 +250,24 @@ struct UnitLowerInverseFunction : public torch::autograd::Function<UnitLowerInve
 };
 
 }  // namespace
+
+Tensor last_dim_dots(const Tensor& x, const Tensor& y) {
+#ifdef LT2_WITH_CUDA
+  if (x.is_cuda() && x.scalar_type() == torch::kFloat32 && y.scalar_type() == torch::kFloat32 &&
+      x.sizes() == y.sizes() && x.size(-1) % 4 == 0 && x.size(-1) <= INT32_MAX) {
+    const auto a = aligned_packed(x), b = aligned_packed(y);
+    auto sizes = x.sizes().vec();
+    sizes.back() = 1;
+    auto out = torch::empty(sizes, x.options());
+    c10::cuda::CUDAGuard guard(x.device());
+    kernels::row_dots({a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), out.numel(),
+                       static_cast<int>(x.size(-1))},
+                      detail::current_stream(x));
+    return out;
+  }
+#endif
+  return (x * y).sum(-1, /*keepdim=*/true);
+}
 
 Tensor unit_lower_inverse(const Tensor& L) {
   LT2_CHECK(L.dim() >= 2 && L.size(-1) == L.size(-2), "unit_lower_inverse: L must be [..., C, C], found ",

@@ -97,6 +97,10 @@ struct ChunkScanResult {
 // the kernel serves, unless DecodeOptions::delta_rule_scan is off; otherwise a loop of libtorch
 // ops over the chunks (the reference).
 ChunkScanResult chunk_state_scan(const ChunkScanInputs& in);
+// sum over the last dim of x * y, [..., V] -> [..., 1]: one CUDA kernel reading each once (fp32 CUDA
+// tensors of one shape, V a multiple of 4), else a product and a sum. Not differentiable (the
+// scan's backward uses it for the decay gradient).
+Tensor last_dim_dots(const Tensor& x, const Tensor& y);
 // The forward scan (no addend, chunk order) for autograd: the backward runs the adjoint
 // recurrence, G_N = dS_final and for n = N-1 .. 0
 //   dV_n = dV_n(out) + Kt_n^T G_{n+1};   G_n = dS_n(out) + carry_n G_{n+1} - W_n^T dV_n
