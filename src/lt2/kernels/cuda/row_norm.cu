@@ -12,10 +12,11 @@
 // the tensors 16-byte aligned: a row takes L lanes (the power of two >= its pieces), a warp 32 / L
 // rows, a lane one piece (8 bf16 or 4 fp32), so every access is 16 bytes and the row's sums are
 // L-lane shuffles (a load per 2-byte element keeps ~12 KiB in flight per SM, under the ~25 KiB the
-// HBM's latency-bandwidth product asks: ~3x the traffic floor). Otherwise: one warp per row; lane l holds elements l, l + 32, ... (PerLane of them: D <= 32
-// PerLane), so loads are coalesced and the row's sums are warp shuffles. The backward walks rows grid-stride,
-// a lane summing dweight for its own columns, then the block's warps sum through shared memory and
-// one atomicAdd per column and block remains.
+// HBM's latency-bandwidth product asks: ~3x the traffic floor). Otherwise: one warp per row; lane l
+// holds elements l, l + 32, ... (PerLane of them: D <= 32 PerLane), so loads are coalesced and the
+// row's sums are warp shuffles. The backward walks rows grid-stride, a lane summing dweight for its
+// own columns, then the block's warps sum through shared memory and one atomicAdd per column and
+// block remains.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
