@@ -18,6 +18,28 @@ TEST(KernelProfile, ShortNamesDropReturnTypeTemplatesParametersAndAnonymousNames
                               "namespace)::foo<float>, std::array<char*, 2ul> >(int, float, char*)"),
             "at::native::vectorized_elementwise_kernel");
   EXPECT_EQ(short_kernel_name("Memcpy DtoD (Device -> Device)"), "Memcpy DtoD");
+}
+
+TEST(KernelProfile, GenericKernelsNameWhatTheyRun) {
+  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::"
+                              "silu_kernel(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#2}::"
+                              "operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, "
+                              "at::native::(anonymous namespace)::silu_kernel(at::TensorIteratorBase&)::{lambda()#1}, "
+                              "std::array<char*, 2ul>)"),
+            "at::native::vectorized_elementwise_kernel [silu_kernel bf16]");
+  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, "
+                              "float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, "
+                              "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor"
+                              "<float> >, std::array<char*, 3ul>)"),
+            "at::native::vectorized_elementwise_kernel [MulFunctor fp32]");
+  EXPECT_EQ(short_kernel_name("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::"
+                              "index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIteratorBase&, c10::ArrayRef<long>, "
+                              "c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>(at::TensorIteratorBase&, "
+                              "c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(int)#1}>(long, {lambda(int)#1})"),
+            "at::native::index_elementwise_kernel [index_kernel_impl]");
+  EXPECT_EQ(short_kernel_name("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(cutlass_80_simt_sgemm_"
+                              "128x64_8x5_nn_align1::Params)"),
+            "cutlass::Kernel2 [cutlass_80_simt_sgemm_128x64_8x5_nn_align1]");
   EXPECT_EQ(short_kernel_name("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"), "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT");
 }
 

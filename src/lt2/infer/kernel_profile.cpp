@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -11,6 +12,50 @@
 #include "lt2/util/error.h"
 
 namespace lt2 {
+
+namespace {
+
+bool identifier_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The identifier that ends at `end` in s, past a balanced template argument list before it:
+// "...::index_kernel_impl<OpaqueType<2> >" -> "index_kernel_impl".
+std::string identifier_before(const std::string& s, size_t end) {
+  if (end > 0 && s[end - 1] == '>')
+    for (int depth = 0; end-- > 0;) {
+      if (s[end] == '>') ++depth;
+      if (s[end] == '<' && --depth == 0) break;
+    }
+  size_t begin = end;
+  while (begin > 0 && identifier_char(s[begin - 1])) --begin;
+  return s.substr(begin, end - begin);
+}
+
+// What a generic libtorch or CUTLASS kernel runs, read from its template arguments: the
+// TensorIterator kernel (silu_kernel, direct_copy_kernel_cuda), else the innermost functor
+// (MulFunctor, sum_functor), else the CUTLASS configuration; then the element type. Empty when
+// none is named.
+std::string generic_kernel_operation(const std::string& s) {
+  std::string op;
+  if (const size_t p = s.find("(at::TensorIteratorBase"); p != std::string::npos) op = identifier_before(s, p);
+  for (size_t p = s.find("unctor"); op.empty() && p != std::string::npos; p = s.find("unctor", p + 1)) {
+    size_t end = p;
+    while (end < s.size() && identifier_char(s[end])) ++end;
+    if (s.find("unctor", end) == std::string::npos) op = identifier_before(s, end);
+  }
+  if (const size_t p = s.find("cutlass_"); op.empty() && p != std::string::npos) {
+    size_t end = p;
+    while (end < s.size() && identifier_char(s[end])) ++end;
+    op = s.substr(p, end - p);
+  }
+  if (op.empty()) return op;
+  const char* type = s.find("c10::BFloat16") != std::string::npos ? " bf16"
+                     : s.find("c10::Half") != std::string::npos   ? " fp16"
+                     : s.find("float") != std::string::npos       ? " fp32"
+                                                                  : "";
+  return op + type;
+}
+
+}  // namespace
 
 std::string short_kernel_name(const std::string& name) {
   std::string s = name;
@@ -37,7 +82,12 @@ std::string short_kernel_name(const std::string& name) {
   const std::string anon = "(anonymous namespace)::";
   for (size_t p; (p = out.find(anon)) != std::string::npos;) out.erase(p, anon.size());
   while (!out.empty() && out.back() == ' ') out.pop_back();
-  if (out.size() > 90) out = out.substr(0, 87) + "...";
+  // libtorch's and CUTLASS's generic kernels are told apart by what they run.
+  const bool generic = (out.rfind("at::native::", 0) == 0 && out.size() > 7 &&
+                        out.compare(out.size() - 7, 7, "_kernel") == 0) ||
+                       out.rfind("cutlass::Kernel", 0) == 0;
+  if (const auto op = generic ? generic_kernel_operation(s) : std::string(); !op.empty()) out += " [" + op + "]";
+  if (out.size() > 120) out = out.substr(0, 117) + "...";
   return out.empty() ? name.substr(0, 90) : out;
 }
 
@@ -49,8 +99,9 @@ KernelProfile summarize_activity(const std::vector<std::pair<std::string, double
   p.steps = steps;
   p.span_us = span_us;
   for (const auto& [name, us] : events) {
-    auto& k = by_name[short_kernel_name(name)];
-    k.name = short_kernel_name(name);
+    const auto short_name = short_kernel_name(name);
+    auto& k = by_name[short_name];
+    k.name = short_name;
     ++k.calls;
     k.total_us += us;
     p.busy_us += us;

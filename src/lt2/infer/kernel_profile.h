@@ -13,7 +13,7 @@
 namespace lt2 {
 
 struct KernelTime {
-  std::string name;  // shortened: no return type, template arguments or parameter list
+  std::string name;  // shortened (short_kernel_name)
   int64_t calls = 0;
   double total_us = 0;
 };
@@ -35,7 +35,9 @@ KernelProfile profile_device_activity(const std::function<void()>& step, int64_t
 KernelProfile summarize_activity(const std::vector<std::pair<std::string, double>>& events, int64_t steps,
                                  double span_us);
 
-// "void at::native::(anonymous namespace)::foo<float, 4>(int, float*)" -> "at::native::foo".
+// "void at::native::(anonymous namespace)::foo<float, 4>(int, float*)" -> "at::native::foo";
+// libtorch's generic kernels and CUTLASS's name what they run:
+// "at::native::vectorized_elementwise_kernel [silu_kernel bf16]", "cutlass::Kernel2 [cutlass_80_...]".
 std::string short_kernel_name(const std::string& name);
 
 // Markdown: per-step busy / span / gaps, then the `top` kernels (us per step, calls per step, %).
