@@ -49,6 +49,21 @@ TEST(KernelProfile, GenericKernelsNameWhatTheyRun) {
   EXPECT_EQ(short_kernel_name("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"), "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT");
 }
 
+TEST(KernelProfile, KernelsAreListedPerLaunchingOperator) {
+  EXPECT_EQ(operator_label("aten::copy_", {{8, 4096, 192}, {8, 4096, 192}}, {"BFloat16", "float"}),
+            "aten::copy_ [8, 4096, 192] BFloat16");
+  EXPECT_EQ(operator_label("aten::mm", {}, {}), "aten::mm");
+  const auto p = summarize_activity({{"void a<int>(int)", 3.0, "aten::mul [4] float"},
+                                     {"void a<int>(int)", 5.0, "aten::add [4] float"},
+                                     {"void a<float>(float)", 4.0, "aten::mul [4] float"}},
+                                    /*steps=*/1, /*span_us=*/20.0);
+  ASSERT_EQ(p.kernels.size(), 2u);
+  EXPECT_EQ(p.kernels[0].name, "a <- aten::mul [4] float");
+  EXPECT_EQ(p.kernels[0].calls, 2);
+  EXPECT_DOUBLE_EQ(p.kernels[0].total_us, 7.0);
+  EXPECT_EQ(p.kernels[1].name, "a <- aten::add [4] float");
+}
+
 TEST(KernelProfile, SummarySumsByNameAndSortsByTime) {
   const auto p = summarize_activity({{"void a<int>(int)", 3.0}, {"void b(float)", 10.0}, {"void a<float>(float)", 4.0}},
                                     /*steps=*/2, /*span_us=*/25.0);
