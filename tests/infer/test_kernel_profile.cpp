@@ -27,17 +27,21 @@ TEST(KernelProfile, GenericKernelsNameWhatTheyRun) {
                               "at::native::(anonymous namespace)::silu_kernel(at::TensorIteratorBase&)::{lambda()#1}, "
                               "std::array<char*, 2ul>)"),
             "at::native::vectorized_elementwise_kernel [silu_kernel bf16]");
-  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, "
+  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<floa"
+                              "t, float, "
                               "float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, "
                               "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor"
                               "<float> >, std::array<char*, 3ul>)"),
             "at::native::vectorized_elementwise_kernel [MulFunctor fp32]");
-  EXPECT_EQ(short_kernel_name("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::"
-                              "index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIteratorBase&, c10::ArrayRef<long>, "
+  EXPECT_EQ(short_kernel_name("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<a"
+                              "t::native::"
+                              "index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIteratorBase&, c10::Arra"
+                              "yRef<long>, "
                               "c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>(at::TensorIteratorBase&, "
                               "c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(int)#1}>(long, {lambda(int)#1})"),
             "at::native::index_elementwise_kernel [index_kernel_impl]");
-  EXPECT_EQ(short_kernel_name("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+  EXPECT_EQ(short_kernel_name("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<a"
+                              "t::native::"
                               "BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::"
                               "MulFunctor<float> > >(at::TensorIteratorBase&, at::native::BinaryFunctor<c10::BFloat16, "
                               "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> > const&)::"
