@@ -238,6 +238,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
     torch::AutoGradMode grad_mode(true);
+    // saved: iq, iw, index_k, then one scores' gradient per block.
     for (int64_t r0 = 0, block = 3; r0 < T; r0 += block_rows, ++block) {
       const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
       const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
