@@ -46,12 +46,16 @@ Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
   return packed;
 }
 
-std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers) {
+std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers,
+                                   int64_t padding) {
   // One split, not a narrow per part: under autograd its backward is one concatenation of the
   // parts' gradients, where a narrow each would build a zero-filled gradient of y's whole size per part.
   std::vector<int64_t> sizes;
   for (const auto& l : layers) sizes.push_back(l->weight.size(0));
-  return torch::split_with_sizes(y, sizes, -1);
+  if (padding > 0) sizes.push_back(padding);
+  auto parts = torch::split_with_sizes(y, sizes, -1);
+  if (padding > 0) parts.pop_back();
+  return parts;
 }
 
 }  // namespace lt2

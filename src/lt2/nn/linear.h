@@ -31,8 +31,10 @@ Tensor cat_weights(const std::vector<torch::nn::Linear>& layers);
 // becomes a view of its row block (same values, no second copy), so one GEMM (a single GEMV at
 // decode) computes every output. Returns the packed weight.
 Tensor pack_linears(const std::vector<torch::nn::Linear>& layers);
-// The output blocks of at::linear(x, packed) in the order of `layers` (views along the last dim).
-std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers);
+// The output blocks of at::linear(x, packed) in the order of `layers` (views along the last dim);
+// the last `padding` columns of y, beyond the layers' outputs, are dropped.
+std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers,
+                                   int64_t padding = 0);
 // Whether a packed weight may be used now: defined, and no gradient being recorded (the packed
 // tensor is not a parameter).
 inline bool use_packed(const Tensor& packed) { return packed.defined() && !torch::GradMode::is_enabled(); }

@@ -1,0 +1,57 @@
+// ops::linear_group: one GEMM for layers that read the same input, equal to a GEMM per layer in
+// its outputs and in every gradient, with the grouped output's rows padded to whole 8 columns.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "lt2/nn/linear.h"
+#include "lt2/ops/projections/projections.h"
+
+using namespace lt2;
+
+namespace {
+
+std::vector<torch::nn::Linear> float64_layers(const std::vector<int64_t>& outs, int64_t in) {
+  std::vector<torch::nn::Linear> layers;
+  for (int64_t out : outs) {
+    layers.push_back(make_linear(in, out, 0.5));
+    layers.back()->to(torch::kFloat64);
+  }
+  return layers;
+}
+
+}  // namespace
+
+TEST(LinearGroup, EqualsALinearPerLayerWithGradients) {
+  torch::manual_seed(3);
+  for (const auto& outs : {std::vector<int64_t>{5, 7, 3}, std::vector<int64_t>{8, 8}}) {
+    const int64_t in = 6;  // 15 columns (padded to 16) and 16
+    auto layers = float64_layers(outs, in);
+    const auto x = torch::randn({2, 3, in}, torch::kFloat64).requires_grad_();
+    const auto parts = ops::linear_group(x, layers, Tensor());
+    ASSERT_EQ(parts.size(), outs.size());
+    // The parts are column blocks of one output whose rows are padded to a multiple of 8.
+    EXPECT_EQ(parts[0].stride(1), 16);
+    std::vector<Tensor> upstream;
+    Tensor loss = torch::zeros({}, torch::kFloat64);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      upstream.push_back(torch::randn_like(parts[i]));
+      loss = loss + (parts[i] * upstream[i]).sum();
+    }
+    loss.backward();
+    const auto x_grad = x.grad().clone();
+    std::vector<Tensor> weight_grads;
+    for (auto& l : layers) weight_grads.push_back(l->weight.grad().clone()), l->weight.mutable_grad().reset();
+    x.mutable_grad().reset();
+    Tensor reference_loss = torch::zeros({}, torch::kFloat64);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const auto y = layers[i](x);
+      EXPECT_TRUE(torch::allclose(parts[i], y, 1e-12, 1e-12)) << "part " << i;
+      reference_loss = reference_loss + (y * upstream[i]).sum();
+    }
+    reference_loss.backward();
+    EXPECT_TRUE(torch::allclose(x_grad, x.grad(), 1e-12, 1e-12));
+    for (size_t i = 0; i < layers.size(); ++i)
+      EXPECT_TRUE(torch::allclose(weight_grads[i], layers[i]->weight.grad(), 1e-12, 1e-12)) << "weight " << i;
+  }
+}
