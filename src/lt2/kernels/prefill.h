@@ -144,13 +144,37 @@ struct ShortConvBackwardParams {
 };
 void short_conv_backward(const ShortConvBackwardParams& p, void* stream);
 
+enum class GateAct { None, Swish, Sigmoid };
+
+// A gated product of rows and its backward, as SwiGLU (SiLU: silu(a) * b on the halves of the
+// w1|w3 output, prefill, decode and training) and attention's output gate (sigmoid: o * sigmoid(g))
+// use them:
+//   out = act(a) * b                      act(a) rounded to dtype before the product (the unfused form)
+//   da = dout * b * act'(a),  db = dout * act(a)               in fp32, each rounded to dtype once
+// Memory-bound: the forward reads a, b and writes out; the backward reads a, b, dout and writes da, db.
+struct GatedProductParams {
+  const void* a;            // [rows, hidden] dtype, rows a_row_stride apart
+  const void* b;            // [rows, hidden] dtype, rows b_row_stride apart
+  int64_t a_row_stride, b_row_stride;
+  void* out;                // forward: [rows, hidden] dtype, packed
+  const void* dout;         // backward: [rows, hidden] dtype, packed
+  void* da;                 // backward: [rows, hidden] dtype, rows da_row_stride apart
+  void* db;                 // backward: [rows, hidden] dtype, rows db_row_stride apart
+  int64_t da_row_stride, db_row_stride;
+  int64_t rows;
+  int hidden;
+  GateAct act;              // Swish or Sigmoid
+  DType dtype;
+};
+void gated_product_forward(const GatedProductParams& p, void* stream);
+void gated_product_backward(const GatedProductParams& p, void* stream);
+
 // A normalisation of rows, with an optional weight and an optional activated gate, as the linear
 // mixers use it in training (the gated RMSNorm of their output, the L2 norm of q and k):
 //   r = rsqrt(sum_i x[i]^2 / divisor + eps)    (divisor D: RMSNorm; 1: L2 norm)
 //   y[i] = x[i] * r * weight[i] * act(gate[i]) (weight 1 and act 1 where absent)
 // computed in fp32, one warp per row, D <= kMaxRowNormDim; r is saved for the backward.
 constexpr int kMaxRowNormDim = 1024;
-enum class GateAct { None, Swish, Sigmoid };
 struct RowNormParams {
   const void* x;         // [rows, D] dtype, packed
   const void* gate;      // [rows, D] dtype, packed, or nullptr

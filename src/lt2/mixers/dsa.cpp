@@ -191,7 +191,7 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
 Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
   if (!latent) return attn->output(o, x);
   auto y = torch::einsum("bthc,hcd->bthd", {o, wv_b}).reshape({x.size(0), x.size(1), n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(ops::linear(x, wgate));
+  if (wgate) y = ops::sigmoid_gate(y, ops::linear(x, wgate));
   return ops::linear(y, wo);
 }
 

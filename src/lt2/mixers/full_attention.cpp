@@ -8,6 +8,7 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/rope.h"
 #include "lt2/ops/attention/decode.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
@@ -103,7 +104,7 @@ void FullAttentionImpl::pack_for_inference() {
 
 Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x, const Tensor& gate) {
   auto y = o.reshape({o.size(0), o.size(1), n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(gate.defined() ? gate : wgate(x));
+  if (wgate) y = ops::sigmoid_gate(y, gate.defined() ? gate : wgate(x));
   return ops::linear(y, wo);
 }
 

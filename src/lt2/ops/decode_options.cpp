@@ -53,8 +53,8 @@ bool DecodeOptions::pdl_for(const char* kernel) const {
 
 const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
-      "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
-      "short_conv", "row_norm", "delta_rule_prepare", "delta_rule_output", "window_flash", "channel_scores",
+      "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan", "scan_value_block",
+      "short_conv", "row_norm", "gated_product", "delta_rule_prepare", "delta_rule_output", "window_flash", "channel_scores",
       "delta_rule_gates", "gated_prefix_chunks",
       "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
@@ -67,8 +67,14 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "chained_tail_max_rows") chained_tail_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "gdn_early_state") gdn_early_state = parse_bool(name, v);
   else if (name == "delta_rule_scan") delta_rule_scan = parse_bool(name, v);
+  else if (name == "scan_value_block") {
+    scan_value_block = static_cast<int>(parse_int(name, v, 0, 32));
+    LT2_CHECK(scan_value_block % 8 == 0 && scan_value_block != 24, "decode option scan_value_block: expected 0, 8, 16 "
+              "or 32, found ", v);
+  }
   else if (name == "short_conv") short_conv = parse_bool(name, v);
   else if (name == "row_norm") row_norm = parse_bool(name, v);
+  else if (name == "gated_product") gated_product = parse_bool(name, v);
   else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
   else if (name == "delta_rule_output") delta_rule_output = parse_bool(name, v);
   else if (name == "window_flash") window_flash = parse_bool(name, v);
@@ -92,8 +98,10 @@ std::vector<std::string> DecodeOptions::describe() const {
           cat("chained_tail_max_rows=", chained_tail_max_rows),
           "gdn_early_state=" + b(gdn_early_state),
           "delta_rule_scan=" + b(delta_rule_scan),
+          cat("scan_value_block=", scan_value_block),
           "short_conv=" + b(short_conv),
           "row_norm=" + b(row_norm),
+          "gated_product=" + b(gated_product),
           "delta_rule_prepare=" + b(delta_rule_prepare),
           "delta_rule_output=" + b(delta_rule_output),
           "window_flash=" + b(window_flash),

@@ -27,12 +27,19 @@ struct DecodeOptions {
   // The delta-rule family's recurrence over the chunks as one CUDA kernel (fp32 recurrences), in
   // prefill and training alike (autograd's own backward threads see the default, on).
   bool delta_rule_scan = true;
+  // The value columns of S a block of that kernel owns (8, 16 or 32); 0: the launcher's choice
+  // (the widest that fits, narrowed while the grid has fewer blocks than SMs).
+  int scan_value_block = 0;
   // The causal short convolution (+ SiLU) of the linear mixers as one CUDA kernel forward and one
   // backward, in prefill and training (off: the libtorch reference; decided at forward time).
   bool short_conv = true;
   // The linear mixers' gated RMSNorm and q/k L2 norm as one CUDA kernel forward and one backward,
   // in prefill and training (off: the libtorch reference; decided at forward time).
   bool row_norm = true;
+  // SwiGLU's silu(a) * b and attention's output gate o * sigmoid(g) as one CUDA kernel forward and
+  // one backward, in prefill, decode and training (off: the libtorch ops; where no gradient is
+  // taken the kernel also needs `fused`).
+  bool gated_product = true;
   // The chunk preparation of the delta rule with one decay per head or none (L, its inverse, U, W,
   // the decayed queries and keys) as one CUDA kernel forward and one backward (prefill and
   // training); off: libtorch ops. Needs delta_rule_scan on.

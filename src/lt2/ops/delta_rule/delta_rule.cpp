@@ -338,7 +338,7 @@ ChunkScanResult chunk_state_scan(const ChunkScanInputs& in) {
   const auto [B, H, N, C, K, V] = check_scan_inputs(in, "chunk_state_scan");
   if (decode_options().delta_rule_scan && in.w.is_cuda() && in.w.scalar_type() == torch::kFloat32 &&
       chunk_state_scan_supported(K, V, C, in.w.device()))
-    return chunk_state_scan_cuda(in);
+    return chunk_state_scan_cuda(in, decode_options().scan_value_block);
   return chunk_state_scan_loop(in);
 }
 
