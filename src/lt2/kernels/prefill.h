@@ -309,4 +309,26 @@ struct ChannelScoresBackwardParams {
 };
 void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);
 
+// Rotary position embedding of a whole [B, T, H, D] tensor at positions start + t, the same for every
+// sequence (ops::apply_rope: training and prefill; kernels/cuda/rope_cache.cu), into a packed tensor:
+//   y[a] = x[a] cos - x[b] sin,  y[b] = x[b] cos + x[a] sin,   angle (start + t) theta^(-2i / D)
+// for pair i = (a, b): (2i, 2i + 1) where interleaved, (i, i + D / 2) otherwise (nn/rope.h's two
+// layouts). `inverse` rotates by the negative angle: the backward, dx = R^T dy. The angle in float64
+// reduced to within one turn, its sine and cosine and the rotation in fp32, one rounding to dtype.
+constexpr int kRopeMaxHeadDim = 512;
+struct RopeParams {
+  const void* x;  // [B, T, H, D] dtype, last dim contiguous, the other dims strided as below
+  void* y;        // [B, T, H, D] dtype, packed
+  int64_t x_batch_stride, x_token_stride, x_head_stride;  // elements
+  int batch, seq, heads, head_dim;
+  int64_t start;
+  double theta;
+  bool interleaved;
+  bool inverse;
+  DType dtype;
+};
+// Whether rope_apply takes these sizes: D even and at most kRopeMaxHeadDim, seq and batch x heads in an int.
+bool rope_apply_supported(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+void rope_apply(const RopeParams& p, void* stream);
+
 }  // namespace lt2::kernels

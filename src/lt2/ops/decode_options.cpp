@@ -53,8 +53,9 @@ bool DecodeOptions::pdl_for(const char* kernel) const {
 
 const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
-      "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan", "scan_value_block",
-      "short_conv", "row_norm", "gated_product", "delta_rule_prepare", "delta_rule_output", "window_flash", "channel_scores",
+      "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
+      "scan_value_block", "short_conv", "row_norm", "gated_product", "rope", "delta_rule_prepare",
+      "delta_rule_output", "window_flash", "channel_scores",
       "delta_rule_gates", "gated_prefix_chunks",
       "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
@@ -75,6 +76,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "short_conv") short_conv = parse_bool(name, v);
   else if (name == "row_norm") row_norm = parse_bool(name, v);
   else if (name == "gated_product") gated_product = parse_bool(name, v);
+  else if (name == "rope") rope = parse_bool(name, v);
   else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
   else if (name == "delta_rule_output") delta_rule_output = parse_bool(name, v);
   else if (name == "window_flash") window_flash = parse_bool(name, v);
@@ -102,6 +104,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "short_conv=" + b(short_conv),
           "row_norm=" + b(row_norm),
           "gated_product=" + b(gated_product),
+          "rope=" + b(rope),
           "delta_rule_prepare=" + b(delta_rule_prepare),
           "delta_rule_output=" + b(delta_rule_output),
           "window_flash=" + b(window_flash),

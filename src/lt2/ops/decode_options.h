@@ -40,6 +40,10 @@ struct DecodeOptions {
   // one backward, in prefill, decode and training (off: the libtorch ops; where no gradient is
   // taken the kernel also needs `fused`).
   bool gated_product = true;
+  // RoPE of the attention mixers' q and k at positions start.. as one CUDA kernel forward and one
+  // backward (the inverse rotation), in prefill and training (off: the libtorch reference; decided
+  // at forward time).
+  bool rope = true;
   // The chunk preparation of the delta rule with one decay per head or none (L, its inverse, U, W,
   // the decayed queries and keys) as one CUDA kernel forward and one backward (prefill and
   // training); off: libtorch ops. Needs delta_rule_scan on.

@@ -8,6 +8,7 @@
 
 #include "lt2/nn/linear.h"
 #include "lt2/ops/decode_options.h"
+#include "lt2/ops/fused_common.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
