@@ -93,9 +93,8 @@ struct RopeKernelArgs {
 
 // The P pairs at unit `unit` of one row: members a[i], b[i] of pair unit P + i. Vec: 16-byte pieces
 // (interleaved: one piece of 2P elements; halves: P elements at unit P and at unit P + D / 2), read
-// by __ldcs (streaming: x is read once). A plain uint4 dereference reaches the SASS as four 4-byte
-// loads once unpack16's pair reads are split out of it, and __ldg's non-coherent loads let ptxas
-// sink a group's later loads below its first store; a coherent load keeps them all ahead.
+// by __ldcs (streaming: x is read once). __ldg's non-coherent loads let ptxas sink a group's later
+// loads below its first store; a coherent load keeps them all ahead.
 template <typename T, int P, bool Interleaved, bool Vec>
 __device__ __forceinline__ void load_pairs(const T* row, int unit, int half, float (&a)[P], float (&b)[P]) {
   if constexpr (Vec && Interleaved) {
