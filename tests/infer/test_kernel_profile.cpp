@@ -37,6 +37,12 @@ TEST(KernelProfile, GenericKernelsNameWhatTheyRun) {
                               "c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>(at::TensorIteratorBase&, "
                               "c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(int)#1}>(long, {lambda(int)#1})"),
             "at::native::index_elementwise_kernel [index_kernel_impl]");
+  EXPECT_EQ(short_kernel_name("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+                              "BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::"
+                              "MulFunctor<float> > >(at::TensorIteratorBase&, at::native::BinaryFunctor<c10::BFloat16, "
+                              "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> > const&)::"
+                              "{lambda(int)#1}>(int, {lambda(int)#1})"),
+            "at::native::elementwise_kernel [MulFunctor bf16]");
   EXPECT_EQ(short_kernel_name("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(cutlass_80_simt_sgemm_"
                               "128x64_8x5_nn_align1::Params)"),
             "cutlass::Kernel2 [cutlass_80_simt_sgemm_128x64_8x5_nn_align1]");

@@ -36,7 +36,12 @@ std::string identifier_before(const std::string& s, size_t end) {
 // none is named.
 std::string generic_kernel_operation(const std::string& s) {
   std::string op;
-  if (const size_t p = s.find("(at::TensorIteratorBase"); p != std::string::npos) op = identifier_before(s, p);
+  // The first TensorIterator kernel that is not one of libtorch's launch wrappers (gpu_kernel_impl...).
+  for (size_t p = s.find("(at::TensorIteratorBase"); op.empty() && p != std::string::npos;
+       p = s.find("(at::TensorIteratorBase", p + 1)) {
+    op = identifier_before(s, p);
+    if (op.rfind("gpu_kernel", 0) == 0) op.clear();
+  }
   for (size_t p = s.find("unctor"); op.empty() && p != std::string::npos; p = s.find("unctor", p + 1)) {
     size_t end = p;
     while (end < s.size() && identifier_char(s[end])) ++end;
