@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
   int64_t profile = 0;
   app.add_option("--profile", profile, "CUDA: after timing, print the per-kernel GPU time of this many forward+backward runs")
       ->capture_default_str();
+  bool profile_ops = false;
+  app.add_flag("--profile-ops", profile_ops,
+               "With --profile: list each kernel per launching operator and its first input's sizes and dtype");
   app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
       ->capture_default_str();
   std::vector<std::string> mixer_options;
@@ -166,8 +169,8 @@ int main(int argc, char** argv) {
     }
     double fwd_bwd = time(true);
     if (profile > 0) {
-      const auto p = lt2::profile_device_activity([&] { run(true); }, profile);
-      std::printf("%s\n", lt2::kernel_profile_table(p, 25).c_str());
+      const auto p = lt2::profile_device_activity([&] { run(true); }, profile, profile_ops);
+      std::printf("%s\n", lt2::kernel_profile_table(p, profile_ops ? 60 : 25).c_str());
     }
     if (!trace.empty()) {
       torch::autograd::profiler::RecordProfile guard(trace);

@@ -3,6 +3,7 @@
 //   train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 30 [--checkpoint-loops[=auto|on|off]]
 //   train_bench --model lt-100m --pattern interleaved:4:1:gdn:window --mixer-options '{"window": {"window": 512}}'
 //   train_bench --model lt2-gdn-100m --profile 2   (CUDA: then the per-kernel GPU time of 2 more steps)
+//   train_bench --model lt-100m --profile 1 --profile-ops   (each kernel per launching operator and shape)
 
 #include "lt2/util/fs.h"
 #include <CLI/CLI.hpp>
@@ -54,6 +55,9 @@ int main(int argc, char** argv) {
   app.add_option("--profile", profile,
                  "CUDA: after timing, print the per-kernel GPU time of this many further training steps")
       ->capture_default_str();
+  bool profile_ops = false;
+  app.add_flag("--profile-ops", profile_ops,
+               "With --profile: list each kernel per launching operator and its first input's sizes and dtype");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!mixer_options.empty()) cfg.mixer_options = lt2::json::parse(mixer_options);
@@ -113,9 +117,10 @@ int main(int argc, char** argv) {
     if (profile > 0) {
       trainer.on_step = nullptr;
       stop_at = 1;
-      const auto p = lt2::profile_device_activity([&] { trainer.run(); }, profile);
-      std::printf("%s\n", lt2::kernel_profile_table(p, 30).c_str());
-      if (p.steps > 0) j["profile"] = p.to_json(30);
+      const auto p = lt2::profile_device_activity([&] { trainer.run(); }, profile, profile_ops);
+      const size_t rows = profile_ops ? 60 : 30;
+      std::printf("%s\n", lt2::kernel_profile_table(p, rows).c_str());
+      if (p.steps > 0) j["profile"] = p.to_json(rows);
     }
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {

@@ -27,17 +27,21 @@ TEST(KernelProfile, GenericKernelsNameWhatTheyRun) {
                               "at::native::(anonymous namespace)::silu_kernel(at::TensorIteratorBase&)::{lambda()#1}, "
                               "std::array<char*, 2ul>)"),
             "at::native::vectorized_elementwise_kernel [silu_kernel bf16]");
-  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, "
+  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<floa"
+                              "t, float, "
                               "float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, "
                               "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor"
                               "<float> >, std::array<char*, 3ul>)"),
             "at::native::vectorized_elementwise_kernel [MulFunctor fp32]");
-  EXPECT_EQ(short_kernel_name("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::"
-                              "index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIteratorBase&, c10::ArrayRef<long>, "
+  EXPECT_EQ(short_kernel_name("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<a"
+                              "t::native::"
+                              "index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIteratorBase&, c10::Arra"
+                              "yRef<long>, "
                               "c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>(at::TensorIteratorBase&, "
                               "c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(int)#1}>(long, {lambda(int)#1})"),
             "at::native::index_elementwise_kernel [index_kernel_impl]");
-  EXPECT_EQ(short_kernel_name("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+  EXPECT_EQ(short_kernel_name("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<a"
+                              "t::native::"
                               "BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::"
                               "MulFunctor<float> > >(at::TensorIteratorBase&, at::native::BinaryFunctor<c10::BFloat16, "
                               "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> > const&)::"
@@ -47,6 +51,21 @@ TEST(KernelProfile, GenericKernelsNameWhatTheyRun) {
                               "128x64_8x5_nn_align1::Params)"),
             "cutlass::Kernel2 [cutlass_80_simt_sgemm_128x64_8x5_nn_align1]");
   EXPECT_EQ(short_kernel_name("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"), "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT");
+}
+
+TEST(KernelProfile, KernelsAreListedPerLaunchingOperator) {
+  EXPECT_EQ(operator_label("aten::copy_", {{8, 4096, 192}, {8, 4096, 192}}, {"BFloat16", "float"}),
+            "aten::copy_ [8, 4096, 192] BFloat16");
+  EXPECT_EQ(operator_label("aten::mm", {}, {}), "aten::mm");
+  const auto p = summarize_activity({{"void a<int>(int)", 3.0, "aten::mul [4] float"},
+                                     {"void a<int>(int)", 5.0, "aten::add [4] float"},
+                                     {"void a<float>(float)", 4.0, "aten::mul [4] float"}},
+                                    /*steps=*/1, /*span_us=*/20.0);
+  ASSERT_EQ(p.kernels.size(), 2u);
+  EXPECT_EQ(p.kernels[0].name, "a <- aten::mul [4] float");
+  EXPECT_EQ(p.kernels[0].calls, 2);
+  EXPECT_DOUBLE_EQ(p.kernels[0].total_us, 7.0);
+  EXPECT_EQ(p.kernels[1].name, "a <- aten::add [4] float");
 }
 
 TEST(KernelProfile, SummarySumsByNameAndSortsByTime) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <unordered_map>
 
 #include "lt2/util/error.h"
 
@@ -96,15 +97,14 @@ std::string short_kernel_name(const std::string& name) {
   return out.empty() ? name.substr(0, 90) : out;
 }
 
-KernelProfile summarize_activity(const std::vector<std::pair<std::string, double>>& events, int64_t steps,
-                                 double span_us) {
+KernelProfile summarize_activity(const std::vector<DeviceActivity>& events, int64_t steps, double span_us) {
   LT2_CHECK(steps > 0, "kernel profile: steps must be > 0, found ", steps);
   std::map<std::string, KernelTime> by_name;
   KernelProfile p;
   p.steps = steps;
   p.span_us = span_us;
-  for (const auto& [name, us] : events) {
-    const auto short_name = short_kernel_name(name);
+  for (const auto& [name, us, op] : events) {
+    const auto short_name = short_kernel_name(name) + (op.empty() ? "" : " <- " + op);
     auto& k = by_name[short_name];
     k.name = short_name;
     ++k.calls;
@@ -117,24 +117,47 @@ KernelProfile summarize_activity(const std::vector<std::pair<std::string, double
   return p;
 }
 
-KernelProfile profile_device_activity(const std::function<void()>& step, int64_t steps) {
+std::string operator_label(const std::string& name, const std::vector<std::vector<int64_t>>& shapes,
+                           const std::vector<std::string>& dtypes) {
+  std::string label = name;
+  if (!shapes.empty() && !shapes[0].empty()) {
+    label += " [";
+    for (size_t i = 0; i < shapes[0].size(); ++i) label += (i ? ", " : "") + std::to_string(shapes[0][i]);
+    label += "]";
+  }
+  if (!dtypes.empty() && !dtypes[0].empty()) label += " " + dtypes[0];
+  return label;
+}
+
+KernelProfile profile_device_activity(const std::function<void()>& step, int64_t steps, bool by_op) {
   LT2_CHECK(steps > 0, "kernel profile: steps must be > 0, found ", steps);
   if (!torch::cuda::is_available()) return {};
   namespace prof = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
-  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  const std::set<ActivityType> activities{ActivityType::CUDA};
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                                     /*report_input_shapes=*/by_op);
+  std::set<ActivityType> activities{ActivityType::CUDA};
+  if (by_op) activities.insert(ActivityType::CPU);
   torch::cuda::synchronize();
   prof::prepareProfiler(config, activities);
   prof::enableProfiler(config, activities);
   for (int64_t i = 0; i < steps; ++i) step();
   torch::cuda::synchronize();
   const auto result = prof::disableProfiler();
-  std::vector<std::pair<std::string, double>> events;
+  // The CPU operators by correlation id: a kernel's linked correlation id names the operator
+  // that was innermost when it was launched.
+  using Shapes = std::vector<std::vector<int64_t>>;
+  std::unordered_map<uint64_t, std::string> ops;
+  for (const auto& e : result->events())
+    if (by_op && e.deviceType() == c10::DeviceType::CPU && e.correlationId() != 0)
+      ops[e.correlationId()] = operator_label(e.name(), e.hasShapes() ? e.shapes().vec() : Shapes{},
+                                              e.hasTypes() ? e.dtypes().vec() : std::vector<std::string>{});
+  std::vector<DeviceActivity> events;
   uint64_t first = std::numeric_limits<uint64_t>::max(), last = 0;
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA || e.durationNs() == 0) continue;
-    events.emplace_back(e.name(), double(e.durationNs()) / 1e3);
+    const auto op = ops.find(e.linkedCorrelationId());
+    events.push_back({e.name(), double(e.durationNs()) / 1e3, op == ops.end() ? std::string() : op->second});
     first = std::min(first, e.startNs());
     last = std::max(last, e.endNs());
   }

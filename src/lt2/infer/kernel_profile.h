@@ -26,14 +26,28 @@ struct KernelProfile {
   nlohmann::json to_json(size_t top) const;
 };
 
-// Profiles `steps` calls of `step` (each one step's work; the device is synchronised after each).
-// Returns an empty profile (steps = 0) when no device activity was recorded, and without running
-// `step` at all when no CUDA device is present.
-KernelProfile profile_device_activity(const std::function<void()>& step, int64_t steps);
+// One device activity: its full name, its duration and, where attributed, the operator that
+// launched it (e.g. "aten::copy_ [8, 4096, 16, 192] BFloat16").
+struct DeviceActivity {
+  std::string name;
+  double us = 0;
+  std::string op;
+};
 
-// Sums per-event (name, duration) records into a profile; names are shortened first.
-KernelProfile summarize_activity(const std::vector<std::pair<std::string, double>>& events, int64_t steps,
-                                 double span_us);
+// Profiles `steps` calls of `step` (each one step's work; the device is synchronised after each).
+// With `by_op` the CPU operators are recorded too (with their input shapes) and each kernel is
+// listed per launching operator: "kernel <- aten::op [first input's sizes] dtype" (the innermost
+// operator, which libtorch's profiler links to the kernel's launch). Returns an empty profile
+// (steps = 0) when no device activity was recorded, and without running `step` at all when no
+// CUDA device is present.
+KernelProfile profile_device_activity(const std::function<void()>& step, int64_t steps, bool by_op = false);
+
+// Sums the activities into a profile by shortened name (and operator, where given).
+KernelProfile summarize_activity(const std::vector<DeviceActivity>& events, int64_t steps, double span_us);
+
+// "aten::mul [8, 4096, 2048] BFloat16": an operator's name with its first input's sizes and dtype.
+std::string operator_label(const std::string& name, const std::vector<std::vector<int64_t>>& shapes,
+                           const std::vector<std::string>& dtypes);
 
 // "void at::native::(anonymous namespace)::foo<float, 4>(int, float*)" -> "at::native::foo";
 // libtorch's generic kernels and CUTLASS's name what they run:
