@@ -15,17 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
 mkdir -p "$OUT"
-: "${BASE_TARBALL:?BASE_TARBALL: the prebuilt tarball of the baseline, from scripts/prebuild_gpu.sh}"
 MODEL=${MODEL:-lt2-gdn-1.3b}
 CONTEXTS=${CONTEXTS:-820,8192,32768}
 ARMS=${ARMS:-base new base new}
 PROFILE_CONTEXTS=${PROFILE_CONTEXTS-820,8192}
-NEW=build-prebuilt/lt2
-[ -x "$NEW" ] || { echo "gpu_prefill_ab: $NEW is missing: run this inside scripts/gpu_batch.sh with .deps carried"; exit 1; }
 BASE_DIR=/tmp/prefill_ab_base
-rm -rf "$BASE_DIR" && mkdir -p "$BASE_DIR"
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$BASE_TARBALL" "$BASE_DIR"
-BASE=$BASE_DIR/build-prebuilt/lt2
+source scripts/ab_binaries.sh
+ab_binaries gpu_prefill_ab lt2 "$BASE_DIR"
 i=0
 for arm in $ARMS; do
   bin=$NEW

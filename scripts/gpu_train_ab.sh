@@ -9,18 +9,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lt2_gpu_out}
 mkdir -p "$OUT"
-: "${BASE_TARBALL:?BASE_TARBALL: the prebuilt tarball of the baseline, from scripts/prebuild_gpu.sh}"
 MODELS=${MODELS:-lt-100m lt2-gdn-100m}
 SHAPES=${SHAPES:-2048x16 8192x4}
 ARMS=${ARMS:-base new base new}
 STEPS=${STEPS:-6}
-NEW=build-prebuilt/train_bench
-[ -x "$NEW" ] || { echo "gpu_train_ab: $NEW is missing: run this inside scripts/gpu_batch.sh"; exit 1; }
 BASE_DIR=/tmp/train_ab_base
-rm -rf "$BASE_DIR" && mkdir -p "$BASE_DIR"
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$BASE_TARBALL" "$BASE_DIR"
-BASE=$BASE_DIR/build-prebuilt/train_bench
-[ -x "$BASE" ] || { echo "gpu_train_ab: $BASE_TARBALL carries no train_bench"; exit 1; }
+source scripts/ab_binaries.sh
+ab_binaries gpu_train_ab train_bench "$BASE_DIR"
 LINES=/tmp/train_ab_lines.jsonl
 : > "$LINES"
 for model in $MODELS; do
