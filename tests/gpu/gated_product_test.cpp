@@ -21,10 +21,6 @@ using namespace lt2::gpu_testing;
 
 namespace {
 
-#define REQUIRE_GATED_KERNEL()                                         \
-  if (!torch::cuda::is_available() || !lt2::fused_decode_available()) \
-  GTEST_SKIP() << "no CUDA GPU or no CUDA kernels in this build"
-
 struct Result {
   Tensor out, d_first, d_second;
 };
@@ -44,7 +40,7 @@ Result run(const Tensor& first, const Tensor& second, const Tensor& dout, torch:
 }  // namespace
 
 TEST(GatedProductGpu, ForwardAndGradientsMatchTheFloat64Reference) {
-  REQUIRE_GATED_KERNEL();
+  REQUIRE_FUSED_DECODE();
   torch::manual_seed(21);
   for (int64_t n : {192, 64, 33}) {  // 33: the one-element form
     for (bool sigmoid : {false, true}) {
@@ -70,7 +66,7 @@ TEST(GatedProductGpu, ForwardAndGradientsMatchTheFloat64Reference) {
 }
 
 TEST(GatedProductGpu, WithoutGradientsAndWithTheSwitchOff) {
-  REQUIRE_GATED_KERNEL();
+  REQUIRE_FUSED_DECODE();
   torch::NoGradGuard no_grad;
   torch::manual_seed(22);
   for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
