@@ -139,6 +139,20 @@ TEST(LoopedLM, CheckpointedLoopsGiveSameGradients) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_LT(rel_err(ckpt[i], plain[i]), 1e-12);
 }
 
+TEST(LoopedLM, CheckpointingRecomputesEveryLoopButTheLast) {
+  auto cfg = tiny_config();  // 2 layers, 3 loops
+  auto m = make_model(cfg);
+  auto tok = random_tokens(2, 8, cfg.vocab_size);
+  std::vector<int64_t> calls_per_loop(cfg.n_loops, 0);
+  ForwardOptions o;
+  o.checkpoint_loops = true;
+  o.mixer_tap = [&](int64_t, int64_t loop, const torch::Tensor&, const torch::Tensor&) { ++calls_per_loop[loop]; };
+  m->forward(tok, nullptr, o).logits.square().mean().backward();
+  // Forward: each loop's layers once; backward: the recompute of every loop but the last.
+  for (int64_t loop = 0; loop < cfg.n_loops; ++loop)
+    EXPECT_EQ(calls_per_loop[loop], cfg.n_layers * (loop + 1 < cfg.n_loops ? 2 : 1)) << "loop " << loop;
+}
+
 TEST(Config, ValidationNamesField) {
   auto cfg = tiny_config();
   cfg.n_kv_heads = 3;

@@ -197,7 +197,10 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;
     };
-    h = recompute ? checkpointed(one_loop, h) : one_loop(h);
+    // The last loop keeps its activations: its backward comes first, right after the forward, so
+    // recomputing it would redo a whole loop to rebuild what is still at hand; the peak stays about
+    // the same (the backward of a checkpointed loop holds one loop's activations too).
+    h = recompute && loop + 1 < T ? checkpointed(one_loop, h) : one_loop(h);
     if (ouro) exits.push_back(h);
     if (opts.loop_hidden || (opts.loop_logits && opts.compute_logits)) {
       const Tensor normed = ouro ? h : ops::rms_norm(h, norm);

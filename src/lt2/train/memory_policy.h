@@ -1,6 +1,6 @@
 // Per-loop activation checkpointing chosen from measured memory (TrainConfig::checkpoint_loops
-// "auto"). Storing every loop's activations is the fastest step; recomputing each loop in backward
-// (checkpointed()) keeps only the loops' inputs. `auto` measures one step of the real loss on 1 and
+// "auto"). Storing every loop's activations is the fastest step; recomputing each loop but the last
+// in backward (checkpointed()) keeps only the loops' inputs and the last loop's activations. `auto` measures one step of the real loss on 1 and
 // 2 rows of the first micro-batch under each policy (ops::MemoryMeter: what autograd holds between
 // forward and backward, and the peak through backward), extrapolates linearly to the micro-batch,
 // adds the optimizer's state, and stores activations when that fits the device's free memory.
