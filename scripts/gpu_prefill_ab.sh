@@ -4,8 +4,8 @@
 # alternating arms (the machine drifts between runs), then a per-kernel profile of the new binary. The
 # baseline is another tarball of scripts/prebuild_gpu.sh, built at the baseline commit and renamed, carried
 # in .deps.
-#   BASE_TARBALL=.deps/build-<commit>.tar.xz (required)  MODEL=lt2-gdn-1.3b  CONTEXTS=820,8192,32768
-#   ARMS="base new base new"  PROFILE_CONTEXTS=820,8192 (empty: no profile)
+#   BASE_TARBALL=.deps/build-<commit>.tar.xz (required)  NEW_TARBALL=... (optional; default build-prebuilt/)
+#   MODEL=lt2-gdn-1.3b  CONTEXTS=820,8192,32768  ARMS="base new base new"  PROFILE_CONTEXTS=820,8192 (empty: none)
 #   BENCH_ARGS="..."  more `lt2 bench prefill` flags for every arm (a CPU smoke test, with the libraries on
 #   LD_LIBRARY_PATH as gpu_batch.sh sets them: MODEL=lt2-gdn-100m CONTEXTS=64 PROFILE_CONTEXTS=
 #   BENCH_ARGS="--device cpu --dtype fp32" BASE_TARBALL=... scripts/gpu_prefill_ab.sh)
@@ -30,7 +30,7 @@ for arm in $ARMS; do
   i=$((i + 1))
 done
 base_commit=$(cat "$BASE_DIR/build-prebuilt/COMMIT")
-new_commit=$(cat build-prebuilt/COMMIT)
+new_commit=$(cat "$NEW_BUILD/COMMIT")
 python3 - "$OUT" "$base_commit" "$new_commit" $ARMS <<'PY'
 import json, statistics, sys
 out, base_commit, new_commit, arms = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]

@@ -3,6 +3,7 @@
 # an A/B of whole training steps, `train_bench` of a baseline build against build-prebuilt, arms
 # alternating in one call, per-loop activation checkpointing (the issue's setting).
 #   BASE_TARBALL=.deps/build-<commit>.tar.xz (required; scripts/prebuild_gpu.sh with BENCH=train_bench)
+#   NEW_TARBALL=.deps/build-<commit>.tar.xz (optional: the new arm; default build-prebuilt/)
 #   MODELS="lt-100m lt2-gdn-100m"  SHAPES="2048x16 8192x4" (seq x batch)  ARMS="base new base new"  STEPS=6
 # Writes $OUT/train_ab.json (every RESULT line with its arm) and $OUT/train_ab.md (medians per arm).
 set -uo pipefail
@@ -30,7 +31,7 @@ for model in $MODELS; do
     done
   done
 done
-python3 - "$OUT" "$(cat "$BASE_DIR/build-prebuilt/COMMIT")" "$(cat build-prebuilt/COMMIT)" "$LINES" <<'PY'
+python3 - "$OUT" "$(cat "$BASE_DIR/build-prebuilt/COMMIT")" "$(cat "$NEW_BUILD/COMMIT")" "$LINES" <<'PY'
 import json, statistics, sys
 out, base, new, lines = sys.argv[1:5]
 rows = [json.loads(l) for l in open(lines)]
