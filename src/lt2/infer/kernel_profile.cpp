@@ -145,11 +145,12 @@ KernelProfile profile_device_activity(const std::function<void()>& step, int64_t
   torch::cuda::synchronize();
   const auto result = prof::disableProfiler();
   // The CPU operators by correlation id: a kernel's linked correlation id names the operator
-  // that was innermost when it was launched.
+  // that was innermost when it was launched. The CUDA runtime and driver calls (cudaLaunchKernel,
+  // cuLaunchKernel, ...) are CPU events too, with ids of the kernels' own kind: left out.
   using Shapes = std::vector<std::vector<int64_t>>;
   std::unordered_map<uint64_t, std::string> ops;
   for (const auto& e : result->events())
-    if (by_op && e.deviceType() == c10::DeviceType::CPU && e.correlationId() != 0)
+    if (by_op && e.deviceType() == c10::DeviceType::CPU && e.correlationId() != 0 && e.name().rfind("cu", 0) != 0)
       ops[e.correlationId()] = operator_label(e.name(), e.hasShapes() ? e.shapes().vec() : Shapes{},
                                               e.hasTypes() ? e.dtypes().vec() : std::vector<std::string>{});
   std::vector<DeviceActivity> events;
