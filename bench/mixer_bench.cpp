@@ -61,11 +61,14 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", chunk, "--core: chunk size")->capture_default_str();
   bool tf32 = true;
   int64_t profile = 0;
-  app.add_option("--profile", profile, "CUDA: after timing, print the per-kernel GPU time of this many forward+backward runs")
-      ->capture_default_str();
+  auto* profile_option =
+      app.add_option("--profile", profile,
+                     "CUDA: after timing, print the per-kernel GPU time of this many forward+backward runs")
+          ->capture_default_str();
   bool profile_ops = false;
   app.add_flag("--profile-ops", profile_ops,
-               "With --profile: list each kernel per launching operator and its first input's sizes and dtype");
+               "With --profile: list each kernel per launching operator and its first input's sizes and dtype")
+      ->needs(profile_option);
   app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
       ->capture_default_str();
   std::vector<std::string> mixer_options;

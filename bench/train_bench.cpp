@@ -52,12 +52,14 @@ int main(int argc, char** argv) {
   app.add_option("--tf32", cfg.tf32, "With bf16: fp32 matmuls on TF32 tensor cores (1) or in fp32 (0)")->capture_default_str();
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
   int64_t profile = 0;
-  app.add_option("--profile", profile,
-                 "CUDA: after timing, print the per-kernel GPU time of this many further training steps")
-      ->capture_default_str();
+  auto* profile_option =
+      app.add_option("--profile", profile,
+                     "CUDA: after timing, print the per-kernel GPU time of this many further training steps")
+          ->capture_default_str();
   bool profile_ops = false;
   app.add_flag("--profile-ops", profile_ops,
-               "With --profile: list each kernel per launching operator and its first input's sizes and dtype");
+               "With --profile: list each kernel per launching operator and its first input's sizes and dtype")
+      ->needs(profile_option);
   CLI11_PARSE(app, argc, argv);
   try {
     if (!mixer_options.empty()) cfg.mixer_options = lt2::json::parse(mixer_options);
