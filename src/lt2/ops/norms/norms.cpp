@@ -18,11 +18,6 @@ namespace lt2::ops {
 
 using namespace detail;
 
-Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
-  if (fused_elementwise_applies({x, norm->weight})) return rms_norm_fused(x, norm->weight, norm->eps);
-  return lt2::rms_norm(x, norm->weight, norm->eps);
-}
-
 AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm) {
   if (fused_elementwise_applies({x, m, norm->weight}) && m.sizes() == x.sizes())
     return add_rms_norm_fused(x, m, norm->weight, norm->eps);
@@ -258,6 +253,18 @@ Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const T
   const auto g = act == GateActivation::None ? Tensor() : gate;
   if (auto y = row_norm_kernels(x, weight, g, static_cast<double>(x.size(-1)), eps, act); y.defined()) return y;
   return gated_rms_norm_reference(x, weight, eps, gate, act);
+}
+
+Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
+  if (fused_elementwise_applies({x, norm->weight})) return rms_norm_fused(x, norm->weight, norm->eps);
+  // Under autograd the row-norm kernels forward and backward (d <= 1024), where ATen's fused
+  // rms_norm takes its backward through the layer-norm kernels (~2.4x their traffic floor at d 768).
+  if (torch::GradMode::is_enabled())
+    if (auto y = row_norm_kernels(x, norm->weight, Tensor(), static_cast<double>(x.size(-1)), norm->eps,
+                                  GateActivation::None);
+        y.defined())
+      return y;
+  return lt2::rms_norm(x, norm->weight, norm->eps);
 }
 
 Tensor l2_normalize(const Tensor& x) {

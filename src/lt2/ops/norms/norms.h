@@ -14,7 +14,8 @@ namespace lt2::ops {
 
 using torch::Tensor;
 
-// RMSNorm of x with the module's weight: one fused launch with no casts where it applies.
+// RMSNorm of x with the module's weight: one fused launch with no casts where it applies; under
+// autograd the row-norm kernels forward and backward where they apply (see gated_rms_norm).
 Tensor rms_norm(const Tensor& x, const RMSNorm& norm);
 
 // h = x + m in x's dtype and y = RMSNorm of h with the module's weight.
