@@ -220,10 +220,15 @@ void add_bench_command(CLI::App& app) {
   decode->add_option("--paths", args->opts.paths, "engine, reference, or both")->delimiter(',')->capture_default_str();
   decode->add_option("--steps", args->opts.steps, "Timed decode steps per cell")->capture_default_str();
   decode->add_option("--warmup", args->opts.warmup, "Untimed steps before timing")->capture_default_str();
-  decode->add_option("--profile", args->opts.profile_steps,
-                     "Engine cells: after timing, record this many steps with the CUDA profiler and report the "
-                     "GPU time per kernel, busy time and the gaps between kernels (0: off)")
-      ->capture_default_str();
+  auto* decode_profile =
+      decode->add_option("--profile", args->opts.profile_steps,
+                         "Engine cells: after timing, record this many steps with the CUDA profiler and report the "
+                         "GPU time per kernel, busy time and the gaps between kernels (0: off)")
+          ->capture_default_str();
+  decode->add_flag("--profile-ops", args->opts.profile_ops,
+                   "With --profile: list each kernel per launching operator and its first input's sizes and dtype "
+                   "(kernels replayed from a CUDA graph have none)")
+      ->needs(decode_profile);
   decode->add_option("--profile-md", args->profile_md_path, "Write the per-kernel tables of --profile to this file");
   decode->footer(
       "Each sequence's state is filled with random values as if it held `context` tokens; decode cost does not "
@@ -233,10 +238,14 @@ void add_bench_command(CLI::App& app) {
 
   auto* prefill = bench->add_subcommand("prefill", "Prefill tokens/s of one prompt per (model, context), batch 1");
   add_grid_options(prefill, *args);
-  prefill->add_option("--profile", args->opts.profile_steps,
-                      "After timing, record this many prefills with the CUDA profiler and report the GPU time per "
-                      "kernel, busy time and the gaps between kernels (0: off)")
-      ->capture_default_str();
+  auto* prefill_profile =
+      prefill->add_option("--profile", args->opts.profile_steps,
+                          "After timing, record this many prefills with the CUDA profiler and report the GPU time "
+                          "per kernel, busy time and the gaps between kernels (0: off)")
+          ->capture_default_str();
+  prefill->add_flag("--profile-ops", args->opts.profile_ops,
+                    "With --profile: list each kernel per launching operator and its first input's sizes and dtype")
+      ->needs(prefill_profile);
   prefill->add_option("--profile-md", args->profile_md_path, "Write the per-kernel tables of --profile to this file");
   prefill->callback([args] { run_bench("prefill", *args, command_line()); });
 

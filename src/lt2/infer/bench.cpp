@@ -123,7 +123,7 @@ BenchCell run_decode_cell(LoopedLM& model, const std::string& name, const std::s
   for (int64_t i = 0; i < o.warmup; ++i) step();
   const double s = seconds_per_call(dev, o.steps, step);
   c.memory_gb = device_used_gb();
-  if (engine && o.profile_steps > 0) c.profile = profile_device_activity(step, o.profile_steps);
+  if (engine && o.profile_steps > 0) c.profile = profile_device_activity(step, o.profile_steps, o.profile_ops);
   c.ms = 1e3 * s;
   c.tokens_per_s = double(B) / s;
   if (copy_gbs > 0) c.bandwidth_pct = 100.0 * (c.gb_per_step / s) / copy_gbs;
@@ -159,7 +159,8 @@ BenchCell run_prefill_cell(LoopedLM& model, const std::string& name, int64_t C, 
   c.memory_gb = device_used_gb();
   c.ms = 1e3 * s;
   c.tokens_per_s = double(C) / s;
-  if (o.profile_steps > 0) c.profile = profile_device_activity([&] { engine.prefill(0, prompt); }, o.profile_steps);
+  if (o.profile_steps > 0)
+    c.profile = profile_device_activity([&] { engine.prefill(0, prompt); }, o.profile_steps, o.profile_ops);
   return c;
 }
 

@@ -37,6 +37,7 @@ struct BenchOptions {
   std::optional<double> memory_limit_gb;       // plan against this instead of the device's free memory
   uint64_t seed = 0;
   int64_t profile_steps = 0;                   // engine cells: profile this many decode steps / prefills (0: off)
+  bool profile_ops = false;                    // the profile lists each kernel per launching operator
   DecodeOptions decode;                        // the engine's kernels and launch settings (A/B switches)
 };
 
