@@ -97,6 +97,19 @@ void run_bench(const std::string& mode, BenchArgs& a, const std::string& command
   else std::printf("%s", table.c_str());
 }
 
+// --profile, --profile-ops and --profile-md; `what` begins --profile's help, `ops_note` ends --profile-ops'.
+void add_profile_options(CLI::App* cmd, BenchArgs& a, const std::string& what, const std::string& ops_note) {
+  auto* profile = cmd->add_option("--profile", a.opts.profile_steps,
+                                  what + " with the CUDA profiler and report the GPU time per kernel, busy time "
+                                         "and the gaps between kernels (0: off)")
+                      ->capture_default_str();
+  cmd->add_flag("--profile-ops", a.opts.profile_ops,
+                "With --profile: list each kernel per launching operator and its first input's sizes and dtype" +
+                    ops_note)
+      ->needs(profile);
+  cmd->add_option("--profile-md", a.profile_md_path, "Write the per-kernel tables of --profile to this file");
+}
+
 void add_grid_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--models,-m", a.opts.models,
                   "Models: presets (lt-1.3b, lt2-gdn-1.3b, lt2-full-gdn-1.3b, lt2-gdn-dsa-1.3b, ouro-1.4b, ...) or "
@@ -220,16 +233,8 @@ void add_bench_command(CLI::App& app) {
   decode->add_option("--paths", args->opts.paths, "engine, reference, or both")->delimiter(',')->capture_default_str();
   decode->add_option("--steps", args->opts.steps, "Timed decode steps per cell")->capture_default_str();
   decode->add_option("--warmup", args->opts.warmup, "Untimed steps before timing")->capture_default_str();
-  auto* decode_profile =
-      decode->add_option("--profile", args->opts.profile_steps,
-                         "Engine cells: after timing, record this many steps with the CUDA profiler and report the "
-                         "GPU time per kernel, busy time and the gaps between kernels (0: off)")
-          ->capture_default_str();
-  decode->add_flag("--profile-ops", args->opts.profile_ops,
-                   "With --profile: list each kernel per launching operator and its first input's sizes and dtype "
-                   "(kernels replayed from a CUDA graph have none)")
-      ->needs(decode_profile);
-  decode->add_option("--profile-md", args->profile_md_path, "Write the per-kernel tables of --profile to this file");
+  add_profile_options(decode, *args, "Engine cells: after timing, record this many steps",
+                      " (kernels replayed from a CUDA graph have none)");
   decode->footer(
       "Each sequence's state is filled with random values as if it held `context` tokens; decode cost does not "
       "depend on the values. GB/step = weights once per loop + the head + what each state's step reads and "
@@ -238,15 +243,7 @@ void add_bench_command(CLI::App& app) {
 
   auto* prefill = bench->add_subcommand("prefill", "Prefill tokens/s of one prompt per (model, context), batch 1");
   add_grid_options(prefill, *args);
-  auto* prefill_profile =
-      prefill->add_option("--profile", args->opts.profile_steps,
-                          "After timing, record this many prefills with the CUDA profiler and report the GPU time "
-                          "per kernel, busy time and the gaps between kernels (0: off)")
-          ->capture_default_str();
-  prefill->add_flag("--profile-ops", args->opts.profile_ops,
-                    "With --profile: list each kernel per launching operator and its first input's sizes and dtype")
-      ->needs(prefill_profile);
-  prefill->add_option("--profile-md", args->profile_md_path, "Write the per-kernel tables of --profile to this file");
+  add_profile_options(prefill, *args, "After timing, record this many prefills", "");
   prefill->callback([args] { run_bench("prefill", *args, command_line()); });
 
   auto act = std::make_shared<ActivationArgs>();
