@@ -31,6 +31,7 @@
 #include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
 #include "lt2/util/json.h"
+#include "profile_flags.h"
 
 namespace {
 double now_ms() {
@@ -60,15 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--head-v", head_v, "--core: value head dim")->capture_default_str();
   app.add_option("--chunk", chunk, "--core: chunk size")->capture_default_str();
   bool tf32 = true;
-  int64_t profile = 0;
-  auto* profile_option =
-      app.add_option("--profile", profile,
-                     "CUDA: after timing, print the per-kernel GPU time of this many forward+backward runs")
-          ->capture_default_str();
-  bool profile_ops = false;
-  app.add_flag("--profile-ops", profile_ops,
-               "With --profile: list each kernel per launching operator and its first input's sizes and dtype")
-      ->needs(profile_option);
+  ProfileFlags profile;
+  profile.add_to(app, "CUDA: after timing, print the per-kernel GPU time of this many forward+backward runs");
   app.add_option("--tf32", tf32, "On CUDA: fp32 matmuls on TF32 tensor cores (1, as lt2 train does under bf16) or in fp32 (0)")
       ->capture_default_str();
   std::vector<std::string> mixer_options;
@@ -171,9 +165,9 @@ int main(int argc, char** argv) {
       fwd = time(false);
     }
     double fwd_bwd = time(true);
-    if (profile > 0) {
-      const auto p = lt2::profile_device_activity([&] { run(true); }, profile, profile_ops);
-      std::printf("%s\n", lt2::kernel_profile_table(p, profile_ops ? 60 : 25).c_str());
+    if (profile.runs > 0) {
+      const auto p = lt2::profile_device_activity([&] { run(true); }, profile.runs, profile.by_op);
+      std::printf("%s\n", lt2::kernel_profile_table(p, profile.rows(25)).c_str());
     }
     if (!trace.empty()) {
       torch::autograd::profiler::RecordProfile guard(trace);

@@ -18,6 +18,7 @@
 #include "lt2/kernels/kernels.h"
 #include "lt2/train/flops.h"
 #include "lt2/train/trainer.h"
+#include "profile_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Training throughput of lt2's trainer on random tokens"};
@@ -51,15 +52,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--tf32", cfg.tf32, "With bf16: fp32 matmuls on TF32 tensor cores (1) or in fp32 (0)")->capture_default_str();
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
-  int64_t profile = 0;
-  auto* profile_option =
-      app.add_option("--profile", profile,
-                     "CUDA: after timing, print the per-kernel GPU time of this many further training steps")
-          ->capture_default_str();
-  bool profile_ops = false;
-  app.add_flag("--profile-ops", profile_ops,
-               "With --profile: list each kernel per launching operator and its first input's sizes and dtype")
-      ->needs(profile_option);
+  ProfileFlags profile;
+  profile.add_to(app, "CUDA: after timing, print the per-kernel GPU time of this many further training steps");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!mixer_options.empty()) cfg.mixer_options = lt2::json::parse(mixer_options);
@@ -78,7 +72,7 @@ int main(int argc, char** argv) {
     cfg.out_dir = out + "/run";
     cfg.save_every = 0;
     cfg.checkpoint_loops = lt2::parse_loop_checkpointing(checkpoint_loops, "--checkpoint-loops");
-    if (profile > 0 && cfg.steps < 2)
+    if (profile.runs > 0 && cfg.steps < 2)
       throw std::runtime_error("--profile needs --steps >= 2 (a run's last step also evaluates and saves)");
     // Trainer::run trains from its first step to cfg.steps; the profile reruns the first step alone,
     // a whole optimizer step like the timed ones.
@@ -116,13 +110,12 @@ int main(int argc, char** argv) {
       j["checkpoint_need"] = {{"stored_bytes", c->stored_bytes},
                               {"recomputed_bytes", c->recomputed_bytes},
                               {"available_bytes", c->available_bytes}};
-    if (profile > 0) {
+    if (profile.runs > 0) {
       trainer.on_step = nullptr;
       stop_at = 1;
-      const auto p = lt2::profile_device_activity([&] { trainer.run(); }, profile, profile_ops);
-      const size_t rows = profile_ops ? 60 : 30;
-      std::printf("%s\n", lt2::kernel_profile_table(p, rows).c_str());
-      if (p.steps > 0) j["profile"] = p.to_json(rows);
+      const auto p = lt2::profile_device_activity([&] { trainer.run(); }, profile.runs, profile.by_op);
+      std::printf("%s\n", lt2::kernel_profile_table(p, profile.rows(30)).c_str());
+      if (p.steps > 0) j["profile"] = p.to_json(profile.rows(30));
     }
     std::printf("RESULT %s\n", j.dump().c_str());
   } catch (const std::exception& e) {

@@ -69,7 +69,8 @@ TEST(KernelProfile, KernelsAreListedPerLaunchingOperator) {
 }
 
 TEST(KernelProfile, SummarySumsByNameAndSortsByTime) {
-  const auto p = summarize_activity({{"void a<int>(int)", 3.0}, {"void b(float)", 10.0}, {"void a<float>(float)", 4.0}},
+  const auto p = summarize_activity({{"void a<int>(int)", 3.0, ""}, {"void b(float)", 10.0, ""},
+                                     {"void a<float>(float)", 4.0, ""}},
                                     /*steps=*/2, /*span_us=*/25.0);
   ASSERT_EQ(p.kernels.size(), 2u);
   EXPECT_EQ(p.kernels[0].name, "b");
@@ -90,7 +91,7 @@ TEST(KernelProfile, SummarySumsByNameAndSortsByTime) {
   EXPECT_THROW(summarize_activity({}, 0, 0), Error);
   // Overlapping kernels: busy 17 us in a 10 us span.
   const auto overlapping = kernel_profile_table(
-      summarize_activity({{"void a<int>(int)", 7.0}, {"void b(float)", 10.0}}, 1, 10.0), 5);
+      summarize_activity({{"void a<int>(int)", 7.0, ""}, {"void b(float)", 10.0, ""}}, 1, 10.0), 5);
   EXPECT_NE(overlapping.find("17.0 us busy (170%), kernels overlap by 7.0 us"), std::string::npos) << overlapping;
 }
 

@@ -149,10 +149,11 @@ KernelProfile profile_device_activity(const std::function<void()>& step, int64_t
   // cuLaunchKernel, ...) are CPU events too, with ids of the kernels' own kind: left out.
   using Shapes = std::vector<std::vector<int64_t>>;
   std::unordered_map<uint64_t, std::string> ops;
-  for (const auto& e : result->events())
-    if (by_op && e.deviceType() == c10::DeviceType::CPU && e.correlationId() != 0 && e.name().rfind("cu", 0) != 0)
-      ops[e.correlationId()] = operator_label(e.name(), e.hasShapes() ? e.shapes().vec() : Shapes{},
-                                              e.hasTypes() ? e.dtypes().vec() : std::vector<std::string>{});
+  if (by_op)
+    for (const auto& e : result->events())
+      if (e.deviceType() == c10::DeviceType::CPU && e.correlationId() != 0 && e.name().rfind("cu", 0) != 0)
+        ops[e.correlationId()] = operator_label(e.name(), e.hasShapes() ? e.shapes().vec() : Shapes{},
+                                                e.hasTypes() ? e.dtypes().vec() : std::vector<std::string>{});
   std::vector<DeviceActivity> events;
   uint64_t first = std::numeric_limits<uint64_t>::max(), last = 0;
   for (const auto& e : result->events()) {

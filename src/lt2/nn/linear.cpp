@@ -25,12 +25,16 @@ torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias) {
   return lin;
 }
 
-Tensor cat_weights(const std::vector<torch::nn::Linear>& layers) {
+Tensor cat_weights(const std::vector<torch::nn::Linear>& layers, int64_t rows_multiple) {
   std::vector<Tensor> weights;
+  int64_t rows = 0;
   for (const auto& l : layers) {
     LT2_CHECK(!l->bias.defined(), "cat_weights: only bias-free layers are concatenated");
     weights.push_back(l->weight);
+    rows += l->weight.size(0);
   }
+  if (const int64_t padding = (rows_multiple - rows % rows_multiple) % rows_multiple; padding > 0)
+    weights.push_back(torch::zeros({padding, weights.front().size(1)}, weights.front().options()));
   return torch::cat(weights, 0);
 }
 
@@ -46,12 +50,14 @@ Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
   return packed;
 }
 
-std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers,
-                                   int64_t padding) {
+std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers) {
   // One split, not a narrow per part: under autograd its backward is one concatenation of the
   // parts' gradients, where a narrow each would build a zero-filled gradient of y's whole size per part.
   std::vector<int64_t> sizes;
-  for (const auto& l : layers) sizes.push_back(l->weight.size(0));
+  int64_t columns = 0;
+  for (const auto& l : layers) sizes.push_back(l->weight.size(0)), columns += sizes.back();
+  const int64_t padding = y.size(-1) - columns;
+  LT2_CHECK(padding >= 0, "unpack_outputs: the layers' outputs are ", columns, " columns, y has ", y.size(-1));
   if (padding > 0) sizes.push_back(padding);
   auto parts = torch::split_with_sizes(y, sizes, -1);
   if (padding > 0) parts.pop_back();

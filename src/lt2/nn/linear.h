@@ -24,17 +24,17 @@ void trunc_normal_(Tensor w, double std);
 torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias = false);
 
 // The weights of bias-free Linear layers that read the same input, concatenated along the output
-// dim: [sum(out), in], differentiable (x through all of them is one GEMM, ops::linear_group).
-Tensor cat_weights(const std::vector<torch::nn::Linear>& layers);
+// dim: [sum(out), in], differentiable (x through all of them is one GEMM, ops::linear_group); with
+// zero rows after them up to a multiple of `rows_multiple`.
+Tensor cat_weights(const std::vector<torch::nn::Linear>& layers, int64_t rows_multiple = 1);
 // Inference packing of bias-free Linear layers that read the same input: their weights are
 // concatenated along the output dim into one [sum(out), in] matrix, and each layer's weight
 // becomes a view of its row block (same values, no second copy), so one GEMM (a single GEMV at
 // decode) computes every output. Returns the packed weight.
 Tensor pack_linears(const std::vector<torch::nn::Linear>& layers);
 // The output blocks of at::linear(x, packed) in the order of `layers` (views along the last dim);
-// the last `padding` columns of y, beyond the layers' outputs, are dropped.
-std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers,
-                                   int64_t padding = 0);
+// columns of y beyond the layers' outputs (cat_weights' padding rows) are dropped.
+std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers);
 // Whether a packed weight may be used now: defined, and no gradient being recorded (the packed
 // tensor is not a parameter).
 inline bool use_packed(const Tensor& packed) { return packed.defined() && !torch::GradMode::is_enabled(); }

@@ -19,10 +19,7 @@ std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::L
   // cuBLAS takes its Hopper kernels only for 16-byte-aligned leading dimensions, and the forward
   // GEMM writes, and both backward GEMMs read, this output with its row length as leading dim.
   // (lt2-gdn-100m's group, 3,468 columns, otherwise runs on sm80 CUTLASS kernels.)
-  auto weight = cat_weights(layers);
-  const int64_t padding = (8 - weight.size(0) % 8) % 8;
-  if (padding > 0) weight = torch::cat({weight, torch::zeros({padding, weight.size(1)}, weight.options())});
-  return unpack_outputs(at::linear(x, weight), layers, padding);
+  return unpack_outputs(at::linear(x, cat_weights(layers, /*rows_multiple=*/8)), layers);
 }
 
 namespace {
