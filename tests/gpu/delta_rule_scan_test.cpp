@@ -81,17 +81,21 @@ void expect_error(const std::function<void()>& f, const std::string& what) {
   }
 }
 
-// The loop the kernel replaces, in float64 on the CPU (ops::chunk_state_scan).
+// The loop the kernel replaces, in float64 on the CPU (ops::chunk_state_scan); w or kt undefined:
+// no correction, no write.
 ops::ChunkScanResult scan_reference(const ops::ChunkScanInputs& in) {
   auto c = [](const Tensor& t) { return t.defined() ? t.to(torch::kCPU, f64) : t; };
-  const int64_t B = in.w.size(0), H = in.w.size(1), N = in.w.size(2), K = in.w.size(4), V = in.u.size(4);
+  const int64_t B = in.u.size(0), H = in.u.size(1), N = in.u.size(2), V = in.u.size(4);
+  const int64_t K = in.w.defined() ? in.w.size(4) : in.kt.size(3);
   Tensor S = in.initial_state.defined() ? c(in.initial_state) : torch::zeros({B, H, K, V}, f64);
   std::vector<Tensor> states(N), vs(N);
   for (int64_t i = 0; i < N; ++i) {
     const int64_t n = in.reverse ? N - 1 - i : i;
     states[n] = S;
-    vs[n] = c(in.u).select(2, n) - torch::matmul(c(in.w).select(2, n), S);
-    S = c(in.carry).select(2, n) * S + torch::matmul(c(in.kt).select(2, n), vs[n]);
+    vs[n] = c(in.u).select(2, n);
+    if (in.w.defined()) vs[n] = vs[n] - torch::matmul(c(in.w).select(2, n), S);
+    S = c(in.carry).select(2, n) * S;
+    if (in.kt.defined()) S = S + torch::matmul(c(in.kt).select(2, n), vs[n]);
     if (in.addend.defined()) S = S + c(in.addend).select(2, n);
   }
   return {torch::stack(states, 2), torch::stack(vs, 2), S};
@@ -188,6 +192,71 @@ TEST(DeltaRuleScan, GatedLinearChunkedMatchesReferenceOnBothForms) {
       EXPECT_LT(rel_err(out.o.cpu(), ref.o), 1e-5) << "output";
       EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "final state";
     }
+}
+
+// The gated linear family through the preparation kernel's additive mode (gated_linear_prepare:
+// no gate or one per head, C 64) and the scan without W: output, final state and every gradient (q,
+// k, v, g, initial state) == the float64 recurrence's, in fp32 (3xTF32, 1e-5) at lengths off the
+// chunk, with and without an initial state; and in training's setting (bf16 q/k/v, TF32 products)
+// within the bf16 tolerance. The option off, per-channel gates and C 32 keep the libtorch form.
+TEST(DeltaRuleScan, GatedLinearKernelMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  struct G {
+    Shape s;
+    Gate gate;
+    bool bf16;
+  };
+  for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head, false}, G{{1, 130, 2, 32, 64, 64}, Gate::None, false},
+                    G{{1, 64, 2, 128, 128, 64}, Gate::Head, false}, G{{2, 300, 4, 96, 192, 64}, Gate::Head, true}})
+    for (bool with_state : {false, true}) {
+      const Shape& s = c.s;
+      SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
+                                        << " " << gate_name(c.gate) << (c.bf16 ? " bf16 on TF32" : " fp32")
+                                        << (with_state ? " initial state" : ""));
+      torch::manual_seed(s.T + s.K + with_state + 7 * c.bf16);
+      auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, c.gate, with_state);
+      in.k = in.k / std::sqrt(static_cast<double>(s.K));  // bounded additive states
+      const auto io = c.bf16 ? torch::kBFloat16 : f32;
+      for (Tensor* t : {&in.q, &in.k, &in.v}) *t = t->to(io).to(f32);  // the reference sees the same values
+      const auto d_o = torch::randn({s.B, s.T, s.H, s.V}, f64), d_s = torch::randn({s.B, s.H, s.K, s.V}, f64);
+      at::globalContext().setAllowTF32CuBLAS(c.bf16);
+      std::vector<Tensor> leaves;
+      for (const Tensor* t : {&in.q, &in.k, &in.v, &in.g, &in.s0}) {
+        const auto dt = t == &in.q || t == &in.k || t == &in.v ? io : f32;
+        leaves.push_back(t->defined() ? t->to(gpu(dt)).detach().requires_grad_(true) : Tensor());
+      }
+      EXPECT_TRUE(ops::gated_linear_prepare_serves(leaves[0], leaves[2], leaves[3], 64));
+      const auto out = ops::gated_linear_chunked(leaves[0], leaves[1], leaves[2], leaves[3], in.scale, leaves[4], 64);
+      ((out.o.to(f64) * d_o.cuda()).sum() + (out.final_state.to(f64) * d_s.cuda()).sum()).backward();
+      at::globalContext().setAllowTF32CuBLAS(false);
+      std::vector<Tensor> ref_leaves;
+      for (const Tensor* t : {&in.q, &in.k, &in.v, &in.g, &in.s0})
+        ref_leaves.push_back(t->defined() ? t->to(f64).detach().requires_grad_(true) : Tensor());
+      const auto ref = ops::gated_linear_recurrent(ref_leaves[0], ref_leaves[1], ref_leaves[2], ref_leaves[3], in.scale,
+                                                   ref_leaves[4]);
+      ((ref.o * d_o).sum() + (ref.final_state * d_s).sum()).backward();
+      const double tol = c.bf16 ? tolerance(torch::kBFloat16) : 1e-5;
+      EXPECT_EQ(out.o.scalar_type(), io);
+      EXPECT_LT(rel_err(out.o.detach().cpu().to(f64), ref.o.detach()), tol) << "output";
+      EXPECT_LT(rel_err(out.final_state.detach().cpu().to(f64), ref.final_state.detach()), tol) << "final state";
+      const char* names[] = {"dq", "dk", "dv", "dg", "d initial_state"};
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        if (!ref_leaves[i].defined()) continue;
+        ASSERT_TRUE(leaves[i].grad().defined()) << names[i];
+        EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), tol) << names[i];
+      }
+    }
+  torch::manual_seed(4);
+  const auto o = gpu(f32);
+  const auto channel = make_inputs(1, 70, 2, 32, 64, Gate::Channel, false);
+  EXPECT_FALSE(ops::gated_linear_prepare_serves(channel.q.to(o), channel.v.to(o), channel.g.to(o), 64))
+      << "per-channel gate";
+  const auto head = make_inputs(1, 70, 2, 32, 64, Gate::Head, false);
+  EXPECT_FALSE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 32)) << "C 32";
+  DecodeOptions off;
+  off.gated_linear_prepare = false;
+  DecodeOptionsGuard guard(off);
+  EXPECT_FALSE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 64)) << "option off";
 }
 
 // The chunk preparation kernel (delta_rule_prepare) serves GDN and DeltaNet (no gate or one gate
@@ -458,6 +527,31 @@ TEST(DeltaRuleScan, BindingMatchesLoopForEveryValueBlock) {
           }
 }
 
+// The binding without W (the gated linear family's forward: V_n = U_n, v is u itself) and without Kt
+// (its adjoint: no write) against the loop in float64, every value block, forward and reverse.
+TEST(DeltaRuleScan, BindingWithoutWOrKtMatchesLoop) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  for (int vb : {0, 8, 16, 32})
+    for (bool without_w : {true, false})
+      for (bool reverse : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "value block " << vb << (without_w ? " without W" : " without Kt")
+                                          << (reverse ? " reverse" : ""));
+        torch::manual_seed(vb + 2 * without_w + reverse);
+        auto in = make_scan_inputs(2, 3, 6, 64, 96, 192, /*per_channel=*/false, /*with_state=*/true);
+        if (without_w) in.w = Tensor();
+        else in.kt = Tensor();
+        const auto ref = scan_reference(in.op(reverse));
+        const auto out = ops::chunk_state_scan_cuda(in.op(reverse), vb);
+        EXPECT_LT(rel_err(out.states.cpu(), ref.states), 1e-5) << "states";
+        EXPECT_LT(rel_err(out.v.cpu(), ref.v), 1e-5) << "v";
+        EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "final state";
+        if (without_w) {
+          EXPECT_TRUE(out.v.is_same(in.u)) << "without W the result's v is u itself";
+        }
+      }
+}
+
 // The chunk outputs kernel (ops::chunk_outputs_in_tokens on CUDA: kernels/prefill.h delta_rule_output)
 // == chunk_outputs + from_chunks in float64, value and every gradient, on random inputs: head dims
 // 16 to 256, lengths on and off the chunk, fp32 out in 3xTF32 (1e-5) and on TF32 / bf16 out (the
@@ -562,6 +656,7 @@ TEST(DeltaRuleScan, BindingRejectsBadInput) {
   expect_error(call(in.w, in.u, in.kt, in.carry, in.s0.narrow(-1, 0, 8), in.addend), "initial_state must be");
   expect_error(call(in.w, in.u, in.kt, in.carry, in.s0, in.addend.narrow(2, 0, 1)), "addend must be");
   expect_error(call(in.w.unsqueeze(0), in.u, in.kt, in.carry, in.s0, in.addend), "w must be");
+  expect_error(call(Tensor(), in.u, Tensor(), in.carry, in.s0, in.addend), "without w, kt must be");
   expect_error(call(in.w, in.u, in.kt, Tensor(), in.s0, in.addend), "carry");
   expect_error(call(in.w, in.u.to(f64), in.kt, in.carry, in.s0, in.addend), "u must be");
   expect_error(call(in.w.to(f64), in.u.to(f64), in.kt.to(f64), in.carry.to(f64), in.s0.to(f64), in.addend.to(f64)),

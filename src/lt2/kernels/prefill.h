@@ -24,12 +24,13 @@ constexpr int kMaxScanChunk = 64;   // chunk size C: a multiple of 4 in [4, 64]
 //     S     = carry_n * S + Kt_n V_n (+ Y_n)     // carry_n: one scalar, or one per key channel (row of S)
 // The forward pass runs it with the UT transform's W, U and the keys decayed to the chunk end; the
 // backward pass runs the same recurrence in reverse for the state gradients (ops/delta_rule: the
-// adjoint's W is -Kt^T, its Kt is -W^T, its addend the gradient flowing into each S_n).
+// adjoint's W is -Kt^T, its Kt is -W^T, its addend the gradient flowing into each S_n). The gated
+// linear family (no delta-rule correction) runs it without W, and its adjoint without Kt.
 // Every pointer below: fp32, packed in the order of its shape comment, 16-byte aligned.
 struct DeltaRuleScanParams {
-  const float* w;      // [B, H, N, C, K]
+  const float* w;      // [B, H, N, C, K], or nullptr: V_n = U_n (then v_new is nullptr: U is V_n)
   const float* u;      // [B, H, N, C, V]
-  const float* kt;     // [B, H, N, K, C]
+  const float* kt;     // [B, H, N, K, C], or nullptr: no write (S = carry_n * S + Y_n)
   const float* carry;  // [B, H, N, K] when per_channel_carry, else [B, H, N]: the chunk's decay of S
   const float* addend;         // [B, H, N, K, V] Y_n, or nullptr for none
   // Packed documents (batch 1): resets[n] >= 0 restarts S at chunk n from reset_states[resets[n]]
@@ -38,7 +39,7 @@ struct DeltaRuleScanParams {
   const float* reset_states;   // [D, H, K, V]
   const float* initial_state;  // [B, H, K, V], or nullptr for zeros
   float* states;               // [B, H, N, K, V]: S_n
-  float* v_new;                // [B, H, N, C, V]: V_n
+  float* v_new;                // [B, H, N, C, V]: V_n (with w; nullptr without)
   float* final_state;          // [B, H, K, V]: S after the last chunk (may alias initial_state)
   int batch, heads, chunks, chunk_size, head_k, head_v;
   bool per_channel_carry;
@@ -211,13 +212,15 @@ void row_norm_backward(const RowNormBackwardParams& p, void* stream);
 // the scan's inputs (W, U, Kt, carry) and the output's (Q_start reads S_n, A_qk reads V_n). Rows past
 // the sequence's end are zeros (q, k, v, beta and g), as the padded chunk of the libtorch form.
 // All in fp32; q, k and v may be bf16 (converted on load). C is 64 (delta_rule_prepare_supported).
+// `additive`: the gated linear family's preparation (ops::gated_linear_chunked, no delta-rule
+// correction): T = I, so U = V (in fp32) and no W; beta is not read.
 struct DeltaRulePrepareParams {
   const void* q;       // [B, T, H, K], dtype, packed
   const void* k;       // [B, T, H, K], dtype, packed
-  const void* v;       // [B, T, H, V], dtype, packed
-  const float* beta;   // [B, T, H]
+  const void* v;       // [B, T, H, V], dtype, packed (16-byte aligned when additive)
+  const float* beta;   // [B, T, H] (nullptr when additive)
   const float* g;      // [B, T, H] log-decay per head, or nullptr for none
-  float* w;            // [B, H, N, C, K]
+  float* w;            // [B, H, N, C, K] (nullptr when additive)
   float* u;            // [B, H, N, C, V]
   float* kt;           // [B, H, N, K, C]
   float* carry;        // [B, H, N]
@@ -230,6 +233,7 @@ struct DeltaRulePrepareParams {
   // where tf32, else 3xTF32 (fp32's accuracy). The backward likewise for its panel and dq, dk
   // products (fp32 FMAs for the rest).
   bool tf32;
+  bool additive;
 };
 void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 
@@ -240,9 +244,10 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 //   dR = T^T dUW,  dL = -StrictTril(T^T (dUW R^T) T^T),  dS = beta_i dL decay,  P = scale dA_qk decay (j <= i)
 //   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
 //   dv = beta dR_V, dbeta and dG from every term, dg_i = sum over the chunk's rows s >= i of dG_s.
+// Additive (T = I, no W, no beta): dv = dU, dq and dg as above, dk = P^T Q + dKt^T exp(G_l - G).
 struct DeltaRulePrepareBackwardParams {
   DeltaRulePrepareParams forward;  // the inputs; its outputs are not read
-  const float* dw;        // [B, H, N, C, K]
+  const float* dw;        // [B, H, N, C, K] (nullptr when additive)
   const float* du;        // [B, H, N, C, V]
   const float* dkt;       // [B, H, N, K, C]
   const float* dcarry;    // [B, H, N]
@@ -251,7 +256,7 @@ struct DeltaRulePrepareBackwardParams {
   float* dq;              // [B, T, H, K]
   float* dk;              // [B, T, H, K]
   float* dv;              // [B, T, H, V]
-  float* dbeta;           // [B, T, H]
+  float* dbeta;           // [B, T, H] (nullptr when additive)
   float* dg;              // [B, T, H], exactly when forward.g is given
 };
 void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& p, void* stream);

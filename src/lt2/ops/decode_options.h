@@ -48,6 +48,11 @@ struct DecodeOptions {
   // the decayed queries and keys) as one CUDA kernel forward and one backward (prefill and
   // training); off: libtorch ops. Needs delta_rule_scan on.
   bool delta_rule_prepare = true;
+  // The gated linear family's chunk preparation with one decay per head or none (Mamba2, RetNet,
+  // linear attention: the decayed queries and keys, the intra-chunk scores, U = V) by the same
+  // kernels in their additive mode, forward and backward, then the chunk scan without W (prefill
+  // and training); off: libtorch ops and gated_prefix_chunks' choice. Needs delta_rule_scan on.
+  bool gated_linear_prepare = true;
   // The chunked forms' outputs O_n = Q_n S_n + A_n V_n (delta rule and gated family) as one CUDA
   // kernel writing the token layout in the output dtype, in prefill and training (the backward is
   // libtorch's products); off: two batched GEMMs and a copy to the token layout.

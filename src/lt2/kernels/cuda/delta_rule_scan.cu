@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   const RowCopy copy_k = plan_row_copy(K), copy_c = plan_row_copy(C);  // of [., K] and [., C] rows
   // Kt_n and carry_n into buffer `b`.
   auto load_kt_carry = [&](int n, int b) {
-    copy_rows_async(copy_c, smem + lay.kt + b * lay.kt_size, lay.pc, kt_of(n), K, C);
+    if (p.kt) copy_rows_async(copy_c, smem + lay.kt + b * lay.kt_size, lay.pc, kt_of(n), K, C);
     const float* carry = p.carry + (bh * N + n) * carry_dim;
     float* dst = smem + lay.carry + b * lay.carry_size;
     if (p.per_channel_carry) copy_rows_async(copy_k, dst, 0, carry, 1, K);
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   for (int i = threadIdx.x; i < lay.total; i += kThreads) smem[i] = 0.f;
   __syncthreads();
   if (N > 0) {
-    copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(0)), C, K);
+    if (p.w) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(0)), C, K);
     load_kt_carry(chunk_at(0), 0);
   }
   cp_async_commit();
@@ -271,19 +271,21 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
     cp_async_commit();
 
-    // 1: V_new = U_n - W_n S.
+    // 1: V_new = U_n - W_n S (U_n without W).
     {
       float hi[kChunkTiles][4] = {}, lo[kChunkTiles][4] = {};
-      tiles_times_cols<kChunkTiles, kTf32>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
-      fold_corrections<kChunkTiles, kTf32>(hi, lo, chunk_tiles);
+      if (p.w) {
+        tiles_times_cols<kChunkTiles, kTf32>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
+        fold_corrections<kChunkTiles, kTf32>(hi, lo, chunk_tiles);
+      }
       for_chunk_rows([&](int i, int r, int c) {
         const float2 v = make_float2(u[i][2 * r] - hi[i][2 * r], u[i][2 * r + 1] - hi[i][2 * r + 1]);
         *reinterpret_cast<float2*>(sVn + c * lay.pv + col) = v;  // rows past C: zeros
-        if (c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
+        if (p.v_new && c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
       });
     }
     __syncthreads();  // V_new complete; nobody reads W_n any more
-    if (step + 1 < N) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
+    if (p.w && step + 1 < N) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // lands during 2
     cp_async_commit();
 
     // 2: S = carry_n * S + Y_n + Kt_n V_new, on the warp's own tiles.
@@ -298,9 +300,11 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
         s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
         s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
       });
-      tiles_times_cols<kStateTiles, kTf32>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles, sVn,
-                                    lay.pv, n0, Cp);
-      fold_corrections<kStateTiles, kTf32>(s, lo, state_tiles);
+      if (p.kt) {
+        tiles_times_cols<kStateTiles, kTf32>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles,
+                                             sVn, lay.pv, n0, Cp);
+        fold_corrections<kStateTiles, kTf32>(s, lo, state_tiles);
+      }
     }
   }
   cp_async_wait<0>();  // nothing real is left in flight (the last chunk's prefetches are empty)
@@ -344,8 +348,10 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
             "delta_rule_scan: batch ", p.batch, " and heads ", p.heads, " must be in [0, 65535], chunks ",
             p.chunks, " >= 0");
   if (p.batch == 0 || p.heads == 0) return;
-  LT2_CHECK(p.final_state && (p.chunks == 0 || (p.w && p.u && p.kt && p.carry && p.states && p.v_new)),
-            "delta_rule_scan: every pointer but initial_state must be given (only final_state without chunks)");
+  const bool outputs_given = p.u && p.carry && p.states && (p.v_new != nullptr) == (p.w != nullptr);
+  LT2_CHECK(p.final_state && (p.chunks == 0 || outputs_given),
+            "delta_rule_scan: final_state, u, carry and states must be given (only final_state without chunks), and "
+            "v_new exactly with w (without w, V_n is U_n)");
   LT2_CHECK(!p.resets || p.batch == 1, "delta_rule_scan: resets (packed documents) need batch 1, found ", p.batch);
   auto aligned = [](const void* ptr) { return !ptr || aligned16(ptr); };
   LT2_CHECK(aligned(p.w) && aligned(p.kt) && (!p.per_channel_carry || aligned(p.carry)) && aligned(p.u) &&
@@ -658,6 +664,10 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // In scalar fp32 FMAs both are FMA-bound at the floor; on tensor cores (3xTF32: ~3x the multiply-
 // adds at ~7x the rate) the forward's floor is its bytes. The libtorch form they replace spends
 // ~15 ms of elementwise passes and batched products on the same work (bench/notes/training.md).
+// The additive mode (DeltaRulePrepareParams::additive: the gated linear family, no UT transform) keeps
+// Q K^T alone (C^2 K FMAs) and writes U = V in fp32; its backward Q K^T again, dQ = P K and P^T Q
+// (C^2 K each, P triangular) and dv = dU: both bound by their bytes (forward reads 2 C K + C V
+// inputs and writes C (K + V + C) + K C floats; backward reads the five gradients and the inputs).
 //
 // Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how), and
 // so do all of the backward's (warp_product: mma.sync m16n8k8 with operands read from shared memory
@@ -744,7 +754,7 @@ __device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0
   if (threadIdx.x < kPrepChunk) {
     const int i = threadIdx.x;
     const int64_t at = (static_cast<int64_t>(b) * T + t0 + i) * H + h;
-    sB[i] = i < rows ? p.beta[at] : 0.f;
+    sB[i] = i < rows && p.beta ? p.beta[at] : 0.f;
     sG[i] = i < rows && p.g ? p.g[at] : 0.f;
   }
   __syncthreads();
@@ -854,6 +864,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   extern __shared__ __align__(16) float prep_smem[];
   float *sQ = prep_smem + lay.q, *sK = prep_smem + lay.k, *sL = prep_smem + lay.l, *sT = prep_smem + lay.t;
   float *sP = prep_smem + lay.panel, *sG = prep_smem + lay.g, *sB = prep_smem + lay.beta, *sF = prep_smem + lay.f;
+  const bool delta = !p.additive;
   load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
   if (tid < C) sF[tid] = sB[tid] * __expf(sG[tid]);
   const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
@@ -876,7 +887,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
-          mma_tf32(kk[q], ak, b0, b1);
+          if (delta) mma_tf32(kk[q], ak, b0, b1);
           mma_tf32(qk[q], aq, b0, b1);
         }
       } else if constexpr (kTf32) {
@@ -887,7 +898,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
-          mma_tf32(kk[q], ak, b0, b1);
+          if (delta) mma_tf32(kk[q], ak, b0, b1);
           mma_tf32(qk[q], aq, b0, b1);
         }
       } else {
@@ -898,7 +909,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
         for (int q = 0; q < 4; ++q) {
           const SplitTf32 s0 = split_tf32(__uint_as_float(bk[q / 2][2 * (q % 2)]));
           const SplitTf32 s1 = split_tf32(__uint_as_float(bk[q / 2][2 * (q % 2) + 1]));
-          mma_3xtf32(kk[q], kk_lo[q], k_big, k_small, s0, s1);
+          if (delta) mma_3xtf32(kk[q], kk_lo[q], k_big, k_small, s0, s1);
           mma_3xtf32(qk[q], qk_lo[q], q_big, q_small, s0, s1);
         }
       }
@@ -938,6 +949,22 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
     Kt[e] = sK[i * P + d] * __expf(g_last - sG[i]);
   }
   if (tid == 0) p.carry[chunk] = __expf(g_last);
+  if (!delta) {  // U = V: the value rows in fp32 (16-byte pieces), zeros past the sequence
+    constexpr int E = 16 / sizeof(In);
+    const In* v = static_cast<const In*>(p.v);
+    float* U = p.u + chunk * C * V;
+    const int per_row = V / E;
+    for (int e = tid; e < C * per_row; e += kPrepThreads) {
+      const int i = e / per_row, d = E * (e - i * per_row);
+      const int64_t at = ((static_cast<int64_t>(b) * T + t0 + i) * H + h) * V + d;
+      float f[E] = {};
+      if (i < rows) unpack16<In>(__ldg(reinterpret_cast<const uint4*>(v + at)), f);
+#pragma unroll
+      for (int x = 0; x < E; x += 4)
+        *reinterpret_cast<float4*>(U + i * V + d + x) = make_float4(f[x], f[x + 1], f[x + 2], f[x + 3]);
+    }
+    return;
+  }
   __syncthreads();
   unit_lower_inverse_block(sL, sT);
   __syncthreads();
@@ -1028,6 +1055,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   float *sQ = base + lay.q, *sK = base + lay.k, *sT = base + lay.t, *sM = base + lay.m, *sX = base + lay.x;
   float *sDP = base + lay.dp, *sRP = base + lay.rp, *sG = base + lay.g, *sB = base + lay.beta;
   float *sEG = base + lay.exp_g, *sDB = base + lay.db, *sDG = base + lay.dg;
+  const bool delta = !p.additive;
   if (tid < C) sDB[tid] = sDG[tid] = 0.f;
   load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
   if (tid < C) sEG[tid] = __expf(sG[tid]);
@@ -1048,101 +1076,111 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   };
   constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
 
-  // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere); L = beta_i kke into sX.
-  float kke[4][4] = {};
-  warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
-  for_square_entries([&](int j, int r, int e, int i, int col) {
-    float& v = kke[j][2 * r + e];
-    v = col < i ? v * decay(i, col) : 0.f;
-    sX[i * kMatPitch + col] = sB[i] * v;
-  });
-  __syncthreads();
-
-  // 2: T = (I + L)^{-1}.
-  unit_lower_inverse_block(sX, sT);
-  __syncthreads();
-
-  // 3: the columns of [dU | dW] and of the raw [V | K] in panels. On tensor cores: warp w owns rows
-  // 16 (w % 4) .. + 15 of M's [C, C] (columns 32 (w / 4) .. + 31) and of each panel's dR (columns
-  // 8 (w / 4) .. + 7); T^T is upper triangular, so dR's product starts at row m0.
-  const float* du = bp.du + chunk * C * V;
-  const float* dw = bp.dw + chunk * C * K;
-  float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
-  float row_db[2] = {}, row_w[2] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c], rows m0 + g + 8 r
-  // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
-  float values[kPanelLoads], grads[kPanelLoads];
-  auto fetch_grads = [&](int c0) {
-#pragma unroll
-    for (int m = 0; m < kPanelLoads; ++m) {
-      const int e = tid + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
-      grads[m] = col < V ? du[i * V + col] : dw[i * K + col - V];
+  // Additive (the gated linear family: T = I, no W, dv = dU): phases 1 to 4 reduce to dv and the
+  // dA_qk terms; kke and dS stay zero.
+  float kke[4][4] = {}, ds[4][4] = {};
+  if (!delta) {
+    const float* du = bp.du + chunk * C * V;
+    for (int e = tid; e < C * V / 4; e += kPrepThreads) {
+      const int i = (4 * e) / V, c = 4 * e - i * V;
+      if (i < rows) *reinterpret_cast<float4*>(bp.dv + token(i) * V + c) = *reinterpret_cast<const float4*>(du + 4 * e);
     }
-  };
-  fetch_values<In>(p, b, h, t0, rows, 0, values);
-  fetch_grads(0);
-  for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
-    const bool value_panel = c0 < V;
-    put_panel(values, V, c0, sK, P, nullptr, nullptr, sRP, kPanelPitch);
-#pragma unroll
-    for (int m = 0; m < kPanelLoads; ++m) {
-      const int e = tid + m * kPrepThreads;
-      sDP[(e / kPrepPanel) * kPanelPitch + e % kPrepPanel] = grads[m];
-    }
+  } else {
+    // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere); L = beta_i kke into sX.
+    warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+    for_square_entries([&](int j, int r, int e, int i, int col) {
+      float& v = kke[j][2 * r + e];
+      v = col < i ? v * decay(i, col) : 0.f;
+      sX[i * kMatPitch + col] = sB[i] * v;
+    });
     __syncthreads();
-    if (c0 + kPrepPanel < V + K) {
-      if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
-      fetch_grads(c0 + kPrepPanel);
+
+    // 2: T = (I + L)^{-1}.
+    unit_lower_inverse_block(sX, sT);
+    __syncthreads();
+
+    // 3: the columns of [dU | dW] and of the raw [V | K] in panels. On tensor cores: warp w owns rows
+    // 16 (w % 4) .. + 15 of M's [C, C] (columns 32 (w / 4) .. + 31) and of each panel's dR (columns
+    // 8 (w / 4) .. + 7); T^T is upper triangular, so dR's product starts at row m0.
+    const float* du = bp.du + chunk * C * V;
+    const float* dw = bp.dw + chunk * C * K;
+    float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
+    float row_db[2] = {}, row_w[2] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c], rows m0 + g + 8 r
+    // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
+    float values[kPanelLoads], grads[kPanelLoads];
+    auto fetch_grads = [&](int c0) {
+  #pragma unroll
+      for (int m = 0; m < kPanelLoads; ++m) {
+        const int e = tid + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
+        grads[m] = col < V ? du[i * V + col] : dw[i * K + col - V];
+      }
+    };
+    fetch_values<In>(p, b, h, t0, rows, 0, values);
+    fetch_grads(0);
+    for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
+      const bool value_panel = c0 < V;
+      put_panel(values, V, c0, sK, P, nullptr, nullptr, sRP, kPanelPitch);
+  #pragma unroll
+      for (int m = 0; m < kPanelLoads; ++m) {
+        const int e = tid + m * kPrepThreads;
+        sDP[(e / kPrepPanel) * kPanelPitch + e % kPrepPanel] = grads[m];
+      }
+      __syncthreads();
+      if (c0 + kPrepPanel < V + K) {
+        if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
+        fetch_grads(c0 + kPrepPanel);
+      }
+      // M += dUW_panel R_panel^T: A(i, x) = dP[i][x], B(x, j) = R[j][x].
+      if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
+      else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
+      float dr[1][4] = {};  // dR[i][c0 + c] = sum_{j >= i} T[j][i] dUW[j][c0 + c]
+      warp_product<1, kTf32>(dr, sT, 1, kMatPitch, sDP, kPanelPitch, 1, m0, warp / 4, 1, m0, C);
+  #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = m0 + g + 8 * r, c = 8 * (warp / 4) + 2 * t, col = c0 + c;
+        const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
+        const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
+        if (value_panel) {
+          if (i < rows) *reinterpret_cast<float2*>(bp.dv + token(i) * V + col) = make_float2(sB[i] * d0, sB[i] * d1);
+          row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
+        } else {
+          const float key_scale = sB[i] * sEG[i];
+          if (i < rows)
+            *reinterpret_cast<float2*>(bp.dk + token(i) * K + col - V) = make_float2(key_scale * d0, key_scale * d1);
+          row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
+        }
+      }
+      __syncthreads();
     }
-    // M += dUW_panel R_panel^T: A(i, x) = dP[i][x], B(x, j) = R[j][x].
-    if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
-    else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
-    float dr[1][4] = {};  // dR[i][c0 + c] = sum_{j >= i} T[j][i] dUW[j][c0 + c]
-    warp_product<1, kTf32>(dr, sT, 1, kMatPitch, sDP, kPanelPitch, 1, m0, warp / 4, 1, m0, C);
-#pragma unroll
+  #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int i = m0 + g + 8 * r, c = 8 * (warp / 4) + 2 * t, col = c0 + c;
-      const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
-      const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
-      if (value_panel) {
-        if (i < rows) *reinterpret_cast<float2*>(bp.dv + token(i) * V + col) = make_float2(sB[i] * d0, sB[i] * d1);
-        row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
-      } else {
-        const float key_scale = sB[i] * sEG[i];
-        if (i < rows)
-          *reinterpret_cast<float2*>(bp.dk + token(i) * K + col - V) = make_float2(key_scale * d0, key_scale * d1);
-        row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
+      const int i = m0 + g + 8 * r;
+      float db = row_db[r], w = row_w[r];
+  #pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g; the two warps of a row add atomically
+        db += __shfl_xor_sync(0xffffffffu, db, o);
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+      }
+      if (t == 0) {
+        atomicAdd(sDB + i, db + sEG[i] * w);
+        atomicAdd(sDG + i, sB[i] * sEG[i] * w);
       }
     }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = m0 + g + 8 * r;
-    float db = row_db[r], w = row_w[r];
-#pragma unroll
-    for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g; the two warps of a row add atomically
-      db += __shfl_xor_sync(0xffffffffu, db, o);
-      w += __shfl_xor_sync(0xffffffffu, w, o);
-    }
-    if (t == 0) {
-      atomicAdd(sDB + i, db + sEG[i] * w);
-      atomicAdd(sDG + i, sB[i] * sEG[i] * w);
-    }
-  }
 
-  // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
-  for_square_entries([&](int j, int r, int e, int i, int col) {
-    sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
-  });
-  __syncthreads();
-  {
-    float x[4][4] = {};  // T^T M: T^T is upper triangular, rows x >= i
-    warp_product<4, kTf32>(x, sT, 1, kMatPitch, sM, kMatPitch, 1, m0, nsq, 4, m0, C);
-    for_square_entries([&](int j, int r, int e, int i, int col) { sX[i * kMatPitch + col] = x[j][2 * r + e]; });
+    // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
+    for_square_entries([&](int j, int r, int e, int i, int col) {
+      sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
+    });
+    __syncthreads();
+    {
+      float x[4][4] = {};  // T^T M: T^T is upper triangular, rows x >= i
+      warp_product<4, kTf32>(x, sT, 1, kMatPitch, sM, kMatPitch, 1, m0, nsq, 4, m0, C);
+      for_square_entries([&](int j, int r, int e, int i, int col) { sX[i * kMatPitch + col] = x[j][2 * r + e]; });
+    }
+    __syncthreads();
+    warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
   }
-  __syncthreads();
-  float ds[4][4] = {}, pq[4][4] = {}, qk[4][4] = {};
-  warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
+  float pq[4][4] = {}, qk[4][4] = {};
   warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
   const float* dA = bp.da_qk + chunk * C * C;
   float row_g[2] = {}, row_b[2] = {}, col_g[4][2] = {};
@@ -1223,8 +1261,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     }
     {
       float acc[kTiles][4] = {};
-      warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
-      warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, 1, m0, nt0, tiles, m0, C);
+      if (delta) {
+        warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
+        warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, 1, m0, nt0, tiles, m0, C);
+      }
       warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, 1, m0, nt0, tiles, m0, C);
       for_entries([&](int j, int r, int i, int c) {
         const float to_last = __expf(g_last - sG[i]);
@@ -1232,7 +1272,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
         row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
         if (i < rows) {
           float2* dk_out = reinterpret_cast<float2*>(bp.dk + token(i) * K + c);
-          const float2 partial = *dk_out;  // phase 3's
+          const float2 partial = delta ? *dk_out : make_float2(0.f, 0.f);  // phase 3's
           *dk_out = make_float2(partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
         }
       });
@@ -1257,7 +1297,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
 
   // 6: dbeta, and dg_i = sum_{s >= i} dG_s (G is g's inclusive cumulative sum over the chunk).
   if (tid < C && tid < rows) {
-    bp.dbeta[token(tid)] = sDB[tid];
+    if (bp.dbeta) bp.dbeta[token(tid)] = sDB[tid];
     if (bp.dg) {
       float sum = 0.f;
       for (int s = tid; s < C; ++s) sum += sDG[s];
@@ -1278,7 +1318,8 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
   LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
             p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
   LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
-  LT2_CHECK(aligned16(p.q) && aligned16(p.k), op, ": q and k must be 16-byte aligned (they are read in 16-byte loads)");
+  LT2_CHECK(aligned16(p.q) && aligned16(p.k) && (!p.additive || aligned16(p.v)), op,
+            ": q and k (and v in the additive mode) must be 16-byte aligned (they are read in 16-byte loads)");
 }
 
 }  // namespace
@@ -1292,8 +1333,8 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
   check_prepare(p, "delta_rule_prepare");
   const int chunks = ceil_div(p.seq, kPrepChunk);
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
-  LT2_CHECK(p.q && p.k && p.v && p.beta && p.w && p.u && p.kt && p.carry && p.q_start && p.a_qk,
-            "delta_rule_prepare: every pointer but g must be given");
+  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && p.w)) && p.u && p.kt && p.carry && p.q_start && p.a_qk,
+            "delta_rule_prepare: every pointer but g (and beta and w in the additive mode) must be given");
   const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
@@ -1310,9 +1351,10 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
   check_prepare(p, "delta_rule_prepare_backward");
   const int chunks = ceil_div(p.seq, kPrepChunk);
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
-  LT2_CHECK(p.q && p.k && p.v && p.beta && bp.dw && bp.du && bp.dkt && bp.dcarry && bp.dq_start && bp.da_qk &&
-                bp.dq && bp.dk && bp.dv && bp.dbeta && (bp.dg != nullptr) == (p.g != nullptr),
-            "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is)");
+  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && bp.dw && bp.dbeta)) && bp.du && bp.dkt && bp.dcarry &&
+                bp.dq_start && bp.da_qk && bp.dq && bp.dk && bp.dv && (bp.dg != nullptr) == (p.g != nullptr),
+            "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is; beta, dw and dbeta "
+            "not in the additive mode)");
   int device = 0;
   cudaGetDevice(&device);
   const size_t smem = sizeof(float) * prepare_backward_shared(p.head_k).total;
