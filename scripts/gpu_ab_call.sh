@@ -5,10 +5,13 @@
 #   MID_TARBALL=.deps/build-<commit>.tar.xz   the baseline the new tree is A/B'd against (required)
 #   OLD_TARBALL=.deps/build-<commit>.tar.xz   an older baseline: MID is A/B'd against it first (optional)
 # Steps: the GPU suite; train_bench A/Bs (MID against OLD, then build-prebuilt against MID) of lt-100m and
-# lt2-gdn-100m at seq 2048 x 16 and 8192 x 4; the GDN and full-attention layers at the 1.3B shape, MID and
-# new alternating; the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; train_bench --profile-ops of
-# both models; the scan's value block at the 8k prefill and at lt2-gdn-100m's 8192 x 4 layer (the decode option
-# scan_value_block: branch gpu-pending). About 9 minutes with OLD_TARBALL; the device's limit a call is 10.
+# lt2-gdn-100m at seq 2048 x 16 and 8192 x 4; the gated linear family on the preparation kernel's additive mode
+# against the libtorch form (switch gated_linear_prepare, same binary: the recurrence alone at 8 x 4096 with
+# 16 heads of 128, and the Mamba2 and RetNet layers at the 1.3B shape) and lt-100m with Mamba2 layers trained by
+# MID and by the new tree; the GDN and full-attention layers at the 1.3B shape, MID and new alternating; the
+# lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; train_bench --profile-ops of both models. About 10
+# minutes with OLD_TARBALL, the device's limit a call: the later steps may be cut (gpu_batch.sh packs the
+# results after each step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${MID_TARBALL:?MID_TARBALL: the baseline tarball of scripts/prebuild_gpu.sh}"
@@ -17,15 +20,20 @@ steps=("tests 200 STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh")
   steps+=("midab 150 BASE_TARBALL=$OLD_TARBALL NEW_TARBALL=$MID_TARBALL ARMS='base new' STEPS=5 scripts/gpu_train_ab.sh")
 steps+=(
   "newab 200 BASE_TARBALL=$MID_TARBALL STEPS=5 scripts/gpu_train_ab.sh"
+  "gated 110 for m in mamba2 linear; do for o in 0 1; do echo core \$m gated_linear_prepare=\$o;
+     build-prebuilt/mixer_bench --core --mixer \$m --batch 8 --seq 4096 --heads 16 --head-k 128 --head-v 128
+     --iters 5 --option gated_linear_prepare=\$o | grep RESULT; done; done;
+     for m in mamba2 retnet; do for o in 0 1; do echo layer \$m gated_linear_prepare=\$o;
+     build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5
+     --option gated_linear_prepare=\$o | grep RESULT; done; done;
+     for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b mamba2; \$b/train_bench --model lt-100m
+     --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 5 --warm 2 --checkpoint-loops auto | grep RESULT; done"
   "layer 80 for i in 1 2; do for m in gdn full; do for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do
      echo \$b \$m; \$b/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5 | grep RESULT;
      done; done; done"
   "prefill 150 BASE_TARBALL=$MID_TARBALL CONTEXTS=8192,32768 PROFILE_CONTEXTS=8192 scripts/gpu_prefill_ab.sh"
   "profile 120 for m in lt-100m lt2-gdn-100m; do build-prebuilt/train_bench --model \$m --seq-len 2048
-     --batch-size 16 --steps 4 --warm 2 --checkpoint-loops --profile 1 --profile-ops; done"
-  "scanvb 90 for vb in 8 16 32 0; do echo scan_value_block=\$vb; build-prebuilt/lt2 bench prefill -m lt2-gdn-1.3b
-     -c 8192 --decode-option scan_value_block=\$vb | grep prefill; build-prebuilt/mixer_bench --model lt2-gdn-100m
-     --mixer gdn --batch 4 --seq 8192 --iters 3 --option scan_value_block=\$vb | grep RESULT; done")
+     --batch-size 16 --steps 4 --warm 2 --checkpoint-loops --profile 1 --profile-ops; done")
 # A step is one line for gpu_batch.sh: fold the continuation lines above.
 for i in "${!steps[@]}"; do steps[$i]=$(echo "${steps[$i]}" | tr '\n' ' ' | tr -s ' '); done
 exec scripts/gpu_batch.sh "${steps[@]}"
