@@ -36,7 +36,8 @@
 // - The chunk's matrices stream in with cp.async, each thread's pieces placed once per kernel
 //   (plan_row_copy): the next chunk's Kt and carry (two buffers, taking turns) are issued as chunk n
 //   starts and have the whole chunk to land; the next W is issued once phase 1 is done with W_n and
-//   lands during phase 2. U_n and Y_n are read into registers at the chunk start. The A operands
+//   lands during phase 2. U and Y go to registers a phase ahead of their use: U_{n+1} once phase 1
+//   is done with U_n (in flight during phase 2), Y_n at the chunk start (during phase 1). The A operands
 //   (W, Kt) load as ldmatrix.x4 (an 8 x 8 b16 matrix is 8 rows of 4 fp32: lane 4 g + t gets row g's
 //   float t, the m16n8k8 TF32 A fragment). Shared memory is zeroed first, so K and C pad to
 //   multiples of 16 with zeros the copies never overwrite. At the 1.3B head with VB 16: 94 KiB (two
@@ -234,6 +235,21 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
       s[i][2 * r] = v.x, s[i][2 * r + 1] = v.y;
     });
   };
+  // U_n at the thread's V_new entries (rows past C: zeros), and Y_n at its S entries (rows past K: zeros).
+  auto load_u = [&](int n, float (&u)[kChunkTiles][4]) {
+    for_chunk_rows([&](int i, int r, int c) {
+      const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
+      u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
+    });
+  };
+  auto load_addend = [&](int n, float (&y)[kStateTiles][4]) {
+    const float* Yn = p.addend + (bh * N + n) * K * V + v0;
+    for_state_rows([&](int i, int r, int k) {
+      const float2 v =
+          k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col)) : make_float2(0.f, 0.f);
+      y[i][2 * r] = v.x, y[i][2 * r + 1] = v.y;
+    });
+  };
   auto store_state = [&](float* dst) {
     for_state_rows([&](int i, int r, int k) {
       if (k < K) *reinterpret_cast<float2*>(dst + int64_t{k} * V + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
@@ -249,6 +265,10 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   }
   cp_async_commit();
   load_state(p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr);
+  // U (and Y) are read into registers a phase before their use, so their loads are in flight
+  // meanwhile: U_{n+1} during chunk n's phase 2, Y_n during its phase 1.
+  float u[kChunkTiles][4] = {};
+  if (N > 0) load_u(chunk_at(0), u);
 
   for (int step = 0; step < N; ++step) {
     const int b = step & 1, n = chunk_at(step);
@@ -261,11 +281,8 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     for_state_rows([&](int i, int r, int k) {
       *reinterpret_cast<float2*>(sS + k * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
     });
-    float u[kChunkTiles][4];  // U_n at the thread's V_new entries (rows past C: zeros)
-    for_chunk_rows([&](int i, int r, int c) {
-      const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
-      u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
-    });
+    float y[kStateTiles][4] = {};  // Y_n, for phase 2
+    if (p.addend) load_addend(n, y);
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
     __syncthreads();     // ... for every thread; S is in shared memory; the last phase 2 is done with buffer b ^ 1
     if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
@@ -287,18 +304,16 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     __syncthreads();  // V_new complete; nobody reads W_n any more
     if (p.w && step + 1 < N) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // lands during 2
     cp_async_commit();
+    if (step + 1 < N) load_u(chunk_at(step + 1), u);  // phase 1 is done with U_n
 
     // 2: S = carry_n * S + Y_n + Kt_n V_new, on the warp's own tiles.
     {
       const float* sCarry = smem + lay.carry + b * lay.carry_size;
-      const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
       float lo[kStateTiles][4] = {};
       for_state_rows([&](int i, int r, int k) {
         const float d = p.per_channel_carry ? sCarry[k] : sCarry[0];  // rows past K: zeros
-        const float2 y = Yn && k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col))
-                                     : make_float2(0.f, 0.f);
-        s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
-        s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
+        s[i][2 * r] = fmaf(d, s[i][2 * r], y[i][2 * r]);
+        s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y[i][2 * r + 1]);
       });
       if (p.kt) {
         tiles_times_cols<kStateTiles, kTf32>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles,
