@@ -553,25 +553,29 @@ TEST(DeltaRuleScan, BindingWithoutWOrKtMatchesLoop) {
 }
 
 // The chunk outputs kernel (ops::chunk_outputs_in_tokens on CUDA: kernels/prefill.h delta_rule_output)
-// == chunk_outputs + from_chunks in float64, value and every gradient, on random inputs: head dims
-// 16 to 256, lengths on and off the chunk, fp32 out in 3xTF32 (1e-5) and on TF32 / bf16 out (the
-// bf16 tolerance); the libtorch form where the kernel does not serve (K 40) or is switched off.
+// and its backward kernel (delta_rule_output_backward, K <= 128) == chunk_outputs + from_chunks in
+// float64, value and every gradient (A_qk's on its causal part; the backward kernel writes zeros
+// above the diagonal), on random inputs: head dims 16 to 256, lengths on and off the chunk, fp32
+// out in 3xTF32 (1e-5) and on TF32 / bf16 out (the bf16 tolerance); the libtorch backward past
+// K 128 or switched off, the libtorch form where the kernel does not serve (K 40) or is switched off.
 TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
   REQUIRE_FUSED_DECODE();
   struct S {
     int64_t B, T, H, K, V;
   };
-  DecodeOptions kernel_off;
-  kernel_off.delta_rule_output = false;
+  // The kernels (forward and backward), the forward kernel with the libtorch backward, both off.
+  std::vector<DecodeOptions> modes(3);
+  modes[1].delta_rule_output_backward = false;
+  modes[2].delta_rule_output = false;
+  const char* mode_names[] = {"", " backward switched off", " switched off"};
   for (const S s : {S{2, 200, 3, 96, 192}, S{1, 64, 2, 16, 16}, S{1, 130, 1, 256, 256}, S{3, 1, 2, 32, 80},
-                    S{1, 100, 2, 40, 64}})
+                    S{1, 100, 2, 40, 64}, S{2, 70, 2, 128, 48}})
     for (auto dtype : {f32, torch::kBFloat16})
       for (bool tf32 : {false, true})
-        for (bool off : {false, true}) {
+        for (int mode = 0; mode < 3; ++mode) {
           SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
-                                            << " out " << name(dtype) << (tf32 ? " TF32" : "")
-                                            << (off ? " switched off" : ""));
-          torch::manual_seed(s.T + s.K + s.V + tf32 * 3 + (dtype == f32) * 5 + off);
+                                            << " out " << name(dtype) << (tf32 ? " TF32" : "") << mode_names[mode]);
+          torch::manual_seed(s.T + s.K + s.V + tf32 * 3 + (dtype == f32) * 5 + mode);
           const int64_t C = 64, N = (s.T + C - 1) / C;
           std::vector<Tensor> leaves, ref_leaves;
           for (auto shape : {std::vector<int64_t>{s.B, s.H, N, C, s.K}, std::vector<int64_t>{s.B, s.H, N, s.K, s.V},
@@ -584,8 +588,7 @@ TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
           const auto d_o = torch::randn({s.B, s.T, s.H, s.V}, f64);
           Tensor out;
           {
-            DecodeOptions current;
-            DecodeOptionsGuard guard(off ? kernel_off : current);
+            DecodeOptionsGuard guard(modes[mode]);
             at::globalContext().setAllowTF32CuBLAS(tf32);
             out = ops::chunk_outputs_in_tokens(leaves[0], leaves[1], leaves[2], leaves[3], s.T, dtype);
             (out.to(f64) * d_o.cuda()).sum().backward();
@@ -599,8 +602,14 @@ TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
           const double tol = dtype == f32 && !tf32 ? 1e-5 : tolerance(torch::kBFloat16);
           EXPECT_LT(rel_err(out.detach().cpu().to(f64), ref.detach()), tol) << "output";
           const char* names[] = {"d q_start", "d states", "d a_qk", "d v_new"};
-          for (size_t i = 0; i < leaves.size(); ++i)
-            EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), tol) << names[i];
+          for (size_t i = 0; i < leaves.size(); ++i) {
+            // A_qk's causal part: the kernel reads only that (its gradient is zero above the diagonal).
+            auto causal = [&](const Tensor& x) { return i == 2 ? x.tril() : x; };
+            EXPECT_LT(rel_err(causal(leaves[i].grad().cpu().to(f64)), causal(ref_leaves[i].grad())), tol) << names[i];
+          }
+          if (mode == 0 && s.K % 16 == 0 && s.K <= 128) {
+            EXPECT_EQ(leaves[2].grad().triu(1).abs().max().item<float>(), 0.f) << "d a_qk above the diagonal";
+          }
         }
 }
 

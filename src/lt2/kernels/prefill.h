@@ -82,6 +82,25 @@ void delta_rule_output(const DeltaRuleOutputParams& p, void* stream);
 // 16 in [16, 256].
 bool delta_rule_output_supported(int head_k, int head_v, int chunk_size, int device);
 
+// Its backward: from dO (the output's gradient, in the output's layout and dtype) and the forward's
+// inputs, for every chunk-head
+//   dQ_n = dO_n S_n^T,  dS_n = Q_n^T dO_n,  dA_n = CausalTril(dO_n V_n^T),  dV_n = A_n^T dO_n
+// with dO_n's rows past seq taken as zeros and dA_n zero above the diagonal (the forward reads only
+// A_n's causal part). All fp32, chunk layout, packed.
+struct DeltaRuleOutputBackwardParams {
+  DeltaRuleOutputParams forward;  // the inputs and dims; `out` unused, `dtype` is dout's
+  const void* dout;     // [B, seq, H, V] dtype, packed
+  float* dq_start;      // [B, H, N, C, K]
+  float* dstates;       // [B, H, N, K, V]
+  float* da_qk;         // [B, H, N, C, C]
+  float* dv_new;        // [B, H, N, C, V]
+};
+void delta_rule_output_backward(const DeltaRuleOutputBackwardParams& p, void* stream);
+
+// Whether delta_rule_output_backward serves these dims on CUDA device `device`: C 64, K a multiple
+// of 16 in [16, 128], V a multiple of 16.
+bool delta_rule_output_backward_supported(int head_k, int head_v, int chunk_size, int device);
+
 // Row dot products of two [rows, cols] fp32 matrices: out[r] = sum_c x[r][c] y[r][c], in one read of
 // each (the chunk scan's backward: the decay gradient sum_v G_{n+1}[k][v] S_n[k][v], where a product
 // and a sum would write and read back a temporary of S's size). cols a multiple of 4, the matrices

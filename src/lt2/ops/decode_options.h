@@ -57,6 +57,10 @@ struct DecodeOptions {
   // kernel writing the token layout in the output dtype, in prefill and training (the backward is
   // libtorch's products); off: two batched GEMMs and a copy to the token layout.
   bool delta_rule_output = true;
+  // Its backward (dQ_n, dS_n, dA_n, dV_n from the output's gradient in its token layout) as one CUDA
+  // kernel where the forward ran the kernel and K <= 128; off: four batched GEMMs on the gradient
+  // copied into fp32 chunks. Read when the forward runs.
+  bool delta_rule_output_backward = true;
   // Causal sliding-window and plain causal attention over a contiguous run of keys (the window
   // mixer's whole-sequence forward, NSA's window branch) through libtorch's FlashAttention-2
   // kernels with their window bound, forward and backward, on CUDA in bf16/fp16 (off: SDPA with a

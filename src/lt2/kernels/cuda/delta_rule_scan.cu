@@ -1337,6 +1337,174 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
             ": q and k (and v in the additive mode) must be 16-byte aligned (they are read in 16-byte loads)");
 }
 
+// ---------------------------------------------------------------------------------------------
+// delta_rule_output_backward (prefill.h): the chunk outputs' four gradients for every chunk-head.
+//
+// Floor. Per chunk-head it reads dO [C, V] (the output dtype, token layout), Q_n [C, K], S_n [K, V],
+// A_n [C, C] and V_n [C, V] in fp32, writes dQ_n, dS_n, dA_n and dV_n in fp32 and does
+// 2 C K V + C^2 V multiply-adds (A_n and dA_n causal): at the 1.3B GDN head (K 96, V 192, C 64) 172
+// KiB read (dO in bf16), 172 KiB written, 3.1 M multiply-adds. The 8 x 4096 layer's 8,192 chunk-heads
+// move 2.9 GB (~0.9 ms at ~3.3 TB/s); their 26 G multiply-adds are ~0.1 ms in TF32. As four batched
+// GEMMs (the libtorch form) the step also copies dO into fp32 chunks and writes dA's upper half.
+//
+// Design. Grid (N, H, B), 8 warps; the value columns stream through in panels of 16 (two stages):
+// dO's panel (converted to fp32 through registers, fetched a panel ahead), S_n's and V_n's by
+// cp.async. Per panel, on tensor cores (warp_product: 3xTF32, or one TF32 product with `tf32`):
+// dQ += dO_p S_p^T and dA += dO_p V_p^T accumulate in registers (warp w: rows 16 (w % 4) .. + 15,
+// half the columns; dA's blocks above the diagonal skipped), while dS_p = Q^T dO_p (warp w: rows
+// 16 w .. + 15) and dV_p = A^T dO_p (A^T upper triangular: rows x >= i) are written at once.
+// Requirements: C 64, K a multiple of 16 up to 128, V a multiple of 16.
+
+constexpr int kOutBwdPanel = 16;
+constexpr int kOutBwdPanelPitch = kOutBwdPanel + 4;  // 20: the A-side reads' 8 rows in distinct banks
+constexpr int kOutBwdMaxK = 128;
+
+struct OutputBackwardShared {  // offsets and pitches in floats
+  int pq, pa;                  // row pitches of Q_n and A_n
+  int q, a, stages, stage_size, d_o, s, v, total;  // stage i at stages + i stage_size: dO, S and V panels
+};
+__host__ __device__ inline OutputBackwardShared output_backward_shared(int K) {
+  OutputBackwardShared l{};
+  l.pq = K + 4;
+  l.pa = kOutChunk + 4;
+  l.q = 0;
+  l.a = l.q + kOutChunk * l.pq;
+  l.stages = l.a + kOutChunk * l.pa;
+  l.d_o = 0;
+  l.s = l.d_o + kOutChunk * kOutBwdPanelPitch;
+  l.v = l.s + K * kOutBwdPanelPitch;
+  l.stage_size = l.v + kOutChunk * kOutBwdPanelPitch;
+  l.total = l.stages + 2 * l.stage_size;
+  return l;
+}
+
+bool output_backward_dims_in_bounds(int K, int V, int C) {
+  return C == kOutChunk && K >= 16 && K <= kOutBwdMaxK && K % 16 == 0 && V >= 16 && V % 16 == 0;
+}
+
+template <typename In, bool kTf32>
+__global__ void __launch_bounds__(kThreads, 2)
+    delta_rule_output_backward_kernel(const DeltaRuleOutputBackwardParams bp) {
+  constexpr int C = kOutChunk, P = kOutBwdPanel, PP = kOutBwdPanelPitch, kMaxKTiles = kOutBwdMaxK / 8 / 2;
+  constexpr int E = 16 / sizeof(In);                          // dO elements a 16-byte piece
+  constexpr int kPieces = ceil_div(C * P / E, kThreads);      // dO pieces a thread fetches a panel
+  const DeltaRuleOutputParams& p = bp.forward;
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads;
+  const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
+  const OutputBackwardShared lay = output_backward_shared(K);
+  extern __shared__ __align__(16) float out_bwd_smem[];
+  const float *sQ = out_bwd_smem + lay.q, *sA = out_bwd_smem + lay.a;
+  const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  const float* state = p.states + chunk * K * V;
+  const float* v_new = p.v_new + chunk * C * V;
+  const In* d_out = static_cast<const In*>(bp.dout) + ((static_cast<int64_t>(b) * T + t0) * H + h) * V;
+  const int panels = V / P;
+  auto stage = [&](int i) { return out_bwd_smem + lay.stages + (i % 2) * lay.stage_size; };
+
+  // dO's panel at column c0 into registers (rows past the sequence: zeros), then into a stage in fp32.
+  uint4 fetched[kPieces];
+  auto fetch_d_out = [&](int c0) {
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const int e = threadIdx.x + m * kThreads, i = e / (P / E), c = E * (e % (P / E));
+      fetched[m] = e < C * P / E && i < rows
+                       ? __ldg(reinterpret_cast<const uint4*>(d_out + static_cast<int64_t>(i) * H * V + c0 + c))
+                       : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto put_d_out = [&](float* dst) {
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const int e = threadIdx.x + m * kThreads, i = e / (P / E), c = E * (e % (P / E));
+      if (e >= C * P / E) break;
+      float f[E];
+      unpack16<In>(fetched[m], f);
+#pragma unroll
+      for (int x = 0; x < E; x += 4)
+        *reinterpret_cast<float4*>(dst + i * PP + c + x) = make_float4(f[x], f[x + 1], f[x + 2], f[x + 3]);
+    }
+  };
+  const RowCopy copy_panel = plan_row_copy(P);
+  auto load_panels = [&](int i) {  // S_n's and V_n's columns of panel i into its stage, one group
+    float* st = stage(i);
+    for (int r = copy_panel.row0; r < K; r += copy_panel.row_step)
+      cp_async16(st + lay.s + r * PP + copy_panel.col, state + int64_t{r} * V + P * i + copy_panel.col);
+    for (int r = copy_panel.row0; r < C; r += copy_panel.row_step)
+      cp_async16(st + lay.v + r * PP + copy_panel.col, v_new + int64_t{r} * V + P * i + copy_panel.col);
+    cp_async_commit();
+  };
+
+  copy_rows_async(plan_row_copy(K), out_bwd_smem + lay.q, lay.pq, p.q_start + chunk * C * K, C, K);
+  copy_rows_async(plan_row_copy(C), out_bwd_smem + lay.a, lay.pa, p.a_qk + chunk * C * C, C, C);
+  cp_async_commit();
+  load_panels(0);
+  fetch_d_out(0);
+
+  const int k_tiles = K / 16, nq0 = half * k_tiles;              // the warp's n-tiles of dQ [C, K]
+  const int na0 = 4 * half, a_tiles = max(0, min(4, 2 * mt + 2 - na0));  // of dA [C, C], at or below the diagonal
+  float dq[kMaxKTiles][4] = {}, da[4][4] = {};
+  for (int i = 0; i < panels; ++i) {
+    float* st = stage(i);
+    put_d_out(st + lay.d_o);  // its stage was last read before the barrier closing panel i - 2
+    if (i + 1 < panels) {
+      load_panels(i + 1);
+      fetch_d_out(P * (i + 1));
+      cp_async_wait<1>();  // all but panel i + 1's group: Q_n, A_n and panel i landed (this thread's)
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float *sD = st + lay.d_o, *sS = st + lay.s, *sV = st + lay.v;
+    // dQ += dO_p S_p^T: A(i, x) = dO[i][x], B(x, k) = S[k][x].
+    warp_product<kMaxKTiles, kTf32>(dq, sD, PP, 1, sS, 1, PP, m0, nq0, k_tiles, 0, P);
+    // dA += dO_p V_p^T: B(x, j) = V[j][x].
+    warp_product<4, kTf32>(da, sD, PP, 1, sV, 1, PP, m0, na0, a_tiles, 0, P);
+    const int col0 = P * i;
+    if (16 * warp < K) {  // dS_p = Q^T dO_p: A(k, x) = Q[x][k], B(x, c) = dO[x][c]
+      float ds[2][4] = {};
+      warp_product<2, kTf32>(ds, sQ, 1, lay.pq, sD, PP, 1, 16 * warp, 0, 2, 0, C);
+      float* out = bp.dstates + chunk * K * V + col0;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(out + int64_t{16 * warp + g + 8 * r} * V + 8 * j + 2 * t) =
+              make_float2(ds[j][2 * r], ds[j][2 * r + 1]);
+    }
+    {  // dV_p = A^T dO_p: A(i, x) = A[x][i], zero for x < i; the warp's n-tile `half`
+      float dv[1][4] = {};
+      warp_product<1, kTf32>(dv, sA, 1, lay.pa, sD, PP, 1, m0, half, 1, m0, C);
+      float* out = bp.dv_new + chunk * C * V + col0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(out + int64_t{m0 + g + 8 * r} * V + 8 * half + 2 * t) =
+            make_float2(dv[0][2 * r], dv[0][2 * r + 1]);
+    }
+    __syncthreads();  // the stage is free for panel i + 2
+  }
+  float* dq_out = bp.dq_start + chunk * C * K;
+#pragma unroll
+  for (int j = 0; j < kMaxKTiles; ++j) {
+    if (j >= k_tiles) break;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(dq_out + (m0 + g + 8 * r) * K + 8 * (nq0 + j) + 2 * t) =
+          make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
+  }
+  float* da_out = bp.da_qk + chunk * C * C;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + g + 8 * r, c = 8 * (na0 + j) + 2 * t;
+      const bool kept = j < a_tiles;  // tiles past the diagonal and entries above it: zeros
+      *reinterpret_cast<float2*>(da_out + i * C + c) =
+          make_float2(kept && c <= i ? da[j][2 * r] : 0.f, kept && c + 1 <= i ? da[j][2 * r + 1] : 0.f);
+    }
+}
+
 }  // namespace
 
 bool delta_rule_prepare_supported(int head_k, int head_v, int chunk_size, int device) {
@@ -1384,5 +1552,44 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
   });
   check_launch("delta_rule_prepare_backward");
 }
+
+bool delta_rule_output_backward_supported(int head_k, int head_v, int chunk_size, int device) {
+  return output_backward_dims_in_bounds(head_k, head_v, chunk_size) &&
+         sizeof(float) * static_cast<size_t>(output_backward_shared(head_k).total) <= max_shared_bytes(device);
+}
+
+void delta_rule_output_backward(const DeltaRuleOutputBackwardParams& bp, void* stream) {
+  const char* op = "delta_rule_output_backward";
+  const DeltaRuleOutputParams& p = bp.forward;
+  LT2_CHECK(output_backward_dims_in_bounds(p.head_k, p.head_v, p.chunk_size), op, ": needs C ", kOutChunk,
+            ", K a multiple of 16 in [16, ", kOutBwdMaxK, "] and V a multiple of 16, found K ", p.head_k, ", V ",
+            p.head_v, ", C ", p.chunk_size);
+  LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
+            p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
+  LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": dout must be fp32 or bf16");
+  const int chunks = ceil_div(p.seq, kOutChunk);
+  if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
+  LT2_CHECK(p.q_start && p.states && p.a_qk && p.v_new && bp.dout && bp.dq_start && bp.dstates && bp.da_qk &&
+                bp.dv_new,
+            op, ": every pointer but forward.out must be given");
+  LT2_CHECK(aligned16(p.q_start) && aligned16(p.states) && aligned16(p.a_qk) && aligned16(p.v_new) &&
+                aligned16(bp.dout) && aligned16(bp.dq_start) && aligned16(bp.dstates) && aligned16(bp.da_qk) &&
+                aligned16(bp.dv_new),
+            op, ": every tensor must be 16-byte aligned");
+  int device = 0;
+  cudaGetDevice(&device);
+  const size_t smem = sizeof(float) * output_backward_shared(p.head_k).total;
+  LT2_CHECK(smem <= max_shared_bytes(device), op, ": K ", p.head_k, " needs ", smem,
+            " bytes of shared memory, the device gives ", max_shared_bytes(device));
+  const dim3 grid(chunks, p.heads, p.batch);
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
+    constexpr auto kernel = delta_rule_output_backward_kernel<decltype(in), decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, op);
+    kernel<<<grid, kThreads, smem, s>>>(bp);
+  });
+  check_launch(op);
+}
+
 
 }  // namespace lt2::kernels

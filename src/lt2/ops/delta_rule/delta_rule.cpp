@@ -489,33 +489,64 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
 
 
 #ifdef LT2_WITH_CUDA
+// The kernels' dims of the chunk outputs from q_start [B, H, N, C, K] and v_new [B, H, N, C, V].
+kernels::DeltaRuleOutputParams output_params(const Tensor& q_start, const Tensor& v_new, int64_t T,
+                                             torch::ScalarType dtype) {
+  kernels::DeltaRuleOutputParams p{};
+  p.batch = static_cast<int>(q_start.size(0)), p.seq = static_cast<int>(T), p.heads = static_cast<int>(q_start.size(1));
+  p.head_k = static_cast<int>(q_start.size(4)), p.head_v = static_cast<int>(v_new.size(4));
+  p.chunk_size = static_cast<int>(q_start.size(3));
+  p.dtype = detail::kernel_dtype(dtype);
+  p.tf32 = tf32_products();
+  return p;
+}
+
 // O = Q_start S_n + A_qk V_n in the token layout [B, T, H, V] of `dtype` by the kernel
-// (kernels/prefill.h: delta_rule_output); the backward by the products autograd takes for the
-// libtorch form, on the output gradient in chunks.
+// (kernels/prefill.h: delta_rule_output); the backward by its kernel where it serves the dims
+// (delta_rule_output_backward, switch DecodeOptions::delta_rule_output_backward as the forward
+// saw it), else the products autograd takes for the libtorch form, on the output gradient in chunks.
 struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q_start, const Tensor& states,
                         const Tensor& a_qk, const Tensor& v_new, int64_t T, torch::ScalarType dtype) {
-    const int64_t B = q_start.size(0), H = q_start.size(1), C = q_start.size(3), K = q_start.size(4),
-                  V = v_new.size(4);
     const auto q = aligned_packed(q_start), s = aligned_packed(states), a = aligned_packed(a_qk),
                v = aligned_packed(v_new);
-    auto out = torch::empty({B, T, H, V}, q.options().dtype(dtype));
+    auto out = torch::empty({q.size(0), T, q.size(1), v.size(4)}, q.options().dtype(dtype));
     c10::cuda::CUDAGuard guard(q.device());
-    kernels::DeltaRuleOutputParams p{};
+    auto p = output_params(q, v, T, dtype);
     p.q_start = q.data_ptr<float>(), p.states = s.data_ptr<float>(), p.a_qk = a.data_ptr<float>();
     p.v_new = v.data_ptr<float>(), p.out = out.data_ptr();
-    p.batch = static_cast<int>(B), p.seq = static_cast<int>(T), p.heads = static_cast<int>(H);
-    p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V), p.chunk_size = static_cast<int>(C);
-    p.dtype = detail::kernel_dtype(dtype);
-    p.tf32 = tf32_products();
     kernels::delta_rule_output(p, detail::current_stream(q));
-    ctx->save_for_backward({q_start, states, a_qk, v_new});
+    ctx->save_for_backward({q, s, a, v});
+    ctx->saved_data["T"] = T;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    ctx->saved_data["tf32"] = p.tf32;
+    ctx->saved_data["kernel_backward"] =
+        decode_options().delta_rule_output_backward &&
+        kernels::delta_rule_output_backward_supported(p.head_k, p.head_v, p.chunk_size, detail::cuda_index(q.device()));
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &q_start = saved[0], &states = saved[1], &a_qk = saved[2], &v_new = saved[3];
+    if (ctx->saved_data["kernel_backward"].toBool()) {
+      const int64_t T = ctx->saved_data["T"].toInt();
+      const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+      const auto dout = aligned_packed(grads[0].to(dtype));  // the output's dtype and layout
+      std::vector<Tensor> d{torch::empty_like(q_start), torch::empty_like(states), torch::empty_like(a_qk),
+                            torch::empty_like(v_new)};
+      c10::cuda::CUDAGuard guard(q_start.device());
+      kernels::DeltaRuleOutputBackwardParams bp{};
+      bp.forward = output_params(q_start, v_new, T, dtype);
+      bp.forward.tf32 = ctx->saved_data["tf32"].toBool();
+      bp.forward.q_start = q_start.data_ptr<float>(), bp.forward.states = states.data_ptr<float>();
+      bp.forward.a_qk = a_qk.data_ptr<float>(), bp.forward.v_new = v_new.data_ptr<float>();
+      bp.dout = dout.data_ptr();
+      bp.dq_start = d[0].data_ptr<float>(), bp.dstates = d[1].data_ptr<float>();
+      bp.da_qk = d[2].data_ptr<float>(), bp.dv_new = d[3].data_ptr<float>();
+      kernels::delta_rule_output_backward(bp, detail::current_stream(q_start));
+      return {d[0], d[1], d[2], d[3], Tensor(), Tensor()};
+    }
     const auto dO = to_chunks(grads[0], q_start.size(3), torch::kFloat32);  // [B, H, N, C, V]
     auto t = [](const Tensor& x) { return x.transpose(-1, -2); };
     auto need = [&](size_t i) { return ctx->needs_input_grad(i); };
@@ -529,7 +560,7 @@ struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunct
 }  // namespace
 
 ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                              double scale, int64_t C) {
+                                double scale, int64_t C) {
 #ifdef LT2_WITH_CUDA
   const auto dtype = q.scalar_type();
   auto fp32 = [](const Tensor& t) { return t.defined() ? t.to(torch::kFloat32).contiguous() : torch::empty({0}); };

@@ -172,7 +172,8 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
 // O = Q_start S_n + A_qk V_n (chunk_outputs) in the token layout [B, T, H, V] of `dtype`, from
 // q_start [B, H, N, C, K], states [B, H, N, K, V], a_qk [B, H, N, C, C] (causal) and v_new
 // [B, H, N, C, V]: one CUDA kernel where it serves (fp32 inputs, fp32 or bf16 out, C 64, K and V
-// multiples of 16 up to 256, DecodeOptions::delta_rule_output), else chunk_outputs and from_chunks.
+// multiples of 16 up to 256, DecodeOptions::delta_rule_output), else chunk_outputs and from_chunks;
+// the kernel's backward is one more kernel where K <= 128 (DecodeOptions::delta_rule_output_backward).
 // Differentiable.
 Tensor chunk_outputs_in_tokens(const Tensor& q_start, const Tensor& states, const Tensor& a_qk, const Tensor& v_new,
                                int64_t T, torch::ScalarType dtype);
