@@ -8,7 +8,7 @@
 # lt2-gdn-100m at seq 2048 x 16 and 8192 x 4; the gated linear family on the preparation kernel's additive mode
 # against the libtorch form (switch gated_linear_prepare, same binary: the recurrence alone at 8 x 4096 with
 # 16 heads of 128, and the Mamba2 and RetNet layers at the 1.3B shape) and lt-100m with Mamba2 layers trained by
-# MID and by the new tree; the GDN and full-attention layers at the 1.3B shape, MID and new alternating; the
+# MID and by the new tree, and the GDN layer with the chunk outputs' backward kernel off and on; the GDN and full-attention layers at the 1.3B shape, MID and new alternating; the
 # lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; train_bench --profile-ops of both models. About 10
 # minutes with OLD_TARBALL, the device's limit a call: the later steps may be cut (gpu_batch.sh packs the
 # results after each step).
@@ -27,7 +27,10 @@ steps+=(
      build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5
      --option gated_linear_prepare=\$o | grep RESULT; done; done;
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b mamba2; \$b/train_bench --model lt-100m
-     --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 5 --warm 2 --checkpoint-loops auto | grep RESULT; done"
+     --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 5 --warm 2 --checkpoint-loops auto | grep RESULT; done;
+     for i in 1 2; do for o in 0 1; do echo layer gdn delta_rule_output_backward=\$o; build-prebuilt/mixer_bench
+     --model lt2-gdn-1.3b --mixer gdn --batch 8 --seq 4096 --iters 5 --option delta_rule_output_backward=\$o |
+     grep RESULT; done; done"
   "layer 80 for i in 1 2; do for m in gdn full; do for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do
      echo \$b \$m; \$b/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5 | grep RESULT;
      done; done; done"
