@@ -4,11 +4,12 @@
 # each). Carry .deps/build-prebuilt.tar.xz (the tree under test) and the two baseline tarballs.
 #   MID_TARBALL=.deps/build-<commit>.tar.xz   the baseline the new tree is A/B'd against (required)
 #   OLD_TARBALL=.deps/build-<commit>.tar.xz   an older baseline: MID is A/B'd against it first (optional)
-# Steps: the GPU suite; train_bench A/Bs (MID against OLD, then build-prebuilt against MID) of lt-100m and
-# lt2-gdn-100m at seq 2048 x 16 and 8192 x 4; the gated linear family on the preparation kernel's additive mode
+# Steps: the GPU suite; a train_bench A/B (build-prebuilt against MID) of lt-100m and lt2-gdn-100m at seq
+# 2048 x 16 and 8192 x 4; the gated linear family on the preparation kernel's additive mode
 # against the libtorch form (switch gated_linear_prepare, same binary: the recurrence alone at 8 x 4096 with
 # 16 heads of 128, and the Mamba2 and RetNet layers at the 1.3B shape) and lt-100m with Mamba2 layers trained by
-# MID and by the new tree, and the GDN layer with the chunk outputs' backward kernel off and on; the GDN and full-attention layers at the 1.3B shape, MID and new alternating; the
+# MID and by the new tree, and the GDN layer with the chunk outputs' backward kernel off and on; the same A/B of
+# MID against OLD; the GDN and full-attention layers at the 1.3B shape, MID and new alternating; the
 # lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; train_bench --profile-ops of both models. About 10
 # minutes with OLD_TARBALL, the device's limit a call: the later steps may be cut (gpu_batch.sh packs the
 # results after each step).
@@ -16,8 +17,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${MID_TARBALL:?MID_TARBALL: the baseline tarball of scripts/prebuild_gpu.sh}"
 steps=("tests 200 STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh")
-[ -n "${OLD_TARBALL:-}" ] &&
-  steps+=("midab 150 BASE_TARBALL=$OLD_TARBALL NEW_TARBALL=$MID_TARBALL ARMS='base new' STEPS=5 scripts/gpu_train_ab.sh")
 steps+=(
   "newab 200 BASE_TARBALL=$MID_TARBALL STEPS=5 scripts/gpu_train_ab.sh"
   "gated 110 for m in mamba2 linear; do for o in 0 1; do echo core \$m gated_linear_prepare=\$o;
@@ -31,6 +30,12 @@ steps+=(
      for i in 1 2; do for o in 0 1; do echo layer gdn delta_rule_output_backward=\$o; build-prebuilt/mixer_bench
      --model lt2-gdn-1.3b --mixer gdn --batch 8 --seq 4096 --iters 5 --option delta_rule_output_backward=\$o |
      grep RESULT; done; done"
+  )
+# MID against OLD after the new tree's steps (the call's limit may cut the steps that follow), unpacked
+# apart: /tmp/train_ab_base keeps MID for the steps after.
+[ -n "${OLD_TARBALL:-}" ] && steps+=("midab 150 BASE_TARBALL=$OLD_TARBALL NEW_TARBALL=$MID_TARBALL
+  BASE_DIR=/tmp/train_ab_old ARMS='base new' STEPS=5 scripts/gpu_train_ab.sh")
+steps+=(
   "layer 80 for i in 1 2; do for m in gdn full; do for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do
      echo \$b \$m; \$b/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5 | grep RESULT;
      done; done; done"
