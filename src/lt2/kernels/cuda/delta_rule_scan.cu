@@ -227,27 +227,20 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   float s[kStateTiles][4] = {};
   auto for_state_rows = [&](auto&& f) { for_warp_rows<kStateTiles>(state_tiles, mt0, kMtStep, g, f); };
   auto for_chunk_rows = [&](auto&& f) { for_warp_rows<kChunkTiles>(chunk_tiles, mt0, kMtStep, g, f); };
-  // S from [K, V] rows V apart (from column v0); rows past K, or all without src, as zeros.
-  auto load_state = [&](const float* src) {
+  // The thread's S entries of a [K, V] matrix (rows V apart, from column v0) into `dst`: S itself or
+  // Y_n; rows past K, or all without src, as zeros.
+  auto load_state_entries = [&](const float* src, float (&dst)[kStateTiles][4]) {
     for_state_rows([&](int i, int r, int k) {
       const float2 v = src && k < K ? *reinterpret_cast<const float2*>(src + int64_t{k} * V + col)
                                     : make_float2(0.f, 0.f);
-      s[i][2 * r] = v.x, s[i][2 * r + 1] = v.y;
+      dst[i][2 * r] = v.x, dst[i][2 * r + 1] = v.y;
     });
   };
-  // U_n at the thread's V_new entries (rows past C: zeros), and Y_n at its S entries (rows past K: zeros).
+  // U_n at the thread's V_new entries (rows past C: zeros).
   auto load_u = [&](int n, float (&u)[kChunkTiles][4]) {
     for_chunk_rows([&](int i, int r, int c) {
       const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
       u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
-    });
-  };
-  auto load_addend = [&](int n, float (&y)[kStateTiles][4]) {
-    const float* Yn = p.addend + (bh * N + n) * K * V + v0;
-    for_state_rows([&](int i, int r, int k) {
-      const float2 v =
-          k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col)) : make_float2(0.f, 0.f);
-      y[i][2 * r] = v.x, y[i][2 * r + 1] = v.y;
     });
   };
   auto store_state = [&](float* dst) {
@@ -264,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     load_kt_carry(chunk_at(0), 0);
   }
   cp_async_commit();
-  load_state(p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr);
+  load_state_entries(p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr, s);
   // U (and Y) are read into registers a phase before their use, so their loads are in flight
   // meanwhile: U_{n+1} during chunk n's phase 2, Y_n during its phase 1.
   float u[kChunkTiles][4] = {};
@@ -275,14 +268,15 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
     // A document starts here (packed rows): S restarts from its state.
     const int reset = p.resets ? __ldg(p.resets + n) : -1;
     if (reset >= 0)
-      load_state(p.reset_states ? p.reset_states + (int64_t{reset} * p.heads + blockIdx.y) * K * V + v0 : nullptr);
+      load_state_entries(
+          p.reset_states ? p.reset_states + (int64_t{reset} * p.heads + blockIdx.y) * K * V + v0 : nullptr, s);
     store_state(p.states + (bh * N + n) * K * V + v0);  // S_n
     // S to shared memory for phase 1 (its last readers, the previous phase 1, passed a barrier since).
     for_state_rows([&](int i, int r, int k) {
       *reinterpret_cast<float2*>(sS + k * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
     });
-    float y[kStateTiles][4] = {};  // Y_n, for phase 2
-    if (p.addend) load_addend(n, y);
+    float y[kStateTiles][4];  // Y_n, for phase 2
+    load_state_entries(p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr, y);
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
     __syncthreads();     // ... for every thread; S is in shared memory; the last phase 2 is done with buffer b ^ 1
     if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk

@@ -439,14 +439,13 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
                                                 const Tensor& g, double scale, int64_t C) {
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
     const auto f32 = q.options().dtype(torch::kFloat32);
-    const bool additive = !empty_as_absent(beta).defined();
-    std::vector<Tensor> out{additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
+    auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), scale, C);
+    std::vector<Tensor> out{p.additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
                             torch::empty({B, H, N, C, V}, f32), torch::empty({B, H, N, K, C}, f32),
                             torch::empty({B, H, N, 1, 1}, f32), torch::empty({B, H, N, C, K}, f32),
                             torch::empty({B, H, N, C, C}, f32)};
     c10::cuda::CUDAGuard guard(q.device());
-    auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), scale, C);
-    p.w = additive ? nullptr : out[0].data_ptr<float>();
+    p.w = p.additive ? nullptr : out[0].data_ptr<float>();
     p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
     p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>(), p.a_qk = out[5].data_ptr<float>();
     kernels::delta_rule_prepare(p, detail::current_stream(q));
@@ -485,10 +484,7 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
             g.defined() ? dg : Tensor(), Tensor(), Tensor()};
   }
 };
-#endif
 
-
-#ifdef LT2_WITH_CUDA
 // The kernels' dims of the chunk outputs from q_start [B, H, N, C, K] and v_new [B, H, N, C, V].
 kernels::DeltaRuleOutputParams output_params(const Tensor& q_start, const Tensor& v_new, int64_t T,
                                              torch::ScalarType dtype) {
@@ -560,12 +556,14 @@ struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunct
 }  // namespace
 
 ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                                double scale, int64_t C) {
+                                double scale, int64_t C, const DocumentChunks* docs) {
 #ifdef LT2_WITH_CUDA
   const auto dtype = q.scalar_type();
+  // The kernels read token rows: packed documents each from a chunk boundary.
+  auto rows = [&](const Tensor& t) { return docs && t.defined() ? docs->to_padded_rows(t) : t; };
   auto fp32 = [](const Tensor& t) { return t.defined() ? t.to(torch::kFloat32).contiguous() : torch::empty({0}); };
-  auto out = PrepareChunksFunction::apply(aligned_packed(q), aligned_packed(k.to(dtype)), aligned_packed(v.to(dtype)),
-                                          fp32(beta), fp32(g), scale, C);
+  auto out = PrepareChunksFunction::apply(aligned_packed(rows(q)), aligned_packed(rows(k).to(dtype)),
+                                          aligned_packed(rows(v).to(dtype)), fp32(rows(beta)), fp32(rows(g)), scale, C);
   return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], out[5]};
 #else
   detail::no_cuda("delta_rule_prepare");
@@ -663,10 +661,8 @@ RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, con
   const auto dt = accum_dtype(v);
   const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), "delta_rule_chunked_varlen");
   return chunked_form_varlen(docs, q, v, initial_states, [&] {
-    if (delta_rule_prepare_serves(q, k, v, beta, g, chunk_size)) {  // the kernel over the documents' padded rows
-      auto rows = [&](const Tensor& t) { return t.defined() ? docs.to_padded_rows(t) : t; };
-      return prepare_chunks_kernel(rows(q), rows(k), rows(v), rows(beta), rows(g), scale, chunk_size);
-    }
+    if (delta_rule_prepare_serves(q, k, v, beta, g, chunk_size))
+      return prepare_chunks_kernel(q, k, v, beta, g, scale, chunk_size, &docs);
     return prepare_chunks(docs.to_chunks(q, dt), docs.to_chunks(k, dt), docs.to_chunks(v, dt),
                           docs.to_chunks(beta.unsqueeze(-1), dt), docs.cumulative_gate(g, q.size(2), dt), scale);
   });

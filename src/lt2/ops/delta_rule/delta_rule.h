@@ -164,10 +164,11 @@ ChunkPrep chunk_reads_and_writes(const Tensor& Q, const Tensor& Kc, const Tensor
 bool chunk_prepare_kernel_serves(const Tensor& q, const Tensor& v, const Tensor& g, int64_t chunk_size);
 // The chunk preparation by those kernels from the raw rows q, k [B, T, H, K], v [B, T, H, V],
 // beta [B, T, H], g undefined or [B, T, H]: the delta rule's ChunkPrep, or with beta undefined the
-// gated linear family's (the additive preparation: u = V in fp32, w undefined). Differentiable;
+// gated linear family's (the additive preparation: u = V in fp32, w undefined). With `docs` the
+// rows are documents packed into one row (B 1), prepared in docs' chunk layout. Differentiable;
 // call where chunk_prepare_kernel_serves holds.
 ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                                double scale, int64_t chunk_size);
+                                double scale, int64_t chunk_size, const DocumentChunks* docs = nullptr);
 
 // O = Q_start S_n + A_qk V_n (chunk_outputs) in the token layout [B, T, H, V] of `dtype`, from
 // q_start [B, H, N, C, K], states [B, H, N, K, V], a_qk [B, H, N, C, C] (causal) and v_new

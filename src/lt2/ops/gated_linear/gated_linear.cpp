@@ -118,10 +118,8 @@ RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, c
   const auto dt = accum_dtype(v);
   const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), op);
   return chunked_form_varlen(docs, q, v, initial_states, [&] {
-    if (gated_linear_prepare_serves(q, v, g, chunk_size)) {  // the kernels over the documents' padded rows
-      auto rows = [&](const Tensor& t) { return t.defined() ? docs.to_padded_rows(t) : t; };
-      return prepare_chunks_kernel(rows(q), rows(k), rows(v), Tensor(), rows(g), scale, chunk_size);
-    }
+    if (gated_linear_prepare_serves(q, v, g, chunk_size))
+      return prepare_chunks_kernel(q, k, v, Tensor(), g, scale, chunk_size, &docs);
     return additive_prep(chunk_reads_and_writes(docs.to_chunks(q, dt), docs.to_chunks(k, dt),
                                                 docs.cumulative_gate(g, q.size(2), dt), scale),
                          docs.to_chunks(v, dt));
