@@ -1585,5 +1585,4 @@ void delta_rule_output_backward(const DeltaRuleOutputBackwardParams& bp, void* s
   check_launch(op);
 }
 
-
 }  // namespace lt2::kernels
