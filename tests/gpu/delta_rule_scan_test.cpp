@@ -195,10 +195,11 @@ TEST(DeltaRuleScan, GatedLinearChunkedMatchesReferenceOnBothForms) {
 }
 
 // The gated linear family through the preparation kernel's additive mode (gated_linear_prepare:
-// no gate or one per head, C 64) and the scan without W: output, final state and every gradient (q,
-// k, v, g, initial state) == the float64 recurrence's, in fp32 (3xTF32, 1e-5) at lengths off the
-// chunk, with and without an initial state; and in training's setting (bf16 q/k/v, TF32 products)
-// within the bf16 tolerance. The option off, per-channel gates and C 32 keep the libtorch form.
+// no gate, one per head or one per key channel (channel_gate_prepare: GLA, HGRN2), C 64) and the
+// scan without W: output, final state and every gradient (q, k, v, g, initial state) == the
+// float64 recurrence's, in fp32 (3xTF32, 1e-5) at lengths off the chunk, with and without an
+// initial state; and in training's setting (bf16 q/k/v, TF32 products) within the bf16 tolerance.
+// The options off and C 32 keep the libtorch form.
 TEST(DeltaRuleScan, GatedLinearKernelMatchesReference) {
   REQUIRE_FUSED_DECODE();
   struct G {
@@ -207,7 +208,8 @@ TEST(DeltaRuleScan, GatedLinearKernelMatchesReference) {
     bool bf16;
   };
   for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head, false}, G{{1, 130, 2, 32, 64, 64}, Gate::None, false},
-                    G{{1, 64, 2, 128, 128, 64}, Gate::Head, false}, G{{2, 300, 4, 96, 192, 64}, Gate::Head, true}})
+                    G{{1, 64, 2, 128, 128, 64}, Gate::Head, false}, G{{2, 300, 4, 96, 192, 64}, Gate::Head, true},
+                    G{{2, 150, 3, 64, 128, 64}, Gate::Channel, false}, G{{1, 200, 2, 128, 64, 64}, Gate::Channel, true}})
     for (bool with_state : {false, true}) {
       const Shape& s = c.s;
       SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
@@ -249,20 +251,29 @@ TEST(DeltaRuleScan, GatedLinearKernelMatchesReference) {
   torch::manual_seed(4);
   const auto o = gpu(f32);
   const auto channel = make_inputs(1, 70, 2, 32, 64, Gate::Channel, false);
-  EXPECT_FALSE(ops::gated_linear_prepare_serves(channel.q.to(o), channel.v.to(o), channel.g.to(o), 64))
-      << "per-channel gate";
   const auto head = make_inputs(1, 70, 2, 32, 64, Gate::Head, false);
   EXPECT_FALSE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 32)) << "C 32";
+  {
+    DecodeOptions no_channels;
+    no_channels.channel_gate_prepare = false;
+    DecodeOptionsGuard guard(no_channels);
+    EXPECT_FALSE(ops::gated_linear_prepare_serves(channel.q.to(o), channel.v.to(o), channel.g.to(o), 64))
+        << "channel_gate_prepare off";
+    EXPECT_TRUE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 64))
+        << "channel_gate_prepare off, per-head gate";
+  }
   DecodeOptions off;
   off.gated_linear_prepare = false;
   DecodeOptionsGuard guard(off);
   EXPECT_FALSE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 64)) << "option off";
+  EXPECT_FALSE(ops::gated_linear_prepare_serves(channel.q.to(o), channel.v.to(o), channel.g.to(o), 64))
+      << "option off, per-channel gate";
 }
 
-// The chunk preparation kernel (delta_rule_prepare) serves GDN and DeltaNet (no gate or one gate
-// per head) at C 64 with K, V multiples of 16 (K <= 128), in fp32 and bf16, and gives what the
-// libtorch preparation gives (the same op with DecodeOptions::delta_rule_prepare off) and the
-// float64 recurrence; per-channel gates, other chunk sizes and dims, and the option off keep the
+// The chunk preparation kernel (delta_rule_prepare) serves GDN, DeltaNet and KDA (no gate, one gate
+// per head, one per key channel) at C 64 with K, V multiples of 16 (K <= 128), in fp32 and bf16,
+// and gives what the libtorch preparation gives (the same op with DecodeOptions::delta_rule_prepare
+// off) and the float64 recurrence; other chunk sizes and dims, and the options off keep the
 // libtorch preparation. Its backward: GradientsMatchReference and the TF32 test below.
 TEST(DeltaRuleScan, PreparedChunksMatchLibtorchPreparation) {
   REQUIRE_FUSED_DECODE();
@@ -272,7 +283,7 @@ TEST(DeltaRuleScan, PreparedChunksMatchLibtorchPreparation) {
   DecodeOptions libtorch_prep;
   libtorch_prep.delta_rule_prepare = false;
   for (const auto& s : shapes)
-    for (Gate gate : {Gate::None, Gate::Head})
+    for (Gate gate : {Gate::None, Gate::Head, Gate::Channel})
       for (auto dtype : {f32, torch::kBFloat16}) {
         SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
                                           << " C" << s.C << " " << gate_name(gate) << " " << name(dtype));
@@ -303,9 +314,14 @@ TEST(DeltaRuleScan, PreparedChunksMatchLibtorchPreparation) {
   const auto o = gpu(f32);
   torch::NoGradGuard no_grad;
   const auto channel = make_inputs(1, 70, 2, 32, 64, Gate::Channel, false);
-  EXPECT_FALSE(ops::delta_rule_prepare_serves(to(channel.q, o), to(channel.k, o), to(channel.v, o),
-                                              to(channel.beta, o), to(channel.g, o), 64))
-      << "per-channel gate";
+  {
+    DecodeOptions no_channels;
+    no_channels.channel_gate_prepare = false;
+    DecodeOptionsGuard guard(no_channels);
+    EXPECT_FALSE(ops::delta_rule_prepare_serves(to(channel.q, o), to(channel.k, o), to(channel.v, o),
+                                                to(channel.beta, o), to(channel.g, o), 64))
+        << "channel_gate_prepare off";
+  }
   for (const Shape& s : {Shape{1, 70, 2, 32, 64, 32}, Shape{1, 70, 2, 256, 64, 64}, Shape{1, 70, 2, 32, 40, 64}}) {
     const auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, Gate::Head, false);
     EXPECT_FALSE(ops::delta_rule_prepare_serves(to(in.q, o), to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o),
@@ -343,10 +359,12 @@ TEST(DeltaRuleScan, GradientsMatchReference) {
     Shape s;
     Gate gate;
   };
-  // The 1.3B head at a length off the chunk and DeltaNet (the preparation kernel and its backward),
-  // a small head with C 16, and per-channel decay (KDA) (the libtorch preparation).
+  // The 1.3B head at a length off the chunk, DeltaNet and per-channel decay (KDA) at K 64 and 128
+  // (the preparation kernel and its backward), a small head with C 16 and KDA with C 32 (the libtorch
+  // preparation).
   for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head}, G{{1, 130, 2, 32, 64, 64}, Gate::None},
-                    G{{1, 70, 2, 32, 64, 16}, Gate::None}, G{{2, 100, 2, 64, 128, 64}, Gate::Channel}})
+                    G{{1, 70, 2, 32, 64, 16}, Gate::None}, G{{2, 100, 2, 64, 128, 64}, Gate::Channel},
+                    G{{1, 130, 2, 128, 64, 64}, Gate::Channel}, G{{1, 100, 2, 64, 128, 32}, Gate::Channel}})
     for (bool with_state : {false, true}) {
       const Shape& s = c.s;
       SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V

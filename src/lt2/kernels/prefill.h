@@ -233,16 +233,26 @@ void row_norm_backward(const RowNormBackwardParams& p, void* stream);
 // All in fp32; q, k and v may be bf16 (converted on load). C is 64 (delta_rule_prepare_supported).
 // `additive`: the gated linear family's preparation (ops::gated_linear_chunked, no delta-rule
 // correction): T = I, so U = V (in fp32) and no W; beta is not read.
+// One decay per key channel (KDA, GLA, HGRN2: `channel_gate`, g then nullptr): G is given per chunk,
+// row and channel, and the scores, whose decay sits inside the sum over the channels, are given
+// too (ops::decayed_scores computes them):
+//   scores_qk[i][j] = sum_d q_id k_jd exp(G_id - G_jd)  (j <= i),  scores_kk[i][j] = the same of k_i, k_j (j < i)
+//   L = diag(beta) scores_kk,  A_qk = scale scores_qk,  W = T diag(beta) (K * exp(G)),
+//   Q_start = scale Q * exp(G),  Kt = (K * exp(G_l - G))^T,  carry = exp(G_l) [K]
+// with * elementwise over [C, K].
 struct DeltaRulePrepareParams {
   const void* q;       // [B, T, H, K], dtype, packed
   const void* k;       // [B, T, H, K], dtype, packed
   const void* v;       // [B, T, H, V], dtype, packed (16-byte aligned when additive)
   const float* beta;   // [B, T, H] (nullptr when additive)
   const float* g;      // [B, T, H] log-decay per head, or nullptr for none
+  const float* channel_gate;  // [B, H, N, C, K] G per key channel (chunk-local, inclusive), or nullptr
+  const float* scores_qk;     // [B, H, N, C, C], exactly with channel_gate
+  const float* scores_kk;     // [B, H, N, C, C], with channel_gate unless additive
   float* w;            // [B, H, N, C, K] (nullptr when additive)
   float* u;            // [B, H, N, C, V]
   float* kt;           // [B, H, N, K, C]
-  float* carry;        // [B, H, N]
+  float* carry;        // [B, H, N], or [B, H, N, K] with channel_gate
   float* q_start;      // [B, H, N, C, K]
   float* a_qk;         // [B, H, N, C, C]
   int batch, seq, heads, head_k, head_v, chunk_size;  // N = ceil(seq / chunk_size)
@@ -264,12 +274,16 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 //   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
 //   dv = beta dR_V, dbeta and dG from every term, dg_i = sum over the chunk's rows s >= i of dG_s.
 // Additive (T = I, no W, no beta): dv = dU, dq and dg as above, dk = P^T Q + dKt^T exp(G_l - G).
+// With channel_gate the scores' gradients are outputs instead of the terms they give (the caller
+// takes those through ops::decayed_scores' backward): d_scores_qk = scale dA_qk (j <= i),
+// d_scores_kk = beta_i dL (j < i), and dq, dk, dbeta and d_channel_gate (per element, no cumulative
+// sum) carry the rest: dq = scale exp(G) * dQ_start, dk = beta exp(G) * dR_W + exp(G_l - G) * dKt^T.
 struct DeltaRulePrepareBackwardParams {
   DeltaRulePrepareParams forward;  // the inputs; its outputs are not read
   const float* dw;        // [B, H, N, C, K] (nullptr when additive)
   const float* du;        // [B, H, N, C, V]
   const float* dkt;       // [B, H, N, K, C]
-  const float* dcarry;    // [B, H, N]
+  const float* dcarry;    // [B, H, N], or [B, H, N, K] with channel_gate
   const float* dq_start;  // [B, H, N, C, K]
   const float* da_qk;     // [B, H, N, C, C]
   float* dq;              // [B, T, H, K]
@@ -277,6 +291,9 @@ struct DeltaRulePrepareBackwardParams {
   float* dv;              // [B, T, H, V]
   float* dbeta;           // [B, T, H] (nullptr when additive)
   float* dg;              // [B, T, H], exactly when forward.g is given
+  float* d_channel_gate;  // [B, H, N, C, K], exactly with channel_gate
+  float* d_scores_qk;     // [B, H, N, C, C], exactly with channel_gate
+  float* d_scores_kk;     // [B, H, N, C, C], with channel_gate unless additive
 };
 void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& p, void* stream);
 

@@ -55,7 +55,7 @@ const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
       "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
       "scan_value_block", "short_conv", "row_norm", "gated_product", "rope", "delta_rule_prepare",
-      "gated_linear_prepare", "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores",
+      "gated_linear_prepare", "channel_gate_prepare", "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores",
       "delta_rule_gates", "gated_prefix_chunks",
       "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
@@ -79,6 +79,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "rope") rope = parse_bool(name, v);
   else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
   else if (name == "gated_linear_prepare") gated_linear_prepare = parse_bool(name, v);
+  else if (name == "channel_gate_prepare") channel_gate_prepare = parse_bool(name, v);
   else if (name == "delta_rule_output") delta_rule_output = parse_bool(name, v);
   else if (name == "delta_rule_output_backward") delta_rule_output_backward = parse_bool(name, v);
   else if (name == "window_flash") window_flash = parse_bool(name, v);
@@ -109,6 +110,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "rope=" + b(rope),
           "delta_rule_prepare=" + b(delta_rule_prepare),
           "gated_linear_prepare=" + b(gated_linear_prepare),
+          "channel_gate_prepare=" + b(channel_gate_prepare),
           "delta_rule_output=" + b(delta_rule_output),
           "delta_rule_output_backward=" + b(delta_rule_output_backward),
           "window_flash=" + b(window_flash),

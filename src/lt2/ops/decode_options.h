@@ -53,6 +53,11 @@ struct DecodeOptions {
   // kernels in their additive mode, forward and backward, then the chunk scan without W (prefill
   // and training); off: libtorch ops and gated_prefix_chunks' choice. Needs delta_rule_scan on.
   bool gated_linear_prepare = true;
+  // The same kernels' preparation with one decay per key channel (KDA, GLA, HGRN2: the decayed queries
+  // and keys per channel, U and W of the UT transform for KDA), the intra-chunk scores coming from
+  // channel_scores' decayed_scores, forward and backward (prefill and training); off: libtorch ops.
+  // Needs delta_rule_prepare (KDA) or gated_linear_prepare (GLA, HGRN2) on.
+  bool channel_gate_prepare = true;
   // The chunked forms' outputs O_n = Q_n S_n + A_n V_n (delta rule and gated family) as one CUDA
   // kernel writing the token layout in the output dtype, in prefill and training (the backward is
   // libtorch's products); off: two batched GEMMs and a copy to the token layout.

@@ -819,15 +819,22 @@ __device__ __forceinline__ void fetch_values(const DeltaRulePrepareParams& p, in
   }
 }
 // The panel at c0 into sP (rows `pitch` floats apart): the fetched values times value_scale[i], or
-// k (from sK, rows kp floats apart) times key_scale[i] (nullptr: 1).
-__device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int V, int c0, const float* sK, int kp,
-                                          const float* value_scale, const float* key_scale, float* sP, int pitch) {
+// k (from sK, rows kp floats apart) times key_scale[i] (nullptr: 1) and, with a per-channel gate
+// (key_gate: the chunk's G [C, K] in global memory, rows K apart), exp(key_gate[i][d]).
+__device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int V, int K, int c0, const float* sK,
+                                          int kp, const float* value_scale, const float* key_scale,
+                                          const float* key_gate, float* sP, int pitch) {
 #pragma unroll
   for (int m = 0; m < kPanelLoads; ++m) {
     const int e = threadIdx.x + m * kPrepThreads, i = e / kPrepPanel, c = e % kPrepPanel;
     float y;
-    if (c0 < V) y = value_scale ? x[m] * value_scale[i] : x[m];
-    else y = key_scale ? sK[i * kp + c0 + c - V] * key_scale[i] : sK[i * kp + c0 + c - V];
+    if (c0 < V) {
+      y = value_scale ? x[m] * value_scale[i] : x[m];
+    } else {
+      const int d = c0 + c - V;
+      y = key_scale ? sK[i * kp + d] * key_scale[i] : sK[i * kp + d];
+      if (key_gate) y *= __expf(key_gate[i * K + d]);
+    }
     sP[i * pitch + c] = y;
   }
 }
@@ -861,7 +868,9 @@ __host__ __device__ inline PrepareShared prepare_shared(int K) {
 // With kTf32 (DeltaRulePrepareParams::tf32) every product is one TF32 product of rounded operands.
 // Warp w owns rows 16 (w / 2) .. + 15 of each product: columns 32 (w % 2) .. + 31 of the [C, C]
 // products, columns 8 (w % 2) .. + 7 of each panel.
-template <typename In, bool kTf32>
+// kChannel: one decay per key channel (p.channel_gate), a variant of its own so that the other gates'
+// code keeps its registers.
+template <typename In, bool kTf32, bool kChannel>
 __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(const DeltaRulePrepareParams p) {
   constexpr int C = kPrepChunk;
   constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
@@ -874,12 +883,29 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   float *sQ = prep_smem + lay.q, *sK = prep_smem + lay.k, *sL = prep_smem + lay.l, *sT = prep_smem + lay.t;
   float *sP = prep_smem + lay.panel, *sG = prep_smem + lay.g, *sB = prep_smem + lay.beta, *sF = prep_smem + lay.f;
   const bool delta = !p.additive;
-  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
+  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);  // sG zeros with a per-channel gate
   if (tid < C) sF[tid] = sB[tid] * __expf(sG[tid]);
   const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  // One decay per key channel: the chunk's G [C, K] (read where used: each element once or twice).
+  const float* gate = kChannel ? p.channel_gate + chunk * C * K : nullptr;
 
-  // A_qk (global) and L (shared) from K K^T and Q K^T: the warp's four n-tiles from column n0.
-  {
+  if (kChannel) {  // the given scores: A_qk = scale scores_qk, L = diag(beta) scores_kk
+    const float *s_qk = p.scores_qk + chunk * C * C, *s_kk = delta ? p.scores_kk + chunk * C * C : nullptr;
+    float* A = p.a_qk + chunk * C * C;
+    for (int e = 4 * tid; e < C * C; e += 4 * kPrepThreads) {
+      const int i = e / C, j = e - i * C;
+      const float4 a = *reinterpret_cast<const float4*>(s_qk + e);
+      const float4 l = delta ? *reinterpret_cast<const float4*>(s_kk + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float av[4] = {a.x, a.y, a.z, a.w}, lv[4] = {l.x, l.y, l.z, l.w};
+      float out[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        out[x] = j + x <= i ? p.scale * av[x] : 0.f;
+        if (delta) sL[i * kMatPitch + j + x] = j + x < i ? sB[i] * lv[x] : 0.f;
+      }
+      *reinterpret_cast<float4*>(A + e) = make_float4(out[0], out[1], out[2], out[3]);
+    }
+  } else {  // A_qk (global) and L (shared) from K K^T and Q K^T: the warp's four n-tiles from column n0.
     const int n0 = 32 * (warp % 2);
     // ldmatrix.x4 lanes: A's four matrices are rows (+ 8) x columns (+ 4); a B pair (two n-tiles of
     // K's rows) is rows x columns (+ 4), then the next 8 rows.
@@ -945,19 +971,23 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
         *reinterpret_cast<float2*>(A + i * C + j) = make_float2(a[0], a[1]);
       }
   }
-  // Q_start, Kt and carry.
+  // Q_start, Kt and carry (per channel: G [C, K], its last row G_l).
   const float g_last = sG[C - 1];
   float* Qs = p.q_start + chunk * C * K;
   for (int e = tid; e < C * K; e += blockDim.x) {
     const int i = e / K, d = e - i * K;
-    Qs[e] = sQ[i * P + d] * __expf(sG[i]) * p.scale;
+    Qs[e] = sQ[i * P + d] * __expf(gate ? gate[e] : sG[i]) * p.scale;
   }
   float* Kt = p.kt + chunk * K * C;
   for (int e = tid; e < K * C; e += blockDim.x) {
     const int d = e / C, i = e - d * C;
-    Kt[e] = sK[i * P + d] * __expf(g_last - sG[i]);
+    Kt[e] = sK[i * P + d] * __expf(gate ? gate[(C - 1) * K + d] - gate[i * K + d] : g_last - sG[i]);
   }
-  if (tid == 0) p.carry[chunk] = __expf(g_last);
+  if (gate) {
+    for (int d = tid; d < K; d += kPrepThreads) p.carry[chunk * K + d] = __expf(gate[(C - 1) * K + d]);
+  } else if (tid == 0) {
+    p.carry[chunk] = __expf(g_last);
+  }
   if (!delta) {  // U = V: the value rows in fp32 (16-byte pieces), zeros past the sequence
     constexpr int E = 16 / sizeof(In);
     const In* v = static_cast<const In*>(p.v);
@@ -995,7 +1025,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   fetch_values<In>(p, b, h, t0, rows, 0, values);
   for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
     __syncthreads();  // the panel before is consumed
-    put_panel(values, V, c0, sK, P, sB, sF, sP, kFwdPanelPitch);
+    put_panel(values, V, K, c0, sK, P, sB, sF, gate, sP, kFwdPanelPitch);
     __syncthreads();
     if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
     float hi[4] = {}, lo[4] = {};
@@ -1050,7 +1080,7 @@ __host__ __device__ inline PrepareBackwardShared prepare_backward_shared(int K) 
 // panels of [dU | dW]: M = dUW R^T, dR = T^T dUW and what dR gives dv, dk (partial), dbeta, dG;
 // 4 dL = -StrictTril(T^T M T^T), then what dL and dA_qk give dbeta and dG, with dS = beta dL decay
 // and P = scale dA_qk decay kept for 5 dQ = P K + ..., dK = (dS + dS^T) K + P^T Q + ...; 6 dg from dG.
-template <typename In, bool kTf32>
+template <typename In, bool kTf32, bool kChannel>
 __global__ void __launch_bounds__(kPrepThreads, 2)
     delta_rule_prepare_backward_kernel(const DeltaRulePrepareBackwardParams bp) {
   constexpr int C = kPrepChunk;
@@ -1066,9 +1096,12 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   float *sEG = base + lay.exp_g, *sDB = base + lay.db, *sDG = base + lay.dg;
   const bool delta = !p.additive;
   if (tid < C) sDB[tid] = sDG[tid] = 0.f;
-  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
+  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);  // sG zeros with a per-channel gate: sEG ones
   if (tid < C) sEG[tid] = __expf(sG[tid]);
   const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  // One decay per key channel: G [C, K] and its gradient's elementwise terms, both in global memory.
+  const float* gate = kChannel ? p.channel_gate + chunk * C * K : nullptr;
+  float* d_gate = kChannel ? bp.d_channel_gate + chunk * C * K : nullptr;
   auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
   auto decay = [&](int i, int j) { return __expf(sG[i] - sG[j]); };
 
@@ -1095,11 +1128,13 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       if (i < rows) *reinterpret_cast<float4*>(bp.dv + token(i) * V + c) = *reinterpret_cast<const float4*>(du + 4 * e);
     }
   } else {
-    // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere); L = beta_i kke into sX.
-    warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+    // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere; per channel: the given scores_kk);
+    // L = beta_i kke into sX.
+    if (!gate) warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+    const float* s_kk = gate ? p.scores_kk + chunk * C * C : nullptr;
     for_square_entries([&](int j, int r, int e, int i, int col) {
       float& v = kke[j][2 * r + e];
-      v = col < i ? v * decay(i, col) : 0.f;
+      v = col >= i ? 0.f : gate ? s_kk[i * C + col] : v * decay(i, col);
       sX[i * kMatPitch + col] = sB[i] * v;
     });
     __syncthreads();
@@ -1128,7 +1163,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     fetch_grads(0);
     for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
       const bool value_panel = c0 < V;
-      put_panel(values, V, c0, sK, P, nullptr, nullptr, sRP, kPanelPitch);
+      put_panel(values, V, K, c0, sK, P, nullptr, nullptr, gate, sRP, kPanelPitch);
   #pragma unroll
       for (int m = 0; m < kPanelLoads; ++m) {
         const int e = tid + m * kPrepThreads;
@@ -1153,9 +1188,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
           if (i < rows) *reinterpret_cast<float2*>(bp.dv + token(i) * V + col) = make_float2(sB[i] * d0, sB[i] * d1);
           row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
         } else {
-          const float key_scale = sB[i] * sEG[i];
+          const int d = col - V;
+          float2 key_scale = make_float2(sB[i] * sEG[i], sB[i] * sEG[i]);
+          if (gate) {  // R = K * exp(G): dG gets beta dR_W * R here
+            key_scale = make_float2(sB[i] * __expf(gate[i * K + d]), sB[i] * __expf(gate[i * K + d + 1]));
+            *reinterpret_cast<float2*>(d_gate + i * K + d) = make_float2(sB[i] * d0 * x0, sB[i] * d1 * x1);
+          }
           if (i < rows)
-            *reinterpret_cast<float2*>(bp.dk + token(i) * K + col - V) = make_float2(key_scale * d0, key_scale * d1);
+            *reinterpret_cast<float2*>(bp.dk + token(i) * K + d) = make_float2(key_scale.x * d0, key_scale.y * d1);
           row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
         }
       }
@@ -1189,9 +1229,13 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     __syncthreads();
     warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
   }
+  // Per channel the scores' gradients leave as they are (the dG and dq, dk terms they give are
+  // ops::decayed_scores'): the sums below over qk and the products of phase 5 are skipped.
   float pq[4][4] = {}, qk[4][4] = {};
-  warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+  if (!gate) warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
   const float* dA = bp.da_qk + chunk * C * C;
+  float* d_qk = gate ? bp.d_scores_qk + chunk * C * C : nullptr;
+  float* d_kk = gate && delta ? bp.d_scores_kk + chunk * C * C : nullptr;
   float row_g[2] = {}, row_b[2] = {}, col_g[4][2] = {};
   for_square_entries([&](int j, int r, int e, int i, int col) {
     const int at = 2 * r + e;
@@ -1204,6 +1248,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     col_g[j][e] -= w;
     ds[j][at] = sB[i] * dl * decayed;
     pq[j][at] = p.scale * da * decayed;
+    if (d_qk) d_qk[i * C + col] = p.scale * da;
+    if (d_kk) d_kk[i * C + col] = sB[i] * dl;
   });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {  // a row's sums: over its 4 lanes t here, over its two warps by atomics
@@ -1227,6 +1273,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       for (int o = 4; o < 32; o <<= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
       if (g == 0) atomicAdd(sDG + 8 * (nsq + j) + 2 * t + e, c);
     }
+  // Per channel: G_l's terms, summed over the rows into sLast [K] (the panel space, free since phase 3).
+  float* sLast = sDP;
+  if (gate)
+    for (int d = tid; d < K; d += kPrepThreads) sLast[d] = 0.f;
   __syncthreads();
   for_square_entries([&](int j, int r, int e, int i, int col) {
     sX[i * kMatPitch + col] = ds[j][2 * r + e];
@@ -1258,27 +1308,46 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     float row_q[2] = {}, row_z[2] = {};
     {  // dq, one product at a time: two accumulator sets would spill
       float acc[kTiles][4] = {};
-      warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
+      if (!gate) warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
       for_entries([&](int j, int r, int i, int c) {
         const float2 dqs = *reinterpret_cast<const float2*>(dQs + i * K + c);
-        row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
-        const float e = p.scale * sEG[i];
+        float2 e = make_float2(p.scale * sEG[i], p.scale * sEG[i]);
+        if (gate) {  // dG += scale exp(G) * dQ_start * Q, onto phase 3's term
+          e = make_float2(p.scale * __expf(gate[i * K + c]), p.scale * __expf(gate[i * K + c + 1]));
+          float2* dg = reinterpret_cast<float2*>(d_gate + i * K + c);
+          const float2 prior = delta ? *dg : make_float2(0.f, 0.f);
+          *dg = make_float2(fmaf(e.x * dqs.x, sQ[i * P + c], prior.x), fmaf(e.y * dqs.y, sQ[i * P + c + 1], prior.y));
+        } else {
+          row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
+        }
         if (i < rows)
           *reinterpret_cast<float2*>(bp.dq + token(i) * K + c) =
-              make_float2(acc[j][2 * r] + e * dqs.x, acc[j][2 * r + 1] + e * dqs.y);
+              make_float2(acc[j][2 * r] + e.x * dqs.x, acc[j][2 * r + 1] + e.y * dqs.y);
       });
     }
     {
       float acc[kTiles][4] = {};
-      if (delta) {
+      if (delta && !gate) {
         warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
         warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, 1, m0, nt0, tiles, m0, C);
       }
-      warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, 1, m0, nt0, tiles, m0, C);
+      if (!gate) warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, 1, m0, nt0, tiles, m0, C);
       for_entries([&](int j, int r, int i, int c) {
-        const float to_last = __expf(g_last - sG[i]);
-        const float dkt0 = dKt[c * C + i] * to_last, dkt1 = dKt[(c + 1) * C + i] * to_last;
-        row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
+        float2 to_last = make_float2(__expf(g_last - sG[i]), __expf(g_last - sG[i]));
+        if (gate)
+          to_last = make_float2(__expf(gate[(C - 1) * K + c] - gate[i * K + c]),
+                                __expf(gate[(C - 1) * K + c + 1] - gate[i * K + c + 1]));
+        const float dkt0 = dKt[c * C + i] * to_last.x, dkt1 = dKt[(c + 1) * C + i] * to_last.y;
+        if (gate) {  // dG_i -= z, dG_l += z summed over the rows
+          const float z0 = dkt0 * sK[i * P + c], z1 = dkt1 * sK[i * P + c + 1];
+          float2* dg = reinterpret_cast<float2*>(d_gate + i * K + c);
+          const float2 prior = *dg;
+          *dg = make_float2(prior.x - z0, prior.y - z1);
+          atomicAdd(sLast + c, z0);
+          atomicAdd(sLast + c + 1, z1);
+        } else {
+          row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
+        }
         if (i < rows) {
           float2* dk_out = reinterpret_cast<float2*>(bp.dk + token(i) * K + c);
           const float2 partial = delta ? *dk_out : make_float2(0.f, 0.f);  // phase 3's
@@ -1300,9 +1369,16 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       if (t == 0) atomicAdd(sDG + i, p.scale * sEG[i] * q - z);
     }
     if (t == 0) atomicAdd(sDG + C - 1, last);
-    if (tid == 0) atomicAdd(sDG + C - 1, bp.dcarry[chunk] * __expf(g_last));
+    if (gate) {
+      for (int d = tid; d < K; d += kPrepThreads)
+        atomicAdd(sLast + d, bp.dcarry[chunk * K + d] * __expf(gate[(C - 1) * K + d]));
+    } else if (tid == 0) {
+      atomicAdd(sDG + C - 1, bp.dcarry[chunk] * __expf(g_last));
+    }
   }
   __syncthreads();
+  if (gate)
+    for (int d = tid; d < K; d += kPrepThreads) d_gate[(C - 1) * K + d] += sLast[d];
 
   // 6: dbeta, and dg_i = sum_{s >= i} dG_s (G is g's inclusive cumulative sum over the chunk).
   if (tid < C && tid < rows) {
@@ -1329,6 +1405,19 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
   LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
   LT2_CHECK(aligned16(p.q) && aligned16(p.k) && (!p.additive || aligned16(p.v)), op,
             ": q and k (and v in the additive mode) must be 16-byte aligned (they are read in 16-byte loads)");
+}
+
+// A per-channel gate comes with its scores (scores_kk unless additive) and without g; the score
+// blocks are read in 16-byte pieces.
+void check_channel_gate(const DeltaRulePrepareParams& p, const char* op) {
+  if (!p.channel_gate) {
+    LT2_CHECK(!p.scores_qk && !p.scores_kk, op, ": scores_qk and scores_kk are given only with channel_gate");
+    return;
+  }
+  LT2_CHECK(!p.g && p.scores_qk && (p.additive || p.scores_kk), op, ": channel_gate takes scores_qk (and scores_kk "
+            "unless additive) and no g");
+  LT2_CHECK(aligned16(p.scores_qk) && (!p.scores_kk || aligned16(p.scores_kk)), op,
+            ": scores_qk and scores_kk must be 16-byte aligned");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1512,13 +1601,18 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
   LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && p.w)) && p.u && p.kt && p.carry && p.q_start && p.a_qk,
             "delta_rule_prepare: every pointer but g (and beta and w in the additive mode) must be given");
+  check_channel_gate(p, "delta_rule_prepare");
   const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
-    constexpr auto kernel = delta_rule_prepare_kernel<decltype(in), decltype(tf32)::value>;
-    reserve_shared<kernel>(smem, "delta_rule_prepare");
-    kernel<<<grid, kPrepThreads, smem, s>>>(p);
+    auto launch = [&](auto channel) {
+      constexpr auto kernel = delta_rule_prepare_kernel<decltype(in), decltype(tf32)::value, decltype(channel)::value>;
+      reserve_shared<kernel>(smem, "delta_rule_prepare");
+      kernel<<<grid, kPrepThreads, smem, s>>>(p);
+    };
+    if (p.channel_gate) launch(std::true_type{});
+    else launch(std::false_type{});
   });
   check_launch("delta_rule_prepare");
 }
@@ -1532,6 +1626,12 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
                 bp.dq_start && bp.da_qk && bp.dq && bp.dk && bp.dv && (bp.dg != nullptr) == (p.g != nullptr),
             "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is; beta, dw and dbeta "
             "not in the additive mode)");
+  check_channel_gate(p, "delta_rule_prepare_backward");
+  LT2_CHECK((bp.d_channel_gate != nullptr) == (p.channel_gate != nullptr) &&
+                (bp.d_scores_qk != nullptr) == (p.channel_gate != nullptr) &&
+                (bp.d_scores_kk != nullptr) == (p.channel_gate && !p.additive),
+            "delta_rule_prepare_backward: d_channel_gate and d_scores_qk exactly with channel_gate, d_scores_kk with "
+            "it unless additive");
   int device = 0;
   cudaGetDevice(&device);
   const size_t smem = sizeof(float) * prepare_backward_shared(p.head_k).total;
@@ -1540,9 +1640,14 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
-    constexpr auto kernel = delta_rule_prepare_backward_kernel<decltype(in), decltype(tf32)::value>;
-    reserve_shared<kernel>(smem, "delta_rule_prepare_backward");
-    kernel<<<grid, kPrepThreads, smem, s>>>(bp);
+    auto launch = [&](auto channel) {
+      constexpr auto kernel =
+          delta_rule_prepare_backward_kernel<decltype(in), decltype(tf32)::value, decltype(channel)::value>;
+      reserve_shared<kernel>(smem, "delta_rule_prepare_backward");
+      kernel<<<grid, kPrepThreads, smem, s>>>(bp);
+    };
+    if (p.channel_gate) launch(std::true_type{});
+    else launch(std::false_type{});
   });
   check_launch("delta_rule_prepare_backward");
 }

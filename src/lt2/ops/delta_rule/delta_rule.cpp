@@ -414,14 +414,21 @@ ChunkPrep prepare_chunks(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, co
 
 #ifdef LT2_WITH_CUDA
 // The kernels' parameters for q, k, v, beta, g (already packed: q, k, v of one dtype, beta and g
-// fp32) and a chunk size C; beta undefined: the additive (gated linear) preparation.
+// fp32) and a chunk size C; beta undefined: the additive (gated linear) preparation. A per-channel
+// gate comes as `channels`: G and the scores (packed fp32, chunk layout), g then undefined.
+struct ChannelGate {
+  Tensor G, scores_qk, scores_kk;  // [B, H, N, C, K], [B, H, N, C, C] twice (scores_kk undefined when additive)
+};
 kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
-                                               const Tensor& g, double scale, int64_t C) {
+                                               const Tensor& g, const ChannelGate& channels, double scale,
+                                               int64_t C) {
   kernels::DeltaRulePrepareParams p{};
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr();
   p.additive = !beta.defined();
   p.beta = beta.defined() ? beta.data_ptr<float>() : nullptr;
   p.g = g.defined() ? g.data_ptr<float>() : nullptr;
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
+  p.channel_gate = ptr(channels.G), p.scores_qk = ptr(channels.scores_qk), p.scores_kk = ptr(channels.scores_kk);
   p.batch = static_cast<int>(q.size(0)), p.seq = static_cast<int>(q.size(1)), p.heads = static_cast<int>(q.size(2));
   p.head_k = static_cast<int>(q.size(3)), p.head_v = static_cast<int>(v.size(3)), p.chunk_size = static_cast<int>(C);
   p.scale = static_cast<float>(scale);
@@ -431,25 +438,28 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
 }
 
 // The preparation kernel and, under autograd, its backward kernel (kernels/prefill.h). Inputs as
-// prepare_params takes them (beta and g empty tensors for none); outputs w (empty when additive), u,
-// kt, carry, q_start, a_qk.
+// prepare_params takes them (beta, g and the ChannelGate's tensors empty for none); outputs w (empty
+// when additive), u, kt, carry, q_start, a_qk.
 struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& beta,
-                                                const Tensor& g, double scale, int64_t C) {
+                                                const Tensor& g, const Tensor& G, const Tensor& scores_qk,
+                                                const Tensor& scores_kk, double scale, int64_t C) {
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
     const auto f32 = q.options().dtype(torch::kFloat32);
-    auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), scale, C);
+    const ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_qk), empty_as_absent(scores_kk)};
+    auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), channels, scale, C);
+    const int64_t carry_dim = channels.G.defined() ? K : 1;
     std::vector<Tensor> out{p.additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
                             torch::empty({B, H, N, C, V}, f32), torch::empty({B, H, N, K, C}, f32),
-                            torch::empty({B, H, N, 1, 1}, f32), torch::empty({B, H, N, C, K}, f32),
+                            torch::empty({B, H, N, carry_dim, 1}, f32), torch::empty({B, H, N, C, K}, f32),
                             torch::empty({B, H, N, C, C}, f32)};
     c10::cuda::CUDAGuard guard(q.device());
     p.w = p.additive ? nullptr : out[0].data_ptr<float>();
     p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
     p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>(), p.a_qk = out[5].data_ptr<float>();
     kernels::delta_rule_prepare(p, detail::current_stream(q));
-    ctx->save_for_backward({q, k, v, beta, g});
+    ctx->save_for_backward({q, k, v, beta, g, G, scores_qk, scores_kk});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = C;
     return out;
@@ -459,18 +469,23 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     const auto saved = ctx->get_saved_variables();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], beta = empty_as_absent(saved[3]),
                  g = empty_as_absent(saved[4]);
-    const bool additive = !beta.defined();
+    const ChannelGate channels{empty_as_absent(saved[5]), empty_as_absent(saved[6]), empty_as_absent(saved[7])};
+    const bool additive = !beta.defined(), per_channel = channels.G.defined();
     const int64_t C = ctx->saved_data["chunk"].toInt();
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
     const auto f32 = q.options().dtype(torch::kFloat32);
-    const std::vector<std::vector<int64_t>> shapes{{B, H, N, C, K}, {B, H, N, C, V}, {B, H, N, K, C},
-                                                   {B, H, N, 1, 1}, {B, H, N, C, K}, {B, H, N, C, C}};
+    const std::vector<std::vector<int64_t>> shapes{{B, H, N, C, K},
+                                                   {B, H, N, C, V},
+                                                   {B, H, N, K, C},
+                                                   {B, H, N, per_channel ? K : 1, 1},
+                                                   {B, H, N, C, K},
+                                                   {B, H, N, C, C}};
     std::vector<Tensor> d(6);
     for (size_t i = additive ? 1 : 0; i < 6; ++i)
       d[i] = grads[i].defined() ? grads[i].to(torch::kFloat32).contiguous() : torch::zeros(shapes[i], f32);
     c10::cuda::CUDAGuard guard(q.device());
     kernels::DeltaRulePrepareBackwardParams bp{};
-    bp.forward = prepare_params(q, k, v, beta, g, ctx->saved_data["scale"].toDouble(), C);
+    bp.forward = prepare_params(q, k, v, beta, g, channels, ctx->saved_data["scale"].toDouble(), C);
     bp.dw = additive ? nullptr : d[0].data_ptr<float>();
     bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
     bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
@@ -479,9 +494,16 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     auto dg = g.defined() ? torch::empty({B, T, H}, f32) : Tensor();
     bp.dq = dq.data_ptr<float>(), bp.dk = dk.data_ptr<float>(), bp.dv = dv.data_ptr<float>();
     bp.dbeta = additive ? nullptr : dbeta.data_ptr<float>(), bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
+    Tensor d_gate, d_scores_qk, d_scores_kk;
+    if (per_channel) {
+      d_gate = torch::empty({B, H, N, C, K}, f32), d_scores_qk = torch::empty({B, H, N, C, C}, f32);
+      if (!additive) d_scores_kk = torch::empty({B, H, N, C, C}, f32);
+      bp.d_channel_gate = d_gate.data_ptr<float>(), bp.d_scores_qk = d_scores_qk.data_ptr<float>();
+      bp.d_scores_kk = additive ? nullptr : d_scores_kk.data_ptr<float>();
+    }
     kernels::delta_rule_prepare_backward(bp, detail::current_stream(q));
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta,
-            g.defined() ? dg : Tensor(), Tensor(), Tensor()};
+            g.defined() ? dg : Tensor(), d_gate, d_scores_qk, d_scores_kk, Tensor(), Tensor()};
   }
 };
 
@@ -562,8 +584,21 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   // The kernels read token rows: packed documents each from a chunk boundary.
   auto rows = [&](const Tensor& t) { return docs && t.defined() ? docs->to_padded_rows(t) : t; };
   auto fp32 = [](const Tensor& t) { return t.defined() ? t.to(torch::kFloat32).contiguous() : torch::empty({0}); };
+  // One decay per key channel: G in the chunk layout and the scores whose decay sits inside the sum
+  // over the channels, by decayed_scores (its own kernels and backward).
+  Tensor head_gate = g, G, scores_qk, scores_kk;
+  if (g.defined() && g.dim() == 4) {
+    const auto f32 = torch::kFloat32;
+    head_gate = Tensor();
+    G = docs ? docs->cumulative_gate(g, q.size(2), f32)
+             : chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
+    const auto Kc = docs ? docs->to_chunks(k, f32) : to_chunks(k, C, f32);
+    scores_qk = decayed_scores(docs ? docs->to_chunks(q, f32) : to_chunks(q, C, f32), Kc, G, /*inclusive=*/true);
+    if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
+  }
   auto out = PrepareChunksFunction::apply(aligned_packed(rows(q)), aligned_packed(rows(k).to(dtype)),
-                                          aligned_packed(rows(v).to(dtype)), fp32(rows(beta)), fp32(rows(g)), scale, C);
+                                          aligned_packed(rows(v).to(dtype)), fp32(rows(beta)), fp32(rows(head_gate)),
+                                          fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C);
   return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], out[5]};
 #else
   detail::no_cuda("delta_rule_prepare");
@@ -574,7 +609,8 @@ bool chunk_prepare_kernel_serves(const Tensor& q, const Tensor& v, const Tensor&
 #ifdef LT2_WITH_CUDA
   const auto dtype = q.scalar_type();
   if (!decode_options().delta_rule_scan || !q.is_cuda() || accum_dtype(v) != torch::kFloat32 ||
-      (dtype != torch::kFloat32 && dtype != torch::kBFloat16) || (g.defined() && g.dim() != 3))
+      (dtype != torch::kFloat32 && dtype != torch::kBFloat16) ||
+      (g.defined() && g.dim() != 3 && !(g.dim() == 4 && decode_options().channel_gate_prepare)))
     return false;
   const int64_t K = q.size(3), V = v.size(3), T = q.size(1);
   if (K > INT32_MAX || V > INT32_MAX || T > INT32_MAX || chunk_size > INT32_MAX) return false;

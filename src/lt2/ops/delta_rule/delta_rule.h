@@ -39,9 +39,10 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 // Any T (the tail chunk is padded internally). Differentiable. Everything but the recurrence over
 // the chunks is batched over all chunks at once; the recurrence is chunk_state_scan (one kernel
 // launch on CUDA), and under autograd its backward is the same scan in reverse, so neither pass
-// loops over the chunks on the host. On CUDA with fp32 compute and one decay per head or none, the
-// chunk preparation (L, its inverse, U, W, the decayed queries and keys) is one kernel launch from
-// the raw rows, and its backward one more (delta_rule_prepare_serves).
+// loops over the chunks on the host. On CUDA with fp32 compute, the chunk preparation (L, its
+// inverse, U, W, the decayed queries and keys) is one kernel launch from the raw rows, and its
+// backward one more (delta_rule_prepare_serves); with one decay per key channel (KDA) the scores
+// come from decayed_scores first.
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);
@@ -159,12 +160,15 @@ struct ChunkPrep {
 ChunkPrep chunk_reads_and_writes(const Tensor& Q, const Tensor& Kc, const Tensor& G, double scale);
 
 // Whether the chunk preparation kernels take these inputs: CUDA, q/k/v fp32 or bf16 with fp32
-// compute, g undefined or [B, T, H], chunk size 64, K and V multiples of 16 with K <= 128, and
-// DecodeOptions::delta_rule_scan on (the scan kernel serving K, V, C).
+// compute, g undefined, [B, T, H] or (with DecodeOptions::channel_gate_prepare) [B, T, H, K], chunk
+// size 64, K and V multiples of 16 with K <= 128, and DecodeOptions::delta_rule_scan on (the scan
+// kernel serving K, V, C).
 bool chunk_prepare_kernel_serves(const Tensor& q, const Tensor& v, const Tensor& g, int64_t chunk_size);
 // The chunk preparation by those kernels from the raw rows q, k [B, T, H, K], v [B, T, H, V],
-// beta [B, T, H], g undefined or [B, T, H]: the delta rule's ChunkPrep, or with beta undefined the
-// gated linear family's (the additive preparation: u = V in fp32, w undefined). With `docs` the
+// beta [B, T, H], g undefined, [B, T, H] or [B, T, H, K]: the delta rule's ChunkPrep, or with beta
+// undefined the gated linear family's (the additive preparation: u = V in fp32, w undefined). One
+// decay per key channel takes G (chunk_cumulative_gate) and the intra-chunk scores from
+// decayed_scores, whose backward gives their share of the gradients. With `docs` the
 // rows are documents packed into one row (B 1), prepared in docs' chunk layout. Differentiable;
 // call where chunk_prepare_kernel_serves holds.
 ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
