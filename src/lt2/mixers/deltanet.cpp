@@ -5,6 +5,7 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
+#include "lt2/nn/precision.h"
 
 namespace lt2 {
 
@@ -62,7 +63,7 @@ Tensor DeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceIn
   auto gate = use_gate ? g_proj(x).view({B, T, num_heads, head_v_dim}) : Tensor();
   auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate,
                                use_gate ? ops::GateActivation::Swish : ops::GateActivation::None);
-  return o_proj(y.reshape({B, T, num_heads * head_v_dim}).to(x.scalar_type()));
+  return o_proj(for_linear(y.reshape({B, T, num_heads * head_v_dim}), x));
 }
 
 MixerInfo deltanet_info() {

@@ -7,6 +7,7 @@
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
+#include "lt2/nn/precision.h"
 
 namespace lt2 {
 
@@ -143,7 +144,7 @@ Tensor GatedDeltaNetImpl::output(const Tensor& o, const Tensor& x, const Recurre
   auto gate = use_gate ? in.gate.view({B, T, num_v_heads, head_v_dim}) : Tensor();
   auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate,
                                use_gate ? ops::GateActivation::Swish : ops::GateActivation::None);
-  return o_proj(y.reshape({B, T, num_v_heads * head_v_dim}).to(x.scalar_type()));
+  return o_proj(for_linear(y.reshape({B, T, num_v_heads * head_v_dim}), x));
 }
 
 MixerInfo gdn_info() {

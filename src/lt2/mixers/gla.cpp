@@ -5,6 +5,7 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
+#include "lt2/nn/precision.h"
 
 namespace lt2 {
 
@@ -73,7 +74,7 @@ Tensor GatedLinearAttentionImpl::output(const Tensor& o, const Tensor& x, const 
   const int64_t B = x.size(0), T = x.size(1);
   auto gate = g_proj(x).view({B, T, num_heads, head_v_dim});
   auto y = ops::gated_rms_norm(o, g_norm_swish_gate->weight, norm_eps, gate, ops::GateActivation::Swish);
-  return o_proj(y.reshape({B, T, num_heads * head_v_dim}).to(x.scalar_type()));
+  return o_proj(for_linear(y.reshape({B, T, num_heads * head_v_dim}), x));
 }
 
 MixerInfo gla_info() {

@@ -6,6 +6,7 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
+#include "lt2/nn/precision.h"
 
 namespace lt2 {
 
@@ -50,7 +51,7 @@ Tensor HGRN2Impl::output(const Tensor& o, const Tensor& x, const RecurrenceInput
   const int64_t B = x.size(0), T = x.size(1);
   auto y = ops::gated_rms_norm(o.reshape({B, T, num_heads * head_i_dim}), g_norm->weight, norm_eps,
                                Tensor(), ops::GateActivation::None);
-  return o_proj(y.to(x.scalar_type()));
+  return o_proj(for_linear(y, x));
 }
 
 MixerInfo hgrn2_info() {

@@ -6,6 +6,7 @@
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
+#include "lt2/nn/precision.h"
 
 namespace lt2 {
 
@@ -73,7 +74,7 @@ Tensor KimiDeltaAttentionImpl::output(const Tensor& o, const Tensor& x, const Re
   const int64_t B = x.size(0), T = x.size(1);
   auto gate = g_proj->forward(x).view({B, T, num_v_heads, head_v_dim});
   auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate, ops::GateActivation::Sigmoid);
-  return o_proj(y.reshape({B, T, num_v_heads * head_v_dim}).to(x.scalar_type()));
+  return o_proj(for_linear(y.reshape({B, T, num_v_heads * head_v_dim}), x));
 }
 
 MixerInfo kda_info() {

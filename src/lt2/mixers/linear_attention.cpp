@@ -4,6 +4,7 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/ops/norms/norms.h"
+#include "lt2/nn/precision.h"
 
 namespace lt2 {
 
@@ -44,7 +45,7 @@ RecurrenceInputs LinearAttentionImpl::project(const Tensor& x, RecurrentState*, 
 Tensor LinearAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
   const int64_t B = x.size(0), T = x.size(1);
   auto y = ops::gated_rms_norm(o, norm->weight, norm_eps, Tensor(), ops::GateActivation::None);
-  return o_proj(y.reshape({B, T, num_heads * head_v_dim}).to(x.scalar_type()));
+  return o_proj(for_linear(y.reshape({B, T, num_heads * head_v_dim}), x));
 }
 
 MixerInfo linear_attention_info() {

@@ -5,6 +5,7 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
+#include "lt2/nn/precision.h"
 
 namespace lt2 {
 
@@ -73,7 +74,7 @@ Tensor Mamba2Impl::output(const Tensor& y, const Tensor& x, const RecurrenceInpu
   auto normed = ops::gated_rms_norm(gated.view({B, T, n_groups, d_inner / n_groups}),
                                     norm->weight.view({n_groups, d_inner / n_groups}), norm_eps, Tensor(),
                                     ops::GateActivation::None);
-  return out_proj(normed.reshape({B, T, d_inner}).to(x.scalar_type()));
+  return out_proj(for_linear(normed.reshape({B, T, d_inner}), x));
 }
 
 MixerInfo mamba2_info() {

@@ -1,6 +1,8 @@
 // Numeric precision settings for a scope.
 #pragma once
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
 
 namespace lt2 {
 
@@ -22,5 +24,12 @@ class Tf32Scope {
  private:
   bool previous_;
 };
+
+// y as a linear layer after it should read it: as is where autocast is on for y's device (the layer
+// casts to the autocast dtype itself: a cast to like's dtype first, bf16 -> fp32 -> bf16, would be
+// two passes over y forward and two more in the backward), else in like's dtype.
+inline at::Tensor for_linear(const at::Tensor& y, const at::Tensor& like) {
+  return at::autocast::is_autocast_enabled(y.device().type()) ? y : y.to(like.scalar_type());
+}
 
 }  // namespace lt2
