@@ -12,7 +12,7 @@
 # recurrence alone at 8 x 4096 with 16 heads of 128, and the Mamba2 and RetNet layers at the 1.3B shape),
 # lt-100m with Mamba2 layers trained by MID and by the new tree, the GDN layer with the chunk outputs' backward
 # kernel off and on, and the KDA and GLA layers at the 1.3B shape by MID and by the new tree with
-# channel_gate_prepare off and on; `midab`: the newab A/B of MID against OLD; `layer`: the GDN and
+# channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `midab`: the newab A/B of MID against OLD; `layer`: the GDN and
 # full-attention layers at the 1.3B shape, MID and new alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at
 # 8k and 32k with a profile; `profile`: train_bench --profile-ops of both models. About 12 minutes with
 # OLD_TARBALL, more than the device's limit a call: the later steps are cut (gpu_batch.sh packs the results
@@ -45,6 +45,9 @@ steps+=(
      build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5
      --option channel_gate_prepare=\$o | grep RESULT; done; done"
   )
+# The GDN layer's kernels named by their launching operators: where its elementwise passes come from.
+steps+=("layerprof 60 build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer gdn --batch 8 --seq 4096 --iters 3
+  --profile 1 --profile-ops")
 # MID against OLD after the new tree's steps (the call's limit may cut the steps that follow), unpacked
 # apart: /tmp/train_ab_base keeps MID for the steps after.
 [ -n "${OLD_TARBALL:-}" ] && steps+=("midab 150 BASE_TARBALL=$OLD_TARBALL NEW_TARBALL=$MID_TARBALL
