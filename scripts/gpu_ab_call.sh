@@ -10,13 +10,13 @@
 # and lt2-gdn-100m at seq 2048 x 16 and 8192 x 4 (`newab`); `gated`: the gated linear family on the
 # preparation kernel's additive mode against the libtorch form (switch gated_linear_prepare, same binary: the
 # recurrence alone at 8 x 4096 with 16 heads of 128, and the Mamba2 and RetNet layers at the 1.3B shape),
-# lt-100m with Mamba2 layers trained by MID and by the new tree, the GDN layer with the chunk outputs' backward
-# kernel off and on, and the KDA and GLA layers at the 1.3B shape by MID and by the new tree with
-# channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `midab`: the newab A/B of MID against OLD; `layer`: the GDN and
-# full-attention layers at the 1.3B shape, MID and new alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at
-# 8k and 32k with a profile; `profile`: train_bench --profile-ops of both models. About 12 minutes with
-# OLD_TARBALL, more than the device's limit a call: the later steps are cut (gpu_batch.sh packs the results
-# after each step); ONLY picks the rest for a second call.
+# lt-100m with Mamba2 layers trained by MID and by the new tree, the GDN layer with the chunk outputs'
+# backward kernel off and on, and the KDA and GLA layers at the 1.3B shape by MID and by the new tree with
+# channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `midab`: the
+# newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
+# alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
+# --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
+# later steps are cut (gpu_batch.sh packs the results after each step); ONLY picks the rest for a second call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${MID_TARBALL:?MID_TARBALL: the baseline tarball of scripts/prebuild_gpu.sh}"
