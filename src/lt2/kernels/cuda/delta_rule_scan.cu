@@ -839,6 +839,18 @@ __device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int V, 
   }
 }
 
+// Gradients in the inputs' dtype T: two (four) adjacent values at element `at` of `base`.
+template <typename T>
+__device__ __forceinline__ void store_pair(void* base, int64_t at, float a, float b) {
+  if constexpr (std::is_same_v<T, float>) *reinterpret_cast<float2*>(static_cast<float*>(base) + at) = make_float2(a, b);
+  else *reinterpret_cast<uint32_t*>(static_cast<T*>(base) + at) = pack2<T>(a, b);
+}
+template <typename T>
+__device__ __forceinline__ void store_quad(void* base, int64_t at, float4 v) {
+  if constexpr (std::is_same_v<T, float>) *reinterpret_cast<float4*>(static_cast<float*>(base) + at) = v;
+  else *reinterpret_cast<uint2*>(static_cast<T*>(base) + at) = make_uint2(pack2<T>(v.x, v.y), pack2<T>(v.z, v.w));
+}
+
 // The forward's tiles of q and k sit K + 4 floats apart (4 mod 16: ldmatrix's 8 rows in distinct
 // banks) and its panel rows kFwdPanelPitch apart (8 mod 16: the B fragments' B[t][g] in distinct banks).
 constexpr int kFwdPanelPitch = kPrepPanel + 8;
@@ -1125,7 +1137,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     const float* du = bp.du + chunk * C * V;
     for (int e = tid; e < C * V / 4; e += kPrepThreads) {
       const int i = (4 * e) / V, c = 4 * e - i * V;
-      if (i < rows) *reinterpret_cast<float4*>(bp.dv + token(i) * V + c) = *reinterpret_cast<const float4*>(du + 4 * e);
+      if (i < rows) store_quad<In>(bp.dv, token(i) * V + c, *reinterpret_cast<const float4*>(du + 4 * e));
     }
   } else {
     // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere; per channel: the given scores_kk);
@@ -1185,7 +1197,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
         const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
         const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
         if (value_panel) {
-          if (i < rows) *reinterpret_cast<float2*>(bp.dv + token(i) * V + col) = make_float2(sB[i] * d0, sB[i] * d1);
+          if (i < rows) store_pair<In>(bp.dv, token(i) * V + col, sB[i] * d0, sB[i] * d1);
           row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
         } else {
           const int d = col - V;
@@ -1195,7 +1207,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
             *reinterpret_cast<float2*>(d_gate + i * K + d) = make_float2(sB[i] * d0 * x0, sB[i] * d1 * x1);
           }
           if (i < rows)
-            *reinterpret_cast<float2*>(bp.dk + token(i) * K + d) = make_float2(key_scale.x * d0, key_scale.y * d1);
+            *reinterpret_cast<float2*>(bp.dk_partial + token(i) * K + d) =
+                make_float2(key_scale.x * d0, key_scale.y * d1);
           row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
         }
       }
@@ -1321,8 +1334,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
           row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
         }
         if (i < rows)
-          *reinterpret_cast<float2*>(bp.dq + token(i) * K + c) =
-              make_float2(acc[j][2 * r] + e.x * dqs.x, acc[j][2 * r + 1] + e.y * dqs.y);
+          store_pair<In>(bp.dq, token(i) * K + c, acc[j][2 * r] + e.x * dqs.x, acc[j][2 * r + 1] + e.y * dqs.y);
       });
     }
     {
@@ -1349,9 +1361,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
           row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
         }
         if (i < rows) {
-          float2* dk_out = reinterpret_cast<float2*>(bp.dk + token(i) * K + c);
-          const float2 partial = delta ? *dk_out : make_float2(0.f, 0.f);  // phase 3's
-          *dk_out = make_float2(partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
+          const float2 partial =  // phase 3's
+              delta ? *reinterpret_cast<const float2*>(bp.dk_partial + token(i) * K + c) : make_float2(0.f, 0.f);
+          store_pair<In>(bp.dk, token(i) * K + c, partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
         }
       });
     }
@@ -1622,7 +1634,8 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
   check_prepare(p, "delta_rule_prepare_backward");
   const int chunks = ceil_div(p.seq, kPrepChunk);
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
-  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && bp.dw && bp.dbeta)) && bp.du && bp.dkt && bp.dcarry &&
+  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && bp.dw && bp.dbeta && bp.dk_partial)) && bp.du && bp.dkt &&
+                bp.dcarry &&
                 bp.dq_start && bp.da_qk && bp.dq && bp.dk && bp.dv && (bp.dg != nullptr) == (p.g != nullptr),
             "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is; beta, dw and dbeta "
             "not in the additive mode)");

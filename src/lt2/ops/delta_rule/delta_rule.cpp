@@ -489,10 +489,14 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     bp.dw = additive ? nullptr : d[0].data_ptr<float>();
     bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
     bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
-    auto dq = torch::empty({B, T, H, K}, f32), dk = torch::empty({B, T, H, K}, f32);
-    auto dv = torch::empty({B, T, H, V}, f32), dbeta = additive ? Tensor() : torch::empty({B, T, H}, f32);
+    // q, k and v's gradients in their dtype, written once by the kernel (dk's first share goes to an
+    // fp32 scratch, dk itself where that is fp32).
+    auto dq = torch::empty({B, T, H, K}, q.options()), dk = torch::empty({B, T, H, K}, k.options());
+    auto dv = torch::empty({B, T, H, V}, v.options()), dbeta = additive ? Tensor() : torch::empty({B, T, H}, f32);
+    const auto dk_partial = additive || k.scalar_type() == torch::kFloat32 ? dk : torch::empty({B, T, H, K}, f32);
     auto dg = g.defined() ? torch::empty({B, T, H}, f32) : Tensor();
-    bp.dq = dq.data_ptr<float>(), bp.dk = dk.data_ptr<float>(), bp.dv = dv.data_ptr<float>();
+    bp.dq = dq.data_ptr(), bp.dk = dk.data_ptr(), bp.dv = dv.data_ptr();
+    bp.dk_partial = additive ? nullptr : dk_partial.data_ptr<float>();
     bp.dbeta = additive ? nullptr : dbeta.data_ptr<float>(), bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
     Tensor d_gate, d_scores_qk, d_scores_kk;
     if (per_channel) {
@@ -502,7 +506,7 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
       bp.d_scores_kk = additive ? nullptr : d_scores_kk.data_ptr<float>();
     }
     kernels::delta_rule_prepare_backward(bp, detail::current_stream(q));
-    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta,
+    return {dq, dk, dv, dbeta,
             g.defined() ? dg : Tensor(), d_gate, d_scores_qk, d_scores_kk, Tensor(), Tensor()};
   }
 };
