@@ -306,8 +306,7 @@ bool delta_rule_prepare_supported(int head_k, int head_v, int chunk_size, int de
 // for `rows` tokens:
 //   g[r][c]    = -exp(A_log[c / (cols / heads)]) * softplus(a[r][c] + dt_bias[c])   c < cols
 //   beta[r][h] = beta_scale * sigmoid(b[r][h])                                        h < beta_cols
-// in fp32, softplus as libtorch's (x past 20 is taken as is). The forward only: training
-// differentiates the libtorch form.
+// in fp32, softplus as libtorch's (x past 20 is taken as is).
 struct DeltaRuleGatesParams {
   const void* a;         // [rows, cols] dtype, columns packed, rows a_row_stride apart
   const void* b;         // [rows, beta_cols] dtype, columns packed, rows b_row_stride apart
@@ -321,6 +320,21 @@ struct DeltaRuleGatesParams {
   DType dtype, param_dtype;    // param_dtype: Float32 or dtype
 };
 void delta_rule_gates(const DeltaRuleGatesParams& p, void* stream);
+
+// Its backward (training) from dg and dbeta, with x = a + dt_bias[c] and softplus' = sigmoid (1 past 20):
+//   da = dg * (-exp(A_log[head of c])) * sigmoid(x),   db = dbeta * beta * (1 - beta / beta_scale)
+//   dt_bias_cols[c] += sum over rows of da,   A_log_cols[c] += sum over rows of dg * g
+// (the caller sums A_log_cols over each head's columns and zeroes both sums first).
+struct DeltaRuleGatesBackwardParams {
+  DeltaRuleGatesParams forward;  // g and beta unused
+  const float* dg;               // [rows, cols], packed
+  const float* dbeta;            // [rows, beta_cols], packed
+  void* da;                      // [rows, cols] dtype, packed
+  void* db;                      // [rows, beta_cols] dtype, packed
+  float* dt_bias_cols;           // [cols]
+  float* A_log_cols;             // [cols]
+};
+void delta_rule_gates_backward(const DeltaRuleGatesBackwardParams& p, void* stream);
 
 // The per-channel decayed scores of the chunked gated forms (ops::decayed_scores with one decay per
 // key channel: GLA, HGRN2, KDA), for `count` independent chunks of C rows and K channels:

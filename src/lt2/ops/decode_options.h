@@ -76,7 +76,8 @@ struct DecodeOptions {
   // prefill and training (off: the libtorch sub-chunk form).
   bool channel_scores = true;
   // The gated delta rule's gates (GDN's and KDA's g and beta from their raw projections) as one CUDA
-  // kernel where no gradient is taken (prefill; training differentiates the libtorch form).
+  // kernel, and under autograd one more for their backward (prefill and training); off: the libtorch
+  // form.
   bool delta_rule_gates = true;
   // The gated linear family's chunked form (ops::gated_linear_chunked): the states at the chunk
   // starts as one decay-weighted prefix product up to this many chunks (no loop, but N^2 work and

@@ -58,8 +58,9 @@ bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v
 //   g    = -exp(A_log[head of the column]) * softplus(a + dt_bias)   [B, T, cols]
 //   beta = beta_scale * sigmoid(b)                                    [B, T, H_b]
 // both in the compute dtype (fp32; fp64 for fp64 inputs). a and b may be column slices of one
-// packed projection. On CUDA without gradients (and DecodeOptions::delta_rule_gates on) one kernel
-// launch reading them in place; otherwise the libtorch form, differentiable.
+// packed projection. Differentiable. On CUDA (DecodeOptions::delta_rule_gates on) one kernel launch
+// reading them in place, and under autograd one more for the backward (kernels/prefill.h:
+// delta_rule_gates_backward); otherwise the libtorch form.
 struct DeltaRuleGates {
   Tensor g, beta;
 };
