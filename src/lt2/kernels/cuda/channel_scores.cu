@@ -83,21 +83,6 @@ __device__ __forceinline__ void scale_left_rows(BlockedShared& s) {
   }
 }
 
-// acc (hi + lo, 3xTF32) += A[16 x X] B[X x 8] with A(i, x) = a[i * ai + x * ax] and
-// B(x, n) = b[x * bx + n * bn] in shared memory, X a multiple of 8.
-__device__ __forceinline__ void tile_product(float (&hi)[4], float (&lo)[4], const float* a, int ai, int ax,
-                                             const float* b, int bx, int bn, int X) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int x = 0; x < X; x += 8) {
-    const uint32_t frag[4] = {__float_as_uint(a[g * ai + (x + t) * ax]), __float_as_uint(a[(g + 8) * ai + (x + t) * ax]),
-                              __float_as_uint(a[g * ai + (x + t + 4) * ax]),
-                              __float_as_uint(a[(g + 8) * ai + (x + t + 4) * ax])};
-    uint32_t big[4], small[4];
-    split_fragment_tf32(frag, big, small);
-    mma_3xtf32(hi, lo, big, small, split_tf32(b[(x + t) * bx + g * bn]), split_tf32(b[(x + t + 4) * bx + g * bn]));
-  }
-}
-
 __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kernel(const ChannelScoresParams p) {
   constexpr int C = kMaxC;
   extern __shared__ __align__(16) unsigned char blocked_smem[];
@@ -107,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
   // The off-diagonal block pairs (I, J), I > J, two n-tiles each: warp w takes units w and w + 8;
   // pair p = I (I - 1) / 2 + J.
   auto pair_rows = [](int pair) { return pair < 1 ? 1 : pair < 3 ? 2 : 3; };
-  float hi[2][4] = {}, lo[2][4] = {};
+  float acc[2][1][4] = {};  // warp_product's accumulators, one n-tile a unit
   // The diagonal blocks element by element: thread t, block t / 64, row (t % 64) / 4, columns t % 4 + 4 m.
   const int D = tid / 64, di = kBlk * D + (tid % 64) / 4;
   float diag[4] = {};
@@ -135,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
       const int unit = warp + 8 * u;
       if (unit >= 12) break;
       const int I = pair_rows(unit / 2), J = unit / 2 - I * (I - 1) / 2, n0 = kBlk * J + 8 * (unit % 2);
-      tile_product(hi[u], lo[u], &s.a_ref[kBlk * (I - 1)][0], kOpPitch, 1, &s.b_ref[left_rows_at(I) + n0][0], 1,
-                   kOpPitch, kTile);
+      warp_product<1, false>(acc[u], &s.a_ref[kBlk * (I - 1)][0], kOpPitch, 1, &s.b_ref[left_rows_at(I) + n0][0], 1,
+                             kOpPitch, 0, 0, 1, 0, kTile);
     }
   }
   float* out = p.scores + static_cast<int64_t>(blockIdx.x) * C * C;
@@ -148,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       *reinterpret_cast<float2*>(out + (kBlk * I + g + 8 * r) * C + col) =
-          make_float2(hi[u][2 * r] + lo[u][2 * r], hi[u][2 * r + 1] + lo[u][2 * r + 1]);
+          make_float2(acc[u][0][2 * r], acc[u][0][2 * r + 1]);
   }
 #pragma unroll
   for (int m = 0; m < 4; ++m) out[di * C + kBlk * D + tid % 4 + 4 * m] = diag[m];  // zero where not kept
@@ -189,27 +174,28 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kern
     __syncthreads();
 #pragma unroll
     for (int blk = 0; blk < 3; ++blk) {
-      float hi[4] = {}, lo[4] = {};
+      float acc[1][4] = {};
       if (rows_da) {  // dA[16 I .., :16 I] B̃_I, then the row factor exp(G_i - G_16I)
         const int I = blk + 1;
-        tile_product(hi, lo, &s.dA[kBlk * I][0], kDAPitch, 1, &s.b_ref[left_rows_at(I)][n0], kOpPitch, 1, kBlk * I);
+        warp_product<1, false>(acc, &s.dA[kBlk * I][0], kDAPitch, 1, &s.b_ref[left_rows_at(I)][n0], kOpPitch, 1, 0, 0,
+                               1, 0, kBlk * I);
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int i = kBlk * I + g + 8 * r, d = n0 + 2 * t + e;
-            s.da_off[i][d] = (hi[2 * r + e] + lo[2 * r + e]) * __expf(s.raw.g[i][d] - s.raw.g[kBlk * I][d]);
+            s.da_off[i][d] = acc[0][2 * r + e] * __expf(s.raw.g[i][d] - s.raw.g[kBlk * I][d]);
           }
       } else {  // dA[16 (J + 1) .., 16 J ..]^T Ã'_J, then the row factor exp(G_16J+15 - G_j)
         const int J = blk;
-        tile_product(hi, lo, &s.dA[kBlk * (J + 1)][kBlk * J], 1, kDAPitch, &s.a_ref[below_rows_at(J)][n0], kOpPitch, 1,
-                     C - kBlk * (J + 1));
+        warp_product<1, false>(acc, &s.dA[kBlk * (J + 1)][kBlk * J], 1, kDAPitch, &s.a_ref[below_rows_at(J)][n0],
+                               kOpPitch, 1, 0, 0, 1, 0, C - kBlk * (J + 1));
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int j = kBlk * J + g + 8 * r, d = n0 + 2 * t + e;
-            s.db_off[j][d] = (hi[2 * r + e] + lo[2 * r + e]) * __expf(s.raw.g[kBlk * J + kBlk - 1][d] - s.raw.g[j][d]);
+            s.db_off[j][d] = acc[0][2 * r + e] * __expf(s.raw.g[kBlk * J + kBlk - 1][d] - s.raw.g[j][d]);
           }
       }
     }

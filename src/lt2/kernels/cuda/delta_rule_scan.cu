@@ -700,33 +700,6 @@ constexpr int kPrepPanel = 16;      // the backward's columns per panel; K and V
 constexpr int kMatPitch = kPrepChunk + 1;
 constexpr int kPanelPitch = kPrepPanel + 1;
 
-// acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
-// mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
-// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x], B(x, c) = b[x * b_x + c * b_c]
-// (either layout each). x0 and x1 multiples of 8.
-template <int Tiles, bool kTf32>
-__device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float* a, int a_i, int a_x, const float* b,
-                                             int b_x, int b_c, int m0, int nt0, int tiles, int x0, int x1) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const float* a_rows = a + (m0 + g) * a_i;
-  for (int x = x0; x < x1; x += 8) {
-    uint32_t frag[4] = {__float_as_uint(a_rows[(x + t) * a_x]), __float_as_uint(a_rows[8 * a_i + (x + t) * a_x]),
-                        __float_as_uint(a_rows[(x + t + 4) * a_x]),
-                        __float_as_uint(a_rows[8 * a_i + (x + t + 4) * a_x])};
-    uint32_t big[4], small[4];
-    if constexpr (kTf32) round_fragment_tf32(frag);
-    else split_fragment_tf32(frag, big, small);
-    const float* b_rows = b + (x + t) * b_x + (8 * nt0 + g) * b_c;
-#pragma unroll
-    for (int j = 0; j < Tiles; ++j) {
-      if (j >= tiles) break;
-      const float b0 = b_rows[8 * j * b_c], b1 = b_rows[4 * b_x + 8 * j * b_c];
-      if constexpr (kTf32) mma_tf32(acc[j], frag, tf32_round(b0), tf32_round(b1));
-      else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
-    }
-  }
-}
-
 // The chunk's rows of q and k (fp32, rows P floats apart; zeros past the sequence), beta, and G the
 // inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier. q and k
 // arrive in 16-byte loads, every load of a thread issued before the first is used (a load consumed
@@ -1277,24 +1250,27 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       atomicAdd(sDB + m0 + g + 8 * r, db);
     }
   }
+  if (!gate) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {  // a column's: over the 8 lanes g here, over the four warps of its rows by atomics
-      float c = col_g[j][e];
+      for (int e = 0; e < 2; ++e) {  // a column's: over the 8 lanes g here, over the four warps of its rows by atomics
+        float c = col_g[j][e];
 #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
-      if (g == 0) atomicAdd(sDG + 8 * (nsq + j) + 2 * t + e, c);
-    }
+        for (int o = 4; o < 32; o <<= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+        if (g == 0) atomicAdd(sDG + 8 * (nsq + j) + 2 * t + e, c);
+      }
+  }
   // Per channel: G_l's terms, summed over the rows into sLast [K] (the panel space, free since phase 3).
   float* sLast = sDP;
   if (gate)
     for (int d = tid; d < K; d += kPrepThreads) sLast[d] = 0.f;
   __syncthreads();
-  for_square_entries([&](int j, int r, int e, int i, int col) {
-    sX[i * kMatPitch + col] = ds[j][2 * r + e];
-    sM[i * kMatPitch + col] = pq[j][2 * r + e];
-  });
+  if (!gate)  // phase 5's products read dS and P
+    for_square_entries([&](int j, int r, int e, int i, int col) {
+      sX[i * kMatPitch + col] = ds[j][2 * r + e];
+      sM[i * kMatPitch + col] = pq[j][2 * r + e];
+    });
   __syncthreads();
 
   // 5: dQ = P K + scale exp(G) dQ_start; dK = (dS + dS^T) K + P^T Q + dKt^T exp(G_l - G) + the

@@ -159,6 +159,33 @@ __device__ __forceinline__ void mma_3xtf32(float (&hi)[4], float (&lo)[4], const
   mma_tf32(hi, a_big, b0.big, b1.big);
 }
 
+// acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
+// mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
+// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x], B(x, c) = b[x * b_x + c * b_c]
+// (either layout each). x0 and x1 multiples of 8.
+template <int Tiles, bool kTf32>
+__device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float* a, int a_i, int a_x, const float* b,
+                                             int b_x, int b_c, int m0, int nt0, int tiles, int x0, int x1) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const float* a_rows = a + (m0 + g) * a_i;
+  for (int x = x0; x < x1; x += 8) {
+    uint32_t frag[4] = {__float_as_uint(a_rows[(x + t) * a_x]), __float_as_uint(a_rows[8 * a_i + (x + t) * a_x]),
+                        __float_as_uint(a_rows[(x + t + 4) * a_x]),
+                        __float_as_uint(a_rows[8 * a_i + (x + t + 4) * a_x])};
+    uint32_t big[4], small[4];
+    if constexpr (kTf32) round_fragment_tf32(frag);
+    else split_fragment_tf32(frag, big, small);
+    const float* b_rows = b + (x + t) * b_x + (8 * nt0 + g) * b_c;
+#pragma unroll
+    for (int j = 0; j < Tiles; ++j) {
+      if (j >= tiles) break;
+      const float b0 = b_rows[8 * j * b_c], b1 = b_rows[4 * b_x + 8 * j * b_c];
+      if constexpr (kTf32) mma_tf32(acc[j], frag, tf32_round(b0), tf32_round(b1));
+      else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
+    }
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

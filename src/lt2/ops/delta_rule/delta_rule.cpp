@@ -593,11 +593,12 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   Tensor head_gate = g, G, scores_qk, scores_kk;
   if (g.defined() && g.dim() == 4) {
     const auto f32 = torch::kFloat32;
+    auto in_chunks = [&](const Tensor& t) { return docs ? docs->to_chunks(t, f32) : to_chunks(t, C, f32); };
     head_gate = Tensor();
     G = docs ? docs->cumulative_gate(g, q.size(2), f32)
              : chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
-    const auto Kc = docs ? docs->to_chunks(k, f32) : to_chunks(k, C, f32);
-    scores_qk = decayed_scores(docs ? docs->to_chunks(q, f32) : to_chunks(q, C, f32), Kc, G, /*inclusive=*/true);
+    const auto Kc = in_chunks(k);
+    scores_qk = decayed_scores(in_chunks(q), Kc, G, /*inclusive=*/true);
     if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
   }
   auto out = PrepareChunksFunction::apply(aligned_packed(rows(q)), aligned_packed(rows(k).to(dtype)),

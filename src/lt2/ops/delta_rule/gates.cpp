@@ -16,7 +16,6 @@ namespace {
 // A_log and dt_bias in a's dtype where both are, else fp32.
 struct GatesInputs {
   Tensor a, b, A_log, dt_bias;
-  torch::ScalarType param_dtype;
 };
 GatesInputs gates_inputs(const Tensor& a_in, const Tensor& b_in, const Tensor& A_log, const Tensor& dt_bias) {
   GatesInputs in;
@@ -24,10 +23,10 @@ GatesInputs gates_inputs(const Tensor& a_in, const Tensor& b_in, const Tensor& A
   in.b = detail::token_stride(b_in) && b_in.scalar_type() == in.a.scalar_type()
              ? b_in
              : b_in.to(in.a.scalar_type()).contiguous();
-  in.param_dtype = A_log.scalar_type() == in.a.scalar_type() && dt_bias.scalar_type() == in.a.scalar_type()
-                       ? in.a.scalar_type()
-                       : torch::kFloat32;
-  in.A_log = A_log.to(in.param_dtype).contiguous(), in.dt_bias = dt_bias.to(in.param_dtype).contiguous();
+  const auto param_dtype = A_log.scalar_type() == in.a.scalar_type() && dt_bias.scalar_type() == in.a.scalar_type()
+                               ? in.a.scalar_type()
+                               : torch::kFloat32;
+  in.A_log = A_log.to(param_dtype).contiguous(), in.dt_bias = dt_bias.to(param_dtype).contiguous();
   return in;
 }
 
@@ -39,7 +38,7 @@ kernels::DeltaRuleGatesParams gates_params(const GatesInputs& in, double beta_sc
   p.cols = static_cast<int>(in.a.size(2)), p.heads = static_cast<int>(in.A_log.numel());
   p.beta_cols = static_cast<int>(in.b.size(2));
   p.beta_scale = static_cast<float>(beta_scale);
-  p.dtype = detail::kernel_dtype(in.a.scalar_type()), p.param_dtype = detail::kernel_dtype(in.param_dtype);
+  p.dtype = detail::kernel_dtype(in.a.scalar_type()), p.param_dtype = detail::kernel_dtype(in.A_log.scalar_type());
   return p;
 }
 
@@ -70,7 +69,7 @@ struct GatesFunction : public torch::autograd::Function<GatesFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    GatesInputs in{saved[0], saved[1], saved[2], saved[3], saved[2].scalar_type()};
+    const GatesInputs in{saved[0], saved[1], saved[2], saved[3]};
     c10::cuda::CUDAGuard guard(in.a.device());
     const auto f32 = in.a.options().dtype(torch::kFloat32);
     auto grad = [&](size_t i, const Tensor& like) {
