@@ -3,10 +3,10 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/nn/precision.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
-#include "lt2/nn/precision.h"
 
 namespace lt2 {
 

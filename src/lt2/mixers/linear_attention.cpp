@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/ops/norms/norms.h"
 #include "lt2/nn/precision.h"
+#include "lt2/ops/norms/norms.h"
 
 namespace lt2 {
 
