@@ -105,18 +105,14 @@ Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return masked_attention(q, k, v, window_mask(k_pos.narrow(0, L - T, T), k_pos, window), scale);
 }
 
-std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                 const Tensor& mask, double scale) {
-  const int64_t H = q.size(1), H_kv = k.size(1), D = q.size(3);
+Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), H_kv = k.size(1), L = k.size(2);
   LT2_CHECK(H % H_kv == 0, "attention: ", H, " query heads are not a multiple of ", H_kv, " kv heads");
-  if (k.size(2) == 0) {  // no keys at all: zero output and (empty) probabilities
-    auto probs = torch::zeros({q.size(0), H, q.size(2), 0}, q.options().dtype(accum_dtype(q)));
-    return {torch::zeros({q.size(0), q.size(2), H, v.size(3)}, q.options()), probs};
-  }
-  auto ke = H == H_kv ? k : k.repeat_interleave(H / H_kv, 1);  // [B, H, L, D]
-  auto ve = H == H_kv ? v : v.repeat_interleave(H / H_kv, 1);
+  if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
   if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto scores = torch::matmul(q, ke.transpose(-1, -2)).to(accum_dtype(q)) * scale;
+  // The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per head.
+  auto rows = q.reshape({B, H_kv, H / H_kv * T, D});
+  auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L}).to(accum_dtype(q)) * scale;
   // Softmax over the visible keys; a query seeing none gets all-zero probabilities. The row max is
   // a constant shift (detached: the probabilities do not depend on it).
   scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());  // [B, H, T, L]
@@ -124,8 +120,16 @@ std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& 
   row_max = row_max.masked_fill(torch::isinf(row_max), 0.0);
   auto e = torch::exp(scores - row_max);
   auto denom = e.sum(-1, /*keepdim=*/true);
-  auto probs = e / torch::where(denom > 0, denom, torch::ones_like(denom));
-  auto out = torch::matmul(probs.to(v.scalar_type()), ve);  // [B, H, T, D]
+  return e / torch::where(denom > 0, denom, torch::ones_like(denom));
+}
+
+std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& mask, double scale) {
+  const int64_t H = q.size(1), H_kv = k.size(1);
+  auto probs = attention_probs(q, k, mask, scale);
+  if (k.size(2) == 0) return {torch::zeros({q.size(0), q.size(2), H, v.size(3)}, q.options()), probs};
+  auto ve = H == H_kv ? v : v.repeat_interleave(H / H_kv, 1);  // [B, H, L, D_v]
+  auto out = torch::matmul(probs.to(v.scalar_type()), ve);      // [B, H, T, D_v]
   return {out.transpose(1, 2), probs};
 }
 
@@ -169,6 +173,96 @@ Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, con
   log_q = torch::where(support, log_q, torch::zeros_like(log_q));  // no -inf * 0 off the support
   auto terms = torch::xlogy(p, p) - p * log_q;                     // 0 off the support (p = 0)
   return terms.sum(-1).mean();
+}
+
+IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
+                                int64_t topk) {
+  const int64_t n = iq.size(1), L = index_k.size(1);
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
+  auto scores = lightning_indexer_scores(iq, iw, index_k);  // [B, n, L]
+  auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0)
+                     .expand_as(scores);
+  return {scores, topk == 0 ? visible : topk_mask(scores, visible, topk)};
+}
+
+namespace {
+
+// indexer_loss_blocked's autograd function. Inputs: iq, iw, index_k (differentiable), q, k (the
+// target); outputs: the loss and the support. The forward takes each block's loss and its gradient
+// with respect to the block's scores (the target is fixed, so this is exact); the backward only
+// carries that gradient back through a recompute of the scores. Saved: iq, iw, index_k and the
+// scores' gradient [B, T, L] in the accumulation dtype.
+struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& iq,
+                                                const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                                                const Tensor& k, int64_t query_start, int64_t topk, double scale,
+                                                int64_t block_rows, torch::ScalarType compute) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes set here
+    const int64_t T = iq.size(1);
+    const auto keys = index_k.to(compute);
+    Tensor loss;
+    std::vector<Tensor> supports, d_scores;
+    for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
+      const int64_t n = std::min(block_rows, T - r0);
+      auto sel = indexer_select(iq.narrow(1, r0, n).to(compute), iw.narrow(1, r0, n).to(compute), keys,
+                                query_start + r0, topk);
+      auto probs = attention_probs(q.narrow(2, r0, n), k, sel.support.unsqueeze(1), scale);  // [B, H, n, L]
+      torch::AutoGradMode grad_mode(true);
+      auto scores = sel.scores.to(accum_dtype(sel.scores)).requires_grad_(true);
+      // The block's share n / T of the mean over all rows.
+      auto part = indexer_kl_loss(probs, scores, sel.support) * (static_cast<double>(n) / T);
+      d_scores.push_back(torch::autograd::grad({part}, {scores})[0]);
+      loss = loss.defined() ? loss + part.detach() : part.detach();
+      supports.push_back(sel.support);
+    }
+    auto cat_rows = [](const std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : torch::cat(parts, 1); };
+    auto support = cat_rows(supports);  // [B, T, L]
+    ctx->save_for_backward({iq, iw, index_k, cat_rows(d_scores)});
+    ctx->saved_data["block_rows"] = block_rows;
+    ctx->saved_data["compute"] = static_cast<int64_t>(compute);
+    ctx->mark_non_differentiable({support});
+    return {loss, support};
+  }
+
+  // Per block: the scores recomputed with a graph over leaves of the block's inputs, then the
+  // saved gradient (times the loss's) carried through it.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &iq = saved[0], &iw = saved[1], &index_k = saved[2], &d_scores = saved[3];
+    const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1);
+    const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
+    auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
+    auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
+    torch::AutoGradMode grad_mode(true);
+    const auto keys_leaf = index_k.detach().requires_grad_(true);
+    const auto keys = keys_leaf.to(compute);
+    for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
+      const int64_t n = std::min(block_rows, T - r0);
+      const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
+      const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
+      auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys);  // [B, n, L]
+      auto d = (d_scores.narrow(1, r0, n) * grads[0]).to(scores.scalar_type());
+      auto g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_leaf}, {d}, /*retain_graph=*/true);
+      d_iq.narrow(1, r0, n).copy_(g[0]);
+      d_iw.narrow(1, r0, n).copy_(g[1]);
+      d_keys += g[2];
+    }
+    return {d_iq, d_iw, d_keys.to(index_k.scalar_type()), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
+            Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
+IndexerLoss indexer_loss_blocked(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                                 const Tensor& k, int64_t query_start, int64_t topk, double scale,
+                                 int64_t block_rows, torch::ScalarType compute) {
+  LT2_CHECK(block_rows > 0, "indexer_loss_blocked: block_rows must be > 0, found ", block_rows);
+  auto out = IndexerLossFunction::apply(iq, iw, index_k, q.detach(), k.detach(), query_start, topk, scale,
+                                        block_rows, compute);
+  return {out[0], out[1]};
 }
 
 int64_t nsa_num_blocks(int64_t length, int64_t block, int64_t stride) {
