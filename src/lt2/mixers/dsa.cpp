@@ -255,7 +255,9 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   // the indexer's [n, H_I, L] logits (at 8192 rows of 32k keys and 64 index heads a chunk's are
   // 34 GB), then the masked attention's [H, n, L] scores (its math path: the latent head's 576
   // dims take no fused kernel; 96 GB at 32k in one block). The indexer loss holds both at once.
-  // The queries are the last T of the L key positions.
+  // The queries are the last T of the L key positions, so a block of rows [r0, r0 + n) sees only
+  // the first L - T + r0 + n keys: it scores and attends over those alone.
+  auto seen = [&](int64_t r0, int64_t n) { return L - T + r0 + n; };
   Tensor attend;  // [B, T, L] bool: the keys each query attends to, where not causal
   if (record) {
     torch::AutoGradMode indexer_mode(indexer_grad);
@@ -272,7 +274,9 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
     for (int64_t r0 = 0; r0 < T; r0 += index_rows) {
       const int64_t n = std::min(index_rows, T - r0);
-      parts.push_back(indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), index_k, L - T + r0, topk).support);
+      auto support = indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), index_k.narrow(1, 0, seen(r0, n)),
+                                    L - T + r0, topk).support;
+      parts.push_back(torch::constant_pad_nd(support, {0, L - seen(r0, n)}, 0));
     }
     attend = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
   }
@@ -281,7 +285,9 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   const int64_t attention_rows = block_rows(attention_row_bytes(B, L), T);
   for (int64_t r0 = 0; r0 < T; r0 += attention_rows) {
     const int64_t n = std::min(attention_rows, T - r0);
-    parts.push_back(masked_attention(h.q.narrow(2, r0, n), k, v, attend.narrow(1, r0, n).unsqueeze(1), scale()));
+    const int64_t keys = seen(r0, n);
+    parts.push_back(masked_attention(h.q.narrow(2, r0, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
+                                     attend.narrow(1, r0, n).narrow(2, 0, keys).unsqueeze(1), scale()));
   }
   return output(parts.size() == 1 ? parts[0] : torch::cat(parts, 1), x);  // [B, T, H, D_v] -> [B, T, d]
 }

@@ -188,37 +188,38 @@ IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor
 namespace {
 
 // indexer_loss_blocked's autograd function. Inputs: iq, iw, index_k (differentiable), q, k (the
-// target); outputs: the loss and the support. The forward takes each block's loss and its gradient
-// with respect to the block's scores (the target is fixed, so this is exact); the backward only
-// carries that gradient back through a recompute of the scores. Saved: iq, iw, index_k and the
-// scores' gradient [B, T, L] in the accumulation dtype.
+// target); outputs: the loss and the support. A block of rows [r0, r0 + n) scores only the keys its
+// last row can see, the first query_start + r0 + n. The forward takes each block's loss and its
+// gradient with respect to the block's scores (the target is fixed, so this is exact); the backward
+// only carries that gradient back through a recompute of the scores. Saved: iq, iw, index_k and
+// each block's scores' gradient [B, n, keys] in the accumulation dtype.
 struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& iq,
                                                 const Tensor& iw, const Tensor& index_k, const Tensor& q,
                                                 const Tensor& k, int64_t query_start, int64_t topk, double scale,
                                                 int64_t block_rows, torch::ScalarType compute) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes set here
-    const int64_t T = iq.size(1);
+    const int64_t T = iq.size(1), L = index_k.size(1);
     const auto keys = index_k.to(compute);
     Tensor loss;
-    std::vector<Tensor> supports, d_scores;
+    std::vector<Tensor> supports, saved{iq, iw, index_k};
     for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
-      const int64_t n = std::min(block_rows, T - r0);
-      auto sel = indexer_select(iq.narrow(1, r0, n).to(compute), iw.narrow(1, r0, n).to(compute), keys,
-                                query_start + r0, topk);
-      auto probs = attention_probs(q.narrow(2, r0, n), k, sel.support.unsqueeze(1), scale);  // [B, H, n, L]
+      const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
+      auto sel = indexer_select(iq.narrow(1, r0, n).to(compute), iw.narrow(1, r0, n).to(compute),
+                                keys.narrow(1, 0, seen), query_start + r0, topk);
+      auto probs = attention_probs(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support.unsqueeze(1), scale);
       torch::AutoGradMode grad_mode(true);
       auto scores = sel.scores.to(accum_dtype(sel.scores)).requires_grad_(true);
       // The block's share n / T of the mean over all rows.
       auto part = indexer_kl_loss(probs, scores, sel.support) * (static_cast<double>(n) / T);
-      d_scores.push_back(torch::autograd::grad({part}, {scores})[0]);
+      saved.push_back(torch::autograd::grad({part}, {scores})[0]);
       loss = loss.defined() ? loss + part.detach() : part.detach();
-      supports.push_back(sel.support);
+      supports.push_back(seen == L ? sel.support : torch::constant_pad_nd(sel.support, {0, L - seen}, 0));
     }
-    auto cat_rows = [](const std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : torch::cat(parts, 1); };
-    auto support = cat_rows(supports);  // [B, T, L]
-    ctx->save_for_backward({iq, iw, index_k, cat_rows(d_scores)});
+    auto support = supports.size() == 1 ? supports[0] : torch::cat(supports, 1);  // [B, T, L]
+    ctx->save_for_backward(saved);
     ctx->saved_data["block_rows"] = block_rows;
+    ctx->saved_data["query_start"] = query_start;
     ctx->saved_data["compute"] = static_cast<int64_t>(compute);
     ctx->mark_non_differentiable({support});
     return {loss, support};
@@ -230,24 +231,24 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
                                                  torch::autograd::variable_list grads) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
-    const Tensor &iq = saved[0], &iw = saved[1], &index_k = saved[2], &d_scores = saved[3];
-    const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1);
+    const Tensor &iq = saved[0], &iw = saved[1], &index_k = saved[2];
+    const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1), L = index_k.size(1);
+    const int64_t query_start = ctx->saved_data["query_start"].toInt();
     const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
     auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
     torch::AutoGradMode grad_mode(true);
-    const auto keys_leaf = index_k.detach().requires_grad_(true);
-    const auto keys = keys_leaf.to(compute);
-    for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
-      const int64_t n = std::min(block_rows, T - r0);
+    for (int64_t r0 = 0, block = 3; r0 < T; r0 += block_rows, ++block) {
+      const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
       const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
       const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
-      auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys);  // [B, n, L]
-      auto d = (d_scores.narrow(1, r0, n) * grads[0]).to(scores.scalar_type());
-      auto g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_leaf}, {d}, /*retain_graph=*/true);
+      const auto keys_b = index_k.narrow(1, 0, seen).detach().requires_grad_(true);
+      auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys_b.to(compute));  // [B, n, seen]
+      auto d = (saved[block] * grads[0]).to(scores.scalar_type());
+      auto g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d});
       d_iq.narrow(1, r0, n).copy_(g[0]);
       d_iw.narrow(1, r0, n).copy_(g[1]);
-      d_keys += g[2];
+      d_keys.narrow(1, 0, seen) += g[2];
     }
     return {d_iq, d_iw, d_keys.to(index_k.scalar_type()), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
             Tensor(), Tensor()};

@@ -92,9 +92,9 @@ IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor
 //   sel = indexer_select(iq, iw, index_k, query_start, topk);
 //   indexer_kl_loss(attention_probs(q, k, sel.support[:, None], scale), sel.scores, sel.support)
 // but no [B, H, T, L] probabilities or [B, T, H_I, L] index logits are kept for the backward: the
-// rows go in blocks of `block_rows`; the forward keeps the loss's gradient with respect to the
-// scores ([B, T, L], the target being fixed), and the backward recomputes a block's scores to carry
-// it to the inputs. The index products run in `compute` (the autocast dtype where the caller runs
+// rows go in blocks of `block_rows`, each over the keys its last row can see; the forward keeps the
+// loss's gradient with respect to each block's scores (exact: the target is fixed), and the backward
+// recomputes a block's scores to carry it to the inputs. The index products run in `compute` (the autocast dtype where the caller runs
 // under autocast), in forward and backward alike. Gradients reach iq, iw and index_k.
 struct IndexerLoss {
   Tensor loss;     // scalar, accumulation dtype
