@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "lt2/nn/linear.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -175,13 +177,47 @@ Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, con
   return terms.sum(-1).mean();
 }
 
+namespace {
+
+// Whether indexer_select takes the decode kernels for these inputs (DecodeOptions::dsa_index_kernels):
+// CUDA on sm_90 (topk_select's clusters), no gradient, shapes dsa_index_topk takes, at most 65535 rows.
+bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) {
+#ifdef LT2_WITH_CUDA
+  if (!decode_options().dsa_index_kernels || !iq.is_cuda() || iq.size(1) > 65535) return false;
+  if (torch::GradMode::is_enabled() && (iq.requires_grad() || index_k.requires_grad())) return false;
+  const int64_t n = iq.size(1), L = index_k.size(1);
+  const auto rows_keys = index_k.narrow(0, 0, 1).to(iq.scalar_type()).expand({n, L, index_k.size(2)});
+  if (!ops::dsa_index_topk_supported(iq[0], rows_keys, std::clamp<int64_t>(topk, 1, L))) return false;
+  return at::cuda::getDeviceProperties(ops::detail::cuda_index(iq.device()))->major >= 9;
+#else
+  (void)iq, (void)index_k, (void)topk;
+  return false;
+#endif
+}
+
+}  // namespace
+
 IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
                                 int64_t topk) {
-  const int64_t n = iq.size(1), L = index_k.size(1);
+  const int64_t B = iq.size(0), n = iq.size(1), L = index_k.size(1);
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
+  auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0);  // [n, L]
+  if (index_kernels_serve(iq, index_k, topk)) {
+    // Per sequence, its n query rows read the same keys (a zero row stride); keys at or past a
+    // row's causal length are not read and score -inf.
+    const auto keys = index_k.to(iq.scalar_type());
+    const auto lens = torch::arange(query_start + 1, query_start + n + 1, opts).clamp_max(L);
+    std::vector<Tensor> scores, supports;
+    for (int64_t b = 0; b < B; ++b) {
+      scores.push_back(ops::dsa_index_scores(iq[b], iw[b], keys[b].expand({n, L, keys.size(2)}), lens));
+      if (topk == 0 || topk >= L) continue;
+      const auto idx = ops::topk_select(scores.back(), topk, lens);  // [n, k], a row's visible keys first
+      supports.push_back(torch::zeros({n, L}, visible.options()).scatter_(1, idx, true) & visible);
+    }
+    return {torch::stack(scores), supports.empty() ? visible.expand({B, n, L}) : torch::stack(supports)};
+  }
   auto scores = lightning_indexer_scores(iq, iw, index_k);  // [B, n, L]
-  auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0)
-                     .expand_as(scores);
+  visible = visible.expand_as(scores);
   return {scores, topk == 0 ? visible : topk_mask(scores, visible, topk)};
 }
 

@@ -77,9 +77,10 @@ Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, con
 // DSA's key selection for query rows at absolute positions [query_start, query_start + n): index
 // queries iq [B, n, H_I, d_I] and weights iw [B, n, H_I] over the index keys index_k [B, L, d_I] at
 // positions 0..L-1. topk 0: every causally visible key (the dense warm-up); else the top-k visible
-// ones (topk_mask).
+// ones (topk_mask). With DecodeOptions::dsa_index_kernels, on sm_90 and where no gradient is taken,
+// the decode kernels score and select (ops::dsa_index_scores, ops::topk_select: the same set).
 struct IndexerSelection {
-  Tensor scores;   // [B, n, L], lightning_indexer_scores
+  Tensor scores;   // [B, n, L], lightning_indexer_scores on the visible keys (the kernels: -inf elsewhere)
   Tensor support;  // [B, n, L] bool, the keys each row attends to
 };
 IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
