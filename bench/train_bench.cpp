@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
                "Per-loop activation checkpointing: off (the default: store activations), on (alone: on), or auto "
                "(lt2 train's default: chosen from the first step's measured memory)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--indexer-stage", cfg.indexer_stage,
+                 "off, dense_warmup or sparse: DSA's indexer stage (TrainConfig::indexer_stage)")->capture_default_str();
   app.add_option("--tf32", cfg.tf32, "With bf16: fp32 matmuls on TF32 tensor cores (1) or in fp32 (0)")->capture_default_str();
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
   ProfileFlags profile;

@@ -8,6 +8,7 @@
 #include "lt2/config/presets.h"
 #include "lt2/infer/bench.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/train/aux_loss.h"
 #include "lt2/train/memory_policy.h"
 #include "lt2/kernels/kernels.h"
 #include "lt2/util/error.h"
@@ -143,7 +144,7 @@ struct ActivationArgs {
   std::string base = "lt2-gdn-100m";
   std::vector<std::string> mixers{"all"}, models;
   int64_t seq_len = 1024, vocab = 32768;
-  std::string device = "auto", dtype = "auto", json_path, md_path;
+  std::string device = "auto", dtype = "auto", indexer_stage = "off", json_path, md_path;
 };
 
 void run_activations(const ActivationArgs& a, const std::string& command_line) {
@@ -155,6 +156,7 @@ void run_activations(const ActivationArgs& a, const std::string& command_line) {
   LT2_CHECK(!(a.dtype == "bf16" && !cuda), "--dtype bf16 (autocast) needs a CUDA device");
   const torch::Device device = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   const bool bf16 = cuda && a.dtype != "fp32";
+  const auto aux_stage = parse_aux_loss_stage(a.indexer_stage);
   std::vector<ModelConfig> configs;
   std::vector<std::string> mixers = a.mixers;
   if (mixers.size() == 1 && mixers[0] == "all") {
@@ -187,7 +189,7 @@ void run_activations(const ActivationArgs& a, const std::string& command_line) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& c : configs) {
     std::fprintf(stderr, "activations: %s (%s)\n", c.name.c_str(), c.layer_pattern.c_str());
-    const auto r = measure_activations(c, a.seq_len, device, bf16);
+    const auto r = measure_activations(c, a.seq_len, device, bf16, aux_stage);
     table += cat("| ", r.name, " | ", r.pattern, " | ", r.n_layers, " x ", r.n_loops, " | ", kib(r.layer_bytes_per_token),
                  " | ", kib(r.stored.held_per_token), " | ", kib(r.recomputed.held_per_token), " | ",
                  kib(r.stored.peak_per_token), " | ", kib(r.recomputed.peak_per_token), " | ", mib(r.stored.fixed_peak),
@@ -199,7 +201,8 @@ void run_activations(const ActivationArgs& a, const std::string& command_line) {
   }
   const std::string dev = cuda ? kernels::device_name(0) : "cpu";
   nlohmann::json j{{"mode", "activations"}, {"command", command_line}, {"date", today()}, {"device", dev},
-                   {"dtype", bf16 ? "bf16 autocast" : "fp32"}, {"seq_len", a.seq_len}, {"models", rows}};
+                   {"dtype", bf16 ? "bf16 autocast" : "fp32"}, {"seq_len", a.seq_len}, {"indexer_stage", a.indexer_stage},
+                   {"models", rows}};
   if (!a.json_path.empty()) write_file_atomic(a.json_path, j.dump(2) + "\n");
   if (!a.md_path.empty()) write_file_atomic(a.md_path, table);
   std::printf("%s", table.c_str());
@@ -262,6 +265,9 @@ void add_bench_command(CLI::App& app) {
   activations->add_option("--device", act->device, "auto, cpu or cuda")->capture_default_str();
   activations->add_option("--dtype", act->dtype, "auto (bf16 autocast on CUDA, fp32 on the CPU), fp32 or bf16")
       ->capture_default_str();
+  activations->add_option("--indexer-stage", act->indexer_stage,
+                          "off, dense_warmup or sparse: DSA's indexer stage, its KL loss added to the step's (as "
+                          "lt2 train's indexer_stage)")->capture_default_str();
   activations->add_option("--out-json", act->json_path, "Write the results as JSON to this file");
   activations->add_option("--out-md", act->md_path, "Write the Markdown table to this file");
   activations->footer("A CE training step on rows of --seq-len random tokens, measured on 1 and 2 rows: per token is "

@@ -3,13 +3,18 @@
 // and top-k, and dsa_latent_prep with the q absorption folded in, captured in a CUDA graph and
 // replayed with new lengths or positions == eager (the prep: == its float64 reference); the latent
 // DSA mixer's fused decode step (step, and its decode descriptor with a block's norm and residual
-// around it) as accurate as its libtorch path, folded == unfolded. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// around it) as accurate as its libtorch path, folded == unfolded; whole-sequence selection
+// (indexer_select) on the decode kernels. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
 
 #include <cmath>
 #include <vector>
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include "common/testing.h"
 #include "lt2/mixers/dsa.h"
@@ -55,6 +60,41 @@ TEST(FusedDsa, RejectsBadInputs) {
 }
 
 #ifdef LT2_WITH_CUDA
+
+// indexer_select of whole-sequence calls on the decode kernels (a sequence's query rows share its
+// keys): the scores of the visible keys against the float64 formula on the same rounded inputs,
+// -inf elsewhere; the selection exactly topk_mask of those fp32 scores; the support equal to the
+// libtorch path's where every visible key is selected. Queries at positions 30..99 of 100 keys, in
+// tensor-core shapes (bf16) and the plain-FMA kernel's (fp32).
+TEST(FusedDsa, IndexerSelectOnTheKernels) {
+  REQUIRE_FUSED_DECODE();
+  if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
+  torch::manual_seed(31);
+  const int64_t B = 2, n = 70, L = 100, H = 16, d = 64, start = L - n;
+  for (auto dt : {torch::kBFloat16, torch::kFloat32}) {
+    const auto iq = torch::randn({B, n, H, d}, gpu(dt)), keys = torch::randn({B, L, d}, gpu(dt));
+    const auto iw = torch::randn({B, n, H}, gpu(torch::kFloat32));
+    auto k_pos = torch::arange(L, torch::kLong), q_pos = torch::arange(start, L, torch::kLong);
+    const auto visible = window_mask(q_pos, k_pos, 0).expand({B, n, L});
+    const auto want = lightning_indexer_scores(iq.cpu().to(f64), iw.cpu().to(f64), keys.cpu().to(f64));
+    for (int64_t topk : {int64_t{0}, int64_t{16}, L}) {
+      DecodeOptions options;
+      DecodeOptionsGuard guard(options);
+      const auto sel = indexer_select(iq, iw, keys, start, topk);
+      const auto scores = sel.scores.cpu();
+      ASSERT_EQ(scores.scalar_type(), torch::kFloat32) << "the kernels' fp32 scores";
+      EXPECT_LT(rel_err(scores.masked_select(visible).to(f64), want.masked_select(visible)), tolerance(dt))
+          << name(dt) << " topk " << topk;
+      EXPECT_TRUE(torch::isneginf(scores.masked_select(~visible)).all().item<bool>()) << name(dt);
+      const auto expect = topk == 0 ? visible : topk_mask(scores, visible, topk);
+      EXPECT_TRUE(torch::equal(sel.support.cpu(), expect)) << name(dt) << " topk " << topk;
+      if (topk != 16) {
+        options.dsa_index_kernels = false;
+        EXPECT_TRUE(torch::equal(indexer_select(iq, iw, keys, start, topk).support.cpu(), expect)) << name(dt);
+      }
+    }
+  }
+}
 
 // Captured once, replayed with new lengths and queries: equals the eager calls.
 TEST(FusedDsa, GraphReplayWithNewLengths) {

@@ -228,6 +228,66 @@ TEST(IndexerLoss, ZeroWhenTheIndexerReproducesTheAttention) {
   EXPECT_NEAR(kl, expect, 1e-12);
 }
 
+// indexer_loss_blocked against the composition it replaces, under autograd: the loss, the selection
+// and the gradients of iq, iw and index_k, for blocks of 1, 3 and all rows, dense and top-k (rows
+// with more visible keys than k), queries at the last T of L keys, GQA heads.
+TEST(IndexerLoss, BlockedEqualsTheDenseComposition) {
+  torch::manual_seed(21);
+  const int64_t B = 2, H = 4, H_kv = 2, T = 7, L = 9, D = 5, H_I = 3, d_I = 6;
+  const auto iq = torch::randn({B, T, H_I, d_I}, f64()), iw = torch::randn({B, T, H_I}, f64());
+  const auto keys = torch::randn({B, L, d_I}, f64());
+  const auto q = torch::randn({B, H, T, D}, f64()), k = torch::randn({B, H_kv, L, D}, f64());
+  const double scale = 0.37;
+  auto leaves = [&] {
+    return std::vector<Tensor>{iq.clone().requires_grad_(true), iw.clone().requires_grad_(true),
+                               keys.clone().requires_grad_(true)};
+  };
+  {  // attention_probs: the grouped heads' product against keys repeated per query head
+    auto mask = torch::rand({B, 1, T, L}) < 0.7;
+    auto scores = torch::matmul(q, k.repeat_interleave(H / H_kv, 1).transpose(-1, -2)) * scale;
+    auto naive = torch::softmax(scores.masked_fill(~mask, -INFINITY), -1).nan_to_num(0.0);
+    EXPECT_LT(rel_err(attention_probs(q, k, mask, scale), naive), 1e-14);
+  }
+  for (int64_t topk : {0, 3}) {
+    auto ref = leaves();
+    auto sel = indexer_select(ref[0], ref[1], ref[2], L - T, topk);
+    auto loss = indexer_kl_loss(attention_probs(q, k, sel.support.unsqueeze(1), scale), sel.scores, sel.support);
+    ASSERT_GT(loss.item<double>(), 1e-3);
+    const auto g_ref = torch::autograd::grad({loss}, ref);
+    for (int64_t rows : {int64_t{1}, int64_t{3}, T}) {
+      auto in = leaves();
+      auto r = indexer_loss_blocked(in[0], in[1], in[2], q, k, L - T, topk, scale, rows, torch::kFloat64);
+      EXPECT_NEAR(r.loss.item<double>(), loss.item<double>(), 1e-12) << "topk " << topk << " rows " << rows;
+      EXPECT_TRUE(torch::equal(r.support, sel.support)) << "topk " << topk << " rows " << rows;
+      const auto g = torch::autograd::grad({r.loss}, in);
+      for (size_t i = 0; i < g.size(); ++i)
+        EXPECT_LT(rel_err(g[i], g_ref[i]), 1e-12) << "topk " << topk << " rows " << rows << " input " << i;
+    }
+  }
+}
+
+// The recorded loss and the output do not depend on the query blocks, and recording leaves the
+// output as the stage without the loss computes it.
+TEST_P(DSAForms, RecordedLossIndependentOfQueryBlocks) {
+  auto m = make_dsa(4, GetParam());
+  auto x = random_x(2, 13, 32, 14);
+  Tensor plain;
+  {
+    torch::NoGradGuard ng;
+    plain = m->forward(x, {0, 0});  // stage off: the same top-k selection, no loss
+  }
+  m->stage = IndexerStage::Sparse;
+  auto whole = m->forward(x, {0, 0});
+  EXPECT_LT(rel_err(whole, plain), 1e-12);
+  const double whole_loss = m->indexer_losses.back().item<double>();
+  for (int64_t budget : {int64_t{1}, int64_t{3} * 2 * 13 * ((2 * 3 + 4) + 2 * 3 * 3) * 4}) {
+    m->query_block_bytes = budget;
+    EXPECT_LT(rel_err(m->forward(x, {0, 0}), whole), 1e-12) << "budget " << budget;
+    EXPECT_NEAR(m->indexer_losses.back().item<double>(), whole_loss, 1e-12) << "budget " << budget;
+  }
+  m->indexer_losses.clear();
+}
+
 TEST(IndexerLoss, TrainsOnlyTheIndexer) {
   auto m = make_dsa(3);
   m->stage = IndexerStage::Sparse;

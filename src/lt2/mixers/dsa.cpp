@@ -1,5 +1,7 @@
 #include "lt2/mixers/dsa.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -244,37 +246,48 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
       index_k = s->index_keys.narrow(1, 0, s->length).to(iq.scalar_type());
     }
   }
-  const int64_t L = k.size(2);
-  // Index scores [B, n, L] of query rows [r0, r0 + n) and the keys each attends to.
-  auto select = [&](int64_t r0, int64_t n) -> std::pair<Tensor, Tensor> {
-    torch::AutoGradMode indexer_mode(indexer_grad);
-    auto scores = lightning_indexer_scores(iq.narrow(1, r0, n), iw.narrow(1, r0, n), index_k);
-    auto visible = window_mask(arange_long(start + r0, start + r0 + n, x.device()), arange_long(0, L, x.device()), 0)
-                       .expand_as(scores);
-    return {scores, stage == IndexerStage::DenseWarmup ? visible : topk_mask(scores, visible, topk)};
-  };
+  const int64_t B = x.size(0), L = k.size(2);
+  // Every visible key is attended in the dense warm-up, and where no query sees more than topk keys:
+  // causal attention then (FlashAttention-2 where it serves), with no index scores for the output.
+  const bool causal = stage == IndexerStage::DenseWarmup || L <= topk;
+  const int64_t select_topk = stage == IndexerStage::DenseWarmup ? 0 : topk;
+  // The rows are independent, so blocks of them bound the dense tensors to ~query_block_bytes each:
+  // the indexer's [n, H_I, L] logits (at 8192 rows of 32k keys and 64 index heads a chunk's are
+  // 34 GB), then the masked attention's [H, n, L] scores (its math path: the latent head's 576
+  // dims take no fused kernel; 96 GB at 32k in one block). The indexer loss holds both at once.
+  // The queries are the last T of the L key positions, so a block of rows [r0, r0 + n) sees only
+  // the first L - T + r0 + n keys: it scores and attends over those alone.
+  auto seen = [&](int64_t r0, int64_t n) { return L - T + r0 + n; };
+  Tensor attend;  // [B, T, L] bool: the keys each query attends to, where not causal
   if (record) {
-    auto [scores, attend] = select(0, T);
-    auto [o, probs] = masked_attention_probs(h.q, k, v, attend.unsqueeze(1), scale());
-    indexer_losses.push_back(indexer_kl_loss(probs, scores, attend));
-    return output(o, x);
+    torch::AutoGradMode indexer_mode(indexer_grad);
+    const auto rows = block_rows(index_row_bytes(B, L) + attention_row_bytes(B, L), T);
+    const auto dev = x.device().type();
+    const auto compute = at::autocast::is_autocast_enabled(dev) && iq.scalar_type() != torch::kFloat64
+                             ? at::autocast::get_autocast_dtype(dev)
+                             : c10::promoteTypes(iq.scalar_type(), index_k.scalar_type());
+    auto r = indexer_loss_blocked(iq, iw, index_k, h.q, k, L - T, select_topk, scale(), rows, compute);
+    indexer_losses.push_back(r.loss);
+    attend = r.support;
+  } else if (!causal) {
+    std::vector<Tensor> parts;
+    const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
+    for (int64_t r0 = 0; r0 < T; r0 += index_rows) {
+      const int64_t n = std::min(index_rows, T - r0);
+      auto support = indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), index_k.narrow(1, 0, seen(r0, n)),
+                                    L - T + r0, topk).support;
+      parts.push_back(torch::constant_pad_nd(support, {0, L - seen(r0, n)}, 0));
+    }
+    attend = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
   }
-  // Without the loss the query rows are independent, so blocks of them bound the dense tensors to
-  // ~query_block_bytes each: the indexer's [n, H_I, L] logits (at 8192 rows of 32k keys and 64
-  // index heads a chunk's are 34 GB), then the masked attention's [H, n, L] scores (its math
-  // path: the latent head's 576 dims take no fused kernel; 96 GB at 32k in one block). The two
-  // block sizes differ (H_I vs H per score): rows the attention kernels would leave idle are not
-  // spent on the indexer's budget.
-  const int64_t B = x.size(0);
+  if (causal) return output(window_attention(h.q, k, v, 0, scale()), x);
   std::vector<Tensor> parts;
-  const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
-  for (int64_t r0 = 0; r0 < T; r0 += index_rows) parts.push_back(select(r0, std::min(index_rows, T - r0)).second);
-  const auto attend = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);  // [B, T, L]
   const int64_t attention_rows = block_rows(attention_row_bytes(B, L), T);
-  parts.clear();
   for (int64_t r0 = 0; r0 < T; r0 += attention_rows) {
     const int64_t n = std::min(attention_rows, T - r0);
-    parts.push_back(masked_attention(h.q.narrow(2, r0, n), k, v, attend.narrow(1, r0, n).unsqueeze(1), scale()));
+    const int64_t keys = seen(r0, n);
+    parts.push_back(masked_attention(h.q.narrow(2, r0, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
+                                     attend.narrow(1, r0, n).narrow(2, 0, keys).unsqueeze(1), scale()));
   }
   return output(parts.size() == 1 ? parts[0] : torch::cat(parts, 1), x);  // [B, T, H, D_v] -> [B, T, d]
 }

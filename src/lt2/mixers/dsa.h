@@ -84,9 +84,9 @@ class DSAImpl : public MixerImpl {
   std::vector<Tensor> indexer_parameters() const;
 
   IndexerStage stage = IndexerStage::Off;
-  // Without the indexer loss, forward runs the query rows in blocks whose dense index logits, and
-  // then attention scores, take about this many bytes each (a long prefill's would not fit
-  // otherwise).
+  // Forward runs the query rows in blocks whose dense index logits, and then attention scores, take
+  // about this many bytes each (a long prefill's would not fit otherwise); with the indexer loss,
+  // one block holds both, in forward and in its recomputing backward.
   int64_t query_block_bytes = int64_t{2} << 30;
   std::vector<Tensor> indexer_losses;  // recorded KL losses (scalars), see the stage comment
 

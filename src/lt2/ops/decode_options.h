@@ -85,6 +85,11 @@ struct DecodeOptions {
   // scan; -1: 128 on the CPU (the measured crossover), no limit on CUDA (the prefix product's TF32
   // GEMMs measured faster there at 32 and 64 chunks, estimated so to well past 32k tokens).
   int64_t gated_prefix_chunks = -1;
+  // DSA's selection in whole-sequence calls (prefill, and training's top-k and indexer-loss forward)
+  // on the decode kernels: the index scores of a sequence's query rows against its index keys in one
+  // dsa_index_scores launch (the rows share the keys), then topk_select; CUDA, sm_90, no gradient
+  // (off: libtorch's dense [rows, H_I, L] logits and a top-k of int64 keys).
+  bool dsa_index_kernels = true;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.
   int64_t dsa_fold_q_max_rows = 1;

@@ -8,6 +8,7 @@
 #include "lt2/kernels/kernels.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/memory_meter.h"
+#include "lt2/train/aux_loss.h"
 #include "lt2/train/autocast.h"
 #include "lt2/train/losses.h"
 #include "lt2/util/error.h"
@@ -57,20 +58,24 @@ std::string CheckpointingChoice::summary() const {
   return s.str();
 }
 
-ActivationReport measure_activations(const ModelConfig& cfg, int64_t seq_len, torch::Device device, bool bf16_autocast) {
+ActivationReport measure_activations(const ModelConfig& cfg, int64_t seq_len, torch::Device device, bool bf16_autocast,
+                                     AuxLossStage aux_stage) {
   LT2_CHECK(seq_len >= 1, "activations: seq_len must be >= 1, found ", seq_len);
   auto step_of = [&](const ModelConfig& c, bool recompute, int64_t rows) {
     torch::manual_seed(0);
     LoopedLM model(c);
     model->to(device);
     model->train();
+    set_aux_loss_stage(*model, aux_stage);
     const auto tokens = torch::randint(c.vocab_size, {rows, seq_len + 1}, torch::TensorOptions(torch::kLong).device(device));
     const auto x = tokens.narrow(1, 0, seq_len), y = tokens.narrow(1, 1, seq_len);
     return measure_step_memory(*model, [&] {
       AutocastScope ac(bf16_autocast);
       ForwardOptions fo;
       fo.checkpoint_loops = recompute;
-      return lm_cross_entropy(*model, x, y, fo, LmLossOptions{});
+      auto loss = lm_cross_entropy(*model, x, y, fo, LmLossOptions{});
+      auto aux = aux_loss(*model);
+      return aux.defined() ? loss + aux : loss;
     }, device);
   };
   ActivationReport r;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "lt2/mixers/aux_loss.h"
 #include "lt2/model/looped_lm.h"
 
 namespace lt2 {
@@ -39,7 +40,8 @@ CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, St
                                          int64_t optimizer_bytes, int64_t available_bytes);
 
 // The activation memory of one model config in training (`lt2 bench activations`): a CE step
-// (the fused head + loss) on random rows of `seq_len` tokens, under bf16 autocast when asked (CUDA).
+// (the fused head + loss) on random rows of `seq_len` tokens, under bf16 autocast when asked (CUDA);
+// mixers with an auxiliary loss (DSA's indexer) in `aux_stage`, their loss added to the CE.
 // Per token is the cost of a second row over the first, so what a step holds whatever its tokens
 // (gradients, the fused head's dW) stays out of it and is reported apart. Per layer application:
 // the same config with 2 layers against 1 (stored activations; NaN for a pattern of several mixers).
@@ -53,7 +55,8 @@ struct ActivationReport {
     double fixed_peak = 0;      // the peak's part that does not grow with the tokens
   } stored, recomputed;
 };
-ActivationReport measure_activations(const ModelConfig& cfg, int64_t seq_len, torch::Device device, bool bf16_autocast);
+ActivationReport measure_activations(const ModelConfig& cfg, int64_t seq_len, torch::Device device, bool bf16_autocast,
+                                     AuxLossStage aux_stage = AuxLossStage::Off);
 
 // Free memory of `device`: cudaMemGetInfo on a GPU, MemAvailable of /proc/meminfo on the CPU
 // (0 when unknown).

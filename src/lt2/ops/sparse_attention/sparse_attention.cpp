@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "lt2/nn/linear.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -105,18 +107,14 @@ Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return masked_attention(q, k, v, window_mask(k_pos.narrow(0, L - T, T), k_pos, window), scale);
 }
 
-std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                 const Tensor& mask, double scale) {
-  const int64_t H = q.size(1), H_kv = k.size(1), D = q.size(3);
+Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), H_kv = k.size(1), L = k.size(2);
   LT2_CHECK(H % H_kv == 0, "attention: ", H, " query heads are not a multiple of ", H_kv, " kv heads");
-  if (k.size(2) == 0) {  // no keys at all: zero output and (empty) probabilities
-    auto probs = torch::zeros({q.size(0), H, q.size(2), 0}, q.options().dtype(accum_dtype(q)));
-    return {torch::zeros({q.size(0), q.size(2), H, v.size(3)}, q.options()), probs};
-  }
-  auto ke = H == H_kv ? k : k.repeat_interleave(H / H_kv, 1);  // [B, H, L, D]
-  auto ve = H == H_kv ? v : v.repeat_interleave(H / H_kv, 1);
+  if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
   if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto scores = torch::matmul(q, ke.transpose(-1, -2)).to(accum_dtype(q)) * scale;
+  // The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per head.
+  auto rows = q.reshape({B, H_kv, H / H_kv * T, D});
+  auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L}).to(accum_dtype(q)) * scale;
   // Softmax over the visible keys; a query seeing none gets all-zero probabilities. The row max is
   // a constant shift (detached: the probabilities do not depend on it).
   scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());  // [B, H, T, L]
@@ -124,8 +122,16 @@ std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& 
   row_max = row_max.masked_fill(torch::isinf(row_max), 0.0);
   auto e = torch::exp(scores - row_max);
   auto denom = e.sum(-1, /*keepdim=*/true);
-  auto probs = e / torch::where(denom > 0, denom, torch::ones_like(denom));
-  auto out = torch::matmul(probs.to(v.scalar_type()), ve);  // [B, H, T, D]
+  return e / torch::where(denom > 0, denom, torch::ones_like(denom));
+}
+
+std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& mask, double scale) {
+  const int64_t H = q.size(1), H_kv = k.size(1);
+  auto probs = attention_probs(q, k, mask, scale);
+  if (k.size(2) == 0) return {torch::zeros({q.size(0), q.size(2), H, v.size(3)}, q.options()), probs};
+  auto ve = H == H_kv ? v : v.repeat_interleave(H / H_kv, 1);  // [B, H, L, D_v]
+  auto out = torch::matmul(probs.to(v.scalar_type()), ve);      // [B, H, T, D_v]
   return {out.transpose(1, 2), probs};
 }
 
@@ -169,6 +175,131 @@ Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, con
   log_q = torch::where(support, log_q, torch::zeros_like(log_q));  // no -inf * 0 off the support
   auto terms = torch::xlogy(p, p) - p * log_q;                     // 0 off the support (p = 0)
   return terms.sum(-1).mean();
+}
+
+namespace {
+
+// Whether indexer_select takes the decode kernels for these inputs (DecodeOptions::dsa_index_kernels):
+// CUDA on sm_90 (topk_select's clusters), no gradient, shapes dsa_index_topk takes, at most 65535 rows.
+bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) {
+#ifdef LT2_WITH_CUDA
+  if (!decode_options().dsa_index_kernels || !iq.is_cuda() || iq.size(1) > 65535) return false;
+  if (torch::GradMode::is_enabled() && (iq.requires_grad() || index_k.requires_grad())) return false;
+  const int64_t n = iq.size(1), L = index_k.size(1);
+  const auto rows_keys = index_k.narrow(0, 0, 1).to(iq.scalar_type()).expand({n, L, index_k.size(2)});
+  if (!ops::dsa_index_topk_supported(iq[0], rows_keys, std::clamp<int64_t>(topk, 1, L))) return false;
+  return at::cuda::getDeviceProperties(ops::detail::cuda_index(iq.device()))->major >= 9;
+#else
+  (void)iq, (void)index_k, (void)topk;
+  return false;
+#endif
+}
+
+}  // namespace
+
+IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
+                                int64_t topk) {
+  const int64_t B = iq.size(0), n = iq.size(1), L = index_k.size(1);
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
+  auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0);  // [n, L]
+  if (index_kernels_serve(iq, index_k, topk)) {
+    // Per sequence, its n query rows read the same keys (a zero row stride); keys at or past a
+    // row's causal length are not read and score -inf.
+    const auto keys = index_k.to(iq.scalar_type());
+    const auto lens = torch::arange(query_start + 1, query_start + n + 1, opts).clamp_max(L);
+    std::vector<Tensor> scores, supports;
+    for (int64_t b = 0; b < B; ++b) {
+      scores.push_back(ops::dsa_index_scores(iq[b], iw[b], keys[b].expand({n, L, keys.size(2)}), lens));
+      if (topk == 0 || topk >= L) continue;
+      const auto idx = ops::topk_select(scores.back(), topk, lens);  // [n, k], a row's visible keys first
+      supports.push_back(torch::zeros({n, L}, visible.options()).scatter_(1, idx, true) & visible);
+    }
+    return {torch::stack(scores), supports.empty() ? visible.expand({B, n, L}) : torch::stack(supports)};
+  }
+  auto scores = lightning_indexer_scores(iq, iw, index_k);  // [B, n, L]
+  visible = visible.expand_as(scores);
+  return {scores, topk == 0 ? visible : topk_mask(scores, visible, topk)};
+}
+
+namespace {
+
+// indexer_loss_blocked's autograd function. Inputs: iq, iw, index_k (differentiable), q, k (the
+// target); outputs: the loss and the support. A block of rows [r0, r0 + n) scores only the keys its
+// last row can see, the first query_start + r0 + n. The forward takes each block's loss and its
+// gradient with respect to the block's scores (the target is fixed, so this is exact); the backward
+// only carries that gradient back through a recompute of the scores. Saved: iq, iw, index_k and
+// each block's scores' gradient [B, n, keys] in the accumulation dtype.
+struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& iq,
+                                                const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                                                const Tensor& k, int64_t query_start, int64_t topk, double scale,
+                                                int64_t block_rows, torch::ScalarType compute) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes set here
+    const int64_t T = iq.size(1), L = index_k.size(1);
+    const auto keys = index_k.to(compute);
+    Tensor loss;
+    std::vector<Tensor> supports, saved{iq, iw, index_k};
+    for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
+      const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
+      auto sel = indexer_select(iq.narrow(1, r0, n).to(compute), iw.narrow(1, r0, n).to(compute),
+                                keys.narrow(1, 0, seen), query_start + r0, topk);
+      auto probs = attention_probs(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support.unsqueeze(1), scale);
+      torch::AutoGradMode grad_mode(true);
+      auto scores = sel.scores.to(accum_dtype(sel.scores)).requires_grad_(true);
+      // The block's share n / T of the mean over all rows.
+      auto part = indexer_kl_loss(probs, scores, sel.support) * (static_cast<double>(n) / T);
+      saved.push_back(torch::autograd::grad({part}, {scores})[0]);
+      loss = loss.defined() ? loss + part.detach() : part.detach();
+      supports.push_back(seen == L ? sel.support : torch::constant_pad_nd(sel.support, {0, L - seen}, 0));
+    }
+    auto support = supports.size() == 1 ? supports[0] : torch::cat(supports, 1);  // [B, T, L]
+    ctx->save_for_backward(saved);
+    ctx->saved_data["block_rows"] = block_rows;
+    ctx->saved_data["query_start"] = query_start;
+    ctx->saved_data["compute"] = static_cast<int64_t>(compute);
+    ctx->mark_non_differentiable({support});
+    return {loss, support};
+  }
+
+  // Per block: the scores recomputed with a graph over leaves of the block's inputs, then the
+  // saved gradient (times the loss's) carried through it.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &iq = saved[0], &iw = saved[1], &index_k = saved[2];
+    const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1), L = index_k.size(1);
+    const int64_t query_start = ctx->saved_data["query_start"].toInt();
+    const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
+    auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
+    auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
+    torch::AutoGradMode grad_mode(true);
+    for (int64_t r0 = 0, block = 3; r0 < T; r0 += block_rows, ++block) {
+      const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
+      const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
+      const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
+      const auto keys_b = index_k.narrow(1, 0, seen).detach().requires_grad_(true);
+      auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys_b.to(compute));  // [B, n, seen]
+      auto d = (saved[block] * grads[0]).to(scores.scalar_type());
+      auto g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d});
+      d_iq.narrow(1, r0, n).copy_(g[0]);
+      d_iw.narrow(1, r0, n).copy_(g[1]);
+      d_keys.narrow(1, 0, seen) += g[2];
+    }
+    return {d_iq, d_iw, d_keys.to(index_k.scalar_type()), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
+            Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
+IndexerLoss indexer_loss_blocked(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                                 const Tensor& k, int64_t query_start, int64_t topk, double scale,
+                                 int64_t block_rows, torch::ScalarType compute) {
+  LT2_CHECK(block_rows > 0, "indexer_loss_blocked: block_rows must be > 0, found ", block_rows);
+  auto out = IndexerLossFunction::apply(iq, iw, index_k, q.detach(), k.detach(), query_start, topk, scale,
+                                        block_rows, compute);
+  return {out[0], out[1]};
 }
 
 int64_t nsa_num_blocks(int64_t length, int64_t block, int64_t stride) {

@@ -47,6 +47,10 @@ bool window_flash_serves(const Tensor& q, const Tensor& k, const Tensor& v);
 std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const Tensor& mask, double scale = 0);
 
+// The softmax probabilities alone of that attention, [B, H, T, L] in the accumulation dtype (fp32,
+// or float64 for float64 inputs): zero on masked keys, all zero for a query that sees no key.
+Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale = 0);
+
 // Indices of the k largest entries of `scores` along the last dim, among those where `visible`
 // (same shape, bool) is true. Order: by score descending; **equal scores -> lower index first**
 // (stable sort), so selection is deterministic. Rows with fewer than k visible entries return all
@@ -69,6 +73,37 @@ Tensor lightning_indexer_scores(const Tensor& q, const Tensor& w, const Tensor& 
 // support: [B, T, L] bool (dense warm-up: every causally visible key; sparse stage: the selected
 // set). Returns a scalar in the accumulation dtype (fp32, or float64 for float64 inputs).
 Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, const Tensor& support);
+
+// DSA's key selection for query rows at absolute positions [query_start, query_start + n): index
+// queries iq [B, n, H_I, d_I] and weights iw [B, n, H_I] over the index keys index_k [B, L, d_I] at
+// positions 0..L-1. topk 0: every causally visible key (the dense warm-up); else the top-k visible
+// ones (topk_mask). With DecodeOptions::dsa_index_kernels, on sm_90 and where no gradient is taken,
+// the decode kernels score and select (ops::dsa_index_scores, ops::topk_select: the same set).
+struct IndexerSelection {
+  Tensor scores;   // [B, n, L], lightning_indexer_scores on the visible keys (the kernels: -inf elsewhere)
+  Tensor support;  // [B, n, L] bool, the keys each row attends to
+};
+IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
+                                int64_t topk);
+
+// DSA's indexer training signal over one call, without its dense activations: indexer_select for
+// every query row, then indexer_kl_loss against the head-summed probabilities of the main attention
+// q [B, H, T, D] over k [B, H_kv, L, D] on the selected keys (`scale` as in masked_attention; q and k
+// are the target, so no gradient reaches them). The value and gradients equal those of
+//   sel = indexer_select(iq, iw, index_k, query_start, topk);
+//   indexer_kl_loss(attention_probs(q, k, sel.support[:, None], scale), sel.scores, sel.support)
+// but no [B, H, T, L] probabilities or [B, T, H_I, L] index logits are kept for the backward: the
+// rows go in blocks of `block_rows`, each over the keys its last row can see; the forward keeps the
+// loss's gradient with respect to each block's scores (exact: the target is fixed), and the backward
+// recomputes a block's scores to carry it to the inputs. The index products run in `compute` (the autocast dtype where the caller runs
+// under autocast), in forward and backward alike. Gradients reach iq, iw and index_k.
+struct IndexerLoss {
+  Tensor loss;     // scalar, accumulation dtype
+  Tensor support;  // [B, T, L] bool, the selection (no gradient)
+};
+IndexerLoss indexer_loss_blocked(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                                 const Tensor& k, int64_t query_start, int64_t topk, double scale,
+                                 int64_t block_rows, torch::ScalarType compute);
 
 // ---- NSA (spec §7) ----
 
