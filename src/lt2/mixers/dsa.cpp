@@ -233,23 +233,25 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     k = s->k.narrow(2, 0, start + T).to(h.q.scalar_type());
     v = latent ? k.narrow(-1, 0, latent_dim) : s->v.narrow(2, 0, start + T).to(h.q.scalar_type());
   }
+  const int64_t B = x.size(0), L = k.size(2);
+  // Every visible key is attended in the dense warm-up, and where no query sees more than topk keys:
+  // causal attention then (FlashAttention-2 where it serves), with no index scores for the output;
+  // without the loss the index queries are then not needed (the keys still fill the state).
+  const bool causal = stage == IndexerStage::DenseWarmup || L <= topk;
   auto x_index = x.detach();  // the indexer learns only from its own loss
   const bool indexer_grad = record && torch::GradMode::is_enabled();  // the indexer's own graph
   Tensor iq, iw, index_k;  // [B, T, H_I, d_I], [B, T, H_I], [B, L, d_I]
   {
     torch::AutoGradMode indexer_mode(indexer_grad);
-    std::tie(iq, iw) = indexer_queries(x_index, pos);
+    if (record || !causal) std::tie(iq, iw) = indexer_queries(x_index, pos);
     index_k = indexer_keys(x_index, pos);
     if (s) {
       s->index_keys.narrow(1, start, T).copy_(index_k);
       s->length = start + T;
-      index_k = s->index_keys.narrow(1, 0, s->length).to(iq.scalar_type());
+      index_k = s->index_keys.narrow(1, 0, s->length);
+      if (iq.defined()) index_k = index_k.to(iq.scalar_type());
     }
   }
-  const int64_t B = x.size(0), L = k.size(2);
-  // Every visible key is attended in the dense warm-up, and where no query sees more than topk keys:
-  // causal attention then (FlashAttention-2 where it serves), with no index scores for the output.
-  const bool causal = stage == IndexerStage::DenseWarmup || L <= topk;
   const int64_t select_topk = stage == IndexerStage::DenseWarmup ? 0 : topk;
   // The rows are independent, so blocks of them bound the dense tensors to ~query_block_bytes each:
   // the indexer's [n, H_I, L] logits (at 8192 rows of 32k keys and 64 index heads a chunk's are
