@@ -96,6 +96,63 @@ TEST(FusedDsa, IndexerSelectOnTheKernels) {
   }
 }
 
+// dsa_index_backward against float64 autograd of the scores' formula on the same bf16-rounded
+// inputs: dq, dw and d_keys within the bf16 tolerance, for rows at positions 0..69 of 70 keys and
+// 30..99 of 100, 16 heads of dim 64 and 64 of dim 128. d_scores is NaN past each row's visible
+// keys (the reference: 0), so reading one would show.
+TEST(FusedDsa, IndexBackwardMatchesAutograd) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(37);
+  const int64_t B = 2, n = 70;
+  for (auto [H, D] : {std::pair<int64_t, int64_t>{16, 64}, {64, 128}})
+    for (int64_t start : {int64_t{0}, int64_t{30}}) {
+      const int64_t L = start + n;
+      const auto q = torch::randn({B, n, H, D}, gpu(torch::kBFloat16));
+      const auto keys = torch::randn({B, L, D}, gpu(torch::kBFloat16));
+      const auto w = torch::randn({B, n, H}, gpu(torch::kFloat32));
+      const auto visible =
+          window_mask(torch::arange(start, L, torch::kLong), torch::arange(L, torch::kLong), 0).expand({B, n, L});
+      const auto d = torch::randn({B, n, L}, torch::kFloat64).masked_fill(~visible, 0.0);
+      ASSERT_TRUE(ops::dsa_index_backward_supported(q, keys));
+      const auto got = ops::dsa_index_backward(q, w, keys, d.masked_fill(~visible, NAN).to(gpu(torch::kFloat32)), start);
+      std::vector<Tensor> leaves{q.cpu().to(f64).requires_grad_(true), w.cpu().to(f64).requires_grad_(true),
+                                 keys.cpu().to(f64).requires_grad_(true)};
+      const auto want = torch::autograd::grad({lightning_indexer_scores(leaves[0], leaves[1], leaves[2])}, leaves, {d});
+      const std::string where = cat(H, " heads of dim ", D, ", start ", start);
+      EXPECT_LT(rel_err(got.dq.cpu().to(f64), want[0]), tolerance(torch::kBFloat16)) << where;
+      EXPECT_LT(rel_err(got.dw.cpu().to(f64), want[1]), tolerance(torch::kBFloat16)) << where;
+      EXPECT_LT(rel_err(got.d_keys.cpu().to(f64), want[2]), tolerance(torch::kBFloat16)) << where;
+    }
+}
+
+// indexer_loss_blocked on CUDA in bf16 with the kernels (selection, backward), in blocks of 16 rows
+// over every visible key, against the same in float64 on the CPU from the same rounded inputs: the
+// loss and its gradients within the bf16 tolerance.
+TEST(FusedDsa, IndexerLossOnTheKernelsMatchesFloat64) {
+  REQUIRE_FUSED_DECODE();
+  if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
+  torch::manual_seed(41);
+  const int64_t B = 2, T = 70, H_I = 64, d_I = 64, H = 4, H_kv = 2, D = 32;
+  const auto bf16 = gpu(torch::kBFloat16);
+  const std::vector<Tensor> inputs{torch::randn({B, T, H_I, d_I}, bf16), torch::randn({B, T, H_I}, bf16) * 0.1,
+                                   torch::randn({B, T, d_I}, bf16), torch::randn({B, H, T, D}, bf16),
+                                   torch::randn({B, H_kv, T, D}, bf16)};
+  auto run = [&](bool on_cpu) {
+    std::vector<Tensor> in;
+    for (const auto& x : inputs) in.push_back(on_cpu ? x.cpu().to(f64) : x);
+    std::vector<Tensor> leaves{in[0].requires_grad_(true), in[1].requires_grad_(true), in[2].requires_grad_(true)};
+    auto r = indexer_loss_blocked(leaves[0], leaves[1], leaves[2], in[3], in[4], 0, 0, 0.2, 16,
+                                  on_cpu ? torch::kFloat64 : torch::kBFloat16);
+    auto g = torch::autograd::grad({r.loss}, leaves);
+    g.insert(g.begin(), r.loss);
+    return g;
+  };
+  ASSERT_TRUE(ops::dsa_index_backward_supported(inputs[0], inputs[2]));
+  const auto got = run(false), want = run(true);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LT(rel_err(got[i].cpu().to(f64), want[i]), tolerance(torch::kBFloat16)) << "output " << i;
+}
+
 // Captured once, replayed with new lengths and queries: equals the eager calls.
 TEST(FusedDsa, GraphReplayWithNewLengths) {
   REQUIRE_FUSED_DECODE();

@@ -133,6 +133,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* row) 
                : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
 }
 
+// ldmatrix.x4.trans of 16-bit rows in shared memory: lanes 8q .. 8q + 7 give the row addresses of
+// 8 x 8 matrix q (16-byte aligned), and lane 4 g + t receives elements [2t][g] and [2t + 1][g] of
+// each, packed: from a row-major [k][n] tile, the "col" B fragment (b0, b1) of m16n8k16 for two
+// n-tiles (matrices 0, 1: rows k0 .. k0 + 15 of n-tile 0; 2, 3: of n-tile 1).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
+}
+
 // x rounded to TF32 (to nearest, ties away from zero) as an mma operand: two integer instructions
 // where cvt.rna.tf32.f32 is a dozen on sm_90.
 __device__ __forceinline__ uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }

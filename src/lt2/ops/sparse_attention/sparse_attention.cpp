@@ -261,8 +261,9 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     return {loss, support};
   }
 
-  // Per block: the scores recomputed with a graph over leaves of the block's inputs, then the
-  // saved gradient (times the loss's) carried through it.
+  // Per block: the saved gradient (times the loss's) carried to the inputs, by the backward kernel
+  // where it serves (DecodeOptions::dsa_index_kernels, bf16), else through the block's scores
+  // recomputed with a graph over leaves of its inputs.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -273,15 +274,24 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
     auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
-    torch::AutoGradMode grad_mode(true);
+    const auto iq_c = iq.to(compute), keys_c = index_k.to(compute);
+    const bool kernel = decode_options().dsa_index_kernels && ops::dsa_index_backward_supported(iq_c, keys_c);
+    torch::AutoGradMode grad_mode(!kernel);
     for (int64_t r0 = 0, block = 3; r0 < T; r0 += block_rows, ++block) {
       const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
-      const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
-      const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
-      const auto keys_b = index_k.narrow(1, 0, seen).detach().requires_grad_(true);
-      auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys_b.to(compute));  // [B, n, seen]
-      auto d = (saved[block] * grads[0]).to(scores.scalar_type());
-      auto g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d});
+      const auto d = saved[block] * grads[0];  // [B, n, seen]
+      std::vector<Tensor> g;                   // d(iq), d(iw), d(keys) of the block
+      if (kernel) {
+        auto k = ops::dsa_index_backward(iq_c.narrow(1, r0, n), iw.narrow(1, r0, n), keys_c.narrow(1, 0, seen), d,
+                                         query_start + r0);
+        g = {k.dq, k.dw, k.d_keys};
+      } else {
+        const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
+        const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
+        const auto keys_b = index_k.narrow(1, 0, seen).detach().requires_grad_(true);
+        auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys_b.to(compute));
+        g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d.to(scores.scalar_type())});
+      }
       d_iq.narrow(1, r0, n).copy_(g[0]);
       d_iw.narrow(1, r0, n).copy_(g[1]);
       d_keys.narrow(1, 0, seen) += g[2];
