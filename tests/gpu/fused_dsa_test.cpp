@@ -10,6 +10,7 @@
 #include "gpu/gpu_testing.h"
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #ifdef LT2_WITH_CUDA
@@ -93,6 +94,30 @@ TEST(FusedDsa, IndexerSelectOnTheKernels) {
         EXPECT_TRUE(torch::equal(indexer_select(iq, iw, keys, start, topk).support.cpu(), expect)) << name(dt);
       }
     }
+  }
+}
+
+// DSA's prefill attention on the decode kernels (indexer_topk_attention) against masked attention in
+// float64, from the same rounded inputs, over the keys the same kernels select (indexer_select): the
+// GQA form's shapes (4 query heads on 2 kv heads of dim 64) and the latent form's (one kv head of
+// 576, values its first 512), rows at positions 30..99 of 100 keys, top-16, blocks of 32 rows.
+TEST(FusedDsa, TopkAttentionOnTheKernels) {
+  REQUIRE_FUSED_DECODE();
+  if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(43);
+  const int64_t B = 2, n = 70, L = 100, start = L - n, topk = 16;
+  const auto bf16 = gpu(torch::kBFloat16);
+  const auto iq = torch::randn({B, n, 16, 64}, bf16), keys = torch::randn({B, L, 64}, bf16);
+  const auto iw = torch::randn({B, n, 16}, gpu(torch::kFloat32));
+  const auto support = indexer_select(iq, iw, keys, start, topk).support.cpu();  // [B, n, L]
+  for (auto [H, H_kv, D, D_v] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 2, 64, 64}, {4, 1, 576, 512}}) {
+    const auto q = torch::randn({B, n, H, D}, bf16).transpose(1, 2), k = torch::randn({B, H_kv, L, D}, bf16);
+    const auto v = D_v == D ? torch::randn({B, H_kv, L, D_v}, bf16) : k.narrow(-1, 0, D_v);
+    const auto got = indexer_topk_attention(iq, iw, keys, q, k, v, start, topk, 0.1, 32);
+    ASSERT_TRUE(got.defined()) << "kernels refused q " << q.sizes() << ", k " << k.sizes();
+    const auto want = masked_attention(q.cpu().to(f64), k.cpu().to(f64), v.cpu().to(f64), support.unsqueeze(1), 0.1);
+    EXPECT_LT(rel_err(got.cpu().to(f64), want), tolerance(torch::kBFloat16)) << "head dims " << D << "/" << D_v;
   }
 }
 

@@ -272,6 +272,11 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     indexer_losses.push_back(r.loss);
     attend = r.support;
   } else if (!causal) {
+    // Without a gradient: selection and sparse attention over the k selected keys on the decode
+    // kernels, blocks of rows bounded by their [n, L] fp32 scores.
+    const auto o = indexer_topk_attention(iq, iw, index_k, h.q, k, v, L - T, topk, scale(),
+                                          block_rows(B * L * 4, T));
+    if (o.defined()) return output(o, x);
     std::vector<Tensor> parts;
     const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
     for (int64_t r0 = 0; r0 < T; r0 += index_rows) {

@@ -11,6 +11,7 @@
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
 #include "lt2/ops/sparse_attention/dsa_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -197,28 +198,71 @@ bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) 
 
 }  // namespace
 
+namespace {
+
+// Rows of one sequence on the decode kernels: the index scores of queries iq_b [n, H_I, d_I] with
+// weights iw_b [n, H_I] against keys_b [L, d_I] in iq_b's dtype (the rows read the same keys: a
+// zero row stride; keys at or past a row's length in lens [n] are not read and score -inf), [n, L]
+// fp32, and where 0 < topk < L the top-k slots [n, topk], each row's visible ones first.
+std::pair<Tensor, Tensor> kernel_selection(const Tensor& iq_b, const Tensor& iw_b, const Tensor& keys_b,
+                                           const Tensor& lens, int64_t topk) {
+  const int64_t n = iq_b.size(0), L = keys_b.size(0);
+  auto scores = ops::dsa_index_scores(iq_b, iw_b, keys_b.expand({n, L, keys_b.size(1)}), lens);
+  return {scores, topk > 0 && topk < L ? ops::topk_select(scores, topk, lens) : Tensor()};
+}
+
+// Causal lengths [n] (int64 on `device`) of rows at positions query_start .. query_start + n - 1
+// over L keys.
+Tensor row_lengths(int64_t query_start, int64_t n, int64_t L, torch::Device device) {
+  return torch::arange(query_start + 1, query_start + n + 1, torch::TensorOptions(torch::kLong).device(device))
+      .clamp_max(L);
+}
+
+}  // namespace
+
 IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
                                 int64_t topk) {
   const int64_t B = iq.size(0), n = iq.size(1), L = index_k.size(1);
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
   auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0);  // [n, L]
   if (index_kernels_serve(iq, index_k, topk)) {
-    // Per sequence, its n query rows read the same keys (a zero row stride); keys at or past a
-    // row's causal length are not read and score -inf.
     const auto keys = index_k.to(iq.scalar_type());
-    const auto lens = torch::arange(query_start + 1, query_start + n + 1, opts).clamp_max(L);
+    const auto lens = row_lengths(query_start, n, L, iq.device());
     std::vector<Tensor> scores, supports;
     for (int64_t b = 0; b < B; ++b) {
-      scores.push_back(ops::dsa_index_scores(iq[b], iw[b], keys[b].expand({n, L, keys.size(2)}), lens));
-      if (topk == 0 || topk >= L) continue;
-      const auto idx = ops::topk_select(scores.back(), topk, lens);  // [n, k], a row's visible keys first
-      supports.push_back(torch::zeros({n, L}, visible.options()).scatter_(1, idx, true) & visible);
+      auto [s, idx] = kernel_selection(iq[b], iw[b], keys[b], lens, topk);
+      scores.push_back(s);
+      if (idx.defined()) supports.push_back(torch::zeros({n, L}, visible.options()).scatter_(1, idx, true) & visible);
     }
     return {torch::stack(scores), supports.empty() ? visible.expand({B, n, L}) : torch::stack(supports)};
   }
   auto scores = lightning_indexer_scores(iq, iw, index_k);  // [B, n, L]
   visible = visible.expand_as(scores);
   return {scores, topk == 0 ? visible : topk_mask(scores, visible, topk)};
+}
+
+Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                              const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
+                              int64_t block_rows) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), L = k.size(2), H_kv = k.size(1);
+  if (topk <= 0 || topk >= L || !index_kernels_serve(iq, index_k, topk)) return {};
+  if (torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
+  // Every row of a sequence reads that sequence's cache: a zero row stride, as for the index keys.
+  auto rows = [&](const Tensor& x, int64_t b, int64_t n) { return x[b].unsqueeze(0).expand({n, H_kv, L, x.size(3)}); };
+  if (!ops::sparse_attention_decode_supported(q[0].transpose(0, 1), rows(k, 0, T), rows(v, 0, T))) return {};
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const auto keys = index_k.to(iq.scalar_type());
+  auto out = torch::empty({B, T, H, v.size(3)}, q.options());
+  for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
+    const int64_t n = std::min(block_rows, T - r0);
+    const auto lens = row_lengths(query_start + r0, n, L, q.device());
+    for (int64_t b = 0; b < B; ++b) {
+      const auto idx = kernel_selection(iq[b].narrow(0, r0, n), iw[b].narrow(0, r0, n), keys[b], lens, topk).second;
+      out[b].narrow(0, r0, n).copy_(ops::sparse_attention_decode_fused(
+          q[b].narrow(1, r0, n).transpose(0, 1), rows(k, b, n), rows(v, b, n), idx, lens.clamp_max(topk), scale));
+    }
+  }
+  return out;
 }
 
 namespace {

@@ -86,6 +86,18 @@ struct IndexerSelection {
 IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
                                 int64_t topk);
 
+// DSA's attention where no gradient is taken (prefill) on the decode kernels, in blocks of
+// `block_rows` query rows: per sequence, the rows' index scores and top-k slots (as indexer_select
+// selects), then sparse attention of q [B, H, T, D] over those k slots of k [B, H_kv, L, D] and
+// v [B, H_kv, L, D_v] (ops::sparse_attention_decode_fused, its shapes: the GQA head dims 64/128/256
+// and the latent 576/512), the queries at positions query_start .. query_start + T - 1. Work and
+// reads O(T k) instead of the masked form's O(T L). Returns [B, T, H, D_v], or undefined, having run
+// nothing, where the kernels do not serve (DecodeOptions::dsa_index_kernels off, no sm_90, a
+// gradient recorded, topk >= L, shapes the kernels do not take).
+Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                              const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
+                              int64_t block_rows);
+
 // DSA's indexer training signal over one call, without its dense activations: indexer_select for
 // every query row, then indexer_kl_loss against the head-summed probabilities of the main attention
 // q [B, H, T, D] over k [B, H_kv, L, D] on the selected keys (`scale` as in masked_attention; q and k
