@@ -14,7 +14,7 @@
 # backward kernel off and on, and the KDA and GLA layers at the 1.3B shape by MID and by the new tree with
 # channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `dsa`: DSA
 # training (lt-100m with DSA layers, MID against the new tree, and the indexer loss's sparse stage) and the
-# DSA layer with the selection's kernels off and on; `midab`: the
+# DSA layer with the selection's kernels off and on; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
 # --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
@@ -62,6 +62,9 @@ steps+=("dsa 240 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
      echo layer dsa MID; /tmp/train_ab_base/build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096
      --iters 5 | grep RESULT; for o in 0 1; do echo layer dsa dsa_index_kernels=\$o; build-prebuilt/mixer_bench --model
      lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096 --iters 5 --option dsa_index_kernels=\$o | grep RESULT; done")
+# lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
+steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
+  PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")
 # MID against OLD after the new tree's steps (the call's limit may cut the steps that follow), unpacked
 # apart: /tmp/train_ab_base keeps MID for the steps after.
 [ -n "${OLD_TARBALL:-}" ] && steps+=("midab 150 BASE_TARBALL=$OLD_TARBALL NEW_TARBALL=$MID_TARBALL
