@@ -345,6 +345,21 @@ __device__ __forceinline__ void b_fragments_trans(uint32_t (&b)[4], const __nv_b
   ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * pitch + col + 8 * (lane / 16));
 }
 
+// Starts copying key rows j0 .. j0 + 63 into the tile s_k [64, bwd_pitch(D)] (cp.async, one commit
+// group; the caller waits), rows at or past `end` zero.
+template <int D>
+__device__ __forceinline__ void stage_key_tile(__nv_bfloat16* s_k, const __nv_bfloat16* keys, int64_t row_stride,
+                                               int j0, int end) {
+  constexpr int vecs = D / 8;  // 16-byte vectors per row
+  for (int i = threadIdx.x; i < kBwdTileKeys * vecs; i += blockDim.x) {
+    const int k = i / vecs, c = 8 * (i % vecs);
+    __nv_bfloat16* dst = s_k + k * bwd_pitch(D) + c;
+    if (j0 + k < end) cp_async16(dst, keys + static_cast<int64_t>(j0 + k) * row_stride + c);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+  cp_async_commit();
+}
+
 // g's m16n8 accumulators of n-tile nt (rows g, g + 8; columns 2t, 2t + 1 of the tile) as A
 // fragments of the next product, whose k-steps are pairs of n-tiles: a0 and a1 from the even
 // n-tile, a2 and a3 from the odd one.
@@ -383,16 +398,9 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
   for (int dn = 0; dn < 2 * DT; ++dn) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.f;
   float dw_lo = 0.f, dw_hi = 0.f;
 
-  constexpr int vecs = D / 8;  // 16-byte vectors per key row
   for (int j0 = 0; j0 < len; j0 += kBwdTileKeys) {
     __syncthreads();  // the last tile's reads are done
-    for (int i = threadIdx.x; i < kBwdTileKeys * vecs; i += blockDim.x) {
-      const int k = i / vecs, c = 8 * (i % vecs);
-      T* dst = s_k + k * pitch + c;
-      if (j0 + k < len) cp_async16(dst, keys + static_cast<int64_t>(j0 + k) * p.k_row_stride + c);
-      else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
-    cp_async_commit();
+    stage_key_tile<D>(s_k, keys, p.k_row_stride, j0, len);
     for (int i = threadIdx.x; i < kBwdTileKeys; i += blockDim.x) s_d[i] = j0 + i < len ? d_row[j0 + i] : 0.f;
     cp_async_wait<0>();
     __syncthreads();
@@ -457,13 +465,7 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
   const int b = blockIdx.y, L = p.length, j0 = blockIdx.x * kBwdTileKeys;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, kw = 16 * warp;
   const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
-  for (int i = threadIdx.x; i < kBwdTileKeys * vecs; i += blockDim.x) {
-    const int k = i / vecs, c = 8 * (i % vecs);
-    T* dst = s_k + k * pitch + c;
-    if (j0 + k < L) cp_async16(dst, keys + static_cast<int64_t>(j0 + k) * p.k_row_stride + c);
-    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  }
-  cp_async_commit();
+  stage_key_tile<D>(s_k, keys, p.k_row_stride, j0, L);
   cp_async_wait<0>();
   __syncthreads();
   uint32_t ka[DT][4];  // k-step ks: dims 16 ks + 2t (+1) and + 8, of keys kw + g and kw + g + 8
