@@ -164,7 +164,7 @@ TEST(FusedDsa, IndexerLossOnTheKernelsMatchesFloat64) {
                                    torch::randn({B, H_kv, T, D}, bf16)};
   auto run = [&](bool on_cpu) {
     std::vector<Tensor> in;
-    for (const auto& x : inputs) in.push_back(on_cpu ? x.cpu().to(f64) : x);
+    for (const auto& x : inputs) in.push_back(on_cpu ? x.cpu().to(f64) : x.clone());
     std::vector<Tensor> leaves{in[0].requires_grad_(true), in[1].requires_grad_(true), in[2].requires_grad_(true)};
     auto r = indexer_loss_blocked(leaves[0], leaves[1], leaves[2], in[3], in[4], 0, 0, 0.2, 16,
                                   on_cpu ? torch::kFloat64 : torch::kBFloat16);
