@@ -53,15 +53,16 @@ steps+=("layerprof 60 build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer gd
 # DSA: lt-100m with DSA layers trained by MID and by the new tree (indexer stage off, then the new tree's
 # sparse stage with the indexer loss), at 2048 x 16 (every key selected: causal) and 8192 x 4 (top-2048
 # of up to 8192); the DSA layer at the 1.3B shape (8 x 4096, stage off) by MID and by the new tree with the
-# selection's kernels off and on.
+# selection's kernels off and on; then the sparse stage's per-operator profile at 2048 x 16.
 dsa_train="--model lt-100m --pattern dsa --steps 4 --warm 2 --checkpoint-loops auto"
-steps+=("dsa 240 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
+steps+=("dsa 300 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b dsa \$1 x \$2 off; \$b/train_bench $dsa_train
      --seq-len \$1 --batch-size \$2 | grep RESULT; done; echo build-prebuilt dsa \$1 x \$2 sparse; build-prebuilt/train_bench
      $dsa_train --seq-len \$1 --batch-size \$2 --indexer-stage sparse | grep RESULT; done;
      echo layer dsa MID; /tmp/train_ab_base/build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096
      --iters 5 | grep RESULT; for o in 0 1; do echo layer dsa dsa_index_kernels=\$o; build-prebuilt/mixer_bench --model
-     lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096 --iters 5 --option dsa_index_kernels=\$o | grep RESULT; done")
+     lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096 --iters 5 --option dsa_index_kernels=\$o | grep RESULT; done;
+     build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
   PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")
