@@ -38,7 +38,7 @@ steps+=(
      build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5
      --option gated_linear_prepare=\$o | grep RESULT; done; done;
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b mamba2; \$b/train_bench --model lt-100m
-     --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 5 --warm 2 --checkpoint-loops auto | grep RESULT; done;
+     --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 5 --warm 2 --checkpoint-loops=auto | grep RESULT; done;
      for i in 1 2; do for o in 0 1; do echo layer gdn delta_rule_output_backward=\$o; build-prebuilt/mixer_bench
      --model lt2-gdn-1.3b --mixer gdn --batch 8 --seq 4096 --iters 5 --option delta_rule_output_backward=\$o |
      grep RESULT; done; done;
@@ -54,7 +54,7 @@ steps+=("layerprof 60 build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer gd
 # sparse stage with the indexer loss), at 2048 x 16 (every key selected: causal) and 8192 x 4 (top-2048
 # of up to 8192); the DSA layer at the 1.3B shape (8 x 4096, stage off) by MID and by the new tree with the
 # selection's kernels off and on; then the sparse stage's per-operator profile at 2048 x 16.
-dsa_train="--model lt-100m --pattern dsa --steps 4 --warm 2 --checkpoint-loops auto"
+dsa_train="--model lt-100m --pattern dsa --steps 4 --warm 2 --checkpoint-loops=auto"
 steps+=("dsa 300 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b dsa \$1 x \$2 off; \$b/train_bench $dsa_train
      --seq-len \$1 --batch-size \$2 | grep RESULT; done; echo build-prebuilt dsa \$1 x \$2 sparse; build-prebuilt/train_bench
