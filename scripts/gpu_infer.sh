@@ -85,7 +85,7 @@ if has test; then
     [ -s "$PREBUILT/SOURCE_HASH" ] && record+=(--source-hash "$(cat "$PREBUILT/SOURCE_HASH")")
   fi
   python3 scripts/gpu_status.py --record --gtest-json /tmp/test_gpu.json --log /tmp/test_gpu.log --rc $rc \
-    --filter "${GTEST_FILTER:-*}" --command "$CALL" "${record[@]}" --out "$OUT/gpu_tests.json"
+    --filter="${GTEST_FILTER:-*}" --command "$CALL" "${record[@]}" --out "$OUT/gpu_tests.json"
 fi
 if has kernels; then
   $B/bench/decode_kernels_bench ${KERNEL_ARGS:-} > "$OUT/decode_kernels.txt" 2>&1 || tail -20 "$OUT/decode_kernels.txt"

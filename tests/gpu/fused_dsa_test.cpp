@@ -74,7 +74,7 @@ TEST(FusedDsa, IndexerSelectOnTheKernels) {
   const int64_t B = 2, n = 70, L = 100, H = 16, d = 64, start = L - n;
   for (auto dt : {torch::kBFloat16, torch::kFloat32}) {
     const auto iq = torch::randn({B, n, H, d}, gpu(dt)), keys = torch::randn({B, L, d}, gpu(dt));
-    const auto iw = torch::randn({B, n, H}, gpu(torch::kFloat32));
+    const auto iw = torch::randn({B, n, H}, gpu(dt));  // one dtype with iq, as the indexer's linears give
     auto k_pos = torch::arange(L, torch::kLong), q_pos = torch::arange(start, L, torch::kLong);
     const auto visible = window_mask(q_pos, k_pos, 0).expand({B, n, L});
     const auto want = lightning_indexer_scores(iq.cpu().to(f64), iw.cpu().to(f64), keys.cpu().to(f64));
