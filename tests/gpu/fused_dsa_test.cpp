@@ -105,6 +105,9 @@ TEST(FusedDsa, TopkAttentionOnTheKernels) {
   REQUIRE_FUSED_DECODE();
   if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
   torch::NoGradGuard no_grad;
+  DecodeOptions options;
+  options.dsa_sparse_prefill = true;
+  DecodeOptionsGuard guard(options);
   torch::manual_seed(43);
   const int64_t B = 2, n = 70, L = 100, start = L - n, topk = 16;
   const auto bf16 = gpu(torch::kBFloat16);

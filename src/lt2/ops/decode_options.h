@@ -90,6 +90,11 @@ struct DecodeOptions {
   // dsa_index_scores launch (the rows share the keys), then topk_select; CUDA, sm_90, no gradient
   // (off: libtorch's dense [rows, H_I, L] logits and a top-k of int64 keys).
   bool dsa_index_kernels = true;
+  // DSA's prefill attention over the top-k slots on the decode kernels (indexer_topk_attention:
+  // O(T k) gathered reads, no reuse across query rows) instead of masked attention over every
+  // visible key. Off by default: on an H100 the DSA layer's no-gradient forward at 8 x 4096 took
+  // 123.9 ms with it against 42.4 ms without (bench/results/dsa_training_h100.md).
+  bool dsa_sparse_prefill = false;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.
   int64_t dsa_fold_q_max_rows = 1;

@@ -245,7 +245,8 @@ Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& 
                               const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
                               int64_t block_rows) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), L = k.size(2), H_kv = k.size(1);
-  if (topk <= 0 || topk >= L || !index_kernels_serve(iq, index_k, topk)) return {};
+  if (!decode_options().dsa_sparse_prefill || topk <= 0 || topk >= L || !index_kernels_serve(iq, index_k, topk))
+    return {};
   if (torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
   // Every row of a sequence reads that sequence's cache: a zero row stride, as for the index keys.
   auto rows = [&](const Tensor& x, int64_t b, int64_t n) { return x[b].unsqueeze(0).expand({n, H_kv, L, x.size(3)}); };

@@ -92,8 +92,8 @@ IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor
 // v [B, H_kv, L, D_v] (ops::sparse_attention_decode_fused, its shapes: the GQA head dims 64/128/256
 // and the latent 576/512), the queries at positions query_start .. query_start + T - 1. Work and
 // reads O(T k) instead of the masked form's O(T L). Returns [B, T, H, D_v], or undefined, having run
-// nothing, where the kernels do not serve (DecodeOptions::dsa_index_kernels off, no sm_90, a
-// gradient recorded, topk >= L, shapes the kernels do not take).
+// nothing, where the kernels do not serve (DecodeOptions::dsa_sparse_prefill or dsa_index_kernels
+// off, no sm_90, a gradient recorded, topk >= L, shapes the kernels do not take).
 Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
                               const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
                               int64_t block_rows);
