@@ -309,20 +309,55 @@ TEST(IndexerLoss, TrainsOnlyTheIndexer) {
   EXPECT_TRUE(m->indexer_losses.empty());
 }
 
-TEST(IndexerLoss, OneLossPerLayerAndLoop) {
+// A tiny float64 looped model of DSA layers (top-3) in `stage`, and a batch of its tokens.
+std::pair<LoopedLM, Tensor> tiny_dsa_model(IndexerStage stage) {
   auto cfg = lt2::testing::tiny_config("dsa");
   cfg.mixer_options["dsa"] = dsa_options(3);
   torch::manual_seed(1);
   LoopedLM model(cfg);
   model->to(torch::kFloat64);
-  set_indexer_stage(*model, IndexerStage::DenseWarmup);
+  set_indexer_stage(*model, stage);
   torch::manual_seed(2);
-  auto tok = torch::randint(cfg.vocab_size, {2, 7}, torch::kLong);
+  return {model, torch::randint(cfg.vocab_size, {2, 7}, torch::kLong)};
+}
+
+TEST(IndexerLoss, OneLossPerLayerAndLoop) {
+  auto [model, tok] = tiny_dsa_model(IndexerStage::DenseWarmup);
+  const auto& cfg = model->config();
   model->forward(tok);
   auto losses = take_indexer_losses(*model);
   EXPECT_EQ(static_cast<int64_t>(losses.size()), cfg.n_layers * cfg.n_loops);
   for (auto& l : losses) EXPECT_GT(l.item<double>(), 0.0);
   EXPECT_TRUE(take_indexer_losses(*model).empty());
+}
+
+// Per-loop checkpointing: every (layer, loop) records its loss once, each with its graph (the
+// checkpointed loops' first pass runs without a gradient, their backward runs them again), nothing
+// is left recorded after the backward, and the indexer's gradients equal those of stored activations.
+TEST(IndexerLoss, CheckpointedLoopsTrainTheIndexerAsStoredOnes) {
+  auto built = tiny_dsa_model(IndexerStage::Sparse);  // not a structured binding: the lambda below captures them
+  auto& model = built.first;
+  const auto& tok = built.second;
+  const auto& cfg = model->config();
+  std::vector<Tensor> indexer;
+  for (auto& m : model->modules(false))
+    if (auto* d = dynamic_cast<DSAImpl*>(m.get())) for (auto& p : d->indexer_parameters()) indexer.push_back(p);
+  auto grads = [&](bool checkpoint) {
+    ForwardOptions fo;
+    fo.checkpoint_loops = checkpoint;
+    auto out = model->forward(tok, nullptr, fo);
+    auto losses = take_indexer_losses(*model);
+    EXPECT_EQ(static_cast<int64_t>(losses.size()), cfg.n_layers * cfg.n_loops);
+    for (auto& l : losses) EXPECT_TRUE(l.requires_grad());
+    model->zero_grad();
+    (out.logits.sum() * 0.0 + torch::stack(losses).sum()).backward();  // through the checkpoints too
+    EXPECT_TRUE(take_indexer_losses(*model).empty()) << "losses recorded by the backward's recompute";
+    std::vector<Tensor> g;
+    for (auto& p : indexer) g.push_back(p.grad().clone());
+    return g;
+  };
+  const auto stored = grads(false), recomputed = grads(true);
+  for (size_t i = 0; i < stored.size(); ++i) EXPECT_LT(rel_err(recomputed[i], stored[i]), 1e-12) << "parameter " << i;
 }
 
 TEST(DSA, Options) {

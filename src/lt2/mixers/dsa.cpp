@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/nn/recompute_phase.h"
 #include "lt2/ops/attention/decode.h"
 #include "lt2/ops/attention/rope.h"
 #include "lt2/ops/decode_options.h"
@@ -221,7 +222,8 @@ std::vector<Tensor> DSAImpl::indexer_parameters() const {
 Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
   if (state && x.size(1) == 1) return step(x, pos, *state);
   const int64_t T = x.size(1), start = pos.start;
-  const bool record = stage != IndexerStage::Off && !state;
+  // A checkpointed loop's backward runs this forward again: its loss was recorded by the first pass.
+  const bool record = stage != IndexerStage::Off && !state && recompute_phase() != RecomputePhase::Recompute;
   auto h = project(x, pos);
   Tensor k = h.k, v = h.v;  // [B, H_kv, L, D] keys and values this call attends over
   DSAState* s = state ? &dynamic_cast<DSAState&>(*state) : nullptr;
@@ -239,7 +241,11 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   // without the loss the index queries are then not needed (the keys still fill the state).
   const bool causal = stage == IndexerStage::DenseWarmup || L <= topk;
   auto x_index = x.detach();  // the indexer learns only from its own loss
-  const bool indexer_grad = record && torch::GradMode::is_enabled();  // the indexer's own graph
+  // The indexer's own graph: also in a checkpointed loop's first pass, which runs without a gradient
+  // but whose recorded loss must still train the indexer (its input is detached, so the graph holds
+  // only the indexer's pieces).
+  const bool indexer_grad =
+      record && (torch::GradMode::is_enabled() || recompute_phase() == RecomputePhase::CheckpointForward);
   Tensor iq, iw, index_k;  // [B, T, H_I, d_I], [B, T, H_I], [B, L, d_I]
   {
     torch::AutoGradMode indexer_mode(indexer_grad);

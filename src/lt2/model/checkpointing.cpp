@@ -2,6 +2,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "lt2/nn/recompute_phase.h"
+
 namespace lt2 {
 
 namespace {
@@ -23,6 +25,7 @@ class Checkpoint : public torch::autograd::Function<Checkpoint> {
     ctx->save_for_backward({x});
     ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
     torch::NoGradGuard no_grad;
+    RecomputePhaseScope phase(RecomputePhase::CheckpointForward);
     return holder->fn(x);
   }
 
@@ -37,6 +40,7 @@ class Checkpoint : public torch::autograd::Function<Checkpoint> {
     torch::Tensor y;
     {
       torch::AutoGradMode enable(true);
+      RecomputePhaseScope phase(RecomputePhase::Recompute);
       y = holder->fn(x);
     }
     at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled);
