@@ -1,12 +1,11 @@
 #include "lt2/mixers/dsa.h"
 
-#include <ATen/autocast_mode.h>
-
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 
 #include "lt2/mixers/builtin.h"
+#include "lt2/nn/precision.h"
 #include "lt2/nn/recompute_phase.h"
 #include "lt2/ops/attention/decode.h"
 #include "lt2/ops/attention/rope.h"
@@ -270,11 +269,8 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   if (record) {
     torch::AutoGradMode indexer_mode(indexer_grad);
     const auto rows = block_rows(index_row_bytes(B, L) + attention_row_bytes(B, L), T);
-    const auto dev = x.device().type();
-    const auto compute = at::autocast::is_autocast_enabled(dev) && iq.scalar_type() != torch::kFloat64
-                             ? at::autocast::get_autocast_dtype(dev)
-                             : c10::promoteTypes(iq.scalar_type(), index_k.scalar_type());
-    auto r = indexer_loss_blocked(iq, iw, index_k, h.q, k, L - T, select_topk, scale(), rows, compute);
+    auto r = indexer_loss_blocked(iq, iw, index_k, h.q, k, L - T, select_topk, scale(), rows,
+                                  product_dtype(iq, index_k));
     indexer_losses.push_back(r.loss);
     attend = r.support;
   } else if (!causal) {

@@ -32,4 +32,14 @@ inline at::Tensor for_linear(const at::Tensor& y, const at::Tensor& like) {
   return at::autocast::is_autocast_enabled(y.device().type()) ? y : y.to(like.scalar_type());
 }
 
+// The dtype a product of a and b runs in when its dtypes are chosen by hand (autocast turned off
+// for it): the autocast dtype where autocast would cast the product's inputs (no float64 among
+// them, autocast on for a's device), else their common dtype.
+inline at::ScalarType product_dtype(const at::Tensor& a, const at::Tensor& b) {
+  const auto dev = a.device().type();
+  const bool eligible = a.scalar_type() != at::kDouble && b.scalar_type() != at::kDouble;
+  if (eligible && at::autocast::is_autocast_enabled(dev)) return at::autocast::get_autocast_dtype(dev);
+  return c10::promoteTypes(a.scalar_type(), b.scalar_type());
+}
+
 }  // namespace lt2

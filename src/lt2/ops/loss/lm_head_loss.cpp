@@ -1,7 +1,6 @@
 #include "lt2/ops/loss/lm_head_loss.h"
 
-#include <ATen/autocast_mode.h>
-
+#include "lt2/nn/precision.h"  // product_dtype
 #include "lt2/ops/chunking.h"  // Fp32Scope
 #include "lt2/util/error.h"
 
@@ -32,15 +31,6 @@ void add_product(Tensor& acc, const Tensor& a, const Tensor& b) {
   } else {
     acc.add_(at::mm(a, b));
   }
-}
-
-// The products' dtype: the autocast dtype where autocast would cast at::linear's inputs (no
-// float64 among them, autocast on for their device), else the inputs' common dtype.
-ScalarType product_dtype(const Tensor& hidden, const Tensor& weight) {
-  const auto dev = hidden.device().type();
-  const bool eligible = hidden.scalar_type() != torch::kFloat64 && weight.scalar_type() != torch::kFloat64;
-  if (eligible && at::autocast::is_autocast_enabled(dev)) return at::autocast::get_autocast_dtype(dev);
-  return c10::promoteTypes(hidden.scalar_type(), weight.scalar_type());
 }
 
 struct WalkResult {

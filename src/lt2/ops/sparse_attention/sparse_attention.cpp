@@ -322,6 +322,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     const auto iq_c = iq.to(compute), keys_c = index_k.to(compute);
     const bool kernel = decode_options().dsa_index_kernels && ops::dsa_index_backward_supported(iq_c, keys_c);
     torch::AutoGradMode grad_mode(!kernel);
+    // saved: iq, iw, index_k, then one scores' gradient per block.
     for (int64_t r0 = 0, block = 3; r0 < T; r0 += block_rows, ++block) {
       const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
       const auto d = saved[block] * grads[0];  // [B, n, seen]
