@@ -6,13 +6,16 @@ its chunked kernel alone, forward and forward + backward, on the GPU, one JSON l
   fla_peer.py --what layer,core --mixer gdn,kda --shape 8x4096,1x32768 \
       [--hidden 2048 --heads 16 --head-k 96 --head-v 192] [--iters 10]
   fla_peer.py --what layer --mixer gla,retnet,hgrn2,linear --shape 8x4096
+  fla_peer.py --what core --mixer mamba2,linear,gla --shape 8x4096 --head-k 128 --head-v 128
 
 Every combination runs in one process, so Triton's autotuning of a kernel is paid once.
 
 The layer is fla's GatedDeltaNet / KimiDeltaAttention / DeltaNet in bf16 with a short convolution
 and (GDN) the output gate, d = hidden, or its GatedLinearAttention / MultiScaleRetention /
 HGRN2Attention / LinearAttention at the dims of lt2's mixer of that name; the core is chunk_gated_delta_rule / chunk_kda /
-chunk_delta_rule on bf16 q, k (unit rows), v, fp32 gates, as mixer_bench --core times ours.
+chunk_delta_rule on bf16 q, k (unit rows), v, fp32 gates, as mixer_bench --core times ours; for the
+gated linear family chunk_simple_gla (mamba2: one decay per head; linear: none) and chunk_gla (gla: one
+per key channel) on bf16 q, k, v and fp32 gates, as mixer_bench --core --mixer mamba2|linear|gla.
 
 Two things this stack needs, both recorded in the output:
 - fla.layers imports names from `transformers`, which the GPU machine lacks: a stand-in module
@@ -117,17 +120,25 @@ def make_run(what, mixer, B, T, hidden, H, K, V):
         return run
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gla import chunk_gla
     from fla.ops.kda import chunk_kda
+    from fla.ops.simple_gla import chunk_simple_gla
+    gated = mixer in ("mamba2", "gla", "linear")  # the gated linear family: no beta, keys as drawn
+    if not gated and mixer not in ("gdn", "kda", "deltanet"):
+        raise SystemExit(f"fla_peer: no fla kernel for --what core --mixer {mixer!r}")
     k = torch.randn(B, T, H, K, **bf16)
-    inputs = dict(q=torch.randn(B, T, H, K, **bf16), k=k / k.norm(dim=-1, keepdim=True),
-                  v=torch.randn(B, T, H, V, **bf16), beta=torch.rand(B, T, H, **bf16))
-    if mixer == "gdn":
+    inputs = dict(q=torch.randn(B, T, H, K, **bf16), k=k if gated else k / k.norm(dim=-1, keepdim=True),
+                  v=torch.randn(B, T, H, V, **bf16))
+    if not gated:
+        inputs["beta"] = torch.rand(B, T, H, **bf16)
+    if mixer in ("gdn", "mamba2"):
         inputs["g"] = -torch.rand(B, T, H, device=dev)
-    elif mixer == "kda":
+    elif mixer in ("kda", "gla"):
         inputs["g"] = -torch.rand(B, T, H, K, device=dev)
     for t in inputs.values():
         t.requires_grad_(True)
-    fn = {"gdn": chunk_gated_delta_rule, "kda": chunk_kda, "deltanet": chunk_delta_rule}[mixer]
+    fn = {"gdn": chunk_gated_delta_rule, "kda": chunk_kda, "deltanet": chunk_delta_rule, "mamba2": chunk_simple_gla,
+          "linear": chunk_simple_gla, "gla": chunk_gla}[mixer]
 
     def run(backward):
         o = fn(**inputs, scale=1.0 / math.sqrt(K))[0]
@@ -140,7 +151,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--what", default="layer,core", help="comma-separated: layer, core")
     ap.add_argument("--mixer", default="gdn",
-                    help="comma-separated: gdn, kda, deltanet (layer and core); gla, retnet, hgrn2, linear (layer)")
+                    help="comma-separated: gdn, kda, deltanet, gla, linear (layer and core); retnet, hgrn2 "
+                         "(layer); mamba2 (core)")
     ap.add_argument("--shape", default="8x4096,1x32768", help="comma-separated BATCHxSEQ")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)

@@ -5,6 +5,7 @@
 #   BASE_TARBALL=.deps/build-<commit>.tar.xz (required; scripts/prebuild_gpu.sh with BENCH=train_bench)
 #   NEW_TARBALL=.deps/build-<commit>.tar.xz (optional: the new arm; default build-prebuilt/)
 #   MODELS="lt-100m lt2-gdn-100m"  SHAPES="2048x16 8192x4" (seq x batch)  ARMS="base new base new"  STEPS=6
+#   BASE_DIR=/tmp/train_ab_base (where the baseline is unpacked; later steps of a call may use it)
 # Writes $OUT/train_ab.json (every RESULT line with its arm) and $OUT/train_ab.md (medians per arm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ MODELS=${MODELS:-lt-100m lt2-gdn-100m}
 SHAPES=${SHAPES:-2048x16 8192x4}
 ARMS=${ARMS:-base new base new}
 STEPS=${STEPS:-6}
-BASE_DIR=/tmp/train_ab_base
+BASE_DIR=${BASE_DIR:-/tmp/train_ab_base}
 source scripts/ab_binaries.sh
 ab_binaries gpu_train_ab train_bench "$BASE_DIR"
 LINES=/tmp/train_ab_lines.jsonl

@@ -1,8 +1,9 @@
 // GPU (CTest label `gpu`): the per-channel decayed-score kernels (kernels/prefill.h, reached through
 // ops::decayed_scores with DecodeOptions::channel_scores on): scores and the gradients of a, b and
 // G against the float64 libtorch form on the CPU, on random inputs with cumulative log-gates as the
-// gated forms build them, strict and inclusive, at chunk sizes 64 (the mixers'), 48, 16 and 5 and
-// head dims 1 to 256 (off the kernels' 32-channel tiles too); the option off keeps the libtorch
+// gated forms build them and strong ones (down to ~-10 a token: the C 64 kernels' reference-row
+// factors underflow), strict and inclusive, at chunk sizes 64 (the mixers', on tensor cores), 48, 16
+// and 5 and head dims 1 to 256 (off the kernels' 32-channel tiles too); the option off keeps the libtorch
 // form on CUDA; GLA's chunked form and its gradients through the kernels against the float64
 // recurrence. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
@@ -49,29 +50,31 @@ TEST(ChannelScoresGpu, MatchFloat64ReferenceWithGradients) {
   const std::vector<ScoreCase> cases{{{2, 3}, 64, 32},  {{1, 4, 2}, 64, 96}, {{3}, 64, 256}, {{2, 2}, 48, 33},
                                      {{5}, 16, 1},      {{2, 1}, 5, 7},      {{1}, 64, 100}};
   for (const auto& c : cases)
-    for (bool inclusive : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "C " << c.C << " K " << c.K << (inclusive ? " inclusive" : " strict"));
-      torch::manual_seed(c.C * 1000 + c.K + inclusive);
-      auto shape = c.batch;
-      shape.insert(shape.end(), {c.C, c.K});
-      const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
-      const auto a = torch::randn(shape, f64), b = torch::randn(shape, f64);
-      // A chunk's cumulative log-decay: non-increasing, as GLA's gates (log-sigmoid / 16) make it.
-      const auto G = (torch::log_sigmoid(torch::randn(shape, f64)) / 4).cumsum(-2);
-      auto s_shape = c.batch;
-      s_shape.insert(s_shape.end(), {c.C, c.C});
-      const auto dS = torch::randn(s_shape, f64);
-      const auto want = scores_and_grads(a, b, G, dS, inclusive, f64);
-      const auto got = scores_and_grads(a, b, G, dS, inclusive, gpu(torch::kFloat32));
-      const double tol = tolerance(torch::kFloat32);
-      EXPECT_LT(rel_err(got.s, want.s), tol) << "scores";
-      EXPECT_LT(rel_err(got.da, want.da), tol) << "da";
-      EXPECT_LT(rel_err(got.db, want.db), tol) << "db";
-      EXPECT_LT(rel_err(got.dG, want.dG), tol) << "dG";
-      // Outside the kept triangle the scores are exactly zero.
-      const auto keep = torch::ones({c.C, c.C}, torch::kBool).tril(inclusive ? 0 : -1);
-      EXPECT_EQ(got.s.masked_select(keep.logical_not()).abs().max().item<double>(), 0.0);
-    }
+    for (double gate_scale : {0.25, 4.0})
+      for (bool inclusive : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "C " << c.C << " K " << c.K << (inclusive ? " inclusive" : " strict")
+                                          << " gates x" << gate_scale);
+        torch::manual_seed(c.C * 1000 + c.K + inclusive);
+        auto shape = c.batch;
+        shape.insert(shape.end(), {c.C, c.K});
+        const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+        const auto a = torch::randn(shape, f64), b = torch::randn(shape, f64);
+        // A chunk's cumulative log-decay: non-increasing, as the gated forms' gates make it, mild or strong.
+        const auto G = (torch::log_sigmoid(torch::randn(shape, f64)) * gate_scale).cumsum(-2);
+        auto s_shape = c.batch;
+        s_shape.insert(s_shape.end(), {c.C, c.C});
+        const auto dS = torch::randn(s_shape, f64);
+        const auto want = scores_and_grads(a, b, G, dS, inclusive, f64);
+        const auto got = scores_and_grads(a, b, G, dS, inclusive, gpu(torch::kFloat32));
+        const double tol = tolerance(torch::kFloat32);
+        EXPECT_LT(rel_err(got.s, want.s), tol) << "scores";
+        EXPECT_LT(rel_err(got.da, want.da), tol) << "da";
+        EXPECT_LT(rel_err(got.db, want.db), tol) << "db";
+        EXPECT_LT(rel_err(got.dG, want.dG), tol) << "dG";
+        // Outside the kept triangle the scores are exactly zero.
+        const auto keep = torch::ones({c.C, c.C}, torch::kBool).tril(inclusive ? 0 : -1);
+        EXPECT_EQ(got.s.masked_select(keep.logical_not()).abs().max().item<double>(), 0.0);
+      }
 }
 
 TEST(ChannelScoresGpu, OptionOffKeepsTheLibtorchForm) {

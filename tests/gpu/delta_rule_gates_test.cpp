@@ -1,9 +1,10 @@
 // GPU (CTest label `gpu`): the gated delta rule's gates kernel (kernels/cuda/delta_rule_gates.cu
 // behind ops::delta_rule_gates) against the float64 reference on random inputs, read in place from
 // a packed projection or packed, with fp32 or model-dtype parameters, values past softplus's
-// threshold; and the inference form of the GDN and KDA layers (one packed projection, the
-// convolutions and norms reading slices and model-dtype weights in place, the gates kernel) as
-// accurate as the training form. Skips where no CUDA GPU (or no CUDA kernels).
+// threshold; its backward kernel (training) against float64 autograd of the libtorch form, every
+// gradient (a, b, A_log, dt_bias) at GDN's and KDA's shapes; and the inference form of the GDN and
+// KDA layers (one packed projection, the convolutions and norms reading slices and model-dtype
+// weights in place, the gates kernel) as accurate as the training form. Skips where no CUDA GPU (or no CUDA kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -26,6 +27,21 @@ struct GatesCase {
   int64_t B, T, cols, heads, beta_cols;
 };
 
+// Random float64 gate inputs for case c: a projection [B, T, cols + beta_cols + 5] whose first
+// columns are a then b, with values past softplus's threshold, A_log [heads] and dt_bias [cols].
+struct GatesInputs {
+  Tensor packed, A_log, dt_bias;
+};
+GatesInputs random_gate_inputs(const GatesCase& c) {
+  GatesInputs in;
+  in.packed = torch::randn({c.B, c.T, c.cols + c.beta_cols + 5}, torch::kFloat64) * 4;
+  in.packed.index_put_({0, 0, 0}, 25.0);  // past softplus's threshold
+  in.packed.index_put_({0, 1, 1}, -30.0);
+  in.A_log = torch::randn({c.heads}, torch::kFloat64) * 0.5;
+  in.dt_bias = torch::randn({c.cols}, torch::kFloat64);
+  return in;
+}
+
 }  // namespace
 
 TEST(DeltaRuleGatesGpu, KernelMatchesTheFloat64Reference) {
@@ -35,11 +51,8 @@ TEST(DeltaRuleGatesGpu, KernelMatchesTheFloat64Reference) {
   // GDN's shape (one decay per head), KDA's (one per key channel of 4 heads), and odd sizes.
   for (const GatesCase c : std::vector<GatesCase>{{2, 37, 16, 16, 16}, {1, 50, 128, 4, 4}, {3, 5, 6, 2, 3}}) {
     SCOPED_TRACE(cat("B", c.B, " T", c.T, " cols", c.cols, " heads", c.heads, " beta_cols", c.beta_cols));
-    auto packed = torch::randn({c.B, c.T, c.cols + c.beta_cols + 5}, torch::kFloat64) * 4;
-    packed.index_put_({0, 0, 0}, 25.0);  // past softplus's threshold
-    packed.index_put_({0, 1, 1}, -30.0);
-    const auto A_log = torch::randn({c.heads}, torch::kFloat64) * 0.5;
-    const auto dt_bias = torch::randn({c.cols}, torch::kFloat64);
+    const auto in = random_gate_inputs(c);
+    const Tensor &packed = in.packed, &A_log = in.A_log, &dt_bias = in.dt_bias;
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       for (auto param_dt : {torch::kFloat32, dt}) {
         for (bool in_place : {true, false}) {
@@ -69,6 +82,47 @@ TEST(DeltaRuleGatesGpu, KernelMatchesTheFloat64Reference) {
         }
       }
     }
+  }
+}
+
+// Under autograd the kernels run forward and backward: g, beta and the gradients of a, b, A_log and
+// dt_bias against float64 autograd of the libtorch form on the same (rounded) values, with a and b
+// column slices of one projection (GDN and KDA: the layers' layout) or packed, fp32 and bf16, with
+// values past softplus's threshold; the gradient of a bf16 input is rounded once, so bf16 takes its
+// tolerance.
+TEST(DeltaRuleGatesGpu, GradientsMatchTheFloat64Reference) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(33);
+  for (const GatesCase c : std::vector<GatesCase>{{2, 37, 16, 16, 16}, {2, 300, 512, 4, 4}, {3, 5, 6, 2, 3}}) {
+    SCOPED_TRACE(cat("B", c.B, " T", c.T, " cols", c.cols, " heads", c.heads, " beta_cols", c.beta_cols));
+    const auto in = random_gate_inputs(c);
+    const Tensor &packed = in.packed, &A_log = in.A_log, &dt_bias = in.dt_bias;
+    const auto dG = torch::randn({c.B, c.T, c.cols}, torch::kFloat64);
+    const auto dB = torch::randn({c.B, c.T, c.beta_cols}, torch::kFloat64);
+    for (auto dt : {torch::kFloat32, torch::kBFloat16})
+      for (bool in_place : {true, false}) {
+        SCOPED_TRACE(cat(name(dt), in_place ? " slices" : " packed"));
+        // Gradients of <g, dG> + <beta, dB> w.r.t. a, b, A_log and dt_bias: on the GPU with the
+        // projection in dt and fp32 parameters, or on the CPU in float64 from the same rounded values.
+        auto run = [&](bool gpu_run) {
+          const auto act = gpu_run ? dt : torch::kFloat64, param = gpu_run ? torch::kFloat32 : torch::kFloat64;
+          const auto device = gpu_run ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+          auto p = packed.to(dt).to(device, act).detach().requires_grad_(true);
+          auto A = A_log.to(device, param).detach().requires_grad_(true);
+          auto bias = dt_bias.to(device, param).detach().requires_grad_(true);
+          Tensor a = p.narrow(2, 0, c.cols), b = p.narrow(2, c.cols, c.beta_cols);
+          if (!in_place) a = a.contiguous(), b = b.contiguous();
+          const auto out = ops::delta_rule_gates(a, b, A, bias, 2.0);
+          ((out.g.to(torch::kFloat64) * dG.to(device)).sum() + (out.beta.to(torch::kFloat64) * dB.to(device)).sum())
+              .backward();
+          auto f64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
+          return std::vector<Tensor>{f64(out.g), f64(out.beta), f64(p.grad()), f64(A.grad()), f64(bias.grad())};
+        };
+        const auto got = run(true), want = run(false);
+        const double tol = tolerance(dt);
+        const char* names[] = {"g", "beta", "d projection (a, b)", "dA_log", "ddt_bias"};
+        for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tol) << names[i];
+      }
   }
 }
 

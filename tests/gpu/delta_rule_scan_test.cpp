@@ -81,17 +81,21 @@ void expect_error(const std::function<void()>& f, const std::string& what) {
   }
 }
 
-// The loop the kernel replaces, in float64 on the CPU (ops::chunk_state_scan).
+// The loop the kernel replaces, in float64 on the CPU (ops::chunk_state_scan); w or kt undefined:
+// no correction, no write.
 ops::ChunkScanResult scan_reference(const ops::ChunkScanInputs& in) {
   auto c = [](const Tensor& t) { return t.defined() ? t.to(torch::kCPU, f64) : t; };
-  const int64_t B = in.w.size(0), H = in.w.size(1), N = in.w.size(2), K = in.w.size(4), V = in.u.size(4);
+  const int64_t B = in.u.size(0), H = in.u.size(1), N = in.u.size(2), V = in.u.size(4);
+  const int64_t K = in.w.defined() ? in.w.size(4) : in.kt.size(3);
   Tensor S = in.initial_state.defined() ? c(in.initial_state) : torch::zeros({B, H, K, V}, f64);
   std::vector<Tensor> states(N), vs(N);
   for (int64_t i = 0; i < N; ++i) {
     const int64_t n = in.reverse ? N - 1 - i : i;
     states[n] = S;
-    vs[n] = c(in.u).select(2, n) - torch::matmul(c(in.w).select(2, n), S);
-    S = c(in.carry).select(2, n) * S + torch::matmul(c(in.kt).select(2, n), vs[n]);
+    vs[n] = c(in.u).select(2, n);
+    if (in.w.defined()) vs[n] = vs[n] - torch::matmul(c(in.w).select(2, n), S);
+    S = c(in.carry).select(2, n) * S;
+    if (in.kt.defined()) S = S + torch::matmul(c(in.kt).select(2, n), vs[n]);
     if (in.addend.defined()) S = S + c(in.addend).select(2, n);
   }
   return {torch::stack(states, 2), torch::stack(vs, 2), S};
@@ -190,10 +194,86 @@ TEST(DeltaRuleScan, GatedLinearChunkedMatchesReferenceOnBothForms) {
     }
 }
 
-// The chunk preparation kernel (delta_rule_prepare) serves GDN and DeltaNet (no gate or one gate
-// per head) at C 64 with K, V multiples of 16 (K <= 128), in fp32 and bf16, and gives what the
-// libtorch preparation gives (the same op with DecodeOptions::delta_rule_prepare off) and the
-// float64 recurrence; per-channel gates, other chunk sizes and dims, and the option off keep the
+// The gated linear family through the preparation kernel's additive mode (gated_linear_prepare:
+// no gate, one per head or one per key channel (channel_gate_prepare: GLA, HGRN2), C 64) and the
+// scan without W: output, final state and every gradient (q, k, v, g, initial state) == the
+// float64 recurrence's, in fp32 (3xTF32, 1e-5) at lengths off the chunk, with and without an
+// initial state; and in training's setting (bf16 q/k/v, TF32 products) within the bf16 tolerance.
+// The options off and C 32 keep the libtorch form.
+TEST(DeltaRuleScan, GatedLinearKernelMatchesReference) {
+  REQUIRE_FUSED_DECODE();
+  struct G {
+    Shape s;
+    Gate gate;
+    bool bf16;
+  };
+  for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head, false}, G{{1, 130, 2, 32, 64, 64}, Gate::None, false},
+                    G{{1, 64, 2, 128, 128, 64}, Gate::Head, false}, G{{2, 300, 4, 96, 192, 64}, Gate::Head, true},
+                    G{{2, 150, 3, 64, 128, 64}, Gate::Channel, false}, G{{1, 200, 2, 128, 64, 64}, Gate::Channel, true}})
+    for (bool with_state : {false, true}) {
+      const Shape& s = c.s;
+      SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
+                                        << " " << gate_name(c.gate) << (c.bf16 ? " bf16 on TF32" : " fp32")
+                                        << (with_state ? " initial state" : ""));
+      torch::manual_seed(s.T + s.K + with_state + 7 * c.bf16);
+      auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, c.gate, with_state);
+      in.k = in.k / std::sqrt(static_cast<double>(s.K));  // bounded additive states
+      const auto io = c.bf16 ? torch::kBFloat16 : f32;
+      for (Tensor* t : {&in.q, &in.k, &in.v}) *t = t->to(io).to(f32);  // the reference sees the same values
+      const auto d_o = torch::randn({s.B, s.T, s.H, s.V}, f64), d_s = torch::randn({s.B, s.H, s.K, s.V}, f64);
+      at::globalContext().setAllowTF32CuBLAS(c.bf16);
+      std::vector<Tensor> leaves;
+      for (const Tensor* t : {&in.q, &in.k, &in.v, &in.g, &in.s0}) {
+        const auto dt = t == &in.q || t == &in.k || t == &in.v ? io : f32;
+        leaves.push_back(t->defined() ? t->to(gpu(dt)).detach().requires_grad_(true) : Tensor());
+      }
+      EXPECT_TRUE(ops::gated_linear_prepare_serves(leaves[0], leaves[2], leaves[3], 64));
+      const auto out = ops::gated_linear_chunked(leaves[0], leaves[1], leaves[2], leaves[3], in.scale, leaves[4], 64);
+      ((out.o.to(f64) * d_o.cuda()).sum() + (out.final_state.to(f64) * d_s.cuda()).sum()).backward();
+      at::globalContext().setAllowTF32CuBLAS(false);
+      std::vector<Tensor> ref_leaves;
+      for (const Tensor* t : {&in.q, &in.k, &in.v, &in.g, &in.s0})
+        ref_leaves.push_back(t->defined() ? t->to(f64).detach().requires_grad_(true) : Tensor());
+      const auto ref = ops::gated_linear_recurrent(ref_leaves[0], ref_leaves[1], ref_leaves[2], ref_leaves[3], in.scale,
+                                                   ref_leaves[4]);
+      ((ref.o * d_o).sum() + (ref.final_state * d_s).sum()).backward();
+      const double tol = c.bf16 ? tolerance(torch::kBFloat16) : 1e-5;
+      EXPECT_EQ(out.o.scalar_type(), io);
+      EXPECT_LT(rel_err(out.o.detach().cpu().to(f64), ref.o.detach()), tol) << "output";
+      EXPECT_LT(rel_err(out.final_state.detach().cpu().to(f64), ref.final_state.detach()), tol) << "final state";
+      const char* names[] = {"dq", "dk", "dv", "dg", "d initial_state"};
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        if (!ref_leaves[i].defined()) continue;
+        ASSERT_TRUE(leaves[i].grad().defined()) << names[i];
+        EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), tol) << names[i];
+      }
+    }
+  torch::manual_seed(4);
+  const auto o = gpu(f32);
+  const auto channel = make_inputs(1, 70, 2, 32, 64, Gate::Channel, false);
+  const auto head = make_inputs(1, 70, 2, 32, 64, Gate::Head, false);
+  EXPECT_FALSE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 32)) << "C 32";
+  {
+    DecodeOptions no_channels;
+    no_channels.channel_gate_prepare = false;
+    DecodeOptionsGuard guard(no_channels);
+    EXPECT_FALSE(ops::gated_linear_prepare_serves(channel.q.to(o), channel.v.to(o), channel.g.to(o), 64))
+        << "channel_gate_prepare off";
+    EXPECT_TRUE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 64))
+        << "channel_gate_prepare off, per-head gate";
+  }
+  DecodeOptions off;
+  off.gated_linear_prepare = false;
+  DecodeOptionsGuard guard(off);
+  EXPECT_FALSE(ops::gated_linear_prepare_serves(head.q.to(o), head.v.to(o), head.g.to(o), 64)) << "option off";
+  EXPECT_FALSE(ops::gated_linear_prepare_serves(channel.q.to(o), channel.v.to(o), channel.g.to(o), 64))
+      << "option off, per-channel gate";
+}
+
+// The chunk preparation kernel (delta_rule_prepare) serves GDN, DeltaNet and KDA (no gate, one gate
+// per head, one per key channel) at C 64 with K, V multiples of 16 (K <= 128), in fp32 and bf16,
+// and gives what the libtorch preparation gives (the same op with DecodeOptions::delta_rule_prepare
+// off) and the float64 recurrence; other chunk sizes and dims, and the options off keep the
 // libtorch preparation. Its backward: GradientsMatchReference and the TF32 test below.
 TEST(DeltaRuleScan, PreparedChunksMatchLibtorchPreparation) {
   REQUIRE_FUSED_DECODE();
@@ -203,7 +283,7 @@ TEST(DeltaRuleScan, PreparedChunksMatchLibtorchPreparation) {
   DecodeOptions libtorch_prep;
   libtorch_prep.delta_rule_prepare = false;
   for (const auto& s : shapes)
-    for (Gate gate : {Gate::None, Gate::Head})
+    for (Gate gate : {Gate::None, Gate::Head, Gate::Channel})
       for (auto dtype : {f32, torch::kBFloat16}) {
         SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
                                           << " C" << s.C << " " << gate_name(gate) << " " << name(dtype));
@@ -234,9 +314,14 @@ TEST(DeltaRuleScan, PreparedChunksMatchLibtorchPreparation) {
   const auto o = gpu(f32);
   torch::NoGradGuard no_grad;
   const auto channel = make_inputs(1, 70, 2, 32, 64, Gate::Channel, false);
-  EXPECT_FALSE(ops::delta_rule_prepare_serves(to(channel.q, o), to(channel.k, o), to(channel.v, o),
-                                              to(channel.beta, o), to(channel.g, o), 64))
-      << "per-channel gate";
+  {
+    DecodeOptions no_channels;
+    no_channels.channel_gate_prepare = false;
+    DecodeOptionsGuard guard(no_channels);
+    EXPECT_FALSE(ops::delta_rule_prepare_serves(to(channel.q, o), to(channel.k, o), to(channel.v, o),
+                                                to(channel.beta, o), to(channel.g, o), 64))
+        << "channel_gate_prepare off";
+  }
   for (const Shape& s : {Shape{1, 70, 2, 32, 64, 32}, Shape{1, 70, 2, 256, 64, 64}, Shape{1, 70, 2, 32, 40, 64}}) {
     const auto in = make_inputs(s.B, s.T, s.H, s.K, s.V, Gate::Head, false);
     EXPECT_FALSE(ops::delta_rule_prepare_serves(to(in.q, o), to(in.k, o), to(in.v, o), to(in.beta, o), to(in.g, o),
@@ -274,10 +359,12 @@ TEST(DeltaRuleScan, GradientsMatchReference) {
     Shape s;
     Gate gate;
   };
-  // The 1.3B head at a length off the chunk and DeltaNet (the preparation kernel and its backward),
-  // a small head with C 16, and per-channel decay (KDA) (the libtorch preparation).
+  // The 1.3B head at a length off the chunk, DeltaNet and per-channel decay (KDA) at K 64 and 128
+  // (the preparation kernel and its backward), a small head with C 16 and KDA with C 32 (the libtorch
+  // preparation).
   for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head}, G{{1, 130, 2, 32, 64, 64}, Gate::None},
-                    G{{1, 70, 2, 32, 64, 16}, Gate::None}, G{{2, 100, 2, 64, 128, 64}, Gate::Channel}})
+                    G{{1, 70, 2, 32, 64, 16}, Gate::None}, G{{2, 100, 2, 64, 128, 64}, Gate::Channel},
+                    G{{1, 130, 2, 128, 64, 64}, Gate::Channel}, G{{1, 100, 2, 64, 128, 32}, Gate::Channel}})
     for (bool with_state : {false, true}) {
       const Shape& s = c.s;
       SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
@@ -458,26 +545,55 @@ TEST(DeltaRuleScan, BindingMatchesLoopForEveryValueBlock) {
           }
 }
 
+// The binding without W (the gated linear family's forward: V_n = U_n, v is u itself) and without Kt
+// (its adjoint: no write) against the loop in float64, every value block, forward and reverse.
+TEST(DeltaRuleScan, BindingWithoutWOrKtMatchesLoop) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  for (int vb : {0, 8, 16, 32})
+    for (bool without_w : {true, false})
+      for (bool reverse : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "value block " << vb << (without_w ? " without W" : " without Kt")
+                                          << (reverse ? " reverse" : ""));
+        torch::manual_seed(vb + 2 * without_w + reverse);
+        auto in = make_scan_inputs(2, 3, 6, 64, 96, 192, /*per_channel=*/false, /*with_state=*/true);
+        if (without_w) in.w = Tensor();
+        else in.kt = Tensor();
+        const auto ref = scan_reference(in.op(reverse));
+        const auto out = ops::chunk_state_scan_cuda(in.op(reverse), vb);
+        EXPECT_LT(rel_err(out.states.cpu(), ref.states), 1e-5) << "states";
+        EXPECT_LT(rel_err(out.v.cpu(), ref.v), 1e-5) << "v";
+        EXPECT_LT(rel_err(out.final_state.cpu(), ref.final_state), 1e-5) << "final state";
+        if (without_w) {
+          EXPECT_TRUE(out.v.is_same(in.u)) << "without W the result's v is u itself";
+        }
+      }
+}
+
 // The chunk outputs kernel (ops::chunk_outputs_in_tokens on CUDA: kernels/prefill.h delta_rule_output)
-// == chunk_outputs + from_chunks in float64, value and every gradient, on random inputs: head dims
-// 16 to 256, lengths on and off the chunk, fp32 out in 3xTF32 (1e-5) and on TF32 / bf16 out (the
-// bf16 tolerance); the libtorch form where the kernel does not serve (K 40) or is switched off.
+// and its backward kernel (delta_rule_output_backward, K <= 128) == chunk_outputs + from_chunks in
+// float64, value and every gradient (A_qk's on its causal part; the backward kernel writes zeros
+// above the diagonal), on random inputs: head dims 16 to 256, lengths on and off the chunk, fp32
+// out in 3xTF32 (1e-5) and on TF32 / bf16 out (the bf16 tolerance); the libtorch backward past
+// K 128 or switched off, the libtorch form where the kernel does not serve (K 40) or is switched off.
 TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
   REQUIRE_FUSED_DECODE();
   struct S {
     int64_t B, T, H, K, V;
   };
-  DecodeOptions kernel_off;
-  kernel_off.delta_rule_output = false;
+  // The kernels (forward and backward), the forward kernel with the libtorch backward, both off.
+  std::vector<DecodeOptions> modes(3);
+  modes[1].delta_rule_output_backward = false;
+  modes[2].delta_rule_output = false;
+  const char* mode_names[] = {"", " backward switched off", " switched off"};
   for (const S s : {S{2, 200, 3, 96, 192}, S{1, 64, 2, 16, 16}, S{1, 130, 1, 256, 256}, S{3, 1, 2, 32, 80},
-                    S{1, 100, 2, 40, 64}})
+                    S{1, 100, 2, 40, 64}, S{2, 70, 2, 128, 48}})
     for (auto dtype : {f32, torch::kBFloat16})
       for (bool tf32 : {false, true})
-        for (bool off : {false, true}) {
+        for (int mode = 0; mode < 3; ++mode) {
           SCOPED_TRACE(::testing::Message() << "B" << s.B << " T" << s.T << " H" << s.H << " K" << s.K << " V" << s.V
-                                            << " out " << name(dtype) << (tf32 ? " TF32" : "")
-                                            << (off ? " switched off" : ""));
-          torch::manual_seed(s.T + s.K + s.V + tf32 * 3 + (dtype == f32) * 5 + off);
+                                            << " out " << name(dtype) << (tf32 ? " TF32" : "") << mode_names[mode]);
+          torch::manual_seed(s.T + s.K + s.V + tf32 * 3 + (dtype == f32) * 5 + mode);
           const int64_t C = 64, N = (s.T + C - 1) / C;
           std::vector<Tensor> leaves, ref_leaves;
           for (auto shape : {std::vector<int64_t>{s.B, s.H, N, C, s.K}, std::vector<int64_t>{s.B, s.H, N, s.K, s.V},
@@ -490,8 +606,7 @@ TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
           const auto d_o = torch::randn({s.B, s.T, s.H, s.V}, f64);
           Tensor out;
           {
-            DecodeOptions current;
-            DecodeOptionsGuard guard(off ? kernel_off : current);
+            DecodeOptionsGuard guard(modes[mode]);
             at::globalContext().setAllowTF32CuBLAS(tf32);
             out = ops::chunk_outputs_in_tokens(leaves[0], leaves[1], leaves[2], leaves[3], s.T, dtype);
             (out.to(f64) * d_o.cuda()).sum().backward();
@@ -505,8 +620,14 @@ TEST(DeltaRuleScan, ChunkOutputsKernelMatchesReference) {
           const double tol = dtype == f32 && !tf32 ? 1e-5 : tolerance(torch::kBFloat16);
           EXPECT_LT(rel_err(out.detach().cpu().to(f64), ref.detach()), tol) << "output";
           const char* names[] = {"d q_start", "d states", "d a_qk", "d v_new"};
-          for (size_t i = 0; i < leaves.size(); ++i)
-            EXPECT_LT(rel_err(leaves[i].grad().cpu().to(f64), ref_leaves[i].grad()), tol) << names[i];
+          for (size_t i = 0; i < leaves.size(); ++i) {
+            // A_qk's causal part: the kernel reads only that (its gradient is zero above the diagonal).
+            auto causal = [&](const Tensor& x) { return i == 2 ? x.tril() : x; };
+            EXPECT_LT(rel_err(causal(leaves[i].grad().cpu().to(f64)), causal(ref_leaves[i].grad())), tol) << names[i];
+          }
+          if (mode == 0 && s.K % 16 == 0 && s.K <= 128) {
+            EXPECT_EQ(leaves[2].grad().triu(1).abs().max().item<float>(), 0.f) << "d a_qk above the diagonal";
+          }
         }
 }
 
@@ -562,6 +683,7 @@ TEST(DeltaRuleScan, BindingRejectsBadInput) {
   expect_error(call(in.w, in.u, in.kt, in.carry, in.s0.narrow(-1, 0, 8), in.addend), "initial_state must be");
   expect_error(call(in.w, in.u, in.kt, in.carry, in.s0, in.addend.narrow(2, 0, 1)), "addend must be");
   expect_error(call(in.w.unsqueeze(0), in.u, in.kt, in.carry, in.s0, in.addend), "w must be");
+  expect_error(call(Tensor(), in.u, Tensor(), in.carry, in.s0, in.addend), "without w, kt must be");
   expect_error(call(in.w, in.u, in.kt, Tensor(), in.s0, in.addend), "carry");
   expect_error(call(in.w, in.u.to(f64), in.kt, in.carry, in.s0, in.addend), "u must be");
   expect_error(call(in.w.to(f64), in.u.to(f64), in.kt.to(f64), in.carry.to(f64), in.s0.to(f64), in.addend.to(f64)),

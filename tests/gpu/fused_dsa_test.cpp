@@ -3,13 +3,19 @@
 // and top-k, and dsa_latent_prep with the q absorption folded in, captured in a CUDA graph and
 // replayed with new lengths or positions == eager (the prep: == its float64 reference); the latent
 // DSA mixer's fused decode step (step, and its decode descriptor with a block's norm and residual
-// around it) as accurate as its libtorch path, folded == unfolded. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// around it) as accurate as its libtorch path, folded == unfolded; whole-sequence selection
+// (indexer_select) on the decode kernels. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
 
 #include <cmath>
+#include <tuple>
 #include <vector>
+
+#ifdef LT2_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include "common/testing.h"
 #include "lt2/mixers/dsa.h"
@@ -55,6 +61,125 @@ TEST(FusedDsa, RejectsBadInputs) {
 }
 
 #ifdef LT2_WITH_CUDA
+
+// indexer_select of whole-sequence calls on the decode kernels (a sequence's query rows share its
+// keys): the scores of the visible keys against the float64 formula on the same rounded inputs,
+// -inf elsewhere; the selection exactly topk_mask of those fp32 scores; the support equal to the
+// libtorch path's where every visible key is selected. Queries at positions 30..99 of 100 keys, in
+// tensor-core shapes (bf16) and the plain-FMA kernel's (fp32).
+TEST(FusedDsa, IndexerSelectOnTheKernels) {
+  REQUIRE_FUSED_DECODE();
+  if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
+  torch::manual_seed(31);
+  const int64_t B = 2, n = 70, L = 100, H = 16, d = 64, start = L - n;
+  for (auto dt : {torch::kBFloat16, torch::kFloat32}) {
+    const auto iq = torch::randn({B, n, H, d}, gpu(dt)), keys = torch::randn({B, L, d}, gpu(dt));
+    const auto iw = torch::randn({B, n, H}, gpu(dt));  // one dtype with iq, as the indexer's linears give
+    auto k_pos = torch::arange(L, torch::kLong), q_pos = torch::arange(start, L, torch::kLong);
+    const auto visible = window_mask(q_pos, k_pos, 0).expand({B, n, L});
+    const auto want = lightning_indexer_scores(iq.cpu().to(f64), iw.cpu().to(f64), keys.cpu().to(f64));
+    for (int64_t topk : {int64_t{0}, int64_t{16}, L}) {
+      DecodeOptions options;
+      DecodeOptionsGuard guard(options);
+      const auto sel = indexer_select(iq, iw, keys, start, topk);
+      const auto scores = sel.scores.cpu();
+      ASSERT_EQ(scores.scalar_type(), torch::kFloat32) << "the kernels' fp32 scores";
+      EXPECT_LT(rel_err(scores.masked_select(visible).to(f64), want.masked_select(visible)), tolerance(dt))
+          << name(dt) << " topk " << topk;
+      EXPECT_TRUE(torch::isneginf(scores.masked_select(~visible)).all().item<bool>()) << name(dt);
+      const auto expect = topk == 0 ? visible : topk_mask(scores, visible, topk);
+      EXPECT_TRUE(torch::equal(sel.support.cpu(), expect)) << name(dt) << " topk " << topk;
+      if (topk != 16) {
+        options.dsa_index_kernels = false;
+        EXPECT_TRUE(torch::equal(indexer_select(iq, iw, keys, start, topk).support.cpu(), expect)) << name(dt);
+      }
+    }
+  }
+}
+
+// DSA's prefill attention on the decode kernels (indexer_topk_attention) against masked attention in
+// float64, from the same rounded inputs, over the keys the same kernels select (indexer_select): the
+// GQA form's shapes (4 query heads on 2 kv heads of dim 64) and the latent form's (one kv head of
+// 576, values its first 512), rows at positions 30..99 of 100 keys, top-16, blocks of 32 rows.
+TEST(FusedDsa, TopkAttentionOnTheKernels) {
+  REQUIRE_FUSED_DECODE();
+  if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
+  torch::NoGradGuard no_grad;
+  DecodeOptions options;
+  options.dsa_sparse_prefill = true;
+  DecodeOptionsGuard guard(options);
+  torch::manual_seed(43);
+  const int64_t B = 2, n = 70, L = 100, start = L - n, topk = 16;
+  const auto bf16 = gpu(torch::kBFloat16);
+  const auto iq = torch::randn({B, n, 16, 64}, bf16), keys = torch::randn({B, L, 64}, bf16);
+  const auto iw = torch::randn({B, n, 16}, gpu(torch::kFloat32));
+  const auto support = indexer_select(iq, iw, keys, start, topk).support.cpu();  // [B, n, L]
+  for (auto [H, H_kv, D, D_v] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 2, 64, 64}, {4, 1, 576, 512}}) {
+    const auto q = torch::randn({B, n, H, D}, bf16).transpose(1, 2), k = torch::randn({B, H_kv, L, D}, bf16);
+    const auto v = D_v == D ? torch::randn({B, H_kv, L, D_v}, bf16) : k.narrow(-1, 0, D_v);
+    const auto got = indexer_topk_attention(iq, iw, keys, q, k, v, start, topk, 0.1, 32);
+    ASSERT_TRUE(got.defined()) << "kernels refused q " << q.sizes() << ", k " << k.sizes();
+    const auto want = masked_attention(q.cpu().to(f64), k.cpu().to(f64), v.cpu().to(f64), support.unsqueeze(1), 0.1);
+    EXPECT_LT(rel_err(got.cpu().to(f64), want), tolerance(torch::kBFloat16)) << "head dims " << D << "/" << D_v;
+  }
+}
+
+// dsa_index_backward against float64 autograd of the scores' formula on the same bf16-rounded
+// inputs: dq, dw and d_keys within the bf16 tolerance, for rows at positions 0..69 of 70 keys and
+// 30..99 of 100, 16 heads of dim 64 and 64 of dim 128. d_scores is NaN past each row's visible
+// keys (the reference: 0), so reading one would show.
+TEST(FusedDsa, IndexBackwardMatchesAutograd) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(37);
+  const int64_t B = 2, n = 70;
+  for (auto [H, D] : {std::pair<int64_t, int64_t>{16, 64}, {64, 128}})
+    for (int64_t start : {int64_t{0}, int64_t{30}}) {
+      const int64_t L = start + n;
+      const auto q = torch::randn({B, n, H, D}, gpu(torch::kBFloat16));
+      const auto keys = torch::randn({B, L, D}, gpu(torch::kBFloat16));
+      const auto w = torch::randn({B, n, H}, gpu(torch::kFloat32));
+      const auto visible =
+          window_mask(torch::arange(start, L, torch::kLong), torch::arange(L, torch::kLong), 0).expand({B, n, L});
+      const auto d = torch::randn({B, n, L}, torch::kFloat64).masked_fill(~visible, 0.0);
+      ASSERT_TRUE(ops::dsa_index_backward_supported(q, keys));
+      const auto got = ops::dsa_index_backward(q, w, keys, d.masked_fill(~visible, NAN).to(gpu(torch::kFloat32)), start);
+      std::vector<Tensor> leaves{q.cpu().to(f64).requires_grad_(true), w.cpu().to(f64).requires_grad_(true),
+                                 keys.cpu().to(f64).requires_grad_(true)};
+      const auto want = torch::autograd::grad({lightning_indexer_scores(leaves[0], leaves[1], leaves[2])}, leaves, {d});
+      const std::string where = cat(H, " heads of dim ", D, ", start ", start);
+      EXPECT_LT(rel_err(got.dq.cpu().to(f64), want[0]), tolerance(torch::kBFloat16)) << where;
+      EXPECT_LT(rel_err(got.dw.cpu().to(f64), want[1]), tolerance(torch::kBFloat16)) << where;
+      EXPECT_LT(rel_err(got.d_keys.cpu().to(f64), want[2]), tolerance(torch::kBFloat16)) << where;
+    }
+}
+
+// indexer_loss_blocked on CUDA in bf16 with the kernels (selection, backward), in blocks of 16 rows
+// over every visible key, against the same in float64 on the CPU from the same rounded inputs: the
+// loss and its gradients within the bf16 tolerance.
+TEST(FusedDsa, IndexerLossOnTheKernelsMatchesFloat64) {
+  REQUIRE_FUSED_DECODE();
+  if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
+  torch::manual_seed(41);
+  const int64_t B = 2, T = 70, H_I = 64, d_I = 64, H = 4, H_kv = 2, D = 32;
+  const auto bf16 = gpu(torch::kBFloat16);
+  const std::vector<Tensor> inputs{torch::randn({B, T, H_I, d_I}, bf16), torch::randn({B, T, H_I}, bf16) * 0.1,
+                                   torch::randn({B, T, d_I}, bf16), torch::randn({B, H, T, D}, bf16),
+                                   torch::randn({B, H_kv, T, D}, bf16)};
+  auto run = [&](bool on_cpu) {
+    std::vector<Tensor> in;
+    for (const auto& x : inputs) in.push_back(on_cpu ? x.cpu().to(f64) : x.clone());
+    std::vector<Tensor> leaves{in[0].requires_grad_(true), in[1].requires_grad_(true), in[2].requires_grad_(true)};
+    auto r = indexer_loss_blocked(leaves[0], leaves[1], leaves[2], in[3], in[4], 0, 0, 0.2, 16,
+                                  on_cpu ? torch::kFloat64 : torch::kBFloat16);
+    auto g = torch::autograd::grad({r.loss}, leaves);
+    g.insert(g.begin(), r.loss);
+    return g;
+  };
+  ASSERT_TRUE(ops::dsa_index_backward_supported(inputs[0], inputs[2]));
+  const auto got = run(false), want = run(true);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LT(rel_err(got[i].cpu().to(f64), want[i]), tolerance(torch::kBFloat16)) << "output " << i;
+}
 
 // Captured once, replayed with new lengths and queries: equals the eager calls.
 TEST(FusedDsa, GraphReplayWithNewLengths) {

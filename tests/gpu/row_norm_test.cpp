@@ -2,7 +2,8 @@
 // ops::gated_rms_norm and ops::l2_normalize). Output and the gradients of x, weight and gate
 // against the float64 reference (the libtorch math on the CPU, through autograd) on random inputs:
 // fp32 and bf16, row lengths off the warp width and past 256, every gate activation, no weight;
-// the switch `row_norm` off takes the reference on the GPU. Skips where no CUDA GPU (or kernels).
+// the switch `row_norm` off takes the reference on the GPU; the block RMSNorm (ops::rms_norm) under
+// autograd, which takes the same kernels. Skips where no CUDA GPU (or kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "common/testing.h"
+#include "lt2/nn/norm.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/util/error.h"
 
@@ -111,5 +113,33 @@ TEST(RowNormGpu, InferenceReadsModelDtypeWeightsAsTheyAre) {
     const auto f64 = [](const Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); };
     const auto want = ops::gated_rms_norm(f64(x), f64(w), 1e-6, f64(g), ops::GateActivation::Swish);
     EXPECT_LT(rel_err(y.cpu(), want), tolerance(dt));
+  }
+}
+
+TEST(RowNormGpu, BlockRmsNormUnderAutogradMatchesTheReference) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::manual_seed(14);
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(name(dt));
+    const int64_t d = 768;  // the 100M presets' width: the block norms take the row-norm kernels in training
+    const auto x = torch::randn({2, 37, d}, torch::kFloat64).to(dt).to(torch::kFloat64);
+    const auto w = 1 + 0.1 * torch::randn({d}, torch::kFloat64);
+    const auto dy = torch::randn({2, 37, d}, torch::kFloat64).to(dt).to(torch::kFloat64);
+    auto run = [&](torch::Device device, torch::ScalarType x_dtype) {
+      RMSNorm norm(d, 1e-6);
+      norm->to(device, x_dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+      {
+        torch::NoGradGuard no_grad;
+        norm->weight.copy_(w);
+      }
+      auto xd = x.to(device, x_dtype).detach().requires_grad_(true);
+      auto y = ops::rms_norm(xd, norm);
+      y.backward(dy.to(device, y.scalar_type()));
+      return std::vector<Tensor>{y.detach().cpu(), xd.grad().cpu(), norm->weight.grad().cpu()};
+    };
+    const auto want = run(torch::kCPU, torch::kFloat64), got = run(torch::kCUDA, dt);
+    EXPECT_LT(rel_err(got[0], want[0]), tolerance(dt));
+    EXPECT_LT(rel_err(got[1], want[1]), tolerance(dt));
+    EXPECT_LT(rel_err(got[2], want[2]), tolerance(dt));
   }
 }

@@ -1,13 +1,15 @@
 // The linear-recurrence ops (delta rule and gated linear families, each with no gate, a per-head
 // gate and a per-channel gate): chunked == naive recurrence (float64, 1e-10), step == recurrence,
 // split prefill == whole prefill, gradient check of the chunked form, lengths that are not a
-// multiple of the chunk, strong decays and a 4k-token fp32 run.
+// multiple of the chunk, strong decays and a 4k-token fp32 run; the chunk scan without W or Kt.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "common/expect_error.h"
 #include "common/gate_kind.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
@@ -206,6 +208,46 @@ TEST_P(Recurrence, LongFp32SequenceStaysFinite) {
   if (in.g.defined()) in64.g = in.g.to(torch::kFloat64);
   auto ref = chunked(f, in64, Tensor(), 64);  // float64 chunked == float64 recurrence (above)
   EXPECT_LT(rel_err(out.o, ref.o), f.gate == Gate::None ? 1e-3 : 1e-4);
+}
+
+// The chunk scan without W (the gated linear family: V_n = U_n, the result's v is u itself) and its
+// adjoint without Kt equal the scan with W = 0: states, v, final state and the gradients of u, kt,
+// carry and the initial state (float64, the libtorch loop on the CPU).
+TEST(ChunkScan, WithoutWEqualsZeroW) {
+  torch::manual_seed(9);
+  const auto o = torch::TensorOptions().dtype(torch::kFloat64);
+  const int64_t B = 2, H = 2, N = 5, C = 4, K = 6, V = 8;
+  const auto u = torch::randn({B, H, N, C, V}, o), kt = 0.3 * torch::randn({B, H, N, K, C}, o);
+  const auto carry = 0.5 + 0.5 * torch::rand({B, H, N, 1, 1}, o), s0 = torch::randn({B, H, K, V}, o);
+  const auto d_states = torch::randn({B, H, N, K, V}, o), d_v = torch::randn({B, H, N, C, V}, o);
+  const auto d_final = torch::randn({B, H, K, V}, o);
+  auto run = [&](bool zero_w) {
+    std::vector<Tensor> leaves;
+    for (const Tensor* t : {&u, &kt, &carry, &s0}) leaves.push_back(t->clone().requires_grad_(true));
+    const Tensor w = zero_w ? torch::zeros({B, H, N, C, K}, o) : Tensor();
+    const auto r = lt2::ops::chunk_state_scan_differentiable(w, leaves[0], leaves[1], leaves[2], leaves[3]);
+    ((r.states * d_states).sum() + (r.v * d_v).sum() + (r.final_state * d_final).sum()).backward();
+    std::vector<Tensor> out{r.states.detach(), r.v.detach(), r.final_state.detach()};
+    for (auto& l : leaves) out.push_back(l.grad());
+    return out;
+  };
+  const auto without = run(false), zero = run(true);
+  const char* names[] = {"states", "v", "final state", "du", "dkt", "dcarry", "d initial state"};
+  for (size_t i = 0; i < zero.size(); ++i) EXPECT_LT(rel_err(without[i], zero[i]), 1e-12) << names[i];
+  torch::NoGradGuard no_grad;
+  const auto plain = lt2::ops::chunk_state_scan({Tensor(), u, kt, carry, s0, Tensor(), false, Tensor(), Tensor()});
+  EXPECT_TRUE(plain.v.is_same(u)) << "without W the result's v is u itself";
+  // Without Kt (the adjoint's form): no write, S = carry * S (+ the addend).
+  const auto addend = torch::randn({B, H, N, K, V}, o), w = 0.3 * torch::randn({B, H, N, C, K}, o);
+  const auto no_write = lt2::ops::chunk_state_scan({w, u, Tensor(), carry, s0, addend, true, Tensor(), Tensor()});
+  const auto zero_kt =
+      lt2::ops::chunk_state_scan({w, u, torch::zeros_like(kt), carry, s0, addend, true, Tensor(), Tensor()});
+  EXPECT_LT(rel_err(no_write.states, zero_kt.states), 1e-12);
+  EXPECT_LT(rel_err(no_write.v, zero_kt.v), 1e-12);
+  EXPECT_LT(rel_err(no_write.final_state, zero_kt.final_state), 1e-12);
+  lt2::testing::expect_error_containing(
+      [&] { lt2::ops::chunk_state_scan({Tensor(), u, Tensor(), carry, s0, Tensor(), false, Tensor(), Tensor()}); },
+      "without w, kt must be [B, H, N, K, C]");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Recurrence,

@@ -122,19 +122,6 @@ struct RmsNormParams {
 };
 void rms_norm(const RmsNormParams& p, void* stream);
 
-// SwiGLU's activation on the packed [rows, 2 hidden] output of the fused w1|w3 projection:
-//   out = silu(a) * b,  a = gate_up[:, :hidden], b = gate_up[:, hidden:]
-// with silu(a) rounded to dtype before the product, as the unfused torch::silu(a) * b.
-struct SiluMulParams {
-  const void* gate_up;  // [rows, 2 hidden], rows row_stride apart
-  int64_t row_stride;
-  void* out;            // [rows, hidden] contiguous
-  int64_t rows;
-  int hidden;
-  DType dtype;
-};
-void silu_mul(const SiluMulParams& p, void* stream);
-
 // Flash-decoding: one query token per sequence against its KV cache. Grid = splits x Hkv x B; a
 // block takes its sequence's keys [split * c, (split + 1) * c) with c = ceil(len / splits) for all
 // G = Hq / Hkv query heads of its kv head (query head i reads kv head i / G), so K and V are read

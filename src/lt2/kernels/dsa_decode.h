@@ -41,6 +41,36 @@ constexpr bool dsa_index_scores_supported(int heads, int head_dim) {
 }
 void dsa_index_scores(const DsaIndexScoresParams& p, void* stream);
 
+// The lightning indexer's backward in whole-sequence training calls (ops::indexer_loss_blocked).
+// Query row r of sequence b sits at position query_start + r and sees keys j < len_r =
+// min(L, query_start + r + 1); with a_h[r, j] = q[b, r, h, :] . keys[b, j, :] and
+// g_h[r, j] = d_scores[b, r, j] * w[b, r, h] * (a_h[r, j] > 0) for j < len_r (0 beyond):
+//   dq[b, r, h, :] = sum_j g_h[r, j] keys[b, j, :]
+//   dw[b, r, h]    = sum_{j < len_r} d_scores[b, r, j] * relu(a_h[r, j])
+//   dkeys[b, j, :] = sum_{r, h} g_h[r, j] q[b, r, h, :]
+// The products run on tensor cores from bf16 operands (g rounded to bf16, as FlashAttention's
+// backward rounds its dS) with fp32 accumulation; every output element is written once (no
+// atomics).
+struct DsaIndexBackwardParams {
+  const void* q;  // [B, rows, H, D] bf16, rows of heads packed (head stride D), 16-byte aligned rows
+  int64_t q_batch_stride, q_row_stride;
+  const float* w;         // [B, rows, H] fp32 contiguous
+  const void* keys;       // [B, L, D] bf16, 16-byte aligned rows
+  int64_t k_batch_stride, k_row_stride;
+  const float* d_scores;  // [B, rows, L] fp32 contiguous
+  void* dq;               // [B, rows, H, D] bf16 contiguous
+  float* dw;              // [B, rows, H] contiguous
+  float* dkeys;           // [B, L, D] contiguous
+  int batch, rows, heads, head_dim, length;
+  int64_t query_start;
+};
+// Whether dsa_index_backward takes these dims (its template instances): 16, 32, 64 or 128 heads of
+// dim 64 or 128 (a warp's fp32 accumulators of 16 rows x D stay in registers).
+constexpr bool dsa_index_backward_supported(int heads, int head_dim) {
+  return (heads == 16 || heads == 32 || heads == 64 || heads == 128) && (head_dim == 64 || head_dim == 128);
+}
+void dsa_index_backward(const DsaIndexBackwardParams& p, void* stream);
+
 // The indices of the k largest scores of every row, ordered by (score descending, lower index
 // first): exactly the set lt2::topk_indices (ops/sparse_attention/sparse_attention.h) returns for fp32 scores
 // (-0 == +0; -inf entries rank among themselves by lower index). With seq_lens, entries j >= len

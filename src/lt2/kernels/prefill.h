@@ -24,12 +24,13 @@ constexpr int kMaxScanChunk = 64;   // chunk size C: a multiple of 4 in [4, 64]
 //     S     = carry_n * S + Kt_n V_n (+ Y_n)     // carry_n: one scalar, or one per key channel (row of S)
 // The forward pass runs it with the UT transform's W, U and the keys decayed to the chunk end; the
 // backward pass runs the same recurrence in reverse for the state gradients (ops/delta_rule: the
-// adjoint's W is -Kt^T, its Kt is -W^T, its addend the gradient flowing into each S_n).
+// adjoint's W is -Kt^T, its Kt is -W^T, its addend the gradient flowing into each S_n). The gated
+// linear family (no delta-rule correction) runs it without W, and its adjoint without Kt.
 // Every pointer below: fp32, packed in the order of its shape comment, 16-byte aligned.
 struct DeltaRuleScanParams {
-  const float* w;      // [B, H, N, C, K]
+  const float* w;      // [B, H, N, C, K], or nullptr: V_n = U_n (then v_new is nullptr: U is V_n)
   const float* u;      // [B, H, N, C, V]
-  const float* kt;     // [B, H, N, K, C]
+  const float* kt;     // [B, H, N, K, C], or nullptr: no write (S = carry_n * S + Y_n)
   const float* carry;  // [B, H, N, K] when per_channel_carry, else [B, H, N]: the chunk's decay of S
   const float* addend;         // [B, H, N, K, V] Y_n, or nullptr for none
   // Packed documents (batch 1): resets[n] >= 0 restarts S at chunk n from reset_states[resets[n]]
@@ -38,7 +39,7 @@ struct DeltaRuleScanParams {
   const float* reset_states;   // [D, H, K, V]
   const float* initial_state;  // [B, H, K, V], or nullptr for zeros
   float* states;               // [B, H, N, K, V]: S_n
-  float* v_new;                // [B, H, N, C, V]: V_n
+  float* v_new;                // [B, H, N, C, V]: V_n (with w; nullptr without)
   float* final_state;          // [B, H, K, V]: S after the last chunk (may alias initial_state)
   int batch, heads, chunks, chunk_size, head_k, head_v;
   bool per_channel_carry;
@@ -80,6 +81,25 @@ void delta_rule_output(const DeltaRuleOutputParams& p, void* stream);
 // Whether delta_rule_output serves these dims on CUDA device `device`: C 64, K and V multiples of
 // 16 in [16, 256].
 bool delta_rule_output_supported(int head_k, int head_v, int chunk_size, int device);
+
+// Its backward: from dO (the output's gradient, in the output's layout and dtype) and the forward's
+// inputs, for every chunk-head
+//   dQ_n = dO_n S_n^T,  dS_n = Q_n^T dO_n,  dA_n = CausalTril(dO_n V_n^T),  dV_n = A_n^T dO_n
+// with dO_n's rows past seq taken as zeros and dA_n zero above the diagonal (the forward reads only
+// A_n's causal part). All fp32, chunk layout, packed.
+struct DeltaRuleOutputBackwardParams {
+  DeltaRuleOutputParams forward;  // the inputs and dims; `out` unused, `dtype` is dout's
+  const void* dout;     // [B, seq, H, V] dtype, packed
+  float* dq_start;      // [B, H, N, C, K]
+  float* dstates;       // [B, H, N, K, V]
+  float* da_qk;         // [B, H, N, C, C]
+  float* dv_new;        // [B, H, N, C, V]
+};
+void delta_rule_output_backward(const DeltaRuleOutputBackwardParams& p, void* stream);
+
+// Whether delta_rule_output_backward serves these dims on CUDA device `device`: C 64, K a multiple
+// of 16 in [16, 128], V a multiple of 16.
+bool delta_rule_output_backward_supported(int head_k, int head_v, int chunk_size, int device);
 
 // Row dot products of two [rows, cols] fp32 matrices: out[r] = sum_c x[r][c] y[r][c], in one read of
 // each (the chunk scan's backward: the decay gradient sum_v G_{n+1}[k][v] S_n[k][v], where a product
@@ -144,13 +164,37 @@ struct ShortConvBackwardParams {
 };
 void short_conv_backward(const ShortConvBackwardParams& p, void* stream);
 
+enum class GateAct { None, Swish, Sigmoid };
+
+// A gated product of rows and its backward, as SwiGLU (SiLU: silu(a) * b on the halves of the
+// w1|w3 output, prefill, decode and training) and attention's output gate (sigmoid: o * sigmoid(g))
+// use them:
+//   out = act(a) * b                      act(a) rounded to dtype before the product (the unfused form)
+//   da = dout * b * act'(a),  db = dout * act(a)               in fp32, each rounded to dtype once
+// Memory-bound: the forward reads a, b and writes out; the backward reads a, b, dout and writes da, db.
+struct GatedProductParams {
+  const void* a;            // [rows, hidden] dtype, rows a_row_stride apart
+  const void* b;            // [rows, hidden] dtype, rows b_row_stride apart
+  int64_t a_row_stride, b_row_stride;
+  void* out;                // forward: [rows, hidden] dtype, packed
+  const void* dout;         // backward: [rows, hidden] dtype, packed
+  void* da;                 // backward: [rows, hidden] dtype, rows da_row_stride apart
+  void* db;                 // backward: [rows, hidden] dtype, rows db_row_stride apart
+  int64_t da_row_stride, db_row_stride;
+  int64_t rows;
+  int hidden;
+  GateAct act;              // Swish or Sigmoid
+  DType dtype;
+};
+void gated_product_forward(const GatedProductParams& p, void* stream);
+void gated_product_backward(const GatedProductParams& p, void* stream);
+
 // A normalisation of rows, with an optional weight and an optional activated gate, as the linear
 // mixers use it in training (the gated RMSNorm of their output, the L2 norm of q and k):
 //   r = rsqrt(sum_i x[i]^2 / divisor + eps)    (divisor D: RMSNorm; 1: L2 norm)
 //   y[i] = x[i] * r * weight[i] * act(gate[i]) (weight 1 and act 1 where absent)
 // computed in fp32, one warp per row, D <= kMaxRowNormDim; r is saved for the backward.
 constexpr int kMaxRowNormDim = 1024;
-enum class GateAct { None, Swish, Sigmoid };
 struct RowNormParams {
   const void* x;         // [rows, D] dtype, packed
   const void* gate;      // [rows, D] dtype, packed, or nullptr
@@ -187,16 +231,28 @@ void row_norm_backward(const RowNormBackwardParams& p, void* stream);
 // the scan's inputs (W, U, Kt, carry) and the output's (Q_start reads S_n, A_qk reads V_n). Rows past
 // the sequence's end are zeros (q, k, v, beta and g), as the padded chunk of the libtorch form.
 // All in fp32; q, k and v may be bf16 (converted on load). C is 64 (delta_rule_prepare_supported).
+// `additive`: the gated linear family's preparation (ops::gated_linear_chunked, no delta-rule
+// correction): T = I, so U = V (in fp32) and no W; beta is not read.
+// One decay per key channel (KDA, GLA, HGRN2: `channel_gate`, g then nullptr): G is given per chunk,
+// row and channel, and the scores, whose decay sits inside the sum over the channels, are given
+// too (ops::decayed_scores computes them):
+//   scores_qk[i][j] = sum_d q_id k_jd exp(G_id - G_jd)  (j <= i),  scores_kk[i][j] = the same of k_i, k_j (j < i)
+//   L = diag(beta) scores_kk,  A_qk = scale scores_qk,  W = T diag(beta) (K * exp(G)),
+//   Q_start = scale Q * exp(G),  Kt = (K * exp(G_l - G))^T,  carry = exp(G_l) [K]
+// with * elementwise over [C, K].
 struct DeltaRulePrepareParams {
   const void* q;       // [B, T, H, K], dtype, packed
   const void* k;       // [B, T, H, K], dtype, packed
-  const void* v;       // [B, T, H, V], dtype, packed
-  const float* beta;   // [B, T, H]
+  const void* v;       // [B, T, H, V], dtype, packed (16-byte aligned when additive)
+  const float* beta;   // [B, T, H] (nullptr when additive)
   const float* g;      // [B, T, H] log-decay per head, or nullptr for none
-  float* w;            // [B, H, N, C, K]
+  const float* channel_gate;  // [B, H, N, C, K] G per key channel (chunk-local, inclusive), or nullptr
+  const float* scores_qk;     // [B, H, N, C, C], exactly with channel_gate
+  const float* scores_kk;     // [B, H, N, C, C], with channel_gate unless additive
+  float* w;            // [B, H, N, C, K] (nullptr when additive)
   float* u;            // [B, H, N, C, V]
   float* kt;           // [B, H, N, K, C]
-  float* carry;        // [B, H, N]
+  float* carry;        // [B, H, N], or [B, H, N, K] with channel_gate
   float* q_start;      // [B, H, N, C, K]
   float* a_qk;         // [B, H, N, C, C]
   int batch, seq, heads, head_k, head_v, chunk_size;  // N = ceil(seq / chunk_size)
@@ -206,29 +262,39 @@ struct DeltaRulePrepareParams {
   // where tf32, else 3xTF32 (fp32's accuracy). The backward likewise for its panel and dq, dk
   // products (fp32 FMAs for the rest).
   bool tf32;
+  bool additive;
 };
 void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 
 // Its backward: from the gradients of the six outputs (chunk layout as above, fp32, packed) and the
-// forward's inputs, the gradients of q, k, v, beta and g, all fp32 (L, T and the products are
-// recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
+// forward's inputs, the gradients of q, k and v in their dtype and of beta and g in fp32 (L, T and
+// the products are recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
 // exp(G) K], dUW = [dU | dW] and decay_ij = exp(G_i - G_j):
 //   dR = T^T dUW,  dL = -StrictTril(T^T (dUW R^T) T^T),  dS = beta_i dL decay,  P = scale dA_qk decay (j <= i)
 //   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
 //   dv = beta dR_V, dbeta and dG from every term, dg_i = sum over the chunk's rows s >= i of dG_s.
+// Additive (T = I, no W, no beta): dv = dU, dq and dg as above, dk = P^T Q + dKt^T exp(G_l - G).
+// With channel_gate the scores' gradients are outputs instead of the terms they give (the caller
+// takes those through ops::decayed_scores' backward): d_scores_qk = scale dA_qk (j <= i),
+// d_scores_kk = beta_i dL (j < i), and dq, dk, dbeta and d_channel_gate (per element, no cumulative
+// sum) carry the rest: dq = scale exp(G) * dQ_start, dk = beta exp(G) * dR_W + exp(G_l - G) * dKt^T.
 struct DeltaRulePrepareBackwardParams {
   DeltaRulePrepareParams forward;  // the inputs; its outputs are not read
-  const float* dw;        // [B, H, N, C, K]
+  const float* dw;        // [B, H, N, C, K] (nullptr when additive)
   const float* du;        // [B, H, N, C, V]
   const float* dkt;       // [B, H, N, K, C]
-  const float* dcarry;    // [B, H, N]
+  const float* dcarry;    // [B, H, N], or [B, H, N, K] with channel_gate
   const float* dq_start;  // [B, H, N, C, K]
   const float* da_qk;     // [B, H, N, C, C]
-  float* dq;              // [B, T, H, K]
-  float* dk;              // [B, T, H, K]
-  float* dv;              // [B, T, H, V]
-  float* dbeta;           // [B, T, H]
+  void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v)
+  void* dk;               // [B, T, H, K], the forward's dtype
+  void* dv;               // [B, T, H, V], the forward's dtype
+  float* dk_partial;      // [B, T, H, K] fp32 scratch (dk itself where that is fp32); not read when additive
+  float* dbeta;           // [B, T, H] (nullptr when additive)
   float* dg;              // [B, T, H], exactly when forward.g is given
+  float* d_channel_gate;  // [B, H, N, C, K], exactly with channel_gate
+  float* d_scores_qk;     // [B, H, N, C, C], exactly with channel_gate
+  float* d_scores_kk;     // [B, H, N, C, C], with channel_gate unless additive
 };
 void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& p, void* stream);
 
@@ -240,8 +306,7 @@ bool delta_rule_prepare_supported(int head_k, int head_v, int chunk_size, int de
 // for `rows` tokens:
 //   g[r][c]    = -exp(A_log[c / (cols / heads)]) * softplus(a[r][c] + dt_bias[c])   c < cols
 //   beta[r][h] = beta_scale * sigmoid(b[r][h])                                        h < beta_cols
-// in fp32, softplus as libtorch's (x past 20 is taken as is). The forward only: training
-// differentiates the libtorch form.
+// in fp32, softplus as libtorch's (x past 20 is taken as is).
 struct DeltaRuleGatesParams {
   const void* a;         // [rows, cols] dtype, columns packed, rows a_row_stride apart
   const void* b;         // [rows, beta_cols] dtype, columns packed, rows b_row_stride apart
@@ -255,6 +320,21 @@ struct DeltaRuleGatesParams {
   DType dtype, param_dtype;    // param_dtype: Float32 or dtype
 };
 void delta_rule_gates(const DeltaRuleGatesParams& p, void* stream);
+
+// Its backward (training) from dg and dbeta, with x = a + dt_bias[c] and softplus' = sigmoid (1 past 20):
+//   da = dg * (-exp(A_log[head of c])) * sigmoid(x),   db = dbeta * beta * (1 - beta / beta_scale)
+//   dt_bias_cols[c] += sum over rows of da,   A_log_cols[c] += sum over rows of dg * g
+// (the caller sums A_log_cols over each head's columns and zeroes both sums first).
+struct DeltaRuleGatesBackwardParams {
+  DeltaRuleGatesParams forward;  // g and beta unused
+  const float* dg;               // [rows, cols], packed
+  const float* dbeta;            // [rows, beta_cols], packed
+  void* da;                      // [rows, cols] dtype, packed
+  void* db;                      // [rows, beta_cols] dtype, packed
+  float* dt_bias_cols;           // [cols]
+  float* A_log_cols;             // [cols]
+};
+void delta_rule_gates_backward(const DeltaRuleGatesBackwardParams& p, void* stream);
 
 // The per-channel decayed scores of the chunked gated forms (ops::decayed_scores with one decay per
 // key channel: GLA, HGRN2, KDA), for `count` independent chunks of C rows and K channels:
@@ -284,5 +364,27 @@ struct ChannelScoresBackwardParams {
   float* dg;
 };
 void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);
+
+// Rotary position embedding of a whole [B, T, H, D] tensor at positions start + t, the same for every
+// sequence (ops::apply_rope: training and prefill; kernels/cuda/rope_cache.cu), into a packed tensor:
+//   y[a] = x[a] cos - x[b] sin,  y[b] = x[b] cos + x[a] sin,   angle (start + t) theta^(-2i / D)
+// for pair i = (a, b): (2i, 2i + 1) where interleaved, (i, i + D / 2) otherwise (nn/rope.h's two
+// layouts). `inverse` rotates by the negative angle: the backward, dx = R^T dy. The angle in float64
+// reduced to within one turn, its sine and cosine and the rotation in fp32, one rounding to dtype.
+constexpr int kRopeMaxHeadDim = 512;
+struct RopeParams {
+  const void* x;  // [B, T, H, D] dtype, last dim contiguous, the other dims strided as below
+  void* y;        // [B, T, H, D] dtype, packed
+  int64_t x_batch_stride, x_token_stride, x_head_stride;  // elements
+  int batch, seq, heads, head_dim;
+  int64_t start;
+  double theta;
+  bool interleaved;
+  bool inverse;
+  DType dtype;
+};
+// Whether rope_apply takes these sizes: D even and at most kRopeMaxHeadDim, seq and batch x heads in an int.
+bool rope_apply_supported(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+void rope_apply(const RopeParams& p, void* stream);
 
 }  // namespace lt2::kernels

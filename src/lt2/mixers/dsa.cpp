@@ -7,8 +7,8 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/precision.h"
 #include "lt2/nn/recompute_phase.h"
-#include "lt2/nn/rope.h"
 #include "lt2/ops/attention/decode.h"
+#include "lt2/ops/attention/rope.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/gemv.h"
@@ -24,7 +24,7 @@ namespace {
 Tensor rope_prefix(const Tensor& x, int64_t n, const Positions& pos, double theta, RopeStyle style) {
   if (n == 0) return x;
   const int64_t D = x.size(-1);
-  auto rotated = apply_rope(x.narrow(-1, 0, n), pos, theta, style);
+  auto rotated = ops::apply_rope(x.narrow(-1, 0, n), pos, theta, style);
   return n == D ? rotated : torch::cat({rotated, x.narrow(-1, n, D - n)}, -1);
 }
 
@@ -180,12 +180,12 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
   }
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
   auto qf = ops::linear(x, wq).view({B, T, n_heads, D + latent_rope_dim});
-  auto q_rope = apply_rope(qf.narrow(-1, D, latent_rope_dim), pos, rope_theta, rope_style);
+  auto q_rope = ops::apply_rope(qf.narrow(-1, D, latent_rope_dim), pos, rope_theta, rope_style);
   auto q_latent = torch::einsum("bthd,hdc->bthc", {qf.narrow(-1, 0, D), wk_b});  // [B, T, H, d_c]
   auto kv = ops::linear(x, wkv_a);                                                           // [B, T, d_c + d_r]
   auto c = ops::rms_norm(kv.narrow(-1, 0, latent_dim), kv_norm).unsqueeze(2);                  // [B, T, 1, d_c]
-  auto k_rope = apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), pos,
-                           rope_theta, rope_style);                             // [B, T, 1, d_r]
+  auto k_rope = ops::apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), pos,
+                                rope_theta, rope_style);                        // [B, T, 1, d_r]
   auto k = torch::cat({c, k_rope}, -1).transpose(1, 2);                         // [B, 1, T, d_c + d_r]
   return {torch::cat({q_latent, q_rope}, -1).transpose(1, 2), k, k.narrow(-1, 0, latent_dim)};
 }
@@ -193,7 +193,7 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
 Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
   if (!latent) return attn->output(o, x);
   auto y = torch::einsum("bthc,hcd->bthd", {o, wv_b}).reshape({x.size(0), x.size(1), n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(ops::linear(x, wgate));
+  if (wgate) y = ops::sigmoid_gate(y, ops::linear(x, wgate));
   return ops::linear(y, wo);
 }
 
@@ -274,6 +274,11 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     indexer_losses.push_back(r.loss);
     attend = r.support;
   } else if (!causal) {
+    // Without a gradient: selection and sparse attention over the k selected keys on the decode
+    // kernels, blocks of rows bounded by their [n, L] fp32 scores.
+    const auto o = indexer_topk_attention(iq, iw, index_k, h.q, k, v, L - T, topk, scale(),
+                                          block_rows(B * L * 4, T));
+    if (o.defined()) return output(o, x);
     std::vector<Tensor> parts;
     const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
     for (int64_t r0 = 0; r0 < T; r0 += index_rows) {

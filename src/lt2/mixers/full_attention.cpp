@@ -6,8 +6,9 @@
 #include <cmath>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/nn/rope.h"
 #include "lt2/ops/attention/decode.h"
+#include "lt2/ops/attention/rope.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
 namespace lt2 {
@@ -82,8 +83,8 @@ std::vector<Tensor> FullAttentionImpl::projections(const Tensor& x) {
 
 FullAttentionImpl::Projections FullAttentionImpl::rotate(const std::vector<Tensor>& p, const Positions& pos) const {
   const int64_t B = p[0].size(0), T = p[0].size(1);
-  return {apply_rope(p[0].reshape({B, T, n_heads, head_dim}), pos, rope_theta, rope_style),
-          apply_rope(p[1].reshape({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
+  return {ops::apply_rope(p[0].reshape({B, T, n_heads, head_dim}), pos, rope_theta, rope_style),
+          ops::apply_rope(p[1].reshape({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
           p[2].reshape({B, T, n_kv_heads, head_dim}), p.size() > 3 ? p[3] : Tensor()};
 }
 
@@ -103,7 +104,7 @@ void FullAttentionImpl::pack_for_inference() {
 
 Tensor FullAttentionImpl::output(const Tensor& o, const Tensor& x, const Tensor& gate) {
   auto y = o.reshape({o.size(0), o.size(1), n_heads * head_dim});
-  if (wgate) y = y * torch::sigmoid(gate.defined() ? gate : wgate(x));
+  if (wgate) y = ops::sigmoid_gate(y, gate.defined() ? gate : wgate(x));
   return ops::linear(y, wo);
 }
 

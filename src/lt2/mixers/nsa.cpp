@@ -5,8 +5,8 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/mixers/full_attention.h"
+#include "lt2/ops/attention/rope.h"
 #include "lt2/ops/projections/projections.h"
-#include "lt2/nn/rope.h"
 #include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
 
@@ -133,12 +133,12 @@ NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
 }
 
 Tensor NSAImpl::project_q(const Tensor& x, const Positions& pos) {
-  return apply_rope(wq(x).view({x.size(0), x.size(1), n_heads, head_dim}), pos, rope_theta, rope_style);
+  return ops::apply_rope(wq(x).view({x.size(0), x.size(1), n_heads, head_dim}), pos, rope_theta, rope_style);
 }
 
 std::pair<Tensor, Tensor> NSAImpl::project_kv(const Tensor& x, const Positions& pos, int64_t set) {
   const int64_t B = x.size(0), T = x.size(1);
-  return {apply_rope(wk[set](x).view({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
+  return {ops::apply_rope(wk[set](x).view({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
           wv[set](x).view({B, T, n_kv_heads, head_dim})};
 }
 

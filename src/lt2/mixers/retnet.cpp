@@ -4,7 +4,7 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/precision.h"
-#include "lt2/nn/rope.h"
+#include "lt2/ops/attention/rope.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
@@ -48,8 +48,8 @@ RecurrenceInputs RetNetImpl::project(const Tensor& x, RecurrentState*, const Pos
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
   RecurrenceInputs in;
-  in.q = apply_rope(q_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
-  in.k = apply_rope(k_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
+  in.q = ops::apply_rope(q_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
+  in.k = ops::apply_rope(k_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
   in.v = v_proj(x).view({B, T, num_heads, head_v_dim});                          // [B, T, H, V]
   in.g = retention_log_decay(num_heads, ct, x.device()).expand({B, T, num_heads});
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));

@@ -54,8 +54,9 @@ bool DecodeOptions::pdl_for(const char* kernel) const {
 const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
       "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
-      "short_conv", "row_norm", "delta_rule_prepare", "delta_rule_output", "window_flash", "channel_scores",
-      "delta_rule_gates", "gated_prefix_chunks",
+      "scan_value_block", "short_conv", "row_norm", "gated_product", "rope", "delta_rule_prepare",
+      "gated_linear_prepare", "channel_gate_prepare", "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores",
+      "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels", "dsa_sparse_prefill",
       "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
 }
@@ -67,14 +68,26 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "chained_tail_max_rows") chained_tail_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "gdn_early_state") gdn_early_state = parse_bool(name, v);
   else if (name == "delta_rule_scan") delta_rule_scan = parse_bool(name, v);
+  else if (name == "scan_value_block") {
+    scan_value_block = static_cast<int>(parse_int(name, v, 0, 32));
+    LT2_CHECK(scan_value_block % 8 == 0 && scan_value_block != 24, "decode option scan_value_block: expected 0, 8, 16 "
+              "or 32, found ", v);
+  }
   else if (name == "short_conv") short_conv = parse_bool(name, v);
   else if (name == "row_norm") row_norm = parse_bool(name, v);
+  else if (name == "gated_product") gated_product = parse_bool(name, v);
+  else if (name == "rope") rope = parse_bool(name, v);
   else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
+  else if (name == "gated_linear_prepare") gated_linear_prepare = parse_bool(name, v);
+  else if (name == "channel_gate_prepare") channel_gate_prepare = parse_bool(name, v);
   else if (name == "delta_rule_output") delta_rule_output = parse_bool(name, v);
+  else if (name == "delta_rule_output_backward") delta_rule_output_backward = parse_bool(name, v);
   else if (name == "window_flash") window_flash = parse_bool(name, v);
   else if (name == "channel_scores") channel_scores = parse_bool(name, v);
   else if (name == "delta_rule_gates") delta_rule_gates = parse_bool(name, v);
   else if (name == "gated_prefix_chunks") gated_prefix_chunks = parse_int(name, v, -1, 1 << 30);
+  else if (name == "dsa_index_kernels") dsa_index_kernels = parse_bool(name, v);
+  else if (name == "dsa_sparse_prefill") dsa_sparse_prefill = parse_bool(name, v);
   else if (name == "dsa_fold_q_max_rows") dsa_fold_q_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "dsa_fold_o_max_rows") dsa_fold_o_max_rows = parse_int(name, v, 0, 1 << 20);
   else if (name == "topk_max_blocks") topk_max_blocks = static_cast<int>(parse_int(name, v, 0, 16));
@@ -92,14 +105,22 @@ std::vector<std::string> DecodeOptions::describe() const {
           cat("chained_tail_max_rows=", chained_tail_max_rows),
           "gdn_early_state=" + b(gdn_early_state),
           "delta_rule_scan=" + b(delta_rule_scan),
+          cat("scan_value_block=", scan_value_block),
           "short_conv=" + b(short_conv),
           "row_norm=" + b(row_norm),
+          "gated_product=" + b(gated_product),
+          "rope=" + b(rope),
           "delta_rule_prepare=" + b(delta_rule_prepare),
+          "gated_linear_prepare=" + b(gated_linear_prepare),
+          "channel_gate_prepare=" + b(channel_gate_prepare),
           "delta_rule_output=" + b(delta_rule_output),
+          "delta_rule_output_backward=" + b(delta_rule_output_backward),
           "window_flash=" + b(window_flash),
           "channel_scores=" + b(channel_scores),
           "delta_rule_gates=" + b(delta_rule_gates),
           cat("gated_prefix_chunks=", gated_prefix_chunks),
+          "dsa_index_kernels=" + b(dsa_index_kernels),
+          "dsa_sparse_prefill=" + b(dsa_sparse_prefill),
           cat("dsa_fold_q_max_rows=", dsa_fold_q_max_rows),
           cat("dsa_fold_o_max_rows=", dsa_fold_o_max_rows),
           cat("topk_max_blocks=", topk_max_blocks),

@@ -27,20 +27,45 @@ struct DecodeOptions {
   // The delta-rule family's recurrence over the chunks as one CUDA kernel (fp32 recurrences), in
   // prefill and training alike (autograd's own backward threads see the default, on).
   bool delta_rule_scan = true;
+  // The value columns of S a block of that kernel owns (8, 16 or 32); 0: the launcher's choice
+  // (the widest that fits, narrowed while the grid has fewer blocks than SMs).
+  int scan_value_block = 0;
   // The causal short convolution (+ SiLU) of the linear mixers as one CUDA kernel forward and one
   // backward, in prefill and training (off: the libtorch reference; decided at forward time).
   bool short_conv = true;
   // The linear mixers' gated RMSNorm and q/k L2 norm as one CUDA kernel forward and one backward,
   // in prefill and training (off: the libtorch reference; decided at forward time).
   bool row_norm = true;
+  // SwiGLU's silu(a) * b and attention's output gate o * sigmoid(g) as one CUDA kernel forward and
+  // one backward, in prefill, decode and training (off: the libtorch ops; where no gradient is
+  // taken the kernel also needs `fused`).
+  bool gated_product = true;
+  // RoPE of the attention mixers' q and k at positions start.. as one CUDA kernel forward and one
+  // backward (the inverse rotation), in prefill and training (off: the libtorch reference; decided
+  // at forward time).
+  bool rope = true;
   // The chunk preparation of the delta rule with one decay per head or none (L, its inverse, U, W,
   // the decayed queries and keys) as one CUDA kernel forward and one backward (prefill and
   // training); off: libtorch ops. Needs delta_rule_scan on.
   bool delta_rule_prepare = true;
+  // The gated linear family's chunk preparation with one decay per head or none (Mamba2, RetNet,
+  // linear attention: the decayed queries and keys, the intra-chunk scores, U = V) by the same
+  // kernels in their additive mode, forward and backward, then the chunk scan without W (prefill
+  // and training); off: libtorch ops and gated_prefix_chunks' choice. Needs delta_rule_scan on.
+  bool gated_linear_prepare = true;
+  // The same kernels' preparation with one decay per key channel (KDA, GLA, HGRN2: the decayed queries
+  // and keys per channel, U and W of the UT transform for KDA), the intra-chunk scores coming from
+  // channel_scores' decayed_scores, forward and backward (prefill and training); off: libtorch ops.
+  // Needs delta_rule_prepare (KDA) or gated_linear_prepare (GLA, HGRN2) on.
+  bool channel_gate_prepare = true;
   // The chunked forms' outputs O_n = Q_n S_n + A_n V_n (delta rule and gated family) as one CUDA
   // kernel writing the token layout in the output dtype, in prefill and training (the backward is
   // libtorch's products); off: two batched GEMMs and a copy to the token layout.
   bool delta_rule_output = true;
+  // Its backward (dQ_n, dS_n, dA_n, dV_n from the output's gradient in its token layout) as one CUDA
+  // kernel where the forward ran the kernel and K <= 128; off: four batched GEMMs on the gradient
+  // copied into fp32 chunks. Read when the forward runs.
+  bool delta_rule_output_backward = true;
   // Causal sliding-window and plain causal attention over a contiguous run of keys (the window
   // mixer's whole-sequence forward, NSA's window branch) through libtorch's FlashAttention-2
   // kernels with their window bound, forward and backward, on CUDA in bf16/fp16 (off: SDPA with a
@@ -51,7 +76,8 @@ struct DecodeOptions {
   // prefill and training (off: the libtorch sub-chunk form).
   bool channel_scores = true;
   // The gated delta rule's gates (GDN's and KDA's g and beta from their raw projections) as one CUDA
-  // kernel where no gradient is taken (prefill; training differentiates the libtorch form).
+  // kernel, and under autograd one more for their backward (prefill and training); off: the libtorch
+  // form.
   bool delta_rule_gates = true;
   // The gated linear family's chunked form (ops::gated_linear_chunked): the states at the chunk
   // starts as one decay-weighted prefix product up to this many chunks (no loop, but N^2 work and
@@ -59,6 +85,16 @@ struct DecodeOptions {
   // scan; -1: 128 on the CPU (the measured crossover), no limit on CUDA (the prefix product's TF32
   // GEMMs measured faster there at 32 and 64 chunks, estimated so to well past 32k tokens).
   int64_t gated_prefix_chunks = -1;
+  // DSA's selection in whole-sequence calls (prefill, and training's top-k and indexer-loss forward)
+  // on the decode kernels: the index scores of a sequence's query rows against its index keys in one
+  // dsa_index_scores launch (the rows share the keys), then topk_select; CUDA, sm_90, no gradient
+  // (off: libtorch's dense [rows, H_I, L] logits and a top-k of int64 keys).
+  bool dsa_index_kernels = true;
+  // DSA's prefill attention over the top-k slots on the decode kernels (indexer_topk_attention:
+  // O(T k) gathered reads, no reuse across query rows) instead of masked attention over every
+  // visible key. Off by default: on an H100 the DSA layer's no-gradient forward at 8 x 4096 took
+  // 123.9 ms with it against 42.4 ms without (bench/results/dsa_training_h100.md).
+  bool dsa_sparse_prefill = false;
   // Rows up to which DSA folds its q absorption into the latent prep and its output absorption
   // into the attention's combine.
   int64_t dsa_fold_q_max_rows = 1;

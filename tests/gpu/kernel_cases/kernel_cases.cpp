@@ -1184,8 +1184,10 @@ void add_fixed_cases(Table& t) {
       add_rope_cache_write(t, c, dt, 10000.0, false);
 
   // The norms at [rows, d]: d = 64, 2048 (the 1.3B width), dims off multiples of 256 and of 32,
-  // d < 256. silu_mul: 5632, the 1.3B FFN width; 37, 1: not a multiple of the block size.
-  const std::pair<int64_t, int64_t> norm_shapes[] = {{1, 64}, {1, 2048}, {3, 1000}, {5, 37}, {2, 4097}, {64, 300}};
+  // d < 256; 6144 and 8192 take the 16-byte form's 3 and 4 pieces a thread in bf16 (and the element
+  // form in fp32). silu_mul: 5632, the 1.3B FFN width; 37, 1: not a multiple of the block size.
+  const std::pair<int64_t, int64_t> norm_shapes[] = {{1, 64},   {1, 2048}, {3, 1000}, {5, 37},
+                                                     {2, 4097}, {64, 300}, {4, 6144}, {2, 8192}};
   for (auto dt : {f32, bf16}) {
     for (auto [rows, d] : norm_shapes)
       t.add("rms_norm", cat("rows", rows, " d", d, " eps ", 1e-5), dt, rows, 0, false,

@@ -9,11 +9,21 @@
 // [S, S, c, K] fp32 intermediates per chunk (c = 16, S = C / c) and their autograd backward.
 //
 // Design. One block per triple, 256 threads, K in tiles of 32 channels through shared memory
-// (rows padded to 33 floats: the tiles' column reads are conflict-free). Forward: thread t owns row
-// i = t / 4 and columns j = t % 4 + 4 r (r < C / 4) of the scores, accumulated in registers over
-// the tiles. Backward: thread t owns channel d = t % 32 of rows t / 32 + 8 r; for each of its rows it
-// sums da over the row's kept columns and db over the column's kept rows (C terms a row in all, so
-// the work is even), and dG = a da - b db needs nothing else.
+// (rows padded to 33 floats: the tiles' column reads are conflict-free).
+// C 64 (the mixers' chunk), on tensor cores: the chunk is four blocks of 16 rows, and for a block
+// pair I > J the decay factors through a reference row r between them, exp(G_i - G_j) =
+// exp(G_i - G_r) exp(G_r - G_j) with both exponents <= 0 (G is non-increasing), so the pair's
+// scores are a product of scaled operands: forward r = 16 I (the first row of I), the 16 x 16
+// block Ã_I B̃_I^T with Ã_I = a_i exp(G_i - G_r), B̃_I = b_j exp(G_r - G_j); backward
+// da_i = exp(G_i - G_r) (dA B̃_I)_i over the columns left of I, and db_j = exp(G_r' - G_j)
+// (dA^T Ã'_J)_j over the rows below J with r' = 16 J + 15 (the last row of J). The products run as
+// mma.sync m16n8k8 in 3xTF32 (fp32's accuracy). Only the four diagonal blocks take an exponential a
+// pair and channel: 4 x 136 of the C (C + 1) / 2 = 2,080 a channel (plus 144 for the scaled
+// operands), ~3x fewer forward, ~5x fewer backward (one exponential serves a pair's da and db).
+// Other C: thread t owns row i = t / 4 and columns j = t % 4 + 4 r (r < C / 4) of the scores,
+// accumulated in registers over the tiles; backward, thread t owns channel d = t % 32 of rows
+// t / 32 + 8 r; for each of its rows it sums da over the row's kept columns and db over the column's
+// kept rows (C terms a row in all, so the work is even), and dG = a da - b db needs nothing else.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -44,6 +54,181 @@ __device__ __forceinline__ void load_tiles(Tiles& s, const float* a, const float
 }
 
 __device__ __forceinline__ bool kept(int i, int j, bool inclusive) { return inclusive ? j <= i : j < i; }
+
+// C 64 on tensor cores: four blocks of kBlk rows.
+constexpr int kBlk = 16;
+constexpr int kOpPitch = kTile + 4;      // scaled operand rows: A[g][t] and B[t][g] reads in distinct banks
+constexpr int kDAPitch = kMaxC + 8;      // dA rows: dA[g][t] and dA[t][g] reads in distinct banks
+constexpr int kScaledRows = 96;          // 16 + 32 + 48 rows of either family of scaled operands
+// Rows of B̃_I (b rows j < 16 I scaled to row 16 I, I = 1..3) and of Ã'_J (a rows i >= 16 (J + 1)
+// scaled to row 16 J + 15, J = 0..2) within their arrays.
+__device__ __forceinline__ int left_rows_at(int I) { return kBlk * I * (I - 1) / 2; }      // 0, 16, 48
+__device__ __forceinline__ int below_rows_at(int J) { return kBlk * J * (7 - J) / 2; }     // 0, 48, 80
+
+struct BlockedShared {
+  Tiles raw;
+  float a_ref[kScaledRows][kOpPitch];  // forward: Ã_I at rows 16 (I - 1); backward: Ã'_J
+  float b_ref[kScaledRows][kOpPitch];  // B̃_I
+  float dA[kMaxC][kDAPitch];           // backward only
+  float da_off[kMaxC][kPitch], db_off[kMaxC][kPitch];  // backward: the products' shares of a tile
+};
+constexpr size_t kForwardSharedBytes = offsetof(BlockedShared, dA);
+constexpr size_t kBackwardSharedBytes = sizeof(BlockedShared);
+
+// B̃_I for I = 1..3 from the raw tile.
+__device__ __forceinline__ void scale_left_rows(BlockedShared& s) {
+  for (int e = threadIdx.x; e < kScaledRows * kTile; e += kThreads) {
+    const int r = e / kTile, d = e % kTile, I = r < 16 ? 1 : r < 48 ? 2 : 3, j = r - left_rows_at(I);
+    s.b_ref[r][d] = s.raw.b[j][d] * __expf(s.raw.g[kBlk * I][d] - s.raw.g[j][d]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kernel(const ChannelScoresParams p) {
+  constexpr int C = kMaxC;
+  extern __shared__ __align__(16) unsigned char blocked_smem[];
+  BlockedShared& s = *reinterpret_cast<BlockedShared*>(blocked_smem);
+  const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * K;
+  // The off-diagonal block pairs (I, J), I > J, two n-tiles each: warp w takes units w and w + 8;
+  // pair p = I (I - 1) / 2 + J.
+  auto pair_rows = [](int pair) { return pair < 1 ? 1 : pair < 3 ? 2 : 3; };
+  float acc[2][1][4] = {};  // warp_product's accumulators, one n-tile a unit
+  // The diagonal blocks element by element: thread t, block t / 64, row (t % 64) / 4, columns t % 4 + 4 m.
+  const int D = tid / 64, di = kBlk * D + (tid % 64) / 4;
+  float diag[4] = {};
+  for (int d0 = 0; d0 < K; d0 += kTile) {
+    __syncthreads();
+    load_tiles(s.raw, p.a + base, p.b + base, p.g + base, C, K, d0);
+    __syncthreads();
+    for (int e = tid; e < 48 * kTile; e += kThreads) {  // Ã_I, I = 1..3
+      const int r = e / kTile, d = e % kTile, i = kBlk + r;
+      s.a_ref[r][d] = s.raw.a[i][d] * __expf(s.raw.g[i][d] - s.raw.g[kBlk * (i / kBlk)][d]);
+    }
+    scale_left_rows(s);
+#pragma unroll 4
+    for (int d = 0; d < kTile; ++d) {
+      const float ai = s.raw.a[di][d], gi = s.raw.g[di][d];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int j = kBlk * D + tid % 4 + 4 * m;
+        if (kept(di, j, p.inclusive)) diag[m] = fmaf(ai * s.raw.b[j][d], __expf(gi - s.raw.g[j][d]), diag[m]);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int unit = warp + 8 * u;
+      if (unit >= 12) break;
+      const int I = pair_rows(unit / 2), J = unit / 2 - I * (I - 1) / 2, n0 = kBlk * J + 8 * (unit % 2);
+      warp_product<1, false>(acc[u], &s.a_ref[kBlk * (I - 1)][0], kOpPitch, 1, &s.b_ref[left_rows_at(I) + n0][0], 1,
+                             kOpPitch, 0, 0, 1, 0, kTile);
+    }
+  }
+  float* out = p.scores + static_cast<int64_t>(blockIdx.x) * C * C;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int unit = warp + 8 * u;
+    if (unit >= 12) break;
+    const int I = pair_rows(unit / 2), J = unit / 2 - I * (I - 1) / 2, col = kBlk * J + 8 * (unit % 2) + 2 * t;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(out + (kBlk * I + g + 8 * r) * C + col) =
+          make_float2(acc[u][0][2 * r], acc[u][0][2 * r + 1]);
+  }
+#pragma unroll
+  for (int m = 0; m < 4; ++m) out[di * C + kBlk * D + tid % 4 + 4 * m] = diag[m];  // zero where not kept
+  for (int e = tid; e < 6 * kBlk * kBlk; e += kThreads) {  // the blocks above the diagonal
+    const int pair = e / (kBlk * kBlk), I = pair < 3 ? 0 : pair < 5 ? 1 : 2, J = pair < 3 ? pair + 1 : pair < 5 ? pair - 1 : 3;
+    const int i = kBlk * I + (e / kBlk) % kBlk, j = kBlk * J + e % kBlk;
+    out[i * C + j] = 0.f;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kernel(const ChannelScoresBackwardParams bp) {
+  constexpr int C = kMaxC;
+  const ChannelScoresParams& p = bp.forward;
+  extern __shared__ __align__(16) unsigned char blocked_smem[];
+  BlockedShared& s = *reinterpret_cast<BlockedShared*>(blocked_smem);
+  const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * K;
+  const float* dS = bp.d_scores + static_cast<int64_t>(blockIdx.x) * C * C;
+  for (int e = tid; e < C * C; e += kThreads) s.dA[e / C][e % C] = dS[e];  // only kept entries are read
+  for (int e = tid; e < kBlk * kTile; e += kThreads) {  // rows with no off-diagonal share
+    s.da_off[e / kTile][e % kTile] = 0.f;
+    s.db_off[C - kBlk + e / kTile][e % kTile] = 0.f;
+  }
+  // Warps 0-3: da of blocks I = 1..3 at n-tile (8 channels) w; warps 4-7: db of blocks J = 0..2 at n-tile w - 4.
+  const bool rows_da = warp < 4;
+  const int n0 = 8 * (warp % 4);
+  // The diagonal blocks: thread t < 128 owns channel t % 32 of block t / 32, every pair of it.
+  const int d_own = tid % 32, D = tid / 32;
+  for (int d0 = 0; d0 < K; d0 += kTile) {
+    __syncthreads();
+    load_tiles(s.raw, p.a + base, p.b + base, p.g + base, C, K, d0);
+    __syncthreads();
+    for (int e = tid; e < kScaledRows * kTile; e += kThreads) {  // Ã'_J, J = 0..2
+      const int r = e / kTile, d = e % kTile, J = r < 48 ? 0 : r < 80 ? 1 : 2, i = kBlk * (J + 1) + r - below_rows_at(J);
+      s.a_ref[r][d] = s.raw.a[i][d] * __expf(s.raw.g[i][d] - s.raw.g[kBlk * J + kBlk - 1][d]);
+    }
+    scale_left_rows(s);
+    __syncthreads();
+#pragma unroll
+    for (int blk = 0; blk < 3; ++blk) {
+      float acc[1][4] = {};
+      if (rows_da) {  // dA[16 I .., :16 I] B̃_I, then the row factor exp(G_i - G_16I)
+        const int I = blk + 1;
+        warp_product<1, false>(acc, &s.dA[kBlk * I][0], kDAPitch, 1, &s.b_ref[left_rows_at(I)][n0], kOpPitch, 1, 0, 0,
+                               1, 0, kBlk * I);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = kBlk * I + g + 8 * r, d = n0 + 2 * t + e;
+            s.da_off[i][d] = acc[0][2 * r + e] * __expf(s.raw.g[i][d] - s.raw.g[kBlk * I][d]);
+          }
+      } else {  // dA[16 (J + 1) .., 16 J ..]^T Ã'_J, then the row factor exp(G_16J+15 - G_j)
+        const int J = blk;
+        warp_product<1, false>(acc, &s.dA[kBlk * (J + 1)][kBlk * J], 1, kDAPitch, &s.a_ref[below_rows_at(J)][n0],
+                               kOpPitch, 1, 0, 0, 1, 0, C - kBlk * (J + 1));
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = kBlk * J + g + 8 * r, d = n0 + 2 * t + e;
+            s.db_off[j][d] = acc[0][2 * r + e] * __expf(s.raw.g[kBlk * J + kBlk - 1][d] - s.raw.g[j][d]);
+          }
+      }
+    }
+    float da[kBlk] = {}, db[kBlk] = {};
+    if (tid < 4 * kTile) {  // one exponential a pair serves both
+#pragma unroll
+      for (int il = 0; il < kBlk; ++il) {
+        const int i = kBlk * D + il;
+        const float ai = s.raw.a[i][d_own], gi = s.raw.g[i][d_own];
+#pragma unroll
+        for (int jl = 0; jl <= il; ++jl) {
+          const int j = kBlk * D + jl;
+          if (jl == il && !p.inclusive) continue;
+          const float w = s.dA[i][j] * __expf(gi - s.raw.g[j][d_own]);
+          da[il] = fmaf(w, s.raw.b[j][d_own], da[il]);
+          db[jl] = fmaf(w, ai, db[jl]);
+        }
+      }
+    }
+    __syncthreads();  // the products' shares are in shared memory
+    if (tid < 4 * kTile && d0 + d_own < K) {
+#pragma unroll
+      for (int l = 0; l < kBlk; ++l) {
+        const int row = kBlk * D + l;
+        const float da_row = da[l] + s.da_off[row][d_own], db_row = db[l] + s.db_off[row][d_own];
+        const int64_t at = base + static_cast<int64_t>(row) * K + d0 + d_own;
+        bp.da[at] = da_row;
+        bp.db[at] = db_row;
+        bp.dg[at] = s.raw.a[row][d_own] * da_row - s.raw.b[row][d_own] * db_row;
+      }
+    }
+  }
+}
 
 __global__ void __launch_bounds__(kThreads) channel_scores_forward_kernel(const ChannelScoresParams p) {
   __shared__ Tiles s;
@@ -122,7 +307,13 @@ void channel_scores_forward(const ChannelScoresParams& p, void* stream) {
   check_params(p, "channel_scores_forward");
   LT2_CHECK(p.scores, "channel_scores_forward: scores must be given");
   if (p.count == 0) return;
-  channel_scores_forward_kernel<<<static_cast<unsigned>(p.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.chunk == kMaxC) {
+    reserve_shared<channel_scores_forward_blocked_kernel>(kForwardSharedBytes, "channel_scores_forward");
+    channel_scores_forward_blocked_kernel<<<static_cast<unsigned>(p.count), kThreads, kForwardSharedBytes, s>>>(p);
+  } else {
+    channel_scores_forward_kernel<<<static_cast<unsigned>(p.count), kThreads, 0, s>>>(p);
+  }
   check_launch("channel_scores_forward");
 }
 
@@ -130,8 +321,14 @@ void channel_scores_backward(const ChannelScoresBackwardParams& bp, void* stream
   check_params(bp.forward, "channel_scores_backward");
   LT2_CHECK(bp.d_scores && bp.da && bp.db && bp.dg, "channel_scores_backward: d_scores, da, db and dg must be given");
   if (bp.forward.count == 0) return;
-  channel_scores_backward_kernel<<<static_cast<unsigned>(bp.forward.count), kThreads, 0,
-                                   static_cast<cudaStream_t>(stream)>>>(bp);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (bp.forward.chunk == kMaxC) {
+    reserve_shared<channel_scores_backward_blocked_kernel>(kBackwardSharedBytes, "channel_scores_backward");
+    channel_scores_backward_blocked_kernel<<<static_cast<unsigned>(bp.forward.count), kThreads, kBackwardSharedBytes,
+                                             s>>>(bp);
+  } else {
+    channel_scores_backward_kernel<<<static_cast<unsigned>(bp.forward.count), kThreads, 0, s>>>(bp);
+  }
   check_launch("channel_scores_backward");
 }
 

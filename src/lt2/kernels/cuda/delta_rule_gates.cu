@@ -1,12 +1,20 @@
 // The gated delta rule's gates from their raw projections (prefill.h: delta_rule_gates), one
 // launch where the libtorch form takes ten (conversions, exp, softplus, sigmoid, products): at
-// inference the layer's cost at a few hundred tokens is its launches, not its bytes.
+// inference the layer's cost at a few hundred tokens is its launches, not its bytes; and their
+// backward in training, one launch where the libtorch form's autograd takes a dozen passes.
 //
-// Floor. Per token it reads G + H_b values and writes as many fp32: at lt2-gdn-1.3b (G = H_b = 16)
-// 96 bytes a token, nothing next to the launch itself (~3 us) below ~30k tokens.
+// Floor. Per token the forward reads G + H_b values and writes as many fp32: at lt2-gdn-1.3b (G =
+// H_b = 16) 96 bytes a token, nothing next to the launch itself (~3 us) below ~30k tokens. KDA has
+// one gate per key channel (G = 2,048 at d 2048): the backward reads a and dg and writes da, 8
+// bytes an element in bf16 (0.54 GB at 8 x 4096, ~0.17 ms), where the libtorch form's forward and
+// backward move ~60 bytes an element (casts, the sum, softplus, the product and their gradients).
 //
-// Design: one thread per output value, grid-stride over the g values then the beta values; the
-// per-column parameters are read through the L1 (a few hundred bytes).
+// Design. Forward: one thread per output value, grid-stride over the g values then the beta values;
+// the per-column parameters are read through the L1 (a few hundred bytes). Backward: a block takes
+// every grid-th group of rows; thread t owns column t % W (W = min(cols, 256), then the next W
+// columns) of rows t / W of each group, sums d dt_bias and dg * g for its column over its rows,
+// the block's row groups add through shared memory and one atomicAdd per column and block remains;
+// then the beta values grid-stride as in the forward.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -15,9 +23,6 @@ namespace lt2::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-// libtorch's softplus with beta 1 and threshold 20.
-__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) delta_rule_gates_kernel(const DeltaRuleGatesParams p) {
@@ -40,11 +45,52 @@ __global__ void __launch_bounds__(kThreads) delta_rule_gates_kernel(const DeltaR
   }
 }
 
-}  // namespace
+constexpr int kGroupCols = kThreads;  // W at most
 
-void delta_rule_gates(const DeltaRuleGatesParams& p, void* stream) {
-  const char* op = "delta_rule_gates";
-  LT2_CHECK(p.a && p.b && p.A_log && p.dt_bias && p.g && p.beta, op, ": every pointer must be given");
+template <typename T>
+__global__ void __launch_bounds__(kThreads) delta_rule_gates_backward_kernel(const DeltaRuleGatesBackwardParams bp) {
+  const DeltaRuleGatesParams& p = bp.forward;
+  __shared__ float sums[2][kThreads];
+  const int width = min(p.cols, kGroupCols), groups = kThreads / width, per_head = p.cols / p.heads;
+  const int tid = threadIdx.x, sub = tid / width;
+  const bool worker = sub < groups;
+  for (int c0 = 0; c0 < p.cols; c0 += width) {
+    const int c = c0 + tid % width;
+    float d_dt = 0.f, d_A = 0.f;
+    if (worker && c < p.cols) {
+      const float E = __expf(param_as_float<T>(p.A_log, p.param_dtype, c / per_head));
+      const float bias = param_as_float<T>(p.dt_bias, p.param_dtype, c);
+      for (int64_t r = static_cast<int64_t>(blockIdx.x) * groups + sub; r < p.rows;
+           r += static_cast<int64_t>(gridDim.x) * groups) {
+        const float x = to_float(static_cast<const T*>(p.a)[r * p.a_row_stride + c]) + bias;
+        const float dg = bp.dg[r * p.cols + c];
+        const float da = -dg * E * (x > 20.f ? 1.f : 1.f / (1.f + __expf(-x)));
+        static_cast<T*>(bp.da)[r * p.cols + c] = from_float<T>(da);
+        d_dt += da;
+        d_A = fmaf(dg, -E * softplus(x), d_A);  // dg * g
+      }
+    }
+    sums[0][tid] = d_dt, sums[1][tid] = d_A;
+    __syncthreads();
+    if (tid < width && c < p.cols) {
+      for (int k = 1; k < groups; ++k) d_dt += sums[0][tid + k * width], d_A += sums[1][tid + k * width];
+      atomicAdd(bp.dt_bias_cols + c, d_dt);
+      atomicAdd(bp.A_log_cols + c, d_A);
+    }
+    __syncthreads();
+  }
+  const int64_t n_beta = p.rows * p.beta_cols;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + tid; j < n_beta;
+       j += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = j / p.beta_cols;
+    const int h = static_cast<int>(j - r * p.beta_cols);
+    const float s = 1.f / (1.f + __expf(-to_float(static_cast<const T*>(p.b)[r * p.b_row_stride + h])));
+    static_cast<T*>(bp.db)[j] = from_float<T>(bp.dbeta[j] * p.beta_scale * s * (1.f - s));
+  }
+}
+
+void check_gates(const DeltaRuleGatesParams& p, const char* op) {
+  LT2_CHECK(p.a && p.b && p.A_log && p.dt_bias, op, ": a, b, A_log and dt_bias must be given");
   LT2_CHECK(p.rows >= 0 && p.cols >= 1 && p.heads >= 1 && p.cols % p.heads == 0 && p.beta_cols >= 1, op,
             ": rows ", p.rows, " must be >= 0, cols ", p.cols, " a multiple of heads ", p.heads, ", beta_cols ",
             p.beta_cols, " >= 1");
@@ -52,11 +98,37 @@ void delta_rule_gates(const DeltaRuleGatesParams& p, void* stream) {
             p.b_row_stride, " must be at least the rows' lengths ", p.cols, " and ", p.beta_cols);
   LT2_CHECK(p.param_dtype == DType::Float32 || p.param_dtype == p.dtype, op,
             ": A_log and dt_bias must be fp32 or of a's dtype");
+}
+
+}  // namespace
+
+void delta_rule_gates(const DeltaRuleGatesParams& p, void* stream) {
+  const char* op = "delta_rule_gates";
+  check_gates(p, op);
+  LT2_CHECK(p.g && p.beta, op, ": g and beta must be given");
   const int64_t n = p.rows * (p.cols + p.beta_cols);
   if (n == 0) return;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.dtype, [&](auto t) { delta_rule_gates_kernel<decltype(t)><<<blocks, kThreads, 0, s>>>(p); });
+  check_launch(op);
+}
+
+void delta_rule_gates_backward(const DeltaRuleGatesBackwardParams& bp, void* stream) {
+  const char* op = "delta_rule_gates_backward";
+  const DeltaRuleGatesParams& p = bp.forward;
+  check_gates(p, op);
+  LT2_CHECK(bp.dg && bp.dbeta && bp.da && bp.db && bp.dt_bias_cols && bp.A_log_cols, op,
+            ": dg, dbeta, da, db and the two column sums must be given");
+  if (p.rows == 0) return;
+  int device = 0;
+  cudaGetDevice(&device);
+  // Enough blocks to fill the device a few times over: the column atomics are per block.
+  const int64_t groups = kThreads / std::min(p.cols, kGroupCols);
+  const int64_t fill = 4LL * device_attribute(cudaDevAttrMultiProcessorCount, device, op);
+  const auto blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min((p.rows + groups - 1) / groups, fill)));
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) { delta_rule_gates_backward_kernel<decltype(t)><<<blocks, kThreads, 0, s>>>(bp); });
   check_launch(op);
 }
 

@@ -36,7 +36,8 @@
 // - The chunk's matrices stream in with cp.async, each thread's pieces placed once per kernel
 //   (plan_row_copy): the next chunk's Kt and carry (two buffers, taking turns) are issued as chunk n
 //   starts and have the whole chunk to land; the next W is issued once phase 1 is done with W_n and
-//   lands during phase 2. U_n and Y_n are read into registers at the chunk start. The A operands
+//   lands during phase 2. U and Y go to registers a phase ahead of their use: U_{n+1} once phase 1
+//   is done with U_n (in flight during phase 2), Y_n at the chunk start (during phase 1). The A operands
 //   (W, Kt) load as ldmatrix.x4 (an 8 x 8 b16 matrix is 8 rows of 4 fp32: lane 4 g + t gets row g's
 //   float t, the m16n8k8 TF32 A fragment). Shared memory is zeroed first, so K and C pad to
 //   multiples of 16 with zeros the copies never overwrite. At the 1.3B head with VB 16: 94 KiB (two
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   const RowCopy copy_k = plan_row_copy(K), copy_c = plan_row_copy(C);  // of [., K] and [., C] rows
   // Kt_n and carry_n into buffer `b`.
   auto load_kt_carry = [&](int n, int b) {
-    copy_rows_async(copy_c, smem + lay.kt + b * lay.kt_size, lay.pc, kt_of(n), K, C);
+    if (p.kt) copy_rows_async(copy_c, smem + lay.kt + b * lay.kt_size, lay.pc, kt_of(n), K, C);
     const float* carry = p.carry + (bh * N + n) * carry_dim;
     float* dst = smem + lay.carry + b * lay.carry_size;
     if (p.per_channel_carry) copy_rows_async(copy_k, dst, 0, carry, 1, K);
@@ -226,12 +227,20 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   float s[kStateTiles][4] = {};
   auto for_state_rows = [&](auto&& f) { for_warp_rows<kStateTiles>(state_tiles, mt0, kMtStep, g, f); };
   auto for_chunk_rows = [&](auto&& f) { for_warp_rows<kChunkTiles>(chunk_tiles, mt0, kMtStep, g, f); };
-  // S from [K, V] rows V apart (from column v0); rows past K, or all without src, as zeros.
-  auto load_state = [&](const float* src) {
+  // The thread's S entries of a [K, V] matrix (rows V apart, from column v0) into `dst`: S itself or
+  // Y_n; rows past K, or all without src, as zeros.
+  auto load_state_entries = [&](const float* src, float (&dst)[kStateTiles][4]) {
     for_state_rows([&](int i, int r, int k) {
       const float2 v = src && k < K ? *reinterpret_cast<const float2*>(src + int64_t{k} * V + col)
                                     : make_float2(0.f, 0.f);
-      s[i][2 * r] = v.x, s[i][2 * r + 1] = v.y;
+      dst[i][2 * r] = v.x, dst[i][2 * r + 1] = v.y;
+    });
+  };
+  // U_n at the thread's V_new entries (rows past C: zeros).
+  auto load_u = [&](int n, float (&u)[kChunkTiles][4]) {
+    for_chunk_rows([&](int i, int r, int c) {
+      const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
+      u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
     });
   };
   auto store_state = [&](float* dst) {
@@ -244,63 +253,67 @@ __global__ void __launch_bounds__(kThreads) delta_rule_scan_kernel(const DeltaRu
   for (int i = threadIdx.x; i < lay.total; i += kThreads) smem[i] = 0.f;
   __syncthreads();
   if (N > 0) {
-    copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(0)), C, K);
+    if (p.w) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(0)), C, K);
     load_kt_carry(chunk_at(0), 0);
   }
   cp_async_commit();
-  load_state(p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr);
+  load_state_entries(p.initial_state ? p.initial_state + bh * K * V + v0 : nullptr, s);
+  // U (and Y) are read into registers a phase before their use, so their loads are in flight
+  // meanwhile: U_{n+1} during chunk n's phase 2, Y_n during its phase 1.
+  float u[kChunkTiles][4] = {};
+  if (N > 0) load_u(chunk_at(0), u);
 
   for (int step = 0; step < N; ++step) {
     const int b = step & 1, n = chunk_at(step);
     // A document starts here (packed rows): S restarts from its state.
     const int reset = p.resets ? __ldg(p.resets + n) : -1;
     if (reset >= 0)
-      load_state(p.reset_states ? p.reset_states + (int64_t{reset} * p.heads + blockIdx.y) * K * V + v0 : nullptr);
+      load_state_entries(
+          p.reset_states ? p.reset_states + (int64_t{reset} * p.heads + blockIdx.y) * K * V + v0 : nullptr, s);
     store_state(p.states + (bh * N + n) * K * V + v0);  // S_n
     // S to shared memory for phase 1 (its last readers, the previous phase 1, passed a barrier since).
     for_state_rows([&](int i, int r, int k) {
       *reinterpret_cast<float2*>(sS + k * lay.pv + col) = make_float2(s[i][2 * r], s[i][2 * r + 1]);
     });
-    float u[kChunkTiles][4];  // U_n at the thread's V_new entries (rows past C: zeros)
-    for_chunk_rows([&](int i, int r, int c) {
-      const float2 v = c < C ? __ldg(reinterpret_cast<const float2*>(p.u + uv_offset(n, c))) : make_float2(0.f, 0.f);
-      u[i][2 * r] = v.x, u[i][2 * r + 1] = v.y;
-    });
+    float y[kStateTiles][4];  // Y_n, for phase 2
+    load_state_entries(p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr, y);
     cp_async_wait<0>();  // W_n, Kt_n and carry_n landed
     __syncthreads();     // ... for every thread; S is in shared memory; the last phase 2 is done with buffer b ^ 1
     if (step + 1 < N) load_kt_carry(chunk_at(step + 1), b ^ 1);  // lands during this whole chunk
     cp_async_commit();
 
-    // 1: V_new = U_n - W_n S.
+    // 1: V_new = U_n - W_n S (U_n without W).
     {
       float hi[kChunkTiles][4] = {}, lo[kChunkTiles][4] = {};
-      tiles_times_cols<kChunkTiles, kTf32>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
-      fold_corrections<kChunkTiles, kTf32>(hi, lo, chunk_tiles);
+      if (p.w) {
+        tiles_times_cols<kChunkTiles, kTf32>(hi, lo, sW, lay.pk, mt0, kMtStep, chunk_tiles, sS, lay.pv, n0, Kp);
+        fold_corrections<kChunkTiles, kTf32>(hi, lo, chunk_tiles);
+      }
       for_chunk_rows([&](int i, int r, int c) {
         const float2 v = make_float2(u[i][2 * r] - hi[i][2 * r], u[i][2 * r + 1] - hi[i][2 * r + 1]);
         *reinterpret_cast<float2*>(sVn + c * lay.pv + col) = v;  // rows past C: zeros
-        if (c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
+        if (p.v_new && c < C) *reinterpret_cast<float2*>(p.v_new + uv_offset(n, c)) = v;
       });
     }
     __syncthreads();  // V_new complete; nobody reads W_n any more
-    if (step + 1 < N) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // the next W: lands during 2
+    if (p.w && step + 1 < N) copy_rows_async(copy_k, sW, lay.pk, w_of(chunk_at(step + 1)), C, K);  // lands during 2
     cp_async_commit();
+    if (step + 1 < N) load_u(chunk_at(step + 1), u);  // phase 1 is done with U_n
 
     // 2: S = carry_n * S + Y_n + Kt_n V_new, on the warp's own tiles.
     {
       const float* sCarry = smem + lay.carry + b * lay.carry_size;
-      const float* Yn = p.addend ? p.addend + (bh * N + n) * K * V + v0 : nullptr;
       float lo[kStateTiles][4] = {};
       for_state_rows([&](int i, int r, int k) {
         const float d = p.per_channel_carry ? sCarry[k] : sCarry[0];  // rows past K: zeros
-        const float2 y = Yn && k < K ? __ldg(reinterpret_cast<const float2*>(Yn + int64_t{k} * V + col))
-                                     : make_float2(0.f, 0.f);
-        s[i][2 * r] = fmaf(d, s[i][2 * r], y.x);
-        s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y.y);
+        s[i][2 * r] = fmaf(d, s[i][2 * r], y[i][2 * r]);
+        s[i][2 * r + 1] = fmaf(d, s[i][2 * r + 1], y[i][2 * r + 1]);
       });
-      tiles_times_cols<kStateTiles, kTf32>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles, sVn,
-                                    lay.pv, n0, Cp);
-      fold_corrections<kStateTiles, kTf32>(s, lo, state_tiles);
+      if (p.kt) {
+        tiles_times_cols<kStateTiles, kTf32>(s, lo, smem + lay.kt + b * lay.kt_size, lay.pc, mt0, kMtStep, state_tiles,
+                                             sVn, lay.pv, n0, Cp);
+        fold_corrections<kStateTiles, kTf32>(s, lo, state_tiles);
+      }
     }
   }
   cp_async_wait<0>();  // nothing real is left in flight (the last chunk's prefetches are empty)
@@ -344,8 +357,10 @@ void delta_rule_scan(const DeltaRuleScanParams& p, void* stream) {
             "delta_rule_scan: batch ", p.batch, " and heads ", p.heads, " must be in [0, 65535], chunks ",
             p.chunks, " >= 0");
   if (p.batch == 0 || p.heads == 0) return;
-  LT2_CHECK(p.final_state && (p.chunks == 0 || (p.w && p.u && p.kt && p.carry && p.states && p.v_new)),
-            "delta_rule_scan: every pointer but initial_state must be given (only final_state without chunks)");
+  const bool outputs_given = p.u && p.carry && p.states && (p.v_new != nullptr) == (p.w != nullptr);
+  LT2_CHECK(p.final_state && (p.chunks == 0 || outputs_given),
+            "delta_rule_scan: final_state, u, carry and states must be given (only final_state without chunks), and "
+            "v_new exactly with w (without w, V_n is U_n)");
   LT2_CHECK(!p.resets || p.batch == 1, "delta_rule_scan: resets (packed documents) need batch 1, found ", p.batch);
   auto aligned = [](const void* ptr) { return !ptr || aligned16(ptr); };
   LT2_CHECK(aligned(p.w) && aligned(p.kt) && (!p.per_channel_carry || aligned(p.carry)) && aligned(p.u) &&
@@ -658,6 +673,10 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // In scalar fp32 FMAs both are FMA-bound at the floor; on tensor cores (3xTF32: ~3x the multiply-
 // adds at ~7x the rate) the forward's floor is its bytes. The libtorch form they replace spends
 // ~15 ms of elementwise passes and batched products on the same work (bench/notes/training.md).
+// The additive mode (DeltaRulePrepareParams::additive: the gated linear family, no UT transform) keeps
+// Q K^T alone (C^2 K FMAs) and writes U = V in fp32; its backward Q K^T again, dQ = P K and P^T Q
+// (C^2 K each, P triangular) and dv = dU: both bound by their bytes (forward reads 2 C K + C V
+// inputs and writes C (K + V + C) + K C floats; backward reads the five gradients and the inputs).
 //
 // Design. The forward's three products run on tensor cores (delta_rule_prepare_kernel says how), and
 // so do all of the backward's (warp_product: mma.sync m16n8k8 with operands read from shared memory
@@ -680,33 +699,6 @@ constexpr int kPrepThreads = 256;    // 8 warps
 constexpr int kPrepPanel = 16;      // the backward's columns per panel; K and V multiples of it
 constexpr int kMatPitch = kPrepChunk + 1;
 constexpr int kPanelPitch = kPrepPanel + 1;
-
-// acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
-// mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
-// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x], B(x, c) = b[x * b_x + c * b_c]
-// (either layout each). x0 and x1 multiples of 8.
-template <int Tiles, bool kTf32>
-__device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float* a, int a_i, int a_x, const float* b,
-                                             int b_x, int b_c, int m0, int nt0, int tiles, int x0, int x1) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const float* a_rows = a + (m0 + g) * a_i;
-  for (int x = x0; x < x1; x += 8) {
-    uint32_t frag[4] = {__float_as_uint(a_rows[(x + t) * a_x]), __float_as_uint(a_rows[8 * a_i + (x + t) * a_x]),
-                        __float_as_uint(a_rows[(x + t + 4) * a_x]),
-                        __float_as_uint(a_rows[8 * a_i + (x + t + 4) * a_x])};
-    uint32_t big[4], small[4];
-    if constexpr (kTf32) round_fragment_tf32(frag);
-    else split_fragment_tf32(frag, big, small);
-    const float* b_rows = b + (x + t) * b_x + (8 * nt0 + g) * b_c;
-#pragma unroll
-    for (int j = 0; j < Tiles; ++j) {
-      if (j >= tiles) break;
-      const float b0 = b_rows[8 * j * b_c], b1 = b_rows[4 * b_x + 8 * j * b_c];
-      if constexpr (kTf32) mma_tf32(acc[j], frag, tf32_round(b0), tf32_round(b1));
-      else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
-    }
-  }
-}
 
 // The chunk's rows of q and k (fp32, rows P floats apart; zeros past the sequence), beta, and G the
 // inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier. q and k
@@ -744,7 +736,7 @@ __device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0
   if (threadIdx.x < kPrepChunk) {
     const int i = threadIdx.x;
     const int64_t at = (static_cast<int64_t>(b) * T + t0 + i) * H + h;
-    sB[i] = i < rows ? p.beta[at] : 0.f;
+    sB[i] = i < rows && p.beta ? p.beta[at] : 0.f;
     sG[i] = i < rows && p.g ? p.g[at] : 0.f;
   }
   __syncthreads();
@@ -800,17 +792,36 @@ __device__ __forceinline__ void fetch_values(const DeltaRulePrepareParams& p, in
   }
 }
 // The panel at c0 into sP (rows `pitch` floats apart): the fetched values times value_scale[i], or
-// k (from sK, rows kp floats apart) times key_scale[i] (nullptr: 1).
-__device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int V, int c0, const float* sK, int kp,
-                                          const float* value_scale, const float* key_scale, float* sP, int pitch) {
+// k (from sK, rows kp floats apart) times key_scale[i] (nullptr: 1) and, with a per-channel gate
+// (key_gate: the chunk's G [C, K] in global memory, rows K apart), exp(key_gate[i][d]).
+__device__ __forceinline__ void put_panel(const float (&x)[kPanelLoads], int V, int K, int c0, const float* sK,
+                                          int kp, const float* value_scale, const float* key_scale,
+                                          const float* key_gate, float* sP, int pitch) {
 #pragma unroll
   for (int m = 0; m < kPanelLoads; ++m) {
     const int e = threadIdx.x + m * kPrepThreads, i = e / kPrepPanel, c = e % kPrepPanel;
     float y;
-    if (c0 < V) y = value_scale ? x[m] * value_scale[i] : x[m];
-    else y = key_scale ? sK[i * kp + c0 + c - V] * key_scale[i] : sK[i * kp + c0 + c - V];
+    if (c0 < V) {
+      y = value_scale ? x[m] * value_scale[i] : x[m];
+    } else {
+      const int d = c0 + c - V;
+      y = key_scale ? sK[i * kp + d] * key_scale[i] : sK[i * kp + d];
+      if (key_gate) y *= __expf(key_gate[i * K + d]);
+    }
     sP[i * pitch + c] = y;
   }
+}
+
+// Gradients in the inputs' dtype T: two (four) adjacent values at element `at` of `base`.
+template <typename T>
+__device__ __forceinline__ void store_pair(void* base, int64_t at, float a, float b) {
+  if constexpr (std::is_same_v<T, float>) *reinterpret_cast<float2*>(static_cast<float*>(base) + at) = make_float2(a, b);
+  else *reinterpret_cast<uint32_t*>(static_cast<T*>(base) + at) = pack2<T>(a, b);
+}
+template <typename T>
+__device__ __forceinline__ void store_quad(void* base, int64_t at, float4 v) {
+  if constexpr (std::is_same_v<T, float>) *reinterpret_cast<float4*>(static_cast<float*>(base) + at) = v;
+  else *reinterpret_cast<uint2*>(static_cast<T*>(base) + at) = make_uint2(pack2<T>(v.x, v.y), pack2<T>(v.z, v.w));
 }
 
 // The forward's tiles of q and k sit K + 4 floats apart (4 mod 16: ldmatrix's 8 rows in distinct
@@ -842,7 +853,9 @@ __host__ __device__ inline PrepareShared prepare_shared(int K) {
 // With kTf32 (DeltaRulePrepareParams::tf32) every product is one TF32 product of rounded operands.
 // Warp w owns rows 16 (w / 2) .. + 15 of each product: columns 32 (w % 2) .. + 31 of the [C, C]
 // products, columns 8 (w % 2) .. + 7 of each panel.
-template <typename In, bool kTf32>
+// kChannel: one decay per key channel (p.channel_gate), a variant of its own so that the other gates'
+// code keeps its registers.
+template <typename In, bool kTf32, bool kChannel>
 __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(const DeltaRulePrepareParams p) {
   constexpr int C = kPrepChunk;
   constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
@@ -854,12 +867,30 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   extern __shared__ __align__(16) float prep_smem[];
   float *sQ = prep_smem + lay.q, *sK = prep_smem + lay.k, *sL = prep_smem + lay.l, *sT = prep_smem + lay.t;
   float *sP = prep_smem + lay.panel, *sG = prep_smem + lay.g, *sB = prep_smem + lay.beta, *sF = prep_smem + lay.f;
-  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
+  const bool delta = !p.additive;
+  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);  // sG zeros with a per-channel gate
   if (tid < C) sF[tid] = sB[tid] * __expf(sG[tid]);
   const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  // One decay per key channel: the chunk's G [C, K] (read where used: each element once or twice).
+  const float* gate = kChannel ? p.channel_gate + chunk * C * K : nullptr;
 
-  // A_qk (global) and L (shared) from K K^T and Q K^T: the warp's four n-tiles from column n0.
-  {
+  if (kChannel) {  // the given scores: A_qk = scale scores_qk, L = diag(beta) scores_kk
+    const float *s_qk = p.scores_qk + chunk * C * C, *s_kk = delta ? p.scores_kk + chunk * C * C : nullptr;
+    float* A = p.a_qk + chunk * C * C;
+    for (int e = 4 * tid; e < C * C; e += 4 * kPrepThreads) {
+      const int i = e / C, j = e - i * C;
+      const float4 a = *reinterpret_cast<const float4*>(s_qk + e);
+      const float4 l = delta ? *reinterpret_cast<const float4*>(s_kk + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float av[4] = {a.x, a.y, a.z, a.w}, lv[4] = {l.x, l.y, l.z, l.w};
+      float out[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        out[x] = j + x <= i ? p.scale * av[x] : 0.f;
+        if (delta) sL[i * kMatPitch + j + x] = j + x < i ? sB[i] * lv[x] : 0.f;
+      }
+      *reinterpret_cast<float4*>(A + e) = make_float4(out[0], out[1], out[2], out[3]);
+    }
+  } else {  // A_qk (global) and L (shared) from K K^T and Q K^T: the warp's four n-tiles from column n0.
     const int n0 = 32 * (warp % 2);
     // ldmatrix.x4 lanes: A's four matrices are rows (+ 8) x columns (+ 4); a B pair (two n-tiles of
     // K's rows) is rows x columns (+ 4), then the next 8 rows.
@@ -876,7 +907,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
-          mma_tf32(kk[q], ak, b0, b1);
+          if (delta) mma_tf32(kk[q], ak, b0, b1);
           mma_tf32(qk[q], aq, b0, b1);
         }
       } else if constexpr (kTf32) {
@@ -887,7 +918,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint32_t b0 = bk[q / 2][2 * (q % 2)], b1 = bk[q / 2][2 * (q % 2) + 1];
-          mma_tf32(kk[q], ak, b0, b1);
+          if (delta) mma_tf32(kk[q], ak, b0, b1);
           mma_tf32(qk[q], aq, b0, b1);
         }
       } else {
@@ -898,7 +929,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
         for (int q = 0; q < 4; ++q) {
           const SplitTf32 s0 = split_tf32(__uint_as_float(bk[q / 2][2 * (q % 2)]));
           const SplitTf32 s1 = split_tf32(__uint_as_float(bk[q / 2][2 * (q % 2) + 1]));
-          mma_3xtf32(kk[q], kk_lo[q], k_big, k_small, s0, s1);
+          if (delta) mma_3xtf32(kk[q], kk_lo[q], k_big, k_small, s0, s1);
           mma_3xtf32(qk[q], qk_lo[q], q_big, q_small, s0, s1);
         }
       }
@@ -925,19 +956,39 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
         *reinterpret_cast<float2*>(A + i * C + j) = make_float2(a[0], a[1]);
       }
   }
-  // Q_start, Kt and carry.
+  // Q_start, Kt and carry (per channel: G [C, K], its last row G_l).
   const float g_last = sG[C - 1];
   float* Qs = p.q_start + chunk * C * K;
   for (int e = tid; e < C * K; e += blockDim.x) {
     const int i = e / K, d = e - i * K;
-    Qs[e] = sQ[i * P + d] * __expf(sG[i]) * p.scale;
+    Qs[e] = sQ[i * P + d] * __expf(gate ? gate[e] : sG[i]) * p.scale;
   }
   float* Kt = p.kt + chunk * K * C;
   for (int e = tid; e < K * C; e += blockDim.x) {
     const int d = e / C, i = e - d * C;
-    Kt[e] = sK[i * P + d] * __expf(g_last - sG[i]);
+    Kt[e] = sK[i * P + d] * __expf(gate ? gate[(C - 1) * K + d] - gate[i * K + d] : g_last - sG[i]);
   }
-  if (tid == 0) p.carry[chunk] = __expf(g_last);
+  if (gate) {
+    for (int d = tid; d < K; d += kPrepThreads) p.carry[chunk * K + d] = __expf(gate[(C - 1) * K + d]);
+  } else if (tid == 0) {
+    p.carry[chunk] = __expf(g_last);
+  }
+  if (!delta) {  // U = V: the value rows in fp32 (16-byte pieces), zeros past the sequence
+    constexpr int E = 16 / sizeof(In);
+    const In* v = static_cast<const In*>(p.v);
+    float* U = p.u + chunk * C * V;
+    const int per_row = V / E;
+    for (int e = tid; e < C * per_row; e += kPrepThreads) {
+      const int i = e / per_row, d = E * (e - i * per_row);
+      const int64_t at = ((static_cast<int64_t>(b) * T + t0 + i) * H + h) * V + d;
+      float f[E] = {};
+      if (i < rows) unpack16<In>(__ldg(reinterpret_cast<const uint4*>(v + at)), f);
+#pragma unroll
+      for (int x = 0; x < E; x += 4)
+        *reinterpret_cast<float4*>(U + i * V + d + x) = make_float4(f[x], f[x + 1], f[x + 2], f[x + 3]);
+    }
+    return;
+  }
   __syncthreads();
   unit_lower_inverse_block(sL, sT);
   __syncthreads();
@@ -959,7 +1010,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   fetch_values<In>(p, b, h, t0, rows, 0, values);
   for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
     __syncthreads();  // the panel before is consumed
-    put_panel(values, V, c0, sK, P, sB, sF, sP, kFwdPanelPitch);
+    put_panel(values, V, K, c0, sK, P, sB, sF, gate, sP, kFwdPanelPitch);
     __syncthreads();
     if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
     float hi[4] = {}, lo[4] = {};
@@ -1014,7 +1065,7 @@ __host__ __device__ inline PrepareBackwardShared prepare_backward_shared(int K) 
 // panels of [dU | dW]: M = dUW R^T, dR = T^T dUW and what dR gives dv, dk (partial), dbeta, dG;
 // 4 dL = -StrictTril(T^T M T^T), then what dL and dA_qk give dbeta and dG, with dS = beta dL decay
 // and P = scale dA_qk decay kept for 5 dQ = P K + ..., dK = (dS + dS^T) K + P^T Q + ...; 6 dg from dG.
-template <typename In, bool kTf32>
+template <typename In, bool kTf32, bool kChannel>
 __global__ void __launch_bounds__(kPrepThreads, 2)
     delta_rule_prepare_backward_kernel(const DeltaRulePrepareBackwardParams bp) {
   constexpr int C = kPrepChunk;
@@ -1028,10 +1079,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   float *sQ = base + lay.q, *sK = base + lay.k, *sT = base + lay.t, *sM = base + lay.m, *sX = base + lay.x;
   float *sDP = base + lay.dp, *sRP = base + lay.rp, *sG = base + lay.g, *sB = base + lay.beta;
   float *sEG = base + lay.exp_g, *sDB = base + lay.db, *sDG = base + lay.dg;
+  const bool delta = !p.additive;
   if (tid < C) sDB[tid] = sDG[tid] = 0.f;
-  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);
+  load_chunk<In>(p, b, h, t0, rows, P, sQ, sK, sB, sG);  // sG zeros with a per-channel gate: sEG ones
   if (tid < C) sEG[tid] = __expf(sG[tid]);
   const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  // One decay per key channel: G [C, K] and its gradient's elementwise terms, both in global memory.
+  const float* gate = kChannel ? p.channel_gate + chunk * C * K : nullptr;
+  float* d_gate = kChannel ? bp.d_channel_gate + chunk * C * K : nullptr;
   auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
   auto decay = [&](int i, int j) { return __expf(sG[i] - sG[j]); };
 
@@ -1048,103 +1103,125 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   };
   constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
 
-  // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere); L = beta_i kke into sX.
-  float kke[4][4] = {};
-  warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
-  for_square_entries([&](int j, int r, int e, int i, int col) {
-    float& v = kke[j][2 * r + e];
-    v = col < i ? v * decay(i, col) : 0.f;
-    sX[i * kMatPitch + col] = sB[i] * v;
-  });
-  __syncthreads();
-
-  // 2: T = (I + L)^{-1}.
-  unit_lower_inverse_block(sX, sT);
-  __syncthreads();
-
-  // 3: the columns of [dU | dW] and of the raw [V | K] in panels. On tensor cores: warp w owns rows
-  // 16 (w % 4) .. + 15 of M's [C, C] (columns 32 (w / 4) .. + 31) and of each panel's dR (columns
-  // 8 (w / 4) .. + 7); T^T is upper triangular, so dR's product starts at row m0.
-  const float* du = bp.du + chunk * C * V;
-  const float* dw = bp.dw + chunk * C * K;
-  float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
-  float row_db[2] = {}, row_w[2] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c], rows m0 + g + 8 r
-  // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
-  float values[kPanelLoads], grads[kPanelLoads];
-  auto fetch_grads = [&](int c0) {
-#pragma unroll
-    for (int m = 0; m < kPanelLoads; ++m) {
-      const int e = tid + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
-      grads[m] = col < V ? du[i * V + col] : dw[i * K + col - V];
+  // Additive (the gated linear family: T = I, no W, dv = dU): phases 1 to 4 reduce to dv and the
+  // dA_qk terms; kke and dS stay zero.
+  float kke[4][4] = {}, ds[4][4] = {};
+  if (!delta) {
+    const float* du = bp.du + chunk * C * V;
+    for (int e = tid; e < C * V / 4; e += kPrepThreads) {
+      const int i = (4 * e) / V, c = 4 * e - i * V;
+      if (i < rows) store_quad<In>(bp.dv, token(i) * V + c, *reinterpret_cast<const float4*>(du + 4 * e));
     }
-  };
-  fetch_values<In>(p, b, h, t0, rows, 0, values);
-  fetch_grads(0);
-  for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
-    const bool value_panel = c0 < V;
-    put_panel(values, V, c0, sK, P, nullptr, nullptr, sRP, kPanelPitch);
-#pragma unroll
-    for (int m = 0; m < kPanelLoads; ++m) {
-      const int e = tid + m * kPrepThreads;
-      sDP[(e / kPrepPanel) * kPanelPitch + e % kPrepPanel] = grads[m];
-    }
+  } else {
+    // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere; per channel: the given scores_kk);
+    // L = beta_i kke into sX.
+    if (!gate) warp_product<4, kTf32 || kExactInTf32>(kke, sK, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+    const float* s_kk = gate ? p.scores_kk + chunk * C * C : nullptr;
+    for_square_entries([&](int j, int r, int e, int i, int col) {
+      float& v = kke[j][2 * r + e];
+      v = col >= i ? 0.f : gate ? s_kk[i * C + col] : v * decay(i, col);
+      sX[i * kMatPitch + col] = sB[i] * v;
+    });
     __syncthreads();
-    if (c0 + kPrepPanel < V + K) {
-      if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
-      fetch_grads(c0 + kPrepPanel);
+
+    // 2: T = (I + L)^{-1}.
+    unit_lower_inverse_block(sX, sT);
+    __syncthreads();
+
+    // 3: the columns of [dU | dW] and of the raw [V | K] in panels. On tensor cores: warp w owns rows
+    // 16 (w % 4) .. + 15 of M's [C, C] (columns 32 (w / 4) .. + 31) and of each panel's dR (columns
+    // 8 (w / 4) .. + 7); T^T is upper triangular, so dR's product starts at row m0.
+    const float* du = bp.du + chunk * C * V;
+    const float* dw = bp.dw + chunk * C * K;
+    float mv[4][4] = {}, mk[4][4] = {};  // sum_c dU_i[c] v_j[c] and sum_c dW_i[c] k_j[c]
+    float row_db[2] = {}, row_w[2] = {};  // sum_c dR_V[i][c] v_i[c] and sum_c dR_W[i][c] k_i[c], rows m0 + g + 8 r
+    // The panel's raw [V | K] columns and its [dU | dW] columns, fetched a panel ahead.
+    float values[kPanelLoads], grads[kPanelLoads];
+    auto fetch_grads = [&](int c0) {
+  #pragma unroll
+      for (int m = 0; m < kPanelLoads; ++m) {
+        const int e = tid + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
+        grads[m] = col < V ? du[i * V + col] : dw[i * K + col - V];
+      }
+    };
+    fetch_values<In>(p, b, h, t0, rows, 0, values);
+    fetch_grads(0);
+    for (int c0 = 0; c0 < V + K; c0 += kPrepPanel) {
+      const bool value_panel = c0 < V;
+      put_panel(values, V, K, c0, sK, P, nullptr, nullptr, gate, sRP, kPanelPitch);
+  #pragma unroll
+      for (int m = 0; m < kPanelLoads; ++m) {
+        const int e = tid + m * kPrepThreads;
+        sDP[(e / kPrepPanel) * kPanelPitch + e % kPrepPanel] = grads[m];
+      }
+      __syncthreads();
+      if (c0 + kPrepPanel < V + K) {
+        if (c0 + kPrepPanel < V) fetch_values<In>(p, b, h, t0, rows, c0 + kPrepPanel, values);
+        fetch_grads(c0 + kPrepPanel);
+      }
+      // M += dUW_panel R_panel^T: A(i, x) = dP[i][x], B(x, j) = R[j][x].
+      if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
+      else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
+      float dr[1][4] = {};  // dR[i][c0 + c] = sum_{j >= i} T[j][i] dUW[j][c0 + c]
+      warp_product<1, kTf32>(dr, sT, 1, kMatPitch, sDP, kPanelPitch, 1, m0, warp / 4, 1, m0, C);
+  #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = m0 + g + 8 * r, c = 8 * (warp / 4) + 2 * t, col = c0 + c;
+        const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
+        const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
+        if (value_panel) {
+          if (i < rows) store_pair<In>(bp.dv, token(i) * V + col, sB[i] * d0, sB[i] * d1);
+          row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
+        } else {
+          const int d = col - V;
+          float2 key_scale = make_float2(sB[i] * sEG[i], sB[i] * sEG[i]);
+          if (gate) {  // R = K * exp(G): dG gets beta dR_W * R here
+            key_scale = make_float2(sB[i] * __expf(gate[i * K + d]), sB[i] * __expf(gate[i * K + d + 1]));
+            *reinterpret_cast<float2*>(d_gate + i * K + d) = make_float2(sB[i] * d0 * x0, sB[i] * d1 * x1);
+          }
+          if (i < rows)
+            *reinterpret_cast<float2*>(bp.dk_partial + token(i) * K + d) =
+                make_float2(key_scale.x * d0, key_scale.y * d1);
+          row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
+        }
+      }
+      __syncthreads();
     }
-    // M += dUW_panel R_panel^T: A(i, x) = dP[i][x], B(x, j) = R[j][x].
-    if (value_panel) warp_product<4, kTf32>(mv, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
-    else warp_product<4, kTf32>(mk, sDP, kPanelPitch, 1, sRP, 1, kPanelPitch, m0, nsq, 4, 0, kPrepPanel);
-    float dr[1][4] = {};  // dR[i][c0 + c] = sum_{j >= i} T[j][i] dUW[j][c0 + c]
-    warp_product<1, kTf32>(dr, sT, 1, kMatPitch, sDP, kPanelPitch, 1, m0, warp / 4, 1, m0, C);
-#pragma unroll
+  #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int i = m0 + g + 8 * r, c = 8 * (warp / 4) + 2 * t, col = c0 + c;
-      const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
-      const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
-      if (value_panel) {
-        if (i < rows) *reinterpret_cast<float2*>(bp.dv + token(i) * V + col) = make_float2(sB[i] * d0, sB[i] * d1);
-        row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
-      } else {
-        const float key_scale = sB[i] * sEG[i];
-        if (i < rows)
-          *reinterpret_cast<float2*>(bp.dk + token(i) * K + col - V) = make_float2(key_scale * d0, key_scale * d1);
-        row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
+      const int i = m0 + g + 8 * r;
+      float db = row_db[r], w = row_w[r];
+  #pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g; the two warps of a row add atomically
+        db += __shfl_xor_sync(0xffffffffu, db, o);
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+      }
+      if (t == 0) {
+        atomicAdd(sDB + i, db + sEG[i] * w);
+        atomicAdd(sDG + i, sB[i] * sEG[i] * w);
       }
     }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = m0 + g + 8 * r;
-    float db = row_db[r], w = row_w[r];
-#pragma unroll
-    for (int o = 1; o < 4; o <<= 1) {  // over the 4 lanes t of row g; the two warps of a row add atomically
-      db += __shfl_xor_sync(0xffffffffu, db, o);
-      w += __shfl_xor_sync(0xffffffffu, w, o);
-    }
-    if (t == 0) {
-      atomicAdd(sDB + i, db + sEG[i] * w);
-      atomicAdd(sDG + i, sB[i] * sEG[i] * w);
-    }
-  }
 
-  // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
-  for_square_entries([&](int j, int r, int e, int i, int col) {
-    sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
-  });
-  __syncthreads();
-  {
-    float x[4][4] = {};  // T^T M: T^T is upper triangular, rows x >= i
-    warp_product<4, kTf32>(x, sT, 1, kMatPitch, sM, kMatPitch, 1, m0, nsq, 4, m0, C);
-    for_square_entries([&](int j, int r, int e, int i, int col) { sX[i * kMatPitch + col] = x[j][2 * r + e]; });
+    // 4: M = dUW R^T into sM, X = T^T M into sX, dL = -(X T^T) below the diagonal.
+    for_square_entries([&](int j, int r, int e, int i, int col) {
+      sM[i * kMatPitch + col] = sB[col] * (mv[j][2 * r + e] + sEG[col] * mk[j][2 * r + e]);
+    });
+    __syncthreads();
+    {
+      float x[4][4] = {};  // T^T M: T^T is upper triangular, rows x >= i
+      warp_product<4, kTf32>(x, sT, 1, kMatPitch, sM, kMatPitch, 1, m0, nsq, 4, m0, C);
+      for_square_entries([&](int j, int r, int e, int i, int col) { sX[i * kMatPitch + col] = x[j][2 * r + e]; });
+    }
+    __syncthreads();
+    warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
   }
-  __syncthreads();
-  float ds[4][4] = {}, pq[4][4] = {}, qk[4][4] = {};
-  warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
-  warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
+  // Per channel the scores' gradients leave as they are (the dG and dq, dk terms they give are
+  // ops::decayed_scores'): the sums below over qk and the products of phase 5 are skipped.
+  float pq[4][4] = {}, qk[4][4] = {};
+  if (!gate) warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
   const float* dA = bp.da_qk + chunk * C * C;
+  float* d_qk = gate ? bp.d_scores_qk + chunk * C * C : nullptr;
+  float* d_kk = gate && delta ? bp.d_scores_kk + chunk * C * C : nullptr;
   float row_g[2] = {}, row_b[2] = {}, col_g[4][2] = {};
   for_square_entries([&](int j, int r, int e, int i, int col) {
     const int at = 2 * r + e;
@@ -1157,6 +1234,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     col_g[j][e] -= w;
     ds[j][at] = sB[i] * dl * decayed;
     pq[j][at] = p.scale * da * decayed;
+    if (d_qk) d_qk[i * C + col] = p.scale * da;
+    if (d_kk) d_kk[i * C + col] = sB[i] * dl;
   });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {  // a row's sums: over its 4 lanes t here, over its two warps by atomics
@@ -1171,20 +1250,27 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       atomicAdd(sDB + m0 + g + 8 * r, db);
     }
   }
+  if (!gate) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {  // a column's: over the 8 lanes g here, over the four warps of its rows by atomics
-      float c = col_g[j][e];
+      for (int e = 0; e < 2; ++e) {  // a column's: over the 8 lanes g here, over the four warps of its rows by atomics
+        float c = col_g[j][e];
 #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
-      if (g == 0) atomicAdd(sDG + 8 * (nsq + j) + 2 * t + e, c);
-    }
+        for (int o = 4; o < 32; o <<= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+        if (g == 0) atomicAdd(sDG + 8 * (nsq + j) + 2 * t + e, c);
+      }
+  }
+  // Per channel: G_l's terms, summed over the rows into sLast [K] (the panel space, free since phase 3).
+  float* sLast = sDP;
+  if (gate)
+    for (int d = tid; d < K; d += kPrepThreads) sLast[d] = 0.f;
   __syncthreads();
-  for_square_entries([&](int j, int r, int e, int i, int col) {
-    sX[i * kMatPitch + col] = ds[j][2 * r + e];
-    sM[i * kMatPitch + col] = pq[j][2 * r + e];
-  });
+  if (!gate)  // phase 5's products read dS and P
+    for_square_entries([&](int j, int r, int e, int i, int col) {
+      sX[i * kMatPitch + col] = ds[j][2 * r + e];
+      sM[i * kMatPitch + col] = pq[j][2 * r + e];
+    });
   __syncthreads();
 
   // 5: dQ = P K + scale exp(G) dQ_start; dK = (dS + dS^T) K + P^T Q + dKt^T exp(G_l - G) + the
@@ -1211,29 +1297,49 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     float row_q[2] = {}, row_z[2] = {};
     {  // dq, one product at a time: two accumulator sets would spill
       float acc[kTiles][4] = {};
-      warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
+      if (!gate) warp_product<kTiles, kTf32>(acc, sM, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
       for_entries([&](int j, int r, int i, int c) {
         const float2 dqs = *reinterpret_cast<const float2*>(dQs + i * K + c);
-        row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
-        const float e = p.scale * sEG[i];
+        float2 e = make_float2(p.scale * sEG[i], p.scale * sEG[i]);
+        if (gate) {  // dG += scale exp(G) * dQ_start * Q, onto phase 3's term
+          e = make_float2(p.scale * __expf(gate[i * K + c]), p.scale * __expf(gate[i * K + c + 1]));
+          float2* dg = reinterpret_cast<float2*>(d_gate + i * K + c);
+          const float2 prior = delta ? *dg : make_float2(0.f, 0.f);
+          *dg = make_float2(fmaf(e.x * dqs.x, sQ[i * P + c], prior.x), fmaf(e.y * dqs.y, sQ[i * P + c + 1], prior.y));
+        } else {
+          row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
+        }
         if (i < rows)
-          *reinterpret_cast<float2*>(bp.dq + token(i) * K + c) =
-              make_float2(acc[j][2 * r] + e * dqs.x, acc[j][2 * r + 1] + e * dqs.y);
+          store_pair<In>(bp.dq, token(i) * K + c, acc[j][2 * r] + e.x * dqs.x, acc[j][2 * r + 1] + e.y * dqs.y);
       });
     }
     {
       float acc[kTiles][4] = {};
-      warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
-      warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, 1, m0, nt0, tiles, m0, C);
-      warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, 1, m0, nt0, tiles, m0, C);
+      if (delta && !gate) {
+        warp_product<kTiles, kTf32>(acc, sX, kMatPitch, 1, sK, P, 1, m0, nt0, tiles, 0, m0 + 16);
+        warp_product<kTiles, kTf32>(acc, sX, 1, kMatPitch, sK, P, 1, m0, nt0, tiles, m0, C);
+      }
+      if (!gate) warp_product<kTiles, kTf32>(acc, sM, 1, kMatPitch, sQ, P, 1, m0, nt0, tiles, m0, C);
       for_entries([&](int j, int r, int i, int c) {
-        const float to_last = __expf(g_last - sG[i]);
-        const float dkt0 = dKt[c * C + i] * to_last, dkt1 = dKt[(c + 1) * C + i] * to_last;
-        row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
+        float2 to_last = make_float2(__expf(g_last - sG[i]), __expf(g_last - sG[i]));
+        if (gate)
+          to_last = make_float2(__expf(gate[(C - 1) * K + c] - gate[i * K + c]),
+                                __expf(gate[(C - 1) * K + c + 1] - gate[i * K + c + 1]));
+        const float dkt0 = dKt[c * C + i] * to_last.x, dkt1 = dKt[(c + 1) * C + i] * to_last.y;
+        if (gate) {  // dG_i -= z, dG_l += z summed over the rows
+          const float z0 = dkt0 * sK[i * P + c], z1 = dkt1 * sK[i * P + c + 1];
+          float2* dg = reinterpret_cast<float2*>(d_gate + i * K + c);
+          const float2 prior = *dg;
+          *dg = make_float2(prior.x - z0, prior.y - z1);
+          atomicAdd(sLast + c, z0);
+          atomicAdd(sLast + c + 1, z1);
+        } else {
+          row_z[r] = fmaf(dkt0, sK[i * P + c], fmaf(dkt1, sK[i * P + c + 1], row_z[r]));
+        }
         if (i < rows) {
-          float2* dk_out = reinterpret_cast<float2*>(bp.dk + token(i) * K + c);
-          const float2 partial = *dk_out;  // phase 3's
-          *dk_out = make_float2(partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
+          const float2 partial =  // phase 3's
+              delta ? *reinterpret_cast<const float2*>(bp.dk_partial + token(i) * K + c) : make_float2(0.f, 0.f);
+          store_pair<In>(bp.dk, token(i) * K + c, partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
         }
       });
     }
@@ -1251,13 +1357,20 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
       if (t == 0) atomicAdd(sDG + i, p.scale * sEG[i] * q - z);
     }
     if (t == 0) atomicAdd(sDG + C - 1, last);
-    if (tid == 0) atomicAdd(sDG + C - 1, bp.dcarry[chunk] * __expf(g_last));
+    if (gate) {
+      for (int d = tid; d < K; d += kPrepThreads)
+        atomicAdd(sLast + d, bp.dcarry[chunk * K + d] * __expf(gate[(C - 1) * K + d]));
+    } else if (tid == 0) {
+      atomicAdd(sDG + C - 1, bp.dcarry[chunk] * __expf(g_last));
+    }
   }
   __syncthreads();
+  if (gate)
+    for (int d = tid; d < K; d += kPrepThreads) d_gate[(C - 1) * K + d] += sLast[d];
 
   // 6: dbeta, and dg_i = sum_{s >= i} dG_s (G is g's inclusive cumulative sum over the chunk).
   if (tid < C && tid < rows) {
-    bp.dbeta[token(tid)] = sDB[tid];
+    if (bp.dbeta) bp.dbeta[token(tid)] = sDB[tid];
     if (bp.dg) {
       float sum = 0.f;
       for (int s = tid; s < C; ++s) sum += sDG[s];
@@ -1278,7 +1391,189 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
   LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
             p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
   LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
-  LT2_CHECK(aligned16(p.q) && aligned16(p.k), op, ": q and k must be 16-byte aligned (they are read in 16-byte loads)");
+  LT2_CHECK(aligned16(p.q) && aligned16(p.k) && (!p.additive || aligned16(p.v)), op,
+            ": q and k (and v in the additive mode) must be 16-byte aligned (they are read in 16-byte loads)");
+}
+
+// A per-channel gate comes with its scores (scores_kk unless additive) and without g; the score
+// blocks are read in 16-byte pieces.
+void check_channel_gate(const DeltaRulePrepareParams& p, const char* op) {
+  if (!p.channel_gate) {
+    LT2_CHECK(!p.scores_qk && !p.scores_kk, op, ": scores_qk and scores_kk are given only with channel_gate");
+    return;
+  }
+  LT2_CHECK(!p.g && p.scores_qk && (p.additive || p.scores_kk), op, ": channel_gate takes scores_qk (and scores_kk "
+            "unless additive) and no g");
+  LT2_CHECK(aligned16(p.scores_qk) && (!p.scores_kk || aligned16(p.scores_kk)), op,
+            ": scores_qk and scores_kk must be 16-byte aligned");
+}
+
+// ---------------------------------------------------------------------------------------------
+// delta_rule_output_backward (prefill.h): the chunk outputs' four gradients for every chunk-head.
+//
+// Floor. Per chunk-head it reads dO [C, V] (the output dtype, token layout), Q_n [C, K], S_n [K, V],
+// A_n [C, C] and V_n [C, V] in fp32, writes dQ_n, dS_n, dA_n and dV_n in fp32 and does
+// 2 C K V + C^2 V multiply-adds (A_n and dA_n causal): at the 1.3B GDN head (K 96, V 192, C 64) 172
+// KiB read (dO in bf16), 172 KiB written, 3.1 M multiply-adds. The 8 x 4096 layer's 8,192 chunk-heads
+// move 2.9 GB (~0.9 ms at ~3.3 TB/s); their 26 G multiply-adds are ~0.1 ms in TF32. As four batched
+// GEMMs (the libtorch form) the step also copies dO into fp32 chunks and writes dA's upper half.
+//
+// Design. Grid (N, H, B), 8 warps; the value columns stream through in panels of 16 (two stages):
+// dO's panel (converted to fp32 through registers, fetched a panel ahead), S_n's and V_n's by
+// cp.async. Per panel, on tensor cores (warp_product: 3xTF32, or one TF32 product with `tf32`):
+// dQ += dO_p S_p^T and dA += dO_p V_p^T accumulate in registers (warp w: rows 16 (w % 4) .. + 15,
+// half the columns; dA's blocks above the diagonal skipped), while dS_p = Q^T dO_p (warp w: rows
+// 16 w .. + 15) and dV_p = A^T dO_p (A^T upper triangular: rows x >= i) are written at once.
+// Requirements: C 64, K a multiple of 16 up to 128, V a multiple of 16.
+
+constexpr int kOutBwdPanel = 16;
+constexpr int kOutBwdPanelPitch = kOutBwdPanel + 4;  // 20: the A-side reads' 8 rows in distinct banks
+constexpr int kOutBwdMaxK = 128;
+
+struct OutputBackwardShared {  // offsets and pitches in floats
+  int pq, pa;                  // row pitches of Q_n and A_n
+  int q, a, stages, stage_size, d_o, s, v, total;  // stage i at stages + i stage_size: dO, S and V panels
+};
+__host__ __device__ inline OutputBackwardShared output_backward_shared(int K) {
+  OutputBackwardShared l{};
+  l.pq = K + 4;
+  l.pa = kOutChunk + 4;
+  l.q = 0;
+  l.a = l.q + kOutChunk * l.pq;
+  l.stages = l.a + kOutChunk * l.pa;
+  l.d_o = 0;
+  l.s = l.d_o + kOutChunk * kOutBwdPanelPitch;
+  l.v = l.s + K * kOutBwdPanelPitch;
+  l.stage_size = l.v + kOutChunk * kOutBwdPanelPitch;
+  l.total = l.stages + 2 * l.stage_size;
+  return l;
+}
+
+bool output_backward_dims_in_bounds(int K, int V, int C) {
+  return C == kOutChunk && K >= 16 && K <= kOutBwdMaxK && K % 16 == 0 && V >= 16 && V % 16 == 0;
+}
+
+template <typename In, bool kTf32>
+__global__ void __launch_bounds__(kThreads, 2)
+    delta_rule_output_backward_kernel(const DeltaRuleOutputBackwardParams bp) {
+  constexpr int C = kOutChunk, P = kOutBwdPanel, PP = kOutBwdPanelPitch, kMaxKTiles = kOutBwdMaxK / 8 / 2;
+  constexpr int E = 16 / sizeof(In);                          // dO elements a 16-byte piece
+  constexpr int kPieces = ceil_div(C * P / E, kThreads);      // dO pieces a thread fetches a panel
+  const DeltaRuleOutputParams& p = bp.forward;
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads;
+  const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int mt = warp % 4, m0 = 16 * mt, half = warp / 4;
+  const OutputBackwardShared lay = output_backward_shared(K);
+  extern __shared__ __align__(16) float out_bwd_smem[];
+  const float *sQ = out_bwd_smem + lay.q, *sA = out_bwd_smem + lay.a;
+  const int64_t chunk = (static_cast<int64_t>(b) * H + h) * gridDim.x + n;
+  const float* state = p.states + chunk * K * V;
+  const float* v_new = p.v_new + chunk * C * V;
+  const In* d_out = static_cast<const In*>(bp.dout) + ((static_cast<int64_t>(b) * T + t0) * H + h) * V;
+  const int panels = V / P;
+  auto stage = [&](int i) { return out_bwd_smem + lay.stages + (i % 2) * lay.stage_size; };
+
+  // dO's panel at column c0 into registers (rows past the sequence: zeros), then into a stage in fp32.
+  uint4 fetched[kPieces];
+  auto fetch_d_out = [&](int c0) {
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const int e = threadIdx.x + m * kThreads, i = e / (P / E), c = E * (e % (P / E));
+      fetched[m] = e < C * P / E && i < rows
+                       ? __ldg(reinterpret_cast<const uint4*>(d_out + static_cast<int64_t>(i) * H * V + c0 + c))
+                       : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto put_d_out = [&](float* dst) {
+#pragma unroll
+    for (int m = 0; m < kPieces; ++m) {
+      const int e = threadIdx.x + m * kThreads, i = e / (P / E), c = E * (e % (P / E));
+      if (e >= C * P / E) break;
+      float f[E];
+      unpack16<In>(fetched[m], f);
+#pragma unroll
+      for (int x = 0; x < E; x += 4)
+        *reinterpret_cast<float4*>(dst + i * PP + c + x) = make_float4(f[x], f[x + 1], f[x + 2], f[x + 3]);
+    }
+  };
+  const RowCopy copy_panel = plan_row_copy(P);
+  auto load_panels = [&](int i) {  // S_n's and V_n's columns of panel i into its stage, one group
+    float* st = stage(i);
+    for (int r = copy_panel.row0; r < K; r += copy_panel.row_step)
+      cp_async16(st + lay.s + r * PP + copy_panel.col, state + int64_t{r} * V + P * i + copy_panel.col);
+    for (int r = copy_panel.row0; r < C; r += copy_panel.row_step)
+      cp_async16(st + lay.v + r * PP + copy_panel.col, v_new + int64_t{r} * V + P * i + copy_panel.col);
+    cp_async_commit();
+  };
+
+  copy_rows_async(plan_row_copy(K), out_bwd_smem + lay.q, lay.pq, p.q_start + chunk * C * K, C, K);
+  copy_rows_async(plan_row_copy(C), out_bwd_smem + lay.a, lay.pa, p.a_qk + chunk * C * C, C, C);
+  cp_async_commit();
+  load_panels(0);
+  fetch_d_out(0);
+
+  const int k_tiles = K / 16, nq0 = half * k_tiles;              // the warp's n-tiles of dQ [C, K]
+  const int na0 = 4 * half, a_tiles = max(0, min(4, 2 * mt + 2 - na0));  // of dA [C, C], at or below the diagonal
+  float dq[kMaxKTiles][4] = {}, da[4][4] = {};
+  for (int i = 0; i < panels; ++i) {
+    float* st = stage(i);
+    put_d_out(st + lay.d_o);  // its stage was last read before the barrier closing panel i - 2
+    if (i + 1 < panels) {
+      load_panels(i + 1);
+      fetch_d_out(P * (i + 1));
+      cp_async_wait<1>();  // all but panel i + 1's group: Q_n, A_n and panel i landed (this thread's)
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float *sD = st + lay.d_o, *sS = st + lay.s, *sV = st + lay.v;
+    // dQ += dO_p S_p^T: A(i, x) = dO[i][x], B(x, k) = S[k][x].
+    warp_product<kMaxKTiles, kTf32>(dq, sD, PP, 1, sS, 1, PP, m0, nq0, k_tiles, 0, P);
+    // dA += dO_p V_p^T: B(x, j) = V[j][x].
+    warp_product<4, kTf32>(da, sD, PP, 1, sV, 1, PP, m0, na0, a_tiles, 0, P);
+    const int col0 = P * i;
+    if (16 * warp < K) {  // dS_p = Q^T dO_p: A(k, x) = Q[x][k], B(x, c) = dO[x][c]
+      float ds[2][4] = {};
+      warp_product<2, kTf32>(ds, sQ, 1, lay.pq, sD, PP, 1, 16 * warp, 0, 2, 0, C);
+      float* out = bp.dstates + chunk * K * V + col0;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(out + int64_t{16 * warp + g + 8 * r} * V + 8 * j + 2 * t) =
+              make_float2(ds[j][2 * r], ds[j][2 * r + 1]);
+    }
+    {  // dV_p = A^T dO_p: A(i, x) = A[x][i], zero for x < i; the warp's n-tile `half`
+      float dv[1][4] = {};
+      warp_product<1, kTf32>(dv, sA, 1, lay.pa, sD, PP, 1, m0, half, 1, m0, C);
+      float* out = bp.dv_new + chunk * C * V + col0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(out + int64_t{m0 + g + 8 * r} * V + 8 * half + 2 * t) =
+            make_float2(dv[0][2 * r], dv[0][2 * r + 1]);
+    }
+    __syncthreads();  // the stage is free for panel i + 2
+  }
+  float* dq_out = bp.dq_start + chunk * C * K;
+#pragma unroll
+  for (int j = 0; j < kMaxKTiles; ++j) {
+    if (j >= k_tiles) break;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(dq_out + (m0 + g + 8 * r) * K + 8 * (nq0 + j) + 2 * t) =
+          make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
+  }
+  float* da_out = bp.da_qk + chunk * C * C;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + g + 8 * r, c = 8 * (na0 + j) + 2 * t;
+      const bool kept = j < a_tiles;  // tiles past the diagonal and entries above it: zeros
+      *reinterpret_cast<float2*>(da_out + i * C + c) =
+          make_float2(kept && c <= i ? da[j][2 * r] : 0.f, kept && c + 1 <= i ? da[j][2 * r + 1] : 0.f);
+    }
 }
 
 }  // namespace
@@ -1292,15 +1587,20 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
   check_prepare(p, "delta_rule_prepare");
   const int chunks = ceil_div(p.seq, kPrepChunk);
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
-  LT2_CHECK(p.q && p.k && p.v && p.beta && p.w && p.u && p.kt && p.carry && p.q_start && p.a_qk,
-            "delta_rule_prepare: every pointer but g must be given");
+  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && p.w)) && p.u && p.kt && p.carry && p.q_start && p.a_qk,
+            "delta_rule_prepare: every pointer but g (and beta and w in the additive mode) must be given");
+  check_channel_gate(p, "delta_rule_prepare");
   const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
-    constexpr auto kernel = delta_rule_prepare_kernel<decltype(in), decltype(tf32)::value>;
-    reserve_shared<kernel>(smem, "delta_rule_prepare");
-    kernel<<<grid, kPrepThreads, smem, s>>>(p);
+    auto launch = [&](auto channel) {
+      constexpr auto kernel = delta_rule_prepare_kernel<decltype(in), decltype(tf32)::value, decltype(channel)::value>;
+      reserve_shared<kernel>(smem, "delta_rule_prepare");
+      kernel<<<grid, kPrepThreads, smem, s>>>(p);
+    };
+    if (p.channel_gate) launch(std::true_type{});
+    else launch(std::false_type{});
   });
   check_launch("delta_rule_prepare");
 }
@@ -1310,9 +1610,17 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
   check_prepare(p, "delta_rule_prepare_backward");
   const int chunks = ceil_div(p.seq, kPrepChunk);
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
-  LT2_CHECK(p.q && p.k && p.v && p.beta && bp.dw && bp.du && bp.dkt && bp.dcarry && bp.dq_start && bp.da_qk &&
-                bp.dq && bp.dk && bp.dv && bp.dbeta && (bp.dg != nullptr) == (p.g != nullptr),
-            "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is)");
+  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && bp.dw && bp.dbeta && bp.dk_partial)) && bp.du && bp.dkt &&
+                bp.dcarry &&
+                bp.dq_start && bp.da_qk && bp.dq && bp.dk && bp.dv && (bp.dg != nullptr) == (p.g != nullptr),
+            "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is; beta, dw and dbeta "
+            "not in the additive mode)");
+  check_channel_gate(p, "delta_rule_prepare_backward");
+  LT2_CHECK((bp.d_channel_gate != nullptr) == (p.channel_gate != nullptr) &&
+                (bp.d_scores_qk != nullptr) == (p.channel_gate != nullptr) &&
+                (bp.d_scores_kk != nullptr) == (p.channel_gate && !p.additive),
+            "delta_rule_prepare_backward: d_channel_gate and d_scores_qk exactly with channel_gate, d_scores_kk with "
+            "it unless additive");
   int device = 0;
   cudaGetDevice(&device);
   const size_t smem = sizeof(float) * prepare_backward_shared(p.head_k).total;
@@ -1321,11 +1629,54 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
   const dim3 grid(chunks, p.heads, p.batch);
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
-    constexpr auto kernel = delta_rule_prepare_backward_kernel<decltype(in), decltype(tf32)::value>;
-    reserve_shared<kernel>(smem, "delta_rule_prepare_backward");
-    kernel<<<grid, kPrepThreads, smem, s>>>(bp);
+    auto launch = [&](auto channel) {
+      constexpr auto kernel =
+          delta_rule_prepare_backward_kernel<decltype(in), decltype(tf32)::value, decltype(channel)::value>;
+      reserve_shared<kernel>(smem, "delta_rule_prepare_backward");
+      kernel<<<grid, kPrepThreads, smem, s>>>(bp);
+    };
+    if (p.channel_gate) launch(std::true_type{});
+    else launch(std::false_type{});
   });
   check_launch("delta_rule_prepare_backward");
+}
+
+bool delta_rule_output_backward_supported(int head_k, int head_v, int chunk_size, int device) {
+  return output_backward_dims_in_bounds(head_k, head_v, chunk_size) &&
+         sizeof(float) * static_cast<size_t>(output_backward_shared(head_k).total) <= max_shared_bytes(device);
+}
+
+void delta_rule_output_backward(const DeltaRuleOutputBackwardParams& bp, void* stream) {
+  const char* op = "delta_rule_output_backward";
+  const DeltaRuleOutputParams& p = bp.forward;
+  LT2_CHECK(output_backward_dims_in_bounds(p.head_k, p.head_v, p.chunk_size), op, ": needs C ", kOutChunk,
+            ", K a multiple of 16 in [16, ", kOutBwdMaxK, "] and V a multiple of 16, found K ", p.head_k, ", V ",
+            p.head_v, ", C ", p.chunk_size);
+  LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
+            p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
+  LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": dout must be fp32 or bf16");
+  const int chunks = ceil_div(p.seq, kOutChunk);
+  if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
+  LT2_CHECK(p.q_start && p.states && p.a_qk && p.v_new && bp.dout && bp.dq_start && bp.dstates && bp.da_qk &&
+                bp.dv_new,
+            op, ": every pointer but forward.out must be given");
+  LT2_CHECK(aligned16(p.q_start) && aligned16(p.states) && aligned16(p.a_qk) && aligned16(p.v_new) &&
+                aligned16(bp.dout) && aligned16(bp.dq_start) && aligned16(bp.dstates) && aligned16(bp.da_qk) &&
+                aligned16(bp.dv_new),
+            op, ": every tensor must be 16-byte aligned");
+  int device = 0;
+  cudaGetDevice(&device);
+  const size_t smem = sizeof(float) * output_backward_shared(p.head_k).total;
+  LT2_CHECK(smem <= max_shared_bytes(device), op, ": K ", p.head_k, " needs ", smem,
+            " bytes of shared memory, the device gives ", max_shared_bytes(device));
+  const dim3 grid(chunks, p.heads, p.batch);
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype_tf32(p.dtype, p.tf32, [&](auto in, auto tf32) {
+    constexpr auto kernel = delta_rule_output_backward_kernel<decltype(in), decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, op);
+    kernel<<<grid, kThreads, smem, s>>>(bp);
+  });
+  check_launch(op);
 }
 
 }  // namespace lt2::kernels

@@ -47,9 +47,10 @@ __device__ __forceinline__ float param_as_float(const void* base, DType dtype, i
   return dtype == DType::Float32 ? static_cast<const float*>(base)[i] : to_float(static_cast<const T*>(base)[i]);
 }
 
-// 16 bytes of T (4 floats or 8 halves) -> floats.
+// 16 bytes of T (4 floats or 8 halves) -> floats. By value: bound by reference to a dereferenced
+// global pointer, the pair reads below compiled to four 4-byte loads instead of one 16-byte load.
 template <typename T>
-__device__ __forceinline__ void unpack16(const uint4& raw, float* out) {
+__device__ __forceinline__ void unpack16(const uint4 raw, float* out) {
   if constexpr (std::is_same_v<T, float>) {
     out[0] = __uint_as_float(raw.x);
     out[1] = __uint_as_float(raw.y);
@@ -132,6 +133,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const float* row) 
                : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
 }
 
+// ldmatrix.x4.trans of 16-bit rows in shared memory: lanes 8q .. 8q + 7 give the row addresses of
+// 8 x 8 matrix q (16-byte aligned), and lane 4 g + t receives elements [2t][g] and [2t + 1][g] of
+// each, packed: from a row-major [k][n] tile, the "col" B fragment (b0, b1) of m16n8k16 for two
+// n-tiles (matrices 0, 1: rows k0 .. k0 + 15 of n-tile 0; 2, 3: of n-tile 1).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
+}
+
 // x rounded to TF32 (to nearest, ties away from zero) as an mma operand: two integer instructions
 // where cvt.rna.tf32.f32 is a dozen on sm_90.
 __device__ __forceinline__ uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
@@ -156,6 +167,33 @@ __device__ __forceinline__ void mma_3xtf32(float (&hi)[4], float (&lo)[4], const
   mma_tf32(lo, a_small, b0.big, b1.big);
   mma_tf32(lo, a_big, b0.small, b1.small);
   mma_tf32(hi, a_big, b0.big, b1.big);
+}
+
+// acc[j] += A[m0 : m0 + 16, x0 : x1] B[x0 : x1, 8 (nt0 + j) : + 8] for the warp's n-tiles j < tiles, as
+// mma.sync m16n8k8 (3xTF32 into the same accumulator, or one TF32 product with kTf32), operands in
+// shared memory read element by element: A(i, x) = a[i * a_i + x * a_x], B(x, c) = b[x * b_x + c * b_c]
+// (either layout each). x0 and x1 multiples of 8.
+template <int Tiles, bool kTf32>
+__device__ __forceinline__ void warp_product(float (&acc)[Tiles][4], const float* a, int a_i, int a_x, const float* b,
+                                             int b_x, int b_c, int m0, int nt0, int tiles, int x0, int x1) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const float* a_rows = a + (m0 + g) * a_i;
+  for (int x = x0; x < x1; x += 8) {
+    uint32_t frag[4] = {__float_as_uint(a_rows[(x + t) * a_x]), __float_as_uint(a_rows[8 * a_i + (x + t) * a_x]),
+                        __float_as_uint(a_rows[(x + t + 4) * a_x]),
+                        __float_as_uint(a_rows[8 * a_i + (x + t + 4) * a_x])};
+    uint32_t big[4], small[4];
+    if constexpr (kTf32) round_fragment_tf32(frag);
+    else split_fragment_tf32(frag, big, small);
+    const float* b_rows = b + (x + t) * b_x + (8 * nt0 + g) * b_c;
+#pragma unroll
+    for (int j = 0; j < Tiles; ++j) {
+      if (j >= tiles) break;
+      const float b0 = b_rows[8 * j * b_c], b1 = b_rows[4 * b_x + 8 * j * b_c];
+      if constexpr (kTf32) mma_tf32(acc[j], frag, tf32_round(b0), tf32_round(b1));
+      else mma_3xtf32(acc[j], acc[j], big, small, split_tf32(b0), split_tf32(b1));
+    }
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -25,6 +25,22 @@
 //   heads group, group + 8, ... of its key; the 8 groups are summed in shared memory. It is bound
 //   by shared-memory reads (about one per FMA), far above the key-read floor: a fallback.
 //
+// dsa_index_backward (training; bf16): the products a = q k^T (computed by both kernels), dq = g k
+//   and dkeys = g^T q, 2 D H FLOPs per visible (row, key) pair each. Floor at lt-100m's DSA layer
+//   (16 sequences of 2048 rows, H 64, D 128, causal: 16 x 2048 x 2049 / 2 = 33.6M visible pairs):
+//   4 x 2 x 64 x 128 x 33.6M = 2.2 TFLOP, ~3.3 ms at the ~660 TFLOP/s of bf16 mma.sync on an H100.
+//   The bytes (d_scores, 4 per pair, read by both kernels: 268 MB; q and the keys re-read from L2
+//   per row or key tile) stay below that.
+//   dq/dw kernel: a block per (row, sequence), a warp per 16 heads (the M side), which keeps its q
+//   rows as A fragments in registers and walks the row's visible keys in tiles of 64 staged in
+//   shared memory: a = q K^T (B fragments straight from the tile's rows), g and dw's terms in
+//   registers, then dq += g K, g's accumulators serving as the A fragments (the C layout of one
+//   m16n8k16 is the A layout of the next, as in FlashAttention's P V) and K's B fragments coming
+//   from ldmatrix.trans.
+//   dkeys kernel: a block per (64 keys, sequence), a warp per 16 keys (M) held as A fragments; it
+//   walks the rows that see any of its keys, each row's q [H, D], w and d_scores staged in shared
+//   memory: a^T = K q^T, g^T, then dkeys += g^T q (q's B fragments by ldmatrix.trans).
+//
 // topk_select: a radix select on the 32-bit order-preserving key of each score (topk_indices'
 //   map: negative floats bits inverted, others sign bit set; -0 taken as +0), 8 bits a pass from
 //   the top, then one compaction pass. One thread-block cluster (sm_90) per row, of a block per
@@ -309,6 +325,254 @@ void launch_scores_fma(const DsaIndexScoresParams& p, cudaStream_t stream) {
   const dim3 grid(ceil_div(p.max_len, kFmaTileKeys), p.batch);
   dsa_scores_fma_kernel<T><<<grid, kFmaThreads, smem, stream>>>(p);
 }
+
+// ---------------------------------------------------------------------------------------------
+// dsa_index_backward.
+
+constexpr int kBwdTileKeys = 64;  // keys per tile: 4 k-steps of dq's product, 4 warps of dkeys's
+
+// Shared-memory pitch (elements) of D-wide bf16 rows: 16 bytes past a multiple of 128 bytes, so
+// the 8 rows of an ldmatrix and the quads of the 32-bit fragment loads fall on distinct banks.
+constexpr int bwd_pitch(int D) { return D + 8; }
+
+__device__ __forceinline__ uint32_t load32(const __nv_bfloat16* x) { return *reinterpret_cast<const uint32_t*>(x); }
+
+// The B fragments of two n-tiles (16 columns from col) of a product whose k-rows are rows k0 ..
+// k0 + 15 of a row-major bf16 tile in shared memory (ldmatrix_x4_trans: matrix q of lane 8q + i
+// is row k0 + i + 8 (q % 2), column col + 8 (q / 2)).
+__device__ __forceinline__ void b_fragments_trans(uint32_t (&b)[4], const __nv_bfloat16* tile, int pitch, int k0,
+                                                  int col, int lane) {
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * pitch + col + 8 * (lane / 16));
+}
+
+// Starts copying key rows j0 .. j0 + 63 into the tile s_k [64, bwd_pitch(D)] (cp.async, one commit
+// group; the caller waits), rows at or past `end` zero.
+template <int D>
+__device__ __forceinline__ void stage_key_tile(__nv_bfloat16* s_k, const __nv_bfloat16* keys, int64_t row_stride,
+                                               int j0, int end) {
+  constexpr int vecs = D / 8;  // 16-byte vectors per row
+  for (int i = threadIdx.x; i < kBwdTileKeys * vecs; i += blockDim.x) {
+    const int k = i / vecs, c = 8 * (i % vecs);
+    __nv_bfloat16* dst = s_k + k * bwd_pitch(D) + c;
+    if (j0 + k < end) cp_async16(dst, keys + static_cast<int64_t>(j0 + k) * row_stride + c);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+  cp_async_commit();
+}
+
+// g's m16n8 accumulators of n-tile nt (rows g, g + 8; columns 2t, 2t + 1 of the tile) as A
+// fragments of the next product, whose k-steps are pairs of n-tiles: a0 and a1 from the even
+// n-tile, a2 and a3 from the odd one.
+__device__ __forceinline__ void to_a_fragment(uint32_t (&a)[4], int nt, float g0, float g1, float g2, float g3) {
+  a[2 * (nt % 2)] = pack2<__nv_bfloat16>(g0, g1);
+  a[2 * (nt % 2) + 1] = pack2<__nv_bfloat16>(g2, g3);
+}
+
+// Grid (rows, B), H / 16 warps; warp w takes heads 16 w .. 16 w + 15. Lane 4 g + t holds heads
+// h0 + g and h0 + g + 8.
+template <int DT>
+__global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kernel(const DsaIndexBackwardParams p) {
+  using T = __nv_bfloat16;
+  constexpr int D = 16 * DT, pitch = bwd_pitch(D), NT = kBwdTileKeys / 8;  // n-tiles of 8 keys
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* s_k = reinterpret_cast<T*>(smem);                                // [64, pitch]
+  float* s_d = reinterpret_cast<float*>(s_k + kBwdTileKeys * pitch);  // [64]
+
+  const int r = blockIdx.x, b = blockIdx.y, H = p.heads, L = p.length;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, h0 = 16 * warp;
+  const int len = static_cast<int>(min(static_cast<int64_t>(L), p.query_start + r + 1));
+  const int64_t row = static_cast<int64_t>(b) * p.rows + r;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + r * p.q_row_stride;
+  const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
+  const float* d_row = p.d_scores + row * L;
+  const float w_lo = p.w[row * H + h0 + g], w_hi = p.w[row * H + h0 + g + 8];
+
+  uint32_t qa[DT][4];  // k-step ks: dims 16 ks + 2t (+1) and + 8, of heads h0 + g and h0 + g + 8
+#pragma unroll
+  for (int ks = 0; ks < DT; ++ks) {
+    const T* lo = q + (h0 + g) * D + 16 * ks + 2 * t;
+    qa[ks][0] = load32(lo), qa[ks][1] = load32(lo + 8 * D), qa[ks][2] = load32(lo + 8), qa[ks][3] = load32(lo + 8 * D + 8);
+  }
+  float dq[2 * DT][4];  // n-tiles of 8 dims
+#pragma unroll
+  for (int dn = 0; dn < 2 * DT; ++dn) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.f;
+  float dw_lo = 0.f, dw_hi = 0.f;
+
+  for (int j0 = 0; j0 < len; j0 += kBwdTileKeys) {
+    __syncthreads();  // the last tile's reads are done
+    stage_key_tile<D>(s_k, keys, p.k_row_stride, j0, len);
+    for (int i = threadIdx.x; i < kBwdTileKeys; i += blockDim.x) s_d[i] = j0 + i < len ? d_row[j0 + i] : 0.f;
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float a[NT][4];  // a[nt][0, 1]: head h0 + g, keys j0 + 8 nt + 2t, + 1; [2, 3]: head h0 + g + 8
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) a[nt][0] = a[nt][1] = a[nt][2] = a[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < DT; ++ks)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const T* k_row = s_k + (8 * nt + g) * pitch + 16 * ks + 2 * t;
+        mma_16816<T>(a[nt], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], load32(k_row), load32(k_row + 8));
+      }
+    uint32_t ga[NT / 2][4];  // g as A fragments, k-steps of 16 keys
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float2 d = *reinterpret_cast<const float2*>(s_d + 8 * nt + 2 * t);
+      dw_lo += d.x * fmaxf(a[nt][0], 0.f) + d.y * fmaxf(a[nt][1], 0.f);
+      dw_hi += d.x * fmaxf(a[nt][2], 0.f) + d.y * fmaxf(a[nt][3], 0.f);
+      to_a_fragment(ga[nt / 2], nt, a[nt][0] > 0.f ? d.x * w_lo : 0.f, a[nt][1] > 0.f ? d.y * w_lo : 0.f,
+                    a[nt][2] > 0.f ? d.x * w_hi : 0.f, a[nt][3] > 0.f ? d.y * w_hi : 0.f);
+    }
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk)
+#pragma unroll
+      for (int dn2 = 0; dn2 < DT; ++dn2) {
+        uint32_t kb[4];
+        b_fragments_trans(kb, s_k, pitch, 16 * kk, 16 * dn2, lane);
+        mma_16816<T>(dq[2 * dn2], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], kb[0], kb[1]);
+        mma_16816<T>(dq[2 * dn2 + 1], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], kb[2], kb[3]);
+      }
+  }
+
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {  // the quad of lanes 4 g .. 4 g + 3
+    dw_lo += __shfl_xor_sync(0xffffffffu, dw_lo, off);
+    dw_hi += __shfl_xor_sync(0xffffffffu, dw_hi, off);
+  }
+  if (t == 0) p.dw[row * H + h0 + g] = dw_lo, p.dw[row * H + h0 + g + 8] = dw_hi;
+  T* dq_out = static_cast<T*>(p.dq) + row * H * D;
+#pragma unroll
+  for (int dn = 0; dn < 2 * DT; ++dn) {
+    const int d = 8 * dn + 2 * t;
+    *reinterpret_cast<uint32_t*>(dq_out + (h0 + g) * D + d) = pack2<T>(dq[dn][0], dq[dn][1]);
+    *reinterpret_cast<uint32_t*>(dq_out + (h0 + g + 8) * D + d) = pack2<T>(dq[dn][2], dq[dn][3]);
+  }
+}
+
+// Grid (ceil(L / 64), B), 4 warps; warp w takes keys j0 + 16 w .. + 15, lane 4 g + t keys g and
+// g + 8 of those.
+template <int DT, int HT>
+__global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel(const DsaIndexBackwardParams p) {
+  using T = __nv_bfloat16;
+  constexpr int D = 16 * DT, H = 16 * HT, pitch = bwd_pitch(D), vecs = D / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* s_k = reinterpret_cast<T*>(smem);               // [64, pitch]
+  T* s_q = s_k + kBwdTileKeys * pitch;               // [H, pitch]
+  float* s_w = reinterpret_cast<float*>(s_q + H * pitch);  // [H]
+  float* s_d = s_w + H;                                    // [64]
+
+  const int b = blockIdx.y, L = p.length, j0 = blockIdx.x * kBwdTileKeys;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, kw = 16 * warp;
+  const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
+  stage_key_tile<D>(s_k, keys, p.k_row_stride, j0, L);
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t ka[DT][4];  // k-step ks: dims 16 ks + 2t (+1) and + 8, of keys kw + g and kw + g + 8
+#pragma unroll
+  for (int ks = 0; ks < DT; ++ks) {
+    const T* lo = s_k + (kw + g) * pitch + 16 * ks + 2 * t;
+    ka[ks][0] = load32(lo), ka[ks][1] = load32(lo + 8 * pitch), ka[ks][2] = load32(lo + 8),
+    ka[ks][3] = load32(lo + 8 * pitch + 8);
+  }
+  float dk[2 * DT][4];
+#pragma unroll
+  for (int dn = 0; dn < 2 * DT; ++dn) dk[dn][0] = dk[dn][1] = dk[dn][2] = dk[dn][3] = 0.f;
+
+  // Row r sees key j when j <= query_start + r: the tile's keys are seen from row j0 - query_start on.
+  for (int64_t r = max(static_cast<int64_t>(0), j0 - p.query_start); r < p.rows; ++r) {
+    const int len = static_cast<int>(min(static_cast<int64_t>(L), p.query_start + r + 1));
+    const int64_t row = static_cast<int64_t>(b) * p.rows + r;
+    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + r * p.q_row_stride;
+    __syncthreads();  // the last row's reads are done
+    for (int i = threadIdx.x; i < H * vecs; i += blockDim.x) {
+      const int h = i / vecs, c = 8 * (i % vecs);
+      cp_async16(s_q + h * pitch + c, q + h * D + c);
+    }
+    cp_async_commit();
+    for (int i = threadIdx.x; i < H; i += blockDim.x) s_w[i] = p.w[row * H + i];
+    for (int i = threadIdx.x; i < kBwdTileKeys; i += blockDim.x)
+      s_d[i] = j0 + i < len ? p.d_scores[row * L + j0 + i] : 0.f;
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float a[2 * HT][4];  // a^T: a[nt][0, 1]: key kw + g, heads 8 nt + 2t, + 1; [2, 3]: key kw + g + 8
+#pragma unroll
+    for (int nt = 0; nt < 2 * HT; ++nt) a[nt][0] = a[nt][1] = a[nt][2] = a[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < DT; ++ks)
+#pragma unroll
+      for (int nt = 0; nt < 2 * HT; ++nt) {
+        const T* q_row = s_q + (8 * nt + g) * pitch + 16 * ks + 2 * t;
+        mma_16816<T>(a[nt], ka[ks][0], ka[ks][1], ka[ks][2], ka[ks][3], load32(q_row), load32(q_row + 8));
+      }
+    const float d_lo = s_d[kw + g], d_hi = s_d[kw + g + 8];
+    uint32_t ga[HT][4];  // g^T as A fragments, k-steps of 16 heads
+#pragma unroll
+    for (int nt = 0; nt < 2 * HT; ++nt) {
+      const float2 w = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t);
+      to_a_fragment(ga[nt / 2], nt, a[nt][0] > 0.f ? d_lo * w.x : 0.f, a[nt][1] > 0.f ? d_lo * w.y : 0.f,
+                    a[nt][2] > 0.f ? d_hi * w.x : 0.f, a[nt][3] > 0.f ? d_hi * w.y : 0.f);
+    }
+#pragma unroll
+    for (int kk = 0; kk < HT; ++kk)
+#pragma unroll
+      for (int dn2 = 0; dn2 < DT; ++dn2) {
+        uint32_t qb[4];
+        b_fragments_trans(qb, s_q, pitch, 16 * kk, 16 * dn2, lane);
+        mma_16816<T>(dk[2 * dn2], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], qb[0], qb[1]);
+        mma_16816<T>(dk[2 * dn2 + 1], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], qb[2], qb[3]);
+      }
+  }
+
+  float* out = p.dkeys + static_cast<int64_t>(b) * L * D;
+  const int j_lo = j0 + kw + g, j_hi = j_lo + 8;
+#pragma unroll
+  for (int dn = 0; dn < 2 * DT; ++dn) {
+    const int d = 8 * dn + 2 * t;
+    if (j_lo < L) *reinterpret_cast<float2*>(out + static_cast<int64_t>(j_lo) * D + d) = make_float2(dk[dn][0], dk[dn][1]);
+    if (j_hi < L) *reinterpret_cast<float2*>(out + static_cast<int64_t>(j_hi) * D + d) = make_float2(dk[dn][2], dk[dn][3]);
+  }
+}
+
+template <int DT, int HT>
+void launch_index_backward(const DsaIndexBackwardParams& p, cudaStream_t stream) {
+  constexpr int D = 16 * DT, H = 16 * HT, pitch = bwd_pitch(D);
+  const size_t smem_dq = sizeof(__nv_bfloat16) * kBwdTileKeys * pitch + sizeof(float) * kBwdTileKeys;
+  reserve_shared<dsa_index_dq_kernel<DT>>(smem_dq, "dsa_index_backward");
+  dsa_index_dq_kernel<DT><<<dim3(p.rows, p.batch), 32 * H / 16, smem_dq, stream>>>(p);
+  check_launch("dsa_index_backward (dq)");
+  const size_t smem_dk = sizeof(__nv_bfloat16) * (kBwdTileKeys + H) * pitch + sizeof(float) * (H + kBwdTileKeys);
+  reserve_shared<dsa_index_dkeys_kernel<DT, HT>>(smem_dk, "dsa_index_backward");
+  dsa_index_dkeys_kernel<DT, HT><<<dim3(ceil_div(p.length, kBwdTileKeys), p.batch), 32 * kBwdTileKeys / 16, smem_dk,
+                                   stream>>>(p);
+  check_launch("dsa_index_backward (dkeys)");
+}
+
+template <int DT>
+void dispatch_index_backward(const DsaIndexBackwardParams& p, cudaStream_t stream) {
+  switch (p.heads) {
+    case 16: launch_index_backward<DT, 1>(p, stream); break;
+    case 32: launch_index_backward<DT, 2>(p, stream); break;
+    case 64: launch_index_backward<DT, 4>(p, stream); break;
+    default: launch_index_backward<DT, 8>(p, stream); break;
+  }
+}
+
+}  // namespace
+
+void dsa_index_backward(const DsaIndexBackwardParams& p, void* stream) {
+  LT2_CHECK(dsa_index_backward_supported(p.heads, p.head_dim), "dsa_index_backward: ", p.heads, " heads of dim ",
+            p.head_dim, " (it takes 16, 32, 64 or 128 heads of dim 64 or 128)");
+  LT2_CHECK(p.batch >= 0 && p.batch <= 65535 && p.rows >= 0 && p.length >= 1 && p.length <= kDsaMaxLength,
+            "dsa_index_backward: batch ", p.batch, " (at most 65535), ", p.rows, " rows, length ", p.length);
+  if (p.batch == 0 || p.rows == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.head_dim == 64) dispatch_index_backward<4>(p, s);
+  else dispatch_index_backward<8>(p, s);
+}
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // topk_select.

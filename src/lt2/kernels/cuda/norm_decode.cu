@@ -1,13 +1,26 @@
-// Elementwise kernels of a block's decode path (decode.h: rms_norm, silu_mul). At decode a row is
-// a few KiB, so these are launch-bound: their point is replacing the chain of small libtorch
-// kernels (dtype casts, add, norm, silu, mul) with one launch each.
+// Elementwise kernels of a block: the RMSNorm of its decode path (decode.h: rms_norm) and the
+// gated product of SwiGLU and the attention output gate (prefill.h: gated_product_*).
+//
+// rms_norm: at decode a row is a few KiB, so it is launch-bound; its point is replacing the chain
+// of small libtorch kernels (dtype casts, add, norm) with one launch. At prefill it is memory-bound:
+// 8k rows of 2,048 bf16 (lt2-gdn-1.3b) move 64 MB a call (96 MB with the residual add), ~20 us
+// (~29) at ~3.3 TB/s.
+//
+// Gated product floor (H100, ~3.3 TB/s): lt-100m's SwiGLU at 16 x 2048 tokens is 32,768 rows of
+// 2,048 bf16, 134 MB a tensor: forward 3 tensors, ~0.12 ms; backward 5, ~0.20 ms. The unfused
+// libtorch form runs silu and mul forward (5 tensor passes) and, backward, two muls, silu_backward
+// and a copy of each half into the gradient of the packed w1|w3 output (~11 passes).
+// Design: a thread takes 16 bytes of T (8 bf16 / fp16 or 4 fp32 columns of one row) where hidden,
+// the row strides and the pointers allow 16-byte accesses, else one element; so a thread divides
+// once for its row and moves its 48 (forward) or 80 (backward) bytes in 16-byte accesses.
 #include "lt2/kernels/cuda/device_utils.cuh"
+#include "lt2/kernels/prefill.h"
 
 namespace lt2::kernels {
 namespace {
 
 constexpr int kNormThreads = 256;
-constexpr int kSiluMulThreads = 256;
+constexpr int kGatedThreads = 256;
 
 // One block per row. Two passes over the row: the sum of squares, then the scaled output. The
 // second pass reads back what the same thread wrote or read in the first (same index mapping),
@@ -38,41 +51,109 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const RmsNormPar
     y[i] = from_float<T>(to_float(src[i]) * inv_rms * to_float(weight[i]));
 }
 
-// One thread per output element.
-template <typename T>
-__global__ void __launch_bounds__(kSiluMulThreads) silu_mul_kernel(const SiluMulParams p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kSiluMulThreads + threadIdx.x;
-  if (idx >= p.rows * p.hidden) return;
-  const int64_t row = idx / p.hidden;
-  const int c = static_cast<int>(idx - row * p.hidden);
-  const T* in = static_cast<const T*>(p.gate_up) + row * p.row_stride;
-  const float a = to_float(in[c]);
-  const T act = from_float<T>(silu(a));
-  static_cast<T*>(p.out)[idx] = from_float<T>(to_float(act) * to_float(in[p.hidden + c]));
+template <typename T, int kVec>
+__device__ __forceinline__ void load_piece(T (&dst)[kVec], const T* src) {
+  if constexpr (kVec * sizeof(T) == 16) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  else
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dst[j] = src[j];
 }
 
-// The same, 16 bytes of T a thread (8 bf16 / fp16 or 4 fp32 columns of one row), where hidden, the
-// row stride and both pointers allow 16-byte accesses. At prefill sizes (8k rows of 5,632) the
-// one-element form issues a 2-byte load per input and a 64-bit division per element, and runs at
-// ~3x the traffic floor; here a thread moves 48 bytes in three accesses and divides once.
-template <typename T>
-__global__ void __launch_bounds__(kSiluMulThreads) silu_mul_vec_kernel(const SiluMulParams p) {
+template <typename T, int kVec>
+__device__ __forceinline__ void store_piece(T* dst, const T (&src)[kVec]) {
+  if constexpr (kVec * sizeof(T) == 16) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  else
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dst[j] = src[j];
+}
+
+// The same in 16-byte pieces where the row is whole pieces and every pointer and stride allows
+// them: thread i holds pieces i, i + 256, ... (kPieces of them) in registers, so the row is read
+// once. At prefill (8k rows of 2,048 bf16: one piece a thread) the element form above issues eight
+// 2-byte loads a thread and reads the row twice, ~2.4x the traffic floor.
+template <typename T, bool kResidual, int kPieces>
+__global__ void __launch_bounds__(kNormThreads) rms_norm_vec_kernel(const RmsNormParams p) {
   constexpr int kVec = 16 / sizeof(T);
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int pieces = p.dim / kVec;
+  const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
+  const T* residual = kResidual ? static_cast<const T*>(p.residual) + row * p.residual_row_stride : nullptr;
+  T* h = kResidual ? static_cast<T*>(p.h) + row * p.dim : nullptr;
+  alignas(16) T v[kPieces][kVec];
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPieces; ++j) {
+    const int c = (threadIdx.x + j * kNormThreads) * kVec;
+    if (c >= pieces * kVec) break;
+    load_piece(v[j], x + c);
+    if constexpr (kResidual) {
+      alignas(16) T r[kVec];
+      load_piece(r, residual + c);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[j][e] = from_float<T>(to_float(v[j][e]) + to_float(r[e]));  // as stored
+      store_piece(h + c, v[j]);
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) sum_sq += to_float(v[j][e]) * to_float(v[j][e]);
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / p.dim + p.eps);
+  const T* weight = static_cast<const T*>(p.weight);
+  T* y = static_cast<T*>(p.y) + row * p.dim;
+#pragma unroll
+  for (int j = 0; j < kPieces; ++j) {
+    const int c = (threadIdx.x + j * kNormThreads) * kVec;
+    if (c >= pieces * kVec) break;
+    alignas(16) T w[kVec], out[kVec];
+    load_piece(w, weight + c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = from_float<T>(to_float(v[j][e]) * inv_rms * to_float(w[e]));
+    store_piece(y + c, out);
+  }
+}
+
+__device__ __forceinline__ float gate_activation(float x, GateAct act) {
+  return act == GateAct::Sigmoid ? sigmoid(x) : silu(x);
+}
+
+// d act(x) / dx: sigmoid' = s (1 - s); silu' = s (1 + x (1 - s)), s = sigmoid(x).
+__device__ __forceinline__ float gate_activation_grad(float x, GateAct act) {
+  const float s = sigmoid(x);
+  return act == GateAct::Sigmoid ? s * (1.f - s) : s * (1.f + x * (1.f - s));
+}
+
+// Thread idx takes columns [c, c + kVec) of one row (prefill.h: GatedProductParams).
+template <typename T, int kVec, bool kBackward>
+__global__ void __launch_bounds__(kGatedThreads) gated_product_kernel(const GatedProductParams p) {
   const int per_row = p.hidden / kVec;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kSiluMulThreads + threadIdx.x;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kGatedThreads + threadIdx.x;
   if (idx >= p.rows * per_row) return;
   const int64_t row = idx / per_row;
   const int c = static_cast<int>(idx - row * per_row) * kVec;
-  const T* in = static_cast<const T*>(p.gate_up) + row * p.row_stride;
-  alignas(16) T gate[kVec], up[kVec], out[kVec];
-  *reinterpret_cast<uint4*>(gate) = *reinterpret_cast<const uint4*>(in + c);
-  *reinterpret_cast<uint4*>(up) = *reinterpret_cast<const uint4*>(in + p.hidden + c);
+  alignas(16) T a[kVec], b[kVec];
+  load_piece(a, static_cast<const T*>(p.a) + row * p.a_row_stride + c);
+  load_piece(b, static_cast<const T*>(p.b) + row * p.b_row_stride + c);
+  if constexpr (!kBackward) {
+    alignas(16) T out[kVec];
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const T act = from_float<T>(silu(to_float(gate[j])));
-    out[j] = from_float<T>(to_float(act) * to_float(up[j]));
+    for (int j = 0; j < kVec; ++j) {
+      const T act = from_float<T>(gate_activation(to_float(a[j]), p.act));
+      out[j] = from_float<T>(to_float(act) * to_float(b[j]));
+    }
+    store_piece(static_cast<T*>(p.out) + idx * kVec, out);  // packed: row * hidden + c
+  } else {
+    alignas(16) T dout[kVec], da[kVec], db[kVec];
+    load_piece(dout, static_cast<const T*>(p.dout) + idx * kVec);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float x = to_float(a[j]), g = to_float(dout[j]);
+      const float act = to_float(from_float<T>(gate_activation(x, p.act)));  // as the forward rounded it
+      da[j] = from_float<T>(g * to_float(b[j]) * gate_activation_grad(x, p.act));
+      db[j] = from_float<T>(g * act);
+    }
+    store_piece(static_cast<T*>(p.da) + row * p.da_row_stride + c, da);
+    store_piece(static_cast<T*>(p.db) + row * p.db_row_stride + c, db);
   }
-  *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + idx * kVec) = *reinterpret_cast<const uint4*>(out);
 }
 
 }  // namespace
@@ -85,27 +166,63 @@ void rms_norm(const RmsNormParams& p, void* stream) {
   const auto grid = static_cast<unsigned>(p.rows);
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    if (p.residual) rms_norm_kernel<T, true><<<grid, kNormThreads, 0, s>>>(p);
-    else rms_norm_kernel<T, false><<<grid, kNormThreads, 0, s>>>(p);
+    constexpr int kVec = 16 / sizeof(T);
+    const int pieces_per_thread = (p.dim / kVec + kNormThreads - 1) / kNormThreads;
+    const bool vec = p.dim % kVec == 0 && pieces_per_thread <= 4 && p.x_row_stride % kVec == 0 &&
+                     aligned16(p.x) && aligned16(p.weight) && aligned16(p.y) &&
+                     (!p.residual || (p.residual_row_stride % kVec == 0 && aligned16(p.residual) && aligned16(p.h)));
+    auto launch = [&](auto residual, auto pieces) {
+      constexpr bool kResidual = decltype(residual)::value;
+      constexpr int kPieces = decltype(pieces)::value;
+      if (vec) rms_norm_vec_kernel<T, kResidual, kPieces><<<grid, kNormThreads, 0, s>>>(p);
+      else rms_norm_kernel<T, kResidual><<<grid, kNormThreads, 0, s>>>(p);
+    };
+    auto with_pieces = [&](auto residual) {
+      if (pieces_per_thread <= 1) launch(residual, std::integral_constant<int, 1>{});
+      else if (pieces_per_thread <= 2) launch(residual, std::integral_constant<int, 2>{});
+      else launch(residual, std::integral_constant<int, 4>{});
+    };
+    if (p.residual) with_pieces(std::true_type{});
+    else with_pieces(std::false_type{});
   });
   check_launch("rms_norm");
 }
 
-void silu_mul(const SiluMulParams& p, void* stream) {
-  LT2_CHECK(p.hidden >= 1 && p.rows >= 0, "silu_mul: ", p.rows, " rows of hidden size ", p.hidden);
+namespace {
+
+template <bool kBackward>
+void launch_gated_product(const GatedProductParams& p, void* stream, const char* op) {
+  LT2_CHECK(p.hidden >= 1 && p.rows >= 0 && (p.act == GateAct::Swish || p.act == GateAct::Sigmoid), op, ": ",
+            p.rows, " rows of hidden size ", p.hidden, " (act SiLU or sigmoid)");
   if (p.rows == 0) return;
   dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     constexpr int kVec = 16 / sizeof(T);
-    const bool vec = p.hidden % kVec == 0 && p.row_stride % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out);
+    bool vec = p.hidden % kVec == 0 && p.a_row_stride % kVec == 0 && p.b_row_stride % kVec == 0 &&
+               aligned16(p.a) && aligned16(p.b);
+    if constexpr (kBackward)
+      vec = vec && p.da_row_stride % kVec == 0 && p.db_row_stride % kVec == 0 && aligned16(p.dout) &&
+            aligned16(p.da) && aligned16(p.db);
+    else
+      vec = vec && aligned16(p.out);
     const int64_t threads = p.rows * p.hidden / (vec ? kVec : 1);
-    const int64_t blocks = (threads + kSiluMulThreads - 1) / kSiluMulThreads;
-    LT2_CHECK(blocks <= INT32_MAX, "silu_mul: ", p.rows, " x ", p.hidden, " elements is too many for one launch");
+    const int64_t blocks = (threads + kGatedThreads - 1) / kGatedThreads;
+    LT2_CHECK(blocks <= INT32_MAX, op, ": ", p.rows, " x ", p.hidden, " elements is too many for one launch");
     const auto s = static_cast<cudaStream_t>(stream);
-    if (vec) silu_mul_vec_kernel<T><<<static_cast<unsigned>(blocks), kSiluMulThreads, 0, s>>>(p);
-    else silu_mul_kernel<T><<<static_cast<unsigned>(blocks), kSiluMulThreads, 0, s>>>(p);
+    if (vec) gated_product_kernel<T, kVec, kBackward><<<static_cast<unsigned>(blocks), kGatedThreads, 0, s>>>(p);
+    else gated_product_kernel<T, 1, kBackward><<<static_cast<unsigned>(blocks), kGatedThreads, 0, s>>>(p);
   });
-  check_launch("silu_mul");
+  check_launch(op);
+}
+
+}  // namespace
+
+void gated_product_forward(const GatedProductParams& p, void* stream) {
+  launch_gated_product<false>(p, stream, "gated_product_forward");
+}
+
+void gated_product_backward(const GatedProductParams& p, void* stream) {
+  launch_gated_product<true>(p, stream, "gated_product_backward");
 }
 
 }  // namespace lt2::kernels

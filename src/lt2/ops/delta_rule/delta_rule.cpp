@@ -66,23 +66,28 @@ bool needs_grad(std::initializer_list<const Tensor*> tensors) {
 
 std::string shape_of(const Tensor& t) { return t.defined() ? cat(t.sizes()) : std::string("undefined"); }
 
-// The scan's inputs have consistent shapes, one dtype and one device. Returns {B, H, N, C, K, V}.
+// The scan's inputs have consistent shapes, one dtype and one device, those of w (or, without w,
+// of kt). Returns {B, H, N, C, K, V}.
 std::array<int64_t, 6> check_scan_inputs(const ChunkScanInputs& in, const char* op) {
-  LT2_CHECK(in.w.defined() && in.w.dim() == 5 && in.u.defined() && in.u.dim() == 5, op,
-            ": w must be [B, H, N, C, K] and u [B, H, N, C, V], found ", shape_of(in.w), " and ", shape_of(in.u));
-  const int64_t B = in.w.size(0), H = in.w.size(1), N = in.w.size(2), C = in.w.size(3), K = in.w.size(4),
-                V = in.u.size(4);
-  const auto dtype = in.w.scalar_type();
-  const auto device = in.w.device();
+  LT2_CHECK(in.u.defined() && in.u.dim() == 5, op, ": u must be [B, H, N, C, V], found ", shape_of(in.u));
+  LT2_CHECK(in.w.defined() ? in.w.dim() == 5 : in.kt.defined() && in.kt.dim() == 5, op,
+            in.w.defined() ? ": w must be [B, H, N, C, K], found " : ": without w, kt must be [B, H, N, K, C], found ",
+            shape_of(in.w.defined() ? in.w : in.kt));
+  const Tensor& keys = in.w.defined() ? in.w : in.kt;
+  const int64_t B = keys.size(0), H = keys.size(1), N = keys.size(2);
+  const int64_t C = in.w.defined() ? in.w.size(3) : in.kt.size(4), K = in.w.defined() ? in.w.size(4) : in.kt.size(3);
+  const int64_t V = in.u.size(4);
+  const auto dtype = keys.scalar_type();
+  const auto device = keys.device();
   auto check = [&](const Tensor& t, std::vector<int64_t> expected, const char* name) {
     LT2_CHECK(t.defined() && t.dim() == static_cast<int64_t>(expected.size()) &&
                   t.sizes() == torch::IntArrayRef(expected), op, ": ", name, " must be ",
               torch::IntArrayRef(expected), ", found ", shape_of(t));
     LT2_CHECK(t.scalar_type() == dtype && t.device() == device, op, ": ", name, " must be ", dtype, " on ", device,
-              " like w, found ", t.scalar_type(), " on ", t.device());
+              " like ", in.w.defined() ? "w" : "kt", ", found ", t.scalar_type(), " on ", t.device());
   };
   check(in.u, {B, H, N, C, V}, "u");
-  check(in.kt, {B, H, N, K, C}, "kt");
+  if (in.kt.defined()) check(in.kt, {B, H, N, K, C}, "kt");
   const bool per_channel = in.carry.defined() && in.carry.dim() == 5 && in.carry.size(3) == K && K != 1;
   check(in.carry, {B, H, N, per_channel ? K : 1, 1}, "carry (per head [B, H, N, 1, 1] or per key channel)");
   if (in.initial_state.defined()) check(in.initial_state, {B, H, K, V}, "initial_state");
@@ -105,7 +110,7 @@ std::array<int64_t, 6> check_scan_inputs(const ChunkScanInputs& in, const char* 
 ChunkScanResult chunk_state_scan_loop(const ChunkScanInputs& in) {
   const auto [B, H, N, C, K, V] = check_scan_inputs(in, "chunk_state_scan");
   auto S = in.initial_state.defined() ? in.initial_state.clone()
-                                      : torch::zeros({B, H, K, V}, in.w.options());
+                                      : torch::zeros({B, H, K, V}, in.u.options());
   std::vector<int32_t> resets(N, -1);
   if (in.resets.defined()) {
     auto r = in.resets.to(torch::kCPU).contiguous();
@@ -117,12 +122,13 @@ ChunkScanResult chunk_state_scan_loop(const ChunkScanInputs& in) {
     if (resets[n] >= 0)
       S = in.reset_states.defined() ? in.reset_states.select(0, resets[n]).unsqueeze(0) : torch::zeros_like(S);
     states[n] = S;
-    vs[n] = in.u.select(2, n) - torch::matmul(in.w.select(2, n), S);
-    S = in.carry.select(2, n) * S + torch::matmul(in.kt.select(2, n), vs[n]);
+    vs[n] = in.w.defined() ? in.u.select(2, n) - torch::matmul(in.w.select(2, n), S) : in.u.select(2, n);
+    S = in.carry.select(2, n) * S;
+    if (in.kt.defined()) S = S + torch::matmul(in.kt.select(2, n), vs[n]);
     if (in.addend.defined()) S = S + in.addend.select(2, n);
   }
-  if (N == 0) return {torch::empty({B, H, 0, K, V}, in.w.options()), torch::empty({B, H, 0, C, V}, in.w.options()), S};
-  return {torch::stack(states, 2), torch::stack(vs, 2), S};
+  if (N == 0) return {torch::empty({B, H, 0, K, V}, in.u.options()), in.u, S};
+  return {torch::stack(states, 2), in.w.defined() ? torch::stack(vs, 2) : in.u, S};
 }
 
 // Packed documents starting at chunks doc_starts [D] (int64, ascending, first 0) of N: the
@@ -170,21 +176,21 @@ Tensor absent_as_empty(const Tensor& t) { return t.defined() ? t : torch::empty(
 Tensor empty_as_absent(const Tensor& t) { return t.numel() > 0 ? t : Tensor(); }
 
 struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& w,
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& given_w,
                                                 const Tensor& u, const Tensor& kt, const Tensor& carry,
                                                 const Tensor& given_initial_state, const Tensor& given_doc_starts,
                                                 const Tensor& given_doc_states) {
-    const Tensor initial_state = empty_as_absent(given_initial_state), doc_starts = empty_as_absent(given_doc_starts),
-                 doc_states = empty_as_absent(given_doc_states);
+    const Tensor w = empty_as_absent(given_w), initial_state = empty_as_absent(given_initial_state),
+                 doc_starts = empty_as_absent(given_doc_starts), doc_states = empty_as_absent(given_doc_states);
     Tensor resets, adjoint_resets;
-    if (doc_starts.defined()) std::tie(resets, adjoint_resets) = document_resets(doc_starts, w.size(2), w.device());
+    if (doc_starts.defined()) std::tie(resets, adjoint_resets) = document_resets(doc_starts, u.size(2), u.device());
     auto r = chunk_state_scan({w, u, kt, carry, initial_state, Tensor(), false, resets, doc_states});
-    ctx->save_for_backward({w, kt, carry, r.states, r.v});
+    ctx->save_for_backward({absent_as_empty(w), kt, carry, r.states, r.v});
     ctx->saved_data["has_initial_state"] = initial_state.defined() && !doc_starts.defined();
     ctx->saved_data["has_doc_states"] = doc_states.defined();
     if (doc_starts.defined()) {
       ctx->saved_data["adjoint_resets"] = adjoint_resets;
-      ctx->saved_data["doc_starts"] = doc_starts.to(w.device(), torch::kLong);
+      ctx->saved_data["doc_starts"] = doc_starts.to(u.device(), torch::kLong);
     }
     return {r.states, r.v, r.final_state};
   }
@@ -192,13 +198,13 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor &w = saved[0], &kt = saved[1], &carry = saved[2], &states = saved[3], &v = saved[4];
+    const Tensor w = empty_as_absent(saved[0]), &kt = saved[1], &carry = saved[2], &states = saved[3], &v = saved[4];
     const Tensor d_states = grads[0], d_final = grads[2];
     const Tensor d_v = grads[1].defined() ? grads[1] : torch::zeros_like(v);
     const bool documents = ctx->saved_data.find("doc_starts") != ctx->saved_data.end();
     const Tensor adjoint_resets = documents ? ctx->saved_data["adjoint_resets"].toTensor() : Tensor();
-    const auto adjoint = chunk_state_scan({negated_transpose(kt), d_v, negated_transpose(w), carry, d_final, d_states,
-                                           /*reverse=*/true, adjoint_resets, Tensor()});
+    const auto adjoint = chunk_state_scan({negated_transpose(kt), d_v, w.defined() ? negated_transpose(w) : Tensor(),
+                                           carry, d_final, d_states, /*reverse=*/true, adjoint_resets, Tensor()});
     const Tensor& g_next = adjoint.states;  // G_{n+1}: the gradient of the state leaving chunk n
     auto d_carry = last_dim_dots(g_next, states);  // [B, H, N, K, 1]
     if (carry.size(3) == 1) d_carry = d_carry.sum(-2, /*keepdim=*/true);
@@ -207,11 +213,12 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
       // G_n at each document's first chunk n: the gradient of the state it restarted from.
       const Tensor first = ctx->saved_data["doc_starts"].toTensor();
       auto at = [&](const Tensor& t) { return t.index_select(2, first); };
-      auto g = at(carry) * at(g_next) - torch::matmul(at(w).transpose(-1, -2), at(adjoint.v));
+      auto g = at(carry) * at(g_next);
+      if (w.defined()) g = g - torch::matmul(at(w).transpose(-1, -2), at(adjoint.v));
       if (d_states.defined()) g = g + at(d_states);
       d_doc_states = g.squeeze(0).transpose(0, 1);  // [D, H, K, V]
     }
-    return {batched_product(adjoint.v, states.transpose(-1, -2), -1.0),  // dW
+    return {w.defined() ? batched_product(adjoint.v, states.transpose(-1, -2), -1.0) : Tensor(),  // dW
             adjoint.v,                                           // dU
             torch::matmul(g_next, v.transpose(-1, -2)),          // dKt
             d_carry,
@@ -295,9 +302,9 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
   const char* op = "chunk_state_scan_cuda";
 #ifdef LT2_WITH_CUDA
   const auto [B, H, N, C, K, V] = check_scan_inputs(in, op);
-  const auto device = in.w.device();
-  LT2_CHECK(device.is_cuda() && in.w.scalar_type() == torch::kFloat32, op,
-            ": the inputs must be float32 CUDA tensors, found ", in.w.scalar_type(), " on ", device);
+  const auto device = in.u.device();
+  LT2_CHECK(device.is_cuda() && in.u.scalar_type() == torch::kFloat32, op,
+            ": the inputs must be float32 CUDA tensors, found ", in.u.scalar_type(), " on ", device);
   LT2_CHECK(chunk_state_scan_supported(K, V, C, device), op, ": no kernel for K ", K, ", V ", V, ", C ", C, " on ",
             device, " (needs K and C multiples of 4, K <= ", kernels::kMaxScanHeadK, ", C <= ",
             kernels::kMaxScanChunk, ", V a multiple of 8)");
@@ -307,19 +314,21 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
   const auto addend = aligned_packed(in.addend), reset_states = aligned_packed(in.reset_states);
   const auto resets = in.resets.defined() ? in.resets.contiguous() : Tensor();
   c10::cuda::CUDAGuard guard(device);
-  ChunkScanResult r{torch::empty({B, H, N, K, V}, w.options()), torch::empty({B, H, N, C, V}, w.options()),
-                    torch::empty({B, H, K, V}, w.options())};
+  // Without w, V_n is U_n: the result's v is u itself.
+  ChunkScanResult r{torch::empty({B, H, N, K, V}, u.options()),
+                    w.defined() ? torch::empty({B, H, N, C, V}, u.options()) : u,
+                    torch::empty({B, H, K, V}, u.options())};
   kernels::DeltaRuleScanParams p{};
-  p.w = w.data_ptr<float>();
+  p.w = w.defined() ? w.data_ptr<float>() : nullptr;
   p.u = u.data_ptr<float>();
-  p.kt = kt.data_ptr<float>();
+  p.kt = kt.defined() ? kt.data_ptr<float>() : nullptr;
   p.carry = carry.data_ptr<float>();
   p.addend = addend.defined() ? addend.data_ptr<float>() : nullptr;
   p.resets = resets.defined() ? resets.data_ptr<int32_t>() : nullptr;
   p.reset_states = reset_states.defined() ? reset_states.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
   p.states = r.states.data_ptr<float>();
-  p.v_new = r.v.data_ptr<float>();
+  p.v_new = w.defined() ? r.v.data_ptr<float>() : nullptr;
   p.final_state = r.final_state.data_ptr<float>();
   p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.chunks = static_cast<int>(N);
   p.chunk_size = static_cast<int>(C), p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V);
@@ -327,7 +336,7 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
   p.reverse = in.reverse;
   p.tf32 = tf32_products();
   p.value_block = value_block;
-  kernels::delta_rule_scan(p, detail::current_stream(w));
+  kernels::delta_rule_scan(p, detail::current_stream(u));
   return r;
 #else
   detail::no_cuda(op);
@@ -336,9 +345,9 @@ ChunkScanResult chunk_state_scan_cuda(const ChunkScanInputs& in, int value_block
 
 ChunkScanResult chunk_state_scan(const ChunkScanInputs& in) {
   const auto [B, H, N, C, K, V] = check_scan_inputs(in, "chunk_state_scan");
-  if (decode_options().delta_rule_scan && in.w.is_cuda() && in.w.scalar_type() == torch::kFloat32 &&
-      chunk_state_scan_supported(K, V, C, in.w.device()))
-    return chunk_state_scan_cuda(in);
+  if (decode_options().delta_rule_scan && in.u.is_cuda() && in.u.scalar_type() == torch::kFloat32 &&
+      chunk_state_scan_supported(K, V, C, in.u.device()))
+    return chunk_state_scan_cuda(in, decode_options().scan_value_block);
   return chunk_state_scan_loop(in);
 }
 
@@ -347,11 +356,11 @@ ChunkScanResult chunk_state_scan_differentiable(const Tensor& w, const Tensor& u
                                                 const Tensor& doc_starts, const Tensor& doc_states) {
   if (!needs_grad({&w, &u, &kt, &carry, &initial_state, &doc_states})) {
     Tensor resets;
-    if (doc_starts.defined()) resets = document_resets(doc_starts, w.size(2), w.device()).first;
+    if (doc_starts.defined()) resets = document_resets(doc_starts, u.size(2), u.device()).first;
     return chunk_state_scan({w, u, kt, carry, initial_state, Tensor(), false, resets, doc_states});
   }
-  auto out = ChunkStateScanFunction::apply(w, u, kt, carry, absent_as_empty(initial_state), absent_as_empty(doc_starts),
-                                           absent_as_empty(doc_states));
+  auto out = ChunkStateScanFunction::apply(absent_as_empty(w), u, kt, carry, absent_as_empty(initial_state),
+                                           absent_as_empty(doc_starts), absent_as_empty(doc_states));
   return {out[0], out[1], out[2]};
 }
 
@@ -405,13 +414,21 @@ ChunkPrep prepare_chunks(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, co
 
 #ifdef LT2_WITH_CUDA
 // The kernels' parameters for q, k, v, beta, g (already packed: q, k, v of one dtype, beta and g
-// fp32) and a chunk size C.
+// fp32) and a chunk size C; beta undefined: the additive (gated linear) preparation. A per-channel
+// gate comes as `channels`: G and the scores (packed fp32, chunk layout), g then undefined.
+struct ChannelGate {
+  Tensor G, scores_qk, scores_kk;  // [B, H, N, C, K], [B, H, N, C, C] twice (scores_kk undefined when additive)
+};
 kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
-                                               const Tensor& g, double scale, int64_t C) {
+                                               const Tensor& g, const ChannelGate& channels, double scale,
+                                               int64_t C) {
   kernels::DeltaRulePrepareParams p{};
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr();
-  p.beta = beta.data_ptr<float>();
+  p.additive = !beta.defined();
+  p.beta = beta.defined() ? beta.data_ptr<float>() : nullptr;
   p.g = g.defined() ? g.data_ptr<float>() : nullptr;
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
+  p.channel_gate = ptr(channels.G), p.scores_qk = ptr(channels.scores_qk), p.scores_kk = ptr(channels.scores_kk);
   p.batch = static_cast<int>(q.size(0)), p.seq = static_cast<int>(q.size(1)), p.heads = static_cast<int>(q.size(2));
   p.head_k = static_cast<int>(q.size(3)), p.head_v = static_cast<int>(v.size(3)), p.chunk_size = static_cast<int>(C);
   p.scale = static_cast<float>(scale);
@@ -421,22 +438,28 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
 }
 
 // The preparation kernel and, under autograd, its backward kernel (kernels/prefill.h). Inputs as
-// prepare_params takes them (g an empty tensor for none); outputs w, u, kt, carry, q_start, a_qk.
+// prepare_params takes them (beta, g and the ChannelGate's tensors empty for none); outputs w (empty
+// when additive), u, kt, carry, q_start, a_qk.
 struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& beta,
-                                                const Tensor& g, double scale, int64_t C) {
+                                                const Tensor& g, const Tensor& G, const Tensor& scores_qk,
+                                                const Tensor& scores_kk, double scale, int64_t C) {
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
     const auto f32 = q.options().dtype(torch::kFloat32);
-    std::vector<Tensor> out{torch::empty({B, H, N, C, K}, f32), torch::empty({B, H, N, C, V}, f32),
-                            torch::empty({B, H, N, K, C}, f32), torch::empty({B, H, N, 1, 1}, f32),
-                            torch::empty({B, H, N, C, K}, f32), torch::empty({B, H, N, C, C}, f32)};
+    const ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_qk), empty_as_absent(scores_kk)};
+    auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), channels, scale, C);
+    const int64_t carry_dim = channels.G.defined() ? K : 1;
+    std::vector<Tensor> out{p.additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
+                            torch::empty({B, H, N, C, V}, f32), torch::empty({B, H, N, K, C}, f32),
+                            torch::empty({B, H, N, carry_dim, 1}, f32), torch::empty({B, H, N, C, K}, f32),
+                            torch::empty({B, H, N, C, C}, f32)};
     c10::cuda::CUDAGuard guard(q.device());
-    auto p = prepare_params(q, k, v, beta, empty_as_absent(g), scale, C);
-    p.w = out[0].data_ptr<float>(), p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
+    p.w = p.additive ? nullptr : out[0].data_ptr<float>();
+    p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
     p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>(), p.a_qk = out[5].data_ptr<float>();
     kernels::delta_rule_prepare(p, detail::current_stream(q));
-    ctx->save_for_backward({q, k, v, beta, g});
+    ctx->save_for_backward({q, k, v, beta, g, G, scores_qk, scores_kk});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["chunk"] = C;
     return out;
@@ -444,76 +467,108 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &beta = saved[3], g = empty_as_absent(saved[4]);
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], beta = empty_as_absent(saved[3]),
+                 g = empty_as_absent(saved[4]);
+    const ChannelGate channels{empty_as_absent(saved[5]), empty_as_absent(saved[6]), empty_as_absent(saved[7])};
+    const bool additive = !beta.defined(), per_channel = channels.G.defined();
     const int64_t C = ctx->saved_data["chunk"].toInt();
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
     const auto f32 = q.options().dtype(torch::kFloat32);
-    const std::vector<std::vector<int64_t>> shapes{{B, H, N, C, K}, {B, H, N, C, V}, {B, H, N, K, C},
-                                                   {B, H, N, 1, 1}, {B, H, N, C, K}, {B, H, N, C, C}};
+    const std::vector<std::vector<int64_t>> shapes{{B, H, N, C, K},
+                                                   {B, H, N, C, V},
+                                                   {B, H, N, K, C},
+                                                   {B, H, N, per_channel ? K : 1, 1},
+                                                   {B, H, N, C, K},
+                                                   {B, H, N, C, C}};
     std::vector<Tensor> d(6);
-    for (size_t i = 0; i < 6; ++i)
+    for (size_t i = additive ? 1 : 0; i < 6; ++i)
       d[i] = grads[i].defined() ? grads[i].to(torch::kFloat32).contiguous() : torch::zeros(shapes[i], f32);
     c10::cuda::CUDAGuard guard(q.device());
     kernels::DeltaRulePrepareBackwardParams bp{};
-    bp.forward = prepare_params(q, k, v, beta, g, ctx->saved_data["scale"].toDouble(), C);
-    bp.dw = d[0].data_ptr<float>(), bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
+    bp.forward = prepare_params(q, k, v, beta, g, channels, ctx->saved_data["scale"].toDouble(), C);
+    bp.dw = additive ? nullptr : d[0].data_ptr<float>();
+    bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
     bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
-    auto dq = torch::empty({B, T, H, K}, f32), dk = torch::empty({B, T, H, K}, f32);
-    auto dv = torch::empty({B, T, H, V}, f32), dbeta = torch::empty({B, T, H}, f32);
+    // q, k and v's gradients in their dtype, written once by the kernel (dk's first share goes to an
+    // fp32 scratch, dk itself where that is fp32).
+    auto dq = torch::empty({B, T, H, K}, q.options()), dk = torch::empty({B, T, H, K}, k.options());
+    auto dv = torch::empty({B, T, H, V}, v.options()), dbeta = additive ? Tensor() : torch::empty({B, T, H}, f32);
+    const auto dk_partial = additive || k.scalar_type() == torch::kFloat32 ? dk : torch::empty({B, T, H, K}, f32);
     auto dg = g.defined() ? torch::empty({B, T, H}, f32) : Tensor();
-    bp.dq = dq.data_ptr<float>(), bp.dk = dk.data_ptr<float>(), bp.dv = dv.data_ptr<float>();
-    bp.dbeta = dbeta.data_ptr<float>(), bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
+    bp.dq = dq.data_ptr(), bp.dk = dk.data_ptr(), bp.dv = dv.data_ptr();
+    bp.dk_partial = additive ? nullptr : dk_partial.data_ptr<float>();
+    bp.dbeta = additive ? nullptr : dbeta.data_ptr<float>(), bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
+    Tensor d_gate, d_scores_qk, d_scores_kk;
+    if (per_channel) {
+      d_gate = torch::empty({B, H, N, C, K}, f32), d_scores_qk = torch::empty({B, H, N, C, C}, f32);
+      if (!additive) d_scores_kk = torch::empty({B, H, N, C, C}, f32);
+      bp.d_channel_gate = d_gate.data_ptr<float>(), bp.d_scores_qk = d_scores_qk.data_ptr<float>();
+      bp.d_scores_kk = additive ? nullptr : d_scores_kk.data_ptr<float>();
+    }
     kernels::delta_rule_prepare_backward(bp, detail::current_stream(q));
-    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dbeta,
-            g.defined() ? dg : Tensor(), Tensor(), Tensor()};
+    return {dq, dk, dv, dbeta,
+            g.defined() ? dg : Tensor(), d_gate, d_scores_qk, d_scores_kk, Tensor(), Tensor()};
   }
 };
-#endif
 
-// The same preparation by the CUDA kernels, from the raw rows (delta_rule_prepare_serves holds);
-// differentiable.
-ChunkPrep prepare_chunks_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                              double scale, int64_t C) {
-#ifdef LT2_WITH_CUDA
-  const auto dtype = q.scalar_type();
-  auto out = PrepareChunksFunction::apply(aligned_packed(q), aligned_packed(k.to(dtype)), v.to(dtype).contiguous(),
-                                          beta.to(torch::kFloat32).contiguous(),
-                                          g.defined() ? g.to(torch::kFloat32).contiguous() : torch::empty({0}),
-                                          scale, C);
-  return {out[0], out[1], out[2], out[3], out[4], out[5]};
-#else
-  detail::no_cuda("delta_rule_prepare");
-#endif
+// The kernels' dims of the chunk outputs from q_start [B, H, N, C, K] and v_new [B, H, N, C, V].
+kernels::DeltaRuleOutputParams output_params(const Tensor& q_start, const Tensor& v_new, int64_t T,
+                                             torch::ScalarType dtype) {
+  kernels::DeltaRuleOutputParams p{};
+  p.batch = static_cast<int>(q_start.size(0)), p.seq = static_cast<int>(T), p.heads = static_cast<int>(q_start.size(1));
+  p.head_k = static_cast<int>(q_start.size(4)), p.head_v = static_cast<int>(v_new.size(4));
+  p.chunk_size = static_cast<int>(q_start.size(3));
+  p.dtype = detail::kernel_dtype(dtype);
+  p.tf32 = tf32_products();
+  return p;
 }
 
-#ifdef LT2_WITH_CUDA
 // O = Q_start S_n + A_qk V_n in the token layout [B, T, H, V] of `dtype` by the kernel
-// (kernels/prefill.h: delta_rule_output); the backward by the products autograd takes for the
-// libtorch form, on the output gradient in chunks.
+// (kernels/prefill.h: delta_rule_output); the backward by its kernel where it serves the dims
+// (delta_rule_output_backward, switch DecodeOptions::delta_rule_output_backward as the forward
+// saw it), else the products autograd takes for the libtorch form, on the output gradient in chunks.
 struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q_start, const Tensor& states,
                         const Tensor& a_qk, const Tensor& v_new, int64_t T, torch::ScalarType dtype) {
-    const int64_t B = q_start.size(0), H = q_start.size(1), C = q_start.size(3), K = q_start.size(4),
-                  V = v_new.size(4);
     const auto q = aligned_packed(q_start), s = aligned_packed(states), a = aligned_packed(a_qk),
                v = aligned_packed(v_new);
-    auto out = torch::empty({B, T, H, V}, q.options().dtype(dtype));
+    auto out = torch::empty({q.size(0), T, q.size(1), v.size(4)}, q.options().dtype(dtype));
     c10::cuda::CUDAGuard guard(q.device());
-    kernels::DeltaRuleOutputParams p{};
+    auto p = output_params(q, v, T, dtype);
     p.q_start = q.data_ptr<float>(), p.states = s.data_ptr<float>(), p.a_qk = a.data_ptr<float>();
     p.v_new = v.data_ptr<float>(), p.out = out.data_ptr();
-    p.batch = static_cast<int>(B), p.seq = static_cast<int>(T), p.heads = static_cast<int>(H);
-    p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V), p.chunk_size = static_cast<int>(C);
-    p.dtype = detail::kernel_dtype(dtype);
-    p.tf32 = tf32_products();
     kernels::delta_rule_output(p, detail::current_stream(q));
-    ctx->save_for_backward({q_start, states, a_qk, v_new});
+    ctx->save_for_backward({q, s, a, v});
+    ctx->saved_data["T"] = T;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    ctx->saved_data["tf32"] = p.tf32;
+    ctx->saved_data["kernel_backward"] =
+        decode_options().delta_rule_output_backward &&
+        kernels::delta_rule_output_backward_supported(p.head_k, p.head_v, p.chunk_size, detail::cuda_index(q.device()));
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &q_start = saved[0], &states = saved[1], &a_qk = saved[2], &v_new = saved[3];
+    if (ctx->saved_data["kernel_backward"].toBool()) {
+      const int64_t T = ctx->saved_data["T"].toInt();
+      const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+      const auto dout = aligned_packed(grads[0].to(dtype));  // the output's dtype and layout
+      std::vector<Tensor> d{torch::empty_like(q_start), torch::empty_like(states), torch::empty_like(a_qk),
+                            torch::empty_like(v_new)};
+      c10::cuda::CUDAGuard guard(q_start.device());
+      kernels::DeltaRuleOutputBackwardParams bp{};
+      bp.forward = output_params(q_start, v_new, T, dtype);
+      bp.forward.tf32 = ctx->saved_data["tf32"].toBool();
+      bp.forward.q_start = q_start.data_ptr<float>(), bp.forward.states = states.data_ptr<float>();
+      bp.forward.a_qk = a_qk.data_ptr<float>(), bp.forward.v_new = v_new.data_ptr<float>();
+      bp.dout = dout.data_ptr();
+      bp.dq_start = d[0].data_ptr<float>(), bp.dstates = d[1].data_ptr<float>();
+      bp.da_qk = d[2].data_ptr<float>(), bp.dv_new = d[3].data_ptr<float>();
+      kernels::delta_rule_output_backward(bp, detail::current_stream(q_start));
+      return {d[0], d[1], d[2], d[3], Tensor(), Tensor()};
+    }
     const auto dO = to_chunks(grads[0], q_start.size(3), torch::kFloat32);  // [B, H, N, C, V]
     auto t = [](const Tensor& x) { return x.transpose(-1, -2); };
     auto need = [&](size_t i) { return ctx->needs_input_grad(i); };
@@ -526,13 +581,41 @@ struct ChunkOutputsFunction : public torch::autograd::Function<ChunkOutputsFunct
 
 }  // namespace
 
-bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
-                               const Tensor& g, int64_t chunk_size) {
+ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
+                                double scale, int64_t C, const DocumentChunks* docs) {
 #ifdef LT2_WITH_CUDA
   const auto dtype = q.scalar_type();
-  const auto& options = decode_options();
-  if (!options.delta_rule_prepare || !options.delta_rule_scan || !q.is_cuda() || accum_dtype(v) != torch::kFloat32 ||
-      (dtype != torch::kFloat32 && dtype != torch::kBFloat16) || (g.defined() && g.dim() != 3))
+  // The kernels read token rows: packed documents each from a chunk boundary.
+  auto rows = [&](const Tensor& t) { return docs && t.defined() ? docs->to_padded_rows(t) : t; };
+  auto fp32 = [](const Tensor& t) { return t.defined() ? t.to(torch::kFloat32).contiguous() : torch::empty({0}); };
+  // One decay per key channel: G in the chunk layout and the scores whose decay sits inside the sum
+  // over the channels, by decayed_scores (its own kernels and backward).
+  Tensor head_gate = g, G, scores_qk, scores_kk;
+  if (g.defined() && g.dim() == 4) {
+    const auto f32 = torch::kFloat32;
+    auto in_chunks = [&](const Tensor& t) { return docs ? docs->to_chunks(t, f32) : to_chunks(t, C, f32); };
+    head_gate = Tensor();
+    G = docs ? docs->cumulative_gate(g, q.size(2), f32)
+             : chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
+    const auto Kc = in_chunks(k);
+    scores_qk = decayed_scores(in_chunks(q), Kc, G, /*inclusive=*/true);
+    if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
+  }
+  auto out = PrepareChunksFunction::apply(aligned_packed(rows(q)), aligned_packed(rows(k).to(dtype)),
+                                          aligned_packed(rows(v).to(dtype)), fp32(rows(beta)), fp32(rows(head_gate)),
+                                          fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C);
+  return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], out[5]};
+#else
+  detail::no_cuda("delta_rule_prepare");
+#endif
+}
+
+bool chunk_prepare_kernel_serves(const Tensor& q, const Tensor& v, const Tensor& g, int64_t chunk_size) {
+#ifdef LT2_WITH_CUDA
+  const auto dtype = q.scalar_type();
+  if (!decode_options().delta_rule_scan || !q.is_cuda() || accum_dtype(v) != torch::kFloat32 ||
+      (dtype != torch::kFloat32 && dtype != torch::kBFloat16) ||
+      (g.defined() && g.dim() != 3 && !(g.dim() == 4 && decode_options().channel_gate_prepare)))
     return false;
   const int64_t K = q.size(3), V = v.size(3), T = q.size(1);
   if (K > INT32_MAX || V > INT32_MAX || T > INT32_MAX || chunk_size > INT32_MAX) return false;
@@ -544,6 +627,11 @@ bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v
 #endif
 }
 
+bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                               const Tensor& g, int64_t chunk_size) {
+  return decode_options().delta_rule_prepare && chunk_prepare_kernel_serves(q, v, g, chunk_size);
+}
+
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size) {
@@ -553,7 +641,7 @@ RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tens
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
   const int64_t C = chunk_size;
   const auto prep = delta_rule_prepare_serves(q, k, v, beta, g, C)
-                        ? prepare_chunks_cuda(q, k, v, beta, g, scale, C)
+                        ? prepare_chunks_kernel(q, k, v, beta, g, scale, C)
                         : prepare_chunks(to_chunks(q, C, dt), to_chunks(k, C, dt), to_chunks(v, C, dt),
                                          to_chunks(beta.unsqueeze(-1), C, dt),
                                          chunk_cumulative_gate(g, B, T, H, C, dt, v.device()), scale);
@@ -614,10 +702,8 @@ RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, con
   const auto dt = accum_dtype(v);
   const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), "delta_rule_chunked_varlen");
   return chunked_form_varlen(docs, q, v, initial_states, [&] {
-    if (delta_rule_prepare_serves(q, k, v, beta, g, chunk_size)) {  // the kernel over the documents' padded rows
-      auto rows = [&](const Tensor& t) { return t.defined() ? docs.to_padded_rows(t) : t; };
-      return prepare_chunks_cuda(rows(q), rows(k), rows(v), rows(beta), rows(g), scale, chunk_size);
-    }
+    if (delta_rule_prepare_serves(q, k, v, beta, g, chunk_size))
+      return prepare_chunks_kernel(q, k, v, beta, g, scale, chunk_size, &docs);
     return prepare_chunks(docs.to_chunks(q, dt), docs.to_chunks(k, dt), docs.to_chunks(v, dt),
                           docs.to_chunks(beta.unsqueeze(-1), dt), docs.cumulative_gate(g, q.size(2), dt), scale);
   });

@@ -39,17 +39,17 @@ RecurrenceResult delta_rule_recurrent(const Tensor& q, const Tensor& k, const Te
 // Any T (the tail chunk is padded internally). Differentiable. Everything but the recurrence over
 // the chunks is batched over all chunks at once; the recurrence is chunk_state_scan (one kernel
 // launch on CUDA), and under autograd its backward is the same scan in reverse, so neither pass
-// loops over the chunks on the host. On CUDA with fp32 compute and one decay per head or none, the
-// chunk preparation (L, its inverse, U, W, the decayed queries and keys) is one kernel launch from
-// the raw rows, and its backward one more (delta_rule_prepare_serves).
+// loops over the chunks on the host. On CUDA with fp32 compute, the chunk preparation (L, its
+// inverse, U, W, the decayed queries and keys) is one kernel launch from the raw rows, and its
+// backward one more (delta_rule_prepare_serves); with one decay per key channel (KDA) the scores
+// come from decayed_scores first.
 RecurrenceResult delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& beta, const Tensor& g, double scale,
                                     const Tensor& initial_state, int64_t chunk_size);
 
 // Whether delta_rule_chunked prepares its chunks with the CUDA kernels (kernels/prefill.h:
-// delta_rule_prepare and its backward) for these inputs: CUDA, q/k/v fp32 or bf16 with fp32
-// compute, g undefined or [B, T, H], chunk size 64, K and V multiples of 16 with K <= 128,
-// DecodeOptions::delta_rule_prepare and delta_rule_scan on.
+// delta_rule_prepare and its backward) for these inputs: chunk_prepare_kernel_serves and
+// DecodeOptions::delta_rule_prepare on.
 bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
                                const Tensor& g, int64_t chunk_size);
 
@@ -58,8 +58,9 @@ bool delta_rule_prepare_serves(const Tensor& q, const Tensor& k, const Tensor& v
 //   g    = -exp(A_log[head of the column]) * softplus(a + dt_bias)   [B, T, cols]
 //   beta = beta_scale * sigmoid(b)                                    [B, T, H_b]
 // both in the compute dtype (fp32; fp64 for fp64 inputs). a and b may be column slices of one
-// packed projection. On CUDA without gradients (and DecodeOptions::delta_rule_gates on) one kernel
-// launch reading them in place; otherwise the libtorch form, differentiable.
+// packed projection. Differentiable. On CUDA (DecodeOptions::delta_rule_gates on) one kernel launch
+// reading them in place, and under autograd one more for the backward (kernels/prefill.h:
+// delta_rule_gates_backward); otherwise the libtorch form.
 struct DeltaRuleGates {
   Tensor g, beta;
 };
@@ -76,11 +77,12 @@ Tensor unit_lower_inverse(const Tensor& L);
 //   for n = 0 .. N-1 (N-1 .. 0 when reverse):
 //     S = reset_states[resets[n]] where resets[n] >= 0 (packed documents)
 //     S_n = S;   V_n = U_n - W_n S;   S = carry_n * S + Kt_n V_n (+ Y_n)
-// All tensors of one floating dtype on one device, any strides (resets int32).
+// All tensors of one floating dtype on one device, any strides (resets int32). The gated linear
+// family runs it without W (V_n = U_n), its adjoint without Kt.
 struct ChunkScanInputs {
-  Tensor w;              // [B, H, N, C, K]
+  Tensor w;              // [B, H, N, C, K], or undefined: V_n = U_n (the result's v is u itself)
   Tensor u;              // [B, H, N, C, V]
-  Tensor kt;             // [B, H, N, K, C]
+  Tensor kt;             // [B, H, N, K, C], or undefined: no write (w must be given then)
   Tensor carry;          // [B, H, N, 1, 1] per head, or [B, H, N, K, 1] per key channel
   Tensor initial_state;  // [B, H, K, V], or undefined for zeros
   Tensor addend;         // [B, H, N, K, V] Y_n, or undefined for none
@@ -114,6 +116,7 @@ Tensor last_dim_dots(const Tensor& x, const Tensor& y);
 // initial_state is unused. The backward restarts its state gradient at zero after each
 // document's last chunk but the row's last (which takes final_state's gradient), and gives
 // d(doc_states[d]) = dS_n(out) + carry_n G_{n+1} - W_n^T dV_n at the document's first chunk n.
+// w undefined (the gated linear family): V_n = U_n, and the adjoint runs without its Kt.
 ChunkScanResult chunk_state_scan_differentiable(const Tensor& w, const Tensor& u, const Tensor& kt,
                                                 const Tensor& carry, const Tensor& initial_state,
                                                 const Tensor& doc_starts = {}, const Tensor& doc_states = {});
@@ -140,7 +143,8 @@ RecurrenceResult delta_rule_chunked_varlen(const Tensor& q, const Tensor& k, con
 
 // What the chunked form computes per chunk before the recurrence over the chunks
 // (chunk_state_scan), in the compute dtype, chunk layout [B, H, N, ...]: the delta rule's UT
-// transform, or for the gated linear family (gated_linear.h) W = 0 and U = V, so that V_n = V.
+// transform, or for the gated linear family (gated_linear.h) no W (undefined) and U = V, so that
+// V_n = V.
 struct ChunkPrep {
   Tensor w, u;     // [B, H, N, C, K], [B, H, N, C, V]
   Tensor kt;       // [B, H, N, K, C]: how each chunk writes S
@@ -156,10 +160,26 @@ struct ChunkPrep {
 // Differentiable.
 ChunkPrep chunk_reads_and_writes(const Tensor& Q, const Tensor& Kc, const Tensor& G, double scale);
 
+// Whether the chunk preparation kernels take these inputs: CUDA, q/k/v fp32 or bf16 with fp32
+// compute, g undefined, [B, T, H] or (with DecodeOptions::channel_gate_prepare) [B, T, H, K], chunk
+// size 64, K and V multiples of 16 with K <= 128, and DecodeOptions::delta_rule_scan on (the scan
+// kernel serving K, V, C).
+bool chunk_prepare_kernel_serves(const Tensor& q, const Tensor& v, const Tensor& g, int64_t chunk_size);
+// The chunk preparation by those kernels from the raw rows q, k [B, T, H, K], v [B, T, H, V],
+// beta [B, T, H], g undefined, [B, T, H] or [B, T, H, K]: the delta rule's ChunkPrep, or with beta
+// undefined the gated linear family's (the additive preparation: u = V in fp32, w undefined). One
+// decay per key channel takes G (chunk_cumulative_gate) and the intra-chunk scores from
+// decayed_scores, whose backward gives their share of the gradients. With `docs` the
+// rows are documents packed into one row (B 1), prepared in docs' chunk layout. Differentiable;
+// call where chunk_prepare_kernel_serves holds.
+ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
+                                double scale, int64_t chunk_size, const DocumentChunks* docs = nullptr);
+
 // O = Q_start S_n + A_qk V_n (chunk_outputs) in the token layout [B, T, H, V] of `dtype`, from
 // q_start [B, H, N, C, K], states [B, H, N, K, V], a_qk [B, H, N, C, C] (causal) and v_new
 // [B, H, N, C, V]: one CUDA kernel where it serves (fp32 inputs, fp32 or bf16 out, C 64, K and V
-// multiples of 16 up to 256, DecodeOptions::delta_rule_output), else chunk_outputs and from_chunks.
+// multiples of 16 up to 256, DecodeOptions::delta_rule_output), else chunk_outputs and from_chunks;
+// the kernel's backward is one more kernel where K <= 128 (DecodeOptions::delta_rule_output_backward).
 // Differentiable.
 Tensor chunk_outputs_in_tokens(const Tensor& q_start, const Tensor& states, const Tensor& a_qk, const Tensor& v_new,
                                int64_t T, torch::ScalarType dtype);

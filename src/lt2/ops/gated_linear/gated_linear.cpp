@@ -45,22 +45,29 @@ RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const 
 namespace {
 
 // The gated linear family's ChunkPrep for the chunk scan (delta_rule.h), from the shared reads and
-// writes: no delta-rule correction (W = 0), so the scan's V_n = U_n = V.
+// writes: no delta-rule correction (w undefined), so the scan's V_n = U_n = V.
 ChunkPrep additive_prep(ChunkPrep reads_and_writes, const Tensor& Vc) {
-  reads_and_writes.w = torch::zeros_like(reads_and_writes.q_start);
   reads_and_writes.u = Vc;
   return reads_and_writes;
 }
 
 }  // namespace
 
+bool gated_linear_prepare_serves(const Tensor& q, const Tensor& v, const Tensor& g, int64_t chunk_size) {
+  return decode_options().gated_linear_prepare && chunk_prepare_kernel_serves(q, v, g, chunk_size);
+}
+
 RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, double scale, const Tensor& initial_state,
                                       int64_t chunk_size) {
   check_recurrence_inputs(q, k, v, g, "gated linear");
   Fp32Scope fp32;
+  const int64_t T = q.size(1);
+  if (gated_linear_prepare_serves(q, v, g, chunk_size))
+    return run_chunked_form(prepare_chunks_kernel(q, k, v, Tensor(), g, scale, chunk_size), initial_state, T,
+                            v.scalar_type());
   const auto dt = accum_dtype(v);
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const int64_t B = q.size(0), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t C = chunk_size;
   auto Q = to_chunks(q, C, dt);                                   // [B, H, N, C, K]
   auto Kc = to_chunks(k, C, dt);                                  // [B, H, N, C, K]
@@ -111,6 +118,8 @@ RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, c
   const auto dt = accum_dtype(v);
   const DocumentChunks docs(cu_seqlens, q.size(1), chunk_size, v.device(), op);
   return chunked_form_varlen(docs, q, v, initial_states, [&] {
+    if (gated_linear_prepare_serves(q, v, g, chunk_size))
+      return prepare_chunks_kernel(q, k, v, Tensor(), g, scale, chunk_size, &docs);
     return additive_prep(chunk_reads_and_writes(docs.to_chunks(q, dt), docs.to_chunks(k, dt),
                                                 docs.cumulative_gate(g, q.size(2), dt), scale),
                          docs.to_chunks(v, dt));

@@ -21,20 +21,30 @@ RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const 
 // the chunk-local cumulative log-gate and S the state at the chunk start,
 //   O = scale * ((Q * exp(G)) S + Tril(Q K^T decayed by exp(G_i - G_j)) V)
 //   S <- exp(G_C) S + (K * exp(G_C - G))^T V
-// The states at the chunk starts: up to DecodeOptions::gated_prefix_chunks chunks (by default 128
-// on the CPU, any number on CUDA), one decay-weighted prefix sum over the chunks' writes (a
-// [N + 1, N] product per head or key channel: no loop over the chunks in either pass, but N^2 work
-// and memory); beyond, the delta rule's chunk scan with W = 0 (linear in N, one kernel launch on
-// CUDA; delta_rule.h: run_chunked_form).
+// Where gated_linear_prepare_serves holds, the chunk preparation kernel in its additive mode (one
+// launch forward, one backward), the chunk scan without W and the chunk outputs kernel. Otherwise
+// the preparation in libtorch ops, and the states at the chunk starts: up to
+// DecodeOptions::gated_prefix_chunks chunks (by default 128 on the CPU, any number on CUDA), one
+// decay-weighted prefix sum over the chunks' writes (a [N + 1, N] product per head or key channel:
+// no loop over the chunks in either pass, but N^2 work and memory); beyond, the delta rule's chunk
+// scan without W (linear in N, one kernel launch on CUDA; delta_rule.h: run_chunked_form).
 RecurrenceResult gated_linear_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, double scale, const Tensor& initial_state,
                                       int64_t chunk_size);
+
+// Whether the gated linear family's chunked forms prepare their chunks with the CUDA kernels
+// (delta_rule.h: prepare_chunks_kernel without beta): chunk_prepare_kernel_serves (one decay per
+// head or none, C 64, K and V multiples of 16 with K <= 128, ...) and
+// DecodeOptions::gated_linear_prepare on.
+bool gated_linear_prepare_serves(const Tensor& q, const Tensor& v, const Tensor& g, int64_t chunk_size);
 
 // The chunked form over documents packed into one row (flash-linear-attention's cu_seqlens), as
 // delta_rule_chunked_varlen: q, k [1, T, H, K], v [1, T, H, V], g undefined, [1, T, H] or
 // [1, T, H, K]; document d holds tokens cu_seqlens[d] .. cu_seqlens[d + 1] - 1; each is chunked on
 // its own and no state crosses a boundary. The recurrence over the chunks is the delta rule's
-// chunk_state_scan with W = 0 (one kernel launch on CUDA), whose resets start each document.
+// chunk_state_scan without W (one kernel launch on CUDA), whose resets start each document; the
+// preparation the kernel's additive mode over the documents' padded rows where
+// gated_linear_prepare_serves holds.
 // initial_states [D, H, K, V] or undefined (zeros). Returns o [1, T, H, V] and each document's
 // final state [D, H, K, V]. Differentiable.
 RecurrenceResult gated_linear_chunked_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,

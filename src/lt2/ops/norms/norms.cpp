@@ -18,11 +18,6 @@ namespace lt2::ops {
 
 using namespace detail;
 
-Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
-  if (fused_elementwise_applies({x, norm->weight})) return rms_norm_fused(x, norm->weight, norm->eps);
-  return lt2::rms_norm(x, norm->weight, norm->eps);
-}
-
 AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm) {
   if (fused_elementwise_applies({x, m, norm->weight}) && m.sizes() == x.sizes())
     return add_rms_norm_fused(x, m, norm->weight, norm->eps);
@@ -30,10 +25,112 @@ AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& n
   return {h, ops::rms_norm(h, norm)};
 }
 
+namespace {
+
+// Whether the gated-product kernel takes these tensors (norms.h: the gated products).
+bool gated_product_applies(const std::vector<Tensor>& tensors) {
+  if (!fused_decode_available() || !decode_options().gated_product) return false;
+  if (!torch::GradMode::is_enabled() && !decode_options().fused) return false;
+  const Tensor& first = tensors.front();
+  for (const auto& t : tensors)
+    if (!activation_problem(t, "t").empty() || t.dim() == 0 || t.numel() == 0 || t.stride(-1) != 1 ||
+        t.size(-1) > INT32_MAX || t.scalar_type() != first.scalar_type() || t.device() != first.device())
+      return false;
+  return true;
+}
+
+#ifdef LT2_WITH_CUDA
+kernels::GateAct kernel_act(GateActivation act) {
+  return act == GateActivation::Swish     ? kernels::GateAct::Swish
+         : act == GateActivation::Sigmoid ? kernels::GateAct::Sigmoid
+                                          : kernels::GateAct::None;
+}
+
+// The kernels' view of act(a) * b: with `second` defined a = first, b = second, both [rows,
+// hidden]; else a and b are the halves of first [rows, 2 hidden].
+kernels::GatedProductParams gated_product_params(const Tensor& first, const Tensor& second, int64_t act) {
+  kernels::GatedProductParams p{};
+  const bool halves = second.numel() == 0;
+  p.hidden = static_cast<int>(halves ? first.size(1) / 2 : first.size(1));
+  p.a = first.data_ptr(), p.a_row_stride = first.stride(0);
+  p.b = halves ? static_cast<const char*>(first.data_ptr()) + p.hidden * first.element_size() : second.data_ptr();
+  p.b_row_stride = halves ? first.stride(0) : second.stride(0);
+  p.rows = first.size(0);
+  p.act = kernel_act(static_cast<GateActivation>(act));
+  p.dtype = kernel_dtype(first.scalar_type());
+  return p;
+}
+
+Tensor gated_product_forward_cuda(const Tensor& first, const Tensor& second, int64_t act) {
+  c10::cuda::CUDAGuard guard(first.device());
+  auto p = gated_product_params(first, second, act);
+  auto out = torch::empty({p.rows, p.hidden}, first.options().memory_format(torch::MemoryFormat::Contiguous));
+  p.out = out.data_ptr();
+  kernels::gated_product_forward(p, current_stream(first));
+  return out;
+}
+
+// Autograd over the kernels on 2-D views with a unit column stride; a and b are saved (the
+// activation is recomputed). An absent `second` (the halves form) travels as an empty tensor, and
+// the gradient of `first` is then one tensor holding both halves'.
+struct GatedProductFunction : public torch::autograd::Function<GatedProductFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& first, const Tensor& second,
+                        int64_t act) {
+    ctx->save_for_backward({first, second});
+    ctx->saved_data["act"] = act;
+    return gated_product_forward_cuda(first, second, act);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &first = saved[0], &second = saved[1];
+    c10::cuda::CUDAGuard guard(first.device());
+    auto p = gated_product_params(first, second, ctx->saved_data["act"].toInt());
+    const bool halves = second.numel() == 0;
+    const auto dout = grads[0].to(first.scalar_type()).contiguous();
+    auto d_first = torch::empty({p.rows, first.size(1)}, dout.options());
+    auto d_second = halves ? Tensor() : torch::empty({p.rows, p.hidden}, dout.options());
+    p.dout = dout.data_ptr();
+    p.da = d_first.data_ptr(), p.da_row_stride = d_first.stride(0);
+    p.db = halves ? static_cast<char*>(d_first.data_ptr()) + p.hidden * d_first.element_size() : d_second.data_ptr();
+    p.db_row_stride = halves ? d_first.stride(0) : d_second.stride(0);
+    kernels::gated_product_backward(p, current_stream(first));
+    return {d_first, d_second, Tensor()};
+  }
+};
+#endif
+
+// act(a) * b through the kernel on [..., n] tensors (second undefined: the halves of first).
+Tensor gated_product_kernel(const Tensor& first, const Tensor& second, GateActivation act) {
+#ifdef LT2_WITH_CUDA
+  const int64_t n = first.size(-1);
+  const auto first2 = first.reshape({-1, n});
+  const auto second2 = second.defined() ? second.reshape({-1, n}) : torch::empty({0}, first.options());
+  auto sizes = first.sizes().vec();
+  if (!second.defined()) sizes.back() = n / 2;
+  const bool grad = torch::GradMode::is_enabled() &&
+                    (first.requires_grad() || (second.defined() && second.requires_grad()));
+  const auto out = grad ? GatedProductFunction::apply(first2, second2, static_cast<int64_t>(act))
+                        : gated_product_forward_cuda(first2, second2, static_cast<int64_t>(act));
+  return out.view(sizes);
+#else
+  no_cuda("gated_product");
+#endif
+}
+
+}  // namespace
+
 Tensor silu_mul(const Tensor& gate_up) {
-  if (fused_elementwise_applies({gate_up})) return silu_mul_fused(gate_up);
-  const int64_t n = gate_up.size(-1) / 2;
-  return torch::silu(gate_up.narrow(-1, 0, n)) * gate_up.narrow(-1, n, n);
+  if (gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0 && gated_product_applies({gate_up}))
+    return gated_product_kernel(gate_up, Tensor(), GateActivation::Swish);
+  const auto halves = gate_up.chunk(2, -1);  // one backward node for both halves
+  return torch::silu(halves[0]) * halves[1];
+}
+
+Tensor sigmoid_gate(const Tensor& y, const Tensor& gate) {
+  if (gate.sizes() == y.sizes() && gated_product_applies({gate, y}))
+    return gated_product_kernel(gate, y, GateActivation::Sigmoid);
+  return y * torch::sigmoid(gate);
 }
 
 namespace {
@@ -52,12 +149,6 @@ Tensor gated_rms_norm_reference(const Tensor& x, const Tensor& weight, double ep
 constexpr double kL2Eps = 1e-6;
 
 #ifdef LT2_WITH_CUDA
-kernels::GateAct kernel_act(GateActivation act) {
-  return act == GateActivation::Swish     ? kernels::GateAct::Swish
-         : act == GateActivation::Sigmoid ? kernels::GateAct::Sigmoid
-                                          : kernels::GateAct::None;
-}
-
 // The kernels' view of x [rows, d] (packed), weight [d] in fp32 or x's dtype or undefined, gate like x
 // or undefined.
 kernels::RowNormParams row_norm_params(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor,
@@ -164,6 +255,18 @@ Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const T
   return gated_rms_norm_reference(x, weight, eps, gate, act);
 }
 
+Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
+  if (fused_elementwise_applies({x, norm->weight})) return rms_norm_fused(x, norm->weight, norm->eps);
+  // Under autograd the row-norm kernels forward and backward (d <= 1024), where ATen's fused
+  // rms_norm takes its backward through the layer-norm kernels (~2.4x their traffic floor at d 768).
+  if (torch::GradMode::is_enabled())
+    if (auto y = row_norm_kernels(x, norm->weight, Tensor(), static_cast<double>(x.size(-1)), norm->eps,
+                                  GateActivation::None);
+        y.defined())
+      return y;
+  return lt2::rms_norm(x, norm->weight, norm->eps);
+}
+
 Tensor l2_normalize(const Tensor& x) {
   if (auto y = row_norm_kernels(x, Tensor(), Tensor(), 1.0, kL2Eps, GateActivation::None); y.defined()) return y;
   auto xf = x.to(accum_dtype(x));
@@ -250,18 +353,11 @@ Tensor silu_mul_fused(const Tensor& gate_up) {
             op, ": gate_up must be [..., 2 hidden], found ", gate_up.sizes());
 #ifdef LT2_WITH_CUDA
   const int64_t hidden = gate_up.size(-1) / 2;
-  c10::cuda::CUDAGuard guard(gate_up.device());
   const auto in = with_contiguous_rows(gate_up.reshape({-1, 2 * hidden}), gate_up.scalar_type());  // [N, 2H]
   auto sizes = gate_up.sizes().vec();
   sizes.back() = hidden;
-  auto out = torch::empty(sizes, gate_up.options().memory_format(torch::MemoryFormat::Contiguous));
-  kernels::SiluMulParams p{};
-  p.gate_up = in.data_ptr(), p.row_stride = in.stride(0);
-  p.out = out.data_ptr();
-  p.rows = in.size(0), p.hidden = static_cast<int>(hidden);
-  p.dtype = kernel_dtype(gate_up.scalar_type());
-  kernels::silu_mul(p, current_stream(gate_up));
-  return out;
+  return gated_product_forward_cuda(in, torch::empty({0}, in.options()), static_cast<int64_t>(GateActivation::Swish))
+      .view(sizes);
 #else
   no_cuda(op);
 #endif

@@ -14,7 +14,8 @@ namespace lt2::ops {
 
 using torch::Tensor;
 
-// RMSNorm of x with the module's weight: one fused launch with no casts where it applies.
+// RMSNorm of x with the module's weight: one fused launch with no casts where it applies; under
+// autograd the row-norm kernels forward and backward where they apply (see gated_rms_norm).
 Tensor rms_norm(const Tensor& x, const RMSNorm& norm);
 
 // h = x + m in x's dtype and y = RMSNorm of h with the module's weight.
@@ -25,8 +26,15 @@ struct AddRmsNormResult {
 // rms_norm above otherwise.
 AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm);
 
-// silu(a) * b of gate_up [..., 2 hidden] = [a | b] (the packed w1|w3 output): [..., hidden].
+// The gated products, differentiable, in training, prefill and decode: one CUDA kernel forward and
+// one backward (kernels/prefill.h: gated_product_*) where it applies (CUDA tensors of one kernel
+// dtype with a contiguous last dim, DecodeOptions::gated_product on, and `fused` on where no
+// gradient is taken), the libtorch ops otherwise.
+// silu(a) * b of gate_up [..., 2 hidden] = [a | b] (the packed w1|w3 output): [..., hidden]; its
+// gradient is one [..., 2 hidden] tensor.
 Tensor silu_mul(const Tensor& gate_up);
+// y * sigmoid(gate) (attention's SDPA output gate), y and gate [..., n] of one dtype.
+Tensor sigmoid_gate(const Tensor& y, const Tensor& gate);
 
 // The linear mixers' norms, differentiable, in training and prefill alike. Both compute in fp32
 // (fp64 for fp64 input) and return x's dtype; on CUDA each is one fused kernel forward and one

@@ -44,13 +44,14 @@ Tensor gated_linear_residual(const Tensor& y, const torch::nn::Linear& layer, co
   GemvFusion f;
   f.x_gate = x_gate, f.residual = residual;
   if (!layer->bias.defined() && gemv_fused_applies(y, layer->weight, f)) return gemv_fused(y, layer->weight, f);
-  const auto out = ops::linear(x_gate.defined() ? y * torch::sigmoid(x_gate) : y, layer);
+  const auto out = ops::linear(x_gate.defined() ? ops::sigmoid_gate(y, x_gate) : y, layer);
   return residual.defined() ? residual + out : out;
 }
 
 Tensor swiglu(SwiGLUImpl& ffn, const Tensor& x) {
-  if (use_packed(ffn.w13)) return swiglu_down(ffn, ops::linear(x, ffn.w13));
-  return ffn.forward(x);
+  // w1 and w3 as one GEMM (packed for inference, concatenated for this call under autograd), so
+  // the gated product reads both halves of one output and returns their gradient as one tensor.
+  return swiglu_down(ffn, use_packed(ffn.w13) ? ops::linear(x, ffn.w13) : at::linear(x, cat_weights({ffn.w1, ffn.w3})));
 }
 
 Tensor swiglu_down(SwiGLUImpl& ffn, const Tensor& gate_up) { return ops::linear(ops::silu_mul(gate_up), ffn.w2); }

@@ -1,5 +1,6 @@
 #include "lt2/ops/sparse_attention/dsa_decode.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -208,6 +209,56 @@ Tensor dsa_index_topk(const Tensor& q, const Tensor& w, const Tensor& index_keys
   LT2_CHECK(index_keys.defined() && index_keys.dim() == 3 && k >= 1 && k <= index_keys.size(1), op, ": k = ", k,
             " must be in [1, L] for index_keys ", sizes_of(index_keys));
   return topk_select(dsa_index_scores(q, w, index_keys, seq_lens), k, seq_lens);
+}
+
+bool dsa_index_backward_supported(const Tensor& q, const Tensor& index_keys) {
+  return fused_decode_available() && q.defined() && index_keys.defined() && q.is_cuda() && q.dim() == 4 &&
+         index_keys.dim() == 3 && q.scalar_type() == torch::kBFloat16 && index_keys.scalar_type() == torch::kBFloat16 &&
+         index_keys.device() == q.device() && index_keys.size(0) == q.size(0) && index_keys.size(2) == q.size(3) &&
+         index_keys.size(1) >= 1 && index_keys.size(1) <= kernels::kDsaMaxLength && q.size(0) <= 65535 &&
+         q.size(1) <= INT32_MAX &&
+         kernels::dsa_index_backward_supported(static_cast<int>(std::min<int64_t>(q.size(2), INT32_MAX)),
+                                               static_cast<int>(std::min<int64_t>(q.size(3), INT32_MAX)));
+}
+
+IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& d_scores,
+                                 int64_t query_start) {
+  const char* op = "dsa_index_backward";
+  if (!fused_decode_available()) no_cuda(op);
+  LT2_CHECK(dsa_index_backward_supported(q, index_keys), op, ": q must be [B, n, H_I, d_I] and index_keys [B, L, d_I] ",
+            "bf16 on one CUDA device (16, 32, 64 or 128 heads of dim 64 or 128), found ", sizes_of(q), " and ",
+            sizes_of(index_keys));
+  const int64_t B = q.size(0), n = q.size(1), H = q.size(2), D = q.size(3), L = index_keys.size(1);
+  LT2_CHECK(w.defined() && w.sizes() == torch::IntArrayRef({B, n, H}) && w.is_floating_point() && w.device() == q.device(),
+            op, ": w must be [B, n, H_I] = [", B, ", ", n, ", ", H, "] floating point on ", q.device(), ", found ",
+            sizes_of(w));
+  LT2_CHECK(d_scores.defined() && d_scores.sizes() == torch::IntArrayRef({B, n, L}) && d_scores.is_floating_point() &&
+                d_scores.device() == q.device(),
+            op, ": d_scores must be [B, n, L] = [", B, ", ", n, ", ", L, "] floating point on ", q.device(), ", found ",
+            sizes_of(d_scores));
+  LT2_CHECK(query_start >= 0, op, ": query_start must be >= 0, found ", query_start);
+#ifdef LT2_WITH_CUDA
+  c10::cuda::CUDAGuard guard(q.device());
+  // q's heads packed (the kernel reads a row's H x D at once), every row 16-byte aligned.
+  const auto qc = q.stride(3) == 1 && q.stride(2) == D && rows_aligned(q) ? q : q.contiguous();
+  const auto kc = with_aligned_rows(index_keys);
+  const auto wc = w.to(torch::kFloat32).contiguous(), dc = d_scores.to(torch::kFloat32).contiguous();
+  IndexBackward out{torch::empty({B, n, H, D}, q.options()), torch::empty({B, n, H}, wc.options()),
+                    torch::empty({B, L, D}, wc.options())};
+  kernels::DsaIndexBackwardParams p{};
+  p.q = qc.data_ptr(), p.q_batch_stride = qc.stride(0), p.q_row_stride = qc.stride(1);
+  p.w = wc.data_ptr<float>();
+  p.keys = kc.data_ptr(), p.k_batch_stride = kc.stride(0), p.k_row_stride = kc.stride(1);
+  p.d_scores = dc.data_ptr<float>();
+  p.dq = out.dq.data_ptr(), p.dw = out.dw.data_ptr<float>(), p.dkeys = out.d_keys.data_ptr<float>();
+  p.batch = static_cast<int>(B), p.rows = static_cast<int>(n), p.heads = static_cast<int>(H);
+  p.head_dim = static_cast<int>(D), p.length = static_cast<int>(L), p.query_start = query_start;
+  kernels::dsa_index_backward(p, current_stream(q));
+  return out;
+#else
+  (void)w, (void)d_scores, (void)query_start;
+  no_cuda(op);
+#endif
 }
 
 Tensor dsa_topk_attention_fused(const Tensor& q_index, const Tensor& w_index, const Tensor& index_keys,

@@ -42,6 +42,21 @@ Tensor dsa_index_topk(const Tensor& q, const Tensor& w, const Tensor& index_keys
 // keys' last dim contiguous), 1 <= k <= L.
 bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t k);
 
+// The lightning indexer's backward in whole-sequence training calls (kernels::dsa_index_backward
+// has the math): for q [B, n, H_I, d_I] (query row r at position query_start + r, seeing keys
+// j <= query_start + r), w [B, n, H_I], index_keys [B, L, d_I] and the loss's gradient d_scores
+// [B, n, L] with respect to scores[b, r, j] = sum_h w[b, r, h] relu(q[b, r, h, :] . index_keys[b, j, :]),
+// the gradients {dq [B, n, H_I, d_I] bf16, dw [B, n, H_I] fp32, d_keys [B, L, d_I] fp32}. q and
+// index_keys bf16 on one CUDA device; w and d_scores any floating dtype (taken in fp32).
+struct IndexBackward {
+  Tensor dq, dw, d_keys;
+};
+IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& d_scores,
+                                 int64_t query_start);
+// Whether dsa_index_backward takes q and index_keys: a build with the CUDA kernels, bf16 on one CUDA
+// device, 16, 32, 64 or 128 heads of dim 64 or 128 (kernels::dsa_index_backward_supported).
+bool dsa_index_backward_supported(const Tensor& q, const Tensor& index_keys);
+
 // DSA's decode attention on the kernels: dsa_index_topk of the index queries q_index [B, H_I, d_I]
 // and weights w_index [B, H_I] against index_keys, then sparse_attention_decode_fused of q
 // [B, H, D_qk] over those k slots of k_cache / v_cache (counts min(seq_lens, k)). Returns

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "lt2/nn/linear.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
+#include "lt2/ops/sparse_attention/dsa_decode.h"
+#include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
@@ -175,14 +178,92 @@ Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, con
   return terms.sum(-1).mean();
 }
 
+namespace {
+
+// Whether indexer_select takes the decode kernels for these inputs (DecodeOptions::dsa_index_kernels):
+// CUDA on sm_90 (topk_select's clusters), no gradient, shapes dsa_index_topk takes, at most 65535 rows.
+bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) {
+#ifdef LT2_WITH_CUDA
+  if (!decode_options().dsa_index_kernels || !iq.is_cuda() || iq.size(1) > 65535) return false;
+  if (torch::GradMode::is_enabled() && (iq.requires_grad() || index_k.requires_grad())) return false;
+  const int64_t n = iq.size(1), L = index_k.size(1);
+  const auto rows_keys = index_k.narrow(0, 0, 1).to(iq.scalar_type()).expand({n, L, index_k.size(2)});
+  if (!ops::dsa_index_topk_supported(iq[0], rows_keys, std::clamp<int64_t>(topk, 1, L))) return false;
+  return at::cuda::getDeviceProperties(ops::detail::cuda_index(iq.device()))->major >= 9;
+#else
+  (void)iq, (void)index_k, (void)topk;
+  return false;
+#endif
+}
+
+}  // namespace
+
+namespace {
+
+// Rows of one sequence on the decode kernels: the index scores of queries iq_b [n, H_I, d_I] with
+// weights iw_b [n, H_I] against keys_b [L, d_I] in iq_b's dtype (the rows read the same keys: a
+// zero row stride; keys at or past a row's length in lens [n] are not read and score -inf), [n, L]
+// fp32, and where 0 < topk < L the top-k slots [n, topk], each row's visible ones first.
+std::pair<Tensor, Tensor> kernel_selection(const Tensor& iq_b, const Tensor& iw_b, const Tensor& keys_b,
+                                           const Tensor& lens, int64_t topk) {
+  const int64_t n = iq_b.size(0), L = keys_b.size(0);
+  auto scores = ops::dsa_index_scores(iq_b, iw_b, keys_b.expand({n, L, keys_b.size(1)}), lens);
+  return {scores, topk > 0 && topk < L ? ops::topk_select(scores, topk, lens) : Tensor()};
+}
+
+// Causal lengths [n] (int64 on `device`) of rows at positions query_start .. query_start + n - 1
+// over L keys.
+Tensor row_lengths(int64_t query_start, int64_t n, int64_t L, torch::Device device) {
+  return torch::arange(query_start + 1, query_start + n + 1, torch::TensorOptions(torch::kLong).device(device))
+      .clamp_max(L);
+}
+
+}  // namespace
+
 IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
                                 int64_t topk) {
-  const int64_t n = iq.size(1), L = index_k.size(1);
+  const int64_t B = iq.size(0), n = iq.size(1), L = index_k.size(1);
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
+  auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0);  // [n, L]
+  if (index_kernels_serve(iq, index_k, topk)) {
+    const auto keys = index_k.to(iq.scalar_type());
+    const auto lens = row_lengths(query_start, n, L, iq.device());
+    std::vector<Tensor> scores, supports;
+    for (int64_t b = 0; b < B; ++b) {
+      auto [s, idx] = kernel_selection(iq[b], iw[b], keys[b], lens, topk);
+      scores.push_back(s);
+      if (idx.defined()) supports.push_back(torch::zeros({n, L}, visible.options()).scatter_(1, idx, true) & visible);
+    }
+    return {torch::stack(scores), supports.empty() ? visible.expand({B, n, L}) : torch::stack(supports)};
+  }
   auto scores = lightning_indexer_scores(iq, iw, index_k);  // [B, n, L]
-  auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0)
-                     .expand_as(scores);
+  visible = visible.expand_as(scores);
   return {scores, topk == 0 ? visible : topk_mask(scores, visible, topk)};
+}
+
+Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                              const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
+                              int64_t block_rows) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), L = k.size(2), H_kv = k.size(1);
+  if (!decode_options().dsa_sparse_prefill || topk <= 0 || topk >= L || !index_kernels_serve(iq, index_k, topk))
+    return {};
+  if (torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
+  // Every row of a sequence reads that sequence's cache: a zero row stride, as for the index keys.
+  auto rows = [&](const Tensor& x, int64_t b, int64_t n) { return x[b].unsqueeze(0).expand({n, H_kv, L, x.size(3)}); };
+  if (!ops::sparse_attention_decode_supported(q[0].transpose(0, 1), rows(k, 0, T), rows(v, 0, T))) return {};
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const auto keys = index_k.to(iq.scalar_type());
+  auto out = torch::empty({B, T, H, v.size(3)}, q.options());
+  for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
+    const int64_t n = std::min(block_rows, T - r0);
+    const auto lens = row_lengths(query_start + r0, n, L, q.device());
+    for (int64_t b = 0; b < B; ++b) {
+      const auto idx = kernel_selection(iq[b].narrow(0, r0, n), iw[b].narrow(0, r0, n), keys[b], lens, topk).second;
+      out[b].narrow(0, r0, n).copy_(ops::sparse_attention_decode_fused(
+          q[b].narrow(1, r0, n).transpose(0, 1), rows(k, b, n), rows(v, b, n), idx, lens.clamp_max(topk), scale));
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -225,8 +306,9 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     return {loss, support};
   }
 
-  // Per block: the scores recomputed with a graph over leaves of the block's inputs, then the
-  // saved gradient (times the loss's) carried through it.
+  // Per block: the saved gradient (times the loss's) carried to the inputs, by the backward kernel
+  // where it serves (DecodeOptions::dsa_index_kernels, bf16), else through the block's scores
+  // recomputed with a graph over leaves of its inputs.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -237,16 +319,25 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
     auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
-    torch::AutoGradMode grad_mode(true);
+    const auto iq_c = iq.to(compute), keys_c = index_k.to(compute);
+    const bool kernel = decode_options().dsa_index_kernels && ops::dsa_index_backward_supported(iq_c, keys_c);
+    torch::AutoGradMode grad_mode(!kernel);
     // saved: iq, iw, index_k, then one scores' gradient per block.
     for (int64_t r0 = 0, block = 3; r0 < T; r0 += block_rows, ++block) {
       const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
-      const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
-      const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
-      const auto keys_b = index_k.narrow(1, 0, seen).detach().requires_grad_(true);
-      auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys_b.to(compute));  // [B, n, seen]
-      auto d = (saved[block] * grads[0]).to(scores.scalar_type());
-      auto g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d});
+      const auto d = saved[block] * grads[0];  // [B, n, seen]
+      std::vector<Tensor> g;                   // d(iq), d(iw), d(keys) of the block
+      if (kernel) {
+        auto k = ops::dsa_index_backward(iq_c.narrow(1, r0, n), iw.narrow(1, r0, n), keys_c.narrow(1, 0, seen), d,
+                                         query_start + r0);
+        g = {k.dq, k.dw, k.d_keys};
+      } else {
+        const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
+        const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
+        const auto keys_b = index_k.narrow(1, 0, seen).detach().requires_grad_(true);
+        auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys_b.to(compute));
+        g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d.to(scores.scalar_type())});
+      }
       d_iq.narrow(1, r0, n).copy_(g[0]);
       d_iw.narrow(1, r0, n).copy_(g[1]);
       d_keys.narrow(1, 0, seen) += g[2];

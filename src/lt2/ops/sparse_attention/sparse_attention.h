@@ -77,13 +77,26 @@ Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, con
 // DSA's key selection for query rows at absolute positions [query_start, query_start + n): index
 // queries iq [B, n, H_I, d_I] and weights iw [B, n, H_I] over the index keys index_k [B, L, d_I] at
 // positions 0..L-1. topk 0: every causally visible key (the dense warm-up); else the top-k visible
-// ones (topk_mask).
+// ones (topk_mask). With DecodeOptions::dsa_index_kernels, on sm_90 and where no gradient is taken,
+// the decode kernels score and select (ops::dsa_index_scores, ops::topk_select: the same set).
 struct IndexerSelection {
-  Tensor scores;   // [B, n, L], lightning_indexer_scores
+  Tensor scores;   // [B, n, L], lightning_indexer_scores on the visible keys (the kernels: -inf elsewhere)
   Tensor support;  // [B, n, L] bool, the keys each row attends to
 };
 IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
                                 int64_t topk);
+
+// DSA's attention where no gradient is taken (prefill) on the decode kernels, in blocks of
+// `block_rows` query rows: per sequence, the rows' index scores and top-k slots (as indexer_select
+// selects), then sparse attention of q [B, H, T, D] over those k slots of k [B, H_kv, L, D] and
+// v [B, H_kv, L, D_v] (ops::sparse_attention_decode_fused, its shapes: the GQA head dims 64/128/256
+// and the latent 576/512), the queries at positions query_start .. query_start + T - 1. Work and
+// reads O(T k) instead of the masked form's O(T L). Returns [B, T, H, D_v], or undefined, having run
+// nothing, where the kernels do not serve (DecodeOptions::dsa_sparse_prefill or dsa_index_kernels
+// off, no sm_90, a gradient recorded, topk >= L, shapes the kernels do not take).
+Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
+                              const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
+                              int64_t block_rows);
 
 // DSA's indexer training signal over one call, without its dense activations: indexer_select for
 // every query row, then indexer_kl_loss against the head-summed probabilities of the main attention

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE (the device tool's command): one call that tests a prebuilt tree and measures it
+# against two baselines, through scripts/gpu_batch.sh (each step under its own limit, results packed after
+# each). Carry .deps/build-prebuilt.tar.xz (the tree under test) and the two baseline tarballs.
+#   MID_TARBALL=.deps/build-<commit>.tar.xz   the baseline the new tree is A/B'd against (required)
+#   OLD_TARBALL=.deps/build-<commit>.tar.xz   an older baseline: MID is A/B'd against it first (optional)
+#   ONLY="tests newab ..."                     run only these steps, in their order below (default: all)
+# Steps: the GPU suite in two parts (`tests`, then `chunk_tests`: the delta-rule and score kernels' tests,
+# where a kernel fault would end the test process); a train_bench A/B (build-prebuilt against MID) of lt-100m
+# and lt2-gdn-100m at seq 2048 x 16 and 8192 x 4 (`newab`); `gated`: the gated linear family on the
+# preparation kernel's additive mode against the libtorch form (switch gated_linear_prepare, same binary: the
+# recurrence alone at 8 x 4096 with 16 heads of 128, and the Mamba2 and RetNet layers at the 1.3B shape),
+# lt-100m with Mamba2 layers trained by MID and by the new tree, the GDN layer with the chunk outputs'
+# backward kernel off and on, and the KDA and GLA layers at the 1.3B shape by MID and by the new tree with
+# channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `dsa`: DSA
+# training (lt-100m with DSA layers, MID against the new tree, and the indexer loss's sparse stage) and the
+# DSA layer with the selection's kernels off and on; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
+# newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
+# alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
+# --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
+# later steps are cut (gpu_batch.sh packs the results after each step); ONLY picks the rest for a second call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${MID_TARBALL:?MID_TARBALL: the baseline tarball of scripts/prebuild_gpu.sh}"
+chunk_tests='DeltaRuleScan.*:ChannelScoresGpu.*'
+# MID unpacked where the steps after newab read it, if newab did not run.
+mid=/tmp/train_ab_base/build-prebuilt
+unpack_mid="[ -x $mid/mixer_bench ] || { mkdir -p /tmp/train_ab_base && python3 -c \"import tarfile;
+  tarfile.open('$MID_TARBALL').extractall('/tmp/train_ab_base')\"; };"
+steps=("tests 150 GTEST_FILTER='-$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh"
+  "chunk_tests 150 GTEST_FILTER='$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh")
+steps+=(
+  "newab 200 BASE_TARBALL=$MID_TARBALL STEPS=5 scripts/gpu_train_ab.sh"
+  "gated 160 $unpack_mid for m in mamba2 linear; do for o in 0 1; do echo core \$m gated_linear_prepare=\$o;
+     build-prebuilt/mixer_bench --core --mixer \$m --batch 8 --seq 4096 --heads 16 --head-k 128 --head-v 128
+     --iters 5 --option gated_linear_prepare=\$o | grep RESULT; done; done;
+     for m in mamba2 retnet; do for o in 0 1; do echo layer \$m gated_linear_prepare=\$o;
+     build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5
+     --option gated_linear_prepare=\$o | grep RESULT; done; done;
+     for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b mamba2; \$b/train_bench --model lt-100m
+     --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 5 --warm 2 --checkpoint-loops=auto | grep RESULT; done;
+     for i in 1 2; do for o in 0 1; do echo layer gdn delta_rule_output_backward=\$o; build-prebuilt/mixer_bench
+     --model lt2-gdn-1.3b --mixer gdn --batch 8 --seq 4096 --iters 5 --option delta_rule_output_backward=\$o |
+     grep RESULT; done; done;
+     for m in kda gla; do echo layer \$m MID; /tmp/train_ab_base/build-prebuilt/mixer_bench --model lt2-gdn-1.3b
+     --mixer \$m --batch 8 --seq 4096 --iters 5 | grep RESULT; for o in 0 1; do echo layer \$m channel_gate_prepare=\$o;
+     build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5
+     --option channel_gate_prepare=\$o | grep RESULT; done; done"
+  )
+# The GDN layer's kernels named by their launching operators: where its elementwise passes come from.
+steps+=("layerprof 60 build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer gdn --batch 8 --seq 4096 --iters 3
+  --profile 1 --profile-ops")
+# DSA: lt-100m with DSA layers trained by MID and by the new tree (indexer stage off, then the new tree's
+# sparse stage with the indexer loss), at 2048 x 16 (every key selected: causal) and 8192 x 4 (top-2048
+# of up to 8192); the DSA layer at the 1.3B shape (8 x 4096, stage off) by MID and by the new tree with the
+# selection's kernels off and on; then the sparse stage's per-operator profile at 2048 x 16.
+dsa_train="--model lt-100m --pattern dsa --steps 4 --warm 2 --checkpoint-loops=auto"
+steps+=("dsa 300 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
+     for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b dsa \$1 x \$2 off; \$b/train_bench $dsa_train
+     --seq-len \$1 --batch-size \$2 | grep RESULT; done; echo build-prebuilt dsa \$1 x \$2 sparse; build-prebuilt/train_bench
+     $dsa_train --seq-len \$1 --batch-size \$2 --indexer-stage sparse | grep RESULT; done;
+     echo layer dsa MID; /tmp/train_ab_base/build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096
+     --iters 5 | grep RESULT; for o in 0 1; do echo layer dsa dsa_index_kernels=\$o; build-prebuilt/mixer_bench --model
+     lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096 --iters 5 --option dsa_index_kernels=\$o | grep RESULT; done;
+     build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops")
+# lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
+steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
+  PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")
+# MID against OLD after the new tree's steps (the call's limit may cut the steps that follow), unpacked
+# apart: /tmp/train_ab_base keeps MID for the steps after.
+[ -n "${OLD_TARBALL:-}" ] && steps+=("midab 150 BASE_TARBALL=$OLD_TARBALL NEW_TARBALL=$MID_TARBALL
+  BASE_DIR=/tmp/train_ab_old ARMS='base new' STEPS=5 scripts/gpu_train_ab.sh")
+steps+=(
+  "layer 80 $unpack_mid for i in 1 2; do for m in gdn full; do for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do
+     echo \$b \$m; \$b/mixer_bench --model lt2-gdn-1.3b --mixer \$m --batch 8 --seq 4096 --iters 5 | grep RESULT;
+     done; done; done"
+  "prefill 150 BASE_TARBALL=$MID_TARBALL CONTEXTS=8192,32768 PROFILE_CONTEXTS=8192 scripts/gpu_prefill_ab.sh"
+  "profile 120 for m in lt-100m lt2-gdn-100m; do build-prebuilt/train_bench --model \$m --seq-len 2048
+     --batch-size 16 --steps 4 --warm 2 --checkpoint-loops --profile 1 --profile-ops; done")
+# A step is one line for gpu_batch.sh: fold the continuation lines above; keep the ONLY ones.
+chosen=()
+for step in "${steps[@]}"; do
+  name=${step%% *}
+  [[ -z "${ONLY:-}" || " $ONLY " == *" $name "* ]] && chosen+=("$(echo "$step" | tr '\n' ' ' | tr -s ' ')")
+done
+exec scripts/gpu_batch.sh "${chosen[@]}"

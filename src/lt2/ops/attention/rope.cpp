@@ -1,0 +1,89 @@
+#include "lt2/ops/attention/rope.h"
+
+#include "lt2/nn/rope.h"
+#include "lt2/ops/decode_options.h"
+#include "lt2/ops/fused_common.h"
+
+#ifdef LT2_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "lt2/kernels/prefill.h"
+#endif
+
+namespace lt2::ops {
+
+namespace {
+
+#ifdef LT2_WITH_CUDA
+// x [B, T, H, D] (last dim contiguous, other strides as they are) rotated at positions start..: one
+// launch into a packed tensor; `inverse` rotates by the negative angles.
+Tensor rope_kernel(const Tensor& x, int64_t start, double theta, bool interleaved, bool inverse) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto y = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+  kernels::RopeParams p{};
+  p.x = x.data_ptr();
+  p.y = y.data_ptr();
+  p.x_batch_stride = x.stride(0), p.x_token_stride = x.stride(1), p.x_head_stride = x.stride(2);
+  p.batch = static_cast<int>(x.size(0)), p.seq = static_cast<int>(x.size(1));
+  p.heads = static_cast<int>(x.size(2)), p.head_dim = static_cast<int>(x.size(3));
+  p.start = start;
+  p.theta = theta;
+  p.interleaved = interleaved;
+  p.inverse = inverse;
+  p.dtype = detail::kernel_dtype(x.scalar_type());
+  kernels::rope_apply(p, detail::current_stream(x));
+  return y;
+}
+
+// Autograd over the kernel. A rotation's backward is its inverse, dx = R^T dy, so nothing of x is
+// saved: only the positions and the layout.
+struct RopeFunction : public torch::autograd::Function<RopeFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, int64_t start, double theta,
+                        bool interleaved) {
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["theta"] = theta;
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    return rope_kernel(x, start, theta, interleaved, /*inverse=*/false);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    Tensor dy = grads[0];
+    if (!dy.defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
+    // Attention's backward hands dy over as a transposed view: read in place where its last dim is
+    // contiguous.
+    const auto dt = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    if (dy.scalar_type() != dt || dy.stride(-1) != 1) dy = dy.to(dt).contiguous();
+    return {rope_kernel(dy, ctx->saved_data["start"].toInt(), ctx->saved_data["theta"].toDouble(),
+                        ctx->saved_data["interleaved"].toBool(), /*inverse=*/true),
+            Tensor(), Tensor(), Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+
+bool rope_kernel_applies(const Tensor& x, const Positions& pos) {
+#ifdef LT2_WITH_CUDA
+  return decode_options().rope && !pos.documents && !pos.seq_pos.defined() && x.defined() && x.is_cuda() &&
+         detail::kernel_dtype_ok(x.scalar_type()) && x.dim() == 4 && x.stride(3) == 1 &&
+         kernels::rope_apply_supported(x.size(0), x.size(1), x.size(2), x.size(3));
+#else
+  (void)x, (void)pos;
+  return false;
+#endif
+}
+
+Tensor apply_rope(const Tensor& x, const Positions& pos, double theta, RopeStyle style) {
+#ifdef LT2_WITH_CUDA
+  if (rope_kernel_applies(x, pos)) {
+    const bool interleaved = style == RopeStyle::Interleaved;
+    if (torch::GradMode::is_enabled() && x.requires_grad())
+      return RopeFunction::apply(x, pos.start, theta, interleaved);
+    return rope_kernel(x, pos.start, theta, interleaved, /*inverse=*/false);
+  }
+#endif
+  return lt2::apply_rope(x, pos, theta, style);
+}
+
+}  // namespace lt2::ops
