@@ -360,6 +360,31 @@ TEST(Trainer, DsaIndexerWarmupTrainsOnlyTheIndexer) {
   EXPECT_LT(lm.back(), lm.front());
 }
 
+// Per-loop checkpointing trains the indexer stages as stored activations do: the same losses step by step.
+TEST(Trainer, DsaIndexerStagesTrainUnderPerLoopCheckpointing) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_dsa_ckpt").string();
+  lt2::remove_tree(dir);
+  auto cfg = tiny_run(dir);
+  auto mcfg = lt2::testing::tiny_config("interleaved:1:1:gdn:dsa");
+  mcfg.mixer_options = json::parse(R"({"dsa": {"topk": 4}})");
+  cfg.model = write_config(dir, mcfg);
+  cfg.steps = 4;
+  for (const char* stage : {"dense_warmup", "sparse"}) {
+    std::vector<double> losses[2];
+    for (int on = 0; on < 2; ++on) {
+      auto c = cfg;
+      c.indexer_stage = stage;
+      c.out_dir = dir + "/" + stage + (on ? "/on" : "/off");
+      c.checkpoint_loops = on ? LoopCheckpointing::On : LoopCheckpointing::Off;
+      Trainer t(c, false);
+      losses[on] = losses_of(t);
+    }
+    ASSERT_EQ(losses[0].size(), losses[1].size());
+    for (size_t i = 0; i < losses[0].size(); ++i)
+      EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * std::abs(losses[0][i])) << stage << " step " << i;
+  }
+}
+
 namespace {
 
 // Callbacks of a client with its own data and state: batches drawn from (step, micro), a constant

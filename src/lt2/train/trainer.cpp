@@ -218,14 +218,6 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
               "that has an auxiliary loss");
     freeze_except_aux_parameters(*model_);
   }
-  // Auxiliary losses are recorded in forward, which per-loop recomputation runs without gradients.
-  if (stage != AuxLossStage::Off) {
-    LT2_CHECK(cfg_.checkpoint_loops != LoopCheckpointing::On, "checkpoint_loops 'on' cannot train indexer_stage '",
-              cfg_.indexer_stage, "': the auxiliary losses are recorded in forward, which per-loop "
-              "recomputation runs without gradients (use 'off' or 'auto')");
-    I.checkpoint_loops = false;
-    I.checkpointing_chosen = true;
-  }
   LT2_CHECK(cfg_.objective == Objective::CE || model_->exit_gate,
             "objective '", to_string(cfg_.objective), "' needs an Ouro-form model with an exit gate");
   std::vector<std::pair<std::string, torch::Tensor>> named;
