@@ -169,10 +169,11 @@ TEST(FusedDsa, IndexerLossOnTheKernelsMatchesFloat64) {
     std::vector<Tensor> in;
     for (const auto& x : inputs) in.push_back(on_cpu ? x.cpu().to(f64) : x.clone());
     std::vector<Tensor> leaves{in[0].requires_grad_(true), in[1].requires_grad_(true), in[2].requires_grad_(true)};
-    auto r = indexer_loss_blocked(leaves[0], leaves[1], leaves[2], in[3], in[4], 0, 0, 0.2, 16,
-                                  on_cpu ? torch::kFloat64 : torch::kBFloat16);
-    auto g = torch::autograd::grad({r.loss}, leaves);
-    g.insert(g.begin(), r.loss);
+    auto queries = [&](const Tensor& x) { return std::pair{leaves[0] * x, leaves[1] * x}; };
+    auto r = indexer_loss_blocked(queries, torch::ones({}, in[0].options()), leaves[2], in[3], in[4], 0, 0, 0.2, 16);
+    r.loss.backward();
+    std::vector<Tensor> g{r.loss};
+    for (const auto& leaf : leaves) g.push_back(leaf.grad());
     return g;
   };
   ASSERT_TRUE(ops::dsa_index_backward_supported(inputs[0], inputs[2]));

@@ -5,7 +5,6 @@
 #include <tuple>
 
 #include "lt2/mixers/builtin.h"
-#include "lt2/nn/precision.h"
 #include "lt2/nn/recompute_phase.h"
 #include "lt2/ops/attention/decode.h"
 #include "lt2/ops/attention/rope.h"
@@ -245,10 +244,10 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   // only the indexer's pieces).
   const bool indexer_grad =
       record && (torch::GradMode::is_enabled() || recompute_phase() == RecomputePhase::CheckpointForward);
-  Tensor iq, iw, index_k;  // [B, T, H_I, d_I], [B, T, H_I], [B, L, d_I]
+  Tensor iq, iw, index_k;  // [B, T, H_I, d_I], [B, T, H_I], [B, L, d_I]; the loss projects its own queries
   {
     torch::AutoGradMode indexer_mode(indexer_grad);
-    if (record || !causal) std::tie(iq, iw) = indexer_queries(x_index, pos);
+    if (!record && !causal) std::tie(iq, iw) = indexer_queries(x_index, pos);
     index_k = indexer_keys(x_index, pos);
     if (s) {
       s->index_keys.narrow(1, start, T).copy_(index_k);
@@ -269,8 +268,9 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   if (record) {
     torch::AutoGradMode indexer_mode(indexer_grad);
     const auto rows = block_rows(index_row_bytes(B, L) + attention_row_bytes(B, L), T);
-    auto r = indexer_loss_blocked(iq, iw, index_k, h.q, k, L - T, select_topk, scale(), rows,
-                                  product_dtype(iq, index_k));
+    // The module outlives the step whose backward calls the queries again.
+    auto queries = [this, pos](const Tensor& x_rows) { return indexer_queries(x_rows, pos); };
+    auto r = indexer_loss_blocked(queries, x_index, index_k, h.q, k, L - T, select_topk, scale(), rows);
     indexer_losses.push_back(r.loss);
     attend = r.support;
   } else if (!causal) {

@@ -1,7 +1,6 @@
 #include "lt2/model/checkpointing.h"
 
-#include <ATen/autocast_mode.h>
-
+#include "lt2/nn/precision.h"
 #include "lt2/nn/recompute_phase.h"
 
 namespace lt2 {
@@ -13,15 +12,13 @@ using torch::autograd::variable_list;
 
 struct FnHolder : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> fn;
-  bool autocast_cuda = false;
-  at::ScalarType autocast_dtype = at::kBFloat16;
+  AutocastState autocast;
 };
 
 class Checkpoint : public torch::autograd::Function<Checkpoint> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, c10::intrusive_ptr<FnHolder> holder) {
-    holder->autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
-    holder->autocast_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    holder->autocast = AutocastState::current();
     ctx->save_for_backward({x});
     ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
     torch::NoGradGuard no_grad;
@@ -32,19 +29,13 @@ class Checkpoint : public torch::autograd::Function<Checkpoint> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     auto holder = c10::static_intrusive_pointer_cast<FnHolder>(ctx->saved_data["fn"].toCapsule());
-    // The backward runs on autograd's own thread: restore the forward's autocast state there.
-    const bool prev_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
-    const auto prev_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-    at::autocast::set_autocast_enabled(at::kCUDA, holder->autocast_cuda);
-    at::autocast::set_autocast_dtype(at::kCUDA, holder->autocast_dtype);
     torch::Tensor y;
     {
+      AutocastStateScope autocast(holder->autocast);  // the forward's, on autograd's thread
       torch::AutoGradMode enable(true);
       RecomputePhaseScope phase(RecomputePhase::Recompute);
       y = holder->fn(x);
     }
-    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled);
-    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype);
     torch::autograd::backward({y}, {grad_out[0]});
     return {x.grad(), torch::Tensor()};
   }

@@ -42,4 +42,31 @@ inline at::ScalarType product_dtype(const at::Tensor& a, const at::Tensor& b) {
   return c10::promoteTypes(a.scalar_type(), b.scalar_type());
 }
 
+// The calling thread's CUDA autocast state. Autocast is thread-local and a backward runs on
+// autograd's own thread: a function that runs a forward again there captures the state with
+// current() and sets it for the recompute with an AutocastStateScope.
+struct AutocastState {
+  bool enabled = false;
+  at::ScalarType dtype = at::kBFloat16;
+  static AutocastState current() {
+    return {at::autocast::is_autocast_enabled(at::kCUDA), at::autocast::get_autocast_dtype(at::kCUDA)};
+  }
+};
+
+// Sets a captured autocast state for its scope, then restores the thread's own.
+class AutocastStateScope {
+ public:
+  explicit AutocastStateScope(AutocastState state) : previous_(AutocastState::current()) { set(state); }
+  ~AutocastStateScope() { set(previous_); }
+  AutocastStateScope(const AutocastStateScope&) = delete;
+  AutocastStateScope& operator=(const AutocastStateScope&) = delete;
+
+ private:
+  static void set(AutocastState s) {
+    at::autocast::set_autocast_enabled(at::kCUDA, s.enabled);
+    at::autocast::set_autocast_dtype(at::kCUDA, s.dtype);
+  }
+  AutocastState previous_;
+};
+
 }  // namespace lt2

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lt2/nn/linear.h"
+#include "lt2/nn/precision.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
 #include "lt2/ops/sparse_attention/dsa_decode.h"
@@ -268,26 +269,42 @@ Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& 
 
 namespace {
 
-// indexer_loss_blocked's autograd function. Inputs: iq, iw, index_k (differentiable), q, k (the
-// target); outputs: the loss and the support. A block of rows [r0, r0 + n) scores only the keys its
-// last row can see, the first query_start + r0 + n. The forward takes each block's loss and its
-// gradient with respect to the block's scores (the target is fixed, so this is exact); the backward
-// only carries that gradient back through a recompute of the scores. Saved: iq, iw, index_k and
-// each block's scores' gradient [B, n, keys] in the accumulation dtype.
+// Holds the caller's query function and its autocast state for the backward's recompute.
+struct QueriesHolder : torch::CustomClassHolder {
+  IndexerQueries queries;
+  AutocastState autocast;
+};
+
+// indexer_loss_blocked's autograd function. Inputs: x (what the queries read; no gradient), index_k
+// (differentiable), q, k (the target); outputs: the loss and the support. A block of rows [r0, r0 + n)
+// scores only the keys its last row can see, the first query_start + r0 + n. The forward takes each
+// block's loss and its gradient with respect to the block's scores (the target is fixed, so this is
+// exact); the backward carries that gradient back through a recompute of the scores. Saved: x,
+// index_k and each block's scores' gradient [B, n, keys] in the accumulation dtype; not the queries
+// ([B, T, H_I, d_I]: at 64 index heads of 128 dims, 16 KiB a token in bf16, more than the rest of a
+// layer application's state under per-loop checkpointing), which the backward projects again.
 struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& iq,
-                                                const Tensor& iw, const Tensor& index_k, const Tensor& q,
-                                                const Tensor& k, int64_t query_start, int64_t topk, double scale,
-                                                int64_t block_rows, torch::ScalarType compute) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
+                                                const Tensor& index_k, const Tensor& q, const Tensor& k,
+                                                int64_t query_start, int64_t topk, double scale, int64_t block_rows,
+                                                c10::intrusive_ptr<QueriesHolder> holder) {
+    holder->autocast = AutocastState::current();
+    Tensor iq, iw;
+    {
+      torch::NoGradGuard no_grad;
+      std::tie(iq, iw) = holder->queries(x);
+    }
+    const auto compute = product_dtype(iq, index_k);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes set here
     const int64_t T = iq.size(1), L = index_k.size(1);
     const auto keys = index_k.to(compute);
+    iq = iq.to(compute), iw = iw.to(compute);
     Tensor loss;
-    std::vector<Tensor> supports, saved{iq, iw, index_k};
+    std::vector<Tensor> supports, saved{x, index_k};
     for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
       const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
-      auto sel = indexer_select(iq.narrow(1, r0, n).to(compute), iw.narrow(1, r0, n).to(compute),
-                                keys.narrow(1, 0, seen), query_start + r0, topk);
+      auto sel = indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), keys.narrow(1, 0, seen), query_start + r0,
+                                topk);
       auto probs = attention_probs(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support.unsqueeze(1), scale);
       torch::AutoGradMode grad_mode(true);
       auto scores = sel.scores.to(accum_dtype(sel.scores)).requires_grad_(true);
@@ -299,62 +316,83 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     }
     auto support = supports.size() == 1 ? supports[0] : torch::cat(supports, 1);  // [B, T, L]
     ctx->save_for_backward(saved);
+    ctx->saved_data["holder"] = c10::IValue::make_capsule(holder);
     ctx->saved_data["block_rows"] = block_rows;
     ctx->saved_data["query_start"] = query_start;
-    ctx->saved_data["compute"] = static_cast<int64_t>(compute);
     ctx->mark_non_differentiable({support});
     return {loss, support};
   }
 
-  // Per block: the saved gradient (times the loss's) carried to the inputs, by the backward kernel
-  // where it serves (DecodeOptions::dsa_index_kernels, bf16), else through the block's scores
-  // recomputed with a graph over leaves of its inputs.
+  // The queries projected again (with a graph, under the forward's autocast state), then per block
+  // the saved gradient (times the loss's) carried to them and the keys, by the backward kernel where
+  // it serves (DecodeOptions::dsa_index_kernels, bf16), else through the block's scores recomputed
+  // with a graph over leaves of its inputs; last, the queries' gradients into what they read.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
-    const Tensor &iq = saved[0], &iw = saved[1], &index_k = saved[2];
+    const Tensor &x = saved[0], &index_k = saved[1];
+    auto holder = c10::static_intrusive_pointer_cast<QueriesHolder>(ctx->saved_data["holder"].toCapsule());
+    Tensor iq, iw;
+    {
+      AutocastStateScope autocast(holder->autocast);
+      torch::AutoGradMode grad_mode(true);
+      std::tie(iq, iw) = holder->queries(x);
+    }
+    const auto compute = [&] {
+      AutocastStateScope autocast(holder->autocast);
+      return product_dtype(iq, index_k);
+    }();
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1), L = index_k.size(1);
     const int64_t query_start = ctx->saved_data["query_start"].toInt();
-    const auto compute = static_cast<torch::ScalarType>(ctx->saved_data["compute"].toInt());
     auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
-    const auto iq_c = iq.to(compute), keys_c = index_k.to(compute);
+    const auto iq_c = iq.detach().to(compute), iw_c = iw.detach().to(compute), keys_c = index_k.to(compute);
     const bool kernel = decode_options().dsa_index_kernels && ops::dsa_index_backward_supported(iq_c, keys_c);
-    torch::AutoGradMode grad_mode(!kernel);
-    // saved: iq, iw, index_k, then one scores' gradient per block.
-    for (int64_t r0 = 0, block = 3; r0 < T; r0 += block_rows, ++block) {
-      const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
-      const auto d = saved[block] * grads[0];  // [B, n, seen]
-      std::vector<Tensor> g;                   // d(iq), d(iw), d(keys) of the block
-      if (kernel) {
-        auto k = ops::dsa_index_backward(iq_c.narrow(1, r0, n), iw.narrow(1, r0, n), keys_c.narrow(1, 0, seen), d,
-                                         query_start + r0);
-        g = {k.dq, k.dw, k.d_keys};
-      } else {
-        const auto iq_b = iq.narrow(1, r0, n).detach().requires_grad_(true);
-        const auto iw_b = iw.narrow(1, r0, n).detach().requires_grad_(true);
-        const auto keys_b = index_k.narrow(1, 0, seen).detach().requires_grad_(true);
-        auto scores = lightning_indexer_scores(iq_b.to(compute), iw_b.to(compute), keys_b.to(compute));
-        g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d.to(scores.scalar_type())});
+    {
+      torch::AutoGradMode grad_mode(!kernel);
+      // saved: x, index_k, then one scores' gradient per block.
+      for (int64_t r0 = 0, block = 2; r0 < T; r0 += block_rows, ++block) {
+        const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
+        const auto d = saved[block] * grads[0];  // [B, n, seen]
+        std::vector<Tensor> g;                   // d(iq), d(iw), d(keys) of the block
+        if (kernel) {
+          auto k = ops::dsa_index_backward(iq_c.narrow(1, r0, n), iw_c.narrow(1, r0, n), keys_c.narrow(1, 0, seen), d,
+                                           query_start + r0);
+          g = {k.dq, k.dw, k.d_keys};
+        } else {
+          const auto iq_b = iq_c.narrow(1, r0, n).detach().requires_grad_(true);
+          const auto iw_b = iw_c.narrow(1, r0, n).detach().requires_grad_(true);
+          const auto keys_b = keys_c.narrow(1, 0, seen).detach().requires_grad_(true);
+          auto scores = lightning_indexer_scores(iq_b, iw_b, keys_b);
+          g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d.to(scores.scalar_type())});
+        }
+        d_iq.narrow(1, r0, n).copy_(g[0]);
+        d_iw.narrow(1, r0, n).copy_(g[1]);
+        d_keys.narrow(1, 0, seen) += g[2];
       }
-      d_iq.narrow(1, r0, n).copy_(g[0]);
-      d_iw.narrow(1, r0, n).copy_(g[1]);
-      d_keys.narrow(1, 0, seen) += g[2];
     }
-    return {d_iq, d_iw, d_keys.to(index_k.scalar_type()), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
-            Tensor(), Tensor()};
+    std::vector<Tensor> roots, root_grads;
+    for (auto [t, g] : {std::pair{iq, d_iq}, std::pair{iw, d_iw}})
+      if (t.requires_grad()) roots.push_back(t), root_grads.push_back(g);
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    return {Tensor(), d_keys.to(index_k.scalar_type()), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
+            Tensor()};
   }
 };
 
 }  // namespace
 
-IndexerLoss indexer_loss_blocked(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
-                                 const Tensor& k, int64_t query_start, int64_t topk, double scale,
-                                 int64_t block_rows, torch::ScalarType compute) {
+IndexerLoss indexer_loss_blocked(const IndexerQueries& queries, const Tensor& x, const Tensor& index_k,
+                                 const Tensor& q, const Tensor& k, int64_t query_start, int64_t topk, double scale,
+                                 int64_t block_rows) {
   LT2_CHECK(block_rows > 0, "indexer_loss_blocked: block_rows must be > 0, found ", block_rows);
-  auto out = IndexerLossFunction::apply(iq, iw, index_k, q.detach(), k.detach(), query_start, topk, scale,
-                                        block_rows, compute);
+  LT2_CHECK(!x.requires_grad(), "indexer_loss_blocked: x must not require a gradient (detach it: the queries' "
+            "gradients reach only what the query function reads besides x)");
+  auto holder = c10::make_intrusive<QueriesHolder>();
+  holder->queries = queries;
+  auto out = IndexerLossFunction::apply(x, index_k, q.detach(), k.detach(), query_start, topk, scale, block_rows,
+                                        holder);
   return {out[0], out[1]};
 }
 

@@ -8,6 +8,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
+
 #include <cstdint>
 
 namespace lt2 {
@@ -98,24 +100,33 @@ Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& 
                               const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
                               int64_t block_rows);
 
+// The lightning indexer's queries and weights of a call's rows from what they read:
+// (iq [B, T, H_I, d_I], iw [B, T, H_I]).
+using IndexerQueries = std::function<std::pair<Tensor, Tensor>(const Tensor& x)>;
+
 // DSA's indexer training signal over one call, without its dense activations: indexer_select for
 // every query row, then indexer_kl_loss against the head-summed probabilities of the main attention
 // q [B, H, T, D] over k [B, H_kv, L, D] on the selected keys (`scale` as in masked_attention; q and k
-// are the target, so no gradient reaches them). The value and gradients equal those of
+// are the target, so no gradient reaches them). With (iq, iw) = queries(x), the value and gradients
+// equal those of
 //   sel = indexer_select(iq, iw, index_k, query_start, topk);
 //   indexer_kl_loss(attention_probs(q, k, sel.support[:, None], scale), sel.scores, sel.support)
-// but no [B, H, T, L] probabilities or [B, T, H_I, L] index logits are kept for the backward: the
-// rows go in blocks of `block_rows`, each over the keys its last row can see; the forward keeps the
-// loss's gradient with respect to each block's scores (exact: the target is fixed), and the backward
-// recomputes a block's scores to carry it to the inputs. The index products run in `compute` (the autocast dtype where the caller runs
-// under autocast), in forward and backward alike. Gradients reach iq, iw and index_k.
+// but no [B, H, T, L] probabilities, [B, T, H_I, L] index logits or queries are kept for the
+// backward: the rows go in blocks of `block_rows`, each over the keys its last row can see; the
+// forward keeps the loss's gradient with respect to each block's scores (exact: the target is
+// fixed), and the backward calls queries(x) again and recomputes a block's scores to carry it to
+// index_k and the queries. The queries' gradients go on, inside the backward, into what `queries`
+// reads besides x (accumulated into their .grad, as activation checkpointing does); x itself takes
+// none and must not require one. `queries` must give the same values each call and own what it
+// captures. The index products run in the queries' autocast dtype where the caller runs under
+// autocast (product_dtype), in forward and backward alike.
 struct IndexerLoss {
   Tensor loss;     // scalar, accumulation dtype
   Tensor support;  // [B, T, L] bool, the selection (no gradient)
 };
-IndexerLoss indexer_loss_blocked(const Tensor& iq, const Tensor& iw, const Tensor& index_k, const Tensor& q,
-                                 const Tensor& k, int64_t query_start, int64_t topk, double scale,
-                                 int64_t block_rows, torch::ScalarType compute);
+IndexerLoss indexer_loss_blocked(const IndexerQueries& queries, const Tensor& x, const Tensor& index_k,
+                                 const Tensor& q, const Tensor& k, int64_t query_start, int64_t topk, double scale,
+                                 int64_t block_rows);
 
 // ---- NSA (spec §7) ----
 
