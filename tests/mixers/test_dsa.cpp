@@ -254,6 +254,7 @@ TEST(IndexerLoss, BlockedEqualsTheDenseComposition) {
     auto loss = indexer_kl_loss(attention_probs(q, k, sel.support.unsqueeze(1), scale), sel.scores, sel.support);
     ASSERT_GT(loss.item<double>(), 1e-3);
     const auto g_ref = torch::autograd::grad({loss}, ref);
+    const int64_t row_bytes = indexer_loss_row_bytes(B, H, H_I, L, /*kernels=*/false);
     for (int64_t rows : {int64_t{1}, int64_t{3}, T}) {
       auto in = leaves();
       int calls = 0;
@@ -261,7 +262,7 @@ TEST(IndexerLoss, BlockedEqualsTheDenseComposition) {
         ++calls;
         return std::pair{in[0] * x, in[1] * x};  // a graph to the leaves, as a projection has to its weights
       };
-      auto r = indexer_loss_blocked(queries, torch::ones({}, f64()), in[2], q, k, L - T, topk, scale, rows);
+      auto r = indexer_loss_blocked(queries, torch::ones({}, f64()), in[2], q, k, L - T, topk, scale, rows * row_bytes);
       EXPECT_NEAR(r.loss.item<double>(), loss.item<double>(), 1e-12) << "topk " << topk << " rows " << rows;
       EXPECT_TRUE(torch::equal(r.support, sel.support)) << "topk " << topk << " rows " << rows;
       r.loss.backward();
