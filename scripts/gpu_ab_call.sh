@@ -13,8 +13,9 @@
 # lt-100m with Mamba2 layers trained by MID and by the new tree, the GDN layer with the chunk outputs'
 # backward kernel off and on, and the KDA and GLA layers at the 1.3B shape by MID and by the new tree with
 # channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `dsa`: DSA
-# training (lt-100m with DSA layers, MID against the new tree, and the indexer loss's sparse stage) and the
-# DSA layer with the selection's kernels off and on; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
+# training (lt-100m with DSA layers, MID against the new tree, indexer stage off) and the DSA layer with the
+# selection's kernels off and on; `dsasparse`: the indexer loss's sparse stage, MID against the new tree,
+# and its profile; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
 # --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
@@ -50,18 +51,21 @@ steps+=(
 # The GDN layer's kernels named by their launching operators: where its elementwise passes come from.
 steps+=("layerprof 60 build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer gdn --batch 8 --seq 4096 --iters 3
   --profile 1 --profile-ops")
-# DSA: lt-100m with DSA layers trained by MID and by the new tree (indexer stage off, then the new tree's
-# sparse stage with the indexer loss), at 2048 x 16 (every key selected: causal) and 8192 x 4 (top-2048
-# of up to 8192); the DSA layer at the 1.3B shape (8 x 4096, stage off) by MID and by the new tree with the
-# selection's kernels off and on; then the sparse stage's per-operator profile at 2048 x 16.
+# DSA: lt-100m with DSA layers trained by MID and by the new tree, indexer stage off, at 2048 x 16 (every key
+# selected: causal) and 8192 x 4 (top-2048 of up to 8192); the DSA layer at the 1.3B shape (8 x 4096, stage
+# off) by MID and by the new tree with the selection's kernels off and on.
 dsa_train="--model lt-100m --pattern dsa --steps 4 --warm 2 --checkpoint-loops=auto"
-steps+=("dsa 300 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
+steps+=("dsa 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b dsa \$1 x \$2 off; \$b/train_bench $dsa_train
-     --seq-len \$1 --batch-size \$2 | grep RESULT; done; echo build-prebuilt dsa \$1 x \$2 sparse; build-prebuilt/train_bench
-     $dsa_train --seq-len \$1 --batch-size \$2 --indexer-stage sparse | grep RESULT; done;
+     --seq-len \$1 --batch-size \$2 | grep RESULT; done; done;
      echo layer dsa MID; /tmp/train_ab_base/build-prebuilt/mixer_bench --model lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096
      --iters 5 | grep RESULT; for o in 0 1; do echo layer dsa dsa_index_kernels=\$o; build-prebuilt/mixer_bench --model
-     lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096 --iters 5 --option dsa_index_kernels=\$o | grep RESULT; done;
+     lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096 --iters 5 --option dsa_index_kernels=\$o | grep RESULT; done")
+# DSA's sparse stage (the indexer loss) by MID and by the new tree, alternating, at both shapes; then the new
+# tree's per-operator profile of it at 2048 x 16.
+steps+=("dsasparse 300 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
+     for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b dsa \$1 x \$2 sparse; \$b/train_bench
+     $dsa_train --seq-len \$1 --batch-size \$2 --indexer-stage sparse | grep RESULT; done; done;
      build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'

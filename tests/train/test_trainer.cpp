@@ -324,13 +324,23 @@ TEST(Trainer, OuroObjectiveThenGateOnlyStage) {
   }
 }
 
-TEST(Trainer, DsaIndexerWarmupTrainsOnlyTheIndexer) {
-  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_dsa").string();
+namespace {
+
+// A tiny run of GDN and DSA (top-4) layers in a fresh `dir`.
+TrainConfig tiny_dsa_run(const std::string& dir) {
   lt2::remove_tree(dir);
   auto cfg = tiny_run(dir);
   auto mcfg = lt2::testing::tiny_config("interleaved:1:1:gdn:dsa");
   mcfg.mixer_options = json::parse(R"({"dsa": {"topk": 4}})");
   cfg.model = write_config(dir, mcfg);
+  return cfg;
+}
+
+}  // namespace
+
+TEST(Trainer, DsaIndexerWarmupTrainsOnlyTheIndexer) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_dsa").string();
+  auto cfg = tiny_dsa_run(dir);
   cfg.indexer_stage = "dense_warmup";
   cfg.steps = 15;
   cfg.lr = 1e-2;
@@ -363,11 +373,7 @@ TEST(Trainer, DsaIndexerWarmupTrainsOnlyTheIndexer) {
 // Per-loop checkpointing trains the indexer stages as stored activations do: the same losses step by step.
 TEST(Trainer, DsaIndexerStagesTrainUnderPerLoopCheckpointing) {
   const std::string dir = (fs::temp_directory_path() / "lt2_trainer_dsa_ckpt").string();
-  lt2::remove_tree(dir);
-  auto cfg = tiny_run(dir);
-  auto mcfg = lt2::testing::tiny_config("interleaved:1:1:gdn:dsa");
-  mcfg.mixer_options = json::parse(R"({"dsa": {"topk": 4}})");
-  cfg.model = write_config(dir, mcfg);
+  auto cfg = tiny_dsa_run(dir);
   cfg.steps = 4;
   for (const char* stage : {"dense_warmup", "sparse"}) {
     std::vector<double> losses[2];
