@@ -242,11 +242,18 @@ TEST(IndexerLoss, BlockedEqualsTheDenseComposition) {
     return std::vector<Tensor>{iq.clone().requires_grad_(true), iw.clone().requires_grad_(true),
                                keys.clone().requires_grad_(true)};
   };
-  {  // attention_probs: the grouped heads' product against keys repeated per query head
+  {  // attention_probs: the grouped heads' product against keys repeated per query head; a row that
+     // sees no key gets zeros, and the gradient stays finite
     auto mask = torch::rand({B, 1, T, L}) < 0.7;
+    mask.select(2, 1).fill_(false);
     auto scores = torch::matmul(q, k.repeat_interleave(H / H_kv, 1).transpose(-1, -2)) * scale;
     auto naive = torch::softmax(scores.masked_fill(~mask, -INFINITY), -1).nan_to_num(0.0);
-    EXPECT_LT(rel_err(attention_probs(q, k, mask, scale), naive), 1e-14);
+    auto q_leaf = q.clone().requires_grad_(true);
+    auto probs = attention_probs(q_leaf, k, mask, scale);
+    EXPECT_LT(rel_err(probs, naive), 1e-14);
+    EXPECT_EQ(probs.select(2, 1).abs().sum().item<double>(), 0.0);
+    (probs * torch::randn_like(probs)).sum().backward();
+    EXPECT_TRUE(torch::isfinite(q_leaf.grad()).all().item<bool>());
   }
   for (int64_t topk : {0, 3}) {
     auto ref = leaves();

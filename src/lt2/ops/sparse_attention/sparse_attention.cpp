@@ -115,16 +115,15 @@ Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, dou
   if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
   if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
   // The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per head.
-  auto rows = q.reshape({B, H_kv, H / H_kv * T, D});
-  auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L}).to(accum_dtype(q)) * scale;
-  // Softmax over the visible keys; a query seeing none gets all-zero probabilities. The row max is
-  // a constant shift (detached: the probabilities do not depend on it).
-  scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());  // [B, H, T, L]
-  auto row_max = scores.detach().amax(-1, /*keepdim=*/true);
-  row_max = row_max.masked_fill(torch::isinf(row_max), 0.0);
-  auto e = torch::exp(scores - row_max);
-  auto denom = e.sum(-1, /*keepdim=*/true);
-  return e / torch::where(denom > 0, denom, torch::ones_like(denom));
+  // The scale on the queries (1/L of the scores' size); the product in q's dtype.
+  auto rows = q.reshape({B, H_kv, H / H_kv * T, D}) * scale;
+  auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L});
+  // Softmax over the visible keys, read in q's dtype and written in the accumulation dtype in one
+  // pass. A query seeing no key gets all-zero probabilities: its softmax is NaN, replaced here, and
+  // masked_fill's backward zeroes the gradient of every hidden score, so no NaN reaches q or k.
+  scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());
+  auto probs = torch::softmax(scores, -1, accum_dtype(q));  // [B, H, T, L]
+  return torch::where(mask.any(-1, /*keepdim=*/true), probs, torch::zeros({}, probs.options()));
 }
 
 std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
