@@ -72,14 +72,28 @@ TEST(Trainer, TinyModelLearns) {
 // (a run that chose equals a run told the same policy, loss for loss).
 TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
   const StepMemory stored_one{100, 1000}, stored_two{200, 1600}, recomputed_one{30, 700}, recomputed_two{60, 800};
-  auto c = choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000);
+  // 4 rows, 4 loops: storing every loop needs 3300, only the last 1500; storing the last s loops
+  // 1500 + 600 (s - 1).
+  auto choose = [&](int64_t available) {
+    return choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, available, 4);
+  };
+  auto c = choose(3000);
   EXPECT_EQ(c.stored_bytes, 1000 + 3 * 600 + 500);
   EXPECT_EQ(c.recomputed_bytes, 700 + 3 * 100 + 500);
   EXPECT_TRUE(c.checkpoint_loops);  // 3300 > 0.9 x 3000
-  EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 4000 * 10)
-                   .checkpoint_loops);
-  EXPECT_FALSE(choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112).checkpoint_loops);
-  EXPECT_NE(c.summary().find("on (auto)"), std::string::npos) << c.summary();
+  EXPECT_EQ(c.stored_loops, 3);     // 2700 <= 2700
+  EXPECT_EQ(c.chosen_bytes, 2700);
+  EXPECT_NE(c.summary().find("on (auto): 1 of 4 loops recomputed"), std::string::npos) << c.summary();
+  EXPECT_EQ(choose(2500).stored_loops, 2);  // 2100 <= 2250 < 2700
+  EXPECT_EQ(choose(4000 * 10).stored_loops, 4);
+  EXPECT_FALSE(choose(4000 * 10).checkpoint_loops);
+  EXPECT_EQ(choose(1000).stored_loops, 1);  // nothing fits: recompute all but the last
+  EXPECT_NE(choose(1000).summary().find("(it may not fit)"), std::string::npos);
+  EXPECT_EQ(choose(2000).stored_loops, 1);  // 1500 <= 1800 < 2100
+  EXPECT_FALSE(
+      choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112, 4).checkpoint_loops);
+  EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000, 1)
+                   .checkpoint_loops);  // one loop: nothing to recompute
 }
 
 TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradients) {
@@ -120,6 +134,7 @@ TEST(Trainer, AutoCheckpointingTrainsAsTheChosenPolicy) {
   const auto choice = chose.checkpointing_choice();
   ASSERT_TRUE(choice.has_value());
   EXPECT_GT(choice->stored_bytes, choice->recomputed_bytes);
+  EXPECT_EQ(choice->stored_loops, chose.model()->config().n_loops);  // every loop stored
   EXPECT_GT(choice->available_bytes, choice->stored_bytes);
   EXPECT_FALSE(fixed.checkpointing_choice().has_value());  // the config fixed the policy
 }
