@@ -116,6 +116,34 @@ TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradie
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
+// choose_checkpointing's assumption: storing the last s of T loops needs about the recomputing need
+// plus (s - 1) / (T - 1) of the difference to storing all, both what is held between forward and
+// backward and the peak.
+TEST(CheckpointingPolicy, StoringSomeLoopsNeedsTheInterpolatedMemory) {
+  auto mc = lt2::testing::tiny_config();
+  mc.n_loops = 4;
+  torch::manual_seed(3);
+  LoopedLM model(mc);
+  auto tokens = torch::randint(mc.vocab_size, {2, 64}, torch::kLong);
+  auto measure = [&](int64_t stored_loops) {
+    return measure_step_memory(*model, [&] {
+      ForwardOptions fo;
+      fo.checkpoint_loops = true;
+      fo.stored_loops = stored_loops;
+      return model->forward(tokens, nullptr, fo).logits.square().mean();
+    }, torch::kCPU);
+  };
+  const auto one = measure(1), all = measure(mc.n_loops);
+  for (int64_t s = 2; s < mc.n_loops; ++s) {
+    const auto m = measure(s);
+    const double f = static_cast<double>(s - 1) / static_cast<double>(mc.n_loops - 1);
+    const double held = one.held + f * static_cast<double>(all.held - one.held);
+    const double peak = one.peak + f * static_cast<double>(all.peak - one.peak);
+    EXPECT_NEAR(static_cast<double>(m.held), held, 0.02 * held) << s << " loops stored";
+    EXPECT_LE(static_cast<double>(m.peak), 1.02 * peak) << s << " loops stored";
+  }
+}
+
 TEST(Trainer, AutoCheckpointingTrainsAsTheChosenPolicy) {
   const std::string dir = (fs::temp_directory_path() / "lt2_trainer_auto_ckpt").string();
   lt2::remove_tree(dir);
