@@ -7,10 +7,14 @@ its chunked kernel alone, forward and forward + backward, on the GPU, one JSON l
       [--hidden 2048 --heads 16 --head-k 96 --head-v 192] [--iters 10]
   fla_peer.py --what layer --mixer gla,retnet,hgrn2,linear --shape 8x4096
   fla_peer.py --what core --mixer mamba2,linear,gla --shape 8x4096 --head-k 128 --head-v 128
+  fla_peer.py --what layer --mixer gdn --shape 8x4096 --precision bf16,autocast
 
 Every combination runs in one process, so Triton's autotuning of a kernel is paid once.
 
-The layer is fla's GatedDeltaNet / KimiDeltaAttention / DeltaNet in bf16 with a short convolution
+The layer is fla's GatedDeltaNet / KimiDeltaAttention / DeltaNet in bf16 (--precision bf16) or in
+fp32 under bf16 autocast (--precision autocast, the regime mixer_bench runs lt2's layer in, and a
+mixed-precision training run's: the input cast to bf16 for the projections, the input's gradient and
+the weights' in fp32) with a short convolution
 and (GDN) the output gate, d = hidden, or its GatedLinearAttention / MultiScaleRetention /
 HGRN2Attention / LinearAttention at the dims of lt2's mixer of that name; the core is chunk_gated_delta_rule / chunk_kda /
 chunk_delta_rule on bf16 q, k (unit rows), v, fp32 gates, as mixer_bench --core times ours; for the
@@ -104,16 +108,20 @@ def layer_params(run):
     return sum(p.numel() for p in run.layer.parameters())
 
 
-def make_run(what, mixer, B, T, hidden, H, K, V):
-    """The function that runs one forward (and backward) of the layer or the core."""
+def make_run(what, mixer, B, T, hidden, H, K, V, precision="bf16"):
+    """The function that runs one forward (and backward) of the layer or the core. The layer in
+    `precision` bf16 (weights and input) or autocast (fp32 weights and input, the forward under bf16
+    autocast: mixer_bench's regime, and a training run's)."""
     dev = torch.device("cuda")
     bf16 = dict(device=dev, dtype=torch.bfloat16)
     if what == "layer":
-        layer = make_layer(mixer, hidden, H, K, V).to(**bf16)
-        x = torch.randn(B, T, hidden, **bf16, requires_grad=True)
+        dtype = torch.float32 if precision == "autocast" else torch.bfloat16
+        layer = make_layer(mixer, hidden, H, K, V).to(device=dev, dtype=dtype)
+        x = torch.randn(B, T, hidden, device=dev, dtype=dtype, requires_grad=True)
 
         def run(backward):
-            y = layer(x)[0]
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "autocast"):
+                y = layer(x)[0]
             if backward:
                 y.float().square().mean().backward()
         run.layer = layer
@@ -159,6 +167,9 @@ def main():
     ap.add_argument("--head-k", type=int, default=96)
     ap.add_argument("--head-v", type=int, default=192)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--precision", default="bf16",
+                    help="comma-separated, for the layer: bf16 (bf16 weights and input) or autocast (fp32 weights "
+                         "and input, the forward under bf16 autocast, as mixer_bench runs lt2's layer)")
     a = ap.parse_args()
 
     install_transformers_stand_in()
@@ -167,24 +178,24 @@ def main():
     guard_lifted = not chunk_o.TRITON_ABOVE_3_7_1
     chunk_o.TRITON_ABOVE_3_7_1 = True
 
-    for mixer in a.mixer.split(","):
-        for what in a.what.split(","):
-            for shape in a.shape.split(","):
-                B, T = (int(x) for x in shape.split("x"))
-                run = make_run(what, mixer, B, T, a.hidden, a.heads, a.head_k, a.head_v)
-                with torch.no_grad():
-                    fwd, warm_fwd = time_ms(run, False, a.iters)
-                fwd_bwd, warm_bwd = time_ms(run, True, a.iters)
-                row = {"peer": f"fla {getattr(fla, '__version__', '?')}", "what": what, "mixer": mixer, "batch": B,
-                       "seq": T, "heads": a.heads, "head_k": a.head_k, "head_v": a.head_v,
-                       "hidden": a.hidden if what == "layer" else None, "forward_ms": fwd,
-                       "params": layer_params(run) if what == "layer" else None,
-                       "forward_backward_ms": fwd_bwd, "tokens_per_s_fwd_bwd": B * T / (fwd_bwd / 1000),
-                       "autotune_s": round(warm_fwd + warm_bwd, 1),
-                       "fla_gated_bwd_guard_lifted": guard_lifted and mixer not in ("deltanet", "linear")}
-                print("RESULT " + json.dumps(row), flush=True)
-                del run
-                torch.cuda.empty_cache()
+    runs = [(mixer, what, shape, precision) for mixer in a.mixer.split(",") for what in a.what.split(",")
+            for shape in a.shape.split(",") for precision in (a.precision.split(",") if what == "layer" else ["bf16"])]
+    for mixer, what, shape, precision in runs:
+        B, T = (int(x) for x in shape.split("x"))
+        run = make_run(what, mixer, B, T, a.hidden, a.heads, a.head_k, a.head_v, precision)
+        with torch.no_grad():
+            fwd, warm_fwd = time_ms(run, False, a.iters)
+        fwd_bwd, warm_bwd = time_ms(run, True, a.iters)
+        row = {"peer": f"fla {getattr(fla, '__version__', '?')}", "what": what, "mixer": mixer, "batch": B,
+               "seq": T, "heads": a.heads, "head_k": a.head_k, "head_v": a.head_v,
+               "hidden": a.hidden if what == "layer" else None, "precision": precision, "forward_ms": fwd,
+               "params": layer_params(run) if what == "layer" else None,
+               "forward_backward_ms": fwd_bwd, "tokens_per_s_fwd_bwd": B * T / (fwd_bwd / 1000),
+               "autotune_s": round(warm_fwd + warm_bwd, 1),
+               "fla_gated_bwd_guard_lifted": guard_lifted and mixer not in ("deltanet", "linear")}
+        print("RESULT " + json.dumps(row), flush=True)
+        del run
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

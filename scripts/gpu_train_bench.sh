@@ -7,7 +7,8 @@
 #            recurrent families at the 100M shape (16 x 2048); the GDN layer with TF32 off
 #   peer:    bench/fla_peer.py, flash-linear-attention 0.6.0 from .deps/py, the same rows (PEER_MIXERS,
 #            default MIXERS; Triton autotunes each kernel once per call, minutes: its compile cache
-#            stays in .triton-cache while the machine is warm)
+#            stays in .triton-cache while the machine is warm); PEER_PRECISION="bf16,autocast" times fla's
+#            layer in bf16 and in mixer_bench's regime (fp32 weights under bf16 autocast) too
 #   train:   bench/train_bench for TRAIN_MODELS (lt-100m,lt2-gdn-100m,lt2-full-gdn-100m) at seq 2048 x 16
 #            and 8192 x 4 (the same tokens a step), with per-loop activation checkpointing
 #   prefill: `lt2 bench prefill` of PREFILL_MODELS (lt2-gdn-1.3b,lt2-full-gdn-1.3b) at PREFILL_CONTEXTS, batch 1
@@ -84,7 +85,7 @@ fi
 
 if has peer; then
   PYTHONPATH=$PWD/.deps/py timeout "${PEER_TIMEOUT:-300}" python3 bench/fla_peer.py --what layer,core --mixer "${PEER_MIXERS:-$MIXERS}" \
-    --shape "$SHAPES" 2>&1 | tee /tmp/fla_peer.log | record
+    --shape "$SHAPES" --precision "${PEER_PRECISION:-bf16}" 2>&1 | tee /tmp/fla_peer.log | record
   grep -v '^RESULT' /tmp/fla_peer.log | grep -iE "error|Traceback" -A3 | head -20
 fi
 
