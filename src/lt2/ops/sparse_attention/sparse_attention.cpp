@@ -289,11 +289,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
                                                 int64_t query_start, int64_t topk, double scale, int64_t block_rows,
                                                 c10::intrusive_ptr<QueriesHolder> holder) {
     holder->autocast = AutocastState::current();
-    Tensor iq, iw;
-    {
-      torch::NoGradGuard no_grad;
-      std::tie(iq, iw) = holder->queries(x);
-    }
+    auto [iq, iw] = holder->queries(x);  // Function::forward records no graph
     const auto compute = product_dtype(iq, index_k);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes set here
     const int64_t T = iq.size(1), L = index_k.size(1);
@@ -333,15 +329,13 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     const Tensor &x = saved[0], &index_k = saved[1];
     auto holder = c10::static_intrusive_pointer_cast<QueriesHolder>(ctx->saved_data["holder"].toCapsule());
     Tensor iq, iw;
+    torch::ScalarType compute;
     {
       AutocastStateScope autocast(holder->autocast);
       torch::AutoGradMode grad_mode(true);
       std::tie(iq, iw) = holder->queries(x);
+      compute = product_dtype(iq, index_k);
     }
-    const auto compute = [&] {
-      AutocastStateScope autocast(holder->autocast);
-      return product_dtype(iq, index_k);
-    }();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1), L = index_k.size(1);
     const int64_t query_start = ctx->saved_data["query_start"].toInt();

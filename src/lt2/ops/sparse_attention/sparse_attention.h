@@ -8,9 +8,8 @@
 #pragma once
 #include <torch/torch.h>
 
-#include <functional>
-
 #include <cstdint>
+#include <functional>
 
 namespace lt2 {
 
