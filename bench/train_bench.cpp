@@ -100,7 +100,9 @@ int main(int argc, char** argv) {
                 {"seq_len", cfg.seq_len},
                 {"batch_size", cfg.batch_size},
                 {"grad_accum", cfg.grad_accum},
-                {"checkpoint_policy", checkpoint_loops}, {"checkpoint_loops", trainer.checkpoint_loops()}, {"tf32", cfg.tf32},
+                {"checkpoint_policy", checkpoint_loops}, {"checkpoint_loops", trainer.checkpoint_loops()},
+                {"stored_loops", trainer.checkpoint_loops() ? trainer.stored_loops() : trainer.model()->config().n_loops},
+                {"tf32", cfg.tf32},
                 {"device", dev.empty() ? "cpu" : dev},
                 {"median_step_ms", median},
                 {"tokens_per_s", tokens / (median / 1000)},
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
     if (const auto c = trainer.checkpointing_choice())  // what "auto" measured
       j["checkpoint_need"] = {{"stored_bytes", c->stored_bytes},
                               {"recomputed_bytes", c->recomputed_bytes},
+                              {"chosen_bytes", c->chosen_bytes},
                               {"available_bytes", c->available_bytes}};
     if (profile.runs > 0) {
       trainer.on_step = nullptr;

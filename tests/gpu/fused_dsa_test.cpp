@@ -170,7 +170,9 @@ TEST(FusedDsa, IndexerLossOnTheKernelsMatchesFloat64) {
     for (const auto& x : inputs) in.push_back(on_cpu ? x.cpu().to(f64) : x.clone());
     std::vector<Tensor> leaves{in[0].requires_grad_(true), in[1].requires_grad_(true), in[2].requires_grad_(true)};
     auto queries = [&](const Tensor& x) { return std::pair{leaves[0] * x, leaves[1] * x}; };
-    auto r = indexer_loss_blocked(queries, torch::ones({}, in[0].options()), leaves[2], in[3], in[4], 0, 0, 0.2, 16);
+    const int64_t row_bytes = indexer_loss_row_bytes(B, H, H_I, T, /*kernels=*/!on_cpu);  // blocks of 16 rows
+    auto r = indexer_loss_blocked(queries, torch::ones({}, in[0].options()), leaves[2], in[3], in[4], 0, 0, 0.2,
+                                  16 * row_bytes);
     r.loss.backward();
     std::vector<Tensor> g{r.loss};
     for (const auto& leaf : leaves) g.push_back(leaf.grad());

@@ -242,11 +242,18 @@ TEST(IndexerLoss, BlockedEqualsTheDenseComposition) {
     return std::vector<Tensor>{iq.clone().requires_grad_(true), iw.clone().requires_grad_(true),
                                keys.clone().requires_grad_(true)};
   };
-  {  // attention_probs: the grouped heads' product against keys repeated per query head
+  {  // attention_probs: the grouped heads' product against keys repeated per query head; a row that
+     // sees no key gets zeros, and the gradient stays finite
     auto mask = torch::rand({B, 1, T, L}) < 0.7;
+    mask.select(2, 1).fill_(false);
     auto scores = torch::matmul(q, k.repeat_interleave(H / H_kv, 1).transpose(-1, -2)) * scale;
     auto naive = torch::softmax(scores.masked_fill(~mask, -INFINITY), -1).nan_to_num(0.0);
-    EXPECT_LT(rel_err(attention_probs(q, k, mask, scale), naive), 1e-14);
+    auto q_leaf = q.clone().requires_grad_(true);
+    auto probs = attention_probs(q_leaf, k, mask, scale);
+    EXPECT_LT(rel_err(probs, naive), 1e-14);
+    EXPECT_EQ(probs.select(2, 1).abs().sum().item<double>(), 0.0);
+    (probs * torch::randn_like(probs)).sum().backward();
+    EXPECT_TRUE(torch::isfinite(q_leaf.grad()).all().item<bool>());
   }
   for (int64_t topk : {0, 3}) {
     auto ref = leaves();
@@ -254,6 +261,7 @@ TEST(IndexerLoss, BlockedEqualsTheDenseComposition) {
     auto loss = indexer_kl_loss(attention_probs(q, k, sel.support.unsqueeze(1), scale), sel.scores, sel.support);
     ASSERT_GT(loss.item<double>(), 1e-3);
     const auto g_ref = torch::autograd::grad({loss}, ref);
+    const int64_t row_bytes = indexer_loss_row_bytes(B, H, H_I, L, /*kernels=*/false);
     for (int64_t rows : {int64_t{1}, int64_t{3}, T}) {
       auto in = leaves();
       int calls = 0;
@@ -261,7 +269,7 @@ TEST(IndexerLoss, BlockedEqualsTheDenseComposition) {
         ++calls;
         return std::pair{in[0] * x, in[1] * x};  // a graph to the leaves, as a projection has to its weights
       };
-      auto r = indexer_loss_blocked(queries, torch::ones({}, f64()), in[2], q, k, L - T, topk, scale, rows);
+      auto r = indexer_loss_blocked(queries, torch::ones({}, f64()), in[2], q, k, L - T, topk, scale, rows * row_bytes);
       EXPECT_NEAR(r.loss.item<double>(), loss.item<double>(), 1e-12) << "topk " << topk << " rows " << rows;
       EXPECT_TRUE(torch::equal(r.support, sel.support)) << "topk " << topk << " rows " << rows;
       r.loss.backward();
@@ -339,7 +347,8 @@ TEST(IndexerLoss, OneLossPerLayerAndLoop) {
 
 // Per-loop checkpointing: every (layer, loop) records its loss once, each with its graph (the
 // checkpointed loops' first pass runs without a gradient, their backward runs them again), nothing
-// is left recorded after the backward, and the indexer's gradients equal those of stored activations.
+// is left recorded after the backward, and the indexer's gradients equal those of stored activations,
+// however many of the last loops store theirs.
 TEST(IndexerLoss, CheckpointedLoopsTrainTheIndexerAsStoredOnes) {
   auto built = tiny_dsa_model(IndexerStage::Sparse);  // not a structured binding: the lambda below captures them
   auto& model = built.first;
@@ -348,9 +357,10 @@ TEST(IndexerLoss, CheckpointedLoopsTrainTheIndexerAsStoredOnes) {
   std::vector<Tensor> indexer;
   for (auto& m : model->modules(false))
     if (auto* d = dynamic_cast<DSAImpl*>(m.get())) for (auto& p : d->indexer_parameters()) indexer.push_back(p);
-  auto grads = [&](bool checkpoint) {
+  auto grads = [&](bool checkpoint, int64_t stored_loops) {
     ForwardOptions fo;
     fo.checkpoint_loops = checkpoint;
+    fo.stored_loops = stored_loops;
     auto out = model->forward(tok, nullptr, fo);
     auto losses = take_indexer_losses(*model);
     EXPECT_EQ(static_cast<int64_t>(losses.size()), cfg.n_layers * cfg.n_loops);
@@ -362,8 +372,12 @@ TEST(IndexerLoss, CheckpointedLoopsTrainTheIndexerAsStoredOnes) {
     for (auto& p : indexer) g.push_back(p.grad().clone());
     return g;
   };
-  const auto stored = grads(false), recomputed = grads(true);
-  for (size_t i = 0; i < stored.size(); ++i) EXPECT_LT(rel_err(recomputed[i], stored[i]), 1e-12) << "parameter " << i;
+  const auto stored = grads(false, 1);
+  for (int64_t stored_loops = 1; stored_loops < cfg.n_loops; ++stored_loops) {  // some loops recomputed
+    const auto recomputed = grads(true, stored_loops);
+    for (size_t i = 0; i < stored.size(); ++i)
+      EXPECT_LT(rel_err(recomputed[i], stored[i]), 1e-12) << "parameter " << i << ", " << stored_loops << " stored";
+  }
 }
 
 TEST(DSA, Options) {

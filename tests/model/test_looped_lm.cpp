@@ -139,18 +139,41 @@ TEST(LoopedLM, CheckpointedLoopsGiveSameGradients) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_LT(rel_err(ckpt[i], plain[i]), 1e-12);
 }
 
+// Checkpointing recomputes every loop but the last stored_loops (1 by default), and the gradients
+// equal those of stored activations whatever that count.
 TEST(LoopedLM, CheckpointingRecomputesEveryLoopButTheLast) {
   auto cfg = tiny_config();  // 2 layers, 3 loops
   auto m = make_model(cfg);
   auto tok = random_tokens(2, 8, cfg.vocab_size);
-  std::vector<int64_t> calls_per_loop(cfg.n_loops, 0);
-  ForwardOptions o;
-  o.checkpoint_loops = true;
-  o.mixer_tap = [&](int64_t, int64_t loop, const torch::Tensor&, const torch::Tensor&) { ++calls_per_loop[loop]; };
-  m->forward(tok, nullptr, o).logits.square().mean().backward();
-  // Forward: each loop's layers once; backward: the recompute of every loop but the last.
-  for (int64_t loop = 0; loop < cfg.n_loops; ++loop)
-    EXPECT_EQ(calls_per_loop[loop], cfg.n_layers * (loop + 1 < cfg.n_loops ? 2 : 1)) << "loop " << loop;
+  auto grads = [&](bool checkpoint, int64_t stored_loops, std::vector<int64_t>& calls_per_loop) {
+    calls_per_loop.assign(cfg.n_loops, 0);
+    ForwardOptions o;
+    o.checkpoint_loops = checkpoint;
+    o.stored_loops = stored_loops;
+    o.mixer_tap = [&](int64_t, int64_t loop, const torch::Tensor&, const torch::Tensor&) { ++calls_per_loop[loop]; };
+    m->zero_grad();
+    m->forward(tok, nullptr, o).logits.square().mean().backward();
+    std::vector<torch::Tensor> g;
+    for (const auto& p : m->parameters())
+      if (p.grad().defined()) g.push_back(p.grad().clone());
+    return g;
+  };
+  std::vector<int64_t> calls;
+  const auto stored = grads(false, 1, calls);
+  for (int64_t stored_loops = 1; stored_loops <= cfg.n_loops; ++stored_loops) {
+    const auto g = grads(true, stored_loops, calls);
+    // Forward: each loop's layers once; backward: the recompute of every loop but the last stored_loops.
+    for (int64_t loop = 0; loop < cfg.n_loops; ++loop)
+      EXPECT_EQ(calls[loop], cfg.n_layers * (loop + stored_loops < cfg.n_loops ? 2 : 1))
+          << "loop " << loop << ", " << stored_loops << " stored";
+    ASSERT_EQ(g.size(), stored.size());
+    for (size_t i = 0; i < g.size(); ++i)
+      EXPECT_LT(rel_err(g[i], stored[i]), 1e-12) << "parameter " << i << ", " << stored_loops << " stored";
+  }
+  ForwardOptions bad;
+  bad.checkpoint_loops = true;
+  bad.stored_loops = 0;
+  EXPECT_THROW(m->forward(tok, nullptr, bad), Error);
 }
 
 TEST(Config, ValidationNamesField) {

@@ -72,14 +72,28 @@ TEST(Trainer, TinyModelLearns) {
 // (a run that chose equals a run told the same policy, loss for loss).
 TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
   const StepMemory stored_one{100, 1000}, stored_two{200, 1600}, recomputed_one{30, 700}, recomputed_two{60, 800};
-  auto c = choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000);
+  // 4 rows, 4 loops: storing every loop needs 3300, only the last 1500; storing the last s loops
+  // 1500 + 600 (s - 1).
+  auto choose = [&](int64_t available) {
+    return choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, available, 4);
+  };
+  auto c = choose(3000);
   EXPECT_EQ(c.stored_bytes, 1000 + 3 * 600 + 500);
   EXPECT_EQ(c.recomputed_bytes, 700 + 3 * 100 + 500);
   EXPECT_TRUE(c.checkpoint_loops);  // 3300 > 0.9 x 3000
-  EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 4000 * 10)
-                   .checkpoint_loops);
-  EXPECT_FALSE(choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112).checkpoint_loops);
-  EXPECT_NE(c.summary().find("on (auto)"), std::string::npos) << c.summary();
+  EXPECT_EQ(c.stored_loops, 3);     // 2700 <= 2700
+  EXPECT_EQ(c.chosen_bytes, 2700);
+  EXPECT_NE(c.summary().find("on (auto): 1 of 4 loops recomputed"), std::string::npos) << c.summary();
+  EXPECT_EQ(choose(2500).stored_loops, 2);  // 2100 <= 2250 < 2700
+  EXPECT_EQ(choose(4000 * 10).stored_loops, 4);
+  EXPECT_FALSE(choose(4000 * 10).checkpoint_loops);
+  EXPECT_EQ(choose(1000).stored_loops, 1);  // nothing fits: recompute all but the last
+  EXPECT_NE(choose(1000).summary().find("(it may not fit)"), std::string::npos);
+  EXPECT_EQ(choose(2000).stored_loops, 1);  // 1500 <= 1800 < 2100
+  EXPECT_FALSE(
+      choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112, 4).checkpoint_loops);
+  EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000, 1)
+                   .checkpoint_loops);  // one loop: nothing to recompute
 }
 
 TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradients) {
@@ -102,6 +116,34 @@ TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradie
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
+// choose_checkpointing's assumption: storing the last s of T loops needs about the recomputing need
+// plus (s - 1) / (T - 1) of the difference to storing all, both what is held between forward and
+// backward and the peak.
+TEST(CheckpointingPolicy, StoringSomeLoopsNeedsTheInterpolatedMemory) {
+  auto mc = lt2::testing::tiny_config();
+  mc.n_loops = 4;
+  torch::manual_seed(3);
+  LoopedLM model(mc);
+  auto tokens = torch::randint(mc.vocab_size, {2, 64}, torch::kLong);
+  auto measure = [&](int64_t stored_loops) {
+    return measure_step_memory(*model, [&] {
+      ForwardOptions fo;
+      fo.checkpoint_loops = true;
+      fo.stored_loops = stored_loops;
+      return model->forward(tokens, nullptr, fo).logits.square().mean();
+    }, torch::kCPU);
+  };
+  const auto one = measure(1), all = measure(mc.n_loops);
+  for (int64_t s = 2; s < mc.n_loops; ++s) {
+    const auto m = measure(s);
+    const double f = static_cast<double>(s - 1) / static_cast<double>(mc.n_loops - 1);
+    const double held = one.held + f * static_cast<double>(all.held - one.held);
+    const double peak = one.peak + f * static_cast<double>(all.peak - one.peak);
+    EXPECT_NEAR(static_cast<double>(m.held), held, 0.02 * held) << s << " loops stored";
+    EXPECT_LE(static_cast<double>(m.peak), 1.02 * peak) << s << " loops stored";
+  }
+}
+
 TEST(Trainer, AutoCheckpointingTrainsAsTheChosenPolicy) {
   const std::string dir = (fs::temp_directory_path() / "lt2_trainer_auto_ckpt").string();
   lt2::remove_tree(dir);
@@ -120,6 +162,7 @@ TEST(Trainer, AutoCheckpointingTrainsAsTheChosenPolicy) {
   const auto choice = chose.checkpointing_choice();
   ASSERT_TRUE(choice.has_value());
   EXPECT_GT(choice->stored_bytes, choice->recomputed_bytes);
+  EXPECT_EQ(choice->stored_loops, chose.model()->config().n_loops);  // every loop stored
   EXPECT_GT(choice->available_bytes, choice->stored_bytes);
   EXPECT_FALSE(fixed.checkpointing_choice().has_value());  // the config fixed the policy
 }

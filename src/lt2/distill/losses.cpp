@@ -58,7 +58,7 @@ std::vector<double> loop_weights(const ModelConfig& cfg, const std::vector<doubl
 }
 
 Tensor kd_loss(LoopedLMImpl& teacher, LoopedLMImpl& student, const Tensor& tokens, const std::vector<double>& weights,
-               const ops::HeadLossOptions& head, bool checkpoint_loops) {
+               const ops::HeadLossOptions& head, bool checkpoint_loops, int64_t stored_loops) {
   const int64_t T = student.config().n_loops;
   LT2_CHECK(static_cast<int64_t>(weights.size()) == T, "distill: ", weights.size(), " loop weights for ", T,
             " loops");
@@ -71,6 +71,7 @@ Tensor kd_loss(LoopedLMImpl& teacher, LoopedLMImpl& student, const Tensor& token
     t_out = teacher.forward(tokens, nullptr, fo);
   }
   fo.checkpoint_loops = checkpoint_loops;
+  fo.stored_loops = stored_loops;
   const auto s_out = student.forward(tokens, nullptr, fo);
   Tensor total;
   for (int64_t t = 0; t < T; ++t) {

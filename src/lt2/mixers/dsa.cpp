@@ -260,17 +260,17 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   // The rows are independent, so blocks of them bound the dense tensors to ~query_block_bytes each:
   // the indexer's [n, H_I, L] logits (at 8192 rows of 32k keys and 64 index heads a chunk's are
   // 34 GB), then the masked attention's [H, n, L] scores (its math path: the latent head's 576
-  // dims take no fused kernel; 96 GB at 32k in one block). The indexer loss holds both at once.
+  // dims take no fused kernel; 96 GB at 32k in one block). The indexer loss sizes its own blocks
+  // within the same budget (ops::indexer_loss_row_bytes).
   // The queries are the last T of the L key positions, so a block of rows [r0, r0 + n) sees only
   // the first L - T + r0 + n keys: it scores and attends over those alone.
   auto seen = [&](int64_t r0, int64_t n) { return L - T + r0 + n; };
   Tensor attend;  // [B, T, L] bool: the keys each query attends to, where not causal
   if (record) {
     torch::AutoGradMode indexer_mode(indexer_grad);
-    const auto rows = block_rows(index_row_bytes(B, L) + attention_row_bytes(B, L), T);
     // The module outlives the step whose backward calls the queries again.
     auto queries = [this, pos](const Tensor& x_rows) { return indexer_queries(x_rows, pos); };
-    auto r = indexer_loss_blocked(queries, x_index, index_k, h.q, k, L - T, select_topk, scale(), rows);
+    auto r = indexer_loss_blocked(queries, x_index, index_k, h.q, k, L - T, select_topk, scale(), query_block_bytes);
     indexer_losses.push_back(r.loss);
     attend = r.support;
   } else if (!causal) {

@@ -184,6 +184,8 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
               " tokens; ", start, " + ", tokens.size(1), " requested");
   }
   const bool ouro = cfg_.form == ModelForm::Ouro;
+  LT2_CHECK(opts.stored_loops >= 1, "stored_loops must be >= 1 (the last loop always keeps its activations), found ",
+            opts.stored_loops);
   const bool recompute = opts.checkpoint_loops && !state && torch::GradMode::is_enabled();
   ModelOutput out;
   std::vector<Tensor> exits;  // Ouro: normed hidden of each loop
@@ -199,8 +201,9 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
     };
     // The last loop keeps its activations: its backward comes first, right after the forward, so
     // recomputing it would redo a whole loop to rebuild what is still at hand; the peak stays about
-    // the same (the backward of a checkpointed loop holds one loop's activations too).
-    h = recompute && loop + 1 < T ? checkpointed(one_loop, h) : one_loop(h);
+    // the same (the backward of a checkpointed loop holds one loop's activations too). The last
+    // stored_loops keep theirs: where memory allows some loops but not all, fewer are recomputed.
+    h = recompute && loop + opts.stored_loops < T ? checkpointed(one_loop, h) : one_loop(h);
     if (ouro) exits.push_back(h);
     if (opts.loop_hidden || (opts.loop_logits && opts.compute_logits)) {
       const Tensor normed = ouro ? h : ops::rms_norm(h, norm);

@@ -40,7 +40,8 @@ struct ForwardOptions {
   bool loop_logits = false;       // also return every loop's logits (Ouro objective, per-loop KD)
   bool loop_hidden = false;       // also return every loop's normed hidden state (per-loop KD)
   MixerTap mixer_tap;             // called after every mixer call of a parallel forward
-  bool checkpoint_loops = false;  // recompute each loop but the last in backward instead of storing activations
+  bool checkpoint_loops = false;  // recompute loops in backward instead of storing their activations:
+  int64_t stored_loops = 1;       // with checkpoint_loops, all but the last this many (>= 1) of them
   int64_t exit_at_loop = -1;      // Ouro inference: take logits of this loop (1-based); -1 = use threshold
   double exit_threshold = -1;     // Ouro inference: exit at first cumulative p >= q; -1 = config value
   // Ouro inference: compare as Ouro's released code does (p_t and their cumulative sum in the model

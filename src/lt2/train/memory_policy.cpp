@@ -39,22 +39,37 @@ int64_t extrapolate(int64_t rows, const StepMemory& one, const StepMemory& two) 
 
 CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, StepMemory stored_two,
                                          StepMemory recomputed_one, StepMemory recomputed_two,
-                                         int64_t optimizer_bytes, int64_t available_bytes) {
+                                         int64_t optimizer_bytes, int64_t available_bytes, int64_t n_loops) {
   LT2_CHECK(rows >= 1, "choose_checkpointing: rows must be >= 1, found ", rows);
+  LT2_CHECK(n_loops >= 1, "choose_checkpointing: n_loops must be >= 1, found ", n_loops);
   CheckpointingChoice c;
+  c.n_loops = n_loops;
   c.stored_bytes = extrapolate(rows, stored_one, stored_two) + optimizer_bytes;
   c.recomputed_bytes = extrapolate(rows, recomputed_one, recomputed_two) + optimizer_bytes;
   c.available_bytes = available_bytes;
-  c.checkpoint_loops = static_cast<double>(c.stored_bytes) > 0.9 * static_cast<double>(available_bytes);
+  // The need storing the last s loops: linear from the recomputed need (s = 1) to the stored (s = T).
+  auto need = [&](int64_t s) {
+    if (n_loops == 1) return c.stored_bytes;
+    return c.recomputed_bytes + (c.stored_bytes - c.recomputed_bytes) * (s - 1) / (n_loops - 1);
+  };
+  c.stored_loops = 1;
+  for (int64_t s = n_loops; s > 1; --s)
+    if (static_cast<double>(need(s)) <= 0.9 * static_cast<double>(available_bytes)) {
+      c.stored_loops = s;
+      break;
+    }
+  c.chosen_bytes = need(c.stored_loops);
+  c.checkpoint_loops = c.stored_loops < n_loops;
   return c;
 }
 
 std::string CheckpointingChoice::summary() const {
   std::ostringstream s;
-  s << "per-loop checkpointing " << (checkpoint_loops ? "on" : "off") << " (auto): a step needs "
-    << human_bytes(stored_bytes) << " storing activations, " << human_bytes(recomputed_bytes) << " recomputing each loop; "
-    << human_bytes(available_bytes) << " free";
-  if (checkpoint_loops && recomputed_bytes > 0.9 * available_bytes) s << " (it may not fit either)";
+  s << "per-loop checkpointing " << (checkpoint_loops ? "on" : "off") << " (auto): " << (n_loops - stored_loops)
+    << " of " << n_loops << " loops recomputed; a step needs " << human_bytes(stored_bytes) << " storing activations, "
+    << human_bytes(recomputed_bytes) << " recomputing all loops but the last, " << human_bytes(chosen_bytes)
+    << " as chosen; " << human_bytes(available_bytes) << " free";
+  if (chosen_bytes > 0.9 * available_bytes) s << " (it may not fit)";
   return s.str();
 }
 

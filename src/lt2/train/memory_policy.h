@@ -3,7 +3,9 @@
 // in backward (checkpointed()) keeps only the loops' inputs and the last loop's activations. `auto` measures one step of the real loss on 1 and
 // 2 rows of the first micro-batch under each policy (ops::MemoryMeter: what autograd holds between
 // forward and backward, and the peak through backward), extrapolates linearly to the micro-batch,
-// adds the optimizer's state, and stores activations when that fits the device's free memory.
+// adds the optimizer's state, and stores as many of the last loops' activations as fit the device's
+// free memory (every loop holds about the same: the need falls linearly from storing all T to
+// storing 1), recomputing the rest.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -26,18 +28,21 @@ StepMemory measure_step_memory(torch::nn::Module& model, const std::function<tor
                                torch::Device device);
 
 struct CheckpointingChoice {
-  bool checkpoint_loops = false;
-  int64_t stored_bytes = 0, recomputed_bytes = 0;  // a step's need under each policy, optimizer included
+  bool checkpoint_loops = false;  // stored_loops < n_loops
+  int64_t stored_loops = 1;       // the last loops that keep their activations (ForwardOptions::stored_loops)
+  int64_t n_loops = 1;
+  int64_t stored_bytes = 0, recomputed_bytes = 0;  // a step's need storing every loop / only the last, optimizer included
+  int64_t chosen_bytes = 0;                        // the need with stored_loops stored
   int64_t available_bytes = 0;
   std::string summary() const;  // one log line
 };
-// `rows` rows per micro-batch; one1/two: the measurements on 1 and 2 rows (two == one1 when
-// rows == 1) for stored activations and for per-loop recomputation; `optimizer_bytes` what the
-// optimizer will allocate; `available_bytes` the device's free memory. Keeps stored activations
-// when their need is at most 90% of what is available.
+// `rows` rows per micro-batch; one/two: the measurements on 1 and 2 rows (two == one when
+// rows == 1) storing every loop and recomputing all but the last; `optimizer_bytes` what the
+// optimizer will allocate; `available_bytes` the device's free memory; `n_loops` the model's loops.
+// Stores the most loops whose need is at most 90% of what is available (at least the last).
 CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, StepMemory stored_two,
                                          StepMemory recomputed_one, StepMemory recomputed_two,
-                                         int64_t optimizer_bytes, int64_t available_bytes);
+                                         int64_t optimizer_bytes, int64_t available_bytes, int64_t n_loops);
 
 // The activation memory of one model config in training (`lt2 bench activations`): a CE step
 // (the fused head + loss) on random rows of `seq_len` tokens, under bf16 autocast when asked (CUDA);

@@ -98,6 +98,7 @@ struct Trainer::Impl {
   std::vector<int64_t> micros;
   bool main = true;  // rank 0: logs and writes the run folder
   bool checkpoint_loops = false;  // cfg.checkpoint_loops resolved
+  int64_t stored_loops = 1;       // with checkpoint_loops: the last loops that keep their activations
   bool checkpointing_chosen = false;
   std::optional<CheckpointingChoice> checkpointing_choice;  // what "auto" measured
   // TrainConfig::keep_best: the lowest held-out loss so far and its step (0: no evaluation yet).
@@ -125,6 +126,7 @@ torch::Device Trainer::device() const { return impl_->device; }
 bool Trainer::autocast() const { return impl_->autocast; }
 int Trainer::world_size() const { return impl_->group ? impl_->group->world_size() : 1; }
 bool Trainer::checkpoint_loops() const { return impl_->checkpoint_loops; }
+int64_t Trainer::stored_loops() const { return impl_->stored_loops; }
 std::optional<CheckpointingChoice> Trainer::checkpointing_choice() const { return impl_->checkpointing_choice; }
 
 torch::Device training_device(const TrainConfig& cfg) {
@@ -335,10 +337,11 @@ Batch Trainer::micro_batch(int64_t step, int64_t micro) {
   return b;
 }
 
-torch::Tensor Trainer::micro_loss(const Batch& b, bool checkpoint_loops) {
+torch::Tensor Trainer::micro_loss(const Batch& b, bool checkpoint_loops, int64_t stored_loops) {
   AutocastScope ac(impl_->autocast);
   ForwardOptions fo;
   fo.checkpoint_loops = checkpoint_loops;
+  fo.stored_loops = stored_loops;
   fo.documents = b.documents;
   if (cb_.loss) return cb_.loss(model_, b, fo);
   torch::Tensor loss;
@@ -366,7 +369,7 @@ void Trainer::choose_checkpointing() {
     Batch b{full.inputs.narrow(0, 0, n), full.targets.narrow(0, 0, n),
             full.mask.defined() ? full.mask.narrow(0, 0, n) : torch::Tensor(), I.documents(full.inputs.narrow(0, 0, n).cpu())};
     torch::manual_seed(micro_seed(cfg_.seed, start_step_, I.micros.front()));
-    return measure_step_memory(*model_, [&] { return micro_loss(b, recompute); }, I.device);
+    return measure_step_memory(*model_, [&] { return micro_loss(b, recompute, 1); }, I.device);
   };
   const StepMemory recomputed_one = measure(true, 1), recomputed_two = rows > 1 ? measure(true, 2) : recomputed_one;
   // Storing needs more; a measurement that runs out of memory decides it.
@@ -380,14 +383,19 @@ void Trainer::choose_checkpointing() {
   }
   int64_t optimizer_bytes = 0;  // AdamW's two moments, fp32, of every trained parameter
   for (const auto& p : I.params) optimizer_bytes += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
+  const int64_t n_loops = model_->config().n_loops;
   auto choice = lt2::choose_checkpointing(rows, stored_one, stored_two, recomputed_one, recomputed_two, optimizer_bytes,
-                                          available);
-  if (I.group) {  // one decision for the job: recompute when any rank must
-    auto votes = torch::tensor(choice.checkpoint_loops ? 1.0 : 0.0, torch::kFloat64).to(I.device);
+                                          available, n_loops);
+  if (I.group) {  // one decision for the job: the fewest stored loops any rank can afford
+    auto votes = torch::zeros({n_loops + 1}, torch::kFloat64);
+    votes[choice.stored_loops] = 1.0;
+    votes = votes.to(I.device);
     I.group->all_reduce_sum(votes, "per-loop checkpointing decision");
-    choice.checkpoint_loops = votes.item<double>() > 0;
+    choice.stored_loops = votes.nonzero().min().item<int64_t>();
+    choice.checkpoint_loops = choice.stored_loops < n_loops;
   }
   I.checkpoint_loops = choice.checkpoint_loops;
+  I.stored_loops = choice.stored_loops;
   I.checkpointing_chosen = true;
   I.checkpointing_choice = choice;
   if (I.main && cb_.step_lines) {
@@ -410,7 +418,7 @@ StepMetrics Trainer::run() {
     for (size_t k = 0; k < I.micros.size(); ++k) {
       const int64_t micro = I.micros[k];
       torch::manual_seed(micro_seed(cfg_.seed, step, micro));
-      const auto loss = micro_loss(micro_batch(step, micro), I.checkpoint_loops);
+      const auto loss = micro_loss(micro_batch(step, micro), I.checkpoint_loops, I.stored_loops);
       // The last local backward reduces the gradients as they become final.
       if (I.grads && k + 1 == I.micros.size()) I.grads->begin_last_backward();
       (loss / static_cast<double>(cfg_.grad_accum)).backward();

@@ -101,9 +101,12 @@ class Trainer {
   torch::Device device() const;
   bool autocast() const;  // bf16 autocast in forward (CUDA, dtype auto or bf16)
   int64_t start_step() const { return start_step_; }
-  // Whether forwards recompute each loop in backward: cfg.checkpoint_loops, with "auto" resolved
+  // Whether forwards recompute loops in backward: cfg.checkpoint_loops, with "auto" resolved
   // at the start of run() (train/memory_policy.h; every rank takes the same decision).
   bool checkpoint_loops() const;
+  // With checkpoint_loops: the last loops that keep their activations (1 where the config says on;
+  // "auto" stores as many as fit).
+  int64_t stored_loops() const;
   // What "auto" measured and chose (nullopt where the config fixed the policy, or before run()).
   std::optional<CheckpointingChoice> checkpointing_choice() const;
   // This process's rank and the number of ranks (0 and 1 outside a data-parallel job).
@@ -117,7 +120,7 @@ class Trainer {
   // Micro-batch `micro` of step `step` on the training device.
   Batch micro_batch(int64_t step, int64_t micro);
   // The loss of one micro-batch (callbacks.loss or the objective), under autocast.
-  torch::Tensor micro_loss(const Batch& b, bool checkpoint_loops);
+  torch::Tensor micro_loss(const Batch& b, bool checkpoint_loops, int64_t stored_loops);
   // Resolves checkpoint_loops "auto" from measured memory and logs the decision.
   void choose_checkpointing();
   TrainConfig cfg_;

@@ -115,16 +115,15 @@ Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, dou
   if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
   if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
   // The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per head.
-  auto rows = q.reshape({B, H_kv, H / H_kv * T, D});
-  auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L}).to(accum_dtype(q)) * scale;
-  // Softmax over the visible keys; a query seeing none gets all-zero probabilities. The row max is
-  // a constant shift (detached: the probabilities do not depend on it).
-  scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());  // [B, H, T, L]
-  auto row_max = scores.detach().amax(-1, /*keepdim=*/true);
-  row_max = row_max.masked_fill(torch::isinf(row_max), 0.0);
-  auto e = torch::exp(scores - row_max);
-  auto denom = e.sum(-1, /*keepdim=*/true);
-  return e / torch::where(denom > 0, denom, torch::ones_like(denom));
+  // The scale on the queries (1/L of the scores' size); the product in q's dtype.
+  auto rows = q.reshape({B, H_kv, H / H_kv * T, D}) * scale;
+  auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L});
+  // Softmax over the visible keys, read in q's dtype and written in the accumulation dtype in one
+  // pass. A query seeing no key gets all-zero probabilities: its softmax is NaN, replaced here, and
+  // masked_fill's backward zeroes the gradient of every hidden score, so no NaN reaches q or k.
+  scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());
+  auto probs = torch::softmax(scores, -1, accum_dtype(q));  // [B, H, T, L]
+  return torch::where(mask.any(-1, /*keepdim=*/true), probs, torch::zeros({}, probs.options()));
 }
 
 std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -166,17 +165,30 @@ Tensor lightning_indexer_scores(const Tensor& q, const Tensor& w, const Tensor& 
   return torch::einsum("bths,bth->bts", {logits, w});
 }
 
+namespace {
+
+// The KL's target: the head-summed attention probabilities on the support, L1-normalised (a row
+// without mass stays 0); no gradient to the main model.
+Tensor kl_target(const Tensor& attn_probs, const Tensor& support, torch::ScalarType dtype) {
+  auto p = attn_probs.detach().to(dtype).sum(1).masked_fill(~support, 0.0);  // [B, T, L]
+  auto mass = p.sum(-1, /*keepdim=*/true);
+  return p / torch::where(mass > 0, mass, torch::ones_like(mass));
+}
+
+// The indexer's log-distribution over the support, 0 off it (no -inf * 0 in the KL's terms).
+Tensor support_log_softmax(const Tensor& scores, const Tensor& support) {
+  auto log_q = torch::log_softmax(scores.masked_fill(~support, -std::numeric_limits<double>::infinity()), -1);
+  return torch::where(support, log_q, torch::zeros_like(log_q));
+}
+
+// Each row's KL(p || q) summed over the keys: [B, T]; 0 off the support (p = 0 there).
+Tensor kl_rows(const Tensor& p, const Tensor& log_q) { return (torch::xlogy(p, p) - p * log_q).sum(-1); }
+
+}  // namespace
+
 Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, const Tensor& support) {
   const auto dt = accum_dtype(index_scores);
-  // Target: head-summed attention on the support, L1-normalised; no gradient to the main model.
-  auto p = attn_probs.detach().to(dt).sum(1).masked_fill(~support, 0.0);  // [B, T, L]
-  auto mass = p.sum(-1, /*keepdim=*/true);
-  p = p / torch::where(mass > 0, mass, torch::ones_like(mass));
-  auto scores = index_scores.to(dt).masked_fill(~support, -std::numeric_limits<double>::infinity());
-  auto log_q = torch::log_softmax(scores, -1);
-  log_q = torch::where(support, log_q, torch::zeros_like(log_q));  // no -inf * 0 off the support
-  auto terms = torch::xlogy(p, p) - p * log_q;                     // 0 off the support (p = 0)
-  return terms.sum(-1).mean();
+  return kl_rows(kl_target(attn_probs, support, dt), support_log_softmax(index_scores.to(dt), support)).mean();
 }
 
 namespace {
@@ -279,35 +291,44 @@ struct QueriesHolder : torch::CustomClassHolder {
 // (differentiable), q, k (the target); outputs: the loss and the support. A block of rows [r0, r0 + n)
 // scores only the keys its last row can see, the first query_start + r0 + n. The forward takes each
 // block's loss and its gradient with respect to the block's scores (the target is fixed, so this is
-// exact); the backward carries that gradient back through a recompute of the scores. Saved: x,
+// exact, and in closed form); the backward carries that gradient back through a recompute of the
+// scores. Blocks hold about block_bytes each (indexer_loss_row_bytes). Saved: x,
 // index_k and each block's scores' gradient [B, n, keys] in the accumulation dtype; not the queries
 // ([B, T, H_I, d_I]: at 64 index heads of 128 dims, 16 KiB a token in bf16, more than the rest of a
 // layer application's state under per-loop checkpointing), which the backward projects again.
 struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
                                                 const Tensor& index_k, const Tensor& q, const Tensor& k,
-                                                int64_t query_start, int64_t topk, double scale, int64_t block_rows,
+                                                int64_t query_start, int64_t topk, double scale, int64_t block_bytes,
                                                 c10::intrusive_ptr<QueriesHolder> holder) {
     holder->autocast = AutocastState::current();
     auto [iq, iw] = holder->queries(x);  // Function::forward records no graph
     const auto compute = product_dtype(iq, index_k);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes set here
-    const int64_t T = iq.size(1), L = index_k.size(1);
+    const int64_t B = iq.size(0), T = iq.size(1), L = index_k.size(1);
     const auto keys = index_k.to(compute);
     iq = iq.to(compute), iw = iw.to(compute);
+    const bool kernels = index_kernels_serve(iq, keys, topk);
+    const int64_t block_rows = std::clamp<int64_t>(
+        block_bytes / indexer_loss_row_bytes(B, q.size(1), iq.size(2), L, kernels), 1, std::max<int64_t>(T, 1));
     Tensor loss;
     std::vector<Tensor> supports, saved{x, index_k};
     for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
       const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
       auto sel = indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), keys.narrow(1, 0, seen), query_start + r0,
                                 topk);
-      auto probs = attention_probs(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support.unsqueeze(1), scale);
-      torch::AutoGradMode grad_mode(true);
-      auto scores = sel.scores.to(accum_dtype(sel.scores)).requires_grad_(true);
-      // The block's share n / T of the mean over all rows.
-      auto part = indexer_kl_loss(probs, scores, sel.support) * (static_cast<double>(n) / T);
-      saved.push_back(torch::autograd::grad({part}, {scores})[0]);
-      loss = loss.defined() ? loss + part.detach() : part.detach();
+      const auto dt = accum_dtype(sel.scores);
+      const auto p = kl_target(attention_probs(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support.unsqueeze(1),
+                                               scale),
+                               sel.support, dt);
+      const auto log_q = support_log_softmax(sel.scores.to(dt), sel.support);
+      // The block's share n / T of the mean over all B T rows, and its gradient with respect to the
+      // scores in closed form: per row, softmax(scores) times the target's mass minus the target.
+      const double share = 1.0 / static_cast<double>(B * T);
+      auto part = kl_rows(p, log_q).sum() * share;
+      auto q_probs = torch::where(sel.support, log_q.exp(), torch::zeros_like(log_q));
+      saved.push_back((q_probs * p.sum(-1, /*keepdim=*/true) - p) * share);
+      loss = loss.defined() ? loss + part : part;
       supports.push_back(seen == L ? sel.support : torch::constant_pad_nd(sel.support, {0, L - seen}, 0));
     }
     auto support = supports.size() == 1 ? supports[0] : torch::cat(supports, 1);  // [B, T, L]
@@ -377,15 +398,22 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
 
 }  // namespace
 
+int64_t indexer_loss_row_bytes(int64_t batch, int64_t heads, int64_t index_heads, int64_t keys, bool kernels) {
+  // fp32-sized per key: the main attention's scores, mask and softmax per head (3 H); the index
+  // scores, the target, the log-distribution, the KL's terms and the saved gradient (~8); the
+  // dense logits and their ReLU per index head (2 H_I) where the kernels do not select.
+  return batch * std::max<int64_t>(keys, 1) * (3 * heads + 8 + (kernels ? 0 : 2 * index_heads)) * 4;
+}
+
 IndexerLoss indexer_loss_blocked(const IndexerQueries& queries, const Tensor& x, const Tensor& index_k,
                                  const Tensor& q, const Tensor& k, int64_t query_start, int64_t topk, double scale,
-                                 int64_t block_rows) {
-  LT2_CHECK(block_rows > 0, "indexer_loss_blocked: block_rows must be > 0, found ", block_rows);
+                                 int64_t block_bytes) {
+  LT2_CHECK(block_bytes > 0, "indexer_loss_blocked: block_bytes must be > 0, found ", block_bytes);
   LT2_CHECK(!x.requires_grad(), "indexer_loss_blocked: x must not require a gradient (detach it: the queries' "
             "gradients reach only what the query function reads besides x)");
   auto holder = c10::make_intrusive<QueriesHolder>();
   holder->queries = queries;
-  auto out = IndexerLossFunction::apply(x, index_k, q.detach(), k.detach(), query_start, topk, scale, block_rows,
+  auto out = IndexerLossFunction::apply(x, index_k, q.detach(), k.detach(), query_start, topk, scale, block_bytes,
                                         holder);
   return {out[0], out[1]};
 }

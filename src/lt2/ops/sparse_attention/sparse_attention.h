@@ -111,9 +111,9 @@ using IndexerQueries = std::function<std::pair<Tensor, Tensor>(const Tensor& x)>
 //   sel = indexer_select(iq, iw, index_k, query_start, topk);
 //   indexer_kl_loss(attention_probs(q, k, sel.support[:, None], scale), sel.scores, sel.support)
 // but no [B, H, T, L] probabilities, [B, T, H_I, L] index logits or queries are kept for the
-// backward: the rows go in blocks of `block_rows`, each over the keys its last row can see; the
-// forward keeps the loss's gradient with respect to each block's scores (exact: the target is
-// fixed), and the backward calls queries(x) again and recomputes a block's scores to carry it to
+// backward: the rows go in blocks of about `block_bytes` each (indexer_loss_row_bytes a row), each
+// over the keys its last row can see; the forward keeps the loss's gradient with respect to each
+// block's scores (exact, in closed form: the target is fixed), and the backward calls queries(x) again and recomputes a block's scores to carry it to
 // index_k and the queries. The queries' gradients go on, inside the backward, into what `queries`
 // reads besides x (accumulated into their .grad, as activation checkpointing does); x itself takes
 // none and must not require one. `queries` must give the same values each call and own what it
@@ -125,7 +125,12 @@ struct IndexerLoss {
 };
 IndexerLoss indexer_loss_blocked(const IndexerQueries& queries, const Tensor& x, const Tensor& index_k,
                                  const Tensor& q, const Tensor& k, int64_t query_start, int64_t topk, double scale,
-                                 int64_t block_rows);
+                                 int64_t block_bytes);
+
+// The bytes a query row of indexer_loss_blocked holds at once over `keys` keys, for `batch`
+// sequences, `heads` attention heads and `index_heads` index heads; `kernels`: the selection runs on
+// the decode kernels (no dense [H_I, keys] logits).
+int64_t indexer_loss_row_bytes(int64_t batch, int64_t heads, int64_t index_heads, int64_t keys, bool kernels);
 
 // ---- NSA (spec §7) ----
 
