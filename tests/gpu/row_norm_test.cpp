@@ -1,8 +1,9 @@
 // GPU (CTest label `gpu`): the row-norm kernels (kernels/cuda/row_norm.cu behind
 // ops::gated_rms_norm and ops::l2_normalize). Output and the gradients of x, weight and gate
 // against the float64 reference (the libtorch math on the CPU, through autograd) on random inputs:
-// fp32 and bf16, row lengths off the warp width and past 256, every gate activation, no weight;
-// the switch `row_norm` off takes the reference on the GPU; the block RMSNorm (ops::rms_norm) under
+// fp32 and bf16, row lengths off the warp width and past 256, every gate activation, no weight, a
+// gate read in place from a column slice of a packed projection; the switch `row_norm` off takes the
+// reference on the GPU; the block RMSNorm (ops::rms_norm) under
 // autograd, which takes the same kernels. Skips where no CUDA GPU (or kernels).
 #include <gtest/gtest.h>
 
@@ -141,5 +142,39 @@ TEST(RowNormGpu, BlockRmsNormUnderAutogradMatchesTheReference) {
     EXPECT_LT(rel_err(got[0], want[0]), tolerance(dt));
     EXPECT_LT(rel_err(got[1], want[1]), tolerance(dt));
     EXPECT_LT(rel_err(got[2], want[2]), tolerance(dt));
+  }
+}
+
+TEST(RowNormGpu, GateSlicedFromAPackedProjectionIsReadInPlace) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::manual_seed(15);
+  // The gate a column slice [B, T, G, D] of a packed [B, T, N] projection, as GDN's output gate is:
+  // at a 16-byte aligned column (the 16-byte form) and at an odd one (one warp a row); its gradient
+  // reaches only its own columns of the projection. float64 on the CPU, on the same rounded inputs,
+  // is the reference.
+  const int64_t B = 2, T = 29, G = 3, D = 192;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    for (int64_t column : {16, 13}) {
+      SCOPED_TRACE(cat(name(dt), " gate from column ", column));
+      const int64_t N = column + G * D + 24;
+      const auto r = [&](const Tensor& t) { return t.to(dt).to(torch::kFloat64); };
+      const auto x = r(torch::randn({B, T, G, D}, torch::kFloat64) * 2);
+      const auto packed = r(torch::randn({B, T, N}, torch::kFloat64));
+      const auto w = 1 + 0.1 * torch::randn({D}, torch::kFloat64);
+      const auto dy = r(torch::randn({B, T, G, D}, torch::kFloat64));
+      auto run = [&](torch::Device device, torch::ScalarType t) {
+        auto xd = x.to(device, t).detach().requires_grad_(true);
+        auto pd = packed.to(device, t).detach().requires_grad_(true);
+        auto wd = w.to(device, t == torch::kFloat64 ? t : torch::kFloat32).detach().requires_grad_(true);
+        const auto gate = pd.narrow(2, column, G * D).view({B, T, G, D});
+        auto y = ops::gated_rms_norm(xd, wd, 1e-6, gate, ops::GateActivation::Swish);
+        y.backward(dy.to(device, y.scalar_type()));
+        return std::vector<Tensor>{y.detach().cpu(), xd.grad().cpu(), wd.grad().cpu(), pd.grad().cpu()};
+      };
+      const auto want = run(torch::kCPU, torch::kFloat64), got = run(torch::kCUDA, dt);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(dt)) << "output " << i;
+      EXPECT_EQ(got[3].narrow(2, 0, column).abs().max().item<double>(), 0.0);
+      EXPECT_EQ(got[3].narrow(2, column + G * D, N - column - G * D).abs().max().item<double>(), 0.0);
+    }
   }
 }

@@ -2,8 +2,9 @@
 // ops::short_conv). Output, dx, dweight and dbias against the float64 reference (the libtorch path
 // on the CPU, through autograd) on random inputs: fp32 and bf16, widths 1 to 8, with and without
 // SiLU and bias, lengths and channel counts off the kernels' tiles, packed documents (offsets);
-// prefill in pieces through the window equals one call, and the window ends the same; the switch
-// `short_conv` off takes the reference on the GPU. Skips where no CUDA GPU (or no CUDA kernels).
+// prefill in pieces through the window equals one call, and the window ends the same; column slices
+// of a packed projection read in place, in inference and under autograd; the switch `short_conv` off
+// takes the reference on the GPU. Skips where no CUDA GPU (or no CUDA kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -159,6 +160,39 @@ TEST(ShortConvGpu, InferenceReadsSlicesAndModelDtypeWeightsInPlace) {
                                         true, &ref_window);
       EXPECT_LT(rel_err(y.cpu(), want), tolerance(dt));
       EXPECT_LT(rel_err(window.cpu(), ref_window), 1e-7);
+    }
+  }
+}
+
+TEST(ShortConvGpu, TrainingReadsSlicesInPlace) {
+  REQUIRE_CONV_KERNEL();
+  torch::manual_seed(10);
+  // x a column slice of a packed projection [B, T, N] under autograd (GDN's q, k and v in training):
+  // output, the projection's gradient (zero outside the slice), dweight and dbias against float64 on
+  // the CPU, on the same rounded inputs; with and without packed documents.
+  const int64_t B = 2, T = 70, C = 48, W = 4, N = 3 * C + 8;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    for (bool documents : {false, true}) {
+      SCOPED_TRACE(cat(name(dt), documents ? " documents" : ""));
+      const auto r = [&](const Tensor& t) { return t.to(dt).to(torch::kFloat64); };
+      const auto packed = r(torch::randn({B, T, N}, torch::kFloat64));
+      const auto w = torch::randn({C, 1, W}, torch::kFloat64) * 0.5;
+      const auto b = torch::randn({C}, torch::kFloat64) * 0.1;
+      const auto dy = r(torch::randn({B, T, C}, torch::kFloat64));
+      const auto offsets = document_offsets(B, T);
+      auto run = [&](torch::Device device, torch::ScalarType t) {
+        const auto wt = t == torch::kFloat64 ? t : torch::kFloat32;
+        auto pd = packed.to(device, t).detach().requires_grad_(true);
+        auto wd = w.to(device, wt).detach().requires_grad_(true);
+        auto bd = b.to(device, wt).detach().requires_grad_(true);
+        auto y = ops::short_conv(pd.narrow(2, C, C), wd, bd, true, nullptr, documents ? offsets.to(device) : Tensor());
+        y.backward(dy.to(device, y.scalar_type()));
+        return std::vector<Tensor>{y.detach().cpu(), pd.grad().cpu(), wd.grad().cpu(), bd.grad().cpu()};
+      };
+      const auto want = run(torch::kCPU, torch::kFloat64), got = run(torch::kCUDA, dt);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(dt)) << "output " << i;
+      EXPECT_EQ(got[1].narrow(2, 0, C).abs().max().item<double>(), 0.0);
+      EXPECT_EQ(got[1].narrow(2, 2 * C, N - 2 * C).abs().max().item<double>(), 0.0);
     }
   }
 }

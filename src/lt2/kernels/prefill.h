@@ -197,12 +197,16 @@ void gated_product_backward(const GatedProductParams& p, void* stream);
 constexpr int kMaxRowNormDim = 1024;
 struct RowNormParams {
   const void* x;         // [rows, D] dtype, packed
-  const void* gate;      // [rows, D] dtype, packed, or nullptr
+  const void* gate;      // [rows, D] dtype, or nullptr: groups of gate_group_rows packed rows,
+                         // gate_group_stride elements apart (a column slice of a packed projection
+                         // holding a token's heads; packed rows: 1 and D)
   const void* weight;    // [D] weight_dtype (Float32 or dtype), or nullptr
   void* y;               // [rows, D] dtype
   float* rstd;           // [rows]: r
   int64_t rows;
   int dim;
+  int gate_group_rows;
+  int64_t gate_group_stride;
   float divisor, eps;
   GateAct act;
   DType dtype, weight_dtype;
@@ -216,7 +220,7 @@ struct RowNormBackwardParams {
   RowNormParams forward;  // `y` unused, `rstd` read
   const void* dy;         // [rows, D] dtype, packed
   void* dx;               // [rows, D] dtype
-  void* dgate;            // [rows, D] dtype, or nullptr (no gate)
+  void* dgate;            // [rows, D] dtype, packed, or nullptr (no gate)
   float* dweight;         // [D], or nullptr (no weight)
 };
 void row_norm_backward(const RowNormBackwardParams& p, void* stream);

@@ -60,16 +60,17 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm
 RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
   RecurrenceInputs in;
-  // q, k, v, a, b and the output gate: one GEMM whose parts are column slices, which the
-  // convolutions read in place.
+  // q, k, v, the output gate, a and b: one GEMM whose parts are column slices, which the
+  // convolutions and the output norm read in place.
   const auto p = ops::linear_group(x, input_projections(), w_in);
-  if (use_gate) in.gate = p[5];
+  if (use_gate) in.gate = p[3];
   auto q = q_conv1d(p[0], st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   auto k = k_conv1d(p[1], st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   in.q = repeat_heads(ops::l2_normalize(q), groups);                   // [B, T, HV, K]
   in.k = repeat_heads(ops::l2_normalize(k), groups);                   // [B, T, HV, K]
   in.v = v_conv1d(p[2], st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
-  auto gates = ops::delta_rule_gates(p[3], p[4], A_log, dt_bias, allow_neg_eigval ? 2.0 : 1.0);
+  auto gates = ops::delta_rule_gates(p[a_part_index()], p[a_part_index() + 1], A_log, dt_bias,
+                                     allow_neg_eigval ? 2.0 : 1.0);
   in.g = gates.g;        // [B, T, HV]
   in.beta = gates.beta;  // [B, T, HV]
   in.scale = scale();
@@ -87,8 +88,8 @@ Tensor GatedDeltaNetImpl::fused_core(const std::vector<Tensor>& p, const Positio
   LT2_CHECK(pos.seq_pos.defined() || st.length == pos.start, kind(), " state holds ", st.length,
             " tokens but the call starts at position ", pos.start);
   ops::GdnDecodeArgs a;
-  a.q = p[0], a.k = p[1], a.v = p[2], a.a = p[3], a.b = p[4];
-  if (use_gate) a.gate = p[5];
+  a.q = p[0], a.k = p[1], a.v = p[2], a.a = p[a_part_index()], a.b = p[a_part_index() + 1];
+  if (use_gate) a.gate = p[3];
   a.q_conv_weight = q_conv1d->weight;
   a.k_conv_weight = k_conv1d->weight;
   a.v_conv_weight = v_conv1d->weight;
@@ -130,8 +131,12 @@ std::optional<DecodeDescriptor> GatedDeltaNetImpl::decode_descriptor(MixerState&
 }
 
 std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {
-  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj, a_proj, b_proj};
+  // The output gate (H V columns) before a and b (H each): its slice then starts 16 bytes aligned
+  // wherever q, k and v do, which the output norm's 16-byte loads need.
+  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj};
   if (use_gate) layers.push_back(g_proj);
+  layers.push_back(a_proj);
+  layers.push_back(b_proj);
   return layers;
 }
 

@@ -37,9 +37,15 @@ __device__ __forceinline__ float activate_grad(float g, GateAct act) {
   return act == GateAct::Swish ? s * (1.f + g * (1.f - s)) : s * (1.f - s);
 }
 
+// The first element of gate row `row` (RowNormParams: groups of packed rows, strided).
+__device__ __forceinline__ int64_t gate_offset(const RowNormParams& p, int64_t row) {
+  return row / p.gate_group_rows * p.gate_group_stride + row % p.gate_group_rows * p.dim;
+}
+
+// The row of `dim` elements from element `start` of base: lane l's elements l, l + 32, ...
 template <typename T, int PerLane>
-__device__ __forceinline__ void load_row(const void* base, int64_t row, int dim, int lane, float (&v)[PerLane]) {
-  const T* p = static_cast<const T*>(base) + row * dim;
+__device__ __forceinline__ void load_row(const void* base, int64_t start, int dim, int lane, float (&v)[PerLane]) {
+  const T* p = static_cast<const T*>(base) + start;
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) {
     const int i = lane + 32 * j;
@@ -48,8 +54,8 @@ __device__ __forceinline__ void load_row(const void* base, int64_t row, int dim,
 }
 
 template <typename T, int PerLane>
-__device__ __forceinline__ void store_row(void* base, int64_t row, int dim, int lane, const float (&v)[PerLane]) {
-  T* p = static_cast<T*>(base) + row * dim;
+__device__ __forceinline__ void store_row(void* base, int64_t start, int dim, int lane, const float (&v)[PerLane]) {
+  T* p = static_cast<T*>(base) + start;
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) {
     const int i = lane + 32 * j;
@@ -73,8 +79,8 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const Row
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= p.rows) return;
   float x[PerLane], w[PerLane], g[PerLane];
-  load_row<T>(p.x, row, p.dim, lane, x);
-  if (p.gate) load_row<T>(p.gate, row, p.dim, lane, g);
+  load_row<T>(p.x, row * p.dim, p.dim, lane, x);
+  if (p.gate) load_row<T>(p.gate, gate_offset(p, row), p.dim, lane, g);
   load_weight<T>(p, lane, w);
   float ss = 0.f;
 #pragma unroll
@@ -82,7 +88,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const Row
   const float r = rsqrtf(warp_sum(ss) / p.divisor + p.eps);
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) x[j] *= r * w[j] * (p.gate ? activate(g[j], p.act) : 1.f);
-  store_row<T>(p.y, row, p.dim, lane, x);
+  store_row<T>(p.y, row * p.dim, p.dim, lane, x);
   if (lane == 0) p.rstd[row] = r;
 }
 
@@ -97,7 +103,8 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_vec_kernel(const
   const int64_t at = row * p.dim + c;
   float x[kVec] = {}, g[kVec];
   if (active) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + at), x);
-  if (active && p.gate) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + at), g);
+  if (active && p.gate)
+    unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + gate_offset(p, row) + c), g);
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) ss = fmaf(x[j], x[j], ss);
@@ -137,9 +144,9 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < p.rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     float x[PerLane], dy[PerLane], g[PerLane];
-    load_row<T>(p.x, row, p.dim, lane, x);
-    load_row<T>(bp.dy, row, p.dim, lane, dy);
-    if (p.gate) load_row<T>(p.gate, row, p.dim, lane, g);
+    load_row<T>(p.x, row * p.dim, p.dim, lane, x);
+    load_row<T>(bp.dy, row * p.dim, p.dim, lane, dy);
+    if (p.gate) load_row<T>(p.gate, gate_offset(p, row), p.dim, lane, g);
     const float r = p.rstd[row];
     float dn[PerLane], dot = 0.f;
 #pragma unroll
@@ -153,8 +160,8 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
     const float mean_dot = warp_sum(dot) / p.divisor;
 #pragma unroll
     for (int j = 0; j < PerLane; ++j) x[j] = r * (dn[j] - x[j] * r * mean_dot);  // dx, in place
-    store_row<T>(bp.dx, row, p.dim, lane, x);
-    if (p.gate) store_row<T>(bp.dgate, row, p.dim, lane, g);
+    store_row<T>(bp.dx, row * p.dim, p.dim, lane, x);
+    if (p.gate) store_row<T>(bp.dgate, row * p.dim, p.dim, lane, g);
   }
   if (!bp.dweight) return;
   // The block's warps sum their columns, then one atomic per column.
@@ -186,7 +193,8 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_vec_kernel(cons
     if (active) {
       unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + at), x);
       unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(bp.dy) + at), dy);
-      if (p.gate) unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + at), g);
+      if (p.gate)
+        unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + gate_offset(p, row) + c), g);
     }
     const float r = active ? p.rstd[row] : 0.f;
     float dn[kVec], dot = 0.f;
@@ -233,6 +241,7 @@ bool dispatch_row_lanes(const RowNormParams& p, std::initializer_list<const void
   if (p.dim % kVec != 0 || pieces > 32) return false;
   for (const void* t : tensors)
     if (t && !aligned16(t)) return false;
+  if (p.gate && (p.gate_group_stride * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
   int lanes = 1;
   while (lanes < pieces) lanes *= 2;
   switch (lanes) {
@@ -253,6 +262,9 @@ void check_params(const RowNormParams& p, const char* op) {
   LT2_CHECK(p.x && p.rstd && p.divisor > 0, op, ": x and rstd must be given and the divisor > 0");
   LT2_CHECK(p.weight_dtype == DType::Float32 || p.weight_dtype == p.dtype, op,
             ": the weight must be fp32 or of x's dtype");
+  LT2_CHECK(!p.gate || (p.gate_group_rows >= 1 && p.gate_group_stride >= int64_t{p.gate_group_rows} * p.dim), op,
+            ": the gate's groups must hold >= 1 rows and be at least that many rows apart, found ",
+            p.gate_group_rows, " rows ", p.gate_group_stride, " elements apart");
 }
 
 // Calls f with the elements per lane the row length needs: 8 (D <= 256) or 32.

@@ -62,7 +62,7 @@ struct ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
     const Tensor bias = saved[2].numel() > 0 ? saved[2] : Tensor(), offsets = saved[3].numel() > 0 ? saved[3] : Tensor();
     c10::cuda::CUDAGuard guard(x.device());
     const auto dy = grads[0].to(x.scalar_type()).contiguous();
-    auto dx = torch::empty_like(x);
+    auto dx = torch::empty(x.sizes(), x.options());  // packed, whatever x's strides
     auto dweight = torch::zeros_like(weight);
     auto dbias = bias.defined() ? torch::zeros_like(bias) : Tensor();
     kernels::ShortConvBackwardParams p{};
@@ -122,8 +122,10 @@ Tensor short_conv(const Tensor& x, const Tensor& weight, const Tensor& bias, boo
                     (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()) ||
                      (window && window->requires_grad()));
   if (conv_kernel_applies(x, weight) && !(grad && window)) {
-    // Without gradients, x is read in place and the weight in x's dtype: no copy or conversion pass.
-    const auto xc = grad || !detail::token_stride(x) ? x.contiguous() : x;
+    // x is read in place where its tokens are evenly strided (a column slice of a packed projection,
+    // also saved so for the backward); without gradients the weight is read in x's dtype: no copy or
+    // conversion pass.
+    const auto xc = detail::token_stride(x) ? x : x.contiguous();
     const bool weight_as_is = !grad && weight.scalar_type() == x.scalar_type();
     const auto w = (weight_as_is ? weight : weight.to(torch::kFloat32)).reshape({C, W}).contiguous();
     const auto b = bias.defined() ? bias.to(torch::kFloat32).contiguous() : Tensor();

@@ -149,13 +149,33 @@ Tensor gated_rms_norm_reference(const Tensor& x, const Tensor& weight, double ep
 constexpr double kL2Eps = 1e-6;
 
 #ifdef LT2_WITH_CUDA
-// The kernels' view of x [rows, d] (packed), weight [d] in fp32 or x's dtype or undefined, gate like x
-// or undefined.
+// How the kernels read a gate of x's sizes [..., G, d] (x's rows, G to a group) in place: the rows
+// of a group packed and the groups evenly strided, as a column slice of a packed projection holding
+// a token's G heads is. {G, the groups' stride}, or {0, 0} where the gate needs a packed copy.
+std::pair<int64_t, int64_t> gate_groups(const Tensor& gate) {
+  const int64_t n = gate.dim(), d = gate.size(-1);
+  if (gate.is_contiguous()) return {1, d};
+  if (n < 3 || gate.stride(-1) != 1 || (gate.size(-2) > 1 && gate.stride(-2) != d)) return {0, 0};
+  const int64_t G = gate.size(-2), group_stride = gate.stride(-3);
+  if (G > INT32_MAX || group_stride < G * d) return {0, 0};
+  for (int64_t i = 0; i + 3 < n; ++i)
+    if (gate.size(i) > 1 && gate.stride(i) != gate.size(i + 1) * gate.stride(i + 1)) return {0, 0};
+  return {G, group_stride};
+}
+
+// The kernels' view of x [rows, d] (packed), weight [d] in fp32 or x's dtype or undefined, gate of x's
+// rows (gate_groups' layout) or undefined.
 kernels::RowNormParams row_norm_params(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor,
                                        double eps, GateActivation act, const Tensor& rstd) {
   kernels::RowNormParams p{};
   p.x = x.data_ptr();
   p.gate = gate.defined() ? gate.data_ptr() : nullptr;
+  if (gate.defined()) {
+    const auto [rows, stride] = gate_groups(gate);
+    LT2_CHECK(rows > 0, "row norm: the gate's rows must be packed in evenly strided groups, found strides ",
+              gate.strides());
+    p.gate_group_rows = static_cast<int>(rows), p.gate_group_stride = stride;
+  }
   p.weight = weight.defined() ? weight.data_ptr() : nullptr;
   p.weight_dtype = kernel_dtype(weight.defined() ? weight.scalar_type() : torch::kFloat32);
   p.rstd = rstd.data_ptr<float>();
@@ -199,7 +219,7 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     c10::cuda::CUDAGuard guard(x.device());
     const auto dy = grads[0].to(x.scalar_type()).contiguous();
     auto dx = torch::empty_like(x);
-    auto dgate = g.defined() ? torch::empty_like(g) : Tensor();
+    auto dgate = g.defined() ? torch::empty(g.sizes(), g.options()) : Tensor();  // packed, whatever g's strides
     auto dweight = w.defined() ? torch::zeros_like(w) : Tensor();
     kernels::RowNormBackwardParams p{};
     p.forward = row_norm_params(x, w, g, ctx->saved_data["divisor"].toDouble(), ctx->saved_data["eps"].toDouble(),
@@ -227,7 +247,9 @@ Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gat
   if (gate.defined() && (gate.sizes() != x.sizes() || gate.device() != x.device())) return Tensor();
   const int64_t d = x.size(-1);
   const auto x2 = x.reshape({-1, d}).contiguous();
-  const auto g = gate.defined() ? gate.to(x.scalar_type()).reshape({-1, d}).contiguous() : Tensor();
+  // The gate read in place where its layout allows (a slice of the projection that made it).
+  auto g = gate.defined() ? gate.to(x.scalar_type()) : Tensor();
+  if (g.defined() && gate_groups(g).first == 0) g = g.contiguous();
   const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || (weight.defined() && weight.requires_grad()) ||
                                                       (gate.defined() && gate.requires_grad()));
   // Without gradients a weight of x's dtype is read as it is (no conversion pass); the backward takes fp32.
