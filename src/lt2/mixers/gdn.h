@@ -46,7 +46,7 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   size_t a_part_index() const { return use_gate ? 4 : 3; }  // a's index among them; b's is the next
   // The state when the fused step (one kernel after the projections) takes x, else nullptr.
   RecurrentState* fused_state(const Tensor& x, MixerState& state) const;
-  // The fused step on x's projections (q, k, v, a, b(, g), each [B, channels], in
+  // The fused step on x's projections (q, k, v(, g), a, b, each [B, channels], in
   // input_projections() order); returns y, the gated-normed output [B, H*V] ready for o_proj.
   Tensor fused_core(const std::vector<Tensor>& projections, const Positions& pos, RecurrentState& st);
 };
