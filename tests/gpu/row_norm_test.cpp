@@ -3,8 +3,9 @@
 // against the float64 reference (the libtorch math on the CPU, through autograd) on random inputs:
 // fp32 and bf16, row lengths off the warp width and past 256, every gate activation, no weight, a
 // gate read in place from a column slice of a packed projection; the switch `row_norm` off takes the
-// reference on the GPU; the block RMSNorm (ops::rms_norm) under
-// autograd, which takes the same kernels. Skips where no CUDA GPU (or kernels).
+// reference on the GPU; the block RMSNorm (ops::rms_norm) under autograd, which takes the same
+// kernels, and its form written in autocast's dtype for the products after it
+// (ops::rms_norm_for_products). Skips where no CUDA GPU (or kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -14,6 +15,7 @@
 
 #include "common/testing.h"
 #include "lt2/nn/norm.h"
+#include "lt2/nn/precision.h"
 #include "lt2/ops/norms/norms.h"
 #include "lt2/util/error.h"
 
@@ -176,5 +178,47 @@ TEST(RowNormGpu, GateSlicedFromAPackedProjectionIsReadInPlace) {
       EXPECT_EQ(got[3].narrow(2, 0, column).abs().max().item<double>(), 0.0);
       EXPECT_EQ(got[3].narrow(2, column + G * D, N - column - G * D).abs().max().item<double>(), 0.0);
     }
+  }
+}
+
+TEST(RowNormGpu, NormForProductsWritesTheAutocastDtype) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::manual_seed(16);
+  // Under bf16 autocast with fp32 x, rms_norm_for_products writes bf16: the values of the fp32 norm
+  // cast to bf16, and the gradients of that norm for the same (bf16) output gradient; outside
+  // autocast, or with the switch off, it is rms_norm itself. Rows of 768 (the 16-byte form) and 33
+  // (one warp a row).
+  for (int64_t d : {768, 33}) {
+    SCOPED_TRACE(cat("d ", d));
+    RMSNorm norm(d, 1e-6);
+    norm->to(torch::kCUDA);
+    {
+      torch::NoGradGuard no_grad;
+      norm->weight.copy_(1 + 0.1 * torch::randn({d}, gpu(torch::kFloat32)));
+    }
+    const auto x = torch::randn({3, 37, d}, gpu(torch::kFloat32));
+    const auto dy = torch::randn({3, 37, d}, gpu(torch::kFloat32)).to(torch::kBFloat16);
+    auto run = [&](bool for_products, bool autocast) {
+      auto xd = x.clone().requires_grad_(true);
+      norm->weight.mutable_grad() = Tensor();
+      Tensor y;
+      {
+        AutocastStateScope scope(AutocastState{autocast, torch::kBFloat16});
+        y = for_products ? ops::rms_norm_for_products(xd, norm) : ops::rms_norm(xd, norm);
+      }
+      y.backward(dy.to(y.scalar_type()));
+      return std::vector<Tensor>{y.detach(), xd.grad(), norm->weight.grad().clone()};
+    };
+    const auto want = run(false, true), got = run(true, true);
+    EXPECT_EQ(got[0].scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(want[0].scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(got[0], want[0].to(torch::kBFloat16)));
+    EXPECT_LT(rel_err(got[1], want[1]), 1e-6);
+    EXPECT_LT(rel_err(got[2], want[2]), 1e-6);
+    EXPECT_EQ(run(true, false)[0].scalar_type(), torch::kFloat32);
+    DecodeOptions off;
+    off.norm_products_dtype = false;
+    DecodeOptionsGuard guard(off);
+    EXPECT_EQ(run(true, true)[0].scalar_type(), torch::kFloat32);
   }
 }

@@ -202,6 +202,25 @@ TEST(DSA, LatentStateHoldsOneSharedKvHead) {
   EXPECT_EQ(g->make_state(2, 50, f64())->bytes(), 2 * 50 * (2 * 2 * 8 + 8) * 8);
 }
 
+TEST(IndexerLoss, QueriesWithoutKeysGiveTheSameLossWithoutTheirRowsZeroed) {
+  // attention_probs leaves the rows of queries that see no key NaN when asked not to zero them
+  // (the indexer loss's one pass fewer); the KL's target masks them by their empty support, so the
+  // loss is the same finite value as with the rows zeroed.
+  torch::manual_seed(13);
+  const int64_t B = 2, H = 4, T = 7, L = 9, D = 8;
+  auto q = torch::randn({B, H, T, D}, f64()), k = torch::randn({B, 2, L, D}, f64());
+  auto support = torch::rand({B, T, L}) < 0.5;
+  support.select(1, 2).fill_(false);  // query 2 of each row sees no key
+  auto scores = torch::randn({B, T, L}, f64());
+  const auto nan_rows = attention_probs(q, k, support.unsqueeze(1), 0, /*zero_rows_without_keys=*/false);
+  EXPECT_TRUE(nan_rows.select(2, 2).isnan().all().item<bool>());
+  const auto zeroed = attention_probs(q, k, support.unsqueeze(1));
+  EXPECT_EQ(zeroed.select(2, 2).abs().max().item<double>(), 0.0);
+  const auto want = indexer_kl_loss(zeroed, scores, support).item<double>();
+  EXPECT_TRUE(std::isfinite(want));
+  EXPECT_NEAR(indexer_kl_loss(nan_rows, scores, support).item<double>(), want, 1e-12);
+}
+
 TEST(IndexerLoss, ZeroWhenTheIndexerReproducesTheAttention) {
   torch::manual_seed(12);
   const int64_t B = 2, H = 3, T = 6;

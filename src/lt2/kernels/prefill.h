@@ -201,7 +201,7 @@ struct RowNormParams {
                          // gate_group_stride elements apart (a column slice of a packed projection
                          // holding a token's heads; packed rows: 1 and D)
   const void* weight;    // [D] weight_dtype (Float32 or dtype), or nullptr
-  void* y;               // [rows, D] dtype
+  void* y;               // [rows, D] out_dtype
   float* rstd;           // [rows]: r
   int64_t rows;
   int dim;
@@ -210,6 +210,9 @@ struct RowNormParams {
   float divisor, eps;
   GateAct act;
   DType dtype, weight_dtype;
+  // y's (and the backward's dy's) dtype: dtype, or BFloat16 with Float32 x (a norm whose output
+  // only feeds bf16 products under autocast: written once in their dtype, no cast pass).
+  DType out_dtype;
 };
 void row_norm_forward(const RowNormParams& p, void* stream);
 
@@ -218,7 +221,7 @@ void row_norm_forward(const RowNormParams& p, void* stream);
 //   dweight[i] += sum over rows of dy[i] n[i] a[i]   (atomically: zero it first).
 struct RowNormBackwardParams {
   RowNormParams forward;  // `y` unused, `rstd` read
-  const void* dy;         // [rows, D] dtype, packed
+  const void* dy;         // [rows, D] out_dtype, packed
   void* dx;               // [rows, D] dtype
   void* dgate;            // [rows, D] dtype, packed, or nullptr (no gate)
   float* dweight;         // [D], or nullptr (no weight)

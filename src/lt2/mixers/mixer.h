@@ -66,6 +66,10 @@ struct MixerCaps {
   bool packed_documents = false;
   // Records an auxiliary training loss in its parallel forward (MixerImpl::aux_loss()).
   bool aux_loss = false;
+  // Its parallel forward reads x only through linear layers (and views), so under autocast the
+  // block may hand x over in the autocast dtype (ops::rms_norm_for_products): the products see the
+  // same values. Mixers that compute with x in its own dtype leave this false.
+  bool input_feeds_products = false;
   // Transient bytes of an inference forward of `rows` tokens per sequence over `keys` keys, beyond
   // the few activations per token every mixer makes (memory planning: dense score blocks). Empty
   // for mixers without such blocks.

@@ -36,6 +36,9 @@ struct DecodeOptions {
   // The linear mixers' gated RMSNorm and q/k L2 norm as one CUDA kernel forward and one backward,
   // in prefill and training (off: the libtorch reference; decided at forward time).
   bool row_norm = true;
+  // The block norms before products (ops::rms_norm_for_products) written by those kernels in bf16
+  // under CUDA bf16 autocast in training, with fp32 x (off: in fp32, each product casting it).
+  bool norm_products_dtype = true;
   // SwiGLU's silu(a) * b and attention's output gate o * sigmoid(g) as one CUDA kernel forward and
   // one backward, in prefill, decode and training (off: the libtorch ops; where no gradient is
   // taken the kernel also needs `fused`).

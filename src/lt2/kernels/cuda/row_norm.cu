@@ -63,6 +63,30 @@ __device__ __forceinline__ void store_row(void* base, int64_t start, int dim, in
   }
 }
 
+// A lane's piece of N elements of type U at p (N * sizeof(U) bytes: 16, or 8 for the bf16 output of
+// fp32 rows), as floats, and back; by value, so each is one vector access.
+template <typename U, int N>
+__device__ __forceinline__ void load_piece(const U* p, float (&out)[N]) {
+  if constexpr (N * sizeof(U) == 16) {
+    unpack16<U>(*reinterpret_cast<const uint4*>(p), out);
+  } else {
+    static_assert(N * sizeof(U) == 8, "a piece is 16 or 8 bytes");
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    alignas(8) U v[N];
+    *reinterpret_cast<uint2*>(v) = raw;
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = to_float(v[j]);
+  }
+}
+template <typename U, int N>
+__device__ __forceinline__ void store_piece(U* p, const float (&in)[N]) {
+  alignas(N * sizeof(U)) U v[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = from_float<U>(in[j]);
+  if constexpr (N * sizeof(U) == 16) *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(v);
+  else *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(v);
+}
+
 // weight[i] for the lane's columns (1 without a weight), fp32 or of the rows' type T.
 template <typename T, int PerLane>
 __device__ __forceinline__ void load_weight(const RowNormParams& p, int lane, float (&w)[PerLane]) {
@@ -73,7 +97,8 @@ __device__ __forceinline__ void load_weight(const RowNormParams& p, int lane, fl
   }
 }
 
-template <typename T, int PerLane>
+// T: x's (and the gate's) type; TO: y's.
+template <typename T, typename TO, int PerLane>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const RowNormParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -88,13 +113,13 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const Row
   const float r = rsqrtf(warp_sum(ss) / p.divisor + p.eps);
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) x[j] *= r * w[j] * (p.gate ? activate(g[j], p.act) : 1.f);
-  store_row<T>(p.y, row * p.dim, p.dim, lane, x);
+  store_row<TO>(p.y, row * p.dim, p.dim, lane, x);
   if (lane == 0) p.rstd[row] = r;
 }
 
 // The forward in 16-byte pieces, L lanes a row (the design above); lanes past the row's pieces and
 // rows past the end take part in the shuffles with zeros.
-template <typename T, int L>
+template <typename T, typename TO, int L>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_vec_kernel(const RowNormParams p) {
   constexpr int kVec = 16 / sizeof(T), kRowsPerWarp = 32 / L;
   const int lane = threadIdx.x % 32, piece = lane % L, c = piece * kVec;
@@ -112,13 +137,13 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_vec_kernel(const
   for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o, L);
   const float r = rsqrtf(ss / p.divisor + p.eps);
   if (!active) return;
-  alignas(16) T y[kVec];
+  float y[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const float w = p.weight ? param_as_float<T>(p.weight, p.weight_dtype, c + j) : 1.f;
-    y[j] = from_float<T>(x[j] * r * w * (p.gate ? activate(g[j], p.act) : 1.f));
+    y[j] = x[j] * r * w * (p.gate ? activate(g[j], p.act) : 1.f);
   }
-  *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + at) = *reinterpret_cast<const uint4*>(y);
+  store_piece<TO>(static_cast<TO*>(p.y) + at, y);
   if (piece == 0) p.rstd[row] = r;
 }
 
@@ -135,7 +160,7 @@ __device__ __forceinline__ void add_block_columns(const float (&partial)[kWarps]
   }
 }
 
-template <typename T, int PerLane>
+template <typename T, typename TO, int PerLane>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const RowNormBackwardParams bp) {
   const RowNormParams& p = bp.forward;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -145,7 +170,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     float x[PerLane], dy[PerLane], g[PerLane];
     load_row<T>(p.x, row * p.dim, p.dim, lane, x);
-    load_row<T>(bp.dy, row * p.dim, p.dim, lane, dy);
+    load_row<TO>(bp.dy, row * p.dim, p.dim, lane, dy);
     if (p.gate) load_row<T>(p.gate, gate_offset(p, row), p.dim, lane, g);
     const float r = p.rstd[row];
     float dn[PerLane], dot = 0.f;
@@ -175,7 +200,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
 // together, so its shuffles see every lane). dweight: a lane sums its piece's columns over its rows,
 // the warp's row groups over shuffles, the block's warps through shared memory, then one atomicAdd
 // per column and block.
-template <typename T, int L>
+template <typename T, typename TO, int L>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_vec_kernel(const RowNormBackwardParams bp) {
   constexpr int kVec = 16 / sizeof(T), kRowsPerWarp = 32 / L;
   const RowNormParams& p = bp.forward;
@@ -192,7 +217,7 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_vec_kernel(cons
     float x[kVec] = {}, dy[kVec] = {}, g[kVec];
     if (active) {
       unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + at), x);
-      unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(bp.dy) + at), dy);
+      load_piece<TO>(static_cast<const TO*>(bp.dy) + at, dy);
       if (p.gate)
         unpack16<T>(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.gate) + gate_offset(p, row) + c), g);
     }
@@ -267,6 +292,18 @@ void check_params(const RowNormParams& p, const char* op) {
             p.gate_group_rows, " rows ", p.gate_group_stride, " elements apart");
 }
 
+// Calls f(T{}, TO{}) with T the rows' CUDA type and TO the output's: T, or bf16 for fp32 rows.
+template <typename F>
+void dispatch_types(const RowNormParams& p, F&& f) {
+  if (p.out_dtype == p.dtype) {
+    dispatch_dtype(p.dtype, [&](auto t) { f(t, t); });
+    return;
+  }
+  LT2_CHECK(p.dtype == DType::Float32 && p.out_dtype == DType::BFloat16,
+            "row norm: the output's dtype must be x's, or bf16 for fp32 x");
+  f(float{}, __nv_bfloat16{});
+}
+
 // Calls f with the elements per lane the row length needs: 8 (D <= 256) or 32.
 template <typename F>
 void dispatch_per_lane(int dim, F&& f) {
@@ -281,18 +318,19 @@ void row_norm_forward(const RowNormParams& p, void* stream) {
   LT2_CHECK(p.y, "row_norm_forward: y must be given");
   if (p.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.dtype, [&](auto t) {
+  dispatch_types(p, [&](auto t, auto out) {
     using T = decltype(t);
+    using TO = decltype(out);
     if (dispatch_row_lanes<T>(p, {p.x, p.y, p.gate}, [&](auto lanes) {
           constexpr int L = decltype(lanes)::value;
           const int64_t rows_per_block = int64_t{kWarps} * (32 / L);
           const auto blocks = static_cast<unsigned>((p.rows + rows_per_block - 1) / rows_per_block);
-          row_norm_forward_vec_kernel<T, L><<<blocks, 32 * kWarps, 0, s>>>(p);
+          row_norm_forward_vec_kernel<T, TO, L><<<blocks, 32 * kWarps, 0, s>>>(p);
         }))
       return;
     const auto blocks = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
     dispatch_per_lane(p.dim, [&](auto per_lane) {
-      row_norm_forward_kernel<T, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(p);
+      row_norm_forward_kernel<T, TO, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(p);
     });
   });
   check_launch("row_norm_forward");
@@ -309,19 +347,20 @@ void row_norm_backward(const RowNormBackwardParams& bp, void* stream) {
   // dweight atomics are per block, not per row.
   const int64_t fill = 8LL * device_attribute(cudaDevAttrMultiProcessorCount, device, "row_norm_backward");
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.dtype, [&](auto t) {
+  dispatch_types(p, [&](auto t, auto out) {
     using T = decltype(t);
+    using TO = decltype(out);
     if (dispatch_row_lanes<T>(p, {p.x, p.gate, bp.dy, bp.dx, bp.dgate}, [&](auto lanes) {
           constexpr int L = decltype(lanes)::value;
           const int64_t rows_per_block = int64_t{kWarps} * (32 / L);
           const auto blocks =
               static_cast<unsigned>(std::min<int64_t>((p.rows + rows_per_block - 1) / rows_per_block, fill));
-          row_norm_backward_vec_kernel<T, L><<<blocks, 32 * kWarps, 0, s>>>(bp);
+          row_norm_backward_vec_kernel<T, TO, L><<<blocks, 32 * kWarps, 0, s>>>(bp);
         }))
       return;
     const auto blocks = static_cast<unsigned>(std::min<int64_t>((p.rows + kWarps - 1) / kWarps, fill));
     dispatch_per_lane(p.dim, [&](auto per_lane) {
-      row_norm_backward_kernel<T, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(bp);
+      row_norm_backward_kernel<T, TO, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(bp);
     });
   });
   check_launch("row_norm_backward");

@@ -1,6 +1,9 @@
 #include "lt2/ops/norms/norms.h"
 
 #include <cstdint>
+#include <optional>
+
+#include <ATen/autocast_mode.h>
 
 #include "lt2/kernels/decode.h"
 #include "lt2/nn/linear.h"
@@ -18,11 +21,11 @@ namespace lt2::ops {
 
 using namespace detail;
 
-AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm) {
+AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm, bool for_products) {
   if (fused_elementwise_applies({x, m, norm->weight}) && m.sizes() == x.sizes())
     return add_rms_norm_fused(x, m, norm->weight, norm->eps);
   const auto h = x + m;
-  return {h, ops::rms_norm(h, norm)};
+  return {h, for_products ? ops::rms_norm_for_products(h, norm) : ops::rms_norm(h, norm)};
 }
 
 namespace {
@@ -166,8 +169,9 @@ std::pair<int64_t, int64_t> gate_groups(const Tensor& gate) {
 // The kernels' view of x [rows, d] (packed), weight [d] in fp32 or x's dtype or undefined, gate of x's
 // rows (gate_groups' layout) or undefined.
 kernels::RowNormParams row_norm_params(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor,
-                                       double eps, GateActivation act, const Tensor& rstd) {
+                                       double eps, GateActivation act, const Tensor& rstd, torch::ScalarType out_dtype) {
   kernels::RowNormParams p{};
+  p.out_dtype = kernel_dtype(out_dtype);
   p.x = x.data_ptr();
   p.gate = gate.defined() ? gate.data_ptr() : nullptr;
   if (gate.defined()) {
@@ -186,29 +190,33 @@ kernels::RowNormParams row_norm_params(const Tensor& x, const Tensor& weight, co
   return p;
 }
 
-// y and r of the forward kernel on x [rows, d].
+// y (in out_dtype) and r of the forward kernel on x [rows, d].
 std::pair<Tensor, Tensor> row_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& gate,
-                                                double divisor, double eps, GateActivation act) {
+                                                double divisor, double eps, GateActivation act,
+                                                torch::ScalarType out_dtype) {
   c10::cuda::CUDAGuard guard(x.device());
-  auto y = torch::empty_like(x);
+  auto y = torch::empty(x.sizes(), x.options().dtype(out_dtype));
   auto rstd = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
-  auto p = row_norm_params(x, weight, gate, divisor, eps, act, rstd);
+  auto p = row_norm_params(x, weight, gate, divisor, eps, act, rstd, out_dtype);
   p.y = y.data_ptr();
   kernels::row_norm_forward(p, current_stream(x));
   return {y, rstd};
 }
 
 // Autograd over the kernels: x, weight (fp32 [d]) and gate get gradients; r is saved (one float a
-// row), the normalised row recomputed. An absent weight or gate travels as an empty tensor.
+// row), the normalised row recomputed. An absent weight or gate travels as an empty tensor. y is
+// written in out_dtype (x's, or bf16 for fp32 x) and its gradient read in it.
 struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& weight,
-                        const Tensor& gate, double divisor, double eps, int64_t act) {
+                        const Tensor& gate, double divisor, double eps, int64_t act, int64_t out_dtype) {
     const auto w = weight.numel() > 0 ? weight : Tensor(), g = gate.numel() > 0 ? gate : Tensor();
-    auto [y, rstd] = row_norm_forward_cuda(x, w, g, divisor, eps, static_cast<GateActivation>(act));
+    auto [y, rstd] = row_norm_forward_cuda(x, w, g, divisor, eps, static_cast<GateActivation>(act),
+                                           static_cast<torch::ScalarType>(out_dtype));
     ctx->save_for_backward({x, weight, gate, rstd});
     ctx->saved_data["divisor"] = divisor;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["act"] = act;
+    ctx->saved_data["out_dtype"] = out_dtype;
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -217,27 +225,29 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     const Tensor& x = saved[0];
     const Tensor w = saved[1].numel() > 0 ? saved[1] : Tensor(), g = saved[2].numel() > 0 ? saved[2] : Tensor();
     c10::cuda::CUDAGuard guard(x.device());
-    const auto dy = grads[0].to(x.scalar_type()).contiguous();
+    const auto out_dtype = static_cast<torch::ScalarType>(ctx->saved_data["out_dtype"].toInt());
+    const auto dy = grads[0].to(out_dtype).contiguous();
     auto dx = torch::empty_like(x);
     auto dgate = g.defined() ? torch::empty(g.sizes(), g.options()) : Tensor();  // packed, whatever g's strides
     auto dweight = w.defined() ? torch::zeros_like(w) : Tensor();
     kernels::RowNormBackwardParams p{};
     p.forward = row_norm_params(x, w, g, ctx->saved_data["divisor"].toDouble(), ctx->saved_data["eps"].toDouble(),
-                                static_cast<GateActivation>(ctx->saved_data["act"].toInt()), saved[3]);
+                                static_cast<GateActivation>(ctx->saved_data["act"].toInt()), saved[3], out_dtype);
     p.dy = dy.data_ptr();
     p.dx = dx.data_ptr();
     p.dgate = g.defined() ? dgate.data_ptr() : nullptr;
     p.dweight = w.defined() ? dweight.data_ptr<float>() : nullptr;
     kernels::row_norm_backward(p, current_stream(x));
-    return {dx, w.defined() ? dweight : Tensor(), g.defined() ? dgate : Tensor(), Tensor(), Tensor(), Tensor()};
+    return {dx, w.defined() ? dweight : Tensor(), g.defined() ? dgate : Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 #endif
 
 // The row-norm kernels for x [..., d] (weight [d] or undefined, gate of x's sizes or undefined),
-// or an undefined tensor where they do not apply (the caller then runs the reference).
+// or an undefined tensor where they do not apply (the caller then runs the reference). The output
+// in out_dtype where given (bf16 for fp32 x), else in x's.
 Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor, double eps,
-                        GateActivation act) {
+                        GateActivation act, std::optional<torch::ScalarType> out_dtype = std::nullopt) {
 #ifdef LT2_WITH_CUDA
   if (!decode_options().row_norm || !x.is_cuda() || !kernel_dtype_ok(x.scalar_type()) || x.dim() < 1 ||
       x.size(-1) < 1 || x.size(-1) > kernels::kMaxRowNormDim || x.numel() == 0)
@@ -245,6 +255,8 @@ Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gat
   if (weight.defined() && (weight.dim() != 1 || weight.size(0) != x.size(-1) || weight.device() != x.device()))
     return Tensor();
   if (gate.defined() && (gate.sizes() != x.sizes() || gate.device() != x.device())) return Tensor();
+  const auto out = out_dtype.value_or(x.scalar_type());
+  if (out != x.scalar_type() && (x.scalar_type() != torch::kFloat32 || out != torch::kBFloat16)) return Tensor();
   const int64_t d = x.size(-1);
   const auto x2 = x.reshape({-1, d}).contiguous();
   // The gate read in place where its layout allows (a slice of the projection that made it).
@@ -259,9 +271,9 @@ Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gat
   if (grad) {
     const auto empty = torch::empty({0}, x.options());
     y = RowNormFunction::apply(x2, w.defined() ? w : empty.to(torch::kFloat32), g.defined() ? g : empty, divisor, eps,
-                               static_cast<int64_t>(act));
+                               static_cast<int64_t>(act), static_cast<int64_t>(out));
   } else {
-    y = row_norm_forward_cuda(x2, w, g, divisor, eps, act).first;
+    y = row_norm_forward_cuda(x2, w, g, divisor, eps, act, out).first;
   }
   return y.view(x.sizes());
 #else
@@ -287,6 +299,18 @@ Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
         y.defined())
       return y;
   return lt2::rms_norm(x, norm->weight, norm->eps);
+}
+
+Tensor rms_norm_for_products(const Tensor& x, const RMSNorm& norm) {
+  const bool bf16_products = decode_options().norm_products_dtype && x.is_cuda() &&
+                             x.scalar_type() == torch::kFloat32 && at::autocast::is_autocast_enabled(at::kCUDA) &&
+                             at::autocast::get_autocast_dtype(at::kCUDA) == torch::kBFloat16;
+  if (bf16_products)
+    if (auto y = row_norm_kernels(x, norm->weight, Tensor(), static_cast<double>(x.size(-1)), norm->eps,
+                                  GateActivation::None, torch::kBFloat16);
+        y.defined())
+      return y;
+  return rms_norm(x, norm);
 }
 
 Tensor l2_normalize(const Tensor& x) {

@@ -18,13 +18,20 @@ using torch::Tensor;
 // autograd the row-norm kernels forward and backward where they apply (see gated_rms_norm).
 Tensor rms_norm(const Tensor& x, const RMSNorm& norm);
 
+// The same norm of x whose output only feeds products (linear layers): under CUDA bf16 autocast
+// with fp32 x (training), the row-norm kernels write it in bf16, the dtype autocast casts it to for
+// each product (one bf16 write forward and one bf16 read backward, where the fp32 output took a cast
+// pass each way; DecodeOptions::norm_products_dtype); rms_norm above otherwise. The values are
+// those of the cast: the kernel rounds its fp32 result once.
+Tensor rms_norm_for_products(const Tensor& x, const RMSNorm& norm);
+
 // h = x + m in x's dtype and y = RMSNorm of h with the module's weight.
 struct AddRmsNormResult {
   Tensor h, y;
 };
 // One fused launch for both where it applies to x, m (of x's sizes) and the weight; the add and
-// rms_norm above otherwise.
-AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm);
+// rms_norm above otherwise (rms_norm_for_products with for_products).
+AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm, bool for_products = false);
 
 // The gated products, differentiable, in training, prefill and decode: one CUDA kernel forward and
 // one backward (kernels/prefill.h: gated_product_*) where it applies (CUDA tensors of one kernel

@@ -109,7 +109,7 @@ Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return masked_attention(q, k, v, window_mask(k_pos.narrow(0, L - T, T), k_pos, window), scale);
 }
 
-Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale) {
+Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale, bool zero_rows_without_keys) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), H_kv = k.size(1), L = k.size(2);
   LT2_CHECK(H % H_kv == 0, "attention: ", H, " query heads are not a multiple of ", H_kv, " kv heads");
   if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
@@ -123,6 +123,7 @@ Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, dou
   // masked_fill's backward zeroes the gradient of every hidden score, so no NaN reaches q or k.
   scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());
   auto probs = torch::softmax(scores, -1, accum_dtype(q));  // [B, H, T, L]
+  if (!zero_rows_without_keys) return probs;
   return torch::where(mask.any(-1, /*keepdim=*/true), probs, torch::zeros({}, probs.options()));
 }
 
@@ -168,7 +169,8 @@ Tensor lightning_indexer_scores(const Tensor& q, const Tensor& w, const Tensor& 
 namespace {
 
 // The KL's target: the head-summed attention probabilities on the support, L1-normalised (a row
-// without mass stays 0); no gradient to the main model.
+// without mass stays 0); no gradient to the main model. A NaN row of attn_probs (a query that sees
+// no key: attention_probs without zero_rows_without_keys) has an empty support and becomes 0.
 Tensor kl_target(const Tensor& attn_probs, const Tensor& support, torch::ScalarType dtype) {
   auto p = attn_probs.detach().to(dtype).sum(1).masked_fill(~support, 0.0);  // [B, T, L]
   auto mass = p.sum(-1, /*keepdim=*/true);
@@ -319,7 +321,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
                                 topk);
       const auto dt = accum_dtype(sel.scores);
       const auto p = kl_target(attention_probs(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support.unsqueeze(1),
-                                               scale),
+                                               scale, /*zero_rows_without_keys=*/false),
                                sel.support, dt);
       const auto log_q = support_log_softmax(sel.scores.to(dt), sel.support);
       // The block's share n / T of the mean over all B T rows, and its gradient with respect to the

@@ -49,8 +49,11 @@ std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& 
                                                  const Tensor& mask, double scale = 0);
 
 // The softmax probabilities alone of that attention, [B, H, T, L] in the accumulation dtype (fp32,
-// or float64 for float64 inputs): zero on masked keys, all zero for a query that sees no key.
-Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale = 0);
+// or float64 for float64 inputs): zero on masked keys, all zero for a query that sees no key. With
+// zero_rows_without_keys false such a query's row is left NaN, one pass fewer over the
+// probabilities, for a caller that masks those rows itself (the indexer loss's KL target).
+Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale = 0,
+                       bool zero_rows_without_keys = true);
 
 // Indices of the k largest entries of `scores` along the last dim, among those where `visible`
 // (same shape, bool) is true. Order: by score descending; **equal scores -> lower index first**
