@@ -1,5 +1,6 @@
 // ops::apply_rope on the CPU is the nn/ reference (lt2::apply_rope), for every kind of positions,
-// gradients included, and never takes the kernel; the switch `rope` parses and is recorded.
+// gradients included, and never takes the kernel; apply_rope_prefix_ rotates the first dims only;
+// the switch `rope` parses and is recorded.
 // The kernel itself is tested against the reference in tests/gpu/rope_test.cpp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -45,6 +46,21 @@ TEST(OpsRope, CpuIsTheReference) {
           torch::equal(lt2::ops::apply_rope(one, seq_pos, 1e4, style), lt2::apply_rope(one, seq_pos, 1e4, style)));
     }
   }
+}
+
+TEST(OpsRope, PrefixRotatesTheFirstDimsAndKeepsTheRest) {
+  torch::manual_seed(6);
+  const int64_t B = 2, T = 5, H = 3, D = 8;
+  const Positions pos(3);
+  for (auto style : {RopeStyle::Interleaved, RopeStyle::Half}) {
+    const auto x = torch::randn({B, T, H, D}, torch::kFloat64);
+    const auto y = lt2::ops::apply_rope_prefix_(x, 4, pos, 1e4, style);
+    EXPECT_TRUE(torch::allclose(y.narrow(-1, 0, 4), lt2::apply_rope(x.narrow(-1, 0, 4), pos, 1e4, style)));
+    EXPECT_TRUE(torch::equal(y.narrow(-1, 4, 4), x.narrow(-1, 4, 4)));
+    EXPECT_TRUE(torch::allclose(lt2::ops::apply_rope_prefix_(x, D, pos, 1e4, style), lt2::apply_rope(x, pos, 1e4, style)));
+    EXPECT_EQ(lt2::ops::apply_rope_prefix_(x, 0, pos, 1e4, style).data_ptr(), x.data_ptr());
+  }
+  EXPECT_THROW(lt2::ops::apply_rope_prefix_(torch::randn({1, 2, 1, 8}), 3, pos, 1e4, RopeStyle::Half), std::exception);
 }
 
 TEST(OpsRope, SwitchParsesAndIsRecorded) {

@@ -381,8 +381,10 @@ void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream)
 constexpr int kRopeMaxHeadDim = 512;
 struct RopeParams {
   const void* x;  // [B, T, H, D] dtype, last dim contiguous, the other dims strided as below
-  void* y;        // [B, T, H, D] dtype, packed
+  void* y;        // [B, T, H, D] dtype, last dim contiguous, strided as below; y == x (with x's
+                  // strides) rotates x in place: each thread reads its pairs before it writes them
   int64_t x_batch_stride, x_token_stride, x_head_stride;  // elements
+  int64_t y_batch_stride, y_token_stride, y_head_stride;  // elements
   int batch, seq, heads, head_dim;
   int64_t start;
   double theta;

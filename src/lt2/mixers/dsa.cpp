@@ -19,14 +19,6 @@ namespace lt2 {
 
 namespace {
 
-// RoPE on the first n dims of the last axis of x: [B, T, H, D].
-Tensor rope_prefix(const Tensor& x, int64_t n, const Positions& pos, double theta, RopeStyle style) {
-  if (n == 0) return x;
-  const int64_t D = x.size(-1);
-  auto rotated = ops::apply_rope(x.narrow(-1, 0, n), pos, theta, style);
-  return n == D ? rotated : torch::cat({rotated, x.narrow(-1, n, D - n)}, -1);
-}
-
 Tensor arange_long(int64_t start, int64_t end, torch::Device device) {
   return torch::arange(start, end, torch::TensorOptions().dtype(torch::kLong).device(device));
 }
@@ -199,14 +191,14 @@ Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
 std::pair<Tensor, Tensor> DSAImpl::indexer_queries(const Tensor& x, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = ops::linear(x, index_wq).view({B, T, index_heads, index_head_dim});
-  q = rope_prefix(q, index_rope_dim, pos, rope_theta, RopeStyle::Half);
+  q = ops::apply_rope_prefix_(q, index_rope_dim, pos, rope_theta, RopeStyle::Half);  // q: a fresh projection
   auto w = ops::linear(x, index_ww) * index_weight_scale();
   return {q, w};
 }
 
 Tensor DSAImpl::indexer_keys(const Tensor& x, const Positions& pos) {
   auto k = index_k_norm(ops::linear(x, index_wk)).unsqueeze(2);  // [B, T, 1, d_I]
-  return rope_prefix(k, index_rope_dim, pos, rope_theta, RopeStyle::Half).squeeze(2);
+  return ops::apply_rope_prefix_(k, index_rope_dim, pos, rope_theta, RopeStyle::Half).squeeze(2);
 }
 
 std::vector<Tensor> DSAImpl::indexer_parameters() const {

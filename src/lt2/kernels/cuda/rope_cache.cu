@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kRopeThreads) rope_apply_kernel(const RopeKern
     if (p.inverse) s[i] = -s[i];
   }
   const T* x = static_cast<const T*>(p.x) + t * p.x_token_stride;
-  T* y = static_cast<T*>(p.y) + static_cast<int64_t>(t) * p.heads * p.head_dim;
+  T* y = static_cast<T*>(p.y) + t * p.y_token_stride;
   const int rows = p.batch * p.heads, first = blockIdx.y * args.rows_per_block;
   const int last = min(first + args.rows_per_block, rows);
   int b = first / p.heads, h = first - b * p.heads;  // row first + g is (b, h) advanced g times
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kRopeThreads) rope_apply_kernel(const RopeKern
 #pragma unroll
     for (int g = 0; g < kRopeRows; ++g) {
       in[g] = x + b * p.x_batch_stride + h * p.x_head_stride;
-      out[g] = y + (static_cast<int64_t>(b) * p.seq * p.heads + h) * p.head_dim;
+      out[g] = y + b * p.y_batch_stride + h * p.y_head_stride;
       if (r0 + g + 1 < last && ++h == p.heads) h = 0, ++b;  // past the last row: the last row again
     }
     float xa[kRopeRows][P], xb[kRopeRows][P];
@@ -179,13 +179,14 @@ __global__ void __launch_bounds__(kRopeThreads) rope_apply_kernel(const RopeKern
   }
 }
 
-// Whether the 16-byte form takes p: rows of whole pieces in its pair layout, and x's pointer and the
-// strides of its dims of more than one entry (y is packed) in whole pieces.
+// Whether the 16-byte form takes p: rows of whole pieces in its pair layout, and x's and y's pointers
+// and the strides of their dims of more than one entry in whole pieces.
 bool rope_vec_ok(const RopeParams& p, int vec) {
   const int64_t span = p.interleaved ? p.head_dim : p.head_dim / 2;
   const auto whole = [&](int64_t stride, int size) { return size == 1 || stride % vec == 0; };
   return span % vec == 0 && aligned16(p.x) && aligned16(p.y) && whole(p.x_batch_stride, p.batch) &&
-         whole(p.x_token_stride, p.seq) && whole(p.x_head_stride, p.heads);
+         whole(p.x_token_stride, p.seq) && whole(p.x_head_stride, p.heads) && whole(p.y_batch_stride, p.batch) &&
+         whole(p.y_token_stride, p.seq) && whole(p.y_head_stride, p.heads);
 }
 
 template <typename T, int P, bool Interleaved, bool Vec>

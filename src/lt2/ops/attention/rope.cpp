@@ -3,6 +3,7 @@
 #include "lt2/nn/rope.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
+#include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -16,14 +17,16 @@ namespace {
 
 #ifdef LT2_WITH_CUDA
 // x [B, T, H, D] (last dim contiguous, other strides as they are) rotated at positions start..: one
-// launch into a packed tensor; `inverse` rotates by the negative angles.
-Tensor rope_kernel(const Tensor& x, int64_t start, double theta, bool interleaved, bool inverse) {
+// launch into y, a packed new tensor, or x itself (in_place); `inverse` rotates by the negative angles.
+Tensor rope_kernel(const Tensor& x, int64_t start, double theta, bool interleaved, bool inverse,
+                   bool in_place = false) {
   c10::cuda::CUDAGuard guard(x.device());
-  auto y = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+  auto y = in_place ? x : torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
   kernels::RopeParams p{};
   p.x = x.data_ptr();
   p.y = y.data_ptr();
   p.x_batch_stride = x.stride(0), p.x_token_stride = x.stride(1), p.x_head_stride = x.stride(2);
+  p.y_batch_stride = y.stride(0), p.y_token_stride = y.stride(1), p.y_head_stride = y.stride(2);
   p.batch = static_cast<int>(x.size(0)), p.seq = static_cast<int>(x.size(1));
   p.heads = static_cast<int>(x.size(2)), p.head_dim = static_cast<int>(x.size(3));
   p.start = start;
@@ -72,6 +75,21 @@ bool rope_kernel_applies(const Tensor& x, const Positions& pos) {
   (void)x, (void)pos;
   return false;
 #endif
+}
+
+Tensor apply_rope_prefix_(const Tensor& x, int64_t n, const Positions& pos, double theta, RopeStyle style) {
+  LT2_CHECK(n >= 0 && n <= x.size(-1) && n % 2 == 0, "rope: the rotated prefix must be even and within the ",
+            x.size(-1), " dims, found ", n);
+  if (n == 0) return x;
+  const auto prefix = x.narrow(-1, 0, n);
+#ifdef LT2_WITH_CUDA
+  if (!(torch::GradMode::is_enabled() && x.requires_grad()) && rope_kernel_applies(prefix, pos)) {
+    rope_kernel(prefix, pos.start, theta, style == RopeStyle::Interleaved, /*inverse=*/false, /*in_place=*/true);
+    return x;
+  }
+#endif
+  const auto rotated = ops::apply_rope(prefix, pos, theta, style);
+  return n == x.size(-1) ? rotated : torch::cat({rotated, x.narrow(-1, n, x.size(-1) - n)}, -1);
 }
 
 Tensor apply_rope(const Tensor& x, const Positions& pos, double theta, RopeStyle style) {
