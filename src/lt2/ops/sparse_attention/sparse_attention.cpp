@@ -118,9 +118,10 @@ Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, dou
   // The scale on the queries (1/L of the scores' size); the product in q's dtype.
   auto rows = q.reshape({B, H_kv, H / H_kv * T, D}) * scale;
   auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L});
-  // Softmax over the visible keys, read in q's dtype and written in the accumulation dtype in one
-  // pass. A query seeing no key gets all-zero probabilities: its softmax is NaN, replaced here, and
-  // masked_fill's backward zeroes the gradient of every hidden score, so no NaN reaches q or k.
+  // Softmax over the visible keys in the accumulation dtype (ATen converts bf16 scores in a pass of
+  // its own first; only fp16 has a fused half-to-float softmax). A query seeing no key gets all-zero
+  // probabilities: its softmax is NaN, replaced here, and masked_fill's backward zeroes the gradient
+  // of every hidden score, so no NaN reaches q or k.
   scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());
   auto probs = torch::softmax(scores, -1, accum_dtype(q));  // [B, H, T, L]
   if (!zero_rows_without_keys) return probs;
