@@ -80,21 +80,37 @@ TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
   auto c = choose(3000);
   EXPECT_EQ(c.stored_bytes, 1000 + 3 * 600 + 500);
   EXPECT_EQ(c.recomputed_bytes, 700 + 3 * 100 + 500);
-  EXPECT_TRUE(c.checkpoint_loops);  // 3300 > 0.9 x 3000
+  EXPECT_TRUE(c.checkpoint_loops());  // 3300 > 0.9 x 3000
   EXPECT_EQ(c.stored_loops, 3);     // 2700 <= 2700
   EXPECT_EQ(c.chosen_bytes, 2700);
   EXPECT_NE(c.summary().find("on (auto): 1 of 4 loops recomputed"), std::string::npos) << c.summary();
   EXPECT_EQ(choose(2500).stored_loops, 2);  // 2100 <= 2250 < 2700
   EXPECT_EQ(choose(4000 * 10).stored_loops, 4);
-  EXPECT_FALSE(choose(4000 * 10).checkpoint_loops);
+  EXPECT_FALSE(choose(4000 * 10).checkpoint_loops());
   EXPECT_EQ(choose(1000).stored_loops, 1);  // nothing fits: recompute all but the last
   EXPECT_NE(choose(1000).summary().find("(it may not fit)"), std::string::npos);
   EXPECT_EQ(choose(2000).stored_loops, 1);  // 1500 <= 1800 < 2100
   EXPECT_FALSE(
-      choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112, 4).checkpoint_loops);
+      choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112, 4).checkpoint_loops());
   EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000, 1)
-                   .checkpoint_loops);  // one loop: nothing to recompute
+                   .checkpoint_loops());  // one loop: nothing to recompute
 }
+
+namespace {
+
+// The memory of a step on `tokens` (a square loss on the logits), recomputing all loops but the last
+// stored_loops when checkpoint_loops.
+StepMemory loops_step_memory(LoopedLM& model, const torch::Tensor& tokens, bool checkpoint_loops,
+                             int64_t stored_loops) {
+  return measure_step_memory(*model, [&] {
+    ForwardOptions fo;
+    fo.checkpoint_loops = checkpoint_loops;
+    fo.stored_loops = stored_loops;
+    return model->forward(tokens, nullptr, fo).logits.square().mean();
+  }, torch::kCPU);
+}
+
+}  // namespace
 
 TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradients) {
   auto mc = lt2::testing::tiny_config();
@@ -102,13 +118,7 @@ TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradie
   torch::manual_seed(3);
   LoopedLM model(mc);
   auto tokens = torch::randint(mc.vocab_size, {2, 32}, torch::kLong);
-  auto measure = [&](bool recompute) {
-    return measure_step_memory(*model, [&] {
-      ForwardOptions fo;
-      fo.checkpoint_loops = recompute;
-      return model->forward(tokens, nullptr, fo).logits.square().mean();
-    }, torch::kCPU);
-  };
+  auto measure = [&](bool recompute) { return loops_step_memory(model, tokens, recompute, 1); };
   const auto stored = measure(false), recomputed = measure(true);
   EXPECT_GT(recomputed.held, 0);
   EXPECT_LT(2 * recomputed.held, stored.held) << "stored " << stored.held << " recomputed " << recomputed.held;
@@ -125,14 +135,7 @@ TEST(CheckpointingPolicy, StoringSomeLoopsNeedsTheInterpolatedMemory) {
   torch::manual_seed(3);
   LoopedLM model(mc);
   auto tokens = torch::randint(mc.vocab_size, {2, 64}, torch::kLong);
-  auto measure = [&](int64_t stored_loops) {
-    return measure_step_memory(*model, [&] {
-      ForwardOptions fo;
-      fo.checkpoint_loops = true;
-      fo.stored_loops = stored_loops;
-      return model->forward(tokens, nullptr, fo).logits.square().mean();
-    }, torch::kCPU);
-  };
+  auto measure = [&](int64_t stored_loops) { return loops_step_memory(model, tokens, true, stored_loops); };
   const auto one = measure(1), all = measure(mc.n_loops);
   for (int64_t s = 2; s < mc.n_loops; ++s) {
     const auto m = measure(s);

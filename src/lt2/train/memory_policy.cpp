@@ -59,13 +59,12 @@ CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, St
       break;
     }
   c.chosen_bytes = need(c.stored_loops);
-  c.checkpoint_loops = c.stored_loops < n_loops;
   return c;
 }
 
 std::string CheckpointingChoice::summary() const {
   std::ostringstream s;
-  s << "per-loop checkpointing " << (checkpoint_loops ? "on" : "off") << " (auto): " << (n_loops - stored_loops)
+  s << "per-loop checkpointing " << (checkpoint_loops() ? "on" : "off") << " (auto): " << (n_loops - stored_loops)
     << " of " << n_loops << " loops recomputed; a step needs " << human_bytes(stored_bytes) << " storing activations, "
     << human_bytes(recomputed_bytes) << " recomputing all loops but the last, " << human_bytes(chosen_bytes)
     << " as chosen; " << human_bytes(available_bytes) << " free";

@@ -28,9 +28,9 @@ StepMemory measure_step_memory(torch::nn::Module& model, const std::function<tor
                                torch::Device device);
 
 struct CheckpointingChoice {
-  bool checkpoint_loops = false;  // stored_loops < n_loops
-  int64_t stored_loops = 1;       // the last loops that keep their activations (ForwardOptions::stored_loops)
+  int64_t stored_loops = 1;  // the last loops that keep their activations (ForwardOptions::stored_loops)
   int64_t n_loops = 1;
+  bool checkpoint_loops() const { return stored_loops < n_loops; }  // whether any loop is recomputed
   int64_t stored_bytes = 0, recomputed_bytes = 0;  // a step's need storing every loop / only the last, optimizer included
   int64_t chosen_bytes = 0;                        // the need with stored_loops stored
   int64_t available_bytes = 0;

@@ -392,9 +392,8 @@ void Trainer::choose_checkpointing() {
     votes = votes.to(I.device);
     I.group->all_reduce_sum(votes, "per-loop checkpointing decision");
     choice.stored_loops = votes.nonzero().min().item<int64_t>();
-    choice.checkpoint_loops = choice.stored_loops < n_loops;
   }
-  I.checkpoint_loops = choice.checkpoint_loops;
+  I.checkpoint_loops = choice.checkpoint_loops();
   I.stored_loops = choice.stored_loops;
   I.checkpointing_chosen = true;
   I.checkpointing_choice = choice;

@@ -3,10 +3,9 @@
 #include <cstdint>
 #include <optional>
 
-#include <ATen/autocast_mode.h>
-
 #include "lt2/kernels/decode.h"
 #include "lt2/nn/linear.h"
+#include "lt2/nn/precision.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/fused_common.h"
 #include "lt2/util/error.h"
@@ -302,9 +301,10 @@ Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
 }
 
 Tensor rms_norm_for_products(const Tensor& x, const RMSNorm& norm) {
+  const auto autocast = AutocastState::current();
   const bool bf16_products = decode_options().norm_products_dtype && x.is_cuda() &&
-                             x.scalar_type() == torch::kFloat32 && at::autocast::is_autocast_enabled(at::kCUDA) &&
-                             at::autocast::get_autocast_dtype(at::kCUDA) == torch::kBFloat16;
+                             x.scalar_type() == torch::kFloat32 && autocast.enabled &&
+                             autocast.dtype == torch::kBFloat16;
   if (bf16_products)
     if (auto y = row_norm_kernels(x, norm->weight, Tensor(), static_cast<double>(x.size(-1)), norm->eps,
                                   GateActivation::None, torch::kBFloat16);
