@@ -15,7 +15,8 @@
 # channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `dsa`: DSA
 # training (lt-100m with DSA layers, MID against the new tree, indexer stage off) and the DSA layer with the
 # selection's kernels off and on; `dsasparse`: the indexer loss's sparse stage, MID against the new tree,
-# and its profile; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
+# and its profile; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree;
+# `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
 # --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
@@ -67,6 +68,12 @@ steps+=("dsasparse 300 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b dsa \$1 x \$2 sparse; \$b/train_bench
      $dsa_train --seq-len \$1 --batch-size \$2 --indexer-stage sparse | grep RESULT; done; done;
      build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops")
+# lt2-gdn-100m under `lt2 train`'s default checkpointing (auto) by MID and by the new tree, alternating, at
+# both shapes: what the block's bf16 norms and the GDN layer's changes give where auto stores what fits.
+steps+=("gdnauto 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
+     for b in /tmp/train_ab_base/build-prebuilt build-prebuilt build-prebuilt /tmp/train_ab_base/build-prebuilt; do
+     echo \$b gdn \$1 x \$2 auto; \$b/train_bench --model lt2-gdn-100m --seq-len \$1 --batch-size \$2 --steps 4
+     --warm 2 --checkpoint-loops=auto | grep RESULT; done; done")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
   PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")
