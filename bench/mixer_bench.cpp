@@ -31,6 +31,7 @@
 #include "lt2/nn/precision.h"
 #include "lt2/util/error.h"
 #include "lt2/util/json.h"
+#include "kernel_switches.h"
 #include "profile_flags.h"
 
 namespace {
@@ -69,10 +70,8 @@ int main(int argc, char** argv) {
   app.add_option("--mixer-option", mixer_options,
                  "An option of the mixer as name=value (value as JSON, e.g. window=512), over the preset's; "
                  "repeatable");
-  std::vector<std::string> options;
-  app.add_option("--option", options,
-                 "A kernel switch as name=value (the DecodeOptions fields of docs/decode.md, e.g. short_conv=0); "
-                 "repeatable");
+  KernelSwitchFlags switches;
+  switches.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
     // "name=value" of a repeatable flag -> {name, value}.
@@ -81,12 +80,7 @@ int main(int argc, char** argv) {
       LT2_CHECK(eq != std::string::npos, flag, " takes name=value, found '", o, "'");
       return std::pair{o.substr(0, eq), o.substr(eq + 1)};
     };
-    lt2::DecodeOptions kernel_options;
-    for (const auto& o : options) {
-      const auto [name, value] = name_value(o, "--option");
-      kernel_options.set(name, value);
-    }
-    lt2::DecodeOptionsGuard options_guard(kernel_options);
+    lt2::DecodeOptionsGuard options_guard(switches.options());
     const bool cuda = torch::cuda::is_available();
     const auto dev = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
     auto sync = [&] { if (cuda) torch::cuda::synchronize(); };
@@ -183,7 +177,7 @@ int main(int argc, char** argv) {
       j["params"] = params;
     }
     j["tf32"] = cuda && tf32;
-    j["options"] = options;
+    j["options"] = switches.assignments;
     if (core) j["core"] = {{"heads", heads}, {"head_k", head_k}, {"head_v", head_v}, {"chunk", chunk}};
     if (core && mixer == "window") j["core"]["window"] = window;
     j["mixer_options"] = mixer_options;

@@ -18,6 +18,7 @@
 #include "lt2/kernels/kernels.h"
 #include "lt2/train/flops.h"
 #include "lt2/train/trainer.h"
+#include "kernel_switches.h"
 #include "profile_flags.h"
 
 int main(int argc, char** argv) {
@@ -56,8 +57,11 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "Scratch folder")->capture_default_str();
   ProfileFlags profile;
   profile.add_to(app, "CUDA: after timing, print the per-kernel GPU time of this many further training steps");
+  KernelSwitchFlags switches;
+  switches.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
+    lt2::DecodeOptionsGuard options_guard(switches.options());
     if (!mixer_options.empty()) cfg.mixer_options = lt2::json::parse(mixer_options);
     lt2::remove_tree(out);
     std::filesystem::create_directories(out);
@@ -96,6 +100,7 @@ int main(int argc, char** argv) {
     lt2::json j{{"model", cfg.model},
                 {"layer_pattern", trainer.model()->config().layer_pattern},
                 {"mixer_options", cfg.mixer_options},
+                {"options", switches.assignments},
                 {"parameters", trainer.model()->num_parameters()},
                 {"seq_len", cfg.seq_len},
                 {"batch_size", cfg.batch_size},

@@ -15,7 +15,8 @@
 # channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `dsa`: DSA
 # training (lt-100m with DSA layers, MID against the new tree, indexer stage off) and the DSA layer with the
 # selection's kernels off and on; `dsasparse`: the indexer loss's sparse stage, MID against the new tree,
-# and its profile; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree;
+# and its profile; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `resnorm`: the
+# residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
@@ -74,6 +75,17 @@ steps+=("gdnauto 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$sh
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt build-prebuilt /tmp/train_ab_base/build-prebuilt; do
      echo \$b gdn \$1 x \$2 auto; \$b/train_bench --model lt2-gdn-100m --seq-len \$1 --batch-size \$2 --steps 4
      --warm 2 --checkpoint-loops=auto | grep RESULT; done; done")
+# The block's residual add inside the FFN norm's kernels (switch residual_norm), same binary, off and on
+# alternating: lt-100m and lt2-gdn-100m at 2048 x 16 under auto.
+steps+=("resnorm 160 for m in lt-100m lt2-gdn-100m; do for o in 0 1 1 0; do echo \$m residual_norm=\$o;
+     build-prebuilt/train_bench --model \$m --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto
+     --option residual_norm=\$o | grep RESULT; done; done")
+# Nsight Compute on the delta rule's kernels (the first 7 launches: one forward + backward of the GDN
+# layer at lt2-gdn-100m's shape): throughput against the device's, occupancy, warp stalls.
+steps+=("ncu 150 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1); \$NCU --clock-control none
+     -k regex:delta_rule -c 7 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
+     --section LaunchStats --section WarpStateStats --section SchedulerStats build-prebuilt/mixer_bench
+     --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 --iters 1")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
   PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")

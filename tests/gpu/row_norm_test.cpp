@@ -5,7 +5,8 @@
 // gate read in place from a column slice of a packed projection; the switch `row_norm` off takes the
 // reference on the GPU; the block RMSNorm (ops::rms_norm) under autograd, which takes the same
 // kernels, and its form written in autocast's dtype for the products after it
-// (ops::rms_norm_for_products). Skips where no CUDA GPU (or kernels).
+// (ops::rms_norm_for_products); the residual add with the block norm after it (ops::add_rms_norm,
+// switch `residual_norm`). Skips where no CUDA GPU (or kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -186,8 +187,8 @@ TEST(RowNormGpu, NormForProductsWritesTheAutocastDtype) {
   torch::manual_seed(16);
   // Under bf16 autocast with fp32 x, rms_norm_for_products writes bf16: the values of the fp32 norm
   // cast to bf16, and the gradients of that norm for the same (bf16) output gradient; outside
-  // autocast, or with the switch off, it is rms_norm itself. Rows of 768 (the 16-byte form) and 33
-  // (one warp a row).
+  // autocast, or with the switch off, it is rms_norm itself. Rows of 768 (fp32: 24 elements a lane)
+  // and 33 (one warp a row).
   for (int64_t d : {768, 33}) {
     SCOPED_TRACE(cat("d ", d));
     RMSNorm norm(d, 1e-6);
@@ -221,4 +222,89 @@ TEST(RowNormGpu, NormForProductsWritesTheAutocastDtype) {
     DecodeOptionsGuard guard(off);
     EXPECT_EQ(run(true, true)[0].scalar_type(), torch::kFloat32);
   }
+}
+
+TEST(RowNormGpu, ResidualAddAndNormMatchTheFloat64Reference) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::manual_seed(17);
+  // ops::add_rms_norm under autograd: h = x + m and y = RMSNorm(h) by the row-norm kernels with a
+  // residual, forward and backward, with gradients reaching both h (the residual stream) and y.
+  // Cases: training's fp32 x with the mixer's bf16 m and y in bf16 for the products under autocast;
+  // all fp32; all bf16. Rows of 768 and 33. Against the float64 reference through autograd, on the
+  // same rounded inputs and output gradients; the kernel path is checked by its autograd node.
+  struct Case {
+    torch::ScalarType x, m;
+    bool for_products;
+  };
+  for (const Case c : {Case{torch::kFloat32, torch::kBFloat16, true}, Case{torch::kFloat32, torch::kFloat32, false},
+                       Case{torch::kBFloat16, torch::kBFloat16, false}}) {
+    for (int64_t d : {768, 33}) {
+      SCOPED_TRACE(cat("x ", name(c.x), " m ", name(c.m), c.for_products ? " for products" : "", " d ", d));
+      const auto y_dtype = c.for_products ? torch::kBFloat16 : c.x;
+      const auto r = [](const Tensor& t, torch::ScalarType dt) { return t.to(dt).to(torch::kFloat64); };
+      const auto x = r(torch::randn({3, 37, d}, torch::kFloat64) * 2, c.x);
+      const auto m = r(torch::randn({3, 37, d}, torch::kFloat64), c.m);
+      const auto w = 1 + 0.1 * torch::randn({d}, torch::kFloat64);
+      const auto dh = r(torch::randn({3, 37, d}, torch::kFloat64), c.x);
+      const auto dy = r(torch::randn({3, 37, d}, torch::kFloat64), y_dtype);
+      auto run = [&](torch::Device device, bool reference) {
+        RMSNorm norm(d, 1e-6);
+        norm->to(device, reference ? torch::kFloat64 : torch::kFloat32);
+        {
+          torch::NoGradGuard no_grad;
+          norm->weight.copy_(w);
+        }
+        auto xd = x.to(device, reference ? torch::kFloat64 : c.x).detach().requires_grad_(true);
+        auto md = m.to(device, reference ? torch::kFloat64 : c.m).detach().requires_grad_(true);
+        ops::AddRmsNormResult out;
+        {
+          AutocastStateScope scope(AutocastState{c.for_products && !reference, torch::kBFloat16});
+          out = ops::add_rms_norm(xd, md, norm, c.for_products);
+        }
+        if (!reference) {
+          EXPECT_NE(out.h.grad_fn()->name().find("AddRowNormFunction"), std::string::npos) << out.h.grad_fn()->name();
+          EXPECT_EQ(out.h.scalar_type(), c.x);
+          EXPECT_EQ(out.y.scalar_type(), y_dtype);
+        }
+        torch::autograd::backward({out.h, out.y},
+                                  {dh.to(device, out.h.scalar_type()), dy.to(device, out.y.scalar_type())});
+        if (!reference) {
+          EXPECT_EQ(md.grad().scalar_type(), c.m);
+        }
+        return std::vector<Tensor>{out.h.detach().cpu(), out.y.detach().cpu(), xd.grad().cpu(), md.grad().cpu(),
+                                   norm->weight.grad().cpu()};
+      };
+      const auto want = run(torch::kCPU, true), got = run(torch::kCUDA, false);
+      const double tol = tolerance(c.x == torch::kBFloat16 || c.m == torch::kBFloat16 || c.for_products
+                                       ? torch::kBFloat16
+                                       : torch::kFloat32);
+      const char* names[] = {"h", "y", "dx", "dm", "dweight"};
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tol) << names[i];
+    }
+  }
+}
+
+TEST(RowNormGpu, ResidualNormSwitchOffAddsAndNormalisesApart) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::manual_seed(18);
+  // residual_norm off: the add and the norm as separate autograd nodes, with the same values and
+  // gradients (fp32, where both paths compute the same sums).
+  const int64_t d = 768;
+  RMSNorm norm(d, 1e-6);
+  norm->to(torch::kCUDA);
+  const auto x = torch::randn({2, 19, d}, gpu(torch::kFloat32)), m = torch::randn({2, 19, d}, gpu(torch::kFloat32));
+  const auto dh = torch::randn({2, 19, d}, gpu(torch::kFloat32)), dy = torch::randn({2, 19, d}, gpu(torch::kFloat32));
+  auto run = [&](bool fused) {
+    DecodeOptions o;
+    o.residual_norm = fused;
+    DecodeOptionsGuard guard(o);
+    auto xd = x.clone().requires_grad_(true), md = m.clone().requires_grad_(true);
+    norm->weight.mutable_grad() = Tensor();
+    const auto out = ops::add_rms_norm(xd, md, norm);
+    EXPECT_EQ(out.h.grad_fn()->name().find("AddRowNormFunction") != std::string::npos, fused);
+    torch::autograd::backward({out.h, out.y}, {dh, dy});
+    return std::vector<Tensor>{out.h.detach(), out.y.detach(), xd.grad(), md.grad(), norm->weight.grad().clone()};
+  };
+  const auto on = run(true), off = run(false);
+  for (size_t i = 0; i < on.size(); ++i) EXPECT_LT(rel_err(on[i], off[i]), 1e-6) << i;
 }

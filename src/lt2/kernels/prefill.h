@@ -213,18 +213,28 @@ struct RowNormParams {
   // y's (and the backward's dy's) dtype: dtype, or BFloat16 with Float32 x (a norm whose output
   // only feeds bf16 products under autocast: written once in their dtype, no cast pass).
   DType out_dtype;
+  // A residual add before the norm (forward): the row normalised is h = x + residual, rounded to
+  // dtype as a separate add would, and written to h. residual [rows, D] residual_dtype (dtype, or
+  // BFloat16 with Float32 x), packed, or nullptr; no gate with it.
+  const void* residual;
+  void* h;  // [rows, D] dtype, with residual
+  DType residual_dtype;
 };
 void row_norm_forward(const RowNormParams& p, void* stream);
 
 // Its backward from the saved r: with n = x * r, a = act(gate) and dn = dy * weight * a,
-//   dx = r * (dn - n * sum_i(dn[i] n[i]) / divisor),  dgate = dy * n * weight * act'(gate),
+//   dx = r * (dn - n * sum_i(dn[i] n[i]) / divisor) + dh,  dgate = dy * n * weight * act'(gate),
 //   dweight[i] += sum over rows of dy[i] n[i] a[i]   (atomically: zero it first).
+// After a residual add, x is the saved h, dh the gradient h receives from its other uses, and the
+// residual's gradient (dx itself) is written again in residual_dtype.
 struct RowNormBackwardParams {
-  RowNormParams forward;  // `y` unused, `rstd` read
+  RowNormParams forward;  // `y` and `residual` unused, `rstd` read
   const void* dy;         // [rows, D] out_dtype, packed
   void* dx;               // [rows, D] dtype
   void* dgate;            // [rows, D] dtype, packed, or nullptr (no gate)
   float* dweight;         // [D], or nullptr (no weight)
+  const void* dh;         // [rows, D] dtype, packed, or nullptr: added to dx
+  void* dresidual;        // [rows, D] forward.residual_dtype, or nullptr: dx in that dtype
 };
 void row_norm_backward(const RowNormBackwardParams& p, void* stream);
 // The chunk preparation of the chunked delta rule (ops::delta_rule_chunked) with one decay per

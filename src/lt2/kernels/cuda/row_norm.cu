@@ -3,7 +3,11 @@
 // kernels/prefill.h has the formulas.
 //
 // Floor. Forward: read x (and the gate), write y and one fp32 r per row; backward: read x, dy (and
-// the gate) and r, write dx (and dgate). At lt2-gdn-1.3b's output norm (8 x 4096 tokens, 16 heads
+// the gate) and r, write dx (and dgate). With a residual add (the block norm after the mixer in
+// training) the forward also reads the residual and writes h, and the backward reads h's other
+// gradient and writes the residual's: at lt-100m (32768 rows of 768, fp32 x, bf16 residual and y)
+// 12 bytes an element forward and 16 backward, where the add, the norm, autograd's sum of h's two
+// gradients and the residual gradient's cast took 16 and 28 in five passes. At lt2-gdn-1.3b's output norm (8 x 4096 tokens, 16 heads
 // of 192, bf16) that is 0.40 GB forward and 0.60 GB backward with the gate: ~0.08 and ~0.13 ms at
 // ~4.8 TB/s. The reference (fp32 casts, pow, mean, rsqrt, products, SiLU, and autograd's backward
 // of each) makes a dozen passes over fp32 copies of these tensors.
@@ -12,7 +16,7 @@
 // the tensors 16-byte aligned: a row takes L lanes (the power of two >= its pieces), a warp 32 / L
 // rows, a lane one piece (8 bf16 or 4 fp32), so every access is 16 bytes and the row's sums are
 // L-lane shuffles (a load per 2-byte element keeps ~12 KiB in flight per SM, under the ~25 KiB the
-// HBM's latency-bandwidth product asks: ~3x the traffic floor). Otherwise: one warp per row; lane l
+// HBM's latency-bandwidth product asks: ~3x the traffic floor). Otherwise, and with a residual add: one warp per row; lane l
 // holds elements l, l + 32, ... (PerLane of them: D <= 32 PerLane), so loads are coalesced and the
 // row's sums are warp shuffles. The backward walks rows grid-stride, a lane summing dweight for its
 // own columns, then the block's warps sum through shared memory and one atomicAdd per column and
@@ -63,6 +67,20 @@ __device__ __forceinline__ void store_row(void* base, int64_t start, int dim, in
   }
 }
 
+// A row of a residual (or its gradient) in RowNormParams::residual_dtype: the rows' type T, or bf16.
+template <typename T, int PerLane>
+__device__ __forceinline__ void load_residual_row(const void* base, DType dtype, int64_t start, int dim, int lane,
+                                                  float (&v)[PerLane]) {
+  if (dtype == DType::BFloat16) load_row<__nv_bfloat16>(base, start, dim, lane, v);
+  else load_row<T>(base, start, dim, lane, v);
+}
+template <typename T, int PerLane>
+__device__ __forceinline__ void store_residual_row(void* base, DType dtype, int64_t start, int dim, int lane,
+                                                   const float (&v)[PerLane]) {
+  if (dtype == DType::BFloat16) store_row<__nv_bfloat16>(base, start, dim, lane, v);
+  else store_row<T>(base, start, dim, lane, v);
+}
+
 // A lane's piece of N elements of type U at p (N * sizeof(U) bytes: 16, or 8 for the bf16 output of
 // fp32 rows), as floats, and back; by value, so each is one vector access.
 template <typename U, int N>
@@ -105,6 +123,13 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const Row
   if (row >= p.rows) return;
   float x[PerLane], w[PerLane], g[PerLane];
   load_row<T>(p.x, row * p.dim, p.dim, lane, x);
+  if (p.residual) {  // h = x + residual in T, as the add would round it
+    float m[PerLane];
+    load_residual_row<T>(p.residual, p.residual_dtype, row * p.dim, p.dim, lane, m);
+#pragma unroll
+    for (int j = 0; j < PerLane; ++j) x[j] = to_float(from_float<T>(x[j] + m[j]));
+    store_row<T>(p.h, row * p.dim, p.dim, lane, x);
+  }
   if (p.gate) load_row<T>(p.gate, gate_offset(p, row), p.dim, lane, g);
   load_weight<T>(p, lane, w);
   float ss = 0.f;
@@ -185,7 +210,13 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
     const float mean_dot = warp_sum(dot) / p.divisor;
 #pragma unroll
     for (int j = 0; j < PerLane; ++j) x[j] = r * (dn[j] - x[j] * r * mean_dot);  // dx, in place
+    if (bp.dh) {  // h's gradient from its other uses (dy is reused: its values are spent)
+      load_row<T>(bp.dh, row * p.dim, p.dim, lane, dy);
+#pragma unroll
+      for (int j = 0; j < PerLane; ++j) x[j] += dy[j];
+    }
     store_row<T>(bp.dx, row * p.dim, p.dim, lane, x);
+    if (bp.dresidual) store_residual_row<T>(bp.dresidual, p.residual_dtype, row * p.dim, p.dim, lane, x);
     if (p.gate) store_row<T>(bp.dgate, row * p.dim, p.dim, lane, g);
   }
   if (!bp.dweight) return;
@@ -292,6 +323,12 @@ void check_params(const RowNormParams& p, const char* op) {
             p.gate_group_rows, " rows ", p.gate_group_stride, " elements apart");
 }
 
+// A residual (forward) or its gradient (backward): of x's dtype, or bf16 with fp32 x, and no gate.
+void check_residual(const RowNormParams& p, const char* op) {
+  LT2_CHECK(!p.gate && (p.residual_dtype == p.dtype || (p.dtype == DType::Float32 && p.residual_dtype == DType::BFloat16)),
+            op, ": a residual must be of x's dtype, or bf16 with fp32 x, and comes without a gate");
+}
+
 // Calls f(T{}, TO{}) with T the rows' CUDA type and TO the output's: T, or bf16 for fp32 rows.
 template <typename F>
 void dispatch_types(const RowNormParams& p, F&& f) {
@@ -315,13 +352,14 @@ void dispatch_per_lane(int dim, F&& f) {
 
 void row_norm_forward(const RowNormParams& p, void* stream) {
   check_params(p, "row_norm_forward");
-  LT2_CHECK(p.y, "row_norm_forward: y must be given");
+  LT2_CHECK(p.y && (!p.residual || p.h), "row_norm_forward: y (and h with a residual) must be given");
+  if (p.residual) check_residual(p, "row_norm_forward");
   if (p.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_types(p, [&](auto t, auto out) {
     using T = decltype(t);
     using TO = decltype(out);
-    if (dispatch_row_lanes<T>(p, {p.x, p.y, p.gate}, [&](auto lanes) {
+    if (!p.residual && dispatch_row_lanes<T>(p, {p.x, p.y, p.gate}, [&](auto lanes) {
           constexpr int L = decltype(lanes)::value;
           const int64_t rows_per_block = int64_t{kWarps} * (32 / L);
           const auto blocks = static_cast<unsigned>((p.rows + rows_per_block - 1) / rows_per_block);
@@ -340,6 +378,7 @@ void row_norm_backward(const RowNormBackwardParams& bp, void* stream) {
   const RowNormParams& p = bp.forward;
   check_params(p, "row_norm_backward");
   LT2_CHECK(bp.dy && bp.dx && (!p.gate || bp.dgate), "row_norm_backward: dy, dx (and dgate with a gate) must be given");
+  if (bp.dresidual) check_residual(p, "row_norm_backward");
   if (p.rows == 0) return;
   int device = 0;
   cudaGetDevice(&device);
@@ -350,7 +389,7 @@ void row_norm_backward(const RowNormBackwardParams& bp, void* stream) {
   dispatch_types(p, [&](auto t, auto out) {
     using T = decltype(t);
     using TO = decltype(out);
-    if (dispatch_row_lanes<T>(p, {p.x, p.gate, bp.dy, bp.dx, bp.dgate}, [&](auto lanes) {
+    if (!bp.dh && !bp.dresidual && dispatch_row_lanes<T>(p, {p.x, p.gate, bp.dy, bp.dx, bp.dgate}, [&](auto lanes) {
           constexpr int L = decltype(lanes)::value;
           const int64_t rows_per_block = int64_t{kWarps} * (32 / L);
           const auto blocks =

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 
 #include "lt2/kernels/decode.h"
 #include "lt2/nn/linear.h"
@@ -19,13 +20,6 @@
 namespace lt2::ops {
 
 using namespace detail;
-
-AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm, bool for_products) {
-  if (fused_elementwise_applies({x, m, norm->weight}) && m.sizes() == x.sizes())
-    return add_rms_norm_fused(x, m, norm->weight, norm->eps);
-  const auto h = x + m;
-  return {h, for_products ? ops::rms_norm_for_products(h, norm) : ops::rms_norm(h, norm)};
-}
 
 namespace {
 
@@ -242,6 +236,94 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
 };
 #endif
 
+#ifdef LT2_WITH_CUDA
+// h = x + m and the RMSNorm of h by the forward kernel with a residual, x and m [rows, d] packed (m of
+// x's dtype, or bf16 with fp32 x), weight fp32 [d]: {h, y in out_dtype, r}.
+std::tuple<Tensor, Tensor, Tensor> add_row_norm_forward_cuda(const Tensor& x, const Tensor& m, const Tensor& weight,
+                                                             double eps, torch::ScalarType out_dtype) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto h = torch::empty_like(x), y = torch::empty(x.sizes(), x.options().dtype(out_dtype));
+  auto rstd = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
+  auto p = row_norm_params(x, weight, Tensor(), static_cast<double>(x.size(1)), eps, GateActivation::None, rstd,
+                           out_dtype);
+  p.residual = m.data_ptr(), p.residual_dtype = kernel_dtype(m.scalar_type());
+  p.h = h.data_ptr(), p.y = y.data_ptr();
+  kernels::row_norm_forward(p, current_stream(x));
+  return {h, y, rstd};
+}
+
+// Autograd over it: x, m and the weight get gradients; h and r are saved. The backward adds the
+// gradient h receives from its other uses (the residual stream) to the norm's, in the kernel, and
+// writes the sum once more in m's dtype as m's gradient: one pass where autograd would sum the two
+// gradients of h and cast m's apart.
+struct AddRowNormFunction : public torch::autograd::Function<AddRowNormFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
+                                                const Tensor& m, const Tensor& weight, double eps, int64_t out_dtype) {
+    auto [h, y, rstd] = add_row_norm_forward_cuda(x, m, weight, eps, static_cast<torch::ScalarType>(out_dtype));
+    ctx->save_for_backward({h, weight, rstd});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["out_dtype"] = out_dtype;
+    ctx->saved_data["m_dtype"] = static_cast<int64_t>(m.scalar_type());
+    return {h, y};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &h = saved[0], &w = saved[1];
+    c10::cuda::CUDAGuard guard(h.device());
+    const auto out_dtype = static_cast<torch::ScalarType>(ctx->saved_data["out_dtype"].toInt());
+    const auto m_dtype = static_cast<torch::ScalarType>(ctx->saved_data["m_dtype"].toInt());
+    const auto dy = grads[1].defined() ? grads[1].to(out_dtype).contiguous()
+                                       : torch::zeros(h.sizes(), h.options().dtype(out_dtype));
+    const auto dh = grads[0].defined() ? grads[0].to(h.scalar_type()).contiguous() : Tensor();
+    auto dx = torch::empty_like(h), dm = torch::empty(h.sizes(), h.options().dtype(m_dtype));
+    auto dweight = torch::zeros_like(w);
+    kernels::RowNormBackwardParams p{};
+    p.forward = row_norm_params(h, w, Tensor(), static_cast<double>(h.size(1)), ctx->saved_data["eps"].toDouble(),
+                                GateActivation::None, saved[2], out_dtype);
+    p.forward.residual_dtype = kernel_dtype(m_dtype);
+    p.dy = dy.data_ptr(), p.dx = dx.data_ptr(), p.dweight = dweight.data_ptr<float>();
+    p.dh = dh.defined() ? dh.data_ptr() : nullptr;
+    p.dresidual = dm.data_ptr();
+    kernels::row_norm_backward(p, current_stream(h));
+    return {dx, dm, dweight, Tensor(), Tensor()};
+  }
+};
+#endif
+
+// The residual add and RMSNorm kernels (AddRowNormFunction) under autograd for x [..., d], m of x's
+// sizes (x's dtype, or bf16 with fp32 x) and weight [d], y in out_dtype; undefined tensors where
+// they do not apply (the caller adds and normalises apart).
+AddRmsNormResult add_row_norm_kernels(const Tensor& x, const Tensor& m, const Tensor& weight, double eps,
+                                      torch::ScalarType out_dtype) {
+#ifdef LT2_WITH_CUDA
+  const auto dt = x.scalar_type();
+  if (!decode_options().row_norm || !decode_options().residual_norm || !torch::GradMode::is_enabled() ||
+      !x.is_cuda() || !kernel_dtype_ok(dt) || x.dim() < 1 || x.numel() == 0 || x.size(-1) > kernels::kMaxRowNormDim ||
+      m.sizes() != x.sizes() || m.device() != x.device() || !weight.defined() || weight.dim() != 1 ||
+      weight.size(0) != x.size(-1) || weight.device() != x.device())
+    return {};
+  const bool fp32_x = dt == torch::kFloat32;
+  if (!(m.scalar_type() == dt || (fp32_x && m.scalar_type() == torch::kBFloat16)) ||
+      !(out_dtype == dt || (fp32_x && out_dtype == torch::kBFloat16)))
+    return {};
+  const int64_t d = x.size(-1);
+  const auto x2 = x.reshape({-1, d}).contiguous(), m2 = m.reshape({-1, d}).contiguous();
+  const auto w = weight.to(torch::kFloat32).contiguous();
+  Tensor h, y;
+  if (x.requires_grad() || m.requires_grad() || weight.requires_grad()) {
+    const auto out = AddRowNormFunction::apply(x2, m2, w, eps, static_cast<int64_t>(out_dtype));
+    h = out[0], y = out[1];
+  } else {
+    std::tie(h, y, std::ignore) = add_row_norm_forward_cuda(x2, m2, w, eps, out_dtype);
+  }
+  return {h.view(x.sizes()), y.view(x.sizes())};
+#else
+  (void)x, (void)m, (void)weight, (void)eps, (void)out_dtype;
+  return {};
+#endif
+}
+
 // The row-norm kernels for x [..., d] (weight [d] or undefined, gate of x's sizes or undefined),
 // or an undefined tensor where they do not apply (the caller then runs the reference). The output
 // in out_dtype where given (bf16 for fp32 x), else in x's.
@@ -300,17 +382,31 @@ Tensor rms_norm(const Tensor& x, const RMSNorm& norm) {
   return lt2::rms_norm(x, norm->weight, norm->eps);
 }
 
-Tensor rms_norm_for_products(const Tensor& x, const RMSNorm& norm) {
+namespace {
+// Whether a norm of x whose output only feeds products is written in bf16 (rms_norm_for_products).
+bool products_in_bf16(const Tensor& x) {
   const auto autocast = AutocastState::current();
-  const bool bf16_products = decode_options().norm_products_dtype && x.is_cuda() &&
-                             x.scalar_type() == torch::kFloat32 && autocast.enabled &&
-                             autocast.dtype == torch::kBFloat16;
-  if (bf16_products)
+  return decode_options().norm_products_dtype && x.is_cuda() && x.scalar_type() == torch::kFloat32 &&
+         autocast.enabled && autocast.dtype == torch::kBFloat16;
+}
+}  // namespace
+
+Tensor rms_norm_for_products(const Tensor& x, const RMSNorm& norm) {
+  if (products_in_bf16(x))
     if (auto y = row_norm_kernels(x, norm->weight, Tensor(), static_cast<double>(x.size(-1)), norm->eps,
                                   GateActivation::None, torch::kBFloat16);
         y.defined())
       return y;
   return rms_norm(x, norm);
+}
+
+AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm, bool for_products) {
+  if (fused_elementwise_applies({x, m, norm->weight}) && m.sizes() == x.sizes())
+    return add_rms_norm_fused(x, m, norm->weight, norm->eps);
+  const auto out_dtype = for_products && products_in_bf16(x) ? torch::kBFloat16 : x.scalar_type();
+  if (auto r = add_row_norm_kernels(x, m, norm->weight, norm->eps, out_dtype); r.h.defined()) return r;
+  const auto h = x + m;
+  return {h, for_products ? ops::rms_norm_for_products(h, norm) : ops::rms_norm(h, norm)};
 }
 
 Tensor l2_normalize(const Tensor& x) {

@@ -29,8 +29,10 @@ Tensor rms_norm_for_products(const Tensor& x, const RMSNorm& norm);
 struct AddRmsNormResult {
   Tensor h, y;
 };
-// One fused launch for both where it applies to x, m (of x's sizes) and the weight; the add and
-// rms_norm above otherwise (rms_norm_for_products with for_products).
+// One fused launch for both where it applies to x, m (of x's sizes) and the weight; under autograd
+// the row-norm kernels with a residual add, forward and backward (DecodeOptions::residual_norm: m of
+// x's dtype or bf16 with fp32 x, y in bf16 with for_products where rms_norm_for_products writes
+// bf16); the add and rms_norm above otherwise (rms_norm_for_products with for_products).
 AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& norm, bool for_products = false);
 
 // The gated products, differentiable, in training, prefill and decode: one CUDA kernel forward and
