@@ -174,8 +174,8 @@ TEST(RopeGpu, PrefixRotatesInPlaceWithoutAGradient) {
   torch::manual_seed(24);
   // apply_rope_prefix_ on x [B, T, H, D], a view of a wider projection, rotating its first n dims:
   // without a gradient in place (x itself returned, the other columns untouched), with one a new
-  // tensor with the gradient of the rotation; both against the float64 reference (lt2::apply_rope of
-  // the prefix, the rest as is) on the same rounded inputs.
+  // tensor from the prefix kernel's autograd node with the gradient of the rotation; both against the
+  // float64 reference (lt2::apply_rope of the prefix, the rest as is) on the same rounded inputs.
   const int64_t B = 2, T = 37, H = 3, D = 128, n = 64, N = H * D + 16;
   for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
     for (auto style : {RopeStyle::Half, RopeStyle::Interleaved}) {
@@ -198,6 +198,7 @@ TEST(RopeGpu, PrefixRotatesInPlaceWithoutAGradient) {
       }
       auto packed = source.to(torch::kCUDA, dt).requires_grad_(true);
       const auto y = ops::apply_rope_prefix_(view(packed), n, pos, 1e4, style);
+      EXPECT_NE(y.grad_fn()->name().find("RopePrefixFunction"), std::string::npos) << y.grad_fn()->name();
       EXPECT_LT(rel_err(y.detach().cpu().to(torch::kFloat64), want), tolerance(dt));
       const auto w = torch::randn({B, T, H, D}, torch::kFloat64);
       (y * w.to(torch::kCUDA, dt)).sum().backward();

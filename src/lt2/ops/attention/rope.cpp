@@ -17,11 +17,12 @@ namespace {
 
 #ifdef LT2_WITH_CUDA
 // x [B, T, H, D] (last dim contiguous, other strides as they are) rotated at positions start..: one
-// launch into y, a packed new tensor, or x itself (in_place); `inverse` rotates by the negative angles.
+// launch into `out` where given (x's sizes and dtype, last dim contiguous: x itself, or a slice of a
+// bigger tensor), else into a packed new tensor; `inverse` rotates by the negative angles.
 Tensor rope_kernel(const Tensor& x, int64_t start, double theta, bool interleaved, bool inverse,
-                   bool in_place = false) {
+                   const Tensor& out = Tensor()) {
   c10::cuda::CUDAGuard guard(x.device());
-  auto y = in_place ? x : torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+  auto y = out.defined() ? out : torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
   kernels::RopeParams p{};
   p.x = x.data_ptr();
   p.y = y.data_ptr();
@@ -62,6 +63,38 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
             Tensor(), Tensor(), Tensor()};
   }
 };
+
+// RoPE of the first n dims of x [B, T, H, D] under autograd: a new packed tensor, the prefix rotated
+// into it by the kernel and the rest copied; the backward the same with the inverse rotation. Where a
+// rotated prefix and a cat would take autograd through a narrow (a zeroed full-size gradient per
+// part, then their sum), each direction is one rotation and one copy of the rest.
+struct RopePrefixFunction : public torch::autograd::Function<RopePrefixFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, int64_t n, int64_t start, double theta,
+                        bool interleaved) {
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["theta"] = theta;
+    ctx->saved_data["interleaved"] = interleaved;
+    return rotate_prefix(x, n, start, theta, interleaved, /*inverse=*/false);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Tensor& dy = grads[0];
+    if (!dy.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return {rotate_prefix(dy.stride(-1) == 1 ? dy : dy.contiguous(), ctx->saved_data["n"].toInt(),
+                          ctx->saved_data["start"].toInt(), ctx->saved_data["theta"].toDouble(),
+                          ctx->saved_data["interleaved"].toBool(), /*inverse=*/true),
+            Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+  // x's first n dims rotated into a new packed tensor, the rest copied.
+  static Tensor rotate_prefix(const Tensor& x, int64_t n, int64_t start, double theta, bool interleaved, bool inverse) {
+    auto y = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+    const int64_t D = x.size(-1);
+    rope_kernel(x.narrow(-1, 0, n), start, theta, interleaved, inverse, y.narrow(-1, 0, n));
+    if (n < D) y.narrow(-1, n, D - n).copy_(x.narrow(-1, n, D - n));
+    return y;
+  }
+};
 #endif
 
 }  // namespace
@@ -83,8 +116,11 @@ Tensor apply_rope_prefix_(const Tensor& x, int64_t n, const Positions& pos, doub
   if (n == 0) return x;
   const auto prefix = x.narrow(-1, 0, n);
 #ifdef LT2_WITH_CUDA
-  if (!(torch::GradMode::is_enabled() && x.requires_grad()) && rope_kernel_applies(prefix, pos)) {
-    rope_kernel(prefix, pos.start, theta, style == RopeStyle::Interleaved, /*inverse=*/false, /*in_place=*/true);
+  if (rope_kernel_applies(prefix, pos)) {
+    const bool interleaved = style == RopeStyle::Interleaved;
+    if (torch::GradMode::is_enabled() && x.requires_grad())
+      return RopePrefixFunction::apply(x, n, pos.start, theta, interleaved);
+    rope_kernel(prefix, pos.start, theta, interleaved, /*inverse=*/false, /*out=*/prefix);
     return x;
   }
 #endif

@@ -19,10 +19,11 @@ using torch::Tensor;
 // Returns a packed [B, T, H, D] tensor in x's dtype there, and lt2::apply_rope's result otherwise.
 Tensor apply_rope(const Tensor& x, const Positions& pos, double theta, RopeStyle style);
 
-// RoPE of the first n dims (even) of x's last axis [B, T, H, D], the rest as they are. Where x needs
-// no gradient and the kernel applies, x's prefix is rotated in place and x returned: the caller
-// hands over a tensor it owns (a fresh projection). Otherwise a new tensor: the prefix rotated by
-// apply_rope, the rest concatenated after it.
+// RoPE of the first n dims (even) of x's last axis [B, T, H, D], the rest as they are. Where the
+// kernel applies: without a gradient for x, x's prefix is rotated in place and x returned (the
+// caller hands over a tensor it owns: a fresh projection); under autograd a new tensor, the prefix
+// rotated into it and the rest copied, with a backward of the same two passes. Otherwise a new
+// tensor: the prefix rotated by apply_rope, the rest concatenated after it.
 Tensor apply_rope_prefix_(const Tensor& x, int64_t n, const Positions& pos, double theta, RopeStyle style);
 
 // Whether apply_rope takes the kernel: DecodeOptions::rope on, x a [B, T, H, D] CUDA tensor of a
