@@ -16,7 +16,8 @@ struct KernelSwitchFlags {
                    "A kernel switch as name=value (the DecodeOptions fields of docs/decode.md, e.g. short_conv=0); "
                    "repeatable");
   }
-  // The defaults with the switches set (a malformed or unknown one throws).
+  // The defaults with the switches set (a malformed or unknown one throws). DecodeOptionsGuard keeps
+  // a pointer to the options it installs: hold the result in a variable that outlives the guard.
   lt2::DecodeOptions options() const {
     lt2::DecodeOptions o;
     for (const auto& a : assignments) {

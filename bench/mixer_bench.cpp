@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
       LT2_CHECK(eq != std::string::npos, flag, " takes name=value, found '", o, "'");
       return std::pair{o.substr(0, eq), o.substr(eq + 1)};
     };
-    lt2::DecodeOptionsGuard options_guard(switches.options());
+    const lt2::DecodeOptions kernel_options = switches.options();  // the guard points at it
+    lt2::DecodeOptionsGuard options_guard(kernel_options);
     const bool cuda = torch::cuda::is_available();
     const auto dev = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
     auto sync = [&] { if (cuda) torch::cuda::synchronize(); };
