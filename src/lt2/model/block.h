@@ -14,6 +14,12 @@ namespace lt2 {
 // Sees a block's mixer call: the mixer's input and its output (before any post-norm).
 using MixerObserver = std::function<void(const Tensor& input, const Tensor& output)>;
 
+// A block's output as two parts, out = h + f: the residual stream after the mixer and the FFN's
+// output, not yet added, so that the next block's norm adds them in its own kernel.
+struct BlockParts {
+  Tensor h, f;
+};
+
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& cfg, int64_t layer, const std::string& mixer_name);
@@ -22,6 +28,11 @@ class BlockImpl : public torch::nn::Module {
   // the norms into the mixer's and the FFN's kernels instead: model/decode_plan.h.)
   Tensor forward(const Tensor& x, const Positions& pos, MixerState* state = nullptr,
                  const MixerObserver& observe = {});
+  // The same on the stream x + pending (pending: the previous block's f, or undefined for x alone),
+  // out returned as its parts: the add before the mixer's norm runs inside that norm
+  // (ops::add_rms_norm), as the add before the FFN's does.
+  BlockParts forward_parts(const Tensor& x, const Tensor& pending, const Positions& pos, MixerState* state = nullptr,
+                           const MixerObserver& observe = {});
 
   Mixer mixer;
   SwiGLU ffn{nullptr};

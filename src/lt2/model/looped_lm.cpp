@@ -84,7 +84,7 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
                                const std::shared_ptr<const PackedDocuments>& documents, const DecodePlan* plan) {
   Positions pos{start, loop, seq_pos};
   pos.documents = documents;
-  Tensor x = h;
+  Tensor x = h, pending;  // the stream is x + pending: each block's FFN output is added by the next one's norm
   const int64_t N = cfg_.n_layers;
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
   for (int64_t l = 0; l < N; ++l) {
@@ -95,9 +95,10 @@ Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, Mod
     }
     MixerObserver observe;
     if (tap) observe = [&tap, l, loop](const Tensor& in, const Tensor& out) { tap(l, loop, in, out); };
-    x = blocks_[l]->forward(x, pos, state ? state->mixers[first + l].get() : nullptr, observe);
+    auto out = blocks_[l]->forward_parts(x, pending, pos, state ? state->mixers[first + l].get() : nullptr, observe);
+    x = out.h, pending = out.f;
   }
-  return x;
+  return pending.defined() ? x + pending : x;
 }
 
 Tensor LoopedLMImpl::head(const Tensor& normed_hidden) { return ops::linear(normed_hidden, head_weight()); }
