@@ -82,12 +82,15 @@ steps+=("gdnauto 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$sh
 steps+=("resnorm 160 for m in lt-100m lt2-gdn-100m; do for o in 0 1 1 0; do echo \$m residual_norm=\$o;
      build-prebuilt/train_bench --model \$m --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto
      --option residual_norm=\$o | grep RESULT; done; done")
-# Nsight Compute on the delta rule's kernels (the first 7 launches: one forward + backward of the GDN
-# layer at lt2-gdn-100m's shape): throughput against the device's, occupancy, warp stalls.
-steps+=("ncu 150 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1); \$NCU --clock-control none
-     -k regex:delta_rule -c 7 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
-     --section LaunchStats --section WarpStateStats --section SchedulerStats build-prebuilt/mixer_bench
-     --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 --iters 1")
+# Nsight Compute on the delta rule's kernels at lt2-gdn-100m's shape: the first 4 forward launches (the
+# benchmark warms up forward first: gates, preparation, scan, outputs), then the first 3 whose names say
+# backward (the preparation's and the outputs' backward, the row dots): throughput against the device's,
+# occupancy, warp stalls.
+ncu_sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats
+     --section WarpStateStats --section SchedulerStats"
+steps+=("ncu 150 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1);
+     for k in 'delta_rule -c 4' 'backward|row_dots -c 3'; do set -- \$k; \$NCU --clock-control none -k regex:\"\$1\" \$2 \$3
+     $ncu_sections build-prebuilt/mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 --iters 1; done")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
   PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")
