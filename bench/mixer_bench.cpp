@@ -74,14 +74,7 @@ int main(int argc, char** argv) {
   switches.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    // "name=value" of a repeatable flag -> {name, value}.
-    auto name_value = [](const std::string& o, const char* flag) {
-      const auto eq = o.find('=');
-      LT2_CHECK(eq != std::string::npos, flag, " takes name=value, found '", o, "'");
-      return std::pair{o.substr(0, eq), o.substr(eq + 1)};
-    };
-    const lt2::DecodeOptions kernel_options = switches.options();  // the guard points at it
-    lt2::DecodeOptionsGuard options_guard(kernel_options);
+    const KernelSwitchFlags::Scope kernel_switches(switches.assignments);
     const bool cuda = torch::cuda::is_available();
     const auto dev = cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
     auto sync = [&] { if (cuda) torch::cuda::synchronize(); };
@@ -127,7 +120,7 @@ int main(int argc, char** argv) {
       auto cfg = lt2::load_model_config(model);
       if (cfg.vocab_size == 0) cfg.vocab_size = 256;
       for (const auto& o : mixer_options) {
-        const auto [name, value] = name_value(o, "--mixer-option");
+        const auto [name, value] = split_assignment(o, "--mixer-option");
         cfg.mixer_options[mixer][name] = lt2::json::parse(value);
       }
       mixer_layer = lt2::make_mixer(mixer, cfg, 0);

@@ -61,8 +61,7 @@ int main(int argc, char** argv) {
   switches.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    const lt2::DecodeOptions kernel_options = switches.options();  // the guard points at it
-    lt2::DecodeOptionsGuard options_guard(kernel_options);
+    const KernelSwitchFlags::Scope kernel_switches(switches.assignments);
     if (!mixer_options.empty()) cfg.mixer_options = lt2::json::parse(mixer_options);
     lt2::remove_tree(out);
     std::filesystem::create_directories(out);

@@ -39,9 +39,10 @@ struct DecodeOptions {
   // The block norms before products (ops::rms_norm_for_products) written by those kernels in bf16
   // under CUDA bf16 autocast in training, with fp32 x (off: in fp32, each product casting it).
   bool norm_products_dtype = true;
-  // The block's residual add h = x + m and the RMSNorm of h after it (ops::add_rms_norm) as one
-  // row-norm kernel forward and one backward in training, the backward adding h's other gradient and
-  // writing m's in m's dtype (off: the add and the norm apart, autograd summing and casting).
+  // Each residual add h = x + m and the block RMSNorm of h after it (ops::add_rms_norm: the FFN's
+  // norm, and the next block's mixer norm over a block's two output parts) as one row-norm kernel
+  // forward and one backward in training, the backward adding h's other gradient and writing m's in
+  // m's dtype (off: the add and the norm apart, autograd summing and casting).
   bool residual_norm = true;
   // SwiGLU's silu(a) * b and attention's output gate o * sigmoid(g) as one CUDA kernel forward and
   // one backward, in prefill, decode and training (off: the libtorch ops; where no gradient is

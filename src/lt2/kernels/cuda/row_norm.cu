@@ -3,24 +3,24 @@
 // kernels/prefill.h has the formulas.
 //
 // Floor. Forward: read x (and the gate), write y and one fp32 r per row; backward: read x, dy (and
-// the gate) and r, write dx (and dgate). With a residual add (the block norm after the mixer in
-// training) the forward also reads the residual and writes h, and the backward reads h's other
-// gradient and writes the residual's: at lt-100m (32768 rows of 768, fp32 x, bf16 residual and y)
-// 12 bytes an element forward and 16 backward, where the add, the norm, autograd's sum of h's two
-// gradients and the residual gradient's cast took 16 and 28 in five passes. At lt2-gdn-1.3b's output norm (8 x 4096 tokens, 16 heads
+// the gate) and r, write dx (and dgate). At lt2-gdn-1.3b's output norm (8 x 4096 tokens, 16 heads
 // of 192, bf16) that is 0.40 GB forward and 0.60 GB backward with the gate: ~0.08 and ~0.13 ms at
-// ~4.8 TB/s. The reference (fp32 casts, pow, mean, rsqrt, products, SiLU, and autograd's backward
+// ~4.8 TB/s. With a residual add (a block norm in training) the forward also reads the residual and
+// writes h, and the backward reads h's other gradient and writes the residual's: at lt-100m (32768
+// rows of 768, fp32 x, bf16 residual and y) 12 bytes an element forward and 16 backward, where the
+// add, the norm, autograd's sum of h's two gradients and the residual gradient's cast took 16 and 28
+// in five passes. The reference (fp32 casts, pow, mean, rsqrt, products, SiLU, and autograd's backward
 // of each) makes a dozen passes over fp32 copies of these tensors.
 //
 // Design. Where a row is whole 16-byte pieces (D a multiple of 16 / sizeof(T), at most 32 pieces) and
 // the tensors 16-byte aligned: a row takes L lanes (the power of two >= its pieces), a warp 32 / L
 // rows, a lane one piece (8 bf16 or 4 fp32), so every access is 16 bytes and the row's sums are
 // L-lane shuffles (a load per 2-byte element keeps ~12 KiB in flight per SM, under the ~25 KiB the
-// HBM's latency-bandwidth product asks: ~3x the traffic floor). Otherwise, and with a residual add: one warp per row; lane l
-// holds elements l, l + 32, ... (PerLane of them: D <= 32 PerLane), so loads are coalesced and the
-// row's sums are warp shuffles. The backward walks rows grid-stride, a lane summing dweight for its
-// own columns, then the block's warps sum through shared memory and one atomicAdd per column and
-// block remains.
+// HBM's latency-bandwidth product asks: ~3x the traffic floor). Otherwise, and with a residual add:
+// one warp per row; lane l holds elements l, l + 32, ... (PerLane of them: D <= 32 PerLane), so
+// loads are coalesced and the row's sums are warp shuffles. The backward walks rows grid-stride, a
+// lane summing dweight for its own columns, then the block's warps sum through shared memory and one
+// atomicAdd per column and block remains.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"

@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <tuple>
 
 #include "lt2/kernels/decode.h"
 #include "lt2/nn/linear.h"
@@ -183,17 +182,37 @@ kernels::RowNormParams row_norm_params(const Tensor& x, const Tensor& weight, co
   return p;
 }
 
-// y (in out_dtype) and r of the forward kernel on x [rows, d].
-std::pair<Tensor, Tensor> row_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& gate,
-                                                double divisor, double eps, GateActivation act,
-                                                torch::ScalarType out_dtype) {
+// The forward kernel on x [rows, d]: y in out_dtype and r; with a residual m ([rows, d] packed, x's
+// dtype or bf16 with fp32 x, no gate) it normalises h = x + m and writes h too.
+struct RowNormForward {
+  Tensor y, rstd, h;
+};
+RowNormForward row_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor,
+                                     double eps, GateActivation act, torch::ScalarType out_dtype,
+                                     const Tensor& residual = Tensor()) {
   c10::cuda::CUDAGuard guard(x.device());
-  auto y = torch::empty(x.sizes(), x.options().dtype(out_dtype));
-  auto rstd = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
-  auto p = row_norm_params(x, weight, gate, divisor, eps, act, rstd, out_dtype);
-  p.y = y.data_ptr();
+  RowNormForward r;
+  r.y = torch::empty(x.sizes(), x.options().dtype(out_dtype));
+  r.rstd = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
+  auto p = row_norm_params(x, weight, gate, divisor, eps, act, r.rstd, out_dtype);
+  p.y = r.y.data_ptr();
+  if (residual.defined()) {
+    r.h = torch::empty_like(x);
+    p.residual = residual.data_ptr(), p.residual_dtype = kernel_dtype(residual.scalar_type()), p.h = r.h.data_ptr();
+  }
   kernels::row_norm_forward(p, current_stream(x));
-  return {y, rstd};
+  return r;
+}
+
+// Whether the row-norm kernels take x [..., d] with weight [d] (or undefined) and an output in
+// out_dtype (x's, or bf16 for fp32 x).
+bool row_norm_kernels_take(const Tensor& x, const Tensor& weight, torch::ScalarType out_dtype) {
+  if (!decode_options().row_norm || !x.is_cuda() || !kernel_dtype_ok(x.scalar_type()) || x.dim() < 1 ||
+      x.size(-1) < 1 || x.size(-1) > kernels::kMaxRowNormDim || x.numel() == 0)
+    return false;
+  if (weight.defined() && (weight.dim() != 1 || weight.size(0) != x.size(-1) || weight.device() != x.device()))
+    return false;
+  return out_dtype == x.scalar_type() || (x.scalar_type() == torch::kFloat32 && out_dtype == torch::kBFloat16);
 }
 
 // Autograd over the kernels: x, weight (fp32 [d]) and gate get gradients; r is saved (one float a
@@ -203,14 +222,14 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& weight,
                         const Tensor& gate, double divisor, double eps, int64_t act, int64_t out_dtype) {
     const auto w = weight.numel() > 0 ? weight : Tensor(), g = gate.numel() > 0 ? gate : Tensor();
-    auto [y, rstd] = row_norm_forward_cuda(x, w, g, divisor, eps, static_cast<GateActivation>(act),
-                                           static_cast<torch::ScalarType>(out_dtype));
-    ctx->save_for_backward({x, weight, gate, rstd});
+    auto f = row_norm_forward_cuda(x, w, g, divisor, eps, static_cast<GateActivation>(act),
+                                   static_cast<torch::ScalarType>(out_dtype));
+    ctx->save_for_backward({x, weight, gate, f.rstd});
     ctx->saved_data["divisor"] = divisor;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["act"] = act;
     ctx->saved_data["out_dtype"] = out_dtype;
-    return y;
+    return f.y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -237,21 +256,6 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
 #endif
 
 #ifdef LT2_WITH_CUDA
-// h = x + m and the RMSNorm of h by the forward kernel with a residual, x and m [rows, d] packed (m of
-// x's dtype, or bf16 with fp32 x), weight fp32 [d]: {h, y in out_dtype, r}.
-std::tuple<Tensor, Tensor, Tensor> add_row_norm_forward_cuda(const Tensor& x, const Tensor& m, const Tensor& weight,
-                                                             double eps, torch::ScalarType out_dtype) {
-  c10::cuda::CUDAGuard guard(x.device());
-  auto h = torch::empty_like(x), y = torch::empty(x.sizes(), x.options().dtype(out_dtype));
-  auto rstd = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
-  auto p = row_norm_params(x, weight, Tensor(), static_cast<double>(x.size(1)), eps, GateActivation::None, rstd,
-                           out_dtype);
-  p.residual = m.data_ptr(), p.residual_dtype = kernel_dtype(m.scalar_type());
-  p.h = h.data_ptr(), p.y = y.data_ptr();
-  kernels::row_norm_forward(p, current_stream(x));
-  return {h, y, rstd};
-}
-
 // Autograd over it: x, m and the weight get gradients; h and r are saved. The backward adds the
 // gradient h receives from its other uses (the residual stream) to the norm's, in the kernel, and
 // writes the sum once more in m's dtype as m's gradient: one pass where autograd would sum the two
@@ -259,12 +263,13 @@ std::tuple<Tensor, Tensor, Tensor> add_row_norm_forward_cuda(const Tensor& x, co
 struct AddRowNormFunction : public torch::autograd::Function<AddRowNormFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
                                                 const Tensor& m, const Tensor& weight, double eps, int64_t out_dtype) {
-    auto [h, y, rstd] = add_row_norm_forward_cuda(x, m, weight, eps, static_cast<torch::ScalarType>(out_dtype));
-    ctx->save_for_backward({h, weight, rstd});
+    auto f = row_norm_forward_cuda(x, weight, Tensor(), static_cast<double>(x.size(1)), eps, GateActivation::None,
+                                   static_cast<torch::ScalarType>(out_dtype), m);
+    ctx->save_for_backward({f.h, weight, f.rstd});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["out_dtype"] = out_dtype;
     ctx->saved_data["m_dtype"] = static_cast<int64_t>(m.scalar_type());
-    return {h, y};
+    return {f.h, f.y};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -297,15 +302,10 @@ struct AddRowNormFunction : public torch::autograd::Function<AddRowNormFunction>
 AddRmsNormResult add_row_norm_kernels(const Tensor& x, const Tensor& m, const Tensor& weight, double eps,
                                       torch::ScalarType out_dtype) {
 #ifdef LT2_WITH_CUDA
-  const auto dt = x.scalar_type();
-  if (!decode_options().row_norm || !decode_options().residual_norm || !torch::GradMode::is_enabled() ||
-      !x.is_cuda() || !kernel_dtype_ok(dt) || x.dim() < 1 || x.numel() == 0 || x.size(-1) > kernels::kMaxRowNormDim ||
-      m.sizes() != x.sizes() || m.device() != x.device() || !weight.defined() || weight.dim() != 1 ||
-      weight.size(0) != x.size(-1) || weight.device() != x.device())
-    return {};
-  const bool fp32_x = dt == torch::kFloat32;
-  if (!(m.scalar_type() == dt || (fp32_x && m.scalar_type() == torch::kBFloat16)) ||
-      !(out_dtype == dt || (fp32_x && out_dtype == torch::kBFloat16)))
+  if (!decode_options().residual_norm || !torch::GradMode::is_enabled() || !weight.defined() ||
+      !row_norm_kernels_take(x, weight, out_dtype) || m.sizes() != x.sizes() || m.device() != x.device() ||
+      !(m.scalar_type() == x.scalar_type() ||
+        (x.scalar_type() == torch::kFloat32 && m.scalar_type() == torch::kBFloat16)))
     return {};
   const int64_t d = x.size(-1);
   const auto x2 = x.reshape({-1, d}).contiguous(), m2 = m.reshape({-1, d}).contiguous();
@@ -315,7 +315,9 @@ AddRmsNormResult add_row_norm_kernels(const Tensor& x, const Tensor& m, const Te
     const auto out = AddRowNormFunction::apply(x2, m2, w, eps, static_cast<int64_t>(out_dtype));
     h = out[0], y = out[1];
   } else {
-    std::tie(h, y, std::ignore) = add_row_norm_forward_cuda(x2, m2, w, eps, out_dtype);
+    const auto f =
+        row_norm_forward_cuda(x2, w, Tensor(), static_cast<double>(d), eps, GateActivation::None, out_dtype, m2);
+    h = f.h, y = f.y;
   }
   return {h.view(x.sizes()), y.view(x.sizes())};
 #else
@@ -330,14 +332,9 @@ AddRmsNormResult add_row_norm_kernels(const Tensor& x, const Tensor& m, const Te
 Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gate, double divisor, double eps,
                         GateActivation act, std::optional<torch::ScalarType> out_dtype = std::nullopt) {
 #ifdef LT2_WITH_CUDA
-  if (!decode_options().row_norm || !x.is_cuda() || !kernel_dtype_ok(x.scalar_type()) || x.dim() < 1 ||
-      x.size(-1) < 1 || x.size(-1) > kernels::kMaxRowNormDim || x.numel() == 0)
-    return Tensor();
-  if (weight.defined() && (weight.dim() != 1 || weight.size(0) != x.size(-1) || weight.device() != x.device()))
-    return Tensor();
-  if (gate.defined() && (gate.sizes() != x.sizes() || gate.device() != x.device())) return Tensor();
   const auto out = out_dtype.value_or(x.scalar_type());
-  if (out != x.scalar_type() && (x.scalar_type() != torch::kFloat32 || out != torch::kBFloat16)) return Tensor();
+  if (!row_norm_kernels_take(x, weight, out)) return Tensor();
+  if (gate.defined() && (gate.sizes() != x.sizes() || gate.device() != x.device())) return Tensor();
   const int64_t d = x.size(-1);
   const auto x2 = x.reshape({-1, d}).contiguous();
   // The gate read in place where its layout allows (a slice of the projection that made it).
@@ -354,7 +351,7 @@ Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gat
     y = RowNormFunction::apply(x2, w.defined() ? w : empty.to(torch::kFloat32), g.defined() ? g : empty, divisor, eps,
                                static_cast<int64_t>(act), static_cast<int64_t>(out));
   } else {
-    y = row_norm_forward_cuda(x2, w, g, divisor, eps, act, out).first;
+    y = row_norm_forward_cuda(x2, w, g, divisor, eps, act, out).y;
   }
   return y.view(x.sizes());
 #else
