@@ -20,6 +20,7 @@
 #include "common/testing.h"
 #include "lt2/mixers/dsa.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/projections/projections.h"
 #include "lt2/ops/sparse_attention/dsa_decode.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
@@ -58,6 +59,12 @@ TEST(FusedDsa, RejectsBadInputs) {
   EXPECT_THROW(ops::topk_select(scores, 0), Error);
   EXPECT_THROW(ops::topk_select(scores.to(torch::kBFloat16), 5), Error);
   EXPECT_FALSE(ops::dsa_index_topk_supported(in.q, in.keys, 51));
+  const auto head_scores = torch::randn({2, 4, 5, 50}, gpu(torch::kBFloat16));
+  const auto support = torch::ones({2, 5, 50}, gpu(torch::kBool));
+  EXPECT_THROW(ops::dsa_head_probs(head_scores, support.to(torch::kInt8)), Error);    // not a bool support
+  EXPECT_THROW(ops::dsa_head_probs(head_scores, support.narrow(2, 0, 49)), Error);    // keys differ
+  EXPECT_THROW(ops::dsa_head_probs(head_scores.transpose(2, 3), support), Error);     // keys not contiguous
+  EXPECT_THROW(ops::dsa_head_probs(head_scores.cpu(), support.cpu()), Error);
 }
 
 #ifdef LT2_WITH_CUDA
@@ -128,6 +135,31 @@ TEST(FusedDsa, TopkAttentionOnTheKernels) {
 // inputs: dq, dw and d_keys within the bf16 tolerance, for rows at positions 0..69 of 70 keys and
 // 30..99 of 100, 16 heads of dim 64 and 64 of dim 128. d_scores is NaN past each row's visible
 // keys (the reference: 0), so reading one would show.
+// dsa_index_scores_grouped (a group's rows share its keys, one launch) equal to dsa_index_scores of
+// each group's rows against its keys, bit for bit: the same kernel arithmetic. Query rows from a
+// strided view (rows 5..74 of 80), in tensor-core shapes (bf16) and the plain-FMA kernel's (fp32).
+TEST(FusedDsa, GroupedScoresEqualScoresPerRow) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(33);
+  const int64_t G = 3, n = 70, L = 90, H = 16, d = 64;
+  for (auto dt : {torch::kBFloat16, torch::kFloat32}) {
+    const auto iq = torch::randn({G, n + 10, H, d}, gpu(dt)).narrow(1, 5, n);
+    const auto iw = torch::randn({G, n, H}, gpu(torch::kFloat32)), keys = torch::randn({G, L, d}, gpu(dt));
+    const auto lens = torch::randint(1, L + 1, {G * n}, gpu(torch::kLong));
+    const auto got = ops::dsa_index_scores_grouped(iq, iw, keys, lens);
+    ASSERT_EQ(got.sizes(), torch::IntArrayRef({G, n, L}));
+    for (int64_t g = 0; g < G; ++g) {
+      const auto want = ops::dsa_index_scores(iq[g], iw[g], keys[g].expand({n, L, d}), lens.narrow(0, g * n, n));
+      EXPECT_TRUE(torch::equal(got[g], want)) << name(dt) << " group " << g;
+    }
+  }
+  EXPECT_THROW(ops::dsa_index_scores_grouped(torch::randn({2, 40000, 16, 64}, gpu(torch::kBFloat16)),
+                                             torch::randn({2, 40000, 16}, gpu(torch::kFloat32)),
+                                             torch::randn({2, 10, 64}, gpu(torch::kBFloat16)),
+                                             torch::ones({80000}, gpu(torch::kLong))),
+               Error);  // more than 65535 rows
+}
+
 TEST(FusedDsa, IndexBackwardMatchesAutograd) {
   REQUIRE_FUSED_DECODE();
   torch::manual_seed(37);
@@ -153,9 +185,10 @@ TEST(FusedDsa, IndexBackwardMatchesAutograd) {
     }
 }
 
-// indexer_loss_blocked on CUDA in bf16 with the kernels (selection, backward), in blocks of 16 rows
-// over every visible key, against the same in float64 on the CPU from the same rounded inputs: the
-// loss and its gradients within the bf16 tolerance.
+// indexer_loss_blocked on CUDA in bf16 with the kernels (selection, backward, and the target with
+// dsa_head_probs on and off), in blocks of 16 rows over every visible key, against the same in
+// float64 on the CPU from the same rounded inputs: the loss and its gradients within the bf16
+// tolerance.
 TEST(FusedDsa, IndexerLossOnTheKernelsMatchesFloat64) {
   REQUIRE_FUSED_DECODE();
   if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "topk_select needs sm_90";
@@ -179,9 +212,44 @@ TEST(FusedDsa, IndexerLossOnTheKernelsMatchesFloat64) {
     return g;
   };
   ASSERT_TRUE(ops::dsa_index_backward_supported(inputs[0], inputs[2]));
-  const auto got = run(false), want = run(true);
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_LT(rel_err(got[i].cpu().to(f64), want[i]), tolerance(torch::kBFloat16)) << "output " << i;
+  const auto want = run(true);
+  for (bool head_probs : {true, false}) {
+    DecodeOptions options;
+    options.dsa_head_probs = head_probs;
+    DecodeOptionsGuard guard(options);
+    const auto got = run(false);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LT(rel_err(got[i].cpu().to(f64), want[i]), tolerance(torch::kBFloat16))
+          << "output " << i << ", dsa_head_probs " << head_probs;
+  }
+}
+
+// The indexer loss's target on its kernel against the float64 formula on the same rounded scores:
+// each head's softmax over the row's support, the mean over the heads, 0 off the support and on a
+// row with an empty support. bf16 and fp32 scores, 12 heads, 70 keys (not a multiple of 8), rows of
+// a strided view, random supports with an empty and a full row, one per sequence or one shared by
+// the batch (a zero batch stride).
+TEST(FusedDsa, HeadProbsMatchTheFloat64Reference) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(43);
+  const int64_t B = 3, H = 12, n = 9, L = 70;
+  for (auto dt : {torch::kBFloat16, torch::kFloat32})
+    for (bool shared : {false, true}) {
+      const auto scores = (torch::randn({B, H, n, L + 5}, gpu(torch::kFloat32)) * 3).to(dt).narrow(3, 2, L);
+      auto support = torch::rand({shared ? 1 : B, n, L}, gpu(torch::kFloat32)) < 0.6;
+      support[0][1].fill_(false);
+      support[0][2].fill_(true);
+      support = support.expand({B, n, L});
+      ASSERT_TRUE(ops::dsa_head_probs_supported(scores, support));
+      const auto got = ops::dsa_head_probs(scores, support);
+      const auto s = scores.cpu().to(f64);
+      const auto m = support.cpu();
+      const auto want = torch::softmax(s.masked_fill(~m.unsqueeze(1), -INFINITY), -1).nan_to_num(0.0).mean(1);
+      const std::string where = cat(dt, shared ? ", shared support" : ", a support per sequence");
+      EXPECT_EQ(got.scalar_type(), torch::kFloat32) << where;
+      EXPECT_LT(rel_err(got.cpu().to(f64), want.masked_fill(~m, 0.0)), tolerance(torch::kFloat32)) << where;
+      EXPECT_TRUE(got[0][1].eq(0).all().item<bool>()) << where << ": the empty row";
+    }
 }
 
 // Captured once, replayed with new lengths and queries: equals the eager calls.

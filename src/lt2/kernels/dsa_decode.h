@@ -17,7 +17,8 @@ constexpr int kDsaIndexMaxHeads = 128;    // indexer heads H_I
 constexpr int kDsaIndexMaxHeadDim = 256;  // indexer head dim d_I
 constexpr int kDsaMaxLength = 1 << 30;    // cache length / scores per row
 
-// Lightning-indexer scores of the new token of every sequence, accumulated in fp32:
+// Lightning-indexer scores of the new token of every sequence (or of rows in groups that share
+// their keys, below), accumulated in fp32:
 //   scores[b, j] = sum_h w[b, h] * max(0, q[b, h, :] . keys[b, j, :])   for j < seq_lens[b]
 //   scores[b, j] = -inf                                                 for seq_lens[b] <= j < max_len
 // Keys at or past a sequence's length are never read.
@@ -32,6 +33,12 @@ struct DsaIndexScoresParams {
   int batch, heads, head_dim, max_len;
   DType dtype;  // of q and keys
   bool pdl = true;  // a programmatic dependent launch where the launcher allows one (DecodeOptions::pdl_for)
+  // Groups of rows sharing their keys (a sequence's query rows in a whole-sequence call): row b is
+  // row i = b % rows_per_group of group g = b / rows_per_group, its q at q + g q_group_stride +
+  // i q_batch_stride, its keys those of g (k_batch_stride apart). 1: each row its own keys and
+  // q_group_stride unused.
+  int rows_per_group = 1;
+  int64_t q_group_stride = 0;
 };
 // Whether dsa_index_scores takes these shapes (1..kDsaIndexMaxHeads heads, head dim
 // 1..kDsaIndexMaxHeadDim). bf16/fp16 with heads and head dim multiples of 16 and 16-byte aligned
@@ -70,6 +77,26 @@ constexpr bool dsa_index_backward_supported(int heads, int head_dim) {
   return (heads == 16 || heads == 32 || heads == 64 || heads == 128) && (head_dim == 64 || head_dim == 128);
 }
 void dsa_index_backward(const DsaIndexBackwardParams& p, void* stream);
+
+// The indexer loss's target in whole-sequence training calls (ops::indexer_loss_blocked): the main
+// attention's probabilities on each row's support, summed over the heads and L1-normalised. For row
+// r of sequence b with support S = {j : support[b, r, j]} (the same for every head):
+//   probs[b, r, j] = (1 / H) sum_h exp(s_h[j] - m_h) / sum_{i in S} exp(s_h[i] - m_h)   for j in S
+//   probs[b, r, j] = 0                                                                 otherwise
+// with s_h = scores[b, h, r, :] (the scaled products q k^T, fp32 arithmetic on the stored values)
+// and m_h their maximum over S; a row with an empty support is all 0. Each head's softmax sums to 1
+// on S, so dividing by H is the L1 normalisation. One block per row.
+struct DsaHeadProbsParams {
+  const void* scores;  // [B, H, rows, keys] in dtype, last dim contiguous
+  int64_t s_batch_stride, s_head_stride, s_row_stride;
+  const bool* support;  // [B, rows, keys], last dim contiguous (a zero batch stride shares one mask)
+  int64_t m_batch_stride, m_row_stride;
+  float* probs;  // [B, rows, keys] fp32 contiguous; every element is written
+  int batch, heads, rows, keys;
+  DType dtype;  // of the scores
+};
+constexpr int kDsaHeadProbsMaxHeads = 1024;
+void dsa_head_probs(const DsaHeadProbsParams& p, void* stream);
 
 // The indices of the k largest scores of every row, ordered by (score descending, lower index
 // first): exactly the set lt2::topk_indices (ops/sparse_attention/sparse_attention.h) returns for fp32 scores

@@ -98,6 +98,10 @@ struct DecodeOptions {
   // dsa_index_scores launch (the rows share the keys), then topk_select; CUDA, sm_90, no gradient
   // (off: libtorch's dense [rows, H_I, L] logits and a top-k of int64 keys).
   bool dsa_index_kernels = true;
+  // The indexer loss's target (the main attention's head-summed probabilities on the support) in
+  // one kernel, ops::dsa_head_probs, reading the bf16 scores (off: libtorch's masked fill, fp32
+  // softmax, head sum and normalisation over [B, H, rows, keys]).
+  bool dsa_head_probs = true;
   // DSA's prefill attention over the top-k slots on the decode kernels (indexer_topk_attention:
   // O(T k) gathered reads, no reuse across query rows) instead of masked attention over every
   // visible key. Off by default: on an H100 the DSA layer's no-gradient forward at 8 x 4096 took

@@ -41,6 +41,18 @@
 //   walks the rows that see any of its keys, each row's q [H, D], w and d_scores staged in shared
 //   memory: a^T = K q^T, g^T, then dkeys += g^T q (q's B fragments by ldmatrix.trans).
 //
+// dsa_head_probs (training; the indexer loss's target): per row, each head's softmax over the
+//   support, summed over the heads. Floor: the scores are read once (B H rows keys elements) and the
+//   target written once in fp32; at lt-100m's DSA layer (16 x 2048 rows over their visible keys,
+//   12 heads) ~0.8 GB of bf16 scores and ~0.13 GB of target a layer application, ~0.3 ms at ~3 TB/s. The libtorch form it replaces wrote and
+//   read the masked scores, the fp32 probabilities [B, H, rows, keys], their head sum, the mask and the
+//   mass again: about six times those bytes.
+//   Design: a block per row. Warp w takes heads w, w + 8, ...: its lanes stride over the keys with a
+//   running (max, sum of exponentials) of the supported scores (one expf an element), merged across
+//   the warp by shuffles, then 1 / sum goes to shared memory beside the max. Then each thread takes
+//   keys t, t + 256, ... and sums exp(s_h - m_h) / sum_h over the heads, re-reading the row's scores
+//   (just read, so from L2), and writes the mean over the heads. Two reads of the scores, no atomics.
+//
 // topk_select: a radix select on the 32-bit order-preserving key of each score (topk_indices'
 //   map: negative floats bits inverted, others sign bit set; -0 taken as +0), 8 bits a pass from
 //   the top, then one compaction pass. One thread-block cluster (sm_90) per row, of a block per
@@ -122,7 +134,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     return;
   }
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride;
+  const int row_group = b / p.rows_per_group;
+  const T* q = static_cast<const T*>(p.q) + row_group * p.q_group_stride +
+               (b - row_group * p.rows_per_group) * p.q_batch_stride;
   const int row_vecs = D / 8;  // 16-byte vectors per q row
   for (int i = threadIdx.x; i < H * row_vecs; i += kMmaThreads) {
     const int h = i / row_vecs, d = 8 * (i % row_vecs);
@@ -131,7 +145,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int h = threadIdx.x; h < H; h += kMmaThreads) s_w[h] = p.w[static_cast<int64_t>(b) * H + h];
   __syncthreads();  // s_q and s_w are read-only from here on
 
-  const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
+  const T* keys = static_cast<const T*>(p.keys) + row_group * p.k_batch_stride;
   const int full_chunks = D / 32;       // 32-wide chunks: two k-steps each
   const bool half_chunk = D % 32 != 0;  // D % 32 == 16: one more k-step
   const uint4 zero4 = make_uint4(0, 0, 0, 0);
@@ -251,7 +265,8 @@ bool aligned16(const void* ptr, int64_t stride_a, int64_t stride_b, int elem_byt
 // Whether the tensor-core form takes p: 16-bit inputs, H and D multiples of 16, 16-byte rows.
 bool mma_form_applies(const DsaIndexScoresParams& p) {
   return p.dtype != DType::Float32 && p.heads % 16 == 0 && p.head_dim % 16 == 0 &&
-         aligned16(p.q, p.q_batch_stride, p.q_head_stride, 2) && aligned16(p.keys, p.k_batch_stride, p.k_row_stride, 2);
+         aligned16(p.q, p.q_batch_stride, p.q_head_stride, 2) && aligned16(p.q, p.q_group_stride, 0, 2) &&
+         aligned16(p.keys, p.k_batch_stride, p.k_row_stride, 2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,9 +299,11 @@ __global__ void __launch_bounds__(kFmaThreads) dsa_scores_fma_kernel(const DsaIn
   }
   const int n_keys = min(kFmaTileKeys, len - key0);
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride;
+  const int row_group = b / p.rows_per_group;
+  const T* q = static_cast<const T*>(p.q) + row_group * p.q_group_stride +
+               (b - row_group * p.rows_per_group) * p.q_batch_stride;
   for (int i = tid; i < H * D; i += kFmaThreads) s_q[i] = to_float(q[(i / D) * p.q_head_stride + i % D]);
-  const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
+  const T* keys = static_cast<const T*>(p.keys) + row_group * p.k_batch_stride;
   for (int i = tid; i < n_keys * D; i += kFmaThreads) {
     const int r = i / D, d = i % D;
     s_k[r * k_pitch + d] = to_float(keys[static_cast<int64_t>(key0 + r) * p.k_row_stride + d]);
@@ -575,6 +592,71 @@ void dsa_index_backward(const DsaIndexBackwardParams& p, void* stream) {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
+// dsa_head_probs.
+
+constexpr int kHeadProbsThreads = 256;
+
+// The softmax statistics (max m, sum of exp(x - m)) of two parts merged; max -inf means no element.
+__device__ __forceinline__ float2 merge_softmax_stats(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  if (m == -INFINITY) return make_float2(m, 0.f);
+  return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+}
+
+// Grid (rows, B). Shared memory: each head's max over the support, then 1 / its sum of exponentials.
+template <typename T>
+__global__ void __launch_bounds__(kHeadProbsThreads) dsa_head_probs_kernel(const DsaHeadProbsParams p) {
+  extern __shared__ float head_stats[];
+  const int r = blockIdx.x, b = blockIdx.y, lane = threadIdx.x % 32;
+  const bool* support = p.support + b * p.m_batch_stride + r * p.m_row_stride;
+  const T* scores = static_cast<const T*>(p.scores) + b * p.s_batch_stride + r * p.s_row_stride;
+  for (int h = threadIdx.x / 32; h < p.heads; h += kHeadProbsThreads / 32) {
+    const T* s = scores + h * p.s_head_stride;
+    float m = -INFINITY, sum = 0.f;
+    for (int j = lane; j < p.keys; j += 32) {
+      if (!support[j]) continue;
+      const float x = to_float(s[j]);
+      if (x > m) sum = sum * expf(m - x) + 1.f, m = x;
+      else sum += expf(x - m);
+    }
+    float2 stats = make_float2(m, sum);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      stats = merge_softmax_stats(stats, make_float2(__shfl_xor_sync(0xffffffffu, stats.x, off),
+                                                     __shfl_xor_sync(0xffffffffu, stats.y, off)));
+    if (lane == 0) head_stats[h] = stats.x, head_stats[p.heads + h] = stats.y > 0.f ? 1.f / stats.y : 0.f;
+  }
+  __syncthreads();
+  const float inv_heads = 1.f / static_cast<float>(p.heads);
+  float* out = p.probs + (static_cast<int64_t>(b) * p.rows + r) * p.keys;
+  for (int j = threadIdx.x; j < p.keys; j += kHeadProbsThreads) {
+    float acc = 0.f;
+    if (support[j])
+      for (int h = 0; h < p.heads; ++h)
+        acc += expf(to_float(scores[h * p.s_head_stride + j]) - head_stats[h]) * head_stats[p.heads + h];
+    out[j] = acc * inv_heads;
+  }
+}
+
+}  // namespace
+
+void dsa_head_probs(const DsaHeadProbsParams& p, void* stream) {
+  LT2_CHECK(p.heads >= 1 && p.heads <= kDsaHeadProbsMaxHeads, "dsa_head_probs: ", p.heads, " heads (1..",
+            kDsaHeadProbsMaxHeads, ")");
+  LT2_CHECK(p.batch >= 0 && p.batch <= 65535 && p.rows >= 0 && p.keys >= 0, "dsa_head_probs: batch ", p.batch,
+            " (at most 65535), ", p.rows, " rows, ", p.keys, " keys");
+  if (p.batch == 0 || p.rows == 0 || p.keys == 0) return;
+  const size_t smem = 2 * sizeof(float) * p.heads;
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    dsa_head_probs_kernel<decltype(t)><<<dim3(p.rows, p.batch), kHeadProbsThreads, smem, s>>>(p);
+  });
+  check_launch("dsa_head_probs");
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
 // topk_select.
 
 constexpr int kTopkThreads = 512;
@@ -767,7 +849,10 @@ __global__ void __launch_bounds__(kTopkThreads) topk_select_kernel(const TopkSel
 
 }  // namespace
 
-void dsa_index_scores(const DsaIndexScoresParams& p, void* stream) {
+void dsa_index_scores(const DsaIndexScoresParams& params, void* stream) {
+  DsaIndexScoresParams p = params;
+  LT2_CHECK(p.rows_per_group >= 1, "dsa_index_scores: rows_per_group must be >= 1, found ", p.rows_per_group);
+  if (p.rows_per_group == 1) p.q_group_stride = p.q_batch_stride;
   LT2_CHECK(dsa_index_scores_supported(p.heads, p.head_dim), "dsa_index_scores: ", p.heads,
             " heads of dim ", p.head_dim, " (the kernels take 1..", kDsaIndexMaxHeads, " heads of dim 1..",
             kDsaIndexMaxHeadDim, ")");

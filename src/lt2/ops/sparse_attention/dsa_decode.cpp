@@ -135,6 +135,42 @@ bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t
   return fused_decode_available() && index_problem(q, index_keys).empty() && k >= 1 && k <= index_keys.size(1);
 }
 
+namespace {
+
+// dsa_index_scores' launch over R = q.size(0) rows in groups of rows_per_group that share a group's
+// index_keys row (kernels::DsaIndexScoresParams): q [R / rows_per_group, rows_per_group, H, d] or,
+// with rows_per_group 1, [R, H, d]; w [R, H]; seq_lens [R]; into scores [R, L] fp32 contiguous.
+// The inputs are checked by the callers.
+void launch_index_scores(const Tensor& q, int rows_per_group, const Tensor& w, const Tensor& index_keys,
+                         const Tensor& seq_lens, const Tensor& scores) {
+#ifdef LT2_WITH_CUDA
+  c10::cuda::CUDAGuard guard(q.device());
+  const auto qc = with_aligned_rows(q);
+  const auto wc = w.to(torch::kFloat32).contiguous();
+  const auto lens = seq_lens.contiguous();
+  const bool grouped = q.dim() == 4;
+  kernels::DsaIndexScoresParams p{};
+  p.q = qc.data_ptr();
+  p.q_batch_stride = qc.stride(grouped ? 1 : 0), p.q_head_stride = qc.stride(grouped ? 2 : 1);
+  p.rows_per_group = rows_per_group, p.q_group_stride = grouped ? qc.stride(0) : 0;
+  p.w = wc.data_ptr<float>();
+  p.keys = index_keys.data_ptr();
+  p.k_batch_stride = index_keys.stride(0), p.k_row_stride = index_keys.stride(1);
+  p.seq_lens = lens.data_ptr<int64_t>();
+  p.scores = scores.data_ptr<float>();
+  p.batch = static_cast<int>(scores.size(0)), p.heads = static_cast<int>(q.size(-2));
+  p.head_dim = static_cast<int>(q.size(-1)), p.max_len = static_cast<int>(index_keys.size(1));
+  p.dtype = kernel_dtype(q.scalar_type());
+  p.pdl = decode_options().pdl_for("dsa_index_scores");
+  kernels::dsa_index_scores(p, current_stream(q));
+#else
+  (void)q, (void)rows_per_group, (void)w, (void)index_keys, (void)seq_lens, (void)scores;
+  no_cuda("dsa_index_scores");
+#endif
+}
+
+}  // namespace
+
 Tensor dsa_index_scores(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& seq_lens,
                         const Tensor& out) {
   const char* op = "dsa_index_scores";
@@ -148,29 +184,27 @@ Tensor dsa_index_scores(const Tensor& q, const Tensor& w, const Tensor& index_ke
             w.defined() ? cat(" ", w.scalar_type(), " on ", w.device()) : "");
   check_lens(op, seq_lens, B, q.device());
   check_out(op, out, B, L, torch::kFloat32, q.device());
-#ifdef LT2_WITH_CUDA
-  c10::cuda::CUDAGuard guard(q.device());
-  const auto qc = with_aligned_rows(q);
-  const auto wc = w.to(torch::kFloat32).contiguous();
-  const auto lens = seq_lens.contiguous();
   auto scores = out.defined() ? out : torch::empty({B, L}, q.options().dtype(torch::kFloat32));
-  kernels::DsaIndexScoresParams p{};
-  p.q = qc.data_ptr();
-  p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1);
-  p.w = wc.data_ptr<float>();
-  p.keys = index_keys.data_ptr();
-  p.k_batch_stride = index_keys.stride(0), p.k_row_stride = index_keys.stride(1);
-  p.seq_lens = lens.data_ptr<int64_t>();
-  p.scores = scores.data_ptr<float>();
-  p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.head_dim = static_cast<int>(q.size(2));
-  p.max_len = static_cast<int>(L);
-  p.dtype = kernel_dtype(q.scalar_type());
-  p.pdl = decode_options().pdl_for("dsa_index_scores");
-  kernels::dsa_index_scores(p, current_stream(q));
+  launch_index_scores(q, 1, w, index_keys, seq_lens, scores);
   return scores;
-#else
-  no_cuda(op);
-#endif
+}
+
+Tensor dsa_index_scores_grouped(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& seq_lens) {
+  const char* op = "dsa_index_scores_grouped";
+  if (!fused_decode_available()) no_cuda(op);
+  LT2_CHECK(q.defined() && q.dim() == 4, op, ": q must be [G, n, H_I, d_I], found ", sizes_of(q));
+  const auto problem = index_problem(q.select(1, 0), index_keys);
+  LT2_CHECK(problem.empty(), op, ": ", problem);
+  const int64_t G = q.size(0), n = q.size(1), H = q.size(2), L = index_keys.size(1);
+  LT2_CHECK(G * n <= 65535, op, ": ", G, " groups of ", n, " rows (at most 65535 rows in all)");
+  LT2_CHECK(w.defined() && w.sizes() == torch::IntArrayRef({G, n, H}) && w.is_floating_point() &&
+                w.device() == q.device(),
+            op, ": w must be [G, n, H_I] = [", G, ", ", n, ", ", H, "] floating point on ", q.device(), ", found ",
+            sizes_of(w));
+  check_lens(op, seq_lens, G * n, q.device());
+  auto scores = torch::empty({G, n, L}, q.options().dtype(torch::kFloat32));
+  if (n > 0) launch_index_scores(q, static_cast<int>(n), w.reshape({G * n, H}), index_keys, seq_lens, scores.view({G * n, L}));
+  return scores;
 }
 
 Tensor topk_select(const Tensor& scores, int64_t k, const Tensor& seq_lens, const Tensor& out) {
@@ -259,6 +293,39 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
   (void)w, (void)d_scores, (void)query_start;
   no_cuda(op);
 #endif
+}
+
+bool dsa_head_probs_supported(const Tensor& scores, const Tensor& support) {
+  return fused_decode_available() && scores.defined() && support.defined() && scores.is_cuda() &&
+         support.device() == scores.device() && kernel_dtype_ok(scores.scalar_type()) &&
+         support.scalar_type() == torch::kBool && scores.dim() == 4 && support.dim() == 3 &&
+         support.size(0) == scores.size(0) && support.size(1) == scores.size(2) && support.size(2) == scores.size(3) &&
+         scores.size(1) >= 1 && scores.size(1) <= kernels::kDsaHeadProbsMaxHeads && scores.size(0) <= 65535 &&
+         scores.size(2) <= INT32_MAX && scores.size(3) <= INT32_MAX && (scores.size(3) <= 1 || scores.stride(3) == 1) &&
+         (support.size(2) <= 1 || support.stride(2) == 1);
+}
+
+Tensor dsa_head_probs(const Tensor& scores, const Tensor& support) {
+  const char* op = "dsa_head_probs";
+  if (!fused_decode_available()) no_cuda(op);
+  LT2_CHECK(dsa_head_probs_supported(scores, support), op, ": scores must be [B, H, n, keys] (float32, bfloat16 or ",
+            "float16, 1..", kernels::kDsaHeadProbsMaxHeads, " heads) and support [B, n, keys] bool on one CUDA ",
+            "device, each with a contiguous last dim, found ", sizes_of(scores), " and ", sizes_of(support));
+  const int64_t B = scores.size(0), n = scores.size(2), keys = scores.size(3);
+  auto probs = torch::empty({B, n, keys}, scores.options().dtype(torch::kFloat32));
+#ifdef LT2_WITH_CUDA
+  c10::cuda::CUDAGuard guard(scores.device());
+  kernels::DsaHeadProbsParams p{};
+  p.scores = scores.data_ptr();
+  p.s_batch_stride = scores.stride(0), p.s_head_stride = scores.stride(1), p.s_row_stride = scores.stride(2);
+  p.support = support.data_ptr<bool>(), p.m_batch_stride = support.stride(0), p.m_row_stride = support.stride(1);
+  p.probs = probs.data_ptr<float>();
+  p.batch = static_cast<int>(B), p.heads = static_cast<int>(scores.size(1));
+  p.rows = static_cast<int>(n), p.keys = static_cast<int>(keys);
+  p.dtype = kernel_dtype(scores.scalar_type());
+  kernels::dsa_head_probs(p, current_stream(scores));
+#endif
+  return probs;
 }
 
 Tensor dsa_topk_attention_fused(const Tensor& q_index, const Tensor& w_index, const Tensor& index_keys,

@@ -24,6 +24,12 @@ using torch::Tensor;
 Tensor dsa_index_scores(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& seq_lens,
                         const Tensor& out = {});
 
+// dsa_index_scores of G groups of n query rows, a group's rows against that group's index keys (a
+// sequence's rows in a whole-sequence call), in one launch: q [G, n, H_I, d_I] (any strides with
+// a contiguous last dim), w [G, n, H_I], index_keys [G, L, d_I], seq_lens [G n] int64 (row i of
+// group g: entry g n + i). G n <= 65535. Returns [G, n, L] fp32.
+Tensor dsa_index_scores_grouped(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& seq_lens);
+
 // Indices [B, k] int64 of the k largest entries of each row of scores [B, L] (float32, may hold
 // -inf; 1 <= k <= L): exactly the set topk_indices (ops/sparse_attention/sparse_attention.h) returns for fp32
 // scores, ties to the lower index. With seq_lens ([B] int64 on the scores' device), entries
@@ -56,6 +62,18 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
 // Whether dsa_index_backward takes q and index_keys: a build with the CUDA kernels, bf16 on one CUDA
 // device, 16, 32, 64 or 128 heads of dim 64 or 128 (kernels::dsa_index_backward_supported).
 bool dsa_index_backward_supported(const Tensor& q, const Tensor& index_keys);
+
+// The indexer loss's target in whole-sequence training calls on the kernel (kernels::dsa_head_probs
+// has the math): from the main attention's scaled scores [B, H, n, keys] and each row's support
+// [B, n, keys] bool (shared by the heads; a zero batch stride shares one mask), the head-summed
+// attention probabilities on the support, L1-normalised, [B, n, keys] fp32 (0 off the support and on
+// rows whose support is empty). What lt2::indexer_kl_loss's target is, without the fp32
+// probabilities [B, H, n, keys].
+Tensor dsa_head_probs(const Tensor& scores, const Tensor& support);
+// Whether dsa_head_probs takes them: a build with the CUDA kernels, scores of a kernel dtype (fp32,
+// bf16, fp16) and a bool support on one CUDA device, both with a contiguous last dim, 1..1024 heads,
+// at most 65535 sequences.
+bool dsa_head_probs_supported(const Tensor& scores, const Tensor& support);
 
 // DSA's decode attention on the kernels: dsa_index_topk of the index queries q_index [B, H_I, d_I]
 // and weights w_index [B, H_I] against index_keys, then sparse_attention_decode_fused of q

@@ -109,23 +109,35 @@ Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return masked_attention(q, k, v, window_mask(k_pos.narrow(0, L - T, T), k_pos, window), scale);
 }
 
-Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale, bool zero_rows_without_keys) {
+namespace {
+
+// The scaled products of q [B, H, T, D] with k [B, H_kv, L, D], [B, H, T, L] in q's dtype (scale > 0).
+// The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per head.
+// The scale on the queries (1/L of the scores' size).
+Tensor attention_scores(const Tensor& q, const Tensor& k, double scale) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), H_kv = k.size(1), L = k.size(2);
   LT2_CHECK(H % H_kv == 0, "attention: ", H, " query heads are not a multiple of ", H_kv, " kv heads");
-  if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
-  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
-  // The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per head.
-  // The scale on the queries (1/L of the scores' size); the product in q's dtype.
   auto rows = q.reshape({B, H_kv, H / H_kv * T, D}) * scale;
-  auto scores = torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L});
-  // Softmax over the visible keys in the accumulation dtype (ATen converts bf16 scores in a pass of
-  // its own first; only fp16 has a fused half-to-float softmax). A query seeing no key gets all-zero
-  // probabilities: its softmax is NaN, replaced here, and masked_fill's backward zeroes the gradient
-  // of every hidden score, so no NaN reaches q or k.
-  scores = scores.masked_fill(~mask, -std::numeric_limits<double>::infinity());
-  auto probs = torch::softmax(scores, -1, accum_dtype(q));  // [B, H, T, L]
+  return torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L});
+}
+
+// Softmax of scores [B, H, T, L] over the keys `mask` shows, in `dtype` (as attention_probs).
+Tensor masked_softmax(const Tensor& scores, const Tensor& mask, torch::ScalarType dtype, bool zero_rows_without_keys) {
+  // ATen converts bf16 scores in a pass of its own first; only fp16 has a fused half-to-float
+  // softmax. A query seeing no key gets all-zero probabilities: its softmax is NaN, replaced here,
+  // and masked_fill's backward zeroes the gradient of every hidden score, so no NaN reaches q or k.
+  auto probs = torch::softmax(scores.masked_fill(~mask, -std::numeric_limits<double>::infinity()), -1, dtype);
   if (!zero_rows_without_keys) return probs;
   return torch::where(mask.any(-1, /*keepdim=*/true), probs, torch::zeros({}, probs.options()));
+}
+
+}  // namespace
+
+Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale, bool zero_rows_without_keys) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), L = k.size(2);
+  if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
+  return masked_softmax(attention_scores(q, k, scale), mask, accum_dtype(q), zero_rows_without_keys);  // [B, H, T, L]
 }
 
 std::pair<Tensor, Tensor> masked_attention_probs(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -178,6 +190,20 @@ Tensor kl_target(const Tensor& attn_probs, const Tensor& support, torch::ScalarT
   return p / torch::where(mass > 0, mass, torch::ones_like(mass));
 }
 
+// kl_target of the attention of q [B, H, T, D] over k [B, H_kv, L, D] restricted to the support
+// [B, T, L] (`scale` as in attention_probs): on the kernel (ops::dsa_head_probs,
+// DecodeOptions::dsa_head_probs) where it serves, from the scores without their fp32 probabilities
+// [B, H, T, L].
+Tensor support_target(const Tensor& q, const Tensor& k, const Tensor& support, double scale, torch::ScalarType dtype) {
+  if (k.size(2) == 0) return torch::zeros(support.sizes(), q.options().dtype(dtype));
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const auto scores = attention_scores(q, k, scale);
+  if (decode_options().dsa_head_probs && dtype == torch::kFloat32 && ops::dsa_head_probs_supported(scores, support))
+    return ops::dsa_head_probs(scores, support);
+  return kl_target(masked_softmax(scores, support.unsqueeze(1), accum_dtype(q), /*zero_rows_without_keys=*/false),
+                   support, dtype);
+}
+
 // The indexer's log-distribution over the support, 0 off it (no -inf * 0 in the KL's terms).
 Tensor support_log_softmax(const Tensor& scores, const Tensor& support) {
   auto log_q = torch::log_softmax(scores.masked_fill(~support, -std::numeric_limits<double>::infinity()), -1);
@@ -216,15 +242,13 @@ bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) 
 
 namespace {
 
-// Rows of one sequence on the decode kernels: the index scores of queries iq_b [n, H_I, d_I] with
-// weights iw_b [n, H_I] against keys_b [L, d_I] in iq_b's dtype (the rows read the same keys: a
-// zero row stride; keys at or past a row's length in lens [n] are not read and score -inf), [n, L]
-// fp32, and where 0 < topk < L the top-k slots [n, topk], each row's visible ones first.
-std::pair<Tensor, Tensor> kernel_selection(const Tensor& iq_b, const Tensor& iw_b, const Tensor& keys_b,
-                                           const Tensor& lens, int64_t topk) {
+// The top-k slots [n, topk] (0 < topk < L) of rows of one sequence on the decode kernels, each row's
+// visible ones first: the index scores of queries iq_b [n, H_I, d_I] with weights iw_b [n, H_I]
+// against keys_b [L, d_I] in iq_b's dtype (the rows read the same keys: a zero row stride; keys at or
+// past a row's length in lens [n] are not read and score -inf), then their top-k.
+Tensor kernel_topk(const Tensor& iq_b, const Tensor& iw_b, const Tensor& keys_b, const Tensor& lens, int64_t topk) {
   const int64_t n = iq_b.size(0), L = keys_b.size(0);
-  auto scores = ops::dsa_index_scores(iq_b, iw_b, keys_b.expand({n, L, keys_b.size(1)}), lens);
-  return {scores, topk > 0 && topk < L ? ops::topk_select(scores, topk, lens) : Tensor()};
+  return ops::topk_select(ops::dsa_index_scores(iq_b, iw_b, keys_b.expand({n, L, keys_b.size(1)}), lens), topk, lens);
 }
 
 // Causal lengths [n] (int64 on `device`) of rows at positions query_start .. query_start + n - 1
@@ -242,15 +266,23 @@ IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
   auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0);  // [n, L]
   if (index_kernels_serve(iq, index_k, topk)) {
+    // The sequences' rows in one launch each of scores and top-k, up to the kernels' 65535 rows.
     const auto keys = index_k.to(iq.scalar_type());
     const auto lens = row_lengths(query_start, n, L, iq.device());
+    const int64_t per_launch = std::max<int64_t>(1, 65535 / std::max<int64_t>(n, 1));
     std::vector<Tensor> scores, supports;
-    for (int64_t b = 0; b < B; ++b) {
-      auto [s, idx] = kernel_selection(iq[b], iw[b], keys[b], lens, topk);
+    for (int64_t b0 = 0; b0 < B; b0 += per_launch) {
+      const int64_t g = std::min(per_launch, B - b0);
+      const auto lens_g = lens.repeat({g});
+      auto s = ops::dsa_index_scores_grouped(iq.narrow(0, b0, g), iw.narrow(0, b0, g), keys.narrow(0, b0, g), lens_g);
       scores.push_back(s);
-      if (idx.defined()) supports.push_back(torch::zeros({n, L}, visible.options()).scatter_(1, idx, true) & visible);
+      if (topk > 0 && topk < L) {
+        const auto idx = ops::topk_select(s.view({g * n, L}), topk, lens_g);
+        supports.push_back(torch::zeros({g * n, L}, visible.options()).scatter_(1, idx, true).view({g, n, L}) & visible);
+      }
     }
-    return {torch::stack(scores), supports.empty() ? visible.expand({B, n, L}) : torch::stack(supports)};
+    auto joined = [](const std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : torch::cat(parts); };
+    return {joined(scores), supports.empty() ? visible.expand({B, n, L}) : joined(supports)};
   }
   auto scores = lightning_indexer_scores(iq, iw, index_k);  // [B, n, L]
   visible = visible.expand_as(scores);
@@ -274,7 +306,7 @@ Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& 
     const int64_t n = std::min(block_rows, T - r0);
     const auto lens = row_lengths(query_start + r0, n, L, q.device());
     for (int64_t b = 0; b < B; ++b) {
-      const auto idx = kernel_selection(iq[b].narrow(0, r0, n), iw[b].narrow(0, r0, n), keys[b], lens, topk).second;
+      const auto idx = kernel_topk(iq[b].narrow(0, r0, n), iw[b].narrow(0, r0, n), keys[b], lens, topk);
       out[b].narrow(0, r0, n).copy_(ops::sparse_attention_decode_fused(
           q[b].narrow(1, r0, n).transpose(0, 1), rows(k, b, n), rows(v, b, n), idx, lens.clamp_max(topk), scale));
     }
@@ -321,9 +353,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
       auto sel = indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), keys.narrow(1, 0, seen), query_start + r0,
                                 topk);
       const auto dt = accum_dtype(sel.scores);
-      const auto p = kl_target(attention_probs(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support.unsqueeze(1),
-                                               scale, /*zero_rows_without_keys=*/false),
-                               sel.support, dt);
+      const auto p = support_target(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support, scale, dt);
       const auto log_q = support_log_softmax(sel.scores.to(dt), sel.support);
       // The block's share n / T of the mean over all B T rows, and its gradient with respect to the
       // scores in closed form: per row, softmax(scores) times the target's mass minus the target.
