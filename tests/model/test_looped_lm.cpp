@@ -139,18 +139,22 @@ TEST(LoopedLM, CheckpointedLoopsGiveSameGradients) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_LT(rel_err(ckpt[i], plain[i]), 1e-12);
 }
 
-// Checkpointing recomputes every loop but the last stored_loops (1 by default), and the gradients
-// equal those of stored activations whatever that count.
+// Checkpointing recomputes every loop but the last stored_loops (1 by default), the last recomputed
+// loop only in its layers before the last partial_loop_layers, and the gradients equal those of
+// stored activations whatever those counts.
 TEST(LoopedLM, CheckpointingRecomputesEveryLoopButTheLast) {
   auto cfg = tiny_config();  // 2 layers, 3 loops
   auto m = make_model(cfg);
   auto tok = random_tokens(2, 8, cfg.vocab_size);
-  auto grads = [&](bool checkpoint, int64_t stored_loops, std::vector<int64_t>& calls_per_loop) {
-    calls_per_loop.assign(cfg.n_loops, 0);
+  auto grads = [&](bool checkpoint, int64_t stored_loops, int64_t partial_layers, std::vector<int64_t>& calls_per_layer) {
+    calls_per_layer.assign(cfg.n_loops * cfg.n_layers, 0);
     ForwardOptions o;
     o.checkpoint_loops = checkpoint;
     o.stored_loops = stored_loops;
-    o.mixer_tap = [&](int64_t, int64_t loop, const torch::Tensor&, const torch::Tensor&) { ++calls_per_loop[loop]; };
+    o.partial_loop_layers = partial_layers;
+    o.mixer_tap = [&](int64_t layer, int64_t loop, const torch::Tensor&, const torch::Tensor&) {
+      ++calls_per_layer[loop * cfg.n_layers + layer];
+    };
     m->zero_grad();
     m->forward(tok, nullptr, o).logits.square().mean().backward();
     std::vector<torch::Tensor> g;
@@ -159,20 +163,30 @@ TEST(LoopedLM, CheckpointingRecomputesEveryLoopButTheLast) {
     return g;
   };
   std::vector<int64_t> calls;
-  const auto stored = grads(false, 1, calls);
-  for (int64_t stored_loops = 1; stored_loops <= cfg.n_loops; ++stored_loops) {
-    const auto g = grads(true, stored_loops, calls);
-    // Forward: each loop's layers once; backward: the recompute of every loop but the last stored_loops.
-    for (int64_t loop = 0; loop < cfg.n_loops; ++loop)
-      EXPECT_EQ(calls[loop], cfg.n_layers * (loop + stored_loops < cfg.n_loops ? 2 : 1))
-          << "loop " << loop << ", " << stored_loops << " stored";
-    ASSERT_EQ(g.size(), stored.size());
-    for (size_t i = 0; i < g.size(); ++i)
-      EXPECT_LT(rel_err(g[i], stored[i]), 1e-12) << "parameter " << i << ", " << stored_loops << " stored";
-  }
+  const auto stored = grads(false, 1, 0, calls);
+  for (int64_t stored_loops = 1; stored_loops <= cfg.n_loops; ++stored_loops)
+    for (int64_t partial = 0; partial < cfg.n_layers; ++partial) {
+      const auto g = grads(true, stored_loops, partial, calls);
+      // Forward: each layer application once; backward: the recompute of every loop but the last
+      // stored_loops, but for the last `partial` layers of the last recomputed loop.
+      for (int64_t loop = 0; loop < cfg.n_loops; ++loop)
+        for (int64_t layer = 0; layer < cfg.n_layers; ++layer) {
+          const bool recomputed = loop + stored_loops < cfg.n_loops &&
+                                  !(loop + stored_loops + 1 == cfg.n_loops && layer >= cfg.n_layers - partial);
+          EXPECT_EQ(calls[loop * cfg.n_layers + layer], recomputed ? 2 : 1)
+              << "loop " << loop << " layer " << layer << ", " << stored_loops << " stored, " << partial << " partial";
+        }
+      ASSERT_EQ(g.size(), stored.size());
+      for (size_t i = 0; i < g.size(); ++i)
+        EXPECT_LT(rel_err(g[i], stored[i]), 1e-12)
+            << "parameter " << i << ", " << stored_loops << " stored, " << partial << " partial";
+    }
   ForwardOptions bad;
   bad.checkpoint_loops = true;
   bad.stored_loops = 0;
+  EXPECT_THROW(m->forward(tok, nullptr, bad), Error);
+  bad.stored_loops = 1;
+  bad.partial_loop_layers = cfg.n_layers;  // a whole loop: that is stored_loops + 1
   EXPECT_THROW(m->forward(tok, nullptr, bad), Error);
 }
 

@@ -94,6 +94,22 @@ TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
       choose_checkpointing(1, stored_one, stored_one, recomputed_one, recomputed_one, 0, 1112, 4).checkpoint_loops());
   EXPECT_FALSE(choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, 3000, 1)
                    .checkpoint_loops());  // one loop: nothing to recompute
+  // 2 layers a loop: storing the last a of 8 layer applications needs 1500 + 300 (a - 2).
+  auto layers = [&](int64_t available) {
+    return choose_checkpointing(4, stored_one, stored_two, recomputed_one, recomputed_two, 500, available, 4, 2);
+  };
+  const auto partial = layers(2000);  // 1800 <= 1800 < 2100: one loop and one layer of the loop before
+  EXPECT_EQ(partial.stored_loops, 1);
+  EXPECT_EQ(partial.partial_layers, 1);
+  EXPECT_EQ(partial.chosen_bytes, 1800);
+  EXPECT_NE(partial.summary().find("3 of 4 loops recomputed, the last of them only in its first 1 of 2 layers"),
+            std::string::npos)
+      << partial.summary();
+  EXPECT_EQ(layers(2500).stored_loops, 2);  // 2100 <= 2250 < 2400
+  EXPECT_EQ(layers(2500).partial_layers, 0);
+  EXPECT_EQ(layers(2700).partial_layers, 1);  // 2400 <= 2430
+  EXPECT_EQ(layers(1000).stored_loops, 1);
+  EXPECT_EQ(layers(1000).partial_layers, 0);
 }
 
 namespace {

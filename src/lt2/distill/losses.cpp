@@ -58,7 +58,8 @@ std::vector<double> loop_weights(const ModelConfig& cfg, const std::vector<doubl
 }
 
 Tensor kd_loss(LoopedLMImpl& teacher, LoopedLMImpl& student, const Tensor& tokens, const std::vector<double>& weights,
-               const ops::HeadLossOptions& head, bool checkpoint_loops, int64_t stored_loops) {
+               const ops::HeadLossOptions& head, bool checkpoint_loops, int64_t stored_loops,
+               int64_t partial_loop_layers) {
   const int64_t T = student.config().n_loops;
   LT2_CHECK(static_cast<int64_t>(weights.size()) == T, "distill: ", weights.size(), " loop weights for ", T,
             " loops");
@@ -72,6 +73,7 @@ Tensor kd_loss(LoopedLMImpl& teacher, LoopedLMImpl& student, const Tensor& token
   }
   fo.checkpoint_loops = checkpoint_loops;
   fo.stored_loops = stored_loops;
+  fo.partial_loop_layers = partial_loop_layers;
   const auto s_out = student.forward(tokens, nullptr, fo);
   Tensor total;
   for (int64_t t = 0; t < T; ++t) {

@@ -28,8 +28,10 @@ std::vector<double> loop_weights(const ModelConfig& cfg, const std::vector<doubl
 
 // sum_t w_t KL_t, KL_t the mean over tokens of KL(teacher's loop t || student's loop t); loops of
 // weight 0 are not scored. tokens: [B, T] int64. checkpoint_loops: the student's forward recomputes
-// each loop but the last stored_loops in backward (ForwardOptions).
+// each loop but the last stored_loops in backward, but for the last partial_loop_layers layers of
+// the loop before them (ForwardOptions).
 Tensor kd_loss(LoopedLMImpl& teacher, LoopedLMImpl& student, const Tensor& tokens, const std::vector<double>& weights,
-               const ops::HeadLossOptions& head = {}, bool checkpoint_loops = false, int64_t stored_loops = 1);
+               const ops::HeadLossOptions& head = {}, bool checkpoint_loops = false, int64_t stored_loops = 1,
+               int64_t partial_loop_layers = 0);
 
 }  // namespace lt2::distill

@@ -68,7 +68,8 @@ StageResult run_kd(LoopedLMImpl& teacher, const TrainConfig& cfg, const std::vec
   LoopedLMImpl* t = &teacher;
   const auto head = head_options(cfg);
   cb.loss = [t, weights, head](LoopedLM& student, const Batch& b, const ForwardOptions& fo) {
-    return kd_loss(*t, *student, b.inputs, weights, head, fo.checkpoint_loops, fo.stored_loops);
+    return kd_loss(*t, *student, b.inputs, weights, head, fo.checkpoint_loops, fo.stored_loops,
+                   fo.partial_loop_layers);
   };
   cb.step_lines = step_lines;
   Trainer trainer(cfg, resume, cb);

@@ -81,13 +81,16 @@ std::string LoopedLMImpl::first_mixer_without_seq_pos() const {
 
 Tensor LoopedLMImpl::run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
                                const Tensor& seq_pos, const Tensor& draw, const MixerTap& tap,
-                               const std::shared_ptr<const PackedDocuments>& documents, const DecodePlan* plan) {
+                               const std::shared_ptr<const PackedDocuments>& documents, const DecodePlan* plan,
+                               int64_t first_layer, int64_t end_layer) {
   Positions pos{start, loop, seq_pos};
   pos.documents = documents;
   Tensor x = h, pending;  // the stream is x + pending: each block's FFN output is added by the next one's norm
-  const int64_t N = cfg_.n_layers;
+  const int64_t N = cfg_.n_layers, end = end_layer < 0 ? N : end_layer;
+  LT2_CHECK(0 <= first_layer && first_layer <= end && end <= N, "run_stack: layers [", first_layer, ", ", end,
+            ") of ", N);
   const int64_t first = (state_group_ * cfg_.n_loops + loop) * N;  // this loop's states
-  for (int64_t l = 0; l < N; ++l) {
+  for (int64_t l = first_layer; l < end; ++l) {
     pos.slot = slot_draw(draw, loop, l);
     if (plan) {
       x = plan->step(first + l, x, pos);
@@ -187,24 +190,38 @@ ModelOutput LoopedLMImpl::forward_once(const Tensor& tokens, ModelState* state, 
   const bool ouro = cfg_.form == ModelForm::Ouro;
   LT2_CHECK(opts.stored_loops >= 1, "stored_loops must be >= 1 (the last loop always keeps its activations), found ",
             opts.stored_loops);
+  LT2_CHECK(opts.partial_loop_layers >= 0 && opts.partial_loop_layers < cfg_.n_layers, "partial_loop_layers must be "
+            "in [0, ", cfg_.n_layers, ") (the layers of a loop), found ", opts.partial_loop_layers);
   const bool recompute = opts.checkpoint_loops && !state && torch::GradMode::is_enabled();
   ModelOutput out;
   std::vector<Tensor> exits;  // Ouro: normed hidden of each loop
   Tensor h = tok_embeddings(tokens);
   for (int64_t loop = 0; loop < T; ++loop) {
     // Captures by value: with recompute it runs again in backward, after the caller's `opts` is gone.
-    auto one_loop = [this, loop, start, state, ouro, seq_pos = opts.seq_pos, draw, tap = opts.mixer_tap,
-                     documents, plan](const Tensor& prev) {
-      Tensor next = run_stack(prev, loop, start, state, seq_pos, draw, tap, documents, plan);
+    auto layers = [this, loop, start, state, seq_pos = opts.seq_pos, draw, tap = opts.mixer_tap, documents,
+                   plan](const Tensor& x, int64_t first_layer, int64_t end_layer) {
+      return run_stack(x, loop, start, state, seq_pos, draw, tap, documents, plan, first_layer, end_layer);
+    };
+    auto finish = [this, loop, ouro](Tensor next, const Tensor& prev) {
       if (ouro) return ops::rms_norm(next, norm);
       if (rho.defined()) next = next + rho[loop] * prev;
       return next;
     };
+    auto one_loop = [layers, finish](const Tensor& prev) { return finish(layers(prev, 0, -1), prev); };
     // The last loop keeps its activations: its backward comes first, right after the forward, so
     // recomputing it would redo a whole loop to rebuild what is still at hand; the peak stays about
     // the same (the backward of a checkpointed loop holds one loop's activations too). The last
-    // stored_loops keep theirs: where memory allows some loops but not all, fewer are recomputed.
-    h = recompute && loop + opts.stored_loops < T ? checkpointed(one_loop, h) : one_loop(h);
+    // stored_loops keep theirs: where memory allows some loops but not all, fewer are recomputed,
+    // and the last recomputed loop keeps its last partial_loop_layers layers' too.
+    const int64_t N = cfg_.n_layers, kept = opts.partial_loop_layers;
+    if (!recompute || loop + opts.stored_loops >= T) {
+      h = one_loop(h);
+    } else if (loop + opts.stored_loops + 1 == T && kept > 0) {
+      const Tensor mid = checkpointed([layers, N, kept](const Tensor& x) { return layers(x, 0, N - kept); }, h);
+      h = finish(layers(mid, N - kept, N), h);
+    } else {
+      h = checkpointed(one_loop, h);
+    }
     if (ouro) exits.push_back(h);
     if (opts.loop_hidden || (opts.loop_logits && opts.compute_logits)) {
       const Tensor normed = ouro ? h : ops::rms_norm(h, norm);

@@ -42,6 +42,10 @@ struct ForwardOptions {
   MixerTap mixer_tap;             // called after every mixer call of a parallel forward
   bool checkpoint_loops = false;  // recompute loops in backward instead of storing their activations:
   int64_t stored_loops = 1;       // with checkpoint_loops, all but the last this many (>= 1) of them
+  // With checkpoint_loops and a loop recomputed: the last recomputed loop keeps the activations of
+  // its last this many layers (0 .. n_layers - 1) and recomputes only the layers before them, so
+  // memory can be spent a layer application at a time.
+  int64_t partial_loop_layers = 0;
   int64_t exit_at_loop = -1;      // Ouro inference: take logits of this loop (1-based); -1 = use threshold
   double exit_threshold = -1;     // Ouro inference: exit at first cumulative p >= q; -1 = config value
   // Ouro inference: compare as Ouro's released code does (p_t and their cumulative sum in the model
@@ -94,10 +98,12 @@ class LoopedLMImpl : public torch::nn::Module {
   // With a state it uses the states of the current vote draw (random patterns). `documents`: the
   // packed documents of h's rows (ForwardOptions::documents), offsets on h's device, or null.
   // `plan` (ForwardOptions::decode_plan, for `state`) runs each application instead of its block.
+  // Layers [first_layer, end_layer) only (end -1: through the last): a loop split in two runs the
+  // second part on the first's output.
   Tensor run_stack(const Tensor& h, int64_t loop, int64_t start, ModelState* state,
                    const Tensor& seq_pos = {}, const Tensor& draw = {}, const MixerTap& tap = {},
                    const std::shared_ptr<const PackedDocuments>& documents = nullptr,
-                   const DecodePlan* plan = nullptr);
+                   const DecodePlan* plan = nullptr, int64_t first_layer = 0, int64_t end_layer = -1);
   Tensor head(const Tensor& normed_hidden);  // [B, T, d] -> [B, T, V]
   // The LM head's weight [V, d]: the embedding's when tied.
   const Tensor& head_weight() const;

@@ -39,33 +39,44 @@ int64_t extrapolate(int64_t rows, const StepMemory& one, const StepMemory& two) 
 
 CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, StepMemory stored_two,
                                          StepMemory recomputed_one, StepMemory recomputed_two,
-                                         int64_t optimizer_bytes, int64_t available_bytes, int64_t n_loops) {
+                                         int64_t optimizer_bytes, int64_t available_bytes, int64_t n_loops,
+                                         int64_t n_layers) {
   LT2_CHECK(rows >= 1, "choose_checkpointing: rows must be >= 1, found ", rows);
-  LT2_CHECK(n_loops >= 1, "choose_checkpointing: n_loops must be >= 1, found ", n_loops);
+  LT2_CHECK(n_loops >= 1 && n_layers >= 1, "choose_checkpointing: n_loops and n_layers must be >= 1, found ", n_loops,
+            " and ", n_layers);
   CheckpointingChoice c;
   c.n_loops = n_loops;
+  c.n_layers = n_layers;
   c.stored_bytes = extrapolate(rows, stored_one, stored_two) + optimizer_bytes;
   c.recomputed_bytes = extrapolate(rows, recomputed_one, recomputed_two) + optimizer_bytes;
   c.available_bytes = available_bytes;
-  // The need storing the last s loops: linear from the recomputed need (s = 1) to the stored (s = T).
-  auto need = [&](int64_t s) {
-    if (n_loops == 1) return c.stored_bytes;
-    return c.recomputed_bytes + (c.stored_bytes - c.recomputed_bytes) * (s - 1) / (n_loops - 1);
+  // The need storing the last a layer applications: linear from the recomputed need (the last loop's
+  // n_layers) to the stored (all n_loops n_layers).
+  const int64_t least = n_layers, most = n_loops * n_layers;
+  auto need = [&](int64_t a) {
+    if (most == least) return c.stored_bytes;
+    return c.recomputed_bytes + static_cast<int64_t>(static_cast<double>(c.stored_bytes - c.recomputed_bytes) *
+                                                     static_cast<double>(a - least) /
+                                                     static_cast<double>(most - least));
   };
-  c.stored_loops = 1;
-  for (int64_t s = n_loops; s > 1; --s)
-    if (static_cast<double>(need(s)) <= 0.9 * static_cast<double>(available_bytes)) {
-      c.stored_loops = s;
+  int64_t stored = least;
+  for (int64_t a = most; a > least; --a)
+    if (static_cast<double>(need(a)) <= 0.9 * static_cast<double>(available_bytes)) {
+      stored = a;
       break;
     }
-  c.chosen_bytes = need(c.stored_loops);
+  c.stored_loops = stored / n_layers;
+  c.partial_layers = stored % n_layers;
+  c.chosen_bytes = need(stored);
   return c;
 }
 
 std::string CheckpointingChoice::summary() const {
   std::ostringstream s;
   s << "per-loop checkpointing " << (checkpoint_loops() ? "on" : "off") << " (auto): " << (n_loops - stored_loops)
-    << " of " << n_loops << " loops recomputed; a step needs " << human_bytes(stored_bytes) << " storing activations, "
+    << " of " << n_loops << " loops recomputed";
+  if (partial_layers > 0) s << ", the last of them only in its first " << (n_layers - partial_layers) << " of " << n_layers << " layers";
+  s << "; a step needs " << human_bytes(stored_bytes) << " storing activations, "
     << human_bytes(recomputed_bytes) << " recomputing all loops but the last, " << human_bytes(chosen_bytes)
     << " as chosen; " << human_bytes(available_bytes) << " free";
   if (chosen_bytes > 0.9 * available_bytes) s << " (it may not fit)";

@@ -3,9 +3,9 @@
 // in backward (checkpointed()) keeps only the loops' inputs and the last loop's activations. `auto` measures one step of the real loss on 1 and
 // 2 rows of the first micro-batch under each policy (ops::MemoryMeter: what autograd holds between
 // forward and backward, and the peak through backward), extrapolates linearly to the micro-batch,
-// adds the optimizer's state, and stores as many of the last loops' activations as fit the device's
-// free memory (every loop holds about the same: the need falls linearly from storing all T to
-// storing 1), recomputing the rest.
+// adds the optimizer's state, and stores as many of the last layer applications' activations as fit
+// the device's free memory (every application holds about the same: the need falls linearly from
+// storing all T loops to storing 1), recomputing the rest.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,7 +29,8 @@ StepMemory measure_step_memory(torch::nn::Module& model, const std::function<tor
 
 struct CheckpointingChoice {
   int64_t stored_loops = 1;  // the last loops that keep their activations (ForwardOptions::stored_loops)
-  int64_t n_loops = 1;
+  int64_t partial_layers = 0;  // the layers of the loop before them that keep theirs (ForwardOptions::partial_loop_layers)
+  int64_t n_loops = 1, n_layers = 1;
   bool checkpoint_loops() const { return stored_loops < n_loops; }  // whether any loop is recomputed
   int64_t stored_bytes = 0, recomputed_bytes = 0;  // a step's need storing every loop / only the last, optimizer included
   int64_t chosen_bytes = 0;                        // the need with stored_loops stored
@@ -38,11 +39,14 @@ struct CheckpointingChoice {
 };
 // `rows` rows per micro-batch; one/two: the measurements on 1 and 2 rows (two == one when
 // rows == 1) storing every loop and recomputing all but the last; `optimizer_bytes` what the
-// optimizer will allocate; `available_bytes` the device's free memory; `n_loops` the model's loops.
-// Stores the most loops whose need is at most 90% of what is available (at least the last).
+// optimizer will allocate; `available_bytes` the device's free memory; `n_loops` and `n_layers` the
+// model's loops and layers. Stores the most layer applications whose need is at most 90% of what is
+// available (at least the last loop's): whole loops from the last, then the last layers of the loop
+// before them (every application holds about the same, so the need is linear in them).
 CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, StepMemory stored_two,
                                          StepMemory recomputed_one, StepMemory recomputed_two,
-                                         int64_t optimizer_bytes, int64_t available_bytes, int64_t n_loops);
+                                         int64_t optimizer_bytes, int64_t available_bytes, int64_t n_loops,
+                                         int64_t n_layers = 1);
 
 // The activation memory of one model config in training (`lt2 bench activations`): a CE step
 // (the fused head + loss) on random rows of `seq_len` tokens, under bf16 autocast when asked (CUDA);

@@ -99,6 +99,7 @@ struct Trainer::Impl {
   bool main = true;  // rank 0: logs and writes the run folder
   bool checkpoint_loops = false;  // cfg.checkpoint_loops resolved
   int64_t stored_loops = 1;       // with checkpoint_loops: the last loops that keep their activations
+  int64_t partial_loop_layers = 0;  // and the last layers of the loop before them that keep theirs
   bool checkpointing_chosen = false;
   std::optional<CheckpointingChoice> checkpointing_choice;  // what "auto" measured
   // TrainConfig::keep_best: the lowest held-out loss so far and its step (0: no evaluation yet).
@@ -127,6 +128,7 @@ bool Trainer::autocast() const { return impl_->autocast; }
 int Trainer::world_size() const { return impl_->group ? impl_->group->world_size() : 1; }
 bool Trainer::checkpoint_loops() const { return impl_->checkpoint_loops; }
 int64_t Trainer::stored_loops() const { return impl_->stored_loops; }
+int64_t Trainer::partial_loop_layers() const { return impl_->partial_loop_layers; }
 std::optional<CheckpointingChoice> Trainer::checkpointing_choice() const { return impl_->checkpointing_choice; }
 
 torch::Device training_device(const TrainConfig& cfg) {
@@ -337,11 +339,13 @@ Batch Trainer::micro_batch(int64_t step, int64_t micro) {
   return b;
 }
 
-torch::Tensor Trainer::micro_loss(const Batch& b, bool checkpoint_loops, int64_t stored_loops) {
+torch::Tensor Trainer::micro_loss(const Batch& b, bool checkpoint_loops, int64_t stored_loops,
+                                  int64_t partial_loop_layers) {
   AutocastScope ac(impl_->autocast);
   ForwardOptions fo;
   fo.checkpoint_loops = checkpoint_loops;
   fo.stored_loops = stored_loops;
+  fo.partial_loop_layers = partial_loop_layers;
   fo.documents = b.documents;
   if (cb_.loss) return cb_.loss(model_, b, fo);
   torch::Tensor loss;
@@ -383,18 +387,20 @@ void Trainer::choose_checkpointing() {
   }
   int64_t optimizer_bytes = 0;  // AdamW's two moments, fp32, of every trained parameter
   for (const auto& p : I.params) optimizer_bytes += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
-  const int64_t n_loops = model_->config().n_loops;
+  const int64_t n_loops = model_->config().n_loops, n_layers = model_->config().n_layers;
   auto choice = lt2::choose_checkpointing(rows, stored_one, stored_two, recomputed_one, recomputed_two, optimizer_bytes,
-                                          available, n_loops);
-  if (I.group) {  // one decision for the job: the fewest stored loops any rank can afford
-    auto votes = torch::zeros({n_loops + 1}, torch::kFloat64);
-    votes[choice.stored_loops] = 1.0;
+                                          available, n_loops, n_layers);
+  if (I.group) {  // one decision for the job: the fewest stored layer applications any rank can afford
+    auto votes = torch::zeros({n_loops * n_layers + 1}, torch::kFloat64);
+    votes[choice.stored_loops * n_layers + choice.partial_layers] = 1.0;
     votes = votes.to(I.device);
     I.group->all_reduce_sum(votes, "per-loop checkpointing decision");
-    choice.stored_loops = votes.nonzero().min().item<int64_t>();
+    const int64_t stored = votes.nonzero().min().item<int64_t>();
+    choice.stored_loops = stored / n_layers, choice.partial_layers = stored % n_layers;
   }
   I.checkpoint_loops = choice.checkpoint_loops();
   I.stored_loops = choice.stored_loops;
+  I.partial_loop_layers = choice.partial_layers;
   I.checkpointing_chosen = true;
   I.checkpointing_choice = choice;
   if (I.main && cb_.step_lines) {
@@ -417,7 +423,7 @@ StepMetrics Trainer::run() {
     for (size_t k = 0; k < I.micros.size(); ++k) {
       const int64_t micro = I.micros[k];
       torch::manual_seed(micro_seed(cfg_.seed, step, micro));
-      const auto loss = micro_loss(micro_batch(step, micro), I.checkpoint_loops, I.stored_loops);
+      const auto loss = micro_loss(micro_batch(step, micro), I.checkpoint_loops, I.stored_loops, I.partial_loop_layers);
       // The last local backward reduces the gradients as they become final.
       if (I.grads && k + 1 == I.micros.size()) I.grads->begin_last_backward();
       (loss / static_cast<double>(cfg_.grad_accum)).backward();

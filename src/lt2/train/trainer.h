@@ -107,6 +107,8 @@ class Trainer {
   // With checkpoint_loops: the last loops that keep their activations (1 where the config says on;
   // "auto" stores as many as fit).
   int64_t stored_loops() const;
+  // And the last layers of the loop before them that keep theirs (0 but where "auto" chose more).
+  int64_t partial_loop_layers() const;
   // What "auto" measured and chose (nullopt where the config fixed the policy, or before run()).
   std::optional<CheckpointingChoice> checkpointing_choice() const;
   // This process's rank and the number of ranks (0 and 1 outside a data-parallel job).
@@ -120,7 +122,7 @@ class Trainer {
   // Micro-batch `micro` of step `step` on the training device.
   Batch micro_batch(int64_t step, int64_t micro);
   // The loss of one micro-batch (callbacks.loss or the objective), under autocast.
-  torch::Tensor micro_loss(const Batch& b, bool checkpoint_loops, int64_t stored_loops);
+  torch::Tensor micro_loss(const Batch& b, bool checkpoint_loops, int64_t stored_loops, int64_t partial_loop_layers = 0);
   // Resolves checkpoint_loops "auto" from measured memory and logs the decision.
   void choose_checkpointing();
   TrainConfig cfg_;
