@@ -137,22 +137,24 @@ TEST(FusedDsa, TopkAttentionOnTheKernels) {
 // keys (the reference: 0), so reading one would show.
 // dsa_index_scores_grouped (a group's rows share its keys, one launch) equal to dsa_index_scores of
 // each group's rows against its keys, bit for bit: the same kernel arithmetic. Query rows from a
-// strided view (rows 5..74 of 80), in tensor-core shapes (bf16) and the plain-FMA kernel's (fp32).
+// strided view (rows 5..n + 4 of n + 10), groups of 70 rows and of 1, in tensor-core shapes (bf16)
+// and the plain-FMA kernel's (fp32).
 TEST(FusedDsa, GroupedScoresEqualScoresPerRow) {
   REQUIRE_FUSED_DECODE();
   torch::manual_seed(33);
-  const int64_t G = 3, n = 70, L = 90, H = 16, d = 64;
-  for (auto dt : {torch::kBFloat16, torch::kFloat32}) {
-    const auto iq = torch::randn({G, n + 10, H, d}, gpu(dt)).narrow(1, 5, n);
-    const auto iw = torch::randn({G, n, H}, gpu(torch::kFloat32)), keys = torch::randn({G, L, d}, gpu(dt));
-    const auto lens = torch::randint(1, L + 1, {G * n}, gpu(torch::kLong));
-    const auto got = ops::dsa_index_scores_grouped(iq, iw, keys, lens);
-    ASSERT_EQ(got.sizes(), torch::IntArrayRef({G, n, L}));
-    for (int64_t g = 0; g < G; ++g) {
-      const auto want = ops::dsa_index_scores(iq[g], iw[g], keys[g].expand({n, L, d}), lens.narrow(0, g * n, n));
-      EXPECT_TRUE(torch::equal(got[g], want)) << name(dt) << " group " << g;
+  const int64_t G = 3, L = 90, H = 16, d = 64;
+  for (int64_t n : {int64_t{70}, int64_t{1}})
+    for (auto dt : {torch::kBFloat16, torch::kFloat32}) {
+      const auto iq = torch::randn({G, n + 10, H, d}, gpu(dt)).narrow(1, 5, n);
+      const auto iw = torch::randn({G, n, H}, gpu(torch::kFloat32)), keys = torch::randn({G, L, d}, gpu(dt));
+      const auto lens = torch::randint(1, L + 1, {G * n}, gpu(torch::kLong));
+      const auto got = ops::dsa_index_scores_grouped(iq, iw, keys, lens);
+      ASSERT_EQ(got.sizes(), torch::IntArrayRef({G, n, L}));
+      for (int64_t g = 0; g < G; ++g) {
+        const auto want = ops::dsa_index_scores(iq[g], iw[g], keys[g].expand({n, L, d}), lens.narrow(0, g * n, n));
+        EXPECT_TRUE(torch::equal(got[g], want)) << name(dt) << " group " << g << " of " << n << " rows";
+      }
     }
-  }
   EXPECT_THROW(ops::dsa_index_scores_grouped(torch::randn({2, 40000, 16, 64}, gpu(torch::kBFloat16)),
                                              torch::randn({2, 40000, 16}, gpu(torch::kFloat32)),
                                              torch::randn({2, 10, 64}, gpu(torch::kBFloat16)),

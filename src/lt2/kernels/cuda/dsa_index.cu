@@ -44,9 +44,9 @@
 // dsa_head_probs (training; the indexer loss's target): per row, each head's softmax over the
 //   support, summed over the heads. Floor: the scores are read once (B H rows keys elements) and the
 //   target written once in fp32; at lt-100m's DSA layer (16 x 2048 rows over their visible keys,
-//   12 heads) ~0.8 GB of bf16 scores and ~0.13 GB of target a layer application, ~0.3 ms at ~3 TB/s. The libtorch form it replaces wrote and
-//   read the masked scores, the fp32 probabilities [B, H, rows, keys], their head sum, the mask and the
-//   mass again: about six times those bytes.
+//   12 heads) ~0.8 GB of bf16 scores and ~0.13 GB of target a layer application, ~0.3 ms at
+//   ~3 TB/s. The libtorch form it replaces wrote and read the masked scores, the fp32 probabilities
+//   [B, H, rows, keys], their head sum, the mask and the mass again: about six times those bytes.
 //   Design: a block per row. Warp w takes heads w, w + 8, ...: its lanes stride over the keys with a
 //   running (max, sum of exponentials) of the supported scores (one expf an element), merged across
 //   the warp by shuffles, then 1 / sum goes to shared memory beside the max. Then each thread takes
@@ -617,7 +617,7 @@ __global__ void __launch_bounds__(kHeadProbsThreads) dsa_head_probs_kernel(const
       if (!support[j]) continue;
       const float x = to_float(s[j]);
       if (x > m) sum = sum * expf(m - x) + 1.f, m = x;
-      else sum += expf(x - m);
+      else if (m > -INFINITY) sum += expf(x - m);  // -inf scores before any finite one add nothing
     }
     float2 stats = make_float2(m, sum);
 #pragma unroll

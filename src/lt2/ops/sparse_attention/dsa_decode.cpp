@@ -148,10 +148,11 @@ void launch_index_scores(const Tensor& q, int rows_per_group, const Tensor& w, c
   const auto qc = with_aligned_rows(q);
   const auto wc = w.to(torch::kFloat32).contiguous();
   const auto lens = seq_lens.contiguous();
-  const bool grouped = q.dim() == 4;
+  // Groups of one row are rows of their own: q's rows are then stride(0) apart.
+  const bool grouped = q.dim() == 4 && rows_per_group > 1;
   kernels::DsaIndexScoresParams p{};
   p.q = qc.data_ptr();
-  p.q_batch_stride = qc.stride(grouped ? 1 : 0), p.q_head_stride = qc.stride(grouped ? 2 : 1);
+  p.q_batch_stride = qc.stride(grouped ? 1 : 0), p.q_head_stride = qc.stride(-2);
   p.rows_per_group = rows_per_group, p.q_group_stride = grouped ? qc.stride(0) : 0;
   p.w = wc.data_ptr<float>();
   p.keys = index_keys.data_ptr();
