@@ -115,13 +115,14 @@ TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
 namespace {
 
 // The memory of a step on `tokens` (a square loss on the logits), recomputing all loops but the last
-// stored_loops when checkpoint_loops.
+// stored_loops (and the last partial_layers layers of the loop before them) when checkpoint_loops.
 StepMemory loops_step_memory(LoopedLM& model, const torch::Tensor& tokens, bool checkpoint_loops,
-                             int64_t stored_loops) {
+                             int64_t stored_loops, int64_t partial_layers = 0) {
   return measure_step_memory(*model, [&] {
     ForwardOptions fo;
     fo.checkpoint_loops = checkpoint_loops;
     fo.stored_loops = stored_loops;
+    fo.partial_loop_layers = partial_layers;
     return model->forward(tokens, nullptr, fo).logits.square().mean();
   }, torch::kCPU);
 }
@@ -142,24 +143,29 @@ TEST(CheckpointingPolicy, RecomputingEachLoopHoldsLessAndMeasuringLeavesNoGradie
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
-// choose_checkpointing's assumption: storing the last s of T loops needs about the recomputing need
-// plus (s - 1) / (T - 1) of the difference to storing all, both what is held between forward and
-// backward and the peak.
+// choose_checkpointing's assumption: storing the last a of the T N layer applications needs about
+// the recomputing need plus (a - N) / (T N - N) of the difference to storing all, both what is held
+// between forward and backward and the peak: whole loops, and loops with the last layers of the
+// loop before them.
 TEST(CheckpointingPolicy, StoringSomeLoopsNeedsTheInterpolatedMemory) {
   auto mc = lt2::testing::tiny_config();
   mc.n_loops = 4;
+  mc.n_layers = 4;
   torch::manual_seed(3);
   LoopedLM model(mc);
   auto tokens = torch::randint(mc.vocab_size, {2, 64}, torch::kLong);
-  auto measure = [&](int64_t stored_loops) { return loops_step_memory(model, tokens, true, stored_loops); };
-  const auto one = measure(1), all = measure(mc.n_loops);
-  for (int64_t s = 2; s < mc.n_loops; ++s) {
-    const auto m = measure(s);
-    const double f = static_cast<double>(s - 1) / static_cast<double>(mc.n_loops - 1);
+  auto measure = [&](int64_t stored_loops, int64_t partial) {
+    return loops_step_memory(model, tokens, true, stored_loops, partial);
+  };
+  const auto one = measure(1, 0), all = measure(mc.n_loops, 0);
+  const int64_t N = mc.n_layers;
+  for (int64_t a = N + 1; a < mc.n_loops * N; ++a) {
+    const auto m = measure(a / N, a % N);
+    const double f = static_cast<double>(a - N) / static_cast<double>((mc.n_loops - 1) * N);
     const double held = one.held + f * static_cast<double>(all.held - one.held);
     const double peak = one.peak + f * static_cast<double>(all.peak - one.peak);
-    EXPECT_NEAR(static_cast<double>(m.held), held, 0.02 * held) << s << " loops stored";
-    EXPECT_LE(static_cast<double>(m.peak), 1.02 * peak) << s << " loops stored";
+    EXPECT_NEAR(static_cast<double>(m.held), held, 0.02 * held) << a << " layer applications stored";
+    EXPECT_LE(static_cast<double>(m.peak), 1.02 * peak) << a << " layer applications stored";
   }
 }
 
