@@ -2,7 +2,12 @@
 # Runs ON THE GPU MACHINE (the device tool's command): one call that tests a prebuilt tree and measures it
 # against two baselines, through scripts/gpu_batch.sh (each step under its own limit, results packed after
 # each). Carry .deps/build-prebuilt.tar.xz (the tree under test) and the two baseline tarballs.
-#   MID_TARBALL=.deps/build-<commit>.tar.xz   the baseline the new tree is A/B'd against (required)
+#   MID_TARBALL=.deps/build-<commit>.tar.xz   the baseline the new tree is A/B'd against
+#   MID_SOURCE=.deps/<name>-src.tar.gz         or its source archive (git archive <commit> | gzip): the steps
+#                                              that read MID (gated, dsa, dsasparse, gdnauto, layer) build its
+#                                              train_bench and mixer_bench here first (scripts/gpu_build_baseline.sh,
+#                                              ~2 min in the first such step's limit); newab, dsaprefill, midab and
+#                                              prefill need MID_TARBALL
 #   OLD_TARBALL=.deps/build-<commit>.tar.xz   an older baseline: MID is A/B'd against it first (optional)
 #   ONLY="tests newab ..."                     run only these steps, in their order below (default: all)
 # Steps: the GPU suite in two parts (`tests`, then `chunk_tests`: the delta-rule and score kernels' tests,
@@ -24,12 +29,16 @@
 # later steps are cut (gpu_batch.sh packs the results after each step); ONLY picks the rest for a second call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${MID_TARBALL:?MID_TARBALL: the baseline tarball of scripts/prebuild_gpu.sh}"
+[ -n "${MID_TARBALL:-}${MID_SOURCE:-}" ] ||
+  { echo "MID_TARBALL (a scripts/prebuild_gpu.sh tarball) or MID_SOURCE (a source archive): the baseline" >&2; exit 2; }
+MID_TARBALL=${MID_TARBALL:-}
 chunk_tests='DeltaRuleScan.*:ChannelScoresGpu.*'
 # MID unpacked where the steps after newab read it, if newab did not run.
 mid=/tmp/train_ab_base/build-prebuilt
 unpack_mid="[ -x $mid/mixer_bench ] || { mkdir -p /tmp/train_ab_base && python3 -c \"import tarfile;
   tarfile.open('$MID_TARBALL').extractall('/tmp/train_ab_base')\"; };"
+[ -z "$MID_TARBALL" ] && unpack_mid="[ -x $mid/mixer_bench ] || { SOURCE=$MID_SOURCE scripts/gpu_build_baseline.sh &&
+  mkdir -p /tmp/train_ab_base && ln -sfn /tmp/baseline/build/bench $mid; };"
 steps=("tests 150 GTEST_FILTER='-$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh"
   "chunk_tests 150 GTEST_FILTER='$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh")
 steps+=(
