@@ -2,10 +2,14 @@
 // plain loop, Ouro exit distribution sums to 1, float64 gradients match finite differences.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "common/testing.h"
 #include "lt2/mixers/registry.h"
+#include "lt2/model/checkpointing.h"
 #include "lt2/model/pattern.h"
 #include "lt2/model/looped_lm.h"
+#include "lt2/ops/decode_options.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;
@@ -188,6 +192,28 @@ TEST(LoopedLM, CheckpointingRecomputesEveryLoopButTheLast) {
   bad.stored_loops = 1;
   bad.partial_loop_layers = cfg.n_layers;  // a whole loop: that is stored_loops + 1
   EXPECT_THROW(m->forward(tok, nullptr, bad), Error);
+}
+
+// The recompute of a checkpointed function runs under the kernel switches that were in force at its
+// forward, also where the backward runs on another thread (autograd runs a GPU's on its own), where
+// the thread-local switches are not the forward's by themselves.
+TEST(LoopedLM, CheckpointRecomputeKeepsTheForwardsKernelSwitches) {
+  DecodeOptions off;
+  off.residual_norm = false;
+  std::vector<bool> seen;  // residual_norm at each call: the forward, then the recompute
+  auto fn = [&seen](const torch::Tensor& x) {
+    seen.push_back(decode_options().residual_norm);
+    return x * x;
+  };
+  const auto x = torch::randn({4}, torch::kFloat64).requires_grad_(true);
+  torch::Tensor y;
+  {
+    DecodeOptionsGuard guard(off);
+    y = checkpointed(fn, x);
+  }
+  std::thread([&y] { y.sum().backward(); }).join();
+  EXPECT_EQ(seen, (std::vector<bool>{false, false}));
+  EXPECT_TRUE(torch::allclose(x.grad(), 2 * x.detach()));
 }
 
 TEST(Config, ValidationNamesField) {

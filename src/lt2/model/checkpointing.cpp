@@ -2,6 +2,7 @@
 
 #include "lt2/nn/precision.h"
 #include "lt2/nn/recompute_phase.h"
+#include "lt2/ops/decode_options.h"
 
 namespace lt2 {
 
@@ -13,12 +14,14 @@ using torch::autograd::variable_list;
 struct FnHolder : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> fn;
   AutocastState autocast;
+  DecodeOptions kernel_options;  // the forward's kernel switches (thread-local, like autocast)
 };
 
 class Checkpoint : public torch::autograd::Function<Checkpoint> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, c10::intrusive_ptr<FnHolder> holder) {
     holder->autocast = AutocastState::current();
+    holder->kernel_options = decode_options();
     ctx->save_for_backward({x});
     ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
     torch::NoGradGuard no_grad;
@@ -32,6 +35,7 @@ class Checkpoint : public torch::autograd::Function<Checkpoint> {
     torch::Tensor y;
     {
       AutocastStateScope autocast(holder->autocast);  // the forward's, on autograd's thread
+      DecodeOptionsGuard kernel_options(holder->kernel_options);
       torch::AutoGradMode enable(true);
       RecomputePhaseScope phase(RecomputePhase::Recompute);
       y = holder->fn(x);

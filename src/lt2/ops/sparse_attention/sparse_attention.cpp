@@ -316,10 +316,12 @@ Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& 
 
 namespace {
 
-// Holds the caller's query function and its autocast state for the backward's recompute.
+// Holds the caller's query function, its autocast state and the kernel switches in force for the
+// backward, which runs on autograd's thread (where neither is the forward's by itself).
 struct QueriesHolder : torch::CustomClassHolder {
   IndexerQueries queries;
   AutocastState autocast;
+  DecodeOptions kernel_options;
 };
 
 // indexer_loss_blocked's autograd function. Inputs: x (what the queries read; no gradient), index_k
@@ -337,6 +339,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
                                                 int64_t query_start, int64_t topk, double scale, int64_t block_bytes,
                                                 c10::intrusive_ptr<QueriesHolder> holder) {
     holder->autocast = AutocastState::current();
+    holder->kernel_options = decode_options();
     auto [iq, iw] = holder->queries(x);  // Function::forward records no graph
     const auto compute = product_dtype(iq, index_k);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes set here
@@ -382,6 +385,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &index_k = saved[1];
     auto holder = c10::static_intrusive_pointer_cast<QueriesHolder>(ctx->saved_data["holder"].toCapsule());
+    DecodeOptionsGuard kernel_options(holder->kernel_options);
     Tensor iq, iw;
     torch::ScalarType compute;
     {
