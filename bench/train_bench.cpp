@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
                 {"grad_accum", cfg.grad_accum},
                 {"checkpoint_policy", checkpoint_loops}, {"checkpoint_loops", trainer.checkpoint_loops()},
                 {"stored_loops", trainer.checkpoint_loops() ? trainer.stored_loops() : trainer.model()->config().n_loops},
-                {"partial_loop_layers", trainer.checkpoint_loops() ? trainer.partial_loop_layers() : 0},
+                {"partial_loop_layers", trainer.partial_loop_layers()},
                 {"tf32", cfg.tf32},
                 {"device", dev.empty() ? "cpu" : dev},
                 {"median_step_ms", median},

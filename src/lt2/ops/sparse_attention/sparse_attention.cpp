@@ -111,12 +111,13 @@ Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
 
 namespace {
 
-// The scaled products of q [B, H, T, D] with k [B, H_kv, L, D], [B, H, T, L] in q's dtype (scale > 0).
-// The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per head.
-// The scale on the queries (1/L of the scores' size).
+// The scaled products of q [B, H, T, D] with k [B, H_kv, L, D], [B, H, T, L] in q's dtype (scale 0:
+// D^-1/2). The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per
+// head. The scale on the queries (1/L of the scores' size).
 Tensor attention_scores(const Tensor& q, const Tensor& k, double scale) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), H_kv = k.size(1), L = k.size(2);
   LT2_CHECK(H % H_kv == 0, "attention: ", H, " query heads are not a multiple of ", H_kv, " kv heads");
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
   auto rows = q.reshape({B, H_kv, H / H_kv * T, D}) * scale;
   return torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L});
 }
@@ -134,9 +135,8 @@ Tensor masked_softmax(const Tensor& scores, const Tensor& mask, torch::ScalarTyp
 }  // namespace
 
 Tensor attention_probs(const Tensor& q, const Tensor& k, const Tensor& mask, double scale, bool zero_rows_without_keys) {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), L = k.size(2);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), L = k.size(2);
   if (L == 0) return torch::zeros({B, H, T, 0}, q.options().dtype(accum_dtype(q)));
-  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
   return masked_softmax(attention_scores(q, k, scale), mask, accum_dtype(q), zero_rows_without_keys);  // [B, H, T, L]
 }
 
@@ -190,13 +190,11 @@ Tensor kl_target(const Tensor& attn_probs, const Tensor& support, torch::ScalarT
   return p / torch::where(mass > 0, mass, torch::ones_like(mass));
 }
 
-// kl_target of the attention of q [B, H, T, D] over k [B, H_kv, L, D] restricted to the support
-// [B, T, L] (`scale` as in attention_probs): on the kernel (ops::dsa_head_probs,
+// kl_target of the attention of q [B, H, T, D] over k [B, H_kv, L, D] (L > 0) restricted to the
+// support [B, T, L] (`scale` as in attention_probs): on the kernel (ops::dsa_head_probs,
 // DecodeOptions::dsa_head_probs) where it serves, from the scores without their fp32 probabilities
 // [B, H, T, L].
 Tensor support_target(const Tensor& q, const Tensor& k, const Tensor& support, double scale, torch::ScalarType dtype) {
-  if (k.size(2) == 0) return torch::zeros(support.sizes(), q.options().dtype(dtype));
-  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const auto scores = attention_scores(q, k, scale);
   if (decode_options().dsa_head_probs && dtype == torch::kFloat32 && ops::dsa_head_probs_supported(scores, support))
     return ops::dsa_head_probs(scores, support);
@@ -242,13 +240,24 @@ bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) 
 
 namespace {
 
-// The top-k slots [n, topk] (0 < topk < L) of rows of one sequence on the decode kernels, each row's
-// visible ones first: the index scores of queries iq_b [n, H_I, d_I] with weights iw_b [n, H_I]
-// against keys_b [L, d_I] in iq_b's dtype (the rows read the same keys: a zero row stride; keys at or
-// past a row's length in lens [n] are not read and score -inf), then their top-k.
-Tensor kernel_topk(const Tensor& iq_b, const Tensor& iw_b, const Tensor& keys_b, const Tensor& lens, int64_t topk) {
-  const int64_t n = iq_b.size(0), L = keys_b.size(0);
-  return ops::topk_select(ops::dsa_index_scores(iq_b, iw_b, keys_b.expand({n, L, keys_b.size(1)}), lens), topk, lens);
+// Rows of B sequences on the decode kernels: the index scores [B, n, L] fp32 of queries iq [B, n, H_I,
+// d_I] with weights iw [B, n, H_I] against their sequence's keys [B, L, d_I] in iq's dtype (keys at
+// or past a row's length in lens [n] are not read and score -inf), and where 0 < topk < L the top-k
+// slots [B, n, topk], each row's visible ones first. A launch of each takes the rows of as many
+// sequences as the kernels' 65535 rows allow.
+std::pair<Tensor, Tensor> kernel_selection(const Tensor& iq, const Tensor& iw, const Tensor& keys, const Tensor& lens,
+                                           int64_t topk) {
+  const int64_t B = iq.size(0), n = iq.size(1), L = keys.size(1);
+  const int64_t per_launch = std::max<int64_t>(1, 65535 / std::max<int64_t>(n, 1));
+  std::vector<Tensor> scores, slots;
+  for (int64_t b0 = 0; b0 < B; b0 += per_launch) {
+    const int64_t g = std::min(per_launch, B - b0);
+    const auto lens_g = lens.repeat({g});
+    scores.push_back(ops::dsa_index_scores_grouped(iq.narrow(0, b0, g), iw.narrow(0, b0, g), keys.narrow(0, b0, g), lens_g));
+    if (topk > 0 && topk < L) slots.push_back(ops::topk_select(scores.back().view({g * n, L}), topk, lens_g).view({g, n, topk}));
+  }
+  auto joined = [](const std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : torch::cat(parts); };
+  return {joined(scores), slots.empty() ? Tensor() : joined(slots)};
 }
 
 // Causal lengths [n] (int64 on `device`) of rows at positions query_start .. query_start + n - 1
@@ -266,23 +275,10 @@ IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
   auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0);  // [n, L]
   if (index_kernels_serve(iq, index_k, topk)) {
-    // The sequences' rows in one launch each of scores and top-k, up to the kernels' 65535 rows.
-    const auto keys = index_k.to(iq.scalar_type());
-    const auto lens = row_lengths(query_start, n, L, iq.device());
-    const int64_t per_launch = std::max<int64_t>(1, 65535 / std::max<int64_t>(n, 1));
-    std::vector<Tensor> scores, supports;
-    for (int64_t b0 = 0; b0 < B; b0 += per_launch) {
-      const int64_t g = std::min(per_launch, B - b0);
-      const auto lens_g = lens.repeat({g});
-      auto s = ops::dsa_index_scores_grouped(iq.narrow(0, b0, g), iw.narrow(0, b0, g), keys.narrow(0, b0, g), lens_g);
-      scores.push_back(s);
-      if (topk > 0 && topk < L) {
-        const auto idx = ops::topk_select(s.view({g * n, L}), topk, lens_g);
-        supports.push_back(torch::zeros({g * n, L}, visible.options()).scatter_(1, idx, true).view({g, n, L}) & visible);
-      }
-    }
-    auto joined = [](const std::vector<Tensor>& parts) { return parts.size() == 1 ? parts[0] : torch::cat(parts); };
-    return {joined(scores), supports.empty() ? visible.expand({B, n, L}) : joined(supports)};
+    auto [scores, idx] = kernel_selection(iq, iw, index_k.to(iq.scalar_type()), row_lengths(query_start, n, L, iq.device()),
+                                          topk);
+    if (!idx.defined()) return {scores, visible.expand({B, n, L})};
+    return {scores, torch::zeros({B, n, L}, visible.options()).scatter_(2, idx, true) & visible};
   }
   auto scores = lightning_indexer_scores(iq, iw, index_k);  // [B, n, L]
   visible = visible.expand_as(scores);
@@ -305,11 +301,10 @@ Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& 
   for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
     const int64_t n = std::min(block_rows, T - r0);
     const auto lens = row_lengths(query_start + r0, n, L, q.device());
-    for (int64_t b = 0; b < B; ++b) {
-      const auto idx = kernel_topk(iq[b].narrow(0, r0, n), iw[b].narrow(0, r0, n), keys[b], lens, topk);
+    const auto idx = kernel_selection(iq.narrow(1, r0, n), iw.narrow(1, r0, n), keys, lens, topk).second;  // [B, n, topk]
+    for (int64_t b = 0; b < B; ++b)
       out[b].narrow(0, r0, n).copy_(ops::sparse_attention_decode_fused(
-          q[b].narrow(1, r0, n).transpose(0, 1), rows(k, b, n), rows(v, b, n), idx, lens.clamp_max(topk), scale));
-    }
+          q[b].narrow(1, r0, n).transpose(0, 1), rows(k, b, n), rows(v, b, n), idx[b], lens.clamp_max(topk), scale));
   }
   return out;
 }
