@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ninja -C build -j "$(nproc)" lt2_cli test_gpu ${BENCH:-}
-mkdir -p build-prebuilt
+rm -rf build-prebuilt && mkdir -p build-prebuilt  # no binary of an earlier build stays
 strip -o build-prebuilt/lt2 build/apps/lt2/lt2
 strip -o build-prebuilt/test_gpu build/tests/test_gpu
 for bench in ${BENCH:-}; do strip -o "build-prebuilt/$bench" "build/bench/$bench"; done

@@ -40,6 +40,10 @@
 //   dkeys kernel: a block per (64 keys, sequence), a warp per 16 keys (M) held as A fragments; it
 //   walks the rows that see any of its keys, each row's q [H, D], w and d_scores staged in shared
 //   memory: a^T = K q^T, g^T, then dkeys += g^T q (q's B fragments by ldmatrix.trans).
+//   Both kernels keep two buffers of what they stage (a key tile, a row) and copy the next in by
+//   cp.async while the products of the current one run: at 164 (dkeys) and 170 (dq) registers a
+//   thread they hold 3 and 2 blocks of 4 warps an SM, too few to hide a copy's L2 latency behind
+//   other blocks.
 //
 // dsa_head_probs (training; the indexer loss's target): per row, each head's softmax over the
 //   support, summed over the heads. Floor: the scores are read once (B H rows keys elements) and the
@@ -362,8 +366,8 @@ __device__ __forceinline__ void b_fragments_trans(uint32_t (&b)[4], const __nv_b
   ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * pitch + col + 8 * (lane / 16));
 }
 
-// Starts copying key rows j0 .. j0 + 63 into the tile s_k [64, bwd_pitch(D)] (cp.async, one commit
-// group; the caller waits), rows at or past `end` zero.
+// Starts copying key rows j0 .. j0 + 63 into the tile s_k [64, bwd_pitch(D)] (cp.async; the caller
+// commits and waits), rows at or past `end` zero.
 template <int D>
 __device__ __forceinline__ void stage_key_tile(__nv_bfloat16* s_k, const __nv_bfloat16* keys, int64_t row_stride,
                                                int j0, int end) {
@@ -374,7 +378,13 @@ __device__ __forceinline__ void stage_key_tile(__nv_bfloat16* s_k, const __nv_bf
     if (j0 + k < end) cp_async16(dst, keys + static_cast<int64_t>(j0 + k) * row_stride + c);
     else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
-  cp_async_commit();
+}
+
+// Starts copying n floats into s (cp.async; the caller commits and waits), those at or past `valid` zero.
+__device__ __forceinline__ void stage_floats(float* s, const float* src, int n, int valid) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    if (i < valid) cp_async4(s + i, src + i);
+    else s[i] = 0.f;
 }
 
 // g's m16n8 accumulators of n-tile nt (rows g, g + 8; columns 2t, 2t + 1 of the tile) as A
@@ -386,14 +396,15 @@ __device__ __forceinline__ void to_a_fragment(uint32_t (&a)[4], int nt, float g0
 }
 
 // Grid (rows, B), H / 16 warps; warp w takes heads 16 w .. 16 w + 15. Lane 4 g + t holds heads
-// h0 + g and h0 + g + 8.
+// h0 + g and h0 + g + 8. Two buffers of a key tile and its d_scores: the next tile is copied in
+// while the products of this one run.
 template <int DT>
 __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kernel(const DsaIndexBackwardParams p) {
   using T = __nv_bfloat16;
   constexpr int D = 16 * DT, pitch = bwd_pitch(D), NT = kBwdTileKeys / 8;  // n-tiles of 8 keys
   extern __shared__ __align__(16) unsigned char smem[];
-  T* s_k = reinterpret_cast<T*>(smem);                                // [64, pitch]
-  float* s_d = reinterpret_cast<float*>(s_k + kBwdTileKeys * pitch);  // [64]
+  T* s_k = reinterpret_cast<T*>(smem);                                    // [2][64, pitch]
+  float* s_d = reinterpret_cast<float*>(s_k + 2 * kBwdTileKeys * pitch);  // [2][64]
 
   const int r = blockIdx.x, b = blockIdx.y, H = p.heads, L = p.length;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, h0 = 16 * warp;
@@ -415,12 +426,22 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
   for (int dn = 0; dn < 2 * DT; ++dn) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.f;
   float dw_lo = 0.f, dw_hi = 0.f;
 
-  for (int j0 = 0; j0 < len; j0 += kBwdTileKeys) {
-    __syncthreads();  // the last tile's reads are done
-    stage_key_tile<D>(s_k, keys, p.k_row_stride, j0, len);
-    for (int i = threadIdx.x; i < kBwdTileKeys; i += blockDim.x) s_d[i] = j0 + i < len ? d_row[j0 + i] : 0.f;
-    cp_async_wait<0>();
-    __syncthreads();
+  const auto stage = [&](int j0, int buf) {
+    stage_key_tile<D>(s_k + buf * kBwdTileKeys * pitch, keys, p.k_row_stride, j0, len);
+    stage_floats(s_d + buf * kBwdTileKeys, d_row + j0, kBwdTileKeys, len - j0);
+    cp_async_commit();
+  };
+  stage(0, 0);
+  for (int j0 = 0, buf = 0; j0 < len; j0 += kBwdTileKeys, buf ^= 1) {
+    if (j0 + kBwdTileKeys < len) {
+      stage(j0 + kBwdTileKeys, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this tile is in place for every warp
+    const T* tile = s_k + buf * kBwdTileKeys * pitch;
+    const float* d_tile = s_d + buf * kBwdTileKeys;
 
     float a[NT][4];  // a[nt][0, 1]: head h0 + g, keys j0 + 8 nt + 2t, + 1; [2, 3]: head h0 + g + 8
 #pragma unroll
@@ -429,13 +450,13 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
     for (int ks = 0; ks < DT; ++ks)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const T* k_row = s_k + (8 * nt + g) * pitch + 16 * ks + 2 * t;
+        const T* k_row = tile + (8 * nt + g) * pitch + 16 * ks + 2 * t;
         mma_16816<T>(a[nt], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], load32(k_row), load32(k_row + 8));
       }
     uint32_t ga[NT / 2][4];  // g as A fragments, k-steps of 16 keys
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const float2 d = *reinterpret_cast<const float2*>(s_d + 8 * nt + 2 * t);
+      const float2 d = *reinterpret_cast<const float2*>(d_tile + 8 * nt + 2 * t);
       dw_lo += d.x * fmaxf(a[nt][0], 0.f) + d.y * fmaxf(a[nt][1], 0.f);
       dw_hi += d.x * fmaxf(a[nt][2], 0.f) + d.y * fmaxf(a[nt][3], 0.f);
       to_a_fragment(ga[nt / 2], nt, a[nt][0] > 0.f ? d.x * w_lo : 0.f, a[nt][1] > 0.f ? d.y * w_lo : 0.f,
@@ -446,10 +467,11 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
 #pragma unroll
       for (int dn2 = 0; dn2 < DT; ++dn2) {
         uint32_t kb[4];
-        b_fragments_trans(kb, s_k, pitch, 16 * kk, 16 * dn2, lane);
+        b_fragments_trans(kb, tile, pitch, 16 * kk, 16 * dn2, lane);
         mma_16816<T>(dq[2 * dn2], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], kb[0], kb[1]);
         mma_16816<T>(dq[2 * dn2 + 1], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], kb[2], kb[3]);
       }
+    __syncthreads();  // this tile's buffer is read before the tile after next is copied into it
   }
 
 #pragma unroll
@@ -468,21 +490,23 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
 }
 
 // Grid (ceil(L / 64), B), 4 warps; warp w takes keys j0 + 16 w .. + 15, lane 4 g + t keys g and
-// g + 8 of those.
+// g + 8 of those. Two buffers of a row's q, w and d_scores: the next row is copied in while the
+// products of this one run.
 template <int DT, int HT>
 __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel(const DsaIndexBackwardParams p) {
   using T = __nv_bfloat16;
   constexpr int D = 16 * DT, H = 16 * HT, pitch = bwd_pitch(D), vecs = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* s_k = reinterpret_cast<T*>(smem);               // [64, pitch]
-  T* s_q = s_k + kBwdTileKeys * pitch;               // [H, pitch]
-  float* s_w = reinterpret_cast<float*>(s_q + H * pitch);  // [H]
-  float* s_d = s_w + H;                                    // [64]
+  T* s_k = reinterpret_cast<T*>(smem);                         // [64, pitch]
+  T* s_q = s_k + kBwdTileKeys * pitch;                         // [2][H, pitch]
+  float* s_w = reinterpret_cast<float*>(s_q + 2 * H * pitch);  // [2][H]
+  float* s_d = s_w + 2 * H;                                    // [2][64]
 
   const int b = blockIdx.y, L = p.length, j0 = blockIdx.x * kBwdTileKeys;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, kw = 16 * warp;
   const T* keys = static_cast<const T*>(p.keys) + b * p.k_batch_stride;
   stage_key_tile<D>(s_k, keys, p.k_row_stride, j0, L);
+  cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   uint32_t ka[DT][4];  // k-step ks: dims 16 ks + 2t (+1) and + 8, of keys kw + g and kw + g + 8
@@ -496,22 +520,33 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
 #pragma unroll
   for (int dn = 0; dn < 2 * DT; ++dn) dk[dn][0] = dk[dn][1] = dk[dn][2] = dk[dn][3] = 0.f;
 
-  // Row r sees key j when j <= query_start + r: the tile's keys are seen from row j0 - query_start on.
-  for (int64_t r = max(static_cast<int64_t>(0), j0 - p.query_start); r < p.rows; ++r) {
+  const auto stage = [&](int64_t r, int buf) {
     const int len = static_cast<int>(min(static_cast<int64_t>(L), p.query_start + r + 1));
     const int64_t row = static_cast<int64_t>(b) * p.rows + r;
     const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + r * p.q_row_stride;
-    __syncthreads();  // the last row's reads are done
     for (int i = threadIdx.x; i < H * vecs; i += blockDim.x) {
       const int h = i / vecs, c = 8 * (i % vecs);
-      cp_async16(s_q + h * pitch + c, q + h * D + c);
+      cp_async16(s_q + (buf * H + h) * pitch + c, q + h * D + c);
     }
+    stage_floats(s_w + buf * H, p.w + row * H, H, H);
+    stage_floats(s_d + buf * kBwdTileKeys, p.d_scores + row * L + j0, kBwdTileKeys, len - j0);
     cp_async_commit();
-    for (int i = threadIdx.x; i < H; i += blockDim.x) s_w[i] = p.w[row * H + i];
-    for (int i = threadIdx.x; i < kBwdTileKeys; i += blockDim.x)
-      s_d[i] = j0 + i < len ? p.d_scores[row * L + j0 + i] : 0.f;
-    cp_async_wait<0>();
-    __syncthreads();
+  };
+  // Row r sees key j when j <= query_start + r: the tile's keys are seen from row j0 - query_start on.
+  const int64_t r_begin = max(static_cast<int64_t>(0), j0 - p.query_start);
+  if (r_begin < p.rows) stage(r_begin, 0);
+  for (int64_t r = r_begin; r < p.rows; ++r) {
+    const int buf = static_cast<int>((r - r_begin) % 2);
+    if (r + 1 < p.rows) {
+      stage(r + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this row is in place for every warp
+    const T* s_q_row = s_q + buf * H * pitch;
+    const float* s_w_row = s_w + buf * H;
+    const float* s_d_row = s_d + buf * kBwdTileKeys;
 
     float a[2 * HT][4];  // a^T: a[nt][0, 1]: key kw + g, heads 8 nt + 2t, + 1; [2, 3]: key kw + g + 8
 #pragma unroll
@@ -520,14 +555,14 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
     for (int ks = 0; ks < DT; ++ks)
 #pragma unroll
       for (int nt = 0; nt < 2 * HT; ++nt) {
-        const T* q_row = s_q + (8 * nt + g) * pitch + 16 * ks + 2 * t;
+        const T* q_row = s_q_row + (8 * nt + g) * pitch + 16 * ks + 2 * t;
         mma_16816<T>(a[nt], ka[ks][0], ka[ks][1], ka[ks][2], ka[ks][3], load32(q_row), load32(q_row + 8));
       }
-    const float d_lo = s_d[kw + g], d_hi = s_d[kw + g + 8];
+    const float d_lo = s_d_row[kw + g], d_hi = s_d_row[kw + g + 8];
     uint32_t ga[HT][4];  // g^T as A fragments, k-steps of 16 heads
 #pragma unroll
     for (int nt = 0; nt < 2 * HT; ++nt) {
-      const float2 w = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t);
+      const float2 w = *reinterpret_cast<const float2*>(s_w_row + 8 * nt + 2 * t);
       to_a_fragment(ga[nt / 2], nt, a[nt][0] > 0.f ? d_lo * w.x : 0.f, a[nt][1] > 0.f ? d_lo * w.y : 0.f,
                     a[nt][2] > 0.f ? d_hi * w.x : 0.f, a[nt][3] > 0.f ? d_hi * w.y : 0.f);
     }
@@ -536,10 +571,11 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
 #pragma unroll
       for (int dn2 = 0; dn2 < DT; ++dn2) {
         uint32_t qb[4];
-        b_fragments_trans(qb, s_q, pitch, 16 * kk, 16 * dn2, lane);
+        b_fragments_trans(qb, s_q_row, pitch, 16 * kk, 16 * dn2, lane);
         mma_16816<T>(dk[2 * dn2], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], qb[0], qb[1]);
         mma_16816<T>(dk[2 * dn2 + 1], ga[kk][0], ga[kk][1], ga[kk][2], ga[kk][3], qb[2], qb[3]);
       }
+    __syncthreads();  // this row's buffer is read before the row after next is copied into it
   }
 
   float* out = p.dkeys + static_cast<int64_t>(b) * L * D;
@@ -555,11 +591,12 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
 template <int DT, int HT>
 void launch_index_backward(const DsaIndexBackwardParams& p, cudaStream_t stream) {
   constexpr int D = 16 * DT, H = 16 * HT, pitch = bwd_pitch(D);
-  const size_t smem_dq = sizeof(__nv_bfloat16) * kBwdTileKeys * pitch + sizeof(float) * kBwdTileKeys;
+  const size_t smem_dq = 2 * (sizeof(__nv_bfloat16) * kBwdTileKeys * pitch + sizeof(float) * kBwdTileKeys);
   reserve_shared<dsa_index_dq_kernel<DT>>(smem_dq, "dsa_index_backward");
   dsa_index_dq_kernel<DT><<<dim3(p.rows, p.batch), 32 * H / 16, smem_dq, stream>>>(p);
   check_launch("dsa_index_backward (dq)");
-  const size_t smem_dk = sizeof(__nv_bfloat16) * (kBwdTileKeys + H) * pitch + sizeof(float) * (H + kBwdTileKeys);
+  const size_t smem_dk =
+      sizeof(__nv_bfloat16) * (kBwdTileKeys + 2 * H) * pitch + 2 * sizeof(float) * (H + kBwdTileKeys);
   reserve_shared<dsa_index_dkeys_kernel<DT, HT>>(smem_dk, "dsa_index_backward");
   dsa_index_dkeys_kernel<DT, HT><<<dim3(ceil_div(p.length, kBwdTileKeys), p.batch), 32 * kBwdTileKeys / 16, smem_dk,
                                    stream>>>(p);
