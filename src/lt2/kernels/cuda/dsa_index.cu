@@ -40,6 +40,15 @@
 //   dkeys kernel: a block per (64 keys, sequence), a warp per 16 keys (M) held as A fragments; it
 //   walks the rows that see any of its keys, each row's q [H, D], w and d_scores staged in shared
 //   memory: a^T = K q^T, g^T, then dkeys += g^T q (q's B fragments by ldmatrix.trans).
+//   Shared-memory floor: every mma.sync of both kernels takes its B operand from shared memory (two
+//   32-bit loads or half an ldmatrix.x4 a lane: 256 bytes a warp for 2048 FMAs), so a (row, key tile)
+//   pair costs 4 warps x 128 mma x 256 B = 128 KB of shared reads in each kernel, ~1,024 cycles an
+//   SM at 128 B a cycle, against ~820 for its mma at ~62% of the tensor peak: the kernels are bound
+//   by shared-memory bandwidth. At lt-100m's DSA layer (540,672 pairs a layer application, 48 a
+//   step at 2048 x 16) that is ~110 ms a step for each kernel on an H100 (~1.98 GHz, 132 SMs).
+//   Beyond it: B fragments reused by more than one M tile (registers allow none: dkeys holds a
+//   [16 keys x D] fp32 accumulator a warp) or wgmma, which reads its operands from shared memory
+//   without the register file.
 //   Both kernels keep two buffers of what they stage (a key tile, a row) and copy the next in by
 //   cp.async while the products of the current one run: at 164 (dkeys) and 170 (dq) registers a
 //   thread they hold 3 and 2 blocks of 4 warps an SM, too few to hide a copy's L2 latency behind
