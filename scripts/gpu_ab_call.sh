@@ -3,11 +3,12 @@
 # against two baselines, through scripts/gpu_batch.sh (each step under its own limit, results packed after
 # each). Carry .deps/build-prebuilt.tar.xz (the tree under test) and the two baseline tarballs.
 #   MID_TARBALL=.deps/build-<commit>.tar.xz   the baseline the new tree is A/B'd against
-#   MID_SOURCE=.deps/<name>-src.tar.gz         or its source archive (git archive <commit> | gzip): the steps
-#                                              that read MID (gated, dsa, dsasparse, gdnauto, layer) build its
-#                                              train_bench and mixer_bench here first (scripts/gpu_build_baseline.sh,
-#                                              ~2 min in the first such step's limit); newab, dsaprefill, midab and
-#                                              prefill need MID_TARBALL
+#   MID_SOURCE=.deps/<name>-src.tar.gz         or its source archive (git archive <commit> | gzip): its
+#                                              train_bench and mixer_bench build here in the background from the
+#                                              call's start (scripts/gpu_build_baseline.sh, ~2-3 min beside the
+#                                              tests); the steps that read MID (gated, dsa, dsasparse, gdnauto,
+#                                              layer) wait for it; newab, dsaprefill, midab and prefill need
+#                                              MID_TARBALL
 #   OLD_TARBALL=.deps/build-<commit>.tar.xz   an older baseline: MID is A/B'd against it first (optional)
 #   ONLY="tests newab ..."                     run only these steps, in their order below (default: all)
 # Steps: the GPU suite in two parts (`tests`, then `chunk_tests`: the delta-rule and score kernels' tests,
@@ -21,7 +22,8 @@
 # training (lt-100m with DSA layers, MID against the new tree, indexer stage off) and the DSA layer with the
 # selection's kernels off and on; `dsasparse`: the indexer loss's sparse stage, MID against the new tree,
 # and its profile; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `resnorm`: the
-# residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels;
+# residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on
+# DSA's indexer backward;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
@@ -37,8 +39,15 @@ chunk_tests='DeltaRuleScan.*:ChannelScoresGpu.*'
 mid=/tmp/train_ab_base/build-prebuilt
 unpack_mid="[ -x $mid/mixer_bench ] || { mkdir -p /tmp/train_ab_base && python3 -c \"import tarfile;
   tarfile.open('$MID_TARBALL').extractall('/tmp/train_ab_base')\"; };"
-[ -z "$MID_TARBALL" ] && unpack_mid="[ -x $mid/mixer_bench ] || { SOURCE=$MID_SOURCE scripts/gpu_build_baseline.sh &&
-  mkdir -p /tmp/train_ab_base && ln -sfn /tmp/baseline/build/bench $mid; };"
+if [ -z "$MID_TARBALL" ]; then
+  # MID builds from its source beside the first steps (at low priority: the GPU tests' host threads come
+  # first; at full priority the build slowed the suite past its limit); the steps that read MID wait for it.
+  rm -f /tmp/baseline.done
+  setsid nohup nice -n 19 bash -c "SOURCE=$MID_SOURCE scripts/gpu_build_baseline.sh; touch /tmp/baseline.done" \
+    > /tmp/baseline_run.log 2>&1 < /dev/null &
+  unpack_mid="[ -x $mid/mixer_bench ] || { while [ ! -e /tmp/baseline.done ]; do sleep 2; done; cat /tmp/baseline_run.log;
+    [ -x /tmp/baseline/build/bench/mixer_bench ] && mkdir -p /tmp/train_ab_base && ln -sfn /tmp/baseline/build/bench $mid; };"
+fi
 steps=("tests 150 GTEST_FILTER='-$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh"
   "chunk_tests 150 GTEST_FILTER='$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh")
 steps+=(
@@ -100,6 +109,13 @@ ncu_sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section 
 steps+=("ncu 150 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1);
      for k in 'delta_rule -c 4' 'backward|row_dots -c 3'; do set -- \$k; \$NCU --clock-control none -k regex:\"\$1\" \$2 \$3
      $ncu_sections build-prebuilt/mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 --iters 1; done")
+# Nsight Compute on DSA's indexer backward (the dkeys and dq kernels, one launch each) in lt-100m/dsa's sparse stage
+# at 2048 x 16: the same sections.
+steps+=("ncudsa 120 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1);
+     for k in dsa_index_dkeys dsa_index_dq; do \$NCU --clock-control none -k regex:\$k -c 1 $ncu_sections
+     build-prebuilt/train_bench --model lt-100m --pattern dsa --steps 1 --warm 0 --checkpoint-loops=auto --seq-len 2048
+     --batch-size 16 --indexer-stage sparse |
+     grep -v '^RESULT'; done")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
   PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")

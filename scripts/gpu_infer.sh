@@ -74,8 +74,11 @@ fi
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 if has test; then
   rm -f /tmp/test_gpu.json
+  # Stopped by a caller's time limit (gpu_batch.sh's `timeout`), it says which test was running.
+  trap 'echo "test_gpu stopped by a signal; the last lines of its log:"; tail -n 4 /tmp/test_gpu.log; exit 143' TERM
   $TEST_GPU --gtest_filter="${GTEST_FILTER:-*}" --gtest_output=json:/tmp/test_gpu.json > /tmp/test_gpu.log 2>&1
   rc=$?
+  trap - TERM
   grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" /tmp/test_gpu.log | head -30
   # The record: the binaries' commit and source hash when they were carried, else this tree's.
   record=()
