@@ -18,7 +18,8 @@ struct TrainArgs {
   bool json_out = false;
   // Overrides of the config's fields: given ones replace the file's value (and are checked with it).
   std::optional<std::string> model, pattern, init_from, train_data, val_data, out_dir, device, dtype, objective;
-  std::vector<std::string> mixer_options;  // MIXER.NAME=VALUE
+  std::vector<std::string> mixer_options;   // MIXER.NAME=VALUE
+  std::vector<std::string> kernel_options;  // NAME=VALUE
   std::optional<int64_t> steps, seq_len, batch_size, grad_accum, warmup, eval_every, save_every, log_every, seed;
   std::optional<double> lr, dist_timeout;
   std::optional<std::string> checkpoint_loops;
@@ -56,6 +57,12 @@ void run_train(const TrainArgs& a) {
   flags.set("layer_pattern", a.pattern);
   for (const auto& kv : a.mixer_options)
     set_dotted(j["mixer_options"], kv, "--mixer-option", "a mixer name, e.g. gla.chunk_size=32");
+  for (const auto& kv : a.kernel_options) {
+    const auto eq = kv.find('=');
+    LT2_CHECK(eq != std::string::npos && eq > 0, "--kernel-option: expected name=value, e.g. residual_norm=0, found '",
+              kv, "'");
+    j["kernel_options"][kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
   flags.set("init_from", a.init_from);
   flags.set("train_data", a.train_data);
   flags.set("val_data", a.val_data);
@@ -98,6 +105,7 @@ void run_train(const TrainArgs& a) {
                 trainer.world_size() > 1 ? (" on " + std::to_string(trainer.world_size()) + " ranks").c_str() : "",
                 a.resume ? (" (resumed at step " + std::to_string(trainer.start_step()) + ")").c_str() : "",
                 cfg.out_dir.c_str());
+    if (!cfg.kernel_options.empty()) std::printf("kernel switches: %s\n", cfg.kernel_options.dump().c_str());
   }
   auto last = trainer.run();
   if (a.json_out && main_rank)
@@ -118,6 +126,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--mixer-option", a->mixer_options,
                   "A mixer option of the new model as MIXER.NAME=VALUE (value as JSON), over the model config's "
                   "(repeatable; e.g. --mixer-option window.window=512)");
+  std::string switch_names;
+  for (const auto& n : DecodeOptions::names()) switch_names += (switch_names.empty() ? "" : ", ") + n;
+  cmd->add_option("--kernel-option", a->kernel_options,
+                  "NAME=VALUE, repeatable: a kernel switch for this run (TrainConfig::kernel_options; A/B of a CUDA "
+                  "kernel against its libtorch form, docs/decode.md), e.g. residual_norm=0. Names: " +
+                      switch_names);
   cmd->add_option("--init-from", a->init_from, "Start from this checkpoint's weights (a new stage: fresh optimizer and step 0)");
   cmd->add_option("--train-data", a->train_data, "Training token shard (from `lt2 data prepare`)");
   cmd->add_option("--val-data", a->val_data, "Held-out token shard for evaluation");
@@ -166,7 +180,8 @@ void add_train_command(CLI::App& app) {
               "fused_loss (default true: the chunked head + cross-entropy; false: full logits) loss_chunk_tokens\n"
               "pack_documents document_separator (documents cut at the separator; docs/training.md)\n"
               "indexer_stage (off | dense_warmup | sparse: DSA indexer training) indexer_loss_coef\n"
-              "dist_timeout dist_bucket_mb (gradient all-reduce bucket, MiB)\n\n"
+              "dist_timeout dist_bucket_mb (gradient all-reduce bucket, MiB)\n"
+              "kernel_options (kernel switches, e.g. {\"residual_norm\": false}; docs/decode.md)\n\n"
               "Data-parallel training: `--nproc N` starts N local ranks itself; or run under torchrun\n"
               "(`torchrun --nproc-per-node N --no-python lt2 train ...`), which sets RANK, WORLD_SIZE, LOCAL_RANK,\n"
               "MASTER_ADDR and MASTER_PORT. Rank r runs micro-batches r, r + N, ... of each step (grad_accum must\n"

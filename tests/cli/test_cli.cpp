@@ -74,16 +74,25 @@ TEST_F(Cli, TrainFlagsAreUsedOrRefused) {
   // --keep-best selects on the validation loss: without validation data it says so.
   expect_cli_error({"train", "--config", cfg, "--keep-best", "--eval-every", "1"}, log(),
                    {"'keep_best'", "needs 'val_data'"});
+  // Kernel switches: an unknown name lists the known ones; a bad value names the switch.
+  expect_cli_error({"train", "--config", cfg, "--kernel-option", "residual_norms=0"}, log(),
+                   {"'kernel_options'", "unknown decode option 'residual_norms'", "residual_norm"});
+  expect_cli_error({"train", "--config", cfg, "--kernel-option", "residual_norm=maybe"}, log(),
+                   {"'kernel_options'", "'residual_norm'", "maybe"});
+  expect_cli_error({"train", "--config", cfg, "--kernel-option", "residual_norm"}, log(),
+                   {"--kernel-option: expected name=value"});
   // Given values are used, 0 included where 0 means something (--eval-every 0: at the end only).
   const CliRun ok = run_cli({"train", "--config", cfg, "--lr", "0.0125", "--seed", "0", "--eval-every", "0",
-                             "--warmup", "0", "--out", path("run")},
+                             "--warmup", "0", "--kernel-option", "residual_norm=0", "--out", path("run")},
                             log());
   ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("kernel switches: {\"residual_norm\":\"0\"}"), std::string::npos) << ok.output;
   const json used = load_json_file(path("run/train_config.json"));
   EXPECT_EQ(used["lr"], 0.0125);
   EXPECT_EQ(used["seed"], 0);
   EXPECT_EQ(used["eval_every"], 0);
   EXPECT_EQ(used["warmup"], 0);
+  EXPECT_EQ(used["kernel_options"], json({{"residual_norm", "0"}}));
 }
 
 TEST_F(Cli, TrainPatternAndMixerOptionsBuildTheNewModel) {

@@ -310,6 +310,56 @@ TEST(TrainConfig, ErrorsNameTheField) {
   EXPECT_THROW(c.validate(), Error);
 }
 
+TEST(TrainConfig, KernelOptionsAreCheckedAndRoundTrip) {
+  auto c = TrainConfig::from_json(
+      json::parse(R"({"model": "x", "train_data": "y", "kernel_options": {"residual_norm": false, "scan_value_block": 16,
+                      "pdl_off": "gemv"}})"));
+  c.validate();
+  const auto o = c.kernel_switches(DecodeOptions{});
+  EXPECT_FALSE(o.residual_norm);
+  EXPECT_EQ(o.scan_value_block, 16);
+  EXPECT_TRUE(o.row_norm);  // the others keep the base's values
+  EXPECT_EQ(TrainConfig::from_json(c.to_json()).kernel_options, c.kernel_options);
+  for (const auto& [options, expected] :
+       {std::pair<const char*, const char*>{R"({"no_such_kernel": 1})", "unknown decode option 'no_such_kernel'"},
+        {R"({"scan_value_block": 24})", "scan_value_block"},
+        {R"({"residual_norm": 0.5})", "must be a bool, an integer or a string"},
+        {R"(["residual_norm"])", "must be an object"}}) {
+    c.kernel_options = json::parse(options);
+    try {
+      c.validate();
+      ADD_FAILURE() << options << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'kernel_options'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The run's kernel switches are in force during its steps, over the caller's, and
+// the caller's come back after.
+TEST(Trainer, KernelOptionsAreInForceDuringTheRun) {
+  const std::string dir = (fs::temp_directory_path() / "lt2_trainer_kernel_options").string();
+  lt2::remove_tree(dir);
+  auto cfg = tiny_run(dir);
+  cfg.steps = 2;
+  cfg.kernel_options = json{{"residual_norm", false}};
+  DecodeOptions caller;
+  caller.rope = false;
+  const DecodeOptionsGuard outer(caller);
+  Trainer t(cfg, false);
+  std::vector<std::pair<bool, bool>> seen;  // (residual_norm, rope) at each step
+  t.on_step = [&](const StepMetrics&) { seen.emplace_back(decode_options().residual_norm, decode_options().rope); };
+  t.run();
+  ASSERT_EQ(seen.size(), 2u);
+  for (const auto& [residual_norm, rope] : seen) {
+    EXPECT_FALSE(residual_norm);
+    EXPECT_FALSE(rope);
+  }
+  EXPECT_TRUE(decode_options().residual_norm);
+  EXPECT_FALSE(decode_options().rope);
+}
+
 TEST(Schedule, WarmupThenCosine) {
   EXPECT_DOUBLE_EQ(lr_at(0, 100, 10, 1.0, 0.1), 0.1);
   EXPECT_DOUBLE_EQ(lr_at(9, 100, 10, 1.0, 0.1), 1.0);

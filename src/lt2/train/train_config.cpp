@@ -67,6 +67,26 @@ void TrainConfig::validate(bool needs_train_data) const {
             document_separator);
   LT2_CHECK(dist_timeout > 0, w, ": 'dist_timeout' must be > 0 seconds, found ", dist_timeout);
   LT2_CHECK(dist_bucket_mb > 0, w, ": 'dist_bucket_mb' must be > 0, found ", dist_bucket_mb);
+  kernel_switches(DecodeOptions{});
+}
+
+DecodeOptions TrainConfig::kernel_switches(DecodeOptions base) const {
+  const std::string w = "train config: 'kernel_options'";
+  LT2_CHECK(kernel_options.is_object(), w, " must be an object of kernel switches (docs/decode.md), found ",
+            kernel_options.dump());
+  for (const auto& [name, value] : kernel_options.items()) {
+    std::string text;
+    if (value.is_boolean()) text = value.get<bool>() ? "1" : "0";
+    else if (value.is_number_integer()) text = std::to_string(value.get<int64_t>());
+    else if (value.is_string()) text = value.get<std::string>();
+    else throw Error(cat(w, ".", name, " must be a bool, an integer or a string, found ", value.dump()));
+    try {
+      base.set(name, text);
+    } catch (const Error& e) {
+      throw Error(cat(w, ": ", e.what()));
+    }
+  }
+  return base;
 }
 
 ModelConfig TrainConfig::model_config() const {
@@ -97,7 +117,7 @@ json TrainConfig::to_json() const {
               {"objective", to_string(objective)}, {"ouro_entropy_beta", ouro_entropy_beta},
               {"gate_min_gain", gate_min_gain}, {"indexer_stage", indexer_stage},
               {"indexer_loss_coef", indexer_loss_coef}, {"dist_timeout", dist_timeout},
-              {"dist_bucket_mb", dist_bucket_mb}};
+              {"dist_bucket_mb", dist_bucket_mb}, {"kernel_options", kernel_options}};
 }
 
 TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
@@ -106,6 +126,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   json_get(j, "model", c.model, where);
   json_get(j, "layer_pattern", c.layer_pattern, where);
   if (auto it = j.find("mixer_options"); it != j.end()) c.mixer_options = *it;
+  if (auto it = j.find("kernel_options"); it != j.end()) c.kernel_options = *it;
   json_get(j, "init_from", c.init_from, where);
   json_get(j, "train_data", c.train_data, where);
   json_get(j, "val_data", c.val_data, where);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "lt2/config/model_config.h"
+#include "lt2/ops/decode_options.h"
 
 namespace lt2 {
 
@@ -77,6 +78,10 @@ struct TrainConfig {
   // collective) before the job ends with an error; gradient all-reduce bucket size in MiB.
   double dist_timeout = 600;
   double dist_bucket_mb = 25;
+  // Kernel switches for the run (the DecodeOptions fields of docs/decode.md), name -> value (a bool,
+  // an integer or a string, as DecodeOptions::set reads it): {"residual_norm": false}. The run
+  // applies them over the switches in force where it runs (Trainer::run, Trainer::evaluate).
+  json kernel_options = json::object();
 
   // Throws lt2::Error naming the field. Without needs_train_data, train_data may be empty (the
   // trainer's callbacks give the batches: TrainerCallbacks in train/trainer.h).
@@ -84,6 +89,8 @@ struct TrainConfig {
   json to_json() const;
   // `model`'s config with layer_pattern and mixer_options applied (load_model_config's errors).
   ModelConfig model_config() const;
+  // `base` with kernel_options set (an unknown switch or a bad value throws, naming it).
+  DecodeOptions kernel_switches(DecodeOptions base) const;
   static TrainConfig from_json(const json& j, const std::string& where = "train config");
 };
 

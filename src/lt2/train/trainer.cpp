@@ -282,6 +282,8 @@ Trainer::Trainer(TrainConfig cfg, bool resume, TrainerCallbacks callbacks)
 double Trainer::evaluate() {
   auto& I = *impl_;
   LT2_CHECK(I.train, "Trainer::evaluate: no token shard (the client's callbacks give the batches; it evaluates itself)");
+  const DecodeOptions switches = cfg_.kernel_switches(decode_options());
+  const DecodeOptionsGuard kernel_switches(switches);
   BatchSampler& src = I.val ? *I.val : *I.train;
   torch::NoGradGuard ng;
   model_->eval();
@@ -411,6 +413,8 @@ void Trainer::choose_checkpointing() {
 
 StepMetrics Trainer::run() {
   auto& I = *impl_;
+  const DecodeOptions switches = cfg_.kernel_switches(decode_options());
+  const DecodeOptionsGuard kernel_switches(switches);
   if (!I.checkpointing_chosen && start_step_ < cfg_.steps) choose_checkpointing();
   const int64_t tokens_per_step = cfg_.batch_size * cfg_.grad_accum * cfg_.seq_len;
   StepMetrics m;
