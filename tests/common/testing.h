@@ -1,5 +1,6 @@
 // Shared test helpers: tiny configs, relative errors, and a float64 finite-difference gradient check.
 #pragma once
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -120,5 +121,19 @@ inline void expect_split_prefill_matches_whole(LoopedLMImpl& m, const torch::Ten
     EXPECT_LT(rel_err(m.forward(tokens, state.get()).logits, full), tol) << "after reset";
   }
 }
+
+// bf16 autocast on the CPU for a scope (the CUDA training regime's casts, testable here).
+struct CpuAutocast {
+  CpuAutocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  }
+  ~CpuAutocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+  }
+  CpuAutocast(const CpuAutocast&) = delete;
+  CpuAutocast& operator=(const CpuAutocast&) = delete;
+};
 
 }  // namespace lt2::testing

@@ -51,6 +51,7 @@ inline std::vector<std::pair<std::string, json>> extra_variants(const std::strin
       {"kda", {{"gva", {{"num_heads", 2}, {"num_v_heads", 4}}}}},
       {"mamba2", {{"groups", {{"state_size", 4}, {"n_groups", 2}}}}},
       {"gla", {{"conv", {{"use_short_conv", true}}}}},
+      {"dsa", {{"latent", {{"attention", "latent"}, {"latent_dim", 12}, {"latent_rope_dim", 4}}}}},
   };
   const auto it = table.find(name);
   return it == table.end() ? std::vector<std::pair<std::string, json>>{} : it->second;

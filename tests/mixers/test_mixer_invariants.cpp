@@ -160,6 +160,49 @@ TEST_P(MixerInvariants, CapabilitiesMatchTheMixer) {
   }
 }
 
+// MixerCaps::input_feeds_products: the mixer reads x only through linear layers, and x's gradient
+// comes from one of them, so under bf16 autocast (where each linear rounds its input to bf16) it
+// gives the same output and the same gradient from x as from x rounded to bf16 beforehand, the form
+// the block hands it (ops::rms_norm_for_products): several products would sum x's gradient in bf16
+// instead of fp32. fp32 weights, CPU autocast; a recording aux-loss stage must agree too.
+TEST_P(MixerInvariants, InputFeedsProductsMeansOneProductReadsTheInput) {
+  torch::manual_seed(0);
+  auto m = make_mixer(GetParam().name, variant_config(GetParam()), 0);
+  if (!m->caps().input_feeds_products) GTEST_SKIP() << "not claimed";
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : m->named_parameters())
+      if (p.key().find("wgate") != std::string::npos || p.key().find("pos_") != std::string::npos)
+        p.value().normal_(0, 0.3);
+  }
+  torch::manual_seed(3);
+  const auto x = torch::randn({2, 9, 32}), dy = torch::randn({2, 9, 32});
+  auto* aux = m->aux_loss();
+  if (aux) aux->set_stage(AuxLossStage::Joint);
+  // The output, the recorded aux losses, then x's gradient through the output, all in fp32. x is not
+  // a leaf, as the block's norm output is not (autocast casts a leaf once for all its uses).
+  auto run = [&](const torch::Tensor& input) {
+    const auto leaf = input.detach().requires_grad_(true);
+    const auto in = leaf * 1;
+    std::vector<torch::Tensor> out;
+    {
+      lt2::testing::CpuAutocast autocast;
+      const auto y = m->forward(in, {0, 0});
+      out.push_back(y.detach().to(torch::kFloat32));
+      if (aux)
+        for (const auto& l : aux->take()) out.push_back(l.detach().to(torch::kFloat32));
+      y.backward(dy.to(y.scalar_type()));
+    }
+    out.push_back(leaf.grad().to(torch::kFloat32));
+    return out;
+  };
+  const auto from_fp32 = run(x), from_bf16 = run(x.to(torch::kBFloat16));
+  ASSERT_EQ(from_fp32.size(), from_bf16.size());
+  for (size_t i = 0; i < from_fp32.size(); ++i)
+    EXPECT_TRUE(torch::equal(from_fp32[i], from_bf16[i]))
+        << (i == 0 ? "output" : i + 1 == from_fp32.size() ? "x's gradient" : "aux loss") << " differs";
+}
+
 TEST_P(MixerInvariants, ModelDecodeEqualsForward) {
   auto cfg = variant_config(GetParam());
   auto m = lt2::testing::make_test_model(cfg, 11);

@@ -2,7 +2,6 @@
 // (autograd through the full logits): loss and gradients w.r.t. hidden and the weight, for hard
 // labels with ignored tokens and for KL to a teacher, at chunk sizes 1, off the token count, equal
 // to it and above it; what it keeps for backward and its peak memory.
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -147,18 +146,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, HeadLossDtype, ::testing::Values(torch::kFloat6
 // reference.
 TEST(HeadLoss, AutocastRunsProductsInBf16) {
   auto p = make_problem(40, 16, 300, torch::kFloat32);
-  struct CpuAutocast {
-    CpuAutocast() {
-      at::autocast::set_autocast_enabled(at::kCPU, true);
-      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    }
-    ~CpuAutocast() {
-      at::autocast::set_autocast_enabled(at::kCPU, false);
-      at::autocast::clear_cache();
-    }
-  };
   auto reference = [&] {
-    CpuAutocast ac;
+    lt2::testing::CpuAutocast ac;
     auto logits = at::linear(p.hidden, p.weight);
     EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
     return torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), p.labels,
@@ -166,7 +155,7 @@ TEST(HeadLoss, AutocastRunsProductsInBf16) {
   };
   const auto fp32 = run([&] { return fused_cross_entropy(p, 7); }, p);
   const auto ref = run(reference, p);
-  const auto fused = run([&] { CpuAutocast ac; return fused_cross_entropy(p, 7); }, p);
+  const auto fused = run([&] { lt2::testing::CpuAutocast ac; return fused_cross_entropy(p, 7); }, p);
   EXPECT_EQ(fused.loss.scalar_type(), torch::kFloat32);
   EXPECT_EQ(fused.d_hidden.scalar_type(), torch::kFloat32);
   EXPECT_EQ(fused.d_weight.scalar_type(), torch::kFloat32);

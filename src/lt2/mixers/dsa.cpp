@@ -105,6 +105,9 @@ DSAImpl::DSAImpl(const ModelConfig& cfg, const json& o)
   json_get(o, "index_rope_dim", index_rope_dim, where);
   LT2_CHECK(form == "gqa" || form == "latent", where, ": 'attention' must be 'gqa' or 'latent', found '", form, "'");
   latent = form == "latent";
+  // The GQA form reads x through one packed projection (its gate included) and detached for the
+  // indexer; the latent form through three linears, whose gradients would then sum in bf16.
+  caps_.input_feeds_products = !latent;
   LT2_CHECK(topk > 0 && index_heads > 0 && index_head_dim > 0, where,
             ": topk, index_heads and index_head_dim must be > 0");
   LT2_CHECK(index_rope_dim >= 0 && index_rope_dim <= index_head_dim && index_rope_dim % 2 == 0, where,
@@ -167,7 +170,7 @@ void DSAImpl::pack_for_inference() {
 DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
   if (!latent) {
     auto p = attn->project(x, pos);
-    return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)};
+    return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2), p.gate};
   }
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
   auto qf = ops::linear(x, wq).view({B, T, n_heads, D + latent_rope_dim});
@@ -181,8 +184,9 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
   return {torch::cat({q_latent, q_rope}, -1).transpose(1, 2), k, k.narrow(-1, 0, latent_dim)};
 }
 
-Tensor DSAImpl::output(const Tensor& o, const Tensor& x) {
-  if (!latent) return attn->output(o, x);
+// The gate's pre-activation comes with the projections (one GEMM) where they made it.
+Tensor DSAImpl::output(const Tensor& o, const Tensor& x, const Heads& h) {
+  if (!latent) return attn->output(o, x, h.gate);
   auto y = torch::einsum("bthc,hcd->bthd", {o, wv_b}).reshape({x.size(0), x.size(1), n_heads * head_dim});
   if (wgate) y = ops::sigmoid_gate(y, ops::linear(x, wgate));
   return ops::linear(y, wo);
@@ -270,7 +274,7 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     // kernels, blocks of rows bounded by their [n, L] fp32 scores.
     const auto o = indexer_topk_attention(iq, iw, index_k, h.q, k, v, L - T, topk, scale(),
                                           block_rows(B * L * 4, T));
-    if (o.defined()) return output(o, x);
+    if (o.defined()) return output(o, x, h);
     std::vector<Tensor> parts;
     const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
     for (int64_t r0 = 0; r0 < T; r0 += index_rows) {
@@ -281,7 +285,7 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     }
     attend = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
   }
-  if (causal) return output(window_attention(h.q, k, v, 0, scale()), x);
+  if (causal) return output(window_attention(h.q, k, v, 0, scale()), x, h);
   std::vector<Tensor> parts;
   const int64_t attention_rows = block_rows(attention_row_bytes(B, L), T);
   for (int64_t r0 = 0; r0 < T; r0 += attention_rows) {
@@ -290,7 +294,7 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     parts.push_back(masked_attention(h.q.narrow(2, r0, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
                                      attend.narrow(1, r0, n).narrow(2, 0, keys).unsqueeze(1), scale()));
   }
-  return output(parts.size() == 1 ? parts[0] : torch::cat(parts, 1), x);  // [B, T, H, D_v] -> [B, T, d]
+  return output(parts.size() == 1 ? parts[0] : torch::cat(parts, 1), x, h);  // [B, T, H, D_v] -> [B, T, d]
 }
 
 int64_t DSAImpl::index_row_bytes(int64_t batch, int64_t keys) const {
@@ -416,7 +420,7 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
     const auto v_cache = latent ? s.k.narrow(-1, 0, latent_dim) : s.v;  // latent: values = keys' first d_c
     const auto o = ops::dsa_topk_attention_fused(iq.squeeze(1), iw.squeeze(1), s.index_keys, lens, topk,
                                                  h.q.squeeze(2), s.k, v_cache, scale());  // [B, H, D_v]
-    if (o.defined()) return output(o.unsqueeze(1), x);
+    if (o.defined()) return output(o.unsqueeze(1), x, h);
     {
       torch::NoGradGuard no_grad;  // selection only
       auto scores = lightning_indexer_scores(iq, iw, s.index_keys.to(iq.scalar_type()));  // [B, 1, L]
@@ -432,7 +436,7 @@ Tensor DSAImpl::step_at(const Tensor& x, const Positions& pos, DSAState& s) {
     }
   }
   if (latent) v = k.narrow(-1, 0, latent_dim);  // the values are the latent part of the keys
-  return output(ops::attention_decode(h.q.squeeze(2), k, v, k_lens, scale()).unsqueeze(1), x);
+  return output(ops::attention_decode(h.q.squeeze(2), k, v, k_lens, scale()).unsqueeze(1), x, h);
 }
 
 Tensor DSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
@@ -466,7 +470,7 @@ Tensor DSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
   k = k.to(h.q.scalar_type());
   v = latent ? k.narrow(-1, 0, latent_dim) : v.to(h.q.scalar_type());
   auto all = torch::ones({1, k.size(2)}, torch::TensorOptions().dtype(torch::kBool).device(x.device()));
-  return output(masked_attention(h.q, k, v, all, scale()), x);
+  return output(masked_attention(h.q, k, v, all, scale()), x, h);
 }
 
 std::unique_ptr<MixerState> DSAImpl::make_state(int64_t batch, int64_t max_len,

@@ -115,6 +115,7 @@ class DSAImpl : public MixerImpl {
   struct Heads {
     Tensor q;     // [B, H, T, D_qk]
     Tensor k, v;  // [B, H_kv, T, D_qk], [B, H_kv, T, D_v] (latent: v is a view of k)
+    Tensor gate;  // the output gate's pre-activation [B, T, d] where the projections made it (not latent)
   };
   Heads project(const Tensor& x, const Positions& pos);
 
@@ -129,7 +130,7 @@ class DSAImpl : public MixerImpl {
   // attention's combine instead of batched GEMVs (decided by decode_descriptor).
   Tensor latent_decode(const std::vector<Tensor>& parts, const Positions& pos, DSAState& s, bool fold_q,
                        bool fold_o);
-  Tensor output(const Tensor& o, const Tensor& x);  // o: [B, T, H, D_v] -> [B, T, d]
+  Tensor output(const Tensor& o, const Tensor& x, const Heads& h);  // o: [B, T, H, D_v] -> [B, T, d]
   // Bytes of one query row's dense index logits and of its attention scores over `keys` keys,
   // and the rows of an inference block (of `rows`) at row_bytes each.
   int64_t index_row_bytes(int64_t batch, int64_t keys) const;

@@ -66,9 +66,11 @@ struct MixerCaps {
   bool packed_documents = false;
   // Records an auxiliary training loss in its parallel forward (MixerImpl::aux_loss()).
   bool aux_loss = false;
-  // Its parallel forward reads x only through linear layers (and views), so under autocast the
-  // block may hand x over in the autocast dtype (ops::rms_norm_for_products): the products see the
-  // same values. Mixers that compute with x in its own dtype leave this false.
+  // Its parallel forward reads x only through linear layers (and views), x's gradient coming from
+  // one of them, so under autocast the block may hand x over in the autocast dtype
+  // (ops::rms_norm_for_products): the products see the same values and x's gradient is the same
+  // (several products would sum it in that dtype). Mixers that compute with x in its own dtype, or
+  // read it through several linears, leave this false (the invariant test checks the claim).
   bool input_feeds_products = false;
   // Transient bytes of an inference forward of `rows` tokens per sequence over `keys` keys, beyond
   // the few activations per token every mixer makes (memory planning: dense score blocks). Empty
