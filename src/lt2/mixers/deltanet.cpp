@@ -39,6 +39,7 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = true;
+  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
   conv_channels = {key_dim, key_dim, value_dim};
 }
@@ -46,24 +47,30 @@ DeltaNetImpl::DeltaNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
 RecurrenceInputs DeltaNetImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
+  const auto p = project_inputs(x);
   RecurrenceInputs in;
-  in.q = ops::l2_normalize(
-      q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
-  in.k = ops::l2_normalize(
-      k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
-  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_heads, head_v_dim});
-  in.beta = torch::sigmoid(b_proj(x).to(ct));  // [B, T, H]
+  in.q = ops::l2_normalize(q_conv1d(p[0], st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
+  in.k = ops::l2_normalize(k_conv1d(p[1], st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim}));
+  in.v = v_conv1d(p[2], st ? &st->conv[2] : nullptr, pos).view({B, T, num_heads, head_v_dim});
+  in.beta = torch::sigmoid(p[3].to(ct));  // [B, T, H]
+  if (use_gate) in.gate = p[4];
   if (allow_neg_eigval) in.beta = in.beta * 2;
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
   return in;
 }
 
-Tensor DeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
+Tensor DeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto gate = use_gate ? g_proj(x).view({B, T, num_heads, head_v_dim}) : Tensor();
+  auto gate = use_gate ? in.gate.view({B, T, num_heads, head_v_dim}) : Tensor();
   auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate,
                                use_gate ? ops::GateActivation::Swish : ops::GateActivation::None);
   return o_proj(for_linear(y.reshape({B, T, num_heads * head_v_dim}), x));
+}
+
+std::vector<torch::nn::Linear> DeltaNetImpl::input_projections() const {
+  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj, b_proj};
+  if (use_gate) layers.push_back(g_proj);
+  return layers;
 }
 
 MixerInfo deltanet_info() {

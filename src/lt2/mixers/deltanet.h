@@ -17,6 +17,7 @@ class DeltaNetImpl : public RecurrentMixerImpl {
   RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "deltanet"; }
+  std::vector<torch::nn::Linear> input_projections() const override;  // q, k, v, b(, g)
 
   int64_t num_heads, head_k_dim, head_v_dim;
   bool use_gate, allow_neg_eigval;

@@ -63,7 +63,7 @@ RecurrenceInputs GatedDeltaNetImpl::project(const Tensor& x, RecurrentState* st,
   RecurrenceInputs in;
   // q, k, v, the output gate, a and b: one GEMM whose parts are column slices, which the
   // convolutions and the output norm read in place.
-  const auto p = ops::linear_group(x, input_projections(), w_in);
+  const auto p = project_inputs(x);
   if (use_gate) in.gate = p[3];
   auto q = q_conv1d(p[0], st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   auto k = k_conv1d(p[1], st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
@@ -139,10 +139,6 @@ std::vector<torch::nn::Linear> GatedDeltaNetImpl::input_projections() const {
   layers.push_back(a_proj);
   layers.push_back(b_proj);
   return layers;
-}
-
-void GatedDeltaNetImpl::pack_for_inference() {
-  if (!w_in.defined()) w_in = pack_linears(input_projections());
 }
 
 Tensor GatedDeltaNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) {

@@ -27,8 +27,6 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   // The same fused step as a descriptor once packed: w_in, then the one-kernel step, then o_proj.
   std::optional<DecodeDescriptor> decode_descriptor(MixerState& state, int64_t batch) override;
   std::string kind() const override { return "gdn"; }
-  // Packs the q/k/v(/g)/a/b projections into w_in: the fused step then reads them in one GEMV.
-  void pack_for_inference() override;
   double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_k_dim)); }  // K^-1/2
 
   int64_t num_heads, num_v_heads, head_k_dim, head_v_dim;
@@ -39,10 +37,9 @@ class GatedDeltaNetImpl : public RecurrentMixerImpl {
   ShortConv q_conv1d{nullptr}, k_conv1d{nullptr}, v_conv1d{nullptr};
   Tensor A_log, dt_bias;  // [HV] each
   RMSNorm o_norm{nullptr};
-  Tensor w_in;  // packed [q; k; v; g; a; b] projections (inference), or undefined
 
  private:
-  std::vector<torch::nn::Linear> input_projections() const;  // what w_in packs, in order
+  std::vector<torch::nn::Linear> input_projections() const override;  // q, k, v(, g), a, b
   size_t a_part_index() const { return use_gate ? 4 : 3; }  // a's index among them; b's is the next
   // The state when the fused step (one kernel after the projections) takes x, else nullptr.
   RecurrentState* fused_state(const Tensor& x, MixerState& state) const;

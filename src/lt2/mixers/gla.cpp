@@ -48,13 +48,15 @@ GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : nor
   g_norm_swish_gate = register_module("g_norm_swish_gate", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = false;
+  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
 RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
-  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  const auto p = project_inputs(x);
+  auto q = p[0], k = p[1], v = p[2];
   if (use_short_conv) {
     q = q_conv1d(q, st ? &st->conv[0] : nullptr, pos);
     k = k_conv1d(k, st ? &st->conv[1] : nullptr, pos);
@@ -64,17 +66,22 @@ RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentSta
   in.q = q.view({B, T, num_heads, head_k_dim});
   in.k = k.view({B, T, num_heads, head_k_dim});
   in.v = v.view({B, T, num_heads, head_v_dim});
-  in.g = (torch::log_sigmoid(gk_proj->forward(x).to(ct)) / gate_logit_normalizer)
+  in.gate = p[3];
+  in.g = (torch::log_sigmoid(linear_at(gk_proj, 1)(p[4]).to(ct)) / gate_logit_normalizer)
              .view({B, T, num_heads, head_k_dim});  // [B, T, H, K]
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
   return in;
 }
 
-Tensor GatedLinearAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
+Tensor GatedLinearAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto gate = g_proj(x).view({B, T, num_heads, head_v_dim});
+  auto gate = in.gate.view({B, T, num_heads, head_v_dim});
   auto y = ops::gated_rms_norm(o, g_norm_swish_gate->weight, norm_eps, gate, ops::GateActivation::Swish);
   return o_proj(for_linear(y.reshape({B, T, num_heads * head_v_dim}), x));
+}
+
+std::vector<torch::nn::Linear> GatedLinearAttentionImpl::input_projections() const {
+  return {q_proj, k_proj, v_proj, g_proj, linear_at(gk_proj, 0)};
 }
 
 MixerInfo gla_info() {

@@ -19,6 +19,7 @@ class GatedLinearAttentionImpl : public RecurrentMixerImpl {
   RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "gla"; }
+  std::vector<torch::nn::Linear> input_projections() const override;  // q, k, v, g, gk's first layer
 
   int64_t num_heads, head_k_dim, head_v_dim;
   double gate_logit_normalizer, norm_eps;

@@ -51,30 +51,37 @@ KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const ModelConfig& cfg) : norm_ep
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = true;
+  caps_.input_feeds_products = true;
   state_heads = num_v_heads, state_k = head_k_dim, state_v = head_v_dim;
   conv_channels = {key_dim, key_dim, value_dim};
 }
 
 RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState* st, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1), groups = num_v_heads / num_heads;
+  const auto p = project_inputs(x);
   RecurrenceInputs in;
-  auto q = q_conv1d(q_proj(x), st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
-  auto k = k_conv1d(k_proj(x), st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
+  auto q = q_conv1d(p[0], st ? &st->conv[0] : nullptr, pos).view({B, T, num_heads, head_k_dim});
+  auto k = k_conv1d(p[1], st ? &st->conv[1] : nullptr, pos).view({B, T, num_heads, head_k_dim});
   in.q = repeat_heads(ops::l2_normalize(q), groups);                   // [B, T, HV, K]
   in.k = repeat_heads(ops::l2_normalize(k), groups);                   // [B, T, HV, K]
-  in.v = v_conv1d(v_proj(x), st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
-  auto gates = ops::delta_rule_gates(f_proj->forward(x), b_proj(x), A_log, dt_bias, allow_neg_eigval ? 2.0 : 1.0);
+  in.v = v_conv1d(p[2], st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
+  auto gates = ops::delta_rule_gates(linear_at(f_proj, 1)(p[4]), p[3], A_log, dt_bias, allow_neg_eigval ? 2.0 : 1.0);
+  in.gate = linear_at(g_proj, 1)(p[5]);
   in.g = gates.g.view({B, T, num_v_heads, head_k_dim});  // [B, T, HV, K]
   in.beta = gates.beta;                                   // [B, T, HV]
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
   return in;
 }
 
-Tensor KimiDeltaAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
+Tensor KimiDeltaAttentionImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto gate = g_proj->forward(x).view({B, T, num_v_heads, head_v_dim});
+  auto gate = in.gate.view({B, T, num_v_heads, head_v_dim});
   auto y = ops::gated_rms_norm(o, o_norm->weight, norm_eps, gate, ops::GateActivation::Sigmoid);
   return o_proj(for_linear(y.reshape({B, T, num_v_heads * head_v_dim}), x));
+}
+
+std::vector<torch::nn::Linear> KimiDeltaAttentionImpl::input_projections() const {
+  return {q_proj, k_proj, v_proj, b_proj, linear_at(f_proj, 0), linear_at(g_proj, 0)};
 }
 
 MixerInfo kda_info() {

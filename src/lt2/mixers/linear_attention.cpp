@@ -29,15 +29,17 @@ LinearAttentionImpl::LinearAttentionImpl(const ModelConfig& cfg) : norm_eps(cfg.
   o_proj = register_module("o_proj", make_linear(value_dim, d, 1.0 / std::sqrt(double(value_dim))));
 
   delta_rule = false;
+  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
 RecurrenceInputs LinearAttentionImpl::project(const Tensor& x, RecurrentState*, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1);
+  const auto p = project_inputs(x);
   RecurrenceInputs in;
-  in.q = (torch::elu(q_proj(x)) + 1).view({B, T, num_heads, head_k_dim});
-  in.k = (torch::elu(k_proj(x)) + 1).view({B, T, num_heads, head_k_dim});
-  in.v = v_proj(x).view({B, T, num_heads, head_v_dim});
+  in.q = (torch::elu(p[0]) + 1).view({B, T, num_heads, head_k_dim});
+  in.k = (torch::elu(p[1]) + 1).view({B, T, num_heads, head_k_dim});
+  in.v = p[2].view({B, T, num_heads, head_v_dim});
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
   return in;
 }

@@ -18,6 +18,7 @@ class LinearAttentionImpl : public RecurrentMixerImpl {
   RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "linear"; }
+  std::vector<torch::nn::Linear> input_projections() const override { return {q_proj, k_proj, v_proj}; }
 
   int64_t num_heads, head_k_dim, head_v_dim;
   double norm_eps;

@@ -110,6 +110,19 @@ Tensor RecurrentMixerImpl::run(const Tensor& x, const Positions& pos, MixerState
   return output(o, x, in);
 }
 
+void RecurrentMixerImpl::pack_for_inference() {
+  const auto layers = input_projections();
+  if (!w_in.defined() && !layers.empty()) w_in = pack_linears(layers);
+}
+
+std::vector<Tensor> RecurrentMixerImpl::project_inputs(const Tensor& x) const {
+  const auto layers = input_projections();
+  if (x.size(1) > 1 || use_packed(w_in)) return ops::linear_group(x, layers, w_in);
+  std::vector<Tensor> out;
+  for (const auto& l : layers) out.push_back(ops::linear(x, l));
+  return out;
+}
+
 Tensor RecurrentMixerImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
   return run(x, pos, state, /*decode=*/false);
 }
@@ -145,6 +158,10 @@ Tensor inverse_softplus_dt_init(int64_t n) {
 
 Tensor log_uniform_A_init(int64_t n, double lo, double hi) {
   return torch::empty({n}).uniform_(lo, hi).clamp_min(1e-4).log();
+}
+
+torch::nn::Linear linear_at(const torch::nn::Sequential& layers, size_t i) {
+  return torch::nn::Linear(layers->ptr<torch::nn::LinearImpl>(i));
 }
 
 Tensor repeat_heads(const Tensor& x, int64_t groups) {

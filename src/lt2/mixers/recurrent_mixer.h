@@ -72,15 +72,26 @@ class RecurrentMixerImpl : public MixerImpl {
   virtual RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) = 0;
   // o: [B, T, H, V] (the op's output) -> [B, T, d].
   virtual Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) = 0;
+  // Packs input_projections() into w_in: decode and prefill then read them as one matrix.
+  void pack_for_inference() override;
 
   bool delta_rule = false;   // gated delta rule (beta) or additive recurrence
   int64_t chunk_size = 64;
   int64_t state_heads = 0, state_k = 0, state_v = 0;  // S: [B, state_heads, state_k, state_v]
   int64_t conv_kernel = 0;                            // 0: no short convolutions
   std::vector<int64_t> conv_channels;                 // channels of each short conv, in order
+  Tensor w_in;  // input_projections() packed (inference), or undefined
 
  protected:
   Tensor run(const Tensor& x, const Positions& pos, MixerState* state, bool decode);
+  // The linear layers that read x, in the order project_inputs returns their outputs (for a
+  // low-rank projection, its first layer); empty where the mixer projects x itself.
+  virtual std::vector<torch::nn::Linear> input_projections() const { return {}; }
+  // x [B, T, d] through input_projections(): one GEMM over their weights (w_in where packed, else
+  // concatenated for the call: ops::linear_group), so under autograd x's gradient comes from one
+  // product and autocast casts x once; a decode step without packed weights runs one linear each
+  // rather than concatenating the weights every token.
+  std::vector<Tensor> project_inputs(const Tensor& x) const;
 };
 
 // Helpers shared by the mixer files.
@@ -90,6 +101,8 @@ class RecurrentMixerImpl : public MixerImpl {
 Tensor inverse_softplus_dt_init(int64_t n);
 // log(A) for A ~ U(lo, hi) (A_log init; A floored at 1e-4 so log stays finite). Shape [n].
 Tensor log_uniform_A_init(int64_t n, double lo, double hi);
+// Layer i of a Sequential of linear layers (a low-rank projection's down or up layer).
+torch::nn::Linear linear_at(const torch::nn::Sequential& layers, size_t i);
 // [B, T, H, D] -> [B, T, H * groups, D], head i of the result = head i / groups of x (GVA).
 Tensor repeat_heads(const Tensor& x, int64_t groups);
 // Reads an integer or float option with a default, naming `where` in errors.

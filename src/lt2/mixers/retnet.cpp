@@ -41,24 +41,27 @@ RetNetImpl::RetNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   g_norm_swish_gate = register_module("g_norm_swish_gate", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = false;
+  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
 RecurrenceInputs RetNetImpl::project(const Tensor& x, RecurrentState*, const Positions& pos) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
+  const auto p = project_inputs(x);
   RecurrenceInputs in;
-  in.q = ops::apply_rope(q_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
-  in.k = ops::apply_rope(k_proj(x).view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
-  in.v = v_proj(x).view({B, T, num_heads, head_v_dim});                          // [B, T, H, V]
+  in.q = ops::apply_rope(p[0].view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
+  in.k = ops::apply_rope(p[1].view({B, T, num_heads, head_k_dim}), pos, 1e4, RopeStyle::Half);  // [B, T, H, K]
+  in.v = p[2].view({B, T, num_heads, head_v_dim});                                               // [B, T, H, V]
+  in.gate = p[3];
   in.g = retention_log_decay(num_heads, ct, x.device()).expand({B, T, num_heads});
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
   return in;
 }
 
-Tensor RetNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs&) {
+Tensor RetNetImpl::output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto gate = g_proj(x).view({B, T, num_heads, head_v_dim});
+  auto gate = in.gate.view({B, T, num_heads, head_v_dim});
   auto y = ops::gated_rms_norm(o, g_norm_swish_gate->weight, norm_eps, gate, ops::GateActivation::Swish);
   return o_proj(for_linear(y.reshape({B, T, num_heads * head_v_dim}), x));
 }

@@ -17,6 +17,7 @@ class RetNetImpl : public RecurrentMixerImpl {
   RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "retnet"; }
+  std::vector<torch::nn::Linear> input_projections() const override { return {q_proj, k_proj, v_proj, g_proj}; }
 
   int64_t num_heads, head_k_dim, head_v_dim;
   double norm_eps;
