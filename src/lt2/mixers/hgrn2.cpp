@@ -31,18 +31,21 @@ HGRN2Impl::HGRN2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   o_proj = register_module("o_proj", make_linear(d, d, 1.0 / std::sqrt(double(d))));
 
   delta_rule = false;
+  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = expand_ratio, state_v = head_i_dim;
 }
 
 RecurrenceInputs HGRN2Impl::project(const Tensor& x, RecurrentState*, const Positions&) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
+  const auto p = project_inputs(x);
   RecurrenceInputs in;
-  in.q = torch::silu(q_proj(x)).view({B, T, num_heads, expand_ratio});
-  auto g = torch::log_sigmoid(f_proj(x).to(ct));                 // [B, T, H * F]
-  in.k = (-torch::expm1(g)).to(x.scalar_type()).view({B, T, num_heads, expand_ratio});  // 1 - exp(g)
+  in.q = torch::silu(p[0]).view({B, T, num_heads, expand_ratio});
+  auto g = torch::log_sigmoid(p[1].to(ct));  // [B, T, H * F]
+  // 1 - exp(g) in the weights' dtype, whatever x's (under autocast the block may hand x in bf16).
+  in.k = (-torch::expm1(g)).to(q_proj->weight.scalar_type()).view({B, T, num_heads, expand_ratio});
   in.g = g.view({B, T, num_heads, expand_ratio});
-  in.v = i_proj(x).view({B, T, num_heads, head_i_dim});
+  in.v = p[2].view({B, T, num_heads, head_i_dim});
   in.scale = 1.0 / std::sqrt(static_cast<double>(expand_ratio));
   return in;
 }

@@ -17,6 +17,7 @@ class HGRN2Impl : public RecurrentMixerImpl {
   RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "hgrn2"; }
+  std::vector<torch::nn::Linear> input_projections() const override { return {q_proj, f_proj, i_proj}; }
 
   int64_t num_heads, expand_ratio, head_i_dim;
   double norm_eps;

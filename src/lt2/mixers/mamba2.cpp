@@ -42,6 +42,7 @@ Mamba2Impl::Mamba2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   out_proj = register_module("out_proj", make_linear(d_inner, d, 1.0 / std::sqrt(double(d_inner))));
 
   delta_rule = false;
+  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = state_size, state_v = head_dim;
   conv_channels = {conv_dim};
 }
@@ -59,7 +60,8 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const 
   RecurrenceInputs in;
   in.q = repeat_heads(xbc[2].view({B, T, n_groups, state_size}), heads_per_group);  // C [B, T, H, N]
   in.k = repeat_heads(xbc[1].view({B, T, n_groups, state_size}), heads_per_group);  // B [B, T, H, N]
-  in.v = (xs.to(ct) * dt.unsqueeze(-1)).to(x.scalar_type());          // [B, T, H, P]
+  // [B, T, H, P] in the weights' dtype, whatever x's (under autocast the block may hand x in bf16).
+  in.v = (xs.to(ct) * dt.unsqueeze(-1)).to(in_proj->weight.scalar_type());
   in.g = dt * -A_log.to(ct).exp();                                    // [B, T, H]
   in.scale = 1.0;
   in.gate = parts[0];                                                 // z [B, T, d_inner]
