@@ -21,7 +21,8 @@
 # channel_gate_prepare off and on; `layerprof`: that GDN layer's per-kernel profile by operator; `dsa`: DSA
 # training (lt-100m with DSA layers, MID against the new tree, indexer stage off) and the DSA layer with the
 # selection's kernels off and on; `dsasparse`: the indexer loss's sparse stage, MID against the new tree,
-# and its profile; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `resnorm`: the
+# and its profile; `mixtrain`: lt-100m with DSA, KDA, GLA and Mamba2 layers (MIXTRAIN_PATTERNS), MID against
+# the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `resnorm`: the
 # residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on
 # DSA's indexer backward;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
@@ -89,6 +90,12 @@ steps+=("dsasparse 300 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$
      echo \$b dsa \$1 x \$2 sparse \$extra; \$b/train_bench $dsa_train --seq-len \$1 --batch-size \$2
      --indexer-stage sparse \$extra | grep RESULT; done; done;
      build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops")
+# lt-100m with other mixers' layers (MIXTRAIN_PATTERNS, default DSA with its indexer stage off, KDA, GLA and
+# Mamba2) at 2048 x 16 under auto, MID and the new tree alternating: what the mixers' input handling gives.
+steps+=("mixtrain 240 $unpack_mid for m in ${MIXTRAIN_PATTERNS:-dsa kda gla mamba2}; do
+     for b in /tmp/train_ab_base/build-prebuilt build-prebuilt build-prebuilt /tmp/train_ab_base/build-prebuilt; do
+     echo \$b \$m 2048 x 16 auto; \$b/train_bench --model lt-100m --pattern \$m --seq-len 2048 --batch-size 16 --steps 4
+     --warm 2 --checkpoint-loops=auto | grep RESULT; done; done")
 # lt2-gdn-100m under `lt2 train`'s default checkpointing (auto) by MID and by the new tree, alternating, at
 # both shapes: what the block's bf16 norms and the GDN layer's changes give where auto stores what fits.
 steps+=("gdnauto 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
