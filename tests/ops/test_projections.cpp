@@ -55,3 +55,20 @@ TEST(LinearGroup, EqualsALinearPerLayerWithGradients) {
       EXPECT_TRUE(torch::allclose(weight_grads[i], layers[i]->weight.grad(), 1e-12, 1e-12)) << "weight " << i;
   }
 }
+
+// Without a gradient: a few rows (a decode step) run one linear each, more rows one GEMM; both equal
+// a linear per layer.
+TEST(LinearGroup, FewRowsWithoutGradientRunALinearEach) {
+  torch::manual_seed(4);
+  auto layers = float64_layers({5, 7, 3}, 6);
+  torch::NoGradGuard no_grad;
+  for (int64_t rows : {int64_t{1}, ops::kLinearGroupFewRows, ops::kLinearGroupFewRows + 1}) {
+    const auto x = torch::randn({rows, 1, 6}, torch::kFloat64);
+    const auto parts = ops::linear_group(x, layers, Tensor());
+    ASSERT_EQ(parts.size(), layers.size());
+    const bool grouped = rows > ops::kLinearGroupFewRows;
+    EXPECT_EQ(parts[0].stride(1), grouped ? 16 : 5) << rows << " rows";
+    for (size_t i = 0; i < layers.size(); ++i)
+      EXPECT_TRUE(torch::allclose(parts[i], layers[i](x), 1e-12, 1e-12)) << rows << " rows, part " << i;
+  }
+}

@@ -105,9 +105,8 @@ DSAImpl::DSAImpl(const ModelConfig& cfg, const json& o)
   json_get(o, "index_rope_dim", index_rope_dim, where);
   LT2_CHECK(form == "gqa" || form == "latent", where, ": 'attention' must be 'gqa' or 'latent', found '", form, "'");
   latent = form == "latent";
-  // The GQA form reads x through one packed projection (its gate included) and detached for the
-  // indexer; the latent form through three linears, whose gradients would then sum in bf16.
-  caps_.input_feeds_products = !latent;
+  // Both forms read x through one packed projection (the gate included), and detached for the indexer.
+  caps_.input_feeds_products = true;
   LT2_CHECK(topk > 0 && index_heads > 0 && index_head_dim > 0, where,
             ": topk, index_heads and index_head_dim must be > 0");
   LT2_CHECK(index_rope_dim >= 0 && index_rope_dim <= index_head_dim && index_rope_dim % 2 == 0, where,
@@ -173,22 +172,27 @@ DSAImpl::Heads DSAImpl::project(const Tensor& x, const Positions& pos) {
     return {p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2), p.gate};
   }
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
-  auto qf = ops::linear(x, wq).view({B, T, n_heads, D + latent_rope_dim});
+  // q, the latent kv and the output gate: one GEMM, x's gradient from one product.
+  std::vector<torch::nn::Linear> layers{wq, wkv_a};
+  if (wgate) layers.push_back(wgate);
+  const auto p = ops::linear_group(x, layers, Tensor());
+  auto qf = p[0].view({B, T, n_heads, D + latent_rope_dim});
   auto q_rope = ops::apply_rope(qf.narrow(-1, D, latent_rope_dim), pos, rope_theta, rope_style);
   auto q_latent = torch::einsum("bthd,hdc->bthc", {qf.narrow(-1, 0, D), wk_b});  // [B, T, H, d_c]
-  auto kv = ops::linear(x, wkv_a);                                                           // [B, T, d_c + d_r]
+  const auto& kv = p[1];                                                                    // [B, T, d_c + d_r]
   auto c = ops::rms_norm(kv.narrow(-1, 0, latent_dim), kv_norm).unsqueeze(2);                  // [B, T, 1, d_c]
   auto k_rope = ops::apply_rope(kv.narrow(-1, latent_dim, latent_rope_dim).unsqueeze(2), pos,
                                 rope_theta, rope_style);                        // [B, T, 1, d_r]
   auto k = torch::cat({c, k_rope}, -1).transpose(1, 2);                         // [B, 1, T, d_c + d_r]
-  return {torch::cat({q_latent, q_rope}, -1).transpose(1, 2), k, k.narrow(-1, 0, latent_dim)};
+  return {torch::cat({q_latent, q_rope}, -1).transpose(1, 2), k, k.narrow(-1, 0, latent_dim),
+          wgate ? p[2] : Tensor()};
 }
 
-// The gate's pre-activation comes with the projections (one GEMM) where they made it.
+// The gate's pre-activation comes with the projections (one GEMM).
 Tensor DSAImpl::output(const Tensor& o, const Tensor& x, const Heads& h) {
   if (!latent) return attn->output(o, x, h.gate);
   auto y = torch::einsum("bthc,hcd->bthd", {o, wv_b}).reshape({x.size(0), x.size(1), n_heads * head_dim});
-  if (wgate) y = ops::sigmoid_gate(y, ops::linear(x, wgate));
+  if (wgate) y = ops::sigmoid_gate(y, h.gate);
   return ops::linear(y, wo);
 }
 

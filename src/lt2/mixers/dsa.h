@@ -115,7 +115,7 @@ class DSAImpl : public MixerImpl {
   struct Heads {
     Tensor q;     // [B, H, T, D_qk]
     Tensor k, v;  // [B, H_kv, T, D_qk], [B, H_kv, T, D_v] (latent: v is a view of k)
-    Tensor gate;  // the output gate's pre-activation [B, T, d] where the projections made it (not latent)
+    Tensor gate;  // the output gate's pre-activation [B, T, H D_v] with the gate, else undefined
   };
   Heads project(const Tensor& x, const Positions& pos);
 

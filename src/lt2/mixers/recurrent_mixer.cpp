@@ -116,11 +116,7 @@ void RecurrentMixerImpl::pack_for_inference() {
 }
 
 std::vector<Tensor> RecurrentMixerImpl::project_inputs(const Tensor& x) const {
-  const auto layers = input_projections();
-  if (x.size(1) > 1 || use_packed(w_in)) return ops::linear_group(x, layers, w_in);
-  std::vector<Tensor> out;
-  for (const auto& l : layers) out.push_back(ops::linear(x, l));
-  return out;
+  return ops::linear_group(x, input_projections(), w_in);
 }
 
 Tensor RecurrentMixerImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {

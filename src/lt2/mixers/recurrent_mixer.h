@@ -89,8 +89,7 @@ class RecurrentMixerImpl : public MixerImpl {
   virtual std::vector<torch::nn::Linear> input_projections() const { return {}; }
   // x [B, T, d] through input_projections(): one GEMM over their weights (w_in where packed, else
   // concatenated for the call: ops::linear_group), so under autograd x's gradient comes from one
-  // product and autocast casts x once; a decode step without packed weights runs one linear each
-  // rather than concatenating the weights every token.
+  // product and autocast casts x once.
   std::vector<Tensor> project_inputs(const Tensor& x) const;
 };
 

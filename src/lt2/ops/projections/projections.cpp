@@ -15,6 +15,11 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
 
 std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed) {
   if (use_packed(packed)) return unpack_outputs(ops::linear(x, packed), layers);
+  if (!torch::GradMode::is_enabled() && x.numel() <= kLinearGroupFewRows * x.size(-1)) {
+    std::vector<Tensor> out;
+    for (const auto& l : layers) out.push_back(ops::linear(x, l));
+    return out;
+  }
   // The output's rows padded to whole 16-byte pieces of bf16 (8 columns) with zero weight rows:
   // cuBLAS takes its Hopper kernels only for 16-byte-aligned leading dimensions, and the forward
   // GEMM writes, and both backward GEMMs read, this output with its row length as leading dim.

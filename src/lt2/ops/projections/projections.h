@@ -19,7 +19,10 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer);
 // the order of `layers`): by `packed` where inference packed them (use_packed), else by their
 // weights concatenated for this call. Under autograd that is one GEMM forward and one for x's
 // gradient, where a GEMM per layer would also cast x under autocast once per layer and add the
-// layers' gradients of x.
+// layers' gradients of x. Without a gradient and with at most kLinearGroupFewRows rows of x (a
+// decode step whose weights were not packed), one linear each: concatenating the weights would
+// cost more than the products, which read each weight once either way.
+constexpr int64_t kLinearGroupFewRows = 64;
 std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed);
 
 // The two ends of a pre-norm block's decode half with their elementwise work folded into the
