@@ -46,12 +46,12 @@ torch::Tensor naive_branches(NSAImpl& m, const torch::Tensor& x) {
   torch::NoGradGuard ng;
   const int64_t B = x.size(0), T = x.size(1), H = m.n_heads, G = H / m.n_kv_heads, D = m.head_dim;
   const int64_t l = m.compress_block, d = m.compress_stride, ls = m.select_block;
-  auto q = m.project_q(x, 0);  // [B, T, H, D]
+  const auto proj = m.project(x, 0);
+  const auto& q = proj.q;             // [B, T, H, D]
   std::vector<torch::Tensor> ks, vs;  // per branch [B, T, H_kv, D]
   for (auto b : {NSAImpl::kCmp, NSAImpl::kSlc, NSAImpl::kWin}) {
-    auto [k, v] = m.project_kv(x, 0, m.kv_set(b));
-    ks.push_back(k);
-    vs.push_back(v);
+    ks.push_back(proj.k[m.kv_set(b)]);
+    vs.push_back(proj.v[m.kv_set(b)]);
   }
   // Compressed blocks, one block at a time: block i = tokens [i d, i d + l).
   std::vector<torch::Tensor> kc, vc;  // [B, H_kv, D]
@@ -113,7 +113,7 @@ torch::Tensor naive_branches(NSAImpl& m, const torch::Tensor& x) {
 }
 
 torch::Tensor combine(NSAImpl& m, const torch::Tensor& branches, const torch::Tensor& x) {
-  auto g = m.gates(x);  // [B, T, H, 3]
+  auto g = m.project(x, 0).gates;  // [B, T, H, 3]
   auto o = g.select(-1, 0).unsqueeze(-1) * branches[0] + g.select(-1, 1).unsqueeze(-1) * branches[1] +
            g.select(-1, 2).unsqueeze(-1) * branches[2];
   return m.wo(o.flatten(2));
@@ -176,9 +176,10 @@ TEST_P(NSAForms, AllBlocksSelectedReducesToItsBranches) {
   m->wg->weight.zero_();
   m->wg->bias.copy_(torch::linspace(-1.5, 1.5, m->wg->bias.size(0), f64()));
   auto x = random_x(2, 18, 32, 4);
-  auto q = m->project_q(x, 0).transpose(1, 2);
+  const auto proj = m->project(x, 0);
+  auto q = proj.q.transpose(1, 2);
   auto causal = [&](NSAImpl::Branch b) {
-    auto [k, v] = m->project_kv(x, 0, m->kv_set(b));
+    const auto &k = proj.k[m->kv_set(b)], &v = proj.v[m->kv_set(b)];
     return at::scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), {}, 0.0, true, {}, true)
         .transpose(1, 2);
   };

@@ -6,6 +6,7 @@
 
 #include "lt2/nn/linear.h"
 #include "lt2/ops/projections/projections.h"
+#include "lt2/util/error.h"
 
 using namespace lt2;
 
@@ -71,4 +72,26 @@ TEST(LinearGroup, FewRowsWithoutGradientRunALinearEach) {
     for (size_t i = 0; i < layers.size(); ++i)
       EXPECT_TRUE(torch::allclose(parts[i], layers[i](x), 1e-12, 1e-12)) << rows << " rows, part " << i;
   }
+}
+
+// Layers with biases among them: the group adds their biases (zeros for the others), and each
+// bias gets its layer's gradient; packing for inference takes bias-free layers only.
+TEST(LinearGroup, AddsTheBiasesOfTheLayersThatHaveOne) {
+  torch::manual_seed(5);
+  auto layers = float64_layers({5, 3}, 6);
+  layers.push_back(make_linear(6, 4, 0.5, /*bias=*/true));
+  layers.back()->to(torch::kFloat64);
+  torch::NoGradGuard ng;
+  layers.back()->bias.normal_();
+  torch::AutoGradMode grad(true);
+  const auto x = torch::randn({3, 4, 6}, torch::kFloat64);
+  const auto parts = ops::linear_group(x, layers, Tensor());
+  Tensor loss = torch::zeros({}, torch::kFloat64);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(parts[i], layers[i](x), 1e-12, 1e-12)) << "part " << i;
+    loss = loss + parts[i].sum();
+  }
+  loss.backward();
+  EXPECT_TRUE(torch::allclose(layers.back()->bias.grad(), torch::full({4}, 12.0, torch::kFloat64)));
+  EXPECT_THROW(pack_linears(layers), Error);
 }

@@ -63,6 +63,7 @@ NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
       rope_theta(cfg.rope_theta),
       rope_style(cfg.rope_style) {
   caps_.seq_pos = true;
+  caps_.input_feeds_products = true;  // one GEMM reads x (project)
   const std::string where = "mixer.nsa";
   json_reject_unknown(o, {"form", "compress_block", "compress_stride", "select_block", "select_count",
                           "local_blocks", "window", "compression", "compress_hidden", "shared_kv"},
@@ -132,14 +133,24 @@ NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
   wo = register_module("wo", make_linear(H * D, d, 1.0 / std::sqrt(static_cast<double>(H * D))));
 }
 
-Tensor NSAImpl::project_q(const Tensor& x, const Positions& pos) {
-  return ops::apply_rope(wq(x).view({x.size(0), x.size(1), n_heads, head_dim}), pos, rope_theta, rope_style);
-}
-
-std::pair<Tensor, Tensor> NSAImpl::project_kv(const Tensor& x, const Positions& pos, int64_t set) {
-  const int64_t B = x.size(0), T = x.size(1);
-  return {ops::apply_rope(wk[set](x).view({B, T, n_kv_heads, head_dim}), pos, rope_theta, rope_style),
-          wv[set](x).view({B, T, n_kv_heads, head_dim})};
+NSAImpl::Projected NSAImpl::project(const Tensor& x, const Positions& pos) {
+  const int64_t B = x.size(0), T = x.size(1), sets = static_cast<int64_t>(wk.size());
+  std::vector<torch::nn::Linear> layers{wq};  // wq, the keys', the values', wg
+  layers.insert(layers.end(), wk.begin(), wk.end());
+  layers.insert(layers.end(), wv.begin(), wv.end());
+  layers.push_back(wg);
+  const auto p = ops::linear_group(x, layers, Tensor());
+  auto rotated = [&](const Tensor& t, int64_t heads) {
+    return ops::apply_rope(t.view({B, T, heads, head_dim}), pos, rope_theta, rope_style);
+  };
+  Projected out;
+  out.q = rotated(p[0], n_heads);
+  for (int64_t set = 0; set < sets; ++set) {
+    out.k.push_back(rotated(p[1 + set], n_kv_heads));
+    out.v.push_back(p[1 + sets + set].view({B, T, n_kv_heads, head_dim}));
+  }
+  out.gates = torch::sigmoid(p.back()).view({B, T, n_heads, 3});
+  return out;
 }
 
 std::pair<Tensor, Tensor> NSAImpl::compress(const Tensor& k, const Tensor& v) {
@@ -148,10 +159,6 @@ std::pair<Tensor, Tensor> NSAImpl::compress(const Tensor& k, const Tensor& v) {
   if (!mlp_compression) return {kb.mean(3), vb.mean(3)};
   return {mlp_k->forward((kb + pos_k.to(kb.scalar_type())).flatten(-2)),
           mlp_v->forward((vb + pos_v.to(vb.scalar_type())).flatten(-2))};
-}
-
-Tensor NSAImpl::gates(const Tensor& x) {
-  return torch::sigmoid(wg(x)).view({x.size(0), x.size(1), n_heads, 3});
 }
 
 Tensor NSAImpl::compressed_visible(const Tensor& q_pos, int64_t NC) const {
@@ -165,10 +172,10 @@ Tensor NSAImpl::block_importance(const Tensor& p_cmp, int64_t NS) const {
                                                    p_group.options()));
 }
 
-Tensor NSAImpl::combine(const Tensor& x, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win) {
-  auto g = gates(x).unsqueeze(-1);  // [B, T, H, 3, 1]
+Tensor NSAImpl::combine(const Tensor& gates, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win) {
+  auto g = gates.unsqueeze(-1);  // [B, T, H, 3, 1]
   auto o = g.select(3, kCmp) * o_cmp + g.select(3, kSlc) * o_slc + g.select(3, kWin) * o_win;
-  return wo(o.reshape({x.size(0), x.size(1), n_heads * head_dim}));
+  return wo(o.reshape({gates.size(0), gates.size(1), n_heads * head_dim}));
 }
 
 Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
@@ -176,7 +183,8 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   LT2_CHECK(!pos.seq_pos.defined(), "nsa: per-sequence positions are a decode step (step with a state)");
   LT2_CHECK(state || start == 0, "nsa: a call at position ", start,
             " needs the state holding the tokens before it");
-  auto q = project_q(x, pos).transpose(1, 2);  // [B, H, T, D]
+  const auto proj = project(x, pos);
+  auto q = proj.q.transpose(1, 2);  // [B, H, T, D]
   auto* s = state ? &dynamic_cast<NSAState&>(*state) : nullptr;
   if (s) {
     LT2_CHECK(s->length == start, "nsa state holds ", s->length, " tokens but the call starts at ", start);
@@ -185,7 +193,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   // Keys and values of every position 0..L-1, per K/V set: [B, H_kv, L, D].
   std::vector<Tensor> ks, vs;
   for (size_t set = 0; set < wk.size(); ++set) {
-    auto [k, v] = project_kv(x, pos, set);
+    const auto &k = proj.k[set], &v = proj.v[set];
     if (s) {
       s->k[set].narrow(2, start, T).copy_(k.transpose(1, 2));
       s->v[set].narrow(2, start, T).copy_(v.transpose(1, 2));
@@ -234,7 +242,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
 
   // Sliding-window branch (the queries are the last T of the L keys' positions).
   auto o_win = window_attention(q, ks[kv_set(kWin)], vs[kv_set(kWin)], window);
-  return combine(x, o_cmp, o_slc, o_win);
+  return combine(proj.gates, o_cmp, o_slc, o_win);
 }
 
 Tensor NSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
@@ -249,11 +257,11 @@ Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
   const auto& p = pos.seq_pos;  // [B]
   LT2_CHECK(x.size(1) == 1 && p.numel() == B, "nsa: a decode step with per-sequence positions takes x [B, 1, d] "
             "and seq_pos [B]; found x ", x.sizes(), ", seq_pos ", p.sizes());
-  auto q = project_q(x, pos);  // [B, 1, H, D]
-  for (size_t set = 0; set < wk.size(); ++set) {
-    auto [k, v] = project_kv(x, pos, set);  // [B, 1, H_kv, D]
-    cache_write_at(s.k[set], k.transpose(1, 2), p);
-    cache_write_at(s.v[set], v.transpose(1, 2), p);
+  const auto proj = project(x, pos);
+  const auto& q = proj.q;  // [B, 1, H, D]
+  for (size_t set = 0; set < wk.size(); ++set) {  // keys and values [B, 1, H_kv, D]
+    cache_write_at(s.k[set], proj.k[set].transpose(1, 2), p);
+    cache_write_at(s.v[set], proj.v[set].transpose(1, 2), p);
   }
   const auto lopts = p.options();
   // Compression: the block ending at p_b completes when p_b + 1 >= l and (p_b + 1 - l) % d == 0.
@@ -304,7 +312,7 @@ Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
   auto o_win = ops::sparse_attention_decode(q.reshape({B, H, D}), s.k[ws], s.v[ws], win_rows,
                                            (p + 1).clamp_max(w), scale)
                    .view({B, 1, H, D});
-  return combine(x, o_cmp, o_slc, o_win);
+  return combine(proj.gates, o_cmp, o_slc, o_win);
 }
 
 std::unique_ptr<MixerState> NSAImpl::make_state(int64_t batch, int64_t max_len,

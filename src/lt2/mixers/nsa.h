@@ -69,16 +69,20 @@ class NSAImpl : public MixerImpl {
   Tensor step_at(const Tensor& x, const Positions& pos, NSAState& s);
 
   enum Branch { kCmp = 0, kSlc = 1, kWin = 2 };
-  // Queries with RoPE at positions pos.start..start+T-1 (or pos.seq_pos[b]): [B, T, H, D].
-  Tensor project_q(const Tensor& x, const Positions& pos);
+  // What x projects to, by one GEMM (x's gradient from one product): the queries [B, T, H, D] and
+  // each K/V set's keys [B, T, H_kv, D] with RoPE at positions pos.start..start+T-1 (or
+  // pos.seq_pos[b]), its values, and the branch gates sigmoid(x W_g + b) [B, T, H, 3] in the order
+  // (cmp, slc, win).
+  struct Projected {
+    Tensor q;
+    std::vector<Tensor> k, v;
+    Tensor gates;
+  };
+  Projected project(const Tensor& x, const Positions& pos);
   // The K/V set a branch reads (0 when shared).
   int64_t kv_set(Branch b) const { return shared_kv ? 0 : b; }
-  // Keys/values of K/V set `set` at the positions of x's tokens: [B, T, H_kv, D] (keys with RoPE).
-  std::pair<Tensor, Tensor> project_kv(const Tensor& x, const Positions& pos, int64_t set);
   // Compressed keys and values of the complete blocks of k, v: [B, L, H_kv, D] -> [B, NC, H_kv, D].
   std::pair<Tensor, Tensor> compress(const Tensor& k, const Tensor& v);
-  // Branch gates sigmoid(x W_g + b): [B, T, H, 3] in the order (cmp, slc, win).
-  Tensor gates(const Tensor& x);
   // Visibility of the NC compressed blocks from queries at q_pos ([T] or [B, 1, 1]): block i once
   // complete, i d + l - 1 <= q_pos. [..., T, NC] bool.
   Tensor compressed_visible(const Tensor& q_pos, int64_t NC) const;
@@ -86,7 +90,7 @@ class NSAImpl : public MixerImpl {
   // summed over the query heads of each group, mapped to NS selection blocks. [B, H_kv, T, NS].
   Tensor block_importance(const Tensor& p_cmp, int64_t NS) const;
   // The gated sum of the branch outputs ([B, T, H, D] each) and the output projection: [B, T, d].
-  Tensor combine(const Tensor& x, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win);
+  Tensor combine(const Tensor& gates, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win);
 
   int64_t n_heads, n_kv_heads, head_dim;
   int64_t compress_block, compress_stride, select_block, select_count, local_blocks, window;

@@ -1,5 +1,6 @@
 #include "lt2/nn/linear.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lt2/util/error.h"
@@ -29,7 +30,6 @@ Tensor cat_weights(const std::vector<torch::nn::Linear>& layers, int64_t rows_mu
   std::vector<Tensor> weights;
   int64_t rows = 0;
   for (const auto& l : layers) {
-    LT2_CHECK(!l->bias.defined(), "cat_weights: only bias-free layers are concatenated");
     weights.push_back(l->weight);
     rows += l->weight.size(0);
   }
@@ -38,7 +38,23 @@ Tensor cat_weights(const std::vector<torch::nn::Linear>& layers, int64_t rows_mu
   return torch::cat(weights, 0);
 }
 
+Tensor cat_biases(const std::vector<torch::nn::Linear>& layers, int64_t rows_multiple) {
+  const auto with_bias = std::find_if(layers.begin(), layers.end(), [](const auto& l) { return l->bias.defined(); });
+  if (with_bias == layers.end()) return Tensor();
+  std::vector<Tensor> biases;
+  int64_t rows = 0;
+  for (const auto& l : layers) {
+    const int64_t n = l->weight.size(0);
+    biases.push_back(l->bias.defined() ? l->bias : torch::zeros({n}, (*with_bias)->bias.options()));
+    rows += n;
+  }
+  if (const int64_t padding = (rows_multiple - rows % rows_multiple) % rows_multiple; padding > 0)
+    biases.push_back(torch::zeros({padding}, (*with_bias)->bias.options()));
+  return torch::cat(biases, 0);
+}
+
 Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
+  for (const auto& l : layers) LT2_CHECK(!l->bias.defined(), "pack_linears: only bias-free layers are packed");
   torch::NoGradGuard ng;
   auto packed = cat_weights(layers);
   int64_t row = 0;

@@ -23,10 +23,12 @@ void trunc_normal_(Tensor w, double std);
 // gate, rho).
 torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias = false);
 
-// The weights of bias-free Linear layers that read the same input, concatenated along the output
-// dim: [sum(out), in], differentiable (x through all of them is one GEMM, ops::linear_group); with
-// zero rows after them up to a multiple of `rows_multiple`.
+// The weights of Linear layers that read the same input, concatenated along the output dim:
+// [sum(out), in], differentiable (x through all of them is one GEMM, ops::linear_group); with zero
+// rows after them up to a multiple of `rows_multiple`.
 Tensor cat_weights(const std::vector<torch::nn::Linear>& layers, int64_t rows_multiple = 1);
+// Their biases the same way (zeros for a bias-free layer and the padding); undefined where none has one.
+Tensor cat_biases(const std::vector<torch::nn::Linear>& layers, int64_t rows_multiple = 1);
 // Inference packing of bias-free Linear layers that read the same input: their weights are
 // concatenated along the output dim into one [sum(out), in] matrix, and each layer's weight
 // becomes a view of its row block (same values, no second copy), so one GEMM (a single GEMV at

@@ -24,7 +24,7 @@ std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::L
   // cuBLAS takes its Hopper kernels only for 16-byte-aligned leading dimensions, and the forward
   // GEMM writes, and both backward GEMMs read, this output with its row length as leading dim.
   // (lt2-gdn-100m's group, 3,468 columns, otherwise runs on sm80 CUTLASS kernels.)
-  return unpack_outputs(at::linear(x, cat_weights(layers, /*rows_multiple=*/8)), layers);
+  return unpack_outputs(at::linear(x, cat_weights(layers, /*rows_multiple=*/8), cat_biases(layers, 8)), layers);
 }
 
 namespace {
