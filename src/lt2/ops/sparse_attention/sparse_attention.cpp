@@ -111,15 +111,24 @@ Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
 
 namespace {
 
-// The scaled products of q [B, H, T, D] with k [B, H_kv, L, D], [B, H, T, L] in q's dtype (scale 0:
-// D^-1/2). The G = H / H_kv query heads of a key head are one matmul's rows: no copy of the keys per
-// head. The scale on the queries (1/L of the scores' size).
-Tensor attention_scores(const Tensor& q, const Tensor& k, double scale) {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), H_kv = k.size(1), L = k.size(2);
+// The products of scaled queries q [B, H, T, D] with keys given transposed, k_t [B, H_kv, D, L]:
+// [B, H, T, L] in q's dtype. The G = H / H_kv query heads of a key head are one matmul's rows: no
+// copy of the keys per head; none of q or k_t either where their batch dims collapse (q heads-major
+// with G = 1, k_t contiguous, or a narrow of it along L).
+Tensor scaled_scores(const Tensor& q, const Tensor& k_t) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), H_kv = k_t.size(1), L = k_t.size(3);
   LT2_CHECK(H % H_kv == 0, "attention: ", H, " query heads are not a multiple of ", H_kv, " kv heads");
-  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto rows = q.reshape({B, H_kv, H / H_kv * T, D}) * scale;
-  return torch::matmul(rows, k.transpose(-1, -2)).view({B, H, T, L});
+  return torch::matmul(q.reshape({B, H_kv, H / H_kv * T, D}), k_t).view({B, H, T, L});
+}
+
+double attention_scale(double scale, int64_t head_dim) {
+  return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+// The scaled products of q [B, H, T, D] with k [B, H_kv, L, D], [B, H, T, L] in q's dtype (scale 0:
+// D^-1/2). The scale on the queries (1/L of the scores' size).
+Tensor attention_scores(const Tensor& q, const Tensor& k, double scale) {
+  return scaled_scores(q * attention_scale(scale, q.size(3)), k.transpose(-1, -2));
 }
 
 // Softmax of scores [B, H, T, L] over the keys `mask` shows, in `dtype` (as attention_probs).
@@ -190,12 +199,12 @@ Tensor kl_target(const Tensor& attn_probs, const Tensor& support, torch::ScalarT
   return p / torch::where(mass > 0, mass, torch::ones_like(mass));
 }
 
-// kl_target of the attention of q [B, H, T, D] over k [B, H_kv, L, D] (L > 0) restricted to the
-// support [B, T, L] (`scale` as in attention_probs): on the kernel (ops::dsa_head_probs,
-// DecodeOptions::dsa_head_probs) where it serves, from the scores without their fp32 probabilities
-// [B, H, T, L].
-Tensor support_target(const Tensor& q, const Tensor& k, const Tensor& support, double scale, torch::ScalarType dtype) {
-  const auto scores = attention_scores(q, k, scale);
+// kl_target of the attention of the scaled queries q [B, H, T, D] over the keys k_t [B, H_kv, D, L]
+// (given transposed, L > 0; as scaled_scores takes them) restricted to the support [B, T, L]: on the
+// kernel (ops::dsa_head_probs, DecodeOptions::dsa_head_probs) where it serves, from the scores
+// without their fp32 probabilities [B, H, T, L].
+Tensor support_target(const Tensor& q, const Tensor& k_t, const Tensor& support, torch::ScalarType dtype) {
+  const auto scores = scaled_scores(q, k_t);
   if (decode_options().dsa_head_probs && dtype == torch::kFloat32 && ops::dsa_head_probs_supported(scores, support))
     return ops::dsa_head_probs(scores, support);
   return kl_target(masked_softmax(scores, support.unsqueeze(1), accum_dtype(q), /*zero_rows_without_keys=*/false),
@@ -342,6 +351,10 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     const auto keys = index_k.to(compute);
     iq = iq.to(compute), iw = iw.to(compute);
     const bool kernels = index_kernels_serve(iq, keys, topk);
+    // The main attention's queries scaled and heads-major, its keys transposed, once for every
+    // block: a block's scores then read narrows of them without copying (scaled_scores).
+    const auto q_rows = (q * attention_scale(scale, q.size(3))).contiguous();
+    const auto k_t = k.transpose(-1, -2).contiguous();
     const int64_t block_rows = std::clamp<int64_t>(
         block_bytes / indexer_loss_row_bytes(B, q.size(1), iq.size(2), L, kernels), 1, std::max<int64_t>(T, 1));
     Tensor loss;
@@ -351,7 +364,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
       auto sel = indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), keys.narrow(1, 0, seen), query_start + r0,
                                 topk);
       const auto dt = accum_dtype(sel.scores);
-      const auto p = support_target(q.narrow(2, r0, n), k.narrow(2, 0, seen), sel.support, scale, dt);
+      const auto p = support_target(q_rows.narrow(2, r0, n), k_t.narrow(-1, 0, seen), sel.support, dt);
       const auto log_q = support_log_softmax(sel.scores.to(dt), sel.support);
       // The block's share n / T of the mean over all B T rows, and its gradient with respect to the
       // scores in closed form: per row, softmax(scores) times the target's mass minus the target.
