@@ -396,6 +396,14 @@ __device__ __forceinline__ void stage_floats(float* s, const float* src, int n, 
     else s[i] = 0.f;
 }
 
+// Double buffering: waits for this thread's copies into the current buffer (those into the next,
+// when `next_staged`, may stay in flight), then for every thread's.
+__device__ __forceinline__ void wait_for_current_buffer(bool next_staged) {
+  if (next_staged) cp_async_wait<1>();
+  else cp_async_wait<0>();
+  __syncthreads();
+}
+
 // g's m16n8 accumulators of n-tile nt (rows g, g + 8; columns 2t, 2t + 1 of the tile) as A
 // fragments of the next product, whose k-steps are pairs of n-tiles: a0 and a1 from the even
 // n-tile, a2 and a3 from the odd one.
@@ -442,13 +450,9 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
   };
   stage(0, 0);
   for (int j0 = 0, buf = 0; j0 < len; j0 += kBwdTileKeys, buf ^= 1) {
-    if (j0 + kBwdTileKeys < len) {
-      stage(j0 + kBwdTileKeys, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this tile is in place for every warp
+    const bool next = j0 + kBwdTileKeys < len;
+    if (next) stage(j0 + kBwdTileKeys, buf ^ 1);
+    wait_for_current_buffer(next);
     const T* tile = s_k + buf * kBwdTileKeys * pitch;
     const float* d_tile = s_d + buf * kBwdTileKeys;
 
@@ -546,13 +550,9 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
   if (r_begin < p.rows) stage(r_begin, 0);
   for (int64_t r = r_begin; r < p.rows; ++r) {
     const int buf = static_cast<int>((r - r_begin) % 2);
-    if (r + 1 < p.rows) {
-      stage(r + 1, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this row is in place for every warp
+    const bool next = r + 1 < p.rows;
+    if (next) stage(r + 1, buf ^ 1);
+    wait_for_current_buffer(next);
     const T* s_q_row = s_q + buf * H * pitch;
     const float* s_w_row = s_w + buf * H;
     const float* s_d_row = s_d + buf * kBwdTileKeys;
