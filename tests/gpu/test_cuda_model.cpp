@@ -1,16 +1,21 @@
 // GPU (CTest label `gpu`): the model on CUDA against the CPU float64 reference, decode == forward
-// on CUDA, and a bf16-autocast training step. Skips where no CUDA GPU is present.
+// on CUDA, and a bf16-autocast training step with the block norms' outputs in bf16 and in fp32.
+// Skips where no CUDA GPU is present.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "gpu/gpu_testing.h"
 
 #include "common/testing.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/model/looped_lm.h"
+#include "lt2/ops/decode_options.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;
+using lt2::gpu_testing::tolerance;
 using lt2::testing::tiny_config;
 
 
@@ -18,7 +23,7 @@ namespace {
 
 std::vector<std::string> gpu_patterns() {
   std::vector<std::string> p{"full"};
-  for (const char* name : {"gdn", "kda", "mamba2", "retnet", "window", "dsa", "nsa"})
+  for (const char* name : {"gdn", "kda", "mamba2", "retnet", "deltanet", "gla", "hgrn2", "linear", "window", "dsa", "nsa"})
     if (find_mixer(name)) p.push_back(name);
   if (find_mixer("gdn")) p.push_back("interleaved:1:1:gdn:full");
   return p;
@@ -71,23 +76,43 @@ TEST(CudaModel, DecodeEqualsForward) {
   }
 }
 
-TEST(CudaModel, Bf16AutocastTrainingStepIsFinite) {
+// A bf16-autocast training step of every mixer's model is finite, and its gradients are the same
+// whether the block norms hand the mixers and the FFN their input in bf16 (norm_products_dtype, on
+// by default: every mixer reads it through one packed projection) or in fp32, each product casting it.
+TEST(CudaModel, Bf16AutocastTrainingStepMatchesWithBf16NormOutputs) {
   REQUIRE_CUDA();
-  auto cfg = tiny_config();
-  LoopedLM m(cfg);
-  m->to(torch::kCUDA);
-  auto tok = torch::randint(cfg.vocab_size, {4, 32}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
-  at::autocast::set_autocast_enabled(at::kCUDA, true);
-  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  auto logits = m->forward(tok).logits;
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
-  at::autocast::clear_cache();
-  EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
-  auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat32).reshape({-1, cfg.vocab_size}), tok.reshape({-1}));
-  loss.backward();
-  EXPECT_TRUE(std::isfinite(loss.item<double>()));
-  for (auto& p : m->parameters())
-    if (p.grad().defined()) {
-      EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>());
+  for (const auto& pattern : gpu_patterns()) {
+    auto cfg = tiny_config(pattern);
+    torch::manual_seed(12);
+    LoopedLM m(cfg);
+    m->to(torch::kCUDA);
+    auto tok =
+        torch::randint(cfg.vocab_size, {4, 32}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+    auto step = [&](bool bf16_norm_outputs) {
+      DecodeOptions options;
+      options.norm_products_dtype = bf16_norm_outputs;
+      const DecodeOptionsGuard guard(options);
+      m->zero_grad();
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      auto logits = m->forward(tok).logits;
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+      EXPECT_EQ(logits.scalar_type(), torch::kBFloat16) << pattern;
+      auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat32).reshape({-1, cfg.vocab_size}),
+                                                       tok.reshape({-1}));
+      loss.backward();
+      EXPECT_TRUE(std::isfinite(loss.item<double>())) << pattern;
+      std::map<std::string, torch::Tensor> grads;
+      for (const auto& p : m->named_parameters())
+        if (p.value().grad().defined()) grads[p.key()] = p.value().grad().clone();
+      return grads;
+    };
+    const auto fp32_inputs = step(false), bf16_inputs = step(true);
+    ASSERT_EQ(fp32_inputs.size(), bf16_inputs.size()) << pattern;
+    for (const auto& [name, g] : bf16_inputs) {
+      EXPECT_TRUE(torch::isfinite(g).all().item<bool>()) << pattern << " " << name;
+      EXPECT_LT(rel_err(g, fp32_inputs.at(name)), tolerance(torch::kBFloat16)) << pattern << " " << name;
     }
+  }
 }
