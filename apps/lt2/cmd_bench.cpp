@@ -122,11 +122,9 @@ void add_grid_options(CLI::App* cmd, BenchArgs& a) {
       ->capture_default_str();
   cmd->add_option("--device", a.opts.device, "cuda or cpu")->capture_default_str();
   cmd->add_option("--prefill-chunk", a.opts.prefill_chunk, "Prompt tokens per prefill forward")->capture_default_str();
-  std::string names;
-  for (const auto& n : DecodeOptions::names()) names += (names.empty() ? "" : ", ") + n;
   cmd->add_option("--decode-option", a.decode_options,
                   "name=value, repeatable: an engine kernel switch or bound (A/B runs; docs/decode.md). Names: " +
-                      names)
+                      decode_option_names())
       ->delimiter(';');
   cmd->add_option("--memory-limit-gb", a.opts.memory_limit_gb,
                   "Plan against this many GB instead of the device's free memory (cells that do not fit are OOM)")

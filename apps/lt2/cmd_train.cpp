@@ -126,12 +126,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--mixer-option", a->mixer_options,
                   "A mixer option of the new model as MIXER.NAME=VALUE (value as JSON), over the model config's "
                   "(repeatable; e.g. --mixer-option window.window=512)");
-  std::string switch_names;
-  for (const auto& n : DecodeOptions::names()) switch_names += (switch_names.empty() ? "" : ", ") + n;
   cmd->add_option("--kernel-option", a->kernel_options,
                   "NAME=VALUE, repeatable: a kernel switch for this run (TrainConfig::kernel_options; A/B of a CUDA "
                   "kernel against its libtorch form, docs/decode.md), e.g. residual_norm=0. Names: " +
-                      switch_names);
+                      decode_option_names());
   cmd->add_option("--init-from", a->init_from, "Start from this checkpoint's weights (a new stage: fresh optimizer and step 0)");
   cmd->add_option("--train-data", a->train_data, "Training token shard (from `lt2 data prepare`)");
   cmd->add_option("--val-data", a->val_data, "Held-out token shard for evaluation");

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lt2/eval/model.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/util/error.h"
 #include "lt2/util/json.h"
 
@@ -42,6 +43,13 @@ inline void set_dotted(json& j, const std::string& kv, const char* flag, const c
   LT2_CHECK(section.is_null() || section.is_object(), flag, " '", kv, "': '", section_name, "' is not a section");
   auto parsed = json::parse(value, nullptr, false);
   section[key] = parsed.is_discarded() ? json(value) : parsed;
+}
+
+// The kernel switches' names (the DecodeOptions fields of docs/decode.md), for --help texts.
+inline std::string decode_option_names() {
+  std::string names;
+  for (const auto& n : DecodeOptions::names()) names += (names.empty() ? "" : ", ") + n;
+  return names;
 }
 
 // A CLI11 check that a numeric flag is at least `min`: "--seed: must be >= 0, found -1". It runs

@@ -105,8 +105,6 @@ DSAImpl::DSAImpl(const ModelConfig& cfg, const json& o)
   json_get(o, "index_rope_dim", index_rope_dim, where);
   LT2_CHECK(form == "gqa" || form == "latent", where, ": 'attention' must be 'gqa' or 'latent', found '", form, "'");
   latent = form == "latent";
-  // Both forms read x through one packed projection (the gate included), and detached for the indexer.
-  caps_.input_feeds_products = true;
   LT2_CHECK(topk > 0 && index_heads > 0 && index_head_dim > 0, where,
             ": topk, index_heads and index_head_dim must be > 0");
   LT2_CHECK(index_rope_dim >= 0 && index_rope_dim <= index_head_dim && index_rope_dim % 2 == 0, where,

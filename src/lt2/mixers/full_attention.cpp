@@ -67,7 +67,6 @@ FullAttentionImpl::FullAttentionImpl(const ModelConfig& cfg)
       rope_style(cfg.rope_style) {
   caps_.attention_like = true;
   caps_.seq_pos = true;
-  caps_.input_feeds_products = true;
   const int64_t d = cfg.d_model;
   const double std = cfg.init_scale();
   wq = register_module("wq", make_linear(d, n_heads * head_dim, std));

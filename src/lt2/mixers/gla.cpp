@@ -48,7 +48,6 @@ GatedLinearAttentionImpl::GatedLinearAttentionImpl(const ModelConfig& cfg) : nor
   g_norm_swish_gate = register_module("g_norm_swish_gate", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = false;
-  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 

@@ -31,7 +31,6 @@ HGRN2Impl::HGRN2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   o_proj = register_module("o_proj", make_linear(d, d, 1.0 / std::sqrt(double(d))));
 
   delta_rule = false;
-  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = expand_ratio, state_v = head_i_dim;
 }
 

@@ -51,7 +51,6 @@ KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const ModelConfig& cfg) : norm_ep
   o_norm = register_module("o_norm", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = true;
-  caps_.input_feeds_products = true;
   state_heads = num_v_heads, state_k = head_k_dim, state_v = head_v_dim;
   conv_channels = {key_dim, key_dim, value_dim};
 }

@@ -29,7 +29,6 @@ LinearAttentionImpl::LinearAttentionImpl(const ModelConfig& cfg) : norm_eps(cfg.
   o_proj = register_module("o_proj", make_linear(value_dim, d, 1.0 / std::sqrt(double(value_dim))));
 
   delta_rule = false;
-  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 

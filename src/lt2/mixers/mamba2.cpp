@@ -42,7 +42,6 @@ Mamba2Impl::Mamba2Impl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   out_proj = register_module("out_proj", make_linear(d_inner, d, 1.0 / std::sqrt(double(d_inner))));
 
   delta_rule = false;
-  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = state_size, state_v = head_dim;
   conv_channels = {conv_dim};
 }

@@ -69,9 +69,10 @@ struct MixerCaps {
   // Its parallel forward reads x only through linear layers (and views), x's gradient coming from
   // one of them, so under autocast the block may hand x over in the autocast dtype
   // (ops::rms_norm_for_products): the products see the same values and x's gradient is the same
-  // (several products would sum it in that dtype). Mixers that compute with x in its own dtype, or
-  // read it through several linears, leave this false (the invariant test checks the claim).
-  bool input_feeds_products = false;
+  // (several products would sum it in that dtype). Every built-in mixer does (its input projections
+  // are one GEMM); a mixer that computes with x in its own dtype, or reads it through several
+  // linears, sets it false. The invariant test checks every mixer that claims it.
+  bool input_feeds_products = true;
   // Transient bytes of an inference forward of `rows` tokens per sequence over `keys` keys, beyond
   // the few activations per token every mixer makes (memory planning: dense score blocks). Empty
   // for mixers without such blocks.

@@ -63,7 +63,6 @@ NSAImpl::NSAImpl(const ModelConfig& cfg, const json& o)
       rope_theta(cfg.rope_theta),
       rope_style(cfg.rope_style) {
   caps_.seq_pos = true;
-  caps_.input_feeds_products = true;  // one GEMM reads x (project)
   const std::string where = "mixer.nsa";
   json_reject_unknown(o, {"form", "compress_block", "compress_stride", "select_block", "select_count",
                           "local_blocks", "window", "compression", "compress_hidden", "shared_kv"},

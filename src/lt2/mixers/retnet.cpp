@@ -41,7 +41,6 @@ RetNetImpl::RetNetImpl(const ModelConfig& cfg) : norm_eps(cfg.norm_eps) {
   g_norm_swish_gate = register_module("g_norm_swish_gate", RMSNorm(head_v_dim, norm_eps));
 
   delta_rule = false;
-  caps_.input_feeds_products = true;
   state_heads = num_heads, state_k = head_k_dim, state_v = head_v_dim;
 }
 
