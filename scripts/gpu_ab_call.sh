@@ -24,7 +24,7 @@
 # and its profile; `mixtrain`: lt-100m with DSA, KDA, GLA and Mamba2 layers (MIXTRAIN_PATTERNS), MID against
 # the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `resnorm`: the
 # residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on
-# DSA's indexer backward;
+# DSA's indexer backward; `ncuprep`: on the delta rule's preparation backward; `table`: the per-mixer training table;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
@@ -123,6 +123,13 @@ steps+=("ncudsa 120 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu
      build-prebuilt/train_bench --model lt-100m --pattern dsa --steps 1 --warm 0 --checkpoint-loops=auto --seq-len 2048
      --batch-size 16 --indexer-stage sparse |
      grep -v '^RESULT'; done")
+# Nsight Compute on the delta rule's preparation backward at lt2-gdn-100m's shape (one launch), with the
+# compute and instruction sections too: what bounds the largest delta-rule kernel of its training step.
+steps+=("ncuprep 90 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1);
+     \$NCU --clock-control none -k regex:delta_rule_prepare_backward -c 1 $ncu_sections --section ComputeWorkloadAnalysis
+     --section InstructionStats build-prebuilt/mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 --iters 1")
+# Issue 24's per-mixer training table of the new tree at 2048 x 16 under auto (scripts/gpu_train_table.sh).
+steps+=("table 420 T=build-prebuilt/train_bench SHAPES=2048x16 STEPS=4 WARM=2 RUN_S=40 scripts/gpu_train_table.sh")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
   PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")
