@@ -3,7 +3,7 @@
 // attention, the window branch over a range of the cache) against the same step on the libtorch
 // reference (fused decode off): both forms, 4 query heads per kv head, sequences before the
 // first compressed block, at block completions and past the window; fp32 relative RMS error
-// < 1e-5, bf16 < 5e-3. Captured in a CUDA graph and replayed with new positions and tokens, the
+// < 1e-5, bf16 < 5e-3, for the output and for what the step wrote into the state. Captured in a CUDA graph and replayed with new positions and tokens, the
 // step equals the eager one. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
@@ -86,9 +86,16 @@ TEST(FusedNsa, StepMatchesReference) {
         return m->step(x, pos, *reference);
       }();
       EXPECT_LT(rel_err(got, want), tolerance(dt));
-      // The state updates (cache rows, compressed blocks) are the same libtorch ops on both paths.
-      auto a = fused->tensors(), b = reference->tensors();
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "state tensor " << i;
+      // The state updates (cache rows, compressed blocks) come from the projections, on the fused
+      // GEMV in one step and on cuBLAS in the other: what each step wrote (the state less the
+      // random one it started from) agrees to the kernel tolerance.
+      const auto initial = random_state(*m, dt, 7);
+      auto a = fused->tensors(), b = reference->tensors(), before = initial->tensors();
+      for (size_t i = 0; i < a.size(); ++i) {
+        const auto start = before[i].to(torch::kFloat64);
+        EXPECT_LT(rel_err(a[i].to(torch::kFloat64) - start, b[i].to(torch::kFloat64) - start), tolerance(dt))
+            << "state tensor " << i;
+      }
     }
   }
 }

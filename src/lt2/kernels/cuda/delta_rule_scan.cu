@@ -682,8 +682,10 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // so do all of the backward's (warp_product: mma.sync m16n8k8 with operands read from shared memory
 // in either layout, 3xTF32, or TF32 with DeltaRulePrepareParams::tf32; one TF32 product for K K^T
 // and Q K^T from bf16 inputs, exact): warp w owns rows 16 (w % 4) .. + 15 of each product and half
-// of its columns, and the triangular operands' zero blocks are skipped. Rows sit at odd pitches
-// (K + 1, 65, 17) in shared memory. T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
+// of its columns, and the triangular operands' zero blocks are skipped. Rows sit 4 mod 16 floats apart in
+// shared memory (tile_pitch, kMatPitch, kPanelPitch): the fragment reads A[g][t] of a row-major operand
+// (and B[g][t] of a transposed one) then fall in 32 distinct banks, and the reads B[t][g] of the
+// others in at most two ways (odd pitches put 8 x 4 such reads in up to four ways). T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
 // registers), so the UT transform is a product, T times the columns of [beta V | beta exp(G) K]
 // streamed through shared memory in panels of 16 (v never staged whole: two blocks fit an SM), and
 // the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T are products too. Recomputed in the
@@ -694,11 +696,11 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 namespace {
 
 constexpr int kPrepChunk = 64;      // C
-constexpr int kPrepMaxK = 128;      // the [C, K + 1] tiles of q and k in shared memory
+constexpr int kPrepMaxK = 128;      // the [C, K] tiles of q and k in shared memory
 constexpr int kPrepThreads = 256;    // 8 warps
 constexpr int kPrepPanel = 16;      // the backward's columns per panel; K and V multiples of it
-constexpr int kMatPitch = kPrepChunk + 1;
-constexpr int kPanelPitch = kPrepPanel + 1;
+constexpr int kMatPitch = kPrepChunk + 4;   // [C, C] matrices
+constexpr int kPanelPitch = kPrepPanel + 4;  // the backward's panels
 
 // The chunk's rows of q and k (fp32, rows P floats apart; zeros past the sequence), beta, and G the
 // inclusive cumulative sum of g over the chunk (zeros without a gate). Ends with a barrier. q and k
@@ -824,16 +826,16 @@ __device__ __forceinline__ void store_quad(void* base, int64_t at, float4 v) {
   else *reinterpret_cast<uint2*>(static_cast<T*>(base) + at) = make_uint2(pack2<T>(v.x, v.y), pack2<T>(v.z, v.w));
 }
 
-// The forward's tiles of q and k sit K + 4 floats apart (4 mod 16: ldmatrix's 8 rows in distinct
-// banks) and its panel rows kFwdPanelPitch apart (8 mod 16: the B fragments' B[t][g] in distinct banks).
+// The tiles of q and k sit K + 4 floats apart (4 mod 16: ldmatrix's 8 rows in distinct banks), the
+// forward's panel rows kFwdPanelPitch apart (8 mod 16: the B fragments' B[t][g] in distinct banks).
 constexpr int kFwdPanelPitch = kPrepPanel + 8;
-__host__ __device__ constexpr int fwd_tile_pitch(int K) { return K + 4; }
+__host__ __device__ constexpr int tile_pitch(int K) { return K + 4; }
 
 struct PrepareShared {  // offsets in floats
   int q, k, l, t, panel, g, beta, f, total;
 };
 __host__ __device__ inline PrepareShared prepare_shared(int K) {
-  const int tile = kPrepChunk * fwd_tile_pitch(K), mat = kPrepChunk * kMatPitch;
+  const int tile = kPrepChunk * tile_pitch(K), mat = kPrepChunk * kMatPitch;
   PrepareShared s{};
   s.q = 0;
   s.k = s.q + tile;
@@ -859,7 +861,7 @@ template <typename In, bool kTf32, bool kChannel>
 __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(const DeltaRulePrepareParams p) {
   constexpr int C = kPrepChunk;
   constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
-  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = fwd_tile_pitch(K);
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = tile_pitch(K);
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int mt = warp / 2, m0 = 16 * mt;  // the warp's rows
@@ -1043,7 +1045,7 @@ struct PrepareBackwardShared {  // offsets in floats
   int q, k, t, m, x, dp, rp, g, beta, exp_g, db, dg, total;
 };
 __host__ __device__ inline PrepareBackwardShared prepare_backward_shared(int K) {
-  const int tile = kPrepChunk * (K + 1), mat = kPrepChunk * kMatPitch, panel = kPrepChunk * kPanelPitch;
+  const int tile = kPrepChunk * tile_pitch(K), mat = kPrepChunk * kMatPitch, panel = kPrepChunk * kPanelPitch;
   PrepareBackwardShared s{};
   s.q = 0;
   s.k = s.q + tile;
@@ -1070,7 +1072,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     delta_rule_prepare_backward_kernel(const DeltaRulePrepareBackwardParams bp) {
   constexpr int C = kPrepChunk;
   const DeltaRulePrepareParams& p = bp.forward;
-  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = K + 1;
+  const int K = p.head_k, V = p.head_v, T = p.seq, H = p.heads, P = tile_pitch(K);
   const int n = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = n * C, rows = min(C, T - t0);
   const int tid = threadIdx.x;
   const PrepareBackwardShared lay = prepare_backward_shared(K);
