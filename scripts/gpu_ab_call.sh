@@ -24,7 +24,7 @@
 # and its profile; `mixtrain`: lt-100m with DSA, KDA, GLA and Mamba2 layers (MIXTRAIN_PATTERNS), MID against
 # the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `resnorm`: the
 # residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on
-# DSA's indexer backward; `ncuprep`: on the delta rule's preparation backward; `table`: the per-mixer training table;
+# DSA's indexer backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against the new tree; `table`: the per-mixer training table;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
@@ -128,6 +128,12 @@ steps+=("ncudsa 120 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu
 steps+=("ncuprep 90 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1);
      \$NCU --clock-control none -k regex:delta_rule_prepare_backward -c 1 $ncu_sections --section ComputeWorkloadAnalysis
      --section InstructionStats build-prebuilt/mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 --iters 1")
+# The delta rule's layers, MID and the new tree alternating: GDN at lt2-gdn-100m's shape (16 x 2048) and at
+# the 1.3B shape (8 x 4096), and KDA (the per-channel preparation) at the 1.3B shape.
+steps+=("prepab 150 $unpack_mid for i in 1 2; do for c in 'lt2-gdn-100m gdn 16 2048' 'lt2-gdn-1.3b gdn 8 4096'
+     'lt2-gdn-1.3b kda 8 4096'; do set -- \$c; for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do
+     echo \$b \$1 \$2 \$3 x \$4; \$b/mixer_bench --model \$1 --mixer \$2 --batch \$3 --seq \$4 --iters 5 | grep RESULT;
+     done; done; done")
 # Issue 24's per-mixer training table of the new tree at 2048 x 16 under auto (scripts/gpu_train_table.sh).
 steps+=("table 420 T=build-prebuilt/train_bench SHAPES=2048x16 STEPS=4 WARM=2 RUN_S=40 scripts/gpu_train_table.sh")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
