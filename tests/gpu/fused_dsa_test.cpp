@@ -15,6 +15,8 @@
 
 #ifdef LT2_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+
+#include "lt2/kernels/dsa_decode.h"
 #endif
 
 #include "common/testing.h"
@@ -162,10 +164,17 @@ TEST(FusedDsa, GroupedScoresEqualScoresPerRow) {
                Error);  // more than 65535 rows
 }
 
+// The indexer's backward kernels against float64 autograd. 20 rows take one block a key tile, 70
+// rows three (kernels::dsa_index_backward_row_splits on a small grid), the tiles' parts uneven.
 TEST(FusedDsa, IndexBackwardMatchesAutograd) {
   REQUIRE_FUSED_DECODE();
   torch::manual_seed(37);
-  const int64_t B = 2, n = 70;
+  const int64_t B = 2;
+#ifdef LT2_WITH_CUDA
+  EXPECT_EQ(kernels::dsa_index_backward_row_splits(2, 20, 50), 1);
+  EXPECT_EQ(kernels::dsa_index_backward_row_splits(2, 70, 100), 3);
+#endif
+  for (int64_t n : {int64_t{20}, int64_t{70}})
   for (auto [H, D] : {std::pair<int64_t, int64_t>{16, 64}, {64, 128}})
     for (int64_t start : {int64_t{0}, int64_t{30}}) {
       const int64_t L = start + n;
@@ -180,7 +189,7 @@ TEST(FusedDsa, IndexBackwardMatchesAutograd) {
       std::vector<Tensor> leaves{q.cpu().to(f64).requires_grad_(true), w.cpu().to(f64).requires_grad_(true),
                                  keys.cpu().to(f64).requires_grad_(true)};
       const auto want = torch::autograd::grad({lightning_indexer_scores(leaves[0], leaves[1], leaves[2])}, leaves, {d});
-      const std::string where = cat(H, " heads of dim ", D, ", start ", start);
+      const std::string where = cat(n, " rows, ", H, " heads of dim ", D, ", start ", start);
       EXPECT_LT(rel_err(got.dq.cpu().to(f64), want[0]), tolerance(torch::kBFloat16)) << where;
       EXPECT_LT(rel_err(got.dw.cpu().to(f64), want[1]), tolerance(torch::kBFloat16)) << where;
       EXPECT_LT(rel_err(got.d_keys.cpu().to(f64), want[2]), tolerance(torch::kBFloat16)) << where;

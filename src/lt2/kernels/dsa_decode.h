@@ -67,10 +67,15 @@ struct DsaIndexBackwardParams {
   const float* d_scores;  // [B, rows, L] fp32 contiguous
   void* dq;               // [B, rows, H, D] bf16 contiguous
   float* dw;              // [B, rows, H] contiguous
-  float* dkeys;           // [B, L, D] contiguous
+  float* dkeys;           // [row_splits, B, L, D] contiguous: one partial sum per split, summed by the caller
   int batch, rows, heads, head_dim, length;
   int64_t query_start;
+  int row_splits;         // blocks a key tile's rows are divided among (dsa_index_backward_row_splits)
 };
+// How many blocks dsa_index_backward divides each key tile's rows among, so that its dkeys grid
+// (key tiles x batch x splits) fills the device several times over: at least 1, at most one per
+// 32 rows.
+int dsa_index_backward_row_splits(int batch, int rows, int length);
 // Whether dsa_index_backward takes these dims (its template instances): 16, 32, 64 or 128 heads of
 // dim 64 or 128 (a warp's fp32 accumulators of 16 rows x D stay in registers).
 constexpr bool dsa_index_backward_supported(int heads, int head_dim) {

@@ -37,9 +37,12 @@
 //   registers, then dq += g K, g's accumulators serving as the A fragments (the C layout of one
 //   m16n8k16 is the A layout of the next, as in FlashAttention's P V) and K's B fragments coming
 //   from ldmatrix.trans.
-//   dkeys kernel: a block per (64 keys, sequence), a warp per 16 keys (M) held as A fragments; it
-//   walks the rows that see any of its keys, each row's q [H, D], w and d_scores staged in shared
-//   memory: a^T = K q^T, g^T, then dkeys += g^T q (q's B fragments by ldmatrix.trans).
+//   dkeys kernel: a block per (64 keys, sequence, part of the rows), a warp per 16 keys (M) held as
+//   A fragments; it walks its part of the rows that see any of its keys, each row's q [H, D], w and
+//   d_scores staged in shared memory: a^T = K q^T, g^T, then dkeys += g^T q (q's B fragments by
+//   ldmatrix.trans), and writes its partial sum. Without the split a block of 372 rows at lt-100m's
+//   DSA layer launched 6 to 32 key tiles x 16 sequences, 96 to 512 blocks over 396 slots (3 an SM):
+//   one or two rounds, the last mostly empty, each block's rows one after another.
 //   Shared-memory floor: every mma.sync of both kernels takes its B operand from shared memory (two
 //   32-bit loads or half an ldmatrix.x4 a lane: 256 bytes a warp for 2048 FMAs), so a (row, key tile)
 //   pair costs 4 warps x 128 mma x 256 B = 128 KB of shared reads in each kernel, ~1,024 cycles an
@@ -502,9 +505,10 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
   }
 }
 
-// Grid (ceil(L / 64), B), 4 warps; warp w takes keys j0 + 16 w .. + 15, lane 4 g + t keys g and
-// g + 8 of those. Two buffers of a row's q, w and d_scores: the next row is copied in while the
-// products of this one run.
+// Grid (ceil(L / 64), B, row_splits), 4 warps; warp w takes keys j0 + 16 w .. + 15, lane 4 g + t
+// keys g and g + 8 of those. The rows that see the tile are divided into row_splits equal parts, one
+// a block (a part may be empty: the block writes zeros). Two buffers of a row's q, w and d_scores:
+// the next row is copied in while the products of this one run.
 template <int DT, int HT>
 __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel(const DsaIndexBackwardParams p) {
   using T = __nv_bfloat16;
@@ -547,10 +551,12 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
   };
   // Row r sees key j when j <= query_start + r: the tile's keys are seen from row j0 - query_start on.
   const int64_t r_begin = max(static_cast<int64_t>(0), j0 - p.query_start);
-  if (r_begin < p.rows) stage(r_begin, 0);
-  for (int64_t r = r_begin; r < p.rows; ++r) {
-    const int buf = static_cast<int>((r - r_begin) % 2);
-    const bool next = r + 1 < p.rows;
+  const int64_t part = (max(static_cast<int64_t>(0), p.rows - r_begin) + p.row_splits - 1) / p.row_splits;
+  const int64_t r_lo = r_begin + blockIdx.z * part, r_hi = min(static_cast<int64_t>(p.rows), r_lo + part);
+  if (r_lo < r_hi) stage(r_lo, 0);
+  for (int64_t r = r_lo; r < r_hi; ++r) {
+    const int buf = static_cast<int>((r - r_lo) % 2);
+    const bool next = r + 1 < r_hi;
     if (next) stage(r + 1, buf ^ 1);
     wait_for_current_buffer(next);
     const T* s_q_row = s_q + buf * H * pitch;
@@ -587,7 +593,7 @@ __global__ void __launch_bounds__(32 * kBwdTileKeys / 16) dsa_index_dkeys_kernel
     __syncthreads();  // this row's buffer is read before the row after next is copied into it
   }
 
-  float* out = p.dkeys + static_cast<int64_t>(b) * L * D;
+  float* out = p.dkeys + (static_cast<int64_t>(blockIdx.z) * p.batch + b) * L * D;
   const int j_lo = j0 + kw + g, j_hi = j_lo + 8;
 #pragma unroll
   for (int dn = 0; dn < 2 * DT; ++dn) {
@@ -607,8 +613,8 @@ void launch_index_backward(const DsaIndexBackwardParams& p, cudaStream_t stream)
   const size_t smem_dk =
       sizeof(__nv_bfloat16) * (kBwdTileKeys + 2 * H) * pitch + 2 * sizeof(float) * (H + kBwdTileKeys);
   reserve_shared<dsa_index_dkeys_kernel<DT, HT>>(smem_dk, "dsa_index_backward");
-  dsa_index_dkeys_kernel<DT, HT><<<dim3(ceil_div(p.length, kBwdTileKeys), p.batch), 32 * kBwdTileKeys / 16, smem_dk,
-                                   stream>>>(p);
+  dsa_index_dkeys_kernel<DT, HT><<<dim3(ceil_div(p.length, kBwdTileKeys), p.batch, p.row_splits),
+                                   32 * kBwdTileKeys / 16, smem_dk, stream>>>(p);
   check_launch("dsa_index_backward (dkeys)");
 }
 
@@ -624,11 +630,22 @@ void dispatch_index_backward(const DsaIndexBackwardParams& p, cudaStream_t strea
 
 }  // namespace
 
+int dsa_index_backward_row_splits(int batch, int rows, int length) {
+  constexpr int kMinRows = 32;  // rows a part at least: each part re-reads its key tile and writes a partial
+  int device = 0;
+  cudaGetDevice(&device);
+  const int64_t fill = 8LL * device_attribute(cudaDevAttrMultiProcessorCount, device, "dsa_index_backward");
+  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(ceil_div(length, kBwdTileKeys)) * batch);
+  return static_cast<int>(std::clamp<int64_t>((fill + blocks - 1) / blocks, 1, std::max(1, ceil_div(rows, kMinRows))));
+}
+
 void dsa_index_backward(const DsaIndexBackwardParams& p, void* stream) {
   LT2_CHECK(dsa_index_backward_supported(p.heads, p.head_dim), "dsa_index_backward: ", p.heads, " heads of dim ",
             p.head_dim, " (it takes 16, 32, 64 or 128 heads of dim 64 or 128)");
   LT2_CHECK(p.batch >= 0 && p.batch <= 65535 && p.rows >= 0 && p.length >= 1 && p.length <= kDsaMaxLength,
             "dsa_index_backward: batch ", p.batch, " (at most 65535), ", p.rows, " rows, length ", p.length);
+  LT2_CHECK(p.row_splits >= 1 && p.row_splits <= 65535, "dsa_index_backward: row_splits ", p.row_splits,
+            " must be in [1, 65535]");
   if (p.batch == 0 || p.rows == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   if (p.head_dim == 64) dispatch_index_backward<4>(p, s);

@@ -278,8 +278,11 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
   const auto qc = q.stride(3) == 1 && q.stride(2) == D && rows_aligned(q) ? q : q.contiguous();
   const auto kc = with_aligned_rows(index_keys);
   const auto wc = w.to(torch::kFloat32).contiguous(), dc = d_scores.to(torch::kFloat32).contiguous();
+  // d_keys as one partial sum per part of the rows (the kernel's row splits), summed here.
+  const int splits = kernels::dsa_index_backward_row_splits(static_cast<int>(B), static_cast<int>(n),
+                                                            static_cast<int>(L));
   IndexBackward out{torch::empty({B, n, H, D}, q.options()), torch::empty({B, n, H}, wc.options()),
-                    torch::empty({B, L, D}, wc.options())};
+                    torch::empty({splits, B, L, D}, wc.options())};
   kernels::DsaIndexBackwardParams p{};
   p.q = qc.data_ptr(), p.q_batch_stride = qc.stride(0), p.q_row_stride = qc.stride(1);
   p.w = wc.data_ptr<float>();
@@ -288,7 +291,9 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
   p.dq = out.dq.data_ptr(), p.dw = out.dw.data_ptr<float>(), p.dkeys = out.d_keys.data_ptr<float>();
   p.batch = static_cast<int>(B), p.rows = static_cast<int>(n), p.heads = static_cast<int>(H);
   p.head_dim = static_cast<int>(D), p.length = static_cast<int>(L), p.query_start = query_start;
+  p.row_splits = splits;
   kernels::dsa_index_backward(p, current_stream(q));
+  out.d_keys = splits == 1 ? out.d_keys.squeeze(0) : out.d_keys.sum(0);
   return out;
 #else
   (void)w, (void)d_scores, (void)query_start;
