@@ -203,6 +203,32 @@ def make_record(gtest_json=None, log=None, rc=None, device=None, commit=None, so
     return record
 
 
+def merge_records(parts):
+    """One record from the records of one suite run in parts (GTEST_FILTER, e.g. split over calls):
+    the same commit, kernels/ops hash and device, disjoint tests; the filters joined, the newest date."""
+    first = parts[0]
+    for key in ("commit", "kernels_ops_hash", "device"):
+        values = {r[key] for r in parts}
+        if len(values) != 1:
+            raise ValueError(f"the parts differ in {key}: {sorted(values)}")
+    tests, messages = {}, {}
+    for r in parts:
+        overlap = set(tests) & set(r["tests"])
+        if overlap:
+            raise ValueError(f"the parts share tests: {sorted(overlap)[:5]}")
+        tests.update(r["tests"])
+        messages.update(r.get("failure_messages", {}))
+    record = dict(first)
+    record.update(date=max(r["date"] for r in parts), filter=" + ".join(r.get("filter", "*") for r in parts),
+                  command=" ; ".join(str(r.get("command")) for r in parts),
+                  exit_code=max((r.get("exit_code") or 0) for r in parts), totals=totals_of(tests),
+                  tests=dict(sorted(tests.items())))
+    record.pop("failure_messages", None)
+    if messages:
+        record["failure_messages"] = messages
+    return record
+
+
 # ----------------------------------------------------------------------------------------------
 # Reading records and saying where things stand.
 
@@ -317,6 +343,15 @@ def _self_test():
     assert "1/3 passed (1 failed, 1 skipped; failing: `A.y`)" in status_line(None, rec, "1" * 64)
     assert "not yet run on a GPU" in status_line(None, rec, "1" * 64)
     assert "unchanged since" in status_line(None, rec, "0" * 64)
+    other = dict(rec, tests={"B.w": "passed"}, totals=totals_of({"B.w": "passed"}), filter="B.*")
+    merged = merge_records([dict(rec, filter="A.*"), other])
+    assert merged["totals"] == {"tests": 4, "passed": 2, "failed": 1, "skipped": 1, "crashed": 0}, merged
+    assert merged["filter"] == "A.* + B.*" and record_problems(merged) == []
+    try:
+        merge_records([rec, dict(rec, commit="d")])
+        raise AssertionError("parts of different commits merged")
+    except ValueError:
+        pass
 
 
 def main():
@@ -327,6 +362,8 @@ def main():
     ap.add_argument("--hash", action="store_true", help="print the kernels/ops hash")
     ap.add_argument("--at", metavar="COMMIT", help="with --hash: of this commit's files (git)")
     ap.add_argument("--record", action="store_true", help="write a record from a test run")
+    ap.add_argument("--merge", nargs="+", metavar="RECORD",
+                    help="with --out: one record from the records of a suite run in parts (same commit and device)")
     ap.add_argument("--gtest-json"), ap.add_argument("--log"), ap.add_argument("--rc", type=int)
     ap.add_argument("--device"), ap.add_argument("--commit"), ap.add_argument("--source-hash")
     ap.add_argument("--filter", default="*"), ap.add_argument("--command"), ap.add_argument("--out")
@@ -339,6 +376,20 @@ def main():
         if not a.out:
             ap.error("--record needs --out")
         rec = make_record(a.gtest_json, a.log, a.rc, a.device, a.commit, a.source_hash, a.filter, a.command)
+        with open(a.out, "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
+        print(status_line(a.out, rec, rec["kernels_ops_hash"]).split(";")[0] + f" -> {a.out}")
+        return 0
+
+    if a.merge:
+        if not a.out:
+            ap.error("--merge needs --out")
+        parts = []
+        for path in a.merge:
+            with open(path) as f:
+                parts.append(json.load(f))
+        rec = merge_records(parts)
         with open(a.out, "w") as f:
             json.dump(rec, f, indent=1)
             f.write("\n")
