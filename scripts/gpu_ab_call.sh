@@ -118,10 +118,11 @@ steps+=("ncu 150 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | 
      for k in 'delta_rule -c 4' 'backward|row_dots -c 3'; do set -- \$k; \$NCU --clock-control none -k regex:\"\$1\" \$2 \$3
      $ncu_sections build-prebuilt/mixer_bench --model lt2-gdn-100m --mixer gdn --batch 16 --seq 2048 --iters 1; done")
 # Nsight Compute on DSA's indexer backward (the dkeys and dq kernels, one launch each) in lt-100m/dsa's sparse stage
-# at 2048 x 16: the same sections.
+# at 2048 x 16: the same sections. Checkpointing forced on: `auto` would first measure steps of 1 and 2 rows,
+# whose launches ncu's -c 1 would catch.
 steps+=("ncudsa 120 NCU=\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1);
      for k in dsa_index_dkeys dsa_index_dq; do \$NCU --clock-control none -k regex:\$k -c 1 $ncu_sections
-     build-prebuilt/train_bench --model lt-100m --pattern dsa --steps 1 --warm 0 --checkpoint-loops=auto --seq-len 2048
+     build-prebuilt/train_bench --model lt-100m --pattern dsa --steps 1 --warm 0 --checkpoint-loops --seq-len 2048
      --batch-size 16 --indexer-stage sparse |
      grep -v '^RESULT'; done")
 # Nsight Compute on the delta rule's preparation backward at lt2-gdn-100m's shape (one launch), with the
