@@ -83,13 +83,14 @@ steps+=("dsa 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$shape;
      --iters 5 | grep RESULT; for o in 0 1; do echo layer dsa dsa_index_kernels=\$o; build-prebuilt/mixer_bench --model
      lt2-gdn-1.3b --mixer dsa --batch 8 --seq 4096 --iters 5 --option dsa_index_kernels=\$o | grep RESULT; done")
 # DSA's sparse stage (the indexer loss) by MID and by the new tree, alternating, at both shapes
-# (DSASPARSE_SHAPES="'2048 16'" for one; the new
+# (DSASPARSE_SHAPES="'2048 16'" for one, DSASPARSE_PROFILE=0 without the profile; the new
 # tree with the train_bench flags in NEW_OPTS, e.g. "--option residual_norm=0", to leave a change out);
 # then the new tree's per-operator profile of it at 2048 x 16.
 steps+=("dsasparse 300 $unpack_mid for shape in ${DSASPARSE_SHAPES:-'2048 16' '8192 4'}; do set -- \$shape;
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do extra=; [ \$b = build-prebuilt ] && extra='${NEW_OPTS:-}';
      echo \$b dsa \$1 x \$2 sparse \$extra; \$b/train_bench $dsa_train --seq-len \$1 --batch-size \$2
      --indexer-stage sparse \$extra | grep RESULT; done; done;
+     [ '${DSASPARSE_PROFILE:-1}' = 0 ] ||
      build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops")
 # lt-100m with other mixers' layers (MIXTRAIN_PATTERNS, default DSA with its indexer stage off, KDA, GLA and
 # Mamba2) at 2048 x 16 under auto, MID and the new tree alternating: what the mixers' input handling gives.
