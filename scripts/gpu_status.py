@@ -218,8 +218,11 @@ def merge_records(parts):
             raise ValueError(f"the parts share tests: {sorted(overlap)[:5]}")
         tests.update(r["tests"])
         messages.update(r.get("failure_messages", {}))
+    filters = [r.get("filter", "*") for r in parts]
+    # A filter and its negation (gpu_ab_call.sh's two parts) are the whole suite.
+    whole = len(filters) == 2 and (filters[0] == "-" + filters[1] or filters[1] == "-" + filters[0])
     record = dict(first)
-    record.update(date=max(r["date"] for r in parts), filter=" + ".join(r.get("filter", "*") for r in parts),
+    record.update(date=max(r["date"] for r in parts), filter="*" if whole else " + ".join(filters),
                   command=" ; ".join(str(r.get("command")) for r in parts),
                   exit_code=max((r.get("exit_code") or 0) for r in parts), totals=totals_of(tests),
                   tests=dict(sorted(tests.items())))
@@ -347,6 +350,7 @@ def _self_test():
     merged = merge_records([dict(rec, filter="A.*"), other])
     assert merged["totals"] == {"tests": 4, "passed": 2, "failed": 1, "skipped": 1, "crashed": 0}, merged
     assert merged["filter"] == "A.* + B.*" and record_problems(merged) == []
+    assert merge_records([dict(rec, filter="-B.*"), other])["filter"] == "*"
     try:
         merge_records([rec, dict(rec, commit="d")])
         raise AssertionError("parts of different commits merged")
