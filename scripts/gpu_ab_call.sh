@@ -10,7 +10,7 @@
 #                                              layer) wait for it; newab, dsaprefill, midab and prefill need
 #                                              MID_TARBALL
 #   OLD_TARBALL=.deps/build-<commit>.tar.xz   an older baseline: MID is A/B'd against it first (optional)
-#   ONLY="tests newab ..."                     run only these steps, in their order below (default: all)
+#   ONLY="tests newab ..."                     run only these steps, in this order (default: all, in their order below)
 # Steps: the GPU suite in two parts (`tests`, then `chunk_tests`: the delta-rule and score kernels' tests,
 # where a kernel fault would end the test process); a train_bench A/B (build-prebuilt against MID) of lt-100m
 # and lt2-gdn-100m at seq 2048 x 16 and 8192 x 4 (`newab`); `gated`: the gated linear family on the
@@ -153,10 +153,11 @@ steps+=(
   "prefill 150 BASE_TARBALL=$MID_TARBALL CONTEXTS=8192,32768 PROFILE_CONTEXTS=8192 scripts/gpu_prefill_ab.sh"
   "profile 120 for m in lt-100m lt2-gdn-100m; do build-prebuilt/train_bench --model \$m --seq-len 2048
      --batch-size 16 --steps 4 --warm 2 --checkpoint-loops --profile 1 --profile-ops; done")
-# A step is one line for gpu_batch.sh: fold the continuation lines above; keep the ONLY ones.
+# A step is one line for gpu_batch.sh: fold the continuation lines above; keep the ONLY ones, in ONLY's order.
 chosen=()
-for step in "${steps[@]}"; do
-  name=${step%% *}
-  [[ -z "${ONLY:-}" || " $ONLY " == *" $name "* ]] && chosen+=("$(echo "$step" | tr '\n' ' ' | tr -s ' ')")
+for name in ${ONLY:-$(for step in "${steps[@]}"; do echo "${step%% *}"; done)}; do
+  for step in "${steps[@]}"; do
+    [ "${step%% *}" = "$name" ] && chosen+=("$(echo "$step" | tr '\n' ' ' | tr -s ' ')")
+  done
 done
 exec scripts/gpu_batch.sh "${chosen[@]}"
