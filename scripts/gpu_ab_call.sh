@@ -12,7 +12,7 @@
 #   OLD_TARBALL=.deps/build-<commit>.tar.xz   an older baseline: MID is A/B'd against it first (optional)
 #   ONLY="tests newab ..."                     run only these steps, in this order (default: all, in their order below)
 # Steps: the GPU suite in two parts (`tests`, then `chunk_tests`: the delta-rule and score kernels' tests,
-# where a kernel fault would end the test process); a train_bench A/B (build-prebuilt against MID) of lt-100m
+# where a kernel fault would end the test process), or `focus`: the tests FOCUS_FILTER names; a train_bench A/B (build-prebuilt against MID) of lt-100m
 # and lt2-gdn-100m at seq 2048 x 16 and 8192 x 4 (`newab`); `gated`: the gated linear family on the
 # preparation kernel's additive mode against the libtorch form (switch gated_linear_prepare, same binary: the
 # recurrence alone at 8 x 4096 with 16 heads of 128, and the Mamba2 and RetNet layers at the 1.3B shape),
@@ -50,7 +50,8 @@ if [ -z "$MID_TARBALL" ]; then
     [ -x /tmp/baseline/build/bench/mixer_bench ] && mkdir -p /tmp/train_ab_base && ln -sfn /tmp/baseline/build/bench $mid; };"
 fi
 steps=("tests 150 GTEST_FILTER='-$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh"
-  "chunk_tests 150 GTEST_FILTER='$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh")
+  "chunk_tests 150 GTEST_FILTER='$chunk_tests' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh"
+  "focus 150 GTEST_FILTER='${FOCUS_FILTER:-$chunk_tests}' STAGES=test PREBUILT=build-prebuilt scripts/gpu_infer.sh")
 steps+=(
   "newab 200 BASE_TARBALL=$MID_TARBALL STEPS=5 scripts/gpu_train_ab.sh"
   "gated 160 $unpack_mid for m in mamba2 linear; do for o in 0 1; do echo core \$m gated_linear_prepare=\$o;
