@@ -193,6 +193,14 @@ TEST(FusedDsa, IndexBackwardMatchesAutograd) {
       EXPECT_LT(rel_err(got.dq.cpu().to(f64), want[0]), tolerance(torch::kBFloat16)) << where;
       EXPECT_LT(rel_err(got.dw.cpu().to(f64), want[1]), tolerance(torch::kBFloat16)) << where;
       EXPECT_LT(rel_err(got.d_keys.cpu().to(f64), want[2]), tolerance(torch::kBFloat16)) << where;
+      // dq written into rows of a larger buffer (dq_out): the same values, the rows around untouched.
+      const auto buffer = torch::full({B, n + 3, H, D}, 7.0, gpu(torch::kBFloat16));
+      const auto into = ops::dsa_index_backward(q, w, keys, d.masked_fill(~visible, NAN).to(gpu(torch::kFloat32)),
+                                                start, buffer.narrow(1, 2, n));
+      EXPECT_TRUE(torch::equal(buffer.narrow(1, 2, n), got.dq)) << where;
+      EXPECT_TRUE((buffer.narrow(1, 0, 2) == 7.0).all().item<bool>() && (buffer.narrow(1, n + 2, 1) == 7.0).all().item<bool>())
+          << where;
+      EXPECT_EQ(into.dq.data_ptr(), buffer.narrow(1, 2, n).data_ptr()) << where;
     }
 }
 

@@ -65,7 +65,8 @@ struct DsaIndexBackwardParams {
   const void* keys;       // [B, L, D] bf16, 16-byte aligned rows
   int64_t k_batch_stride, k_row_stride;
   const float* d_scores;  // [B, rows, L] fp32 contiguous
-  void* dq;               // [B, rows, H, D] bf16 contiguous
+  void* dq;               // [B, rows, H, D] bf16, heads packed (head stride D), 4-byte aligned
+  int64_t dq_batch_stride, dq_row_stride;
   float* dw;              // [B, rows, H] contiguous
   float* dkeys;           // [row_splits, B, L, D] contiguous: one partial sum per split, summed by the caller
   int batch, rows, heads, head_dim, length;

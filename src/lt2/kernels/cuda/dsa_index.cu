@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(32 * kDsaIndexMaxHeads / 16) dsa_index_dq_kern
     dw_hi += __shfl_xor_sync(0xffffffffu, dw_hi, off);
   }
   if (t == 0) p.dw[row * H + h0 + g] = dw_lo, p.dw[row * H + h0 + g + 8] = dw_hi;
-  T* dq_out = static_cast<T*>(p.dq) + row * H * D;
+  T* dq_out = static_cast<T*>(p.dq) + b * p.dq_batch_stride + r * p.dq_row_stride;
 #pragma unroll
   for (int dn = 0; dn < 2 * DT; ++dn) {
     const int d = 8 * dn + 2 * t;

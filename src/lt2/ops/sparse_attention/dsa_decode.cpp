@@ -257,7 +257,7 @@ bool dsa_index_backward_supported(const Tensor& q, const Tensor& index_keys) {
 }
 
 IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& d_scores,
-                                 int64_t query_start) {
+                                 int64_t query_start, const Tensor& dq_out) {
   const char* op = "dsa_index_backward";
   if (!fused_decode_available()) no_cuda(op);
   LT2_CHECK(dsa_index_backward_supported(q, index_keys), op, ": q must be [B, n, H_I, d_I] and index_keys [B, L, d_I] ",
@@ -272,6 +272,12 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
             op, ": d_scores must be [B, n, L] = [", B, ", ", n, ", ", L, "] floating point on ", q.device(), ", found ",
             sizes_of(d_scores));
   LT2_CHECK(query_start >= 0, op, ": query_start must be >= 0, found ", query_start);
+  LT2_CHECK(!dq_out.defined() || (dq_out.sizes() == q.sizes() && dq_out.scalar_type() == q.scalar_type() &&
+                                  dq_out.device() == q.device() && dq_out.stride(3) == 1 && dq_out.stride(2) == D &&
+                                  reinterpret_cast<uintptr_t>(dq_out.data_ptr()) % 4 == 0 &&
+                                  dq_out.stride(1) % 2 == 0 && dq_out.stride(0) % 2 == 0),
+            op, ": dq_out must be [B, n, H_I, d_I] = ", sizes_of(q), " bf16 on ", q.device(),
+            " with packed heads (strides [., ., d_I, 1]) and even row strides, found ", sizes_of(dq_out));
 #ifdef LT2_WITH_CUDA
   c10::cuda::CUDAGuard guard(q.device());
   // q's heads packed (the kernel reads a row's H x D at once), every row 16-byte aligned.
@@ -281,7 +287,7 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
   // d_keys as one partial sum per part of the rows (the kernel's row splits), summed here.
   const int splits = kernels::dsa_index_backward_row_splits(static_cast<int>(B), static_cast<int>(n),
                                                             static_cast<int>(L));
-  IndexBackward out{torch::empty({B, n, H, D}, q.options()), torch::empty({B, n, H}, wc.options()),
+  IndexBackward out{dq_out.defined() ? dq_out : torch::empty({B, n, H, D}, q.options()), torch::empty({B, n, H}, wc.options()),
                     torch::empty({splits, B, L, D}, wc.options())};
   kernels::DsaIndexBackwardParams p{};
   p.q = qc.data_ptr(), p.q_batch_stride = qc.stride(0), p.q_row_stride = qc.stride(1);
@@ -289,6 +295,7 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
   p.keys = kc.data_ptr(), p.k_batch_stride = kc.stride(0), p.k_row_stride = kc.stride(1);
   p.d_scores = dc.data_ptr<float>();
   p.dq = out.dq.data_ptr(), p.dw = out.dw.data_ptr<float>(), p.dkeys = out.d_keys.data_ptr<float>();
+  p.dq_batch_stride = out.dq.stride(0), p.dq_row_stride = out.dq.stride(1);
   p.batch = static_cast<int>(B), p.rows = static_cast<int>(n), p.heads = static_cast<int>(H);
   p.head_dim = static_cast<int>(D), p.length = static_cast<int>(L), p.query_start = query_start;
   p.row_splits = splits;
@@ -296,7 +303,7 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
   out.d_keys = splits == 1 ? out.d_keys.squeeze(0) : out.d_keys.sum(0);
   return out;
 #else
-  (void)w, (void)d_scores, (void)query_start;
+  (void)w, (void)d_scores, (void)query_start, (void)dq_out;
   no_cuda(op);
 #endif
 }

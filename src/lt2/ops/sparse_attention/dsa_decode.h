@@ -53,12 +53,14 @@ bool dsa_index_topk_supported(const Tensor& q, const Tensor& index_keys, int64_t
 // j <= query_start + r), w [B, n, H_I], index_keys [B, L, d_I] and the loss's gradient d_scores
 // [B, n, L] with respect to scores[b, r, j] = sum_h w[b, r, h] relu(q[b, r, h, :] . index_keys[b, j, :]),
 // the gradients {dq [B, n, H_I, d_I] bf16, dw [B, n, H_I] fp32, d_keys [B, L, d_I] fp32}. q and
-// index_keys bf16 on one CUDA device; w and d_scores any floating dtype (taken in fp32).
+// index_keys bf16 on one CUDA device; w and d_scores any floating dtype (taken in fp32). dq_out, where
+// given, is where dq is written (and returned): a bf16 [B, n, H_I, d_I] on q's device with its heads
+// packed (strides [., ., d_I, 1]), such as a narrow of the caller's gradient of all the rows.
 struct IndexBackward {
   Tensor dq, dw, d_keys;
 };
 IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor& index_keys, const Tensor& d_scores,
-                                 int64_t query_start);
+                                 int64_t query_start, const Tensor& dq_out = Tensor());
 // Whether dsa_index_backward takes q and index_keys: a build with the CUDA kernels, bf16 on one CUDA
 // device, 16, 32, 64 or 128 heads of dim 64 or 128 (kernels::dsa_index_backward_supported).
 bool dsa_index_backward_supported(const Tensor& q, const Tensor& index_keys);

@@ -405,7 +405,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1), L = index_k.size(1);
     const int64_t query_start = ctx->saved_data["query_start"].toInt();
-    auto d_iq = torch::empty_like(iq), d_iw = torch::empty_like(iw);
+    auto d_iq = torch::empty(iq.sizes(), iq.options()), d_iw = torch::empty_like(iw);  // d_iq packed: the kernel's dq_out
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
     const auto iq_c = iq.detach().to(compute), iw_c = iw.detach().to(compute), keys_c = index_k.to(compute);
     const bool kernel = decode_options().dsa_index_kernels && ops::dsa_index_backward_supported(iq_c, keys_c);
@@ -416,9 +416,11 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
         const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
         const auto d = saved[block] * grads[0];  // [B, n, seen]
         std::vector<Tensor> g;                   // d(iq), d(iw), d(keys) of the block
+        bool dq_written = false;                 // the kernel wrote d(iq) into d_iq's rows itself
         if (kernel) {
+          dq_written = d_iq.scalar_type() == iq_c.scalar_type();
           auto k = ops::dsa_index_backward(iq_c.narrow(1, r0, n), iw_c.narrow(1, r0, n), keys_c.narrow(1, 0, seen), d,
-                                           query_start + r0);
+                                           query_start + r0, dq_written ? d_iq.narrow(1, r0, n) : Tensor());
           g = {k.dq, k.dw, k.d_keys};
         } else {
           const auto iq_b = iq_c.narrow(1, r0, n).detach().requires_grad_(true);
@@ -427,7 +429,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
           auto scores = lightning_indexer_scores(iq_b, iw_b, keys_b);
           g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d.to(scores.scalar_type())});
         }
-        d_iq.narrow(1, r0, n).copy_(g[0]);
+        if (!dq_written) d_iq.narrow(1, r0, n).copy_(g[0]);
         d_iw.narrow(1, r0, n).copy_(g[1]);
         d_keys.narrow(1, 0, seen) += g[2];
       }
