@@ -3,8 +3,8 @@
 // attention, the window branch over a range of the cache) against the same step on the libtorch
 // reference (fused decode off): both forms, 4 query heads per kv head, sequences before the
 // first compressed block, at block completions and past the window; fp32 relative RMS error
-// < 1e-5, bf16 < 5e-3, for the output and for what the step wrote into the state. Captured in a CUDA graph and replayed with new positions and tokens, the
-// step equals the eager one. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// < 1e-5, bf16 < 5e-3, for the output and for what the step wrote into the state. Captured in a
+// CUDA graph and replayed with new positions and tokens, the step equals the eager one. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"

@@ -682,10 +682,11 @@ void unit_lower_inverse(const UnitLowerInverseParams& p, void* stream) {
 // so do all of the backward's (warp_product: mma.sync m16n8k8 with operands read from shared memory
 // in either layout, 3xTF32, or TF32 with DeltaRulePrepareParams::tf32; one TF32 product for K K^T
 // and Q K^T from bf16 inputs, exact): warp w owns rows 16 (w % 4) .. + 15 of each product and half
-// of its columns, and the triangular operands' zero blocks are skipped. Rows sit 4 mod 16 floats apart in
-// shared memory (tile_pitch, kMatPitch, kPanelPitch): the fragment reads A[g][t] of a row-major operand
-// (and B[g][t] of a transposed one) then fall in 32 distinct banks, and the reads B[t][g] of the
-// others in at most two ways (odd pitches put 8 x 4 such reads in up to four ways). T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
+// of its columns, and the triangular operands' zero blocks are skipped. Rows sit 4 mod 16 floats
+// apart in shared memory (tile_pitch, kMatPitch, kPanelPitch): the fragment reads A[g][t] of a
+// row-major operand (and B[g][t] of a transposed one) then fall in 32 distinct banks, and the reads
+// B[t][g] of the others in at most two ways (odd pitches put 8 x 4 such reads in up to four ways).
+// T = (I + L)^{-1} is formed explicitly (one column per thread for 64 threads, its values in
 // registers), so the UT transform is a product, T times the columns of [beta V | beta exp(G) K]
 // streamed through shared memory in panels of 16 (v never staged whole: two blocks fit an SM), and
 // the backward's dR = T^T dUW and dL = -T^T (dUW R^T) T^T are products too. Recomputed in the

@@ -287,7 +287,8 @@ IndexBackward dsa_index_backward(const Tensor& q, const Tensor& w, const Tensor&
   // d_keys as one partial sum per part of the rows (the kernel's row splits), summed here.
   const int splits = kernels::dsa_index_backward_row_splits(static_cast<int>(B), static_cast<int>(n),
                                                             static_cast<int>(L));
-  IndexBackward out{dq_out.defined() ? dq_out : torch::empty({B, n, H, D}, q.options()), torch::empty({B, n, H}, wc.options()),
+  IndexBackward out{dq_out.defined() ? dq_out : torch::empty({B, n, H, D}, q.options()),
+                    torch::empty({B, n, H}, wc.options()),
                     torch::empty({splits, B, L, D}, wc.options())};
   kernels::DsaIndexBackwardParams p{};
   p.q = qc.data_ptr(), p.q_batch_stride = qc.stride(0), p.q_row_stride = qc.stride(1);
