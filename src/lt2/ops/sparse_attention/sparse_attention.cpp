@@ -213,8 +213,8 @@ Tensor support_target(const Tensor& q, const Tensor& k_t, const Tensor& support,
 
 // The indexer's log-distribution over the support, 0 off it (no -inf * 0 in the KL's terms).
 Tensor support_log_softmax(const Tensor& scores, const Tensor& support) {
-  auto log_q = torch::log_softmax(scores.masked_fill(~support, -std::numeric_limits<double>::infinity()), -1);
-  return torch::where(support, log_q, torch::zeros_like(log_q));
+  const auto off = ~support;
+  return torch::log_softmax(scores.masked_fill(off, -std::numeric_limits<double>::infinity()), -1).masked_fill(off, 0.0);
 }
 
 // Each row's KL(p || q) summed over the keys: [B, T]; 0 off the support (p = 0 there).
@@ -370,8 +370,8 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
       // scores in closed form: per row, softmax(scores) times the target's mass minus the target.
       const double share = 1.0 / static_cast<double>(B * T);
       auto part = kl_rows(p, log_q).sum() * share;
-      auto q_probs = torch::where(sel.support, log_q.exp(), torch::zeros_like(log_q));
-      saved.push_back((q_probs * p.sum(-1, /*keepdim=*/true) - p) * share);
+      auto grad = log_q.exp().masked_fill_(~sel.support, 0.0);  // the indexer's probabilities on the support
+      saved.push_back(grad.mul_(p.sum(-1, /*keepdim=*/true) * share).sub_(p, share));
       loss = loss.defined() ? loss + part : part;
       supports.push_back(seen == L ? sel.support : torch::constant_pad_nd(sel.support, {0, L - seen}, 0));
     }
