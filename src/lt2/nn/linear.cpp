@@ -26,6 +26,11 @@ torch::nn::Linear make_linear(int64_t in, int64_t out, double std, bool bias) {
   return lin;
 }
 
+namespace {
+// Rows to add after `rows` for a multiple of `multiple`.
+int64_t padding_rows(int64_t rows, int64_t multiple) { return (multiple - rows % multiple) % multiple; }
+}  // namespace
+
 Tensor cat_weights(const std::vector<torch::nn::Linear>& layers, int64_t rows_multiple) {
   std::vector<Tensor> weights;
   int64_t rows = 0;
@@ -33,7 +38,7 @@ Tensor cat_weights(const std::vector<torch::nn::Linear>& layers, int64_t rows_mu
     weights.push_back(l->weight);
     rows += l->weight.size(0);
   }
-  if (const int64_t padding = (rows_multiple - rows % rows_multiple) % rows_multiple; padding > 0)
+  if (const int64_t padding = padding_rows(rows, rows_multiple); padding > 0)
     weights.push_back(torch::zeros({padding, weights.front().size(1)}, weights.front().options()));
   return torch::cat(weights, 0);
 }
@@ -48,7 +53,7 @@ Tensor cat_biases(const std::vector<torch::nn::Linear>& layers, int64_t rows_mul
     biases.push_back(l->bias.defined() ? l->bias : torch::zeros({n}, (*with_bias)->bias.options()));
     rows += n;
   }
-  if (const int64_t padding = (rows_multiple - rows % rows_multiple) % rows_multiple; padding > 0)
+  if (const int64_t padding = padding_rows(rows, rows_multiple); padding > 0)
     biases.push_back(torch::zeros({padding}, (*with_bias)->bias.options()));
   return torch::cat(biases, 0);
 }

@@ -17,9 +17,9 @@ Tensor linear(const Tensor& x, const Tensor& weight);
 Tensor linear(const Tensor& x, const torch::nn::Linear& layer);
 // x through `layers` that all read it, as one GEMM whose outputs are column slices (in the order
 // of `layers`): by `packed` where inference packed them (use_packed; bias-free layers), else by
-// their weights (and biases) concatenated for this call. Under autograd that is one GEMM forward and one for x's
-// gradient, where a GEMM per layer would also cast x under autocast once per layer and add the
-// layers' gradients of x. Without a gradient and with at most kLinearGroupFewRows rows of x (a
+// their weights (and biases) concatenated for this call. Under autograd that is one GEMM forward
+// and one for x's gradient, where a GEMM per layer would also cast x under autocast once per layer
+// and add the layers' gradients of x. Without a gradient and with at most kLinearGroupFewRows rows of x (a
 // decode step whose weights were not packed), one linear each: concatenating the weights would
 // cost more than the products, which read each weight once either way.
 constexpr int64_t kLinearGroupFewRows = 64;

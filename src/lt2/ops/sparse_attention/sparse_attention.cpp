@@ -405,7 +405,8 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), T = iq.size(1), L = index_k.size(1);
     const int64_t query_start = ctx->saved_data["query_start"].toInt();
-    auto d_iq = torch::empty(iq.sizes(), iq.options()), d_iw = torch::empty_like(iw);  // d_iq packed: the kernel's dq_out
+    // d_iq packed, as the kernel's dq_out takes it.
+    auto d_iq = torch::empty(iq.sizes(), iq.options()), d_iw = torch::empty_like(iw);
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
     const auto iq_c = iq.detach().to(compute), iw_c = iw.detach().to(compute), keys_c = index_k.to(compute);
     const bool kernel = decode_options().dsa_index_kernels && ops::dsa_index_backward_supported(iq_c, keys_c);
