@@ -40,9 +40,9 @@
 //   dkeys kernel: a block per (64 keys, sequence, part of the rows), a warp per 16 keys (M) held as
 //   A fragments; it walks its part of the rows that see any of its keys, each row's q [H, D], w and
 //   d_scores staged in shared memory: a^T = K q^T, g^T, then dkeys += g^T q (q's B fragments by
-//   ldmatrix.trans), and writes its partial sum. Without the split a block of 372 rows at lt-100m's
-//   DSA layer launched 6 to 32 key tiles x 16 sequences, 96 to 512 blocks over 396 slots (3 an SM):
-//   one or two rounds, the last mostly empty, each block's rows one after another.
+//   ldmatrix.trans), and writes its partial sum. The split fills the device: one block a key tile
+//   would be 96 to 512 blocks over 396 slots (3 an SM) for a block of 372 rows at lt-100m's DSA
+//   layer (6 to 32 key tiles x 16 sequences), each walking its rows one after another.
 //   Shared-memory floor: every mma.sync of both kernels takes its B operand from shared memory (two
 //   32-bit loads or half an ldmatrix.x4 a lane: 256 bytes a warp for 2048 FMAs), so a (row, key tile)
 //   pair costs 4 warps x 128 mma x 256 B = 128 KB of shared reads in each kernel, ~1,024 cycles an
