@@ -12,6 +12,7 @@
 #include "gpu/gpu_testing.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/testing.h"
@@ -176,37 +177,42 @@ TEST(RopeGpu, PrefixRotatesInPlaceWithoutAGradient) {
   // without a gradient in place (x itself returned, the other columns untouched), with one a new
   // tensor from the prefix kernel's autograd node with the gradient of the rotation; both against the
   // float64 reference (lt2::apply_rope of the prefix, the rest as is) on the same rounded inputs.
-  const int64_t B = 2, T = 37, H = 3, D = 128, n = 64, N = H * D + 16;
-  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
-    for (auto style : {RopeStyle::Half, RopeStyle::Interleaved}) {
-      SCOPED_TRACE(cat(name(dt), style == RopeStyle::Half ? " half" : " interleaved"));
-      const Positions pos(7);
-      const auto source = torch::randn({B, T, N}, torch::kFloat64).to(dt).to(torch::kFloat64);
-      const auto view = [&](const Tensor& t) { return t.narrow(2, 8, H * D).view({B, T, H, D}); };
-      const auto ref_x = view(source);
-      const auto want = torch::cat({lt2::apply_rope(ref_x.narrow(-1, 0, n), pos, 1e4, style), ref_x.narrow(-1, n, D - n)}, -1);
-      {
-        torch::NoGradGuard no_grad;
-        auto packed = source.to(torch::kCUDA, dt);
-        const auto before = packed.clone();
-        const auto x = view(packed);
-        const auto y = ops::apply_rope_prefix_(x, n, pos, 1e4, style);
-        EXPECT_EQ(y.data_ptr(), x.data_ptr());
-        EXPECT_LT(rel_err(y.cpu().to(torch::kFloat64), want), tolerance(dt));
-        EXPECT_TRUE(torch::equal(packed.narrow(2, 0, 8), before.narrow(2, 0, 8)));
-        EXPECT_TRUE(torch::equal(packed.narrow(2, 8 + H * D, 8), before.narrow(2, 8 + H * D, 8)));
+  // D 128, n 64: the 16-byte form; D 70, n 32: 38 copied dims, not whole pieces, the element form.
+  const int64_t B = 2, T = 37, H = 3;
+  for (auto [D, n] : {std::pair<int64_t, int64_t>{128, 64}, {70, 32}}) {
+    const int64_t N = H * D + 16;
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      for (auto style : {RopeStyle::Half, RopeStyle::Interleaved}) {
+        SCOPED_TRACE(cat(name(dt), style == RopeStyle::Half ? " half" : " interleaved", " D ", D, " n ", n));
+        const Positions pos(7);
+        const auto source = torch::randn({B, T, N}, torch::kFloat64).to(dt).to(torch::kFloat64);
+        const auto view = [&](const Tensor& t) { return t.narrow(2, 8, H * D).view({B, T, H, D}); };
+        const auto ref_x = view(source);
+        const auto want = torch::cat({lt2::apply_rope(ref_x.narrow(-1, 0, n), pos, 1e4, style), ref_x.narrow(-1, n, D - n)}, -1);
+        {
+          torch::NoGradGuard no_grad;
+          auto packed = source.to(torch::kCUDA, dt);
+          const auto before = packed.clone();
+          const auto x = view(packed);
+          const auto y = ops::apply_rope_prefix_(x, n, pos, 1e4, style);
+          EXPECT_EQ(y.data_ptr(), x.data_ptr());
+          EXPECT_LT(rel_err(y.cpu().to(torch::kFloat64), want), tolerance(dt));
+          EXPECT_TRUE(torch::equal(packed.narrow(2, 0, 8), before.narrow(2, 0, 8)));
+          EXPECT_TRUE(torch::equal(packed.narrow(2, 8 + H * D, 8), before.narrow(2, 8 + H * D, 8)));
+        }
+        auto packed = source.to(torch::kCUDA, dt).requires_grad_(true);
+        const auto y = ops::apply_rope_prefix_(view(packed), n, pos, 1e4, style);
+        EXPECT_NE(y.grad_fn()->name().find("RopePrefixFunction"), std::string::npos) << y.grad_fn()->name();
+        EXPECT_LT(rel_err(y.detach().cpu().to(torch::kFloat64), want), tolerance(dt));
+        EXPECT_TRUE(torch::equal(y.detach().narrow(-1, n, D - n), view(packed).detach().narrow(-1, n, D - n)));
+        const auto w = torch::randn({B, T, H, D}, torch::kFloat64);
+        (y * w.to(torch::kCUDA, dt)).sum().backward();
+        auto ref_source = source.clone().requires_grad_(true);
+        const auto rx = view(ref_source);
+        const auto ry = torch::cat({lt2::apply_rope(rx.narrow(-1, 0, n), pos, 1e4, style), rx.narrow(-1, n, D - n)}, -1);
+        (ry * w).sum().backward();
+        EXPECT_LT(rel_err(packed.grad().cpu().to(torch::kFloat64), ref_source.grad()), tolerance(dt));
       }
-      auto packed = source.to(torch::kCUDA, dt).requires_grad_(true);
-      const auto y = ops::apply_rope_prefix_(view(packed), n, pos, 1e4, style);
-      EXPECT_NE(y.grad_fn()->name().find("RopePrefixFunction"), std::string::npos) << y.grad_fn()->name();
-      EXPECT_LT(rel_err(y.detach().cpu().to(torch::kFloat64), want), tolerance(dt));
-      const auto w = torch::randn({B, T, H, D}, torch::kFloat64);
-      (y * w.to(torch::kCUDA, dt)).sum().backward();
-      auto ref_source = source.clone().requires_grad_(true);
-      const auto rx = view(ref_source);
-      const auto ry = torch::cat({lt2::apply_rope(rx.narrow(-1, 0, n), pos, 1e4, style), rx.narrow(-1, n, D - n)}, -1);
-      (ry * w).sum().backward();
-      EXPECT_LT(rel_err(packed.grad().cpu().to(torch::kFloat64), ref_source.grad()), tolerance(dt));
     }
   }
 }

@@ -388,14 +388,17 @@ void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream)
 // for pair i = (a, b): (2i, 2i + 1) where interleaved, (i, i + D / 2) otherwise (nn/rope.h's two
 // layouts). `inverse` rotates by the negative angle: the backward, dx = R^T dy. The angle in float64
 // reduced to within one turn, its sine and cosine and the rotation in fp32, one rounding to dtype.
+// With pass_dims > 0 the rows are D + pass_dims long: the first D dims rotate, the rest are copied
+// (a rotated prefix of the head dims into a new tensor in one pass).
 constexpr int kRopeMaxHeadDim = 512;
 struct RopeParams {
-  const void* x;  // [B, T, H, D] dtype, last dim contiguous, the other dims strided as below
-  void* y;        // [B, T, H, D] dtype, last dim contiguous, strided as below; y == x (with x's
-                  // strides) rotates x in place: each thread reads its pairs before it writes them
+  const void* x;  // [B, T, H, D + pass_dims] dtype, last dim contiguous, the other dims strided as below
+  void* y;        // [B, T, H, D + pass_dims] dtype, last dim contiguous, strided as below; y == x (with
+                  // x's strides) rotates x in place: each thread reads its pairs before it writes them
   int64_t x_batch_stride, x_token_stride, x_head_stride;  // elements
   int64_t y_batch_stride, y_token_stride, y_head_stride;  // elements
   int batch, seq, heads, head_dim;
+  int pass_dims;  // dims after the rotated head_dim copied from x to y as they are
   int64_t start;
   double theta;
   bool interleaved;

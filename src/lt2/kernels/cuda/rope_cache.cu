@@ -6,7 +6,7 @@
 // kThreads per head row: blocks 0 .. H-1 rotate query head h into q_out, H .. H+H_kv-1 rotate key
 // head j into its cache row, the last H_kv copy value head j into its cache row.
 //
-// rope_apply floor: one read of x and one write of y. At lt-100m's training step (16 x 2048 tokens,
+// rope_apply floor: one read of x and one write of y (the copied dims past the rotation included). At lt-100m's training step (16 x 2048 tokens,
 // 12 heads of 64, bf16) q and k are 50 MB each, so a pass over both moves 201 MB: ~61 us at
 // ~3.3 TB/s. A step rotates each of its 48 layer applications three times (the forward, its
 // recompute under per-loop checkpointing, the backward): 29 GB, ~8.8 ms. The libtorch form makes
@@ -132,6 +132,17 @@ __device__ __forceinline__ void store_pairs(T* row, int unit, int half, const fl
   }
 }
 
+// Dims [0, n) of a row copied from src to dst by the `units` threads of the row, this one at `unit`:
+// 16-byte pieces (Vec) or elements, every units-th from its own.
+template <typename T, bool Vec>
+__device__ __forceinline__ void copy_row_dims(const T* src, T* dst, int n, int unit, int units) {
+  constexpr int kStep = Vec ? 16 / sizeof(T) : 1;
+  for (int e = unit * kStep; e < n; e += units * kStep) {
+    if constexpr (Vec) *reinterpret_cast<uint4*>(dst + e) = __ldcs(reinterpret_cast<const uint4*>(src + e));
+    else dst[e] = src[e];
+  }
+}
+
 template <typename T, int P, bool Interleaved, bool Vec>
 __global__ void __launch_bounds__(kRopeThreads) rope_apply_kernel(const RopeKernelArgs args) {
   const RopeParams& p = args.p;
@@ -175,16 +186,21 @@ __global__ void __launch_bounds__(kRopeThreads) rope_apply_kernel(const RopeKern
       }
       store_pairs<T, P, Interleaved, Vec>(out[g], unit, half, ya, yb);
     }
+    if (p.pass_dims > 0) {  // the dims past the rotation, as they are
+#pragma unroll
+      for (int g = 0; g < kRopeRows; ++g)
+        copy_row_dims<T, Vec>(in[g] + p.head_dim, out[g] + p.head_dim, p.pass_dims, unit, blockDim.x);
+    }
     if (++h == p.heads) h = 0, ++b;  // the next group's first row
   }
 }
 
-// Whether the 16-byte form takes p: rows of whole pieces in its pair layout, and x's and y's pointers
-// and the strides of their dims of more than one entry in whole pieces.
+// Whether the 16-byte form takes p: rows of whole pieces in its pair layout and in the copied dims, and
+// x's and y's pointers and the strides of their dims of more than one entry in whole pieces.
 bool rope_vec_ok(const RopeParams& p, int vec) {
   const int64_t span = p.interleaved ? p.head_dim : p.head_dim / 2;
   const auto whole = [&](int64_t stride, int size) { return size == 1 || stride % vec == 0; };
-  return span % vec == 0 && aligned16(p.x) && aligned16(p.y) && whole(p.x_batch_stride, p.batch) &&
+  return span % vec == 0 && p.pass_dims % vec == 0 && aligned16(p.x) && aligned16(p.y) && whole(p.x_batch_stride, p.batch) &&
          whole(p.x_token_stride, p.seq) && whole(p.x_head_stride, p.heads) && whole(p.y_batch_stride, p.batch) &&
          whole(p.y_token_stride, p.seq) && whole(p.y_head_stride, p.heads);
 }
@@ -210,6 +226,7 @@ void rope_apply(const RopeParams& p, void* stream) {
   LT2_CHECK(rope_apply_supported(p.batch, p.seq, p.heads, p.head_dim), "rope_apply: ", p.batch, " x ", p.seq,
             " tokens of ", p.heads, " heads of head dim ", p.head_dim, " (even, at most ", kRopeMaxHeadDim, ")");
   LT2_CHECK(p.x && p.y, "rope_apply: x and y must be given");
+  LT2_CHECK(p.pass_dims >= 0, "rope_apply: pass_dims must be >= 0, found ", p.pass_dims);
   if (p.batch == 0 || p.seq == 0 || p.heads == 0) return;
   RopeKernelArgs args{};
   args.p = p;

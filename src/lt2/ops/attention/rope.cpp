@@ -18,9 +18,10 @@ namespace {
 #ifdef LT2_WITH_CUDA
 // x [B, T, H, D] (last dim contiguous, other strides as they are) rotated at positions start..: one
 // launch into `out` where given (x's sizes and dtype, last dim contiguous: x itself, or a slice of a
-// bigger tensor), else into a packed new tensor; `inverse` rotates by the negative angles.
+// bigger tensor), else into a packed new tensor; `inverse` rotates by the negative angles. With
+// `rotated` < D only the first `rotated` dims rotate (their own frequencies) and the rest are copied.
 Tensor rope_kernel(const Tensor& x, int64_t start, double theta, bool interleaved, bool inverse,
-                   const Tensor& out = Tensor()) {
+                   const Tensor& out = Tensor(), int64_t rotated = -1) {
   c10::cuda::CUDAGuard guard(x.device());
   auto y = out.defined() ? out : torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
   kernels::RopeParams p{};
@@ -29,7 +30,9 @@ Tensor rope_kernel(const Tensor& x, int64_t start, double theta, bool interleave
   p.x_batch_stride = x.stride(0), p.x_token_stride = x.stride(1), p.x_head_stride = x.stride(2);
   p.y_batch_stride = y.stride(0), p.y_token_stride = y.stride(1), p.y_head_stride = y.stride(2);
   p.batch = static_cast<int>(x.size(0)), p.seq = static_cast<int>(x.size(1));
-  p.heads = static_cast<int>(x.size(2)), p.head_dim = static_cast<int>(x.size(3));
+  if (rotated < 0) rotated = x.size(3);
+  p.heads = static_cast<int>(x.size(2)), p.head_dim = static_cast<int>(rotated);
+  p.pass_dims = static_cast<int>(x.size(3) - rotated);
   p.start = start;
   p.theta = theta;
   p.interleaved = interleaved;
@@ -65,9 +68,9 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
 };
 
 // RoPE of the first n dims of x [B, T, H, D] under autograd: a new packed tensor, the prefix rotated
-// into it by the kernel and the rest copied; the backward the same with the inverse rotation. Where a
-// rotated prefix and a cat would take autograd through a narrow (a zeroed full-size gradient per
-// part, then their sum), each direction is one rotation and one copy of the rest.
+// into it and the rest copied by one kernel pass; the backward the same with the inverse rotation.
+// Where a rotated prefix and a cat would take autograd through a narrow (a zeroed full-size gradient
+// per part, then their sum), each direction is one pass over x.
 struct RopePrefixFunction : public torch::autograd::Function<RopePrefixFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, int64_t n, int64_t start, double theta,
                         bool interleaved) {
@@ -88,11 +91,7 @@ struct RopePrefixFunction : public torch::autograd::Function<RopePrefixFunction>
   }
   // x's first n dims rotated into a new packed tensor, the rest copied.
   static Tensor rotate_prefix(const Tensor& x, int64_t n, int64_t start, double theta, bool interleaved, bool inverse) {
-    auto y = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
-    const int64_t D = x.size(-1);
-    rope_kernel(x.narrow(-1, 0, n), start, theta, interleaved, inverse, y.narrow(-1, 0, n));
-    if (n < D) y.narrow(-1, n, D - n).copy_(x.narrow(-1, n, D - n));
-    return y;
+    return rope_kernel(x, start, theta, interleaved, inverse, Tensor(), n);
   }
 };
 #endif
