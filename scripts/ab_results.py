@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The A/B runs of a gpu_batch.sh results folder as one JSON and one Markdown table per step.
+
+Each step's log.txt holds `RESULT {json}` lines (train_bench, mixer_bench), each after the line that
+named its arm (the `echo` of scripts/gpu_ab_call.sh: the binary's folder, then what runs). Runs whose
+labels differ only in the binary are one case: the baseline (any folder but build-prebuilt/) against
+the new tree (build-prebuilt/), each side's median over its repeats, and new / base as the time ratio.
+
+  python3 scripts/ab_results.py RESULTS_DIR --steps prepab gdnauto --base-name 8ffc3ac --new-name 1a2b3c4 \\
+      --out bench/results/NAME [--title ...] [--command ...]
+writes NAME.json (every run's full RESULT) and NAME.md.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+NEW_DIR = "build-prebuilt"
+
+
+def step_runs(log_path):
+    """[(label, result)] in the log's order; a RESULT takes the last non-RESULT line before it."""
+    runs, label = [], ""
+    with open(log_path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("RESULT "):
+                runs.append((label, json.loads(line[len("RESULT "):])))
+            elif line.strip():
+                label = line.strip()
+    return runs
+
+
+def split_arm(label):
+    """(arm, case): 'new' for build-prebuilt (the call's own tree, a relative path), 'base' for another
+    binary folder (the baseline's, an absolute path), None without one."""
+    first, _, rest = label.partition(" ")
+    if first.rstrip("/") == NEW_DIR:
+        return "new", rest
+    if "/" in first:
+        return "base", rest
+    return None, label
+
+
+def time_ms(result):
+    for key in ("median_step_ms", "forward_backward_ms"):
+        if key in result:
+            return result[key]
+    raise ValueError(f"a RESULT without a time: {sorted(result)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="the unpacked results.tar.gz of scripts/gpu_batch.sh")
+    ap.add_argument("--steps", nargs="+", required=True, help="the steps to read, in this order")
+    ap.add_argument("--base-name", default="base", help="the baseline's name in the tables (its commit)")
+    ap.add_argument("--new-name", default="new", help="the new tree's name in the tables (its commit)")
+    ap.add_argument("--out", required=True, help="output path without extension: writes .json and .md")
+    ap.add_argument("--title", default="A/B runs", help="the Markdown title")
+    ap.add_argument("--command", default="", help="the command that ran them, for the record")
+    args = ap.parse_args()
+
+    record = {"title": args.title, "command": args.command, "base": args.base_name, "new": args.new_name,
+              "steps": {}}
+    md = [f"# {args.title}", ""]
+    if args.command:
+        md += ["```", args.command, "```", ""]
+    for step in args.steps:
+        log = os.path.join(args.results, step, "log.txt")
+        if not os.path.exists(log):
+            sys.exit(f"ab_results: {log} is missing (did the step run?)")
+        runs = step_runs(log)
+        cases = {}
+        for label, result in runs:
+            arm, case = split_arm(label)
+            cases.setdefault(case, {"base": [], "new": [], None: []})[arm].append(time_ms(result))
+        rows = []
+        for case, arms in cases.items():
+            row = {"case": case}
+            for arm in ("base", "new", None):
+                if arms[arm]:
+                    row[arm or "runs"] = arms[arm]
+            if arms["base"] and arms["new"]:
+                row["ratio_new_over_base"] = statistics.median(arms["new"]) / statistics.median(arms["base"])
+            rows.append(row)
+        record["steps"][step] = {"runs": [{"label": l, "result": r} for l, r in runs], "cases": rows}
+        md += [f"## {step}", "", f"| case | {args.base_name} ms | {args.new_name} ms | new / base |", "|---|---:|---:|---:|"]
+        fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs) if xs else ""
+        for row in rows:
+            ratio = f"{row['ratio_new_over_base']:.3f}" if "ratio_new_over_base" in row else ""
+            new = row.get("new", row.get("runs", []))
+            md.append(f"| {row['case']} | {fmt(row.get('base', []))} | {fmt(new)} | {ratio} |")
+        md.append("")
+    for ext, text in ((".json", json.dumps(record, indent=1) + "\n"), (".md", "\n".join(md))):
+        tmp = args.out + ext + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, args.out + ext)
+
+
+if __name__ == "__main__":
+    main()
