@@ -22,7 +22,7 @@
 # training (lt-100m with DSA layers, MID against the new tree, indexer stage off) and the DSA layer with the
 # selection's kernels off and on; `dsasparse`: the indexer loss's sparse stage, MID against the new tree,
 # and its profile; `mixtrain`: lt-100m with DSA, KDA, GLA and Mamba2 layers (MIXTRAIN_PATTERNS), MID against
-# the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `ltauto`: lt-100m under auto by the new tree; `mixprof`: profiles of
+# the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `ltauto`: lt-100m under auto by the new tree, and its profile; `mixprof`: profiles of
 # lt-100m with Mamba2 and KDA layers; `resnorm`: the
 # residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on
 # DSA's indexer backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against the new tree; `table`: the per-mixer training table;
@@ -106,10 +106,12 @@ steps+=("gdnauto 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$sh
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt build-prebuilt /tmp/train_ab_base/build-prebuilt; do
      echo \$b gdn \$1 x \$2 auto; \$b/train_bench --model lt2-gdn-100m --seq-len \$1 --batch-size \$2 --steps 4
      --warm 2 --checkpoint-loops=auto | grep RESULT; done; done")
-# lt-100m by the new tree under auto at both shapes (2048 x 16 twice): its tokens/s and MFU on this device.
-steps+=("ltauto 120 for shape in '2048 16' '2048 16' '8192 4'; do set -- \$shape; echo lt-100m \$1 x \$2 auto;
-     build-prebuilt/train_bench --model lt-100m --seq-len \$1 --batch-size \$2 --steps 4 --warm 2
-     --checkpoint-loops=auto | grep RESULT; done")
+# lt-100m by the new tree under auto at 2048 x 16, twice: its tokens/s and MFU on this device; then its
+# per-operator profile.
+steps+=("ltauto 120 for i in 1 2; do echo lt-100m 2048 x 16 auto; build-prebuilt/train_bench --model lt-100m
+     --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto | grep RESULT; done;
+     build-prebuilt/train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 3 --warm 1
+     --checkpoint-loops=auto --profile 1 --profile-ops | grep -v '^RESULT'")
 # Per-operator profiles of lt-100m with Mamba2 and with KDA layers (MIXPROF_PATTERNS) by the new tree at
 # 2048 x 16 under auto: where the mixers furthest below lt-100m spend their steps.
 steps+=("mixprof 150 for m in ${MIXPROF_PATTERNS:-mamba2 kda}; do build-prebuilt/train_bench --model lt-100m --pattern \$m
