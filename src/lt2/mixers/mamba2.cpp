@@ -59,8 +59,9 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const 
   RecurrenceInputs in;
   in.q = repeat_heads(xbc[2].view({B, T, n_groups, state_size}), heads_per_group);  // C [B, T, H, N]
   in.k = repeat_heads(xbc[1].view({B, T, n_groups, state_size}), heads_per_group);  // B [B, T, H, N]
-  // [B, T, H, P] in the weights' dtype, whatever x's (under autocast the block may hand x in bf16).
-  in.v = (xs.to(ct) * dt.unsqueeze(-1)).to(in_proj->weight.scalar_type());
+  // [B, T, H, P] in the weights' dtype, whatever x's (under autocast the block may hand x in bf16). The
+  // product promotes xs to dt's ct itself: no ct copy of xs made, or saved for the backward.
+  in.v = (xs * dt.unsqueeze(-1)).to(in_proj->weight.scalar_type());
   in.g = dt * -A_log.to(ct).exp();                                    // [B, T, H]
   in.scale = 1.0;
   in.gate = parts[0];                                                 // z [B, T, d_inner]
