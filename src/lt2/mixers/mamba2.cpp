@@ -72,7 +72,7 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const 
 Tensor Mamba2Impl::output(const Tensor& y, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto ct = accum_dtype(x);
-  auto gated = y.reshape({B, T, d_inner}).to(ct) * torch::silu(in.gate.to(ct));  // gate, then norm
+  auto gated = ops::silu_gate(y.reshape({B, T, d_inner}).to(ct), in.gate.to(ct));  // gate, then norm
   auto normed = ops::gated_rms_norm(gated.view({B, T, n_groups, d_inner / n_groups}),
                                     norm->weight.view({n_groups, d_inner / n_groups}), norm_eps, Tensor(),
                                     ops::GateActivation::None);

@@ -122,11 +122,17 @@ Tensor silu_mul(const Tensor& gate_up) {
   return torch::silu(halves[0]) * halves[1];
 }
 
-Tensor sigmoid_gate(const Tensor& y, const Tensor& gate) {
-  if (gate.sizes() == y.sizes() && gated_product_applies({gate, y}))
-    return gated_product_kernel(gate, y, GateActivation::Sigmoid);
-  return y * torch::sigmoid(gate);
+namespace {
+// y * act(gate), act Swish or Sigmoid: the kernel where it applies, the libtorch ops otherwise.
+Tensor activated_gate(const Tensor& y, const Tensor& gate, GateActivation act) {
+  if (gate.sizes() == y.sizes() && gated_product_applies({gate, y})) return gated_product_kernel(gate, y, act);
+  return y * (act == GateActivation::Swish ? torch::silu(gate) : torch::sigmoid(gate));
 }
+}  // namespace
+
+Tensor sigmoid_gate(const Tensor& y, const Tensor& gate) { return activated_gate(y, gate, GateActivation::Sigmoid); }
+
+Tensor silu_gate(const Tensor& y, const Tensor& gate) { return activated_gate(y, gate, GateActivation::Swish); }
 
 namespace {
 

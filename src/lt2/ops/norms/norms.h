@@ -44,6 +44,8 @@ AddRmsNormResult add_rms_norm(const Tensor& x, const Tensor& m, const RMSNorm& n
 Tensor silu_mul(const Tensor& gate_up);
 // y * sigmoid(gate) (attention's SDPA output gate), y and gate [..., n] of one dtype.
 Tensor sigmoid_gate(const Tensor& y, const Tensor& gate);
+// y * silu(gate) (Mamba2's gate before its norm), y and gate [..., n] of one dtype.
+Tensor silu_gate(const Tensor& y, const Tensor& gate);
 
 // The linear mixers' norms, differentiable, in training and prefill alike. Both compute in fp32
 // (fp64 for fp64 input) and return x's dtype; on CUDA each is one fused kernel forward and one
