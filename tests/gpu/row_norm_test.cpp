@@ -1,8 +1,9 @@
 // GPU (CTest label `gpu`): the row-norm kernels (kernels/cuda/row_norm.cu behind
 // ops::gated_rms_norm and ops::l2_normalize). Output and the gradients of x, weight and gate
 // against the float64 reference (the libtorch math on the CPU, through autograd) on random inputs:
-// fp32 and bf16, row lengths off the warp width and past 256, every gate activation, no weight, a
-// gate read in place from a column slice of a packed projection; the switch `row_norm` off takes the
+// fp32 and bf16, row lengths off the warp width, past 256 and past 1024 (a block a row), every gate
+// activation, no weight, a one-group gain [1, d], a gate read in place from a column slice of a
+// packed projection; the switch `row_norm` off takes the
 // reference on the GPU; the block RMSNorm (ops::rms_norm) under autograd, which takes the same
 // kernels, and its form written in autocast's dtype for the products after it
 // (ops::rms_norm_for_products); the residual add with the block norm after it (ops::add_rms_norm,
@@ -67,7 +68,7 @@ TEST(RowNormGpu, ForwardAndGradientsMatchTheFloat64Reference) {
   torch::manual_seed(11);
   const std::vector<ops::GateActivation> acts = {ops::GateActivation::Swish, ops::GateActivation::Sigmoid,
                                                  ops::GateActivation::None};
-  for (int64_t D : {192, 96, 33, 1000}) {
+  for (int64_t D : {192, 96, 33, 1000, 1536, 3000}) {  // 1536, 3000: a block a row (8 and 16 a thread)
     for (int kind : {0, 1}) {
       for (auto act : kind == 0 ? acts : std::vector<ops::GateActivation>{ops::GateActivation::None}) {
         SCOPED_TRACE(cat(kind == 0 ? "gated rms norm " : "l2 norm ", act_name(act), " D", D));
@@ -95,6 +96,28 @@ TEST(RowNormGpu, ForwardAndGradientsMatchTheFloat64Reference) {
       }
     }
   }
+}
+
+TEST(RowNormGpu, OneGroupGainTakesTheKernels) {
+  REQUIRE_ROW_NORM_KERNEL();
+  torch::manual_seed(14);
+  // Mamba2's norm: x [B, T, 1, d] with a gain [1, d] (one group), d 1536 (a block a row): the kernels
+  // against the reference (the switch off), output and the gradients of x and the gain.
+  const auto x0 = torch::randn({4, 50, 1, 1536}, gpu(torch::kFloat32));
+  const auto w0 = 1 + 0.1 * torch::randn({1, 1536}, gpu(torch::kFloat32));
+  const auto dy = torch::randn({4, 50, 1, 1536}, gpu(torch::kFloat32));
+  auto run_norm = [&] {
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    auto y = ops::gated_rms_norm(x, w, 1e-5, Tensor(), ops::GateActivation::None);
+    y.backward(dy);
+    return std::vector<Tensor>{y.detach(), x.grad(), w.grad()};
+  };
+  const auto fused = run_norm();
+  DecodeOptions off;
+  off.row_norm = false;
+  DecodeOptionsGuard guard(off);
+  const auto reference = run_norm();
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_LT(rel_err(fused[i], reference[i]), 1e-5) << i;
 }
 
 TEST(RowNormGpu, SwitchOffTakesTheReference) {

@@ -193,8 +193,10 @@ void gated_product_backward(const GatedProductParams& p, void* stream);
 // mixers use it in training (the gated RMSNorm of their output, the L2 norm of q and k):
 //   r = rsqrt(sum_i x[i]^2 / divisor + eps)    (divisor D: RMSNorm; 1: L2 norm)
 //   y[i] = x[i] * r * weight[i] * act(gate[i]) (weight 1 and act 1 where absent)
-// computed in fp32, one warp per row, D <= kMaxRowNormDim; r is saved for the backward.
-constexpr int kMaxRowNormDim = 1024;
+// computed in fp32, one warp per row up to kMaxWarpRowDim (a block per row past it), D <=
+// kMaxRowNormDim; r is saved for the backward. A residual add takes rows of at most kMaxWarpRowDim.
+constexpr int kMaxWarpRowDim = 1024;
+constexpr int kMaxRowNormDim = 4096;
 struct RowNormParams {
   const void* x;         // [rows, D] dtype, packed
   const void* gate;      // [rows, D] dtype, or nullptr: groups of gate_group_rows packed rows,

@@ -20,7 +20,9 @@
 // one warp per row; lane l holds elements l, l + 32, ... (PerLane of them: D <= 32 PerLane), so
 // loads are coalesced and the row's sums are warp shuffles. The backward walks rows grid-stride, a
 // lane summing dweight for its own columns, then the block's warps sum through shared memory and one
-// atomicAdd per column and block remains.
+// atomicAdd per column and block remains. Rows past kMaxWarpRowDim (Mamba2's 1536-wide gated norm at
+// d 768) take a block of 256 threads a row, each holding 8 or 16 elements: a warp's registers would
+// spill there.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -29,6 +31,7 @@ namespace lt2::kernels {
 namespace {
 
 constexpr int kWarps = 8;  // rows in flight per block
+constexpr int kWideThreads = 256;  // a block a row past kMaxWarpRowDim
 
 __device__ __forceinline__ float activate(float g, GateAct act) {
   if (act == GateAct::None) return 1.f;
@@ -46,23 +49,24 @@ __device__ __forceinline__ int64_t gate_offset(const RowNormParams& p, int64_t r
   return row / p.gate_group_rows * p.gate_group_stride + row % p.gate_group_rows * p.dim;
 }
 
-// The row of `dim` elements from element `start` of base: lane l's elements l, l + 32, ...
-template <typename T, int PerLane>
+// The row of `dim` elements from element `start` of base: lane l's elements l, l + Stride, ... (Stride
+// the threads sharing a row: a warp's 32, or a wide block's).
+template <typename T, int PerLane, int Stride = 32>
 __device__ __forceinline__ void load_row(const void* base, int64_t start, int dim, int lane, float (&v)[PerLane]) {
   const T* p = static_cast<const T*>(base) + start;
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) {
-    const int i = lane + 32 * j;
+    const int i = lane + Stride * j;
     v[j] = i < dim ? to_float(p[i]) : 0.f;
   }
 }
 
-template <typename T, int PerLane>
+template <typename T, int PerLane, int Stride = 32>
 __device__ __forceinline__ void store_row(void* base, int64_t start, int dim, int lane, const float (&v)[PerLane]) {
   T* p = static_cast<T*>(base) + start;
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) {
-    const int i = lane + 32 * j;
+    const int i = lane + Stride * j;
     if (i < dim) p[i] = from_float<T>(v[j]);
   }
 }
@@ -106,11 +110,11 @@ __device__ __forceinline__ void store_piece(U* p, const float (&in)[N]) {
 }
 
 // weight[i] for the lane's columns (1 without a weight), fp32 or of the rows' type T.
-template <typename T, int PerLane>
+template <typename T, int PerLane, int Stride = 32>
 __device__ __forceinline__ void load_weight(const RowNormParams& p, int lane, float (&w)[PerLane]) {
 #pragma unroll
   for (int j = 0; j < PerLane; ++j) {
-    const int i = lane + 32 * j;
+    const int i = lane + Stride * j;
     w[j] = p.weight && i < p.dim ? param_as_float<T>(p.weight, p.weight_dtype, i) : 1.f;
   }
 }
@@ -287,6 +291,67 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_vec_kernel(cons
   add_block_columns(partial, p.dim, bp.dweight);
 }
 
+// Rows longer than a warp's registers take (kMaxWarpRowDim < D <= kMaxRowNormDim): a block of
+// kWideThreads a row, thread t holding elements t, t + kWideThreads, ... (PerThread of them), the
+// row's sums through the warps' shuffles and shared memory (block_sum). No residual add: the block
+// norms that take one are narrower.
+template <typename T, typename TO, int PerThread>
+__global__ void __launch_bounds__(kWideThreads) row_norm_forward_wide_kernel(const RowNormParams p) {
+  __shared__ float scratch[32];
+  const int t = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  float x[PerThread], w[PerThread], g[PerThread];
+  load_row<T, PerThread, kWideThreads>(p.x, row * p.dim, p.dim, t, x);
+  if (p.gate) load_row<T, PerThread, kWideThreads>(p.gate, gate_offset(p, row), p.dim, t, g);
+  load_weight<T, PerThread, kWideThreads>(p, t, w);
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < PerThread; ++j) ss = fmaf(x[j], x[j], ss);
+  const float r = rsqrtf(block_sum(ss, scratch) / p.divisor + p.eps);
+#pragma unroll
+  for (int j = 0; j < PerThread; ++j) x[j] *= r * w[j] * (p.gate ? activate(g[j], p.act) : 1.f);
+  store_row<TO, PerThread, kWideThreads>(p.y, row * p.dim, p.dim, t, x);
+  if (t == 0) p.rstd[row] = r;
+}
+
+// Its backward: rows grid-stride, a thread summing dweight for its own columns over its block's rows,
+// then one atomicAdd per column and block.
+template <typename T, typename TO, int PerThread>
+__global__ void __launch_bounds__(kWideThreads) row_norm_backward_wide_kernel(const RowNormBackwardParams bp) {
+  __shared__ float scratch[32];
+  const RowNormParams& p = bp.forward;
+  const int t = threadIdx.x;
+  float w[PerThread], dw[PerThread] = {};
+  load_weight<T, PerThread, kWideThreads>(p, t, w);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    float x[PerThread], dy[PerThread], g[PerThread];
+    load_row<T, PerThread, kWideThreads>(p.x, row * p.dim, p.dim, t, x);
+    load_row<TO, PerThread, kWideThreads>(bp.dy, row * p.dim, p.dim, t, dy);
+    if (p.gate) load_row<T, PerThread, kWideThreads>(p.gate, gate_offset(p, row), p.dim, t, g);
+    const float r = p.rstd[row];
+    float dn[PerThread], dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < PerThread; ++j) {
+      const float n = x[j] * r, a = p.gate ? activate(g[j], p.act) : 1.f;
+      dn[j] = dy[j] * w[j] * a;
+      dot = fmaf(dn[j], n, dot);
+      dw[j] = fmaf(dy[j] * n, a, dw[j]);
+      if (p.gate) g[j] = dy[j] * n * w[j] * activate_grad(g[j], p.act);  // dgate, in place
+    }
+    const float mean_dot = block_sum(dot, scratch) / p.divisor;
+#pragma unroll
+    for (int j = 0; j < PerThread; ++j) x[j] = r * (dn[j] - x[j] * r * mean_dot);  // dx, in place
+    store_row<T, PerThread, kWideThreads>(bp.dx, row * p.dim, p.dim, t, x);
+    if (p.gate) store_row<T, PerThread, kWideThreads>(bp.dgate, row * p.dim, p.dim, t, g);
+  }
+  if (!bp.dweight) return;
+#pragma unroll
+  for (int j = 0; j < PerThread; ++j) {
+    const int i = t + kWideThreads * j;
+    if (i < p.dim) atomicAdd(bp.dweight + i, dw[j]);
+  }
+}
+
 // Calls f(std::integral_constant<int, L>) with L the lanes a row of p takes in the 16-byte form, and
 // returns true; false where the form does not serve p (the row not whole 16-byte pieces, more than
 // 32 of them, or a tensor not 16-byte aligned).
@@ -315,6 +380,8 @@ void check_params(const RowNormParams& p, const char* op) {
   LT2_CHECK(p.dim >= 1 && p.dim <= kMaxRowNormDim, op, ": row length must be in [1, ", kMaxRowNormDim, "], found ",
             p.dim);
   LT2_CHECK(p.rows >= 0 && p.rows / kWarps < INT32_MAX, op, ": rows ", p.rows, " outside [0, 2^31 x ", kWarps, ")");
+  LT2_CHECK(p.dim <= kMaxWarpRowDim || p.rows <= INT32_MAX, op, ": rows ", p.rows, " of ", p.dim,
+            " elements (a block a row) outside [0, 2^31)");
   LT2_CHECK(p.x && p.rstd && p.divisor > 0, op, ": x and rstd must be given and the divisor > 0");
   LT2_CHECK(p.weight_dtype == DType::Float32 || p.weight_dtype == p.dtype, op,
             ": the weight must be fp32 or of x's dtype");
@@ -327,6 +394,8 @@ void check_params(const RowNormParams& p, const char* op) {
 void check_residual(const RowNormParams& p, const char* op) {
   LT2_CHECK(!p.gate && (p.residual_dtype == p.dtype || (p.dtype == DType::Float32 && p.residual_dtype == DType::BFloat16)),
             op, ": a residual must be of x's dtype, or bf16 with fp32 x, and comes without a gate");
+  LT2_CHECK(p.dim <= kMaxWarpRowDim, op, ": a residual add takes rows of at most ", kMaxWarpRowDim,
+            " elements, found ", p.dim);
 }
 
 // Calls f(T{}, TO{}) with T the rows' CUDA type and TO the output's: T, or bf16 for fp32 rows.
@@ -341,11 +410,19 @@ void dispatch_types(const RowNormParams& p, F&& f) {
   f(float{}, __nv_bfloat16{});
 }
 
-// Calls f with the elements per lane the row length needs: 8 (D <= 256) or 32.
+// Calls f with the elements per lane the row length needs: 8 (D <= 256) or 32 (D <= kMaxWarpRowDim).
 template <typename F>
 void dispatch_per_lane(int dim, F&& f) {
   if (dim <= 256) f(std::integral_constant<int, 8>{});
   else f(std::integral_constant<int, 32>{});
+}
+
+// Calls f with the elements per thread a wide row needs: 8 (D <= 2048) or 16 (D <= kMaxRowNormDim).
+template <typename F>
+void dispatch_per_thread(int dim, F&& f) {
+  static_assert(16 * kWideThreads >= kMaxRowNormDim, "a wide row fits its block's registers");
+  if (dim <= 8 * kWideThreads) f(std::integral_constant<int, 8>{});
+  else f(std::integral_constant<int, 16>{});
 }
 
 }  // namespace
@@ -366,6 +443,13 @@ void row_norm_forward(const RowNormParams& p, void* stream) {
           row_norm_forward_vec_kernel<T, TO, L><<<blocks, 32 * kWarps, 0, s>>>(p);
         }))
       return;
+    if (p.dim > kMaxWarpRowDim) {
+      dispatch_per_thread(p.dim, [&](auto per_thread) {
+        row_norm_forward_wide_kernel<T, TO, decltype(per_thread)::value>
+            <<<static_cast<unsigned>(p.rows), kWideThreads, 0, s>>>(p);
+      });
+      return;
+    }
     const auto blocks = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
     dispatch_per_lane(p.dim, [&](auto per_lane) {
       row_norm_forward_kernel<T, TO, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(p);
@@ -397,6 +481,14 @@ void row_norm_backward(const RowNormBackwardParams& bp, void* stream) {
           row_norm_backward_vec_kernel<T, TO, L><<<blocks, 32 * kWarps, 0, s>>>(bp);
         }))
       return;
+    if (p.dim > kMaxWarpRowDim) {
+      LT2_CHECK(!bp.dh, "row_norm_backward: h's gradient comes with rows of at most ", kMaxWarpRowDim, " elements");
+      dispatch_per_thread(p.dim, [&](auto per_thread) {
+        row_norm_backward_wide_kernel<T, TO, decltype(per_thread)::value>
+            <<<static_cast<unsigned>(std::min<int64_t>(p.rows, fill)), kWideThreads, 0, s>>>(bp);
+      });
+      return;
+    }
     const auto blocks = static_cast<unsigned>(std::min<int64_t>((p.rows + kWarps - 1) / kWarps, fill));
     dispatch_per_lane(p.dim, [&](auto per_lane) {
       row_norm_backward_kernel<T, TO, decltype(per_lane)::value><<<blocks, 32 * kWarps, 0, s>>>(bp);

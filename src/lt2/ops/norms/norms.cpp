@@ -309,7 +309,8 @@ AddRmsNormResult add_row_norm_kernels(const Tensor& x, const Tensor& m, const Te
                                       torch::ScalarType out_dtype) {
 #ifdef LT2_WITH_CUDA
   if (!decode_options().residual_norm || !torch::GradMode::is_enabled() || !weight.defined() ||
-      !row_norm_kernels_take(x, weight, out_dtype) || m.sizes() != x.sizes() || m.device() != x.device() ||
+      !row_norm_kernels_take(x, weight, out_dtype) || x.size(-1) > kernels::kMaxWarpRowDim ||
+      m.sizes() != x.sizes() || m.device() != x.device() ||
       !(m.scalar_type() == x.scalar_type() ||
         (x.scalar_type() == torch::kFloat32 && m.scalar_type() == torch::kBFloat16)))
     return {};
@@ -369,7 +370,9 @@ Tensor row_norm_kernels(const Tensor& x, const Tensor& weight, const Tensor& gat
 
 Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate, GateActivation act) {
   const auto g = act == GateActivation::None ? Tensor() : gate;
-  if (auto y = row_norm_kernels(x, weight, g, static_cast<double>(x.size(-1)), eps, act); y.defined()) return y;
+  // One group's gain [1, d] is a gain [d]: the kernels take it.
+  const auto w = weight.defined() && weight.dim() == 2 && weight.size(0) == 1 ? weight.squeeze(0) : weight;
+  if (auto y = row_norm_kernels(x, w, g, static_cast<double>(x.size(-1)), eps, act); y.defined()) return y;
   return gated_rms_norm_reference(x, weight, eps, gate, act);
 }
 

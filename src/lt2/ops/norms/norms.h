@@ -49,12 +49,12 @@ Tensor silu_gate(const Tensor& y, const Tensor& gate);
 
 // The linear mixers' norms, differentiable, in training and prefill alike. Both compute in fp32
 // (fp64 for fp64 input) and return x's dtype; on CUDA each is one fused kernel forward and one
-// backward (kernels/prefill.h: row_norm) where it applies (a kernel dtype, last dim <= 1024, a
+// backward (kernels/prefill.h: row_norm) where it applies (a kernel dtype, last dim <= 4096, a
 // weight [d], a gate of x's sizes, DecodeOptions::row_norm on), the reference math otherwise.
 enum class GateActivation { None, Swish, Sigmoid };
 // RMSNorm over the last dim times weight, then times act(gate) (fla's FusedRMSNormGated:
 // y = norm(x) * w * act(gate)); gate undefined means no gate. weight [d], or [G, d] for a
-// per-group gain on x [..., G, d] (the reference path).
+// per-group gain on x [..., G, d] (the reference path where G > 1).
 Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& gate, GateActivation act);
 // x / sqrt(sum(x^2) + 1e-6) over the last dim (fla's l2norm).
 Tensor l2_normalize(const Tensor& x);
