@@ -80,7 +80,8 @@ TEST(GatedProductGpu, WithoutGradientsAndWithTheSwitchOff) {
     const auto gate_up = torch::randn({5, 40, 256}, gpu(dt));
     const auto y = torch::randn({5, 40, 96}, gpu(dt)), gate = torch::randn({5, 40, 96}, gpu(dt));
     const auto f64 = [](const Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); };
-    const auto silu_mul = ops::silu_mul(gate_up), gated = ops::sigmoid_gate(y, gate), silu_gated = ops::silu_gate(y, gate);
+    const auto silu_mul = ops::silu_mul(gate_up), gated = ops::sigmoid_gate(y, gate);
+    const auto silu_gated = ops::silu_gate(y, gate);
     EXPECT_LT(rel_err(silu_mul.cpu(), ops::silu_mul(f64(gate_up))), tolerance(dt));
     EXPECT_LT(rel_err(gated.cpu(), ops::sigmoid_gate(f64(y), f64(gate))), tolerance(dt));
     EXPECT_LT(rel_err(silu_gated.cpu(), ops::silu_gate(f64(y), f64(gate))), tolerance(dt));

@@ -188,7 +188,8 @@ TEST(RopeGpu, PrefixRotatesInPlaceWithoutAGradient) {
         const auto source = torch::randn({B, T, N}, torch::kFloat64).to(dt).to(torch::kFloat64);
         const auto view = [&](const Tensor& t) { return t.narrow(2, 8, H * D).view({B, T, H, D}); };
         const auto ref_x = view(source);
-        const auto want = torch::cat({lt2::apply_rope(ref_x.narrow(-1, 0, n), pos, 1e4, style), ref_x.narrow(-1, n, D - n)}, -1);
+        const auto want =
+            torch::cat({lt2::apply_rope(ref_x.narrow(-1, 0, n), pos, 1e4, style), ref_x.narrow(-1, n, D - n)}, -1);
         {
           torch::NoGradGuard no_grad;
           auto packed = source.to(torch::kCUDA, dt);
@@ -209,7 +210,8 @@ TEST(RopeGpu, PrefixRotatesInPlaceWithoutAGradient) {
         (y * w.to(torch::kCUDA, dt)).sum().backward();
         auto ref_source = source.clone().requires_grad_(true);
         const auto rx = view(ref_source);
-        const auto ry = torch::cat({lt2::apply_rope(rx.narrow(-1, 0, n), pos, 1e4, style), rx.narrow(-1, n, D - n)}, -1);
+        const auto ry =
+            torch::cat({lt2::apply_rope(rx.narrow(-1, 0, n), pos, 1e4, style), rx.narrow(-1, n, D - n)}, -1);
         (ry * w).sum().backward();
         EXPECT_LT(rel_err(packed.grad().cpu().to(torch::kFloat64), ref_source.grad()), tolerance(dt));
       }

@@ -6,12 +6,12 @@
 // kThreads per head row: blocks 0 .. H-1 rotate query head h into q_out, H .. H+H_kv-1 rotate key
 // head j into its cache row, the last H_kv copy value head j into its cache row.
 //
-// rope_apply floor: one read of x and one write of y (the copied dims past the rotation included). At lt-100m's training step (16 x 2048 tokens,
-// 12 heads of 64, bf16) q and k are 50 MB each, so a pass over both moves 201 MB: ~61 us at
-// ~3.3 TB/s. A step rotates each of its 48 layer applications three times (the forward, its
-// recompute under per-loop checkpointing, the backward): 29 GB, ~8.8 ms. The libtorch form makes
-// about nine passes over x's size for each (the pair swap, two broadcast products, the sum; the
-// backward's products, swap and sum).
+// rope_apply floor: one read of x and one write of y (the copied dims past the rotation included).
+// At lt-100m's training step (16 x 2048 tokens, 12 heads of 64, bf16) q and k are 50 MB each, so a
+// pass over both moves 201 MB: ~61 us at ~3.3 TB/s. A step rotates each of its 48 layer applications
+// three times (the forward, its recompute under per-loop checkpointing, the backward): 29 GB, ~8.8 ms.
+// The libtorch form makes about nine passes over x's size for each (the pair swap, two broadcast
+// products, the sum; the backward's products, swap and sum).
 //
 // rope_apply design: block (U, R); a thread owns P pairs of the rows of one position t (U = D / 2P
 // threads cover a row, R positions a block), so its angles are computed once for all the rows it
@@ -200,9 +200,9 @@ __global__ void __launch_bounds__(kRopeThreads) rope_apply_kernel(const RopeKern
 bool rope_vec_ok(const RopeParams& p, int vec) {
   const int64_t span = p.interleaved ? p.head_dim : p.head_dim / 2;
   const auto whole = [&](int64_t stride, int size) { return size == 1 || stride % vec == 0; };
-  return span % vec == 0 && p.pass_dims % vec == 0 && aligned16(p.x) && aligned16(p.y) && whole(p.x_batch_stride, p.batch) &&
-         whole(p.x_token_stride, p.seq) && whole(p.x_head_stride, p.heads) && whole(p.y_batch_stride, p.batch) &&
-         whole(p.y_token_stride, p.seq) && whole(p.y_head_stride, p.heads);
+  return span % vec == 0 && p.pass_dims % vec == 0 && aligned16(p.x) && aligned16(p.y) &&
+         whole(p.x_batch_stride, p.batch) && whole(p.x_token_stride, p.seq) && whole(p.x_head_stride, p.heads) &&
+         whole(p.y_batch_stride, p.batch) && whole(p.y_token_stride, p.seq) && whole(p.y_head_stride, p.heads);
 }
 
 template <typename T, int P, bool Interleaved, bool Vec>

@@ -119,6 +119,25 @@ __device__ __forceinline__ void load_weight(const RowNormParams& p, int lane, fl
   }
 }
 
+// A row's backward terms for the thread's N elements (RowNormBackwardParams' formulas) with n = x r
+// and a = act(gate): dn = dy weight a, dweight's term dy n a added to dw, dgate written over g; returns
+// the thread's part of sum(dn n).
+template <int N>
+__device__ __forceinline__ float row_backward_terms(const RowNormParams& p, float r, const float (&x)[N],
+                                                    const float (&dy)[N], const float (&w)[N], float (&g)[N],
+                                                    float (&dn)[N], float (&dw)[N]) {
+  float dot = 0.f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float n = x[j] * r, a = p.gate ? activate(g[j], p.act) : 1.f;
+    dn[j] = dy[j] * w[j] * a;
+    dot = fmaf(dn[j], n, dot);
+    dw[j] = fmaf(dy[j] * n, a, dw[j]);
+    if (p.gate) g[j] = dy[j] * n * w[j] * activate_grad(g[j], p.act);  // dgate, in place
+  }
+  return dot;
+}
+
 // T: x's (and the gate's) type; TO: y's.
 template <typename T, typename TO, int PerLane>
 __global__ void __launch_bounds__(32 * kWarps) row_norm_forward_kernel(const RowNormParams p) {
@@ -202,16 +221,8 @@ __global__ void __launch_bounds__(32 * kWarps) row_norm_backward_kernel(const Ro
     load_row<TO>(bp.dy, row * p.dim, p.dim, lane, dy);
     if (p.gate) load_row<T>(p.gate, gate_offset(p, row), p.dim, lane, g);
     const float r = p.rstd[row];
-    float dn[PerLane], dot = 0.f;
-#pragma unroll
-    for (int j = 0; j < PerLane; ++j) {
-      const float n = x[j] * r, a = p.gate ? activate(g[j], p.act) : 1.f;
-      dn[j] = dy[j] * w[j] * a;
-      dot = fmaf(dn[j], n, dot);
-      dw[j] = fmaf(dy[j] * n, a, dw[j]);
-      if (p.gate) g[j] = dy[j] * n * w[j] * activate_grad(g[j], p.act);  // dgate, in place
-    }
-    const float mean_dot = warp_sum(dot) / p.divisor;
+    float dn[PerLane];
+    const float mean_dot = warp_sum(row_backward_terms(p, r, x, dy, w, g, dn, dw)) / p.divisor;
 #pragma unroll
     for (int j = 0; j < PerLane; ++j) x[j] = r * (dn[j] - x[j] * r * mean_dot);  // dx, in place
     if (bp.dh) {  // h's gradient from its other uses (dy is reused: its values are spent)
@@ -329,16 +340,8 @@ __global__ void __launch_bounds__(kWideThreads) row_norm_backward_wide_kernel(co
     load_row<TO, PerThread, kWideThreads>(bp.dy, row * p.dim, p.dim, t, dy);
     if (p.gate) load_row<T, PerThread, kWideThreads>(p.gate, gate_offset(p, row), p.dim, t, g);
     const float r = p.rstd[row];
-    float dn[PerThread], dot = 0.f;
-#pragma unroll
-    for (int j = 0; j < PerThread; ++j) {
-      const float n = x[j] * r, a = p.gate ? activate(g[j], p.act) : 1.f;
-      dn[j] = dy[j] * w[j] * a;
-      dot = fmaf(dn[j], n, dot);
-      dw[j] = fmaf(dy[j] * n, a, dw[j]);
-      if (p.gate) g[j] = dy[j] * n * w[j] * activate_grad(g[j], p.act);  // dgate, in place
-    }
-    const float mean_dot = block_sum(dot, scratch) / p.divisor;
+    float dn[PerThread];
+    const float mean_dot = block_sum(row_backward_terms(p, r, x, dy, w, g, dn, dw), scratch) / p.divisor;
 #pragma unroll
     for (int j = 0; j < PerThread; ++j) x[j] = r * (dn[j] - x[j] * r * mean_dot);  // dx, in place
     store_row<T, PerThread, kWideThreads>(bp.dx, row * p.dim, p.dim, t, x);
