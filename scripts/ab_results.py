@@ -8,7 +8,8 @@ the new tree (build-prebuilt/), each side's median over its repeats, and new / b
 
   python3 scripts/ab_results.py RESULTS_DIR --steps prepab gdnauto --base-name 8ffc3ac --new-name 1a2b3c4 \\
       --out bench/results/NAME [--title ...] [--command ...]
-writes NAME.json (every run's full RESULT) and NAME.md.
+writes NAME.json (every run's full RESULT) and NAME.md. `--self-test` checks the parsing on a made-up log
+(CTest `ab_results`).
 """
 import argparse
 import json
@@ -50,7 +51,42 @@ def time_ms(result):
     raise ValueError(f"a RESULT without a time: {sorted(result)}")
 
 
+def cases_of(runs):
+    """{case: {"base": [ms...], "new": [ms...], None: [ms...]}} in the runs' order."""
+    cases = {}
+    for label, result in runs:
+        arm, case = split_arm(label)
+        cases.setdefault(case, {"base": [], "new": [], None: []})[arm].append(time_ms(result))
+    return cases
+
+
+def self_test():
+    import tempfile
+    log = """/tmp/train_ab_base/build-prebuilt gdn 2048 x 16 auto
+RESULT {"median_step_ms": 500.0}
+build-prebuilt gdn 2048 x 16 auto
+RESULT {"median_step_ms": 490.0}
+build-prebuilt gdn 2048 x 16 auto
+RESULT {"median_step_ms": 492.0}
+/tmp/train_ab_base/build-prebuilt gdn 2048 x 16 auto
+RESULT {"median_step_ms": 502.0}
+lt-100m 2048 x 16 auto
+RESULT {"forward_backward_ms": 250.0}
+"""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "log.txt")
+        with open(path, "w") as f:
+            f.write(log)
+        cases = cases_of(step_runs(path))
+    assert cases["gdn 2048 x 16 auto"]["base"] == [500.0, 502.0], cases
+    assert cases["gdn 2048 x 16 auto"]["new"] == [490.0, 492.0], cases
+    assert cases["lt-100m 2048 x 16 auto"][None] == [250.0], cases
+    print("ab_results: self-test passed")
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="the unpacked results.tar.gz of scripts/gpu_batch.sh")
     ap.add_argument("--steps", nargs="+", required=True, help="the steps to read, in this order")
@@ -71,10 +107,7 @@ def main():
         if not os.path.exists(log):
             sys.exit(f"ab_results: {log} is missing (did the step run?)")
         runs = step_runs(log)
-        cases = {}
-        for label, result in runs:
-            arm, case = split_arm(label)
-            cases.setdefault(case, {"base": [], "new": [], None: []})[arm].append(time_ms(result))
+        cases = cases_of(runs)
         rows = []
         for case, arms in cases.items():
             row = {"case": case}
