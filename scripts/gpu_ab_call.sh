@@ -22,10 +22,12 @@
 # training (lt-100m with DSA layers, MID against the new tree, indexer stage off) and the DSA layer with the
 # selection's kernels off and on; `dsasparse`: the indexer loss's sparse stage, MID against the new tree,
 # and its profile; `mixtrain`: lt-100m with DSA, KDA, GLA and Mamba2 layers (MIXTRAIN_PATTERNS), MID against
-# the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `ltauto`: lt-100m under auto by the new tree, and its profile; `mixprof`: profiles of
-# lt-100m with Mamba2 and KDA layers; `resnorm`: the
-# residual_norm switch off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on
-# DSA's indexer backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against the new tree; `table`: the per-mixer training table;
+# the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `fullgdn`:
+# lt2-full-gdn-100m against lt2-gdn-100m by the new tree; `ltauto`: lt-100m under auto by the new tree, and
+# its profile; `mixprof`: profiles of lt-100m with Mamba2 and KDA layers; `resnorm`: the residual_norm switch
+# off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on DSA's indexer
+# backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against
+# the new tree; `table`: the per-mixer training table;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
@@ -106,6 +108,11 @@ steps+=("gdnauto 200 $unpack_mid for shape in '2048 16' '8192 4'; do set -- \$sh
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt build-prebuilt /tmp/train_ab_base/build-prebuilt; do
      echo \$b gdn \$1 x \$2 auto; \$b/train_bench --model lt2-gdn-100m --seq-len \$1 --batch-size \$2 --steps 4
      --warm 2 --checkpoint-loops=auto | grep RESULT; done; done")
+# Issue 23's hybrid criterion: lt2-full-gdn-100m against lt2-gdn-100m by the new tree under auto at both
+# shapes, alternating (the hybrid within 10% of the GDN model asked).
+steps+=("fullgdn 200 for shape in '2048 16' '8192 4'; do set -- \$shape; for m in lt2-gdn-100m lt2-full-gdn-100m
+     lt2-full-gdn-100m lt2-gdn-100m; do echo \$m \$1 x \$2 auto; build-prebuilt/train_bench --model \$m --seq-len \$1
+     --batch-size \$2 --steps 4 --warm 2 --checkpoint-loops=auto | grep RESULT; done; done")
 # lt-100m by the new tree under auto at 2048 x 16, twice: its tokens/s and MFU on this device; then its
 # per-operator profile.
 steps+=("ltauto 120 for i in 1 2; do echo lt-100m 2048 x 16 auto; build-prebuilt/train_bench --model lt-100m
