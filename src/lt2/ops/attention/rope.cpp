@@ -78,20 +78,16 @@ struct RopePrefixFunction : public torch::autograd::Function<RopePrefixFunction>
     ctx->saved_data["start"] = start;
     ctx->saved_data["theta"] = theta;
     ctx->saved_data["interleaved"] = interleaved;
-    return rotate_prefix(x, n, start, theta, interleaved, /*inverse=*/false);
+    return rope_kernel(x, start, theta, interleaved, /*inverse=*/false, /*out=*/Tensor(), /*rotated=*/n);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const Tensor& dy = grads[0];
     if (!dy.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-    return {rotate_prefix(dy.stride(-1) == 1 ? dy : dy.contiguous(), ctx->saved_data["n"].toInt(),
-                          ctx->saved_data["start"].toInt(), ctx->saved_data["theta"].toDouble(),
-                          ctx->saved_data["interleaved"].toBool(), /*inverse=*/true),
+    return {rope_kernel(dy.stride(-1) == 1 ? dy : dy.contiguous(), ctx->saved_data["start"].toInt(),
+                        ctx->saved_data["theta"].toDouble(), ctx->saved_data["interleaved"].toBool(), /*inverse=*/true,
+                        /*out=*/Tensor(), /*rotated=*/ctx->saved_data["n"].toInt()),
             Tensor(), Tensor(), Tensor(), Tensor()};
-  }
-  // x's first n dims rotated into a new packed tensor, the rest copied.
-  static Tensor rotate_prefix(const Tensor& x, int64_t n, int64_t start, double theta, bool interleaved, bool inverse) {
-    return rope_kernel(x, start, theta, interleaved, inverse, Tensor(), n);
   }
 };
 #endif

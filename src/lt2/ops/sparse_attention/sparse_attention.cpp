@@ -410,6 +410,8 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     auto d_keys = torch::zeros(index_k.sizes(), index_k.options().dtype(accum_dtype(index_k)));
     const auto iq_c = iq.detach().to(compute), iw_c = iw.detach().to(compute), keys_c = index_k.to(compute);
     const bool kernel = decode_options().dsa_index_kernels && ops::dsa_index_backward_supported(iq_c, keys_c);
+    // The kernel writes d(iq) into d_iq's rows itself where they share a dtype.
+    const bool dq_in_place = kernel && d_iq.scalar_type() == iq_c.scalar_type();
     {
       torch::AutoGradMode grad_mode(!kernel);
       // saved: x, index_k, then one scores' gradient per block.
@@ -417,11 +419,9 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
         const int64_t n = std::min(block_rows, T - r0), seen = std::min(L, query_start + r0 + n);
         const auto d = saved[block] * grads[0];  // [B, n, seen]
         std::vector<Tensor> g;                   // d(iq), d(iw), d(keys) of the block
-        bool dq_written = false;                 // the kernel wrote d(iq) into d_iq's rows itself
         if (kernel) {
-          dq_written = d_iq.scalar_type() == iq_c.scalar_type();
           auto k = ops::dsa_index_backward(iq_c.narrow(1, r0, n), iw_c.narrow(1, r0, n), keys_c.narrow(1, 0, seen), d,
-                                           query_start + r0, dq_written ? d_iq.narrow(1, r0, n) : Tensor());
+                                           query_start + r0, dq_in_place ? d_iq.narrow(1, r0, n) : Tensor());
           g = {k.dq, k.dw, k.d_keys};
         } else {
           const auto iq_b = iq_c.narrow(1, r0, n).detach().requires_grad_(true);
@@ -430,7 +430,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
           auto scores = lightning_indexer_scores(iq_b, iw_b, keys_b);
           g = torch::autograd::grad({scores}, {iq_b, iw_b, keys_b}, {d.to(scores.scalar_type())});
         }
-        if (!dq_written) d_iq.narrow(1, r0, n).copy_(g[0]);
+        if (!dq_in_place) d_iq.narrow(1, r0, n).copy_(g[0]);
         d_iw.narrow(1, r0, n).copy_(g[1]);
         d_keys.narrow(1, 0, seen) += g[2];
       }
