@@ -21,13 +21,15 @@ NEW_DIR = "build-prebuilt"
 
 
 def step_runs(log_path):
-    """[(label, result)] in the log's order; a RESULT takes the last non-RESULT line before it."""
+    """[(label, result)] in the log's order; a RESULT takes the last non-RESULT line before it. A RESULT right
+    after a Markdown table row is a profiled run's (its per-kernel table printed first): not an arm, left out."""
     runs, label = [], ""
     with open(log_path) as f:
         for line in f:
             line = line.rstrip("\n")
             if line.startswith("RESULT "):
-                runs.append((label, json.loads(line[len("RESULT "):])))
+                if not label.startswith("|"):
+                    runs.append((label, json.loads(line[len("RESULT "):])))
             elif line.strip():
                 label = line.strip()
     return runs
@@ -72,6 +74,9 @@ RESULT {"median_step_ms": 492.0}
 RESULT {"median_step_ms": 502.0}
 lt-100m 2048 x 16 auto
 RESULT {"forward_backward_ms": 250.0}
+| kernel | calls/step | us/step | % of busy |
+| lt2::kernels::delta_rule_scan_kernel | 48.0 | 20538.6 | 3.0% |
+RESULT {"median_step_ms": 710.0}
 """
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "log.txt")
@@ -81,6 +86,7 @@ RESULT {"forward_backward_ms": 250.0}
     assert cases["gdn 2048 x 16 auto"]["base"] == [500.0, 502.0], cases
     assert cases["gdn 2048 x 16 auto"]["new"] == [490.0, 492.0], cases
     assert cases["lt-100m 2048 x 16 auto"][None] == [250.0], cases
+    assert not any(case.startswith("|") for case in cases), cases  # the profiled run is no case
     print("ab_results: self-test passed")
 
 

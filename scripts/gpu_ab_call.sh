@@ -95,7 +95,8 @@ steps+=("dsasparse 300 $unpack_mid for shape in ${DSASPARSE_SHAPES:-'2048 16' '8
      echo \$b dsa \$1 x \$2 sparse \$extra; \$b/train_bench $dsa_train --seq-len \$1 --batch-size \$2
      --indexer-stage sparse \$extra | grep RESULT; done; done;
      [ '${DSASPARSE_PROFILE:-1}' = 0 ] ||
-     build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops")
+     build-prebuilt/train_bench $dsa_train --seq-len 2048 --batch-size 16 --indexer-stage sparse --profile 1 --profile-ops |
+     grep -v '^RESULT'")
 # lt-100m with other mixers' layers (MIXTRAIN_PATTERNS, default DSA with its indexer stage off, KDA, GLA and
 # Mamba2) at 2048 x 16 under auto, MID and the new tree alternating: what the mixers' input handling gives.
 steps+=("mixtrain 240 $unpack_mid for m in ${MIXTRAIN_PATTERNS:-dsa kda gla mamba2}; do

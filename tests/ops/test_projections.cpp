@@ -1,5 +1,6 @@
 // ops::linear_group: one GEMM for layers that read the same input, equal to a GEMM per layer in
-// its outputs and in every gradient, with the grouped output's rows padded to whole 8 columns.
+// its outputs and in every gradient, with the grouped output's rows padded to whole 8 columns; and
+// ops::linear_split, one layer's output split into column blocks the same way.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -94,4 +95,51 @@ TEST(LinearGroup, AddsTheBiasesOfTheLayersThatHaveOne) {
   loss.backward();
   EXPECT_TRUE(torch::allclose(layers.back()->bias.grad(), torch::full({4}, 12.0, torch::kFloat64)));
   EXPECT_THROW(pack_linears(layers), Error);
+}
+
+// One layer's output split into blocks: the blocks are column slices of a padded output (rows of 16 for
+// 5 + 7 + 3 columns) under autograd and for many rows, of the layer's own output at a decode step; the
+// values and every gradient (x, weight, bias) equal the layer's output split.
+TEST(LinearSplit, EqualsTheLayersOutputSplitWithGradients) {
+  torch::manual_seed(6);
+  auto layer = make_linear(6, 15, 0.5, /*bias=*/true);
+  layer->to(torch::kFloat64);
+  {
+    torch::NoGradGuard ng;
+    layer->bias.normal_();
+  }
+  const std::vector<int64_t> widths{5, 7, 3};
+  const auto x = torch::randn({2, 3, 6}, torch::kFloat64).requires_grad_();
+  const auto parts = ops::linear_split(x, layer, widths);
+  ASSERT_EQ(parts.size(), widths.size());
+  EXPECT_EQ(parts[0].stride(1), 16);
+  Tensor loss = torch::zeros({}, torch::kFloat64);
+  std::vector<Tensor> upstream;
+  for (const auto& part : parts) {
+    upstream.push_back(torch::randn_like(part));
+    loss = loss + (part * upstream.back()).sum();
+  }
+  loss.backward();
+  const auto x_grad = x.grad().clone(), w_grad = layer->weight.grad().clone(), b_grad = layer->bias.grad().clone();
+  x.mutable_grad().reset(), layer->weight.mutable_grad().reset(), layer->bias.mutable_grad().reset();
+  const auto want = layer(x).split_with_sizes(widths, -1);
+  Tensor reference_loss = torch::zeros({}, torch::kFloat64);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(parts[i], want[i], 1e-12, 1e-12)) << "block " << i;
+    reference_loss = reference_loss + (want[i] * upstream[i]).sum();
+  }
+  reference_loss.backward();
+  EXPECT_TRUE(torch::allclose(x_grad, x.grad(), 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(w_grad, layer->weight.grad(), 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(b_grad, layer->bias.grad(), 1e-12, 1e-12));
+  torch::NoGradGuard ng;
+  for (int64_t rows : {int64_t{1}, ops::kLinearGroupFewRows + 1}) {
+    const auto xs = torch::randn({rows, 1, 6}, torch::kFloat64);
+    const auto blocks = ops::linear_split(xs, layer, widths);
+    EXPECT_EQ(blocks[0].stride(1), rows > ops::kLinearGroupFewRows ? 16 : 15) << rows << " rows";
+    const auto expected = layer(xs).split_with_sizes(widths, -1);
+    for (size_t i = 0; i < widths.size(); ++i)
+      EXPECT_TRUE(torch::allclose(blocks[i], expected[i], 1e-12, 1e-12)) << rows << " rows, block " << i;
+  }
+  EXPECT_THROW(split_columns(torch::zeros({2, 14}), widths), Error);
 }

@@ -64,8 +64,8 @@ RecurrenceInputs KimiDeltaAttentionImpl::project(const Tensor& x, RecurrentState
   in.q = repeat_heads(ops::l2_normalize(q), groups);                   // [B, T, HV, K]
   in.k = repeat_heads(ops::l2_normalize(k), groups);                   // [B, T, HV, K]
   in.v = v_conv1d(p[2], st ? &st->conv[2] : nullptr, pos).view({B, T, num_v_heads, head_v_dim});
-  auto gates = ops::delta_rule_gates(linear_at(f_proj, 1)(p[4]), p[3], A_log, dt_bias, allow_neg_eigval ? 2.0 : 1.0);
-  in.gate = linear_at(g_proj, 1)(p[5]);
+  auto gates = ops::delta_rule_gates(linear_at(f_proj, 1)(p[3]), p[5], A_log, dt_bias, allow_neg_eigval ? 2.0 : 1.0);
+  in.gate = linear_at(g_proj, 1)(p[4]);
   in.g = gates.g.view({B, T, num_v_heads, head_k_dim});  // [B, T, HV, K]
   in.beta = gates.beta;                                   // [B, T, HV]
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
@@ -80,7 +80,10 @@ Tensor KimiDeltaAttentionImpl::output(const Tensor& o, const Tensor& x, const Re
 }
 
 std::vector<torch::nn::Linear> KimiDeltaAttentionImpl::input_projections() const {
-  return {q_proj, k_proj, v_proj, b_proj, linear_at(f_proj, 0), linear_at(g_proj, 0)};
+  // b (one column a head) last: the low-rank layers' inputs then start 16-byte aligned within a row where q, k
+  // and v's widths are multiples of 8 (every preset's), which cuBLAS's Hopper GEMMs need of an operand (after
+  // b, lt-100m/kda's started at column 2,316 and took sm80 align2 kernels).
+  return {q_proj, k_proj, v_proj, linear_at(f_proj, 0), linear_at(g_proj, 0), b_proj};
 }
 
 MixerInfo kda_info() {

@@ -20,7 +20,7 @@ class KimiDeltaAttentionImpl : public RecurrentMixerImpl {
   RecurrenceInputs project(const Tensor& x, RecurrentState* state, const Positions& pos) override;
   Tensor output(const Tensor& o, const Tensor& x, const RecurrenceInputs& in) override;
   std::string kind() const override { return "kda"; }
-  std::vector<torch::nn::Linear> input_projections() const override;  // q, k, v, b, f's and g's first layers
+  std::vector<torch::nn::Linear> input_projections() const override;  // q, k, v, f's and g's first layers, b
 
   int64_t num_heads, num_v_heads, head_k_dim, head_v_dim;
   bool allow_neg_eigval;

@@ -50,8 +50,9 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const 
   const int64_t B = x.size(0), T = x.size(1), GN = n_groups * state_size;
   const int64_t heads_per_group = num_heads / n_groups;
   const auto ct = accum_dtype(x);
-  auto zxbcdt = in_proj(x);                                            // [B, T, d_inner + conv_dim + H]
-  auto parts = zxbcdt.split_with_sizes({d_inner, d_inner + 2 * GN, num_heads}, -1);
+  // [z | xBC | dt] as column slices of one GEMM's output, whose 2 d_inner + 2 G N + H columns (3,212 at
+  // d 768) ops::linear_split pads to whole 16-byte rows.
+  const auto parts = ops::linear_split(x, in_proj, {d_inner, d_inner + 2 * GN, num_heads});
   auto xBC = conv1d(parts[1], st ? &st->conv[0] : nullptr, pos);     // [B, T, d_inner + 2 G N]
   auto xbc = xBC.split_with_sizes({d_inner, GN, GN}, -1);
   auto xs = xbc[0].view({B, T, num_heads, head_dim});                 // [B, T, H, P]
@@ -59,9 +60,10 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const 
   RecurrenceInputs in;
   in.q = repeat_heads(xbc[2].view({B, T, n_groups, state_size}), heads_per_group);  // C [B, T, H, N]
   in.k = repeat_heads(xbc[1].view({B, T, n_groups, state_size}), heads_per_group);  // B [B, T, H, N]
-  // [B, T, H, P] in the weights' dtype, whatever x's (under autocast the block may hand x in bf16). The
+  // [B, T, H, P] in xs's dtype (the projection's: bf16 under autocast), as the chunk kernels read v; the
+  // recurrence's output, the skip and the gated norm's input stay in it (the norm computes in fp32). The
   // product promotes xs to dt's ct itself: no ct copy of xs made, or saved for the backward.
-  in.v = (xs * dt.unsqueeze(-1)).to(in_proj->weight.scalar_type());
+  in.v = (xs * dt.unsqueeze(-1)).to(xs.scalar_type());
   in.g = dt * -A_log.to(ct).exp();                                    // [B, T, H]
   in.scale = 1.0;
   in.gate = parts[0];                                                 // z [B, T, d_inner]
@@ -71,8 +73,8 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const 
 
 Tensor Mamba2Impl::output(const Tensor& y, const Tensor& x, const RecurrenceInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
-  const auto ct = accum_dtype(x);
-  auto gated = ops::silu_gate(y.reshape({B, T, d_inner}).to(ct), in.gate.to(ct));  // gate, then norm
+  // y * silu(z), then the norm, both in y's dtype: z (a column slice of the projection) read in place.
+  auto gated = ops::silu_gate(y.reshape({B, T, d_inner}), in.gate.to(y.scalar_type()));
   auto normed = ops::gated_rms_norm(gated.view({B, T, n_groups, d_inner / n_groups}),
                                     norm->weight.view({n_groups, d_inner / n_groups}), norm_eps, Tensor(),
                                     ops::GateActivation::None);

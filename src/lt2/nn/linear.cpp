@@ -72,15 +72,18 @@ Tensor pack_linears(const std::vector<torch::nn::Linear>& layers) {
 }
 
 std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers) {
-  // One split, not a narrow per part: under autograd its backward is one concatenation of the
-  // parts' gradients, where a narrow each would build a zero-filled gradient of y's whole size per part.
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> widths;
+  for (const auto& l : layers) widths.push_back(l->weight.size(0));
+  return split_columns(y, widths);
+}
+
+std::vector<Tensor> split_columns(const Tensor& y, std::vector<int64_t> widths) {
   int64_t columns = 0;
-  for (const auto& l : layers) sizes.push_back(l->weight.size(0)), columns += sizes.back();
+  for (const int64_t w : widths) columns += w;
   const int64_t padding = y.size(-1) - columns;
-  LT2_CHECK(padding >= 0, "unpack_outputs: the layers' outputs are ", columns, " columns, y has ", y.size(-1));
-  if (padding > 0) sizes.push_back(padding);
-  auto parts = torch::split_with_sizes(y, sizes, -1);
+  LT2_CHECK(padding >= 0, "split_columns: the blocks are ", columns, " columns, y has ", y.size(-1));
+  if (padding > 0) widths.push_back(padding);
+  auto parts = torch::split_with_sizes(y, widths, -1);
   if (padding > 0) parts.pop_back();
   return parts;
 }

@@ -37,6 +37,10 @@ Tensor pack_linears(const std::vector<torch::nn::Linear>& layers);
 // The output blocks of at::linear(x, packed) in the order of `layers` (views along the last dim);
 // columns of y beyond the layers' outputs (cat_weights' padding rows) are dropped.
 std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers);
+// y's last dim split into blocks of `widths` (views), the columns beyond their sum dropped: one split, so
+// under autograd the blocks' gradients are one concatenation, where a narrow each would build a
+// zero-filled gradient of y's whole size per block.
+std::vector<Tensor> split_columns(const Tensor& y, std::vector<int64_t> widths);
 // Whether a packed weight may be used now: defined, and no gradient being recorded (the packed
 // tensor is not a parameter).
 inline bool use_packed(const Tensor& packed) { return packed.defined() && !torch::GradMode::is_enabled(); }

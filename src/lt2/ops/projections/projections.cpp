@@ -13,6 +13,11 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
   return layer->bias.defined() ? at::linear(x, layer->weight, layer->bias) : ops::linear(x, layer->weight);
 }
 
+namespace {
+// Output columns a padded weight rounds up to: whole 16-byte pieces of bf16.
+constexpr int64_t kGemmRowsMultiple = 8;
+}  // namespace
+
 std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed) {
   if (use_packed(packed)) return unpack_outputs(ops::linear(x, packed), layers);
   if (!torch::GradMode::is_enabled() && x.numel() <= kLinearGroupFewRows * x.size(-1)) {
@@ -24,7 +29,17 @@ std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::L
   // cuBLAS takes its Hopper kernels only for 16-byte-aligned leading dimensions, and the forward
   // GEMM writes, and both backward GEMMs read, this output with its row length as leading dim.
   // (lt2-gdn-100m's group, 3,468 columns, otherwise runs on sm80 CUTLASS kernels.)
-  return unpack_outputs(at::linear(x, cat_weights(layers, /*rows_multiple=*/8), cat_biases(layers, 8)), layers);
+  return unpack_outputs(at::linear(x, cat_weights(layers, kGemmRowsMultiple), cat_biases(layers, kGemmRowsMultiple)),
+                        layers);
+}
+
+std::vector<Tensor> linear_split(const Tensor& x, const torch::nn::Linear& layer, const std::vector<int64_t>& widths) {
+  // A decode step (few rows, no gradient) takes the layer itself (the fused GEMV); more rows the padded weight.
+  const bool decode = !torch::GradMode::is_enabled() && x.numel() <= kLinearGroupFewRows * x.size(-1);
+  return split_columns(decode ? ops::linear(x, layer)
+                              : at::linear(x, cat_weights({layer}, kGemmRowsMultiple),
+                                           cat_biases({layer}, kGemmRowsMultiple)),
+                       widths);
 }
 
 namespace {

@@ -24,6 +24,10 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer);
 // cost more than the products, which read each weight once either way.
 constexpr int64_t kLinearGroupFewRows = 64;
 std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed);
+// x through one layer whose output's columns are split into blocks of `widths` (summing to its
+// outputs), one split (split_columns): its weight padded as linear_group pads a group's (16-byte-aligned
+// output rows for cuBLAS's Hopper GEMMs), or at a decode step (linear_group's few rows) the layer itself.
+std::vector<Tensor> linear_split(const Tensor& x, const torch::nn::Linear& layer, const std::vector<int64_t>& widths);
 
 // The two ends of a pre-norm block's decode half with their elementwise work folded into the
 // fused GEMV (gemv_fused), as the mixers' and the FFN's residual forms use them:
