@@ -28,7 +28,7 @@
 # off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on DSA's indexer
 # backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against
 # the new tree; `table`: the per-mixer training table;
-# `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
+# `ceab`: lt-100m with the cross-entropy kernel off and on (same binary); `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
 # newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
 # alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
 # --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
@@ -120,6 +120,11 @@ steps+=("ltauto 120 for i in 1 2; do echo lt-100m 2048 x 16 auto; build-prebuilt
      --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto | grep RESULT; done;
      build-prebuilt/train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 3 --warm 1
      --checkpoint-loops=auto --profile 1 --profile-ops | grep -v '^RESULT'")
+# The LM head loss's cross-entropy kernel off and on (switch cross_entropy_kernel, same binary, alternating):
+# lt-100m at 2048 x 16 under auto.
+steps+=("ceab 120 for o in 0 1 1 0; do echo lt-100m cross_entropy_kernel=\$o; build-prebuilt/train_bench --model lt-100m
+     --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto --option cross_entropy_kernel=\$o |
+     grep RESULT; done")
 # Per-operator profiles of lt-100m with Mamba2 and with KDA layers (MIXPROF_PATTERNS) by the new tree at
 # 2048 x 16 under auto: where the mixers furthest below lt-100m spend their steps.
 steps+=("mixprof 150 for m in ${MIXPROF_PATTERNS:-mamba2 kda}; do build-prebuilt/train_bench --model lt-100m --pattern \$m

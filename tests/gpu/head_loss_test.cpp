@@ -8,9 +8,11 @@
 
 #include "gpu/gpu_testing.h"
 
+#include <optional>
 #include <vector>
 
 #include "common/testing.h"
+#include "lt2/ops/decode_options.h"
 #include "lt2/ops/loss/lm_head_loss.h"
 #include "lt2/ops/memory_meter.h"
 #include "lt2/train/autocast.h"
@@ -121,4 +123,41 @@ TEST(HeadLossGpu, KeepsOnlyTheGradients) {
   EXPECT_LE(meter.current(), (N + V) * d * 4 + (4 << 20));  // the caching allocator rounds blocks up
   EXPECT_GT(meter.peak(), 0);
   loss.backward();
+}
+
+// The cross-entropy kernel (cross_entropy_kernel) against the libtorch form of the same chunk score, on
+// random fp32 logits: vocabularies a multiple of 4 (16-byte loads) and not, logits not 16-byte aligned,
+// ignored rows, a gradient in fp32 and in bf16, and none. The float64 check of the whole loss through
+// the kernel is CrossEntropyMatchesFloat64Reference.
+TEST(HeadLossGpu, CrossEntropyKernelMatchesTheLibtorchForm) {
+  REQUIRE_CUDA();
+  for (const int64_t V : {int64_t{32768}, int64_t{1003}, int64_t{4}})
+    for (const bool aligned : {true, false})
+      for (const auto grad_dtype : {std::optional<torch::ScalarType>(torch::kFloat32),
+                                    std::optional<torch::ScalarType>(torch::kBFloat16), std::optional<torch::ScalarType>()}) {
+        SCOPED_TRACE(::testing::Message() << "V " << V << (aligned ? " aligned" : " misaligned") << " grad "
+                                          << (grad_dtype ? c10::toString(*grad_dtype) : "none"));
+        const int64_t n = 37;
+        torch::manual_seed(V + aligned);
+        const auto storage = torch::randn({n * V + 1}, gpu(torch::kFloat32)) * 4;
+        const auto logits = storage.narrow(0, aligned ? 0 : 1, n * V).view({n, V});
+        auto labels = torch::randint(V, {n}, gpu(torch::kLong));
+        labels.index_put_({torch::arange(0, n, 5, gpu(torch::kLong))}, -100);
+        const ops::HardLabels target(labels, V);
+        auto score = [&](bool kernel) {
+          DecodeOptions options;
+          options.cross_entropy_kernel = kernel;
+          const DecodeOptionsGuard guard(options);
+          return target.score(logits.clone(), 0, grad_dtype);
+        };
+        const auto by_kernel = score(true), by_libtorch = score(false);
+        EXPECT_LT(rel_err(by_kernel.loss, by_libtorch.loss), 1e-6);
+        ASSERT_EQ(by_kernel.grad.defined(), grad_dtype.has_value());
+        if (!grad_dtype) continue;
+        EXPECT_EQ(by_kernel.grad.scalar_type(), *grad_dtype);
+        EXPECT_LT(rel_err(by_kernel.grad.to(torch::kFloat32), by_libtorch.grad.to(torch::kFloat32)),
+                  *grad_dtype == torch::kFloat32 ? 1e-6 : tolerance(torch::kBFloat16));
+        const auto ignored = torch::arange(0, n, 5, gpu(torch::kLong));
+        EXPECT_EQ(by_kernel.grad.index_select(0, ignored).abs().max().item<float>(), 0.f);
+      }
 }

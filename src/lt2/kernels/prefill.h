@@ -411,4 +411,23 @@ struct RopeParams {
 bool rope_apply_supported(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
 void rope_apply(const RopeParams& p, void* stream);
 
+// Softmax cross-entropy of rows of fp32 logits against hard labels and its gradient, one kernel (the
+// LM head loss's chunks, ops/loss: HardLabels):
+//   lse = log sum_v exp(x_v),  loss[row] = lse - x[label],  grad[v] = exp(x_v - lse) - (v == label)
+// in fp32, the gradient rounded once to grad_dtype. A row labelled ignore_index scores 0 and gets a zero
+// gradient. Labels are in [0, vocab) or ignore_index (the caller checks them).
+struct CrossEntropyParams {
+  const float* logits;    // [rows, vocab], packed
+  const int64_t* labels;  // [rows]
+  float* loss;            // [rows]: each row's loss
+  void* grad;             // [rows, vocab] grad_dtype, packed; nullptr: no gradient
+  int64_t rows;
+  int vocab;
+  int64_t ignore_index;
+  DType grad_dtype;
+};
+// Whether cross_entropy_forward takes these sizes: rows in an int (a block a row), vocab >= 1.
+bool cross_entropy_supported(int64_t rows, int64_t vocab);
+void cross_entropy_forward(const CrossEntropyParams& p, void* stream);
+
 }  // namespace lt2::kernels

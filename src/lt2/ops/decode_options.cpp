@@ -54,7 +54,7 @@ bool DecodeOptions::pdl_for(const char* kernel) const {
 const std::vector<std::string>& DecodeOptions::names() {
   static const std::vector<std::string> n = {
       "fused", "fused_gemv", "gemv_chain", "chained_tail_max_rows", "gdn_early_state", "delta_rule_scan",
-      "scan_value_block", "short_conv", "row_norm", "norm_products_dtype", "residual_norm", "gated_product", "rope", "delta_rule_prepare",
+      "scan_value_block", "short_conv", "row_norm", "norm_products_dtype", "residual_norm", "gated_product", "cross_entropy_kernel", "rope", "delta_rule_prepare",
       "gated_linear_prepare", "channel_gate_prepare", "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores",
       "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels", "dsa_head_probs", "dsa_sparse_prefill",
       "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
@@ -78,6 +78,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "norm_products_dtype") norm_products_dtype = parse_bool(name, v);
   else if (name == "residual_norm") residual_norm = parse_bool(name, v);
   else if (name == "gated_product") gated_product = parse_bool(name, v);
+  else if (name == "cross_entropy_kernel") cross_entropy_kernel = parse_bool(name, v);
   else if (name == "rope") rope = parse_bool(name, v);
   else if (name == "delta_rule_prepare") delta_rule_prepare = parse_bool(name, v);
   else if (name == "gated_linear_prepare") gated_linear_prepare = parse_bool(name, v);
@@ -114,6 +115,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "norm_products_dtype=" + b(norm_products_dtype),
           "residual_norm=" + b(residual_norm),
           "gated_product=" + b(gated_product),
+          "cross_entropy_kernel=" + b(cross_entropy_kernel),
           "rope=" + b(rope),
           "delta_rule_prepare=" + b(delta_rule_prepare),
           "gated_linear_prepare=" + b(gated_linear_prepare),

@@ -48,6 +48,9 @@ struct DecodeOptions {
   // one backward, in prefill, decode and training (off: the libtorch ops; where no gradient is
   // taken the kernel also needs `fused`).
   bool gated_product = true;
+  // The LM head loss's softmax cross-entropy against hard labels (each chunk's loss and gradient from its
+  // fp32 logits) as one CUDA kernel a chunk (off: log_softmax, gather, exp and scatter in libtorch).
+  bool cross_entropy_kernel = true;
   // RoPE of the attention mixers' q and k at positions start.. as one CUDA kernel forward and one
   // backward (the inverse rotation), in prefill and training (off: the libtorch reference; decided
   // at forward time).

@@ -1,8 +1,14 @@
 #include "lt2/ops/loss/lm_head_loss.h"
 
+#include "lt2/kernels/prefill.h"  // cross_entropy_forward
 #include "lt2/nn/precision.h"  // product_dtype
 #include "lt2/ops/chunking.h"  // Fp32Scope
+#include "lt2/ops/fused_common.h"
 #include "lt2/util/error.h"
+
+#ifdef LT2_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#endif
 
 namespace lt2::ops {
 
@@ -106,9 +112,40 @@ void HardLabels::check(int64_t rows, int64_t vocab, torch::Device device) const 
             labels_.device());
 }
 
+namespace {
+// Hard labels' score by the kernel (kernels/prefill.h: cross_entropy_forward) where it takes the
+// chunk: packed fp32 CUDA logits, a kernel dtype for the gradient, the switch on. Undefined loss where not.
+ChunkScore cross_entropy_by_kernel(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                   std::optional<ScalarType> grad_dtype) {
+#ifdef LT2_WITH_CUDA
+  if (!decode_options().cross_entropy_kernel || !logits.is_cuda() || logits.scalar_type() != torch::kFloat32 ||
+      !logits.is_contiguous() || (grad_dtype && !detail::kernel_dtype_ok(*grad_dtype)) ||
+      !kernels::cross_entropy_supported(logits.size(0), logits.size(1)))
+    return {};
+  c10::cuda::CUDAGuard guard(logits.device());
+  const auto rows = labels.contiguous();
+  auto losses = torch::empty({logits.size(0)}, logits.options());
+  ChunkScore s;
+  if (grad_dtype) s.grad = torch::empty(logits.sizes(), logits.options().dtype(*grad_dtype));
+  kernels::CrossEntropyParams p{};
+  p.logits = logits.data_ptr<float>(), p.labels = rows.data_ptr<int64_t>(), p.loss = losses.data_ptr<float>();
+  p.grad = grad_dtype ? s.grad.data_ptr() : nullptr;
+  p.rows = logits.size(0), p.vocab = static_cast<int>(logits.size(1)), p.ignore_index = ignore_index;
+  p.grad_dtype = detail::kernel_dtype(grad_dtype.value_or(torch::kFloat32));
+  kernels::cross_entropy_forward(p, detail::current_stream(logits));
+  s.loss = losses.sum();
+  return s;
+#else
+  (void)logits, (void)labels, (void)ignore_index, (void)grad_dtype;
+  return {};
+#endif
+}
+}  // namespace
+
 ChunkScore HardLabels::score(Tensor logits, int64_t begin, std::optional<ScalarType> grad_dtype) const {
   const int64_t n = logits.size(0);
   const auto labels = labels_.narrow(0, begin, n);                                // [n]
+  if (auto s = cross_entropy_by_kernel(logits, labels, ignore_index_, grad_dtype); s.loss.defined()) return s;
   const auto counted = labels != ignore_index_;                                   // [n]
   const auto index = labels.masked_fill(counted.logical_not(), 0).unsqueeze(1);   // [n, 1]
   auto log_probs = torch::log_softmax(logits, 1);                                 // [n, V]
