@@ -35,6 +35,7 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
 }
 
 __device__ __forceinline__ MaxSum add_value(MaxSum a, float x) {
+  if (x == -INFINITY) return a;  // no mass (and no -inf - -inf)
   if (x <= a.max) return {a.max, a.sum + expf(x - a.max)};
   return {x, a.sum * expf(a.max - x) + 1.f};
 }
