@@ -13,8 +13,6 @@
 // label, rounded once. At two blocks an SM the rows in flight (132 SMs x 2 x 128 KB at V 32k, ~34 MB)
 // fit the L2 (50 MB), so the second read comes from it. exp and log are the accurate fp32 forms (the
 // fp32 path's tolerance).
-#include <cfloat>
-
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"

@@ -14,32 +14,35 @@ Tensor linear(const Tensor& x, const torch::nn::Linear& layer) {
 }
 
 namespace {
-// Output columns a padded weight rounds up to: whole 16-byte pieces of bf16.
-constexpr int64_t kGemmRowsMultiple = 8;
+// A decode step: no gradient and at most kLinearGroupFewRows rows of x, where one linear per layer (the
+// fused GEMV) costs less than concatenating the weights.
+bool decode_rows(const Tensor& x) {
+  return !torch::GradMode::is_enabled() && x.numel() <= kLinearGroupFewRows * x.size(-1);
+}
+
+// x through `layers` as one GEMM over their weights (and biases) concatenated, the output's rows padded
+// to whole 16-byte pieces of bf16 (8 columns) with zero weight rows: cuBLAS takes its Hopper kernels
+// only for 16-byte-aligned leading dimensions, and the forward GEMM writes, and both backward GEMMs
+// read, this output with its row length as leading dim (lt2-gdn-100m's group, 3,468 columns, and
+// Mamba2's in_proj, 3,212, otherwise run on sm80 CUTLASS kernels).
+Tensor padded_linear(const Tensor& x, const std::vector<torch::nn::Linear>& layers) {
+  constexpr int64_t kRowsMultiple = 8;
+  return at::linear(x, cat_weights(layers, kRowsMultiple), cat_biases(layers, kRowsMultiple));
+}
 }  // namespace
 
 std::vector<Tensor> linear_group(const Tensor& x, const std::vector<torch::nn::Linear>& layers, const Tensor& packed) {
   if (use_packed(packed)) return unpack_outputs(ops::linear(x, packed), layers);
-  if (!torch::GradMode::is_enabled() && x.numel() <= kLinearGroupFewRows * x.size(-1)) {
+  if (decode_rows(x)) {
     std::vector<Tensor> out;
     for (const auto& l : layers) out.push_back(ops::linear(x, l));
     return out;
   }
-  // The output's rows padded to whole 16-byte pieces of bf16 (8 columns) with zero weight rows:
-  // cuBLAS takes its Hopper kernels only for 16-byte-aligned leading dimensions, and the forward
-  // GEMM writes, and both backward GEMMs read, this output with its row length as leading dim.
-  // (lt2-gdn-100m's group, 3,468 columns, otherwise runs on sm80 CUTLASS kernels.)
-  return unpack_outputs(at::linear(x, cat_weights(layers, kGemmRowsMultiple), cat_biases(layers, kGemmRowsMultiple)),
-                        layers);
+  return unpack_outputs(padded_linear(x, layers), layers);
 }
 
 std::vector<Tensor> linear_split(const Tensor& x, const torch::nn::Linear& layer, const std::vector<int64_t>& widths) {
-  // A decode step (few rows, no gradient) takes the layer itself (the fused GEMV); more rows the padded weight.
-  const bool decode = !torch::GradMode::is_enabled() && x.numel() <= kLinearGroupFewRows * x.size(-1);
-  return split_columns(decode ? ops::linear(x, layer)
-                              : at::linear(x, cat_weights({layer}, kGemmRowsMultiple),
-                                           cat_biases({layer}, kGemmRowsMultiple)),
-                       widths);
+  return split_columns(decode_rows(x) ? ops::linear(x, layer) : padded_linear(x, {layer}), widths);
 }
 
 namespace {
