@@ -24,7 +24,8 @@
 # and its profile; `mixtrain`: lt-100m with DSA, KDA, GLA and Mamba2 layers (MIXTRAIN_PATTERNS), MID against
 # the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `fullgdn`:
 # lt2-full-gdn-100m against lt2-gdn-100m by the new tree; `ltauto`: lt-100m under auto by the new tree, and
-# its profile; `mixprof`: profiles of lt-100m with Mamba2 and KDA layers; `resnorm`: the residual_norm switch
+# its profile; `mixprof`: profiles of lt-100m with Mamba2 and KDA layers; `gdnprof`: lt2-gdn-100m's profile; `prefill32`: the
+# 1.3B GDN and hybrid prefill at 4k-32k; `resnorm`: the residual_norm switch
 # off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on DSA's indexer
 # backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against
 # the new tree; `table`: the per-mixer training table;
@@ -120,6 +121,13 @@ steps+=("ltauto 120 for i in 1 2; do echo lt-100m 2048 x 16 auto; build-prebuilt
      --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto | grep RESULT; done;
      build-prebuilt/train_bench --model lt-100m --seq-len 2048 --batch-size 16 --steps 3 --warm 1
      --checkpoint-loops=auto --profile 1 --profile-ops | grep -v '^RESULT'")
+# lt2-gdn-100m's per-operator profile by the new tree at 2048 x 16 under auto: where the GDN model's step
+# goes beside lt-100m's.
+steps+=("gdnprof 90 build-prebuilt/train_bench --model lt2-gdn-100m --seq-len 2048 --batch-size 16 --steps 3 --warm 1
+     --checkpoint-loops=auto --profile 1 --profile-ops | grep -v '^RESULT'")
+# Issue 23's prefill criterion: lt2-gdn-1.3b and lt2-full-gdn-1.3b by the new tree at 4k to 32k, batch 1, bf16.
+steps+=("prefill32 150 build-prebuilt/lt2 bench prefill -m lt2-gdn-1.3b,lt2-full-gdn-1.3b -c 4096,8192,16384,32768
+     --out-json \$OUT/prefill.json --out-md \$OUT/prefill.md")
 # The LM head loss's cross-entropy kernel off and on (switch cross_entropy_kernel, same binary, alternating):
 # lt-100m at 2048 x 16 under auto.
 steps+=("ceab 120 for o in 0 1 1 0; do echo lt-100m cross_entropy_kernel=\$o; build-prebuilt/train_bench --model lt-100m
