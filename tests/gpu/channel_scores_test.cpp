@@ -120,3 +120,40 @@ TEST(ChannelScoresGpu, GatedLinearChunkedGradientsMatchRecurrence) {
   const char* names[] = {"o", "final state", "dq", "dk", "dv", "dg", "ds0"};
   for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(torch::kFloat32)) << names[i];
 }
+
+// The chunk gate kernels (ops::chunk_cumulative_gate on CUDA in fp32): G and the gradient of g against
+// the float64 libtorch form on the CPU, per channel and per head, lengths on and off the chunk (one
+// shorter than a chunk), random gates and a random dG; the option off keeps libtorch's form on CUDA.
+TEST(ChannelScoresGpu, ChunkCumulativeGateMatchesFloat64WithGradient) {
+  REQUIRE_FUSED_DECODE();
+  struct GateCase {
+    std::vector<int64_t> shape;  // [B, T, H] or [B, T, H, K]
+    int64_t C;
+  };
+  const std::vector<GateCase> cases{{{2, 64 * 3 + 17, 3, 40}, 64}, {{1, 5, 2, 64}, 64}, {{2, 128, 4, 33}, 64},
+                                    {{3, 130, 4}, 64},             {{2, 50, 3, 7}, 16}};
+  for (const auto& c : cases)
+    for (bool kernel : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "g " << torch::IntArrayRef(c.shape) << " C " << c.C
+                                        << (kernel ? " kernel" : " libtorch"));
+      torch::manual_seed(c.shape[1] * 10 + c.C);
+      const int64_t B = c.shape[0], T = c.shape[1], H = c.shape[2];
+      const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+      const auto g = torch::log_sigmoid(torch::randn(c.shape, f64));
+      const int64_t N = (T + c.C - 1) / c.C, D = c.shape.size() == 4 ? c.shape[3] : 1;
+      const auto dG = torch::randn({B, H, N, c.C, D}, f64);
+      auto run = [&](const torch::TensorOptions& on) {
+        auto gd = g.to(on).detach().requires_grad_(true);
+        auto G = ops::chunk_cumulative_gate(gd, B, T, H, c.C, on.dtype().toScalarType(), gd.device());
+        G.backward(dG.to(on));
+        return std::make_pair(G.detach().cpu().to(torch::kFloat64), gd.grad().cpu().to(torch::kFloat64));
+      };
+      const auto want = run(f64);
+      DecodeOptions options;
+      options.chunk_gate = kernel;
+      DecodeOptionsGuard guard(options);
+      const auto got = run(gpu(torch::kFloat32));
+      EXPECT_LT(rel_err(got.first, want.first), tolerance(torch::kFloat32)) << "G";
+      EXPECT_LT(rel_err(got.second, want.second), tolerance(torch::kFloat32)) << "dg";
+    }
+}

@@ -384,6 +384,20 @@ struct ChannelScoresBackwardParams {
 };
 void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);
 
+// The chunk-local inclusive cumulative log-gate of the chunked gated forms (ops::chunk_cumulative_gate)
+// from the token layout into the chunk layout, and its backward (kernels/cuda/channel_scores.cu):
+//   forward   G[b, h, n, c, d] = sum_{c' <= c} g[b, n C + c', h, d]          (g = 0 past T)
+//   backward  dg[b, t, h, d]   = sum_{c' >= c} dG[b, h, n, c', d],  t = n C + c < T
+// fp32, both tensors packed; a thread walks one (b, h, n, d) column of C rows.
+struct ChunkGateParams {
+  const float* in;  // forward: g [B, T, H, D]; backward: dG [B, H, N, C, D]
+  float* out;       // forward: G; backward: dg
+  int64_t batch, tokens;
+  int heads, dim, chunk;
+};
+void chunk_gate_forward(const ChunkGateParams& p, void* stream);
+void chunk_gate_backward(const ChunkGateParams& p, void* stream);
+
 // Rotary position embedding of a whole [B, T, H, D] tensor at positions start + t, the same for every
 // sequence (ops::apply_rope: training and prefill; kernels/cuda/rope_cache.cu), into a packed tensor:
 //   y[a] = x[a] cos - x[b] sin,  y[b] = x[b] cos + x[a] sin,   angle (start + t) theta^(-2i / D)

@@ -41,6 +41,42 @@ Tensor chunk_outputs(const Tensor& q_start, const Tensor& states, const Tensor& 
   return torch::baddbmm(torch::bmm(flat(a), flat(v)), flat(q_start), flat(states)).view(shape);
 }
 
+#ifdef LT2_WITH_CUDA
+namespace {
+// Autograd over the chunk gate kernels (kernels/prefill.h): g [B, T, H, D] packed fp32 in, G
+// [B, H, N, C, D] out; nothing is saved but the sizes.
+struct ChunkGateFunction : public torch::autograd::Function<ChunkGateFunction> {
+  static kernels::ChunkGateParams params(int64_t B, int64_t T, int64_t H, int64_t D, int64_t chunk) {
+    kernels::ChunkGateParams p{};
+    p.batch = B, p.tokens = T;
+    p.heads = static_cast<int>(H), p.dim = static_cast<int>(D), p.chunk = static_cast<int>(chunk);
+    return p;
+  }
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& g, int64_t chunk) {
+    c10::cuda::CUDAGuard guard(g.device());
+    const int64_t B = g.size(0), T = g.size(1), H = g.size(2), D = g.size(3), N = (T + chunk - 1) / chunk;
+    auto G = torch::empty({B, H, N, chunk, D}, g.options());
+    auto p = params(B, T, H, D, chunk);
+    p.in = g.data_ptr<float>(), p.out = G.data_ptr<float>();
+    kernels::chunk_gate_forward(p, detail::current_stream(g));
+    ctx->saved_data["sizes"] = std::vector<int64_t>{B, T, H, D, chunk};
+    return G;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->saved_data["sizes"].toIntVector();
+    const auto dG = grads[0].to(torch::kFloat32).contiguous();
+    c10::cuda::CUDAGuard guard(dG.device());
+    auto dg = torch::empty({s[0], s[1], s[2], s[3]}, dG.options());
+    auto p = params(s[0], s[1], s[2], s[3], s[4]);
+    p.in = dG.data_ptr<float>(), p.out = dg.data_ptr<float>();
+    kernels::chunk_gate_backward(p, detail::current_stream(dG));
+    return {dg, Tensor()};
+  }
+};
+}  // namespace
+#endif
+
 Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, int64_t chunk,
                              torch::ScalarType dt, const torch::Device& device) {
   const int64_t N = (T + chunk - 1) / chunk;
@@ -48,6 +84,11 @@ Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, i
   LT2_CHECK(g.dim() == 3 || g.dim() == 4, "log-gate must be [B, T, H] or [B, T, H, K], found ",
             g.sizes());
   auto g4 = g.dim() == 3 ? g.unsqueeze(-1) : g;  // [B, T, H, 1 or K]
+#ifdef LT2_WITH_CUDA
+  if (decode_options().chunk_gate && g4.is_cuda() && dt == torch::kFloat32 && g4.size(2) <= INT32_MAX &&
+      g4.size(3) <= INT32_MAX && chunk <= INT32_MAX)
+    return ChunkGateFunction::apply(packed_as(g4, dt), chunk);
+#endif
   return to_chunks(g4, chunk, dt).cumsum(-2);   // [B, H, N, C, 1 or K]
 }
 

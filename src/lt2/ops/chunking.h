@@ -71,7 +71,8 @@ class DocumentChunks {
 //   g undefined      -> zeros [B, H, N, C, 1]      (no decay)
 //   g [B, T, H]      -> [B, H, N, C, 1]            (one decay per head)
 //   g [B, T, H, K]   -> [B, H, N, C, K]            (one decay per key channel)
-// Padded tail tokens get log-gate 0 (no decay), so they leave the state unchanged.
+// Padded tail tokens get log-gate 0 (no decay), so they leave the state unchanged. On CUDA in fp32
+// one kernel each way (DecodeOptions::chunk_gate), else libtorch's copy and cumsum.
 Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, int64_t chunk,
                              torch::ScalarType dt, const torch::Device& device);
 

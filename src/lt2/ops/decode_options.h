@@ -86,6 +86,11 @@ struct DecodeOptions {
   // scores, KDA's and its UT transform's) as one CUDA kernel forward and one backward, in fp32, in
   // prefill and training (off: the libtorch sub-chunk form).
   bool channel_scores = true;
+  // The chunk-local cumulative log-gate of the chunked forms (ops::chunk_cumulative_gate: the token
+  // layout into the chunk layout and the sum within each chunk, its backward the reverse sum and the
+  // layout back) as one CUDA kernel each way, fp32 (off: libtorch's copy and cumsum, and their
+  // backward's flips, cumsum and copy).
+  bool chunk_gate = true;
   // The gated delta rule's gates (GDN's and KDA's g and beta from their raw projections) as one CUDA
   // kernel, and under autograd one more for their backward (prefill and training); off: the libtorch
   // form.
