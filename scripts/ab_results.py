@@ -37,12 +37,18 @@ def step_runs(log_path):
 
 def split_arm(label):
     """(arm, case): 'new' for build-prebuilt (the call's own tree, a relative path), 'base' for another
-    binary folder (the baseline's, an absolute path), None without one."""
+    binary folder (the baseline's, an absolute path); without a folder, a label ending in a switch
+    `name=0` or `name=1` (the same binary with a kernel switch off and on: ceab, gateab) is 'base' or 'new'
+    of the case `... name`; None otherwise."""
     first, _, rest = label.partition(" ")
     if first.rstrip("/") == NEW_DIR:
         return "new", rest
     if "/" in first:
         return "base", rest
+    head, _, last = label.rpartition(" ")
+    name, eq, value = last.partition("=")
+    if head and eq and name and value in ("0", "1"):
+        return ("base" if value == "0" else "new"), f"{head} {name}"
     return None, label
 
 
@@ -77,6 +83,10 @@ RESULT {"forward_backward_ms": 250.0}
 | kernel | calls/step | us/step | % of busy |
 | lt2::kernels::delta_rule_scan_kernel | 48.0 | 20538.6 | 3.0% |
 RESULT {"median_step_ms": 710.0}
+lt-100m chunk_gate=0
+RESULT {"median_step_ms": 300.0}
+lt-100m chunk_gate=1
+RESULT {"median_step_ms": 280.0}
 """
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "log.txt")
@@ -87,6 +97,7 @@ RESULT {"median_step_ms": 710.0}
     assert cases["gdn 2048 x 16 auto"]["new"] == [490.0, 492.0], cases
     assert cases["lt-100m 2048 x 16 auto"][None] == [250.0], cases
     assert not any(case.startswith("|") for case in cases), cases  # the profiled run is no case
+    assert cases["lt-100m chunk_gate"]["base"] == [300.0] and cases["lt-100m chunk_gate"]["new"] == [280.0], cases
     print("ab_results: self-test passed")
 
 
@@ -114,6 +125,9 @@ def main():
             sys.exit(f"ab_results: {log} is missing (did the step run?)")
         runs = step_runs(log)
         cases = cases_of(runs)
+        # A step whose cases are all switches (off against on in one binary) names its arms so.
+        switch = bool(runs) and all("/" not in label.partition(" ")[0] for label, _ in runs)
+        base_name, new_name = ("off", "on") if switch else (args.base_name, args.new_name)
         rows = []
         for case, arms in cases.items():
             row = {"case": case}
@@ -124,7 +138,8 @@ def main():
                 row["ratio_new_over_base"] = statistics.median(arms["new"]) / statistics.median(arms["base"])
             rows.append(row)
         record["steps"][step] = {"runs": [{"label": l, "result": r} for l, r in runs], "cases": rows}
-        md += [f"## {step}", "", f"| case | {args.base_name} ms | {args.new_name} ms | new / base |", "|---|---:|---:|---:|"]
+        md += [f"## {step}", "", f"| case | {base_name} ms | {new_name} ms | {new_name} / {base_name} |",
+               "|---|---:|---:|---:|"]
         fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs) if xs else ""
         for row in rows:
             ratio = f"{row['ratio_new_over_base']:.3f}" if "ratio_new_over_base" in row else ""
