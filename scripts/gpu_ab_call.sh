@@ -24,14 +24,14 @@
 # and its profile; `mixtrain`: lt-100m with DSA, KDA, GLA and Mamba2 layers (MIXTRAIN_PATTERNS), MID against
 # the new tree; `gdnauto`: lt2-gdn-100m under auto checkpointing, MID against the new tree; `fullgdn`:
 # lt2-full-gdn-100m against lt2-gdn-100m by the new tree; `ltauto`: lt-100m under auto by the new tree, and
-# its profile; `mixprof`: profiles of lt-100m with Mamba2 and KDA layers; `gdnprof`: lt2-gdn-100m's profile; `prefill32`: the
-# 1.3B GDN and hybrid prefill at 4k-32k; `resnorm`: the residual_norm switch
+# its profile; `mixprof`: profiles of lt-100m with Mamba2 and KDA layers; `gdnprof`: lt2-gdn-100m's
+# profile; `prefill32`: the 1.3B GDN and hybrid prefill at 4k-32k; `resnorm`: the residual_norm switch
 # off and on (same binary); `ncu`: Nsight Compute on the delta rule's kernels; `ncudsa`: on DSA's indexer
 # backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against
 # the new tree; `table`: the per-mixer training table;
-# `ceab`: lt-100m with the cross-entropy kernel off and on (same binary); `gateab`: the chunk gate kernels off and on; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the
-# newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new
-# alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
+# `ceab`: lt-100m with the cross-entropy kernel off and on (same binary); `gateab`: the chunk gate kernels
+# off and on; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID against OLD;
+# `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench
 # --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
 # later steps are cut (gpu_batch.sh packs the results after each step); ONLY picks the rest for a second call.
 set -uo pipefail

@@ -123,12 +123,12 @@ ChunkScore cross_entropy_by_kernel(const Tensor& logits, const Tensor& labels, i
       !kernels::cross_entropy_supported(logits.size(0), logits.size(1)))
     return {};
   c10::cuda::CUDAGuard guard(logits.device());
-  const auto rows = labels.contiguous();
+  const auto packed_labels = labels.contiguous();
   auto losses = torch::empty({logits.size(0)}, logits.options());
   ChunkScore s;
   if (grad_dtype) s.grad = torch::empty(logits.sizes(), logits.options().dtype(*grad_dtype));
   kernels::CrossEntropyParams p{};
-  p.logits = logits.data_ptr<float>(), p.labels = rows.data_ptr<int64_t>(), p.loss = losses.data_ptr<float>();
+  p.logits = logits.data_ptr<float>(), p.labels = packed_labels.data_ptr<int64_t>(), p.loss = losses.data_ptr<float>();
   p.grad = grad_dtype ? s.grad.data_ptr() : nullptr;
   p.rows = logits.size(0), p.vocab = static_cast<int>(logits.size(1)), p.ignore_index = ignore_index;
   p.grad_dtype = detail::kernel_dtype(grad_dtype.value_or(torch::kFloat32));
