@@ -80,6 +80,10 @@ if has test; then
   rc=$?
   trap - TERM
   grep -E "^\[  (PASSED|FAILED) |FAILED TEST|tests ran" /tmp/test_gpu.log | head -30
+  # Each failed assertion with its message (from "file:line: Failure" to the test's FAILED line), kept
+  # in $OUT and its first lines printed: the record says only which tests failed.
+  awk '/: Failure$/ {p = 1} p {print} /^\[  FAILED  \]/ {p = 0}' /tmp/test_gpu.log > "$OUT/test_failures.txt"
+  [ -s "$OUT/test_failures.txt" ] && { echo "failures (all in test_failures.txt):"; head -60 "$OUT/test_failures.txt"; }
   # The record: the binaries' commit and source hash when they were carried, else this tree's.
   record=()
   [ -n "${LT2_COMMIT:-}" ] && record=(--commit "$LT2_COMMIT")

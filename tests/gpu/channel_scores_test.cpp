@@ -10,6 +10,7 @@
 
 #include "gpu/gpu_testing.h"
 
+#include <string>
 #include <vector>
 
 #include "common/testing.h"
@@ -123,7 +124,9 @@ TEST(ChannelScoresGpu, GatedLinearChunkedGradientsMatchRecurrence) {
 
 // The chunk gate kernels (ops::chunk_cumulative_gate on CUDA in fp32): G and the gradient of g against
 // the float64 libtorch form on the CPU, per channel and per head, lengths on and off the chunk (one
-// shorter than a chunk), random gates and a random dG; the option off keeps libtorch's form on CUDA.
+// shorter than a chunk), random gates and a random dG; g packed, a narrowed view (a wider token stride,
+// as a slice of a projection) and a per-head gate broadcast over batch and tokens (stride 0, as RetNet's
+// fixed decay), whose gradient is the sum over them; the option off keeps libtorch's form on CUDA.
 TEST(ChannelScoresGpu, ChunkCumulativeGateMatchesFloat64WithGradient) {
   REQUIRE_FUSED_DECODE();
   struct GateCase {
@@ -133,27 +136,32 @@ TEST(ChannelScoresGpu, ChunkCumulativeGateMatchesFloat64WithGradient) {
   const std::vector<GateCase> cases{{{2, 64 * 3 + 17, 3, 40}, 64}, {{1, 5, 2, 64}, 64}, {{2, 128, 4, 33}, 64},
                                     {{3, 130, 4}, 64},             {{2, 50, 3, 7}, 16}};
   for (const auto& c : cases)
-    for (bool kernel : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "g " << torch::IntArrayRef(c.shape) << " C " << c.C
-                                        << (kernel ? " kernel" : " libtorch"));
-      torch::manual_seed(c.shape[1] * 10 + c.C);
-      const int64_t B = c.shape[0], T = c.shape[1], H = c.shape[2];
-      const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
-      const auto g = torch::log_sigmoid(torch::randn(c.shape, f64));
-      const int64_t N = (T + c.C - 1) / c.C, D = c.shape.size() == 4 ? c.shape[3] : 1;
-      const auto dG = torch::randn({B, H, N, c.C, D}, f64);
-      auto run = [&](const torch::TensorOptions& on) {
-        auto gd = g.to(on).detach().requires_grad_(true);
-        auto G = ops::chunk_cumulative_gate(gd, B, T, H, c.C, on.dtype().toScalarType(), gd.device());
-        G.backward(dG.to(on));
-        return std::make_pair(G.detach().cpu().to(torch::kFloat64), gd.grad().cpu().to(torch::kFloat64));
-      };
-      const auto want = run(f64);
-      DecodeOptions options;
-      options.chunk_gate = kernel;
-      DecodeOptionsGuard guard(options);
-      const auto got = run(gpu(torch::kFloat32));
-      EXPECT_LT(rel_err(got.first, want.first), tolerance(torch::kFloat32)) << "G";
-      EXPECT_LT(rel_err(got.second, want.second), tolerance(torch::kFloat32)) << "dg";
-    }
+    for (const char* layout : {"packed", "narrowed", "broadcast"})
+      for (bool kernel : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "g " << torch::IntArrayRef(c.shape) << " C " << c.C << " " << layout
+                                          << (kernel ? " kernel" : " libtorch"));
+        torch::manual_seed(c.shape[1] * 10 + c.C);
+        const int64_t B = c.shape[0], T = c.shape[1], H = c.shape[2];
+        const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+        const bool broadcast = std::string(layout) == "broadcast";
+        const auto g = torch::log_sigmoid(torch::randn(c.shape, f64));
+        const int64_t N = (T + c.C - 1) / c.C, D = c.shape.size() == 4 ? c.shape[3] : 1;
+        const auto dG = torch::randn({B, H, N, c.C, D}, f64);
+        auto run = [&](const torch::TensorOptions& on) {
+          auto leaf = (broadcast ? g[0][0] : g).to(on).detach().requires_grad_(true);
+          const auto gate = broadcast ? leaf.expand(c.shape)
+                            : std::string(layout) == "narrowed" ? torch::cat({leaf, leaf}, 2).narrow(2, 1, H)
+                                                                : leaf;
+          auto G = ops::chunk_cumulative_gate(gate, B, T, H, c.C, on.dtype().toScalarType(), leaf.device());
+          G.backward(dG.to(on));
+          return std::make_pair(G.detach().cpu().to(torch::kFloat64), leaf.grad().cpu().to(torch::kFloat64));
+        };
+        const auto want = run(f64);
+        DecodeOptions options;
+        options.chunk_gate = kernel;
+        DecodeOptionsGuard guard(options);
+        const auto got = run(gpu(torch::kFloat32));
+        EXPECT_LT(rel_err(got.first, want.first), tolerance(torch::kFloat32)) << "G";
+        EXPECT_LT(rel_err(got.second, want.second), tolerance(torch::kFloat32)) << "dg";
+      }
 }

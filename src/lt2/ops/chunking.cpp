@@ -15,8 +15,9 @@
 namespace lt2::ops {
 
 namespace {
-// x in dtype `dt` and packed, in one copy (none where it already is).
-Tensor packed_as(const Tensor& x, torch::ScalarType dt) {
+// x in dtype `dt`, in one copy (none where it already is in dt). Packed only where it converts: without a
+// conversion libtorch's `to` keeps a permuted or expanded view as it is (its format counts as contiguous).
+Tensor in_dtype(const Tensor& x, torch::ScalarType dt) {
   return x.to(x.options().dtype(dt), /*non_blocking=*/false, /*copy=*/false, torch::MemoryFormat::Contiguous);
 }
 }  // namespace
@@ -26,12 +27,12 @@ Tensor to_chunks(const Tensor& x, int64_t chunk, torch::ScalarType dt) {
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
   const int64_t N = (T + chunk - 1) / chunk;
   auto y = N * chunk != T ? torch::constant_pad_nd(x, {0, 0, 0, 0, 0, N * chunk - T}) : x;
-  return packed_as(y.view({B, N, chunk, H, D}).permute({0, 3, 1, 2, 4}), dt);  // [B, H, N, C, D]
+  return in_dtype(y.view({B, N, chunk, H, D}).permute({0, 3, 1, 2, 4}), dt);  // [B, H, N, C, D]
 }
 
 Tensor from_chunks(const Tensor& y, int64_t T, torch::ScalarType dt) {
   const int64_t B = y.size(0), H = y.size(1), N = y.size(2), C = y.size(3), D = y.size(4);
-  return packed_as(y.permute({0, 2, 3, 1, 4}), dt).view({B, N * C, H, D}).narrow(1, 0, T);
+  return in_dtype(y.permute({0, 2, 3, 1, 4}), dt).view({B, N * C, H, D}).narrow(1, 0, T);
 }
 
 Tensor chunk_outputs(const Tensor& q_start, const Tensor& states, const Tensor& a, const Tensor& v) {
@@ -87,7 +88,7 @@ Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, i
 #ifdef LT2_WITH_CUDA
   if (decode_options().chunk_gate && g4.is_cuda() && dt == torch::kFloat32 && g4.size(2) <= INT32_MAX &&
       g4.size(3) <= INT32_MAX && chunk <= INT32_MAX)
-    return ChunkGateFunction::apply(packed_as(g4, dt), chunk);
+    return ChunkGateFunction::apply(in_dtype(g4, dt).contiguous(), chunk);  // packed rows for the kernel
 #endif
   return to_chunks(g4, chunk, dt).cumsum(-2);   // [B, H, N, C, 1 or K]
 }
@@ -127,12 +128,12 @@ Tensor DocumentChunks::to_chunks(const Tensor& x, torch::ScalarType dt) const {
   LT2_CHECK(x.dim() == 4 && x.size(0) == 1 && x.size(1) == T_, op_, ": packed documents sit in one row of T = ", T_,
             " tokens [1, T, H, X], found ", x.sizes());
   const int64_t H = x.size(2), X = x.size(3);
-  return packed_as(to_padded_rows(x.to(dt)).view({1, chunks_, chunk_, H, X}).permute({0, 3, 1, 2, 4}), dt);
+  return in_dtype(to_padded_rows(x.to(dt)).view({1, chunks_, chunk_, H, X}).permute({0, 3, 1, 2, 4}), dt);
 }
 
 Tensor DocumentChunks::from_chunks(const Tensor& y, torch::ScalarType dt) const {
   const int64_t H = y.size(1), X = y.size(4);
-  return from_padded_rows(packed_as(y.permute({0, 2, 3, 1, 4}), dt).view({1, chunks_ * chunk_, H, X}));
+  return from_padded_rows(in_dtype(y.permute({0, 2, 3, 1, 4}), dt).view({1, chunks_ * chunk_, H, X}));
 }
 
 Tensor DocumentChunks::to_padded_rows(const Tensor& x) const {
