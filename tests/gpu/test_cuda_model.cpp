@@ -1,5 +1,6 @@
-// GPU (CTest label `gpu`): the model on CUDA against the CPU float64 reference, decode == forward
-// on CUDA, and a bf16-autocast training step with the block norms' outputs in bf16 and in fp32.
+// GPU (CTest label `gpu`): the model on CUDA against the CPU float64 reference (logits and every
+// parameter's gradient), decode == forward on CUDA, and a bf16-autocast training step with the block
+// norms' outputs in bf16 and in fp32.
 // Skips where no CUDA GPU is present.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -54,6 +55,53 @@ TEST(CudaModel, Fp32AsAccurateAsCpuFp32) {
       const double gpu_err = rel_err(cpu->forward(tok.cuda()).logits.cpu(), want);
       EXPECT_LT(gpu_err, std::max(4 * cpu_err, 1e-6))
           << pattern << " form " << to_string(form) << ": CPU fp32 error " << cpu_err;
+    }
+  }
+}
+
+// The gradients of every parameter on the GPU in fp32 against the CPU float64 reference, with the CPU's
+// fp32 error as the yardstick (as the forward above): each GPU gradient's error may not exceed 4x the CPU's
+// nor invariant 5's fp32 tolerance, whichever is larger. 70 tokens: a whole chunk of the chunked forms
+// (64) and part of the next. The kernels' own tests check each backward alone; this one checks that the
+// model hands them its tensors as they expect (layouts, strides, views).
+TEST(CudaModel, Fp32GradientsAsAccurateAsCpuFp32) {
+  REQUIRE_CUDA();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  for (const auto& pattern : gpu_patterns()) {
+    for (auto form : {ModelForm::LT2, ModelForm::Ouro}) {
+      auto cfg = tiny_config(pattern, form);
+      cfg.max_seq_len = 128;
+      torch::manual_seed(13);
+      LoopedLM ref(cfg);
+      ref->to(torch::kFloat64);
+      LoopedLM cpu(cfg), gpu_model(cfg);
+      {
+        torch::NoGradGuard ng;
+        auto src = ref->named_parameters();
+        for (auto& p : cpu->named_parameters()) p.value().copy_(src[p.key()]);
+        for (auto& p : gpu_model->named_parameters()) p.value().copy_(src[p.key()]);
+      }
+      gpu_model->to(torch::kCUDA);
+      const auto tok = torch::randint(cfg.vocab_size, {2, 70}, torch::kLong);
+      const auto w = torch::randn({2, 70, cfg.vocab_size}, torch::kFloat64);
+      auto grads = [&](LoopedLM& m, const torch::Device& device, torch::ScalarType dt) {
+        m->zero_grad();
+        (m->forward(tok.to(device)).logits * w.to(device, dt)).sum().backward();
+        std::map<std::string, torch::Tensor> g;
+        for (const auto& p : m->named_parameters())
+          if (p.value().grad().defined()) g[p.key()] = p.value().grad().cpu().to(torch::kFloat64);
+        return g;
+      };
+      const auto want = grads(ref, torch::kCPU, torch::kFloat64);
+      const auto on_cpu = grads(cpu, torch::kCPU, torch::kFloat32);
+      const auto on_gpu = grads(gpu_model, torch::kCUDA, torch::kFloat32);
+      ASSERT_EQ(on_gpu.size(), want.size()) << pattern << " form " << to_string(form);
+      for (const auto& [name, g] : on_gpu) {
+        const double cpu_err = rel_err(on_cpu.at(name), want.at(name));
+        EXPECT_LT(rel_err(g, want.at(name)), std::max(4 * cpu_err, tolerance(torch::kFloat32)))
+            << pattern << " form " << to_string(form) << " " << name << ": CPU fp32 error " << cpu_err;
+      }
     }
   }
 }
