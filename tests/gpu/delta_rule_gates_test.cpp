@@ -9,12 +9,15 @@
 
 #include "gpu/gpu_testing.h"
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/testing.h"
 #include "lt2/mixers/recurrent_mixer.h"
 #include "lt2/mixers/registry.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
 
 using namespace lt2;
 using lt2::testing::rel_err;
@@ -124,6 +127,63 @@ TEST(DeltaRuleGatesGpu, GradientsMatchTheFloat64Reference) {
         for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tol) << names[i];
       }
   }
+}
+
+// The gated linear family's log-sigmoid gates (ops::log_sigmoid_gates: GLA's g = log_sigmoid(x) / 16,
+// HGRN2's g and k = 1 - exp(g)) under autograd: g, k and x's gradient against float64 autograd of the
+// libtorch form on the same rounded values and upstream gradients, x a column slice of a projection or
+// packed, fp32 and bf16, with values at both tails (+-30); k absent, fp32 or bf16, and its gradient or
+// g's absent in turn; the switch off (the libtorch form on the GPU) agrees.
+TEST(LogSigmoidGatesGpu, MatchTheFloat64ReferenceWithGradient) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(35);
+  const int64_t B = 2, T = 37, C = 48;
+  auto packed = torch::randn({B, T, C + 5}, torch::kFloat64) * 4;
+  packed.index_put_({0, 0, 1}, 30.0);
+  packed.index_put_({1, 2, 3}, -30.0);
+  const auto dg = torch::randn({B, T, C}, torch::kFloat64), dk = torch::randn({B, T, C}, torch::kFloat64);
+  using OptDtype = std::optional<torch::ScalarType>;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (bool in_place : {true, false})
+      for (double normalizer : {1.0, 16.0})
+        for (const OptDtype k_dtype : {OptDtype(), OptDtype(torch::kFloat32), OptDtype(torch::kBFloat16)})
+          for (const char* upstream : {"both", "g only", "k only"}) {
+            const bool use_g = std::string(upstream) != "k only", use_k = k_dtype && std::string(upstream) != "g only";
+            if (!k_dtype && !use_g) continue;
+            SCOPED_TRACE(cat(name(dt), in_place ? " slice" : " packed", " normalizer ", normalizer, " k ",
+                             k_dtype ? name(*k_dtype) : "none", " upstream ", upstream));
+            // On the GPU (kernel on or off) in dt, or on the CPU in float64 from the same rounded values.
+            auto run = [&](bool gpu_run, bool kernel) {
+              DecodeOptions options;
+              options.log_sigmoid_gate = kernel;
+              DecodeOptionsGuard guard(options);
+              const auto device = gpu_run ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+              const auto act = gpu_run ? dt : torch::kFloat64;
+              auto p = packed.to(dt).to(device, act).detach().requires_grad_(true);
+              Tensor x = p.narrow(2, 1, C);
+              if (!in_place) x = x.contiguous();
+              const OptDtype kd = k_dtype && !gpu_run ? OptDtype(torch::kFloat64) : k_dtype;
+              const auto out =
+                  ops::log_sigmoid_gates(x, normalizer, gpu_run ? torch::kFloat32 : torch::kFloat64, kd);
+              EXPECT_EQ(out.complement.defined(), k_dtype.has_value());
+              // k's upstream gradient as the GPU's autograd hands it: in k's dtype.
+              auto round_k = [&](const Tensor& t) { return k_dtype ? t.to(*k_dtype).to(torch::kFloat64) : t; };
+              auto loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+              if (use_g) loss = loss + (out.g.to(torch::kFloat64) * dg.to(device)).sum();
+              if (use_k) loss = loss + (out.complement.to(torch::kFloat64) * round_k(dk).to(device)).sum();
+              loss.backward();
+              auto f64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
+              return std::vector<Tensor>{f64(out.g), k_dtype ? f64(out.complement) : Tensor(), f64(p.grad())};
+            };
+            const auto want = run(false, true), got = run(true, true), off = run(true, false);
+            EXPECT_LT(rel_err(got[0], want[0]), tolerance(torch::kFloat32)) << "g";
+            if (k_dtype) {
+              EXPECT_LT(rel_err(got[1], want[1]), tolerance(*k_dtype)) << "k";
+            }
+            EXPECT_LT(rel_err(got[2], want[2]), tolerance(dt)) << "dx";
+            EXPECT_EQ(got[2].narrow(2, 0, 1).abs().max().item<double>(), 0.0) << "columns outside x";
+            EXPECT_LT(rel_err(off[2], got[2]), tolerance(dt)) << "dx, switch off";
+          }
 }
 
 // In fp32 the two forms agree to invariant 5's tolerance. In bf16 they round at different points

@@ -355,6 +355,31 @@ struct DeltaRuleGatesBackwardParams {
 };
 void delta_rule_gates_backward(const DeltaRuleGatesBackwardParams& p, void* stream);
 
+// The gated linear family's log-decay from raw logits (ops::log_sigmoid_gates: GLA's, HGRN2's):
+//   g[r][c] = log_sigmoid(x[r][c]) / normalizer          in fp32
+//   k[r][c] = 1 - exp(g[r][c])                            in k_dtype, where k is given (HGRN2's input gate)
+// log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)), accurate at both tails.
+struct LogSigmoidGatesParams {
+  const void* x;   // [rows, cols] x_dtype, columns packed, rows x_row_stride apart
+  float* g;        // [rows, cols], packed
+  void* k;         // [rows, cols] k_dtype, packed; nullptr: not computed
+  int64_t rows, x_row_stride;
+  int cols;
+  float normalizer;
+  DType x_dtype, k_dtype;
+};
+void log_sigmoid_gates(const LogSigmoidGatesParams& p, void* stream);
+// Its backward, with s = sigmoid(-x) (the derivative of log_sigmoid):
+//   dx = s / normalizer * (dg - dk * exp(g))     in x_dtype, packed
+// (dg or dk nullptr: zero).
+struct LogSigmoidGatesBackwardParams {
+  LogSigmoidGatesParams forward;  // g and k unused
+  const float* dg;                // [rows, cols], packed, or nullptr
+  const void* dk;                 // [rows, cols] k_dtype, packed, or nullptr
+  void* dx;                       // [rows, cols] x_dtype, packed
+};
+void log_sigmoid_gates_backward(const LogSigmoidGatesBackwardParams& p, void* stream);
+
 // The per-channel decayed scores of the chunked gated forms (ops::decayed_scores with one decay per
 // key channel: GLA, HGRN2, KDA), for `count` independent chunks of C rows and K channels:
 //   A[i][j] = sum_d a[i][d] b[j][d] exp(G[i][d] - G[j][d])   for j <= i (inclusive) or j < i, else 0

@@ -4,6 +4,7 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/precision.h"
+#include "lt2/ops/gated_linear/gated_linear.h"  // log_sigmoid_gates
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
@@ -66,8 +67,8 @@ RecurrenceInputs GatedLinearAttentionImpl::project(const Tensor& x, RecurrentSta
   in.k = k.view({B, T, num_heads, head_k_dim});
   in.v = v.view({B, T, num_heads, head_v_dim});
   in.gate = p[3];
-  in.g = (torch::log_sigmoid(linear_at(gk_proj, 1)(p[4]).to(ct)) / gate_logit_normalizer)
-             .view({B, T, num_heads, head_k_dim});  // [B, T, H, K]
+  in.g = ops::log_sigmoid_gates(linear_at(gk_proj, 1)(p[4]), gate_logit_normalizer, ct, std::nullopt)
+             .g.view({B, T, num_heads, head_k_dim});  // [B, T, H, K]
   in.scale = 1.0 / std::sqrt(static_cast<double>(head_k_dim));
   return in;
 }

@@ -5,6 +5,7 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/precision.h"
+#include "lt2/ops/gated_linear/gated_linear.h"  // log_sigmoid_gates
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
@@ -40,10 +41,11 @@ RecurrenceInputs HGRN2Impl::project(const Tensor& x, RecurrentState*, const Posi
   const auto p = project_inputs(x);
   RecurrenceInputs in;
   in.q = torch::silu(p[0]).view({B, T, num_heads, expand_ratio});
-  auto g = torch::log_sigmoid(p[1].to(ct));  // [B, T, H * F]
-  // 1 - exp(g) in the weights' dtype, whatever x's (under autocast the block may hand x in bf16).
-  in.k = (-torch::expm1(g)).to(q_proj->weight.scalar_type()).view({B, T, num_heads, expand_ratio});
-  in.g = g.view({B, T, num_heads, expand_ratio});
+  // g = log_sigmoid(f) [B, T, H * F] and k = 1 - exp(g) in the weights' dtype, whatever x's (under
+  // autocast the block may hand x in bf16), from the forget gate's logits read in place.
+  const auto gates = ops::log_sigmoid_gates(p[1], 1.0, ct, q_proj->weight.scalar_type());
+  in.k = gates.complement.view({B, T, num_heads, expand_ratio});
+  in.g = gates.g.view({B, T, num_heads, expand_ratio});
   in.v = p[2].view({B, T, num_heads, head_i_dim});
   in.scale = 1.0 / std::sqrt(static_cast<double>(expand_ratio));
   return in;

@@ -91,6 +91,10 @@ struct DecodeOptions {
   // layout back) as one CUDA kernel each way, fp32 (off: libtorch's copy and cumsum, and their
   // backward's flips, cumsum and copy).
   bool chunk_gate = true;
+  // The gated linear family's log-sigmoid decay (GLA's g = log_sigmoid(x) / normalizer, HGRN2's g and
+  // its input gate 1 - exp(g)) as one CUDA kernel forward and one backward, reading the logits in
+  // place (prefill, decode and training; off: the libtorch ops).
+  bool log_sigmoid_gate = true;
   // The gated delta rule's gates (GDN's and KDA's g and beta from their raw projections) as one CUDA
   // kernel, and under autograd one more for their backward (prefill and training); off: the libtorch
   // form.

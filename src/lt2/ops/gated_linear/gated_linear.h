@@ -9,9 +9,24 @@
 // broadcasts shared or grouped heads before calling). Computes in fp32 (fp64 for fp64 inputs);
 // the output has v's dtype, the final state the compute dtype.
 #pragma once
+#include <optional>
+
 #include "lt2/ops/delta_rule/delta_rule.h"  // RecurrenceResult
 
 namespace lt2::ops {
+
+// The per-channel log-decay of GLA and HGRN2 from raw logits x [B, T, C] (columns packed, rows strided
+// as a slice of a packed projection is):
+//   g = log_sigmoid(x) / normalizer   in dtype `dt` (the accumulation dtype)
+// and with complement_dtype also k = 1 - exp(g) in that dtype (HGRN2's input gate). Differentiable. On
+// CUDA in fp32 (DecodeOptions::log_sigmoid_gate on) one kernel each way, reading x in place; otherwise
+// the libtorch form.
+struct LogSigmoidGates {
+  Tensor g;           // [B, T, C]
+  Tensor complement;  // [B, T, C], or undefined without complement_dtype
+};
+LogSigmoidGates log_sigmoid_gates(const Tensor& x, double normalizer, torch::ScalarType dt,
+                                  std::optional<torch::ScalarType> complement_dtype);
 
 // Naive token-by-token recurrence: the reference. initial_state [B, H, K, V] or undefined (zeros).
 RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -1,0 +1,95 @@
+#include "lt2/ops/decode_options.h"
+#include "lt2/ops/fused_common.h"
+#include "lt2/ops/gated_linear/gated_linear.h"
+
+#ifdef LT2_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "lt2/kernels/prefill.h"
+#endif
+
+namespace lt2::ops {
+
+namespace {
+
+#ifdef LT2_WITH_CUDA
+// The kernels' view of x [B, T, C] (columns packed, rows token_stride apart) and the outputs' dtypes.
+kernels::LogSigmoidGatesParams gates_params(const Tensor& x, double normalizer,
+                                            std::optional<torch::ScalarType> complement_dtype) {
+  kernels::LogSigmoidGatesParams p{};
+  p.x = x.data_ptr(), p.x_row_stride = detail::token_stride(x);
+  p.rows = x.size(0) * x.size(1), p.cols = static_cast<int>(x.size(2));
+  p.normalizer = static_cast<float>(normalizer);
+  p.x_dtype = detail::kernel_dtype(x.scalar_type());
+  p.k_dtype = detail::kernel_dtype(complement_dtype.value_or(torch::kFloat32));
+  return p;
+}
+
+LogSigmoidGates gates_cuda(const Tensor& x, double normalizer, std::optional<torch::ScalarType> complement_dtype) {
+  c10::cuda::CUDAGuard guard(x.device());
+  LogSigmoidGates out;
+  out.g = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
+  if (complement_dtype) out.complement = torch::empty(x.sizes(), x.options().dtype(*complement_dtype));
+  auto p = gates_params(x, normalizer, complement_dtype);
+  p.g = out.g.data_ptr<float>(), p.k = complement_dtype ? out.complement.data_ptr() : nullptr;
+  kernels::log_sigmoid_gates(p, detail::current_stream(x));
+  return out;
+}
+
+// Autograd over the two kernels: x is saved (the backward recomputes the activations); g's and k's
+// gradients may each be absent.
+struct LogSigmoidGatesFunction : public torch::autograd::Function<LogSigmoidGatesFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
+                                                double normalizer, std::optional<torch::ScalarType> complement_dtype) {
+    auto out = gates_cuda(x, normalizer, complement_dtype);
+    ctx->save_for_backward({x});
+    ctx->saved_data["normalizer"] = normalizer;
+    ctx->saved_data["complement_dtype"] = complement_dtype ? static_cast<int64_t>(*complement_dtype) : int64_t{-1};
+    if (!complement_dtype) return {out.g};
+    return {out.g, out.complement};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Tensor x = ctx->get_saved_variables()[0];
+    c10::cuda::CUDAGuard guard(x.device());
+    const int64_t k_dtype = ctx->saved_data["complement_dtype"].toInt();
+    const auto complement_dtype =
+        k_dtype >= 0 ? std::optional<torch::ScalarType>(static_cast<torch::ScalarType>(k_dtype)) : std::nullopt;
+    const auto dg = grads[0].defined() ? grads[0].to(torch::kFloat32).contiguous() : Tensor();
+    const auto dk = complement_dtype && grads[1].defined() ? grads[1].to(*complement_dtype).contiguous() : Tensor();
+    auto dx = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+    kernels::LogSigmoidGatesBackwardParams bp{};
+    bp.forward = gates_params(x, ctx->saved_data["normalizer"].toDouble(), complement_dtype);
+    bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
+    bp.dk = dk.defined() ? dk.data_ptr() : nullptr;
+    bp.dx = dx.data_ptr();
+    kernels::log_sigmoid_gates_backward(bp, detail::current_stream(x));
+    return {dx, Tensor(), Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+
+LogSigmoidGates log_sigmoid_gates(const Tensor& x, double normalizer, torch::ScalarType dt,
+                                  std::optional<torch::ScalarType> complement_dtype) {
+  LT2_CHECK(x.dim() == 3, "log_sigmoid_gates: x must be [B, T, C], found ", x.sizes());
+  LT2_CHECK(normalizer > 0, "log_sigmoid_gates: the normalizer must be > 0, found ", normalizer);
+#ifdef LT2_WITH_CUDA
+  if (decode_options().log_sigmoid_gate && x.is_cuda() && dt == torch::kFloat32 &&
+      detail::kernel_dtype_ok(x.scalar_type()) && (!complement_dtype || detail::kernel_dtype_ok(*complement_dtype)) &&
+      x.numel() > 0 && x.size(2) <= INT32_MAX && detail::token_stride(x) > 0) {
+    const bool grad = torch::GradMode::is_enabled() && x.requires_grad();
+    if (!grad) return gates_cuda(x, normalizer, complement_dtype);
+    const auto out = LogSigmoidGatesFunction::apply(x, normalizer, complement_dtype);
+    return {out[0], complement_dtype ? out[1] : Tensor()};
+  }
+#endif
+  LogSigmoidGates out;
+  out.g = torch::log_sigmoid(x.to(dt));
+  if (normalizer != 1.0) out.g = out.g / normalizer;
+  if (complement_dtype) out.complement = (-torch::expm1(out.g)).to(*complement_dtype);
+  return out;
+}
+
+}  // namespace lt2::ops
