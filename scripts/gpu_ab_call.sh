@@ -30,11 +30,12 @@
 # backward; `ncuprep`: on the delta rule's preparation backward; `prepab`: the delta-rule layers, MID against
 # the new tree; `table`: the per-mixer training table;
 # `ceab`: lt-100m with the cross-entropy kernel off and on (same binary); `gateab`: the chunk gate kernels
-# off and on; `lsgab`: the log-sigmoid gate kernels off and on (HGRN2, GLA); `dsaprefill`: lt2-gdn-dsa-1.3b's
-# prefill A/B; `midab`: the newab A/B of MID against OLD; `layer`: the GDN and full-attention layers at the
-# 1.3B shape, MID and new alternating; `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile;
-# `profile`: train_bench --profile-ops of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the
-# later steps are cut (gpu_batch.sh packs the results after each step); ONLY picks the rest for a second call.
+# off and on; `lsgab`: the log-sigmoid gate kernels off and on (HGRN2, GLA); `scaleab`: Mamba2's scaled
+# values' kernels off and on; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID
+# against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new alternating;
+# `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench --profile-ops
+# of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the later steps
+# are cut (gpu_batch.sh packs the results after each step); ONLY picks the rest for a second call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${MID_TARBALL:-}${MID_SOURCE:-}" ] ||
@@ -144,6 +145,11 @@ steps+=("gateab 150 for m in ${GATEAB_PATTERNS:-kda}; do for o in 0 1 1 0; do ec
 steps+=("lsgab 200 for m in hgrn2 gla; do for o in 0 1 1 0; do echo lt-100m \$m log_sigmoid_gate=\$o;
      build-prebuilt/train_bench --model lt-100m --pattern \$m --seq-len 2048 --batch-size 16 --steps 4 --warm 2
      --checkpoint-loops=auto --option log_sigmoid_gate=\$o | grep RESULT; done; done")
+# Mamba2's scaled-values kernels off and on (switch scale_heads, same binary, alternating): lt-100m with
+# Mamba2 layers at 2048 x 16 under auto.
+steps+=("scaleab 120 for o in 0 1 1 0; do echo lt-100m mamba2 scale_heads=\$o; build-prebuilt/train_bench
+     --model lt-100m --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto
+     --option scale_heads=\$o | grep RESULT; done")
 # Per-operator profiles of lt-100m with Mamba2 and with KDA layers (MIXPROF_PATTERNS) by the new tree at
 # 2048 x 16 under auto: where the mixers furthest below lt-100m spend their steps.
 steps+=("mixprof 150 for m in ${MIXPROF_PATTERNS:-mamba2 kda}; do build-prebuilt/train_bench --model lt-100m --pattern \$m

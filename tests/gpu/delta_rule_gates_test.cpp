@@ -1,16 +1,19 @@
-// GPU (CTest label `gpu`): the gated delta rule's gates kernel (kernels/cuda/delta_rule_gates.cu
-// behind ops::delta_rule_gates) against the float64 reference on random inputs, read in place from
-// a packed projection or packed, with fp32 or model-dtype parameters, values past softplus's
-// threshold; its backward kernel (training) against float64 autograd of the libtorch form, every
-// gradient (a, b, A_log, dt_bias) at GDN's and KDA's shapes; and the inference form of the GDN and
-// KDA layers (one packed projection, the convolutions and norms reading slices and model-dtype
-// weights in place, the gates kernel) as accurate as the training form. Skips where no CUDA GPU (or no CUDA kernels).
+// GPU (CTest label `gpu`): the recurrent mixers' gate kernels (kernels/cuda/delta_rule_gates.cu). The
+// gated delta rule's gates kernel (behind ops::delta_rule_gates) against the float64 reference on random
+// inputs, read in place from a packed projection or packed, with fp32 or model-dtype parameters, values
+// past softplus's threshold; its backward kernel (training) against float64 autograd of the libtorch
+// form, every gradient (a, b, A_log, dt_bias) at GDN's and KDA's shapes; the inference form of the GDN
+// and KDA layers (one packed projection, the convolutions and norms reading slices and model-dtype
+// weights in place, the gates kernel) as accurate as the training form; GLA's and HGRN2's log-sigmoid
+// gates and Mamba2's scaled values against float64 autograd. Skips where no CUDA GPU (or no CUDA
+// kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/testing.h"
@@ -184,6 +187,48 @@ TEST(LogSigmoidGatesGpu, MatchTheFloat64ReferenceWithGradient) {
             EXPECT_EQ(got[2].narrow(2, 0, 1).abs().max().item<double>(), 0.0) << "columns outside x";
             EXPECT_LT(rel_err(off[2], got[2]), tolerance(dt)) << "dx, switch off";
           }
+}
+
+// Mamba2's scaled values (ops::scale_heads: v = dt x) under autograd: v and the gradients of x and dt
+// against float64 autograd of the libtorch form on the same rounded values and upstream gradient, x a
+// column slice of a projection (Mamba2's layout) or packed, fp32 and bf16, head dims over and under a
+// warp; the switch off (the libtorch form on the GPU) agrees.
+TEST(ScaleHeadsGpu, MatchTheFloat64ReferenceWithGradient) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(37);
+  for (const auto& [H, P] : std::vector<std::pair<int64_t, int64_t>>{{12, 128}, {3, 20}}) {
+    const int64_t B = 2, T = 37;
+    const auto packed = torch::randn({B, T, H * P + 9}, torch::kFloat64);
+    const auto s = torch::rand({B, T, H}, torch::kFloat64) * 2;
+    const auto dy = torch::randn({B, T, H, P}, torch::kFloat64);
+    for (auto dt : {torch::kFloat32, torch::kBFloat16})
+      for (bool in_place : {true, false}) {
+        SCOPED_TRACE(cat("H ", H, " P ", P, " ", name(dt), in_place ? " slice" : " packed"));
+        // On the GPU (kernel on or off) in dt with fp32 s, or on the CPU in float64 from the same rounded values.
+        auto run = [&](bool gpu_run, bool kernel) {
+          DecodeOptions options;
+          options.scale_heads = kernel;
+          DecodeOptionsGuard guard(options);
+          const auto device = gpu_run ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+          auto p = packed.to(dt).to(device, gpu_run ? dt : torch::kFloat64).detach().requires_grad_(true);
+          auto scale = s.to(device, gpu_run ? torch::kFloat32 : torch::kFloat64).detach().requires_grad_(true);
+          Tensor x = p.narrow(2, 4, H * P).view({B, T, H, P});
+          if (!in_place) x = x.contiguous();
+          const auto v = ops::scale_heads(x, scale);
+          EXPECT_EQ(v.scalar_type(), x.scalar_type());
+          (v.to(torch::kFloat64) * dy.to(dt).to(device, torch::kFloat64)).sum().backward();
+          auto f64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
+          return std::vector<Tensor>{f64(v), f64(p.grad()), f64(scale.grad())};
+        };
+        const auto want = run(false, true), got = run(true, true), off = run(true, false);
+        EXPECT_LT(rel_err(got[0], want[0]), tolerance(dt)) << "v";
+        EXPECT_LT(rel_err(got[1], want[1]), tolerance(dt)) << "dx";
+        EXPECT_LT(rel_err(got[2], want[2]), tolerance(torch::kFloat32)) << "ds";
+        EXPECT_EQ(got[1].narrow(2, 0, 4).abs().max().item<double>(), 0.0) << "columns outside x";
+        EXPECT_LT(rel_err(off[1], got[1]), tolerance(dt)) << "dx, switch off";
+        EXPECT_LT(rel_err(off[2], got[2]), tolerance(torch::kFloat32)) << "ds, switch off";
+      }
+  }
 }
 
 // In fp32 the two forms agree to invariant 5's tolerance. In bf16 they round at different points

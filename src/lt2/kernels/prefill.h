@@ -380,6 +380,27 @@ struct LogSigmoidGatesBackwardParams {
 };
 void log_sigmoid_gates_backward(const LogSigmoidGatesBackwardParams& p, void* stream);
 
+// Values scaled per head (ops::scale_heads: Mamba2's v = dt x), x [rows, heads * head_dim] strided rows:
+//   y[r][h][p] = dtype(x[r][h][p] * s[r][h])        the product in fp32, rounded once to x's dtype
+// and its backward:
+//   dx[r][h][p] = dtype(dy[r][h][p] * s[r][h]),   ds[r][h] = sum over p of dy[r][h][p] * x[r][h][p]   (fp32)
+struct ScaleHeadsParams {
+  const void* x;   // [rows, heads * head_dim] dtype, a row's values packed, rows x_row_stride apart
+  const float* s;  // [rows, heads], packed
+  void* y;         // [rows, heads * head_dim] dtype, packed
+  int64_t rows, x_row_stride;
+  int heads, head_dim;
+  DType dtype;
+};
+void scale_heads(const ScaleHeadsParams& p, void* stream);
+struct ScaleHeadsBackwardParams {
+  ScaleHeadsParams forward;  // y unused
+  const void* dy;            // [rows, heads * head_dim] dtype, packed
+  void* dx;                  // [rows, heads * head_dim] dtype, packed
+  float* ds;                 // [rows, heads], packed
+};
+void scale_heads_backward(const ScaleHeadsBackwardParams& p, void* stream);
+
 // The per-channel decayed scores of the chunked gated forms (ops::decayed_scores with one decay per
 // key channel: GLA, HGRN2, KDA), for `count` independent chunks of C rows and K channels:
 //   A[i][j] = sum_d a[i][d] b[j][d] exp(G[i][d] - G[j][d])   for j <= i (inclusive) or j < i, else 0

@@ -4,6 +4,7 @@
 
 #include "lt2/mixers/builtin.h"
 #include "lt2/nn/precision.h"
+#include "lt2/ops/gated_linear/gated_linear.h"  // scale_heads
 #include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 
@@ -62,8 +63,8 @@ RecurrenceInputs Mamba2Impl::project(const Tensor& x, RecurrentState* st, const 
   in.k = repeat_heads(xbc[1].view({B, T, n_groups, state_size}), heads_per_group);  // B [B, T, H, N]
   // [B, T, H, P] in xs's dtype (the projection's: bf16 under autocast), as the chunk kernels read v; the
   // recurrence's output, the skip and the gated norm's input stay in it (the norm computes in fp32). The
-  // product promotes xs to dt's ct itself: no ct copy of xs made, or saved for the backward.
-  in.v = (xs * dt.unsqueeze(-1)).to(xs.scalar_type());
+  // product in dt's ct, xs read in place: no ct copy of xs made, or saved for the backward.
+  in.v = ops::scale_heads(xs, dt);
   in.g = dt * -A_log.to(ct).exp();                                    // [B, T, H]
   in.scale = 1.0;
   in.gate = parts[0];                                                 // z [B, T, d_inner]

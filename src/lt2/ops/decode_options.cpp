@@ -57,9 +57,9 @@ const std::vector<std::string>& DecodeOptions::names() {
       "scan_value_block", "short_conv", "row_norm", "norm_products_dtype", "residual_norm", "gated_product",
       "cross_entropy_kernel", "rope", "delta_rule_prepare", "gated_linear_prepare", "channel_gate_prepare",
       "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores", "chunk_gate",
-      "log_sigmoid_gate", "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels", "dsa_head_probs",
-      "dsa_sparse_prefill", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks", "gemv_chain_slots",
-      "pdl", "pdl_off"};
+      "log_sigmoid_gate", "scale_heads", "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels",
+      "dsa_head_probs", "dsa_sparse_prefill", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks",
+      "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
 }
 
@@ -91,6 +91,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "channel_scores") channel_scores = parse_bool(name, v);
   else if (name == "chunk_gate") chunk_gate = parse_bool(name, v);
   else if (name == "log_sigmoid_gate") log_sigmoid_gate = parse_bool(name, v);
+  else if (name == "scale_heads") scale_heads = parse_bool(name, v);
   else if (name == "delta_rule_gates") delta_rule_gates = parse_bool(name, v);
   else if (name == "gated_prefix_chunks") gated_prefix_chunks = parse_int(name, v, -1, 1 << 30);
   else if (name == "dsa_index_kernels") dsa_index_kernels = parse_bool(name, v);
@@ -130,6 +131,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "channel_scores=" + b(channel_scores),
           "chunk_gate=" + b(chunk_gate),
           "log_sigmoid_gate=" + b(log_sigmoid_gate),
+          "scale_heads=" + b(scale_heads),
           "delta_rule_gates=" + b(delta_rule_gates),
           cat("gated_prefix_chunks=", gated_prefix_chunks),
           "dsa_index_kernels=" + b(dsa_index_kernels),

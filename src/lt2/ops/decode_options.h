@@ -95,6 +95,10 @@ struct DecodeOptions {
   // its input gate 1 - exp(g)) as one CUDA kernel forward and one backward, reading the logits in
   // place (prefill, decode and training; off: the libtorch ops).
   bool log_sigmoid_gate = true;
+  // Mamba2's values scaled by their step (ops::scale_heads: v = dt x in x's dtype) as one CUDA kernel
+  // forward and one backward, reading x in place (prefill, decode and training; off: libtorch's
+  // products in fp32, casts and the sum of dt's gradient).
+  bool scale_heads = true;
   // The gated delta rule's gates (GDN's and KDA's g and beta from their raw projections) as one CUDA
   // kernel, and under autograd one more for their backward (prefill and training); off: the libtorch
   // form.

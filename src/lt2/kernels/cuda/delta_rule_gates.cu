@@ -8,6 +8,10 @@
 // gradients (HGRN2): at lt-100m/hgrn2's 32768 tokens of 768 channels ~30 ms a training step of
 // elementwise passes, where one read of x and one write of g and k forward (8 bytes an element in
 // bf16) and a read of x, dg, dk and a write of dx backward (10) take ~0.07 ms a call at ~3 TB/s.
+// Mamba2's values scaled by their step, v = dt x (scale_heads): one pass each way where libtorch
+// promotes to fp32 (the product, a cast back, and backward a cast up, two products, a sum over the
+// head dim and a cast): at lt-100m/mamba2's 32768 tokens of 12 x 128 ~60 ms a training step, against
+// 4 bytes an element forward (x read, v written in bf16) and 6 backward (dv, x read, dx written).
 //
 // Floor. Per token the forward reads G + H_b values and writes as many fp32: at lt2-gdn-1.3b (G =
 // H_b = 16) 96 bytes a token, nothing next to the launch itself (~3 us) below ~30k tokens. KDA has
@@ -21,7 +25,8 @@
 // columns) of rows t / W of each group, sums d dt_bias and dg * g for its column over its rows,
 // the block's row groups add through shared memory and one atomicAdd per column and block remains;
 // then the beta values grid-stride as in the forward. The log-sigmoid gates: one thread per value,
-// grid-stride, each way.
+// grid-stride, each way. The scaled values: forward one thread per value; backward a warp per (row,
+// head), lanes over the head dim, the sum of dy x by shuffles.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -134,6 +139,51 @@ void check_log_sigmoid_gates(const LogSigmoidGatesParams& p, const char* op) {
             " at least cols and the normalizer ", p.normalizer, " > 0");
 }
 
+template <typename T>
+__global__ void __launch_bounds__(kThreads) scale_heads_kernel(const ScaleHeadsParams p) {
+  const int cols = p.heads * p.head_dim;
+  const int64_t n = p.rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = i / cols;
+    const int c = static_cast<int>(i - r * cols);
+    const float x = to_float(static_cast<const T*>(p.x)[r * p.x_row_stride + c]);
+    static_cast<T*>(p.y)[i] = from_float<T>(x * p.s[r * p.heads + c / p.head_dim]);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) scale_heads_backward_kernel(const ScaleHeadsBackwardParams bp) {
+  const ScaleHeadsParams& p = bp.forward;
+  const int lane = threadIdx.x % 32, warps = kThreads / 32;
+  const int64_t pairs = p.rows * p.heads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32; w < pairs;
+       w += static_cast<int64_t>(gridDim.x) * warps) {
+    const int64_t r = w / p.heads;
+    const int h = static_cast<int>(w - r * p.heads);
+    const float s = p.s[w];
+    const T* x = static_cast<const T*>(p.x) + r * p.x_row_stride + h * p.head_dim;
+    const int64_t at = w * p.head_dim;  // (r, h)'s first value in the packed dy and dx
+    float dot = 0.f;
+    for (int j = lane; j < p.head_dim; j += 32) {
+      const float dy = to_float(static_cast<const T*>(bp.dy)[at + j]);
+      dot = fmaf(dy, to_float(x[j]), dot);
+      static_cast<T*>(bp.dx)[at + j] = from_float<T>(dy * s);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) bp.ds[w] = dot;
+  }
+}
+
+void check_scale_heads(const ScaleHeadsParams& p, const char* op) {
+  LT2_CHECK(p.x && p.s, op, ": x and s must be given");
+  LT2_CHECK(p.rows >= 0 && p.heads >= 1 && p.head_dim >= 1 &&
+                p.x_row_stride >= static_cast<int64_t>(p.heads) * p.head_dim,
+            op, ": rows ", p.rows, " must be >= 0, heads ", p.heads, " and head_dim ", p.head_dim,
+            " >= 1, the row stride ", p.x_row_stride, " at least a row");
+}
+
 unsigned elementwise_blocks(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
 }
@@ -208,6 +258,31 @@ void log_sigmoid_gates_backward(const LogSigmoidGatesBackwardParams& bp, void* s
     dispatch_dtype(p.k_dtype, [&](auto tk) {
       log_sigmoid_gates_backward_kernel<decltype(tx), decltype(tk)><<<elementwise_blocks(n), kThreads, 0, s>>>(bp);
     });
+  });
+  check_launch(op);
+}
+
+void scale_heads(const ScaleHeadsParams& p, void* stream) {
+  const char* op = "scale_heads";
+  check_scale_heads(p, op);
+  LT2_CHECK(p.y, op, ": y must be given");
+  const int64_t n = p.rows * p.heads * p.head_dim;
+  if (n == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) { scale_heads_kernel<decltype(t)><<<elementwise_blocks(n), kThreads, 0, s>>>(p); });
+  check_launch(op);
+}
+
+void scale_heads_backward(const ScaleHeadsBackwardParams& bp, void* stream) {
+  const char* op = "scale_heads_backward";
+  const ScaleHeadsParams& p = bp.forward;
+  check_scale_heads(p, op);
+  LT2_CHECK(bp.dy && bp.dx && bp.ds, op, ": dy, dx and ds must be given");
+  const int64_t pairs = p.rows * p.heads;
+  if (pairs == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    scale_heads_backward_kernel<decltype(t)><<<elementwise_blocks(pairs * 32), kThreads, 0, s>>>(bp);
   });
   check_launch(op);
 }

@@ -28,6 +28,12 @@ struct LogSigmoidGates {
 LogSigmoidGates log_sigmoid_gates(const Tensor& x, double normalizer, torch::ScalarType dt,
                                   std::optional<torch::ScalarType> complement_dtype);
 
+// x [B, T, H, P] scaled per head by s [B, T, H] (Mamba2's values v = dt x): x * s[..., None] in x's dtype,
+// the product in fp32 and rounded once. Differentiable in x and s (s's gradient in s's dtype). On CUDA
+// with s in fp32 (DecodeOptions::scale_heads on) one kernel each way, reading x in place where a token's
+// values are packed (a column slice of a projection); otherwise the libtorch form.
+Tensor scale_heads(const Tensor& x, const Tensor& s);
+
 // Naive token-by-token recurrence: the reference. initial_state [B, H, K, V] or undefined (zeros).
 RecurrenceResult gated_linear_recurrent(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& g, double scale, const Tensor& initial_state);

@@ -67,9 +67,73 @@ struct LogSigmoidGatesFunction : public torch::autograd::Function<LogSigmoidGate
     return {dx, Tensor(), Tensor()};
   }
 };
+
+// x [B, T, H, P] as the kernels read it: a token's H P values packed, tokens a uniform stride apart.
+// The stride, or 0 where x is not so laid out.
+int64_t scale_heads_token_stride(const Tensor& x) {
+  const bool packed_token = x.stride(3) == 1 && x.stride(2) == x.size(3) && x.stride(1) >= x.size(2) * x.size(3) &&
+                            (x.size(0) == 1 || x.stride(0) == x.size(1) * x.stride(1));
+  return packed_token ? x.stride(1) : 0;
+}
+
+kernels::ScaleHeadsParams scale_heads_params(const Tensor& x, const Tensor& s) {
+  kernels::ScaleHeadsParams p{};
+  p.x = x.data_ptr(), p.s = s.data_ptr<float>();
+  p.rows = x.size(0) * x.size(1), p.x_row_stride = scale_heads_token_stride(x);
+  p.heads = static_cast<int>(x.size(2)), p.head_dim = static_cast<int>(x.size(3));
+  p.dtype = detail::kernel_dtype(x.scalar_type());
+  return p;
+}
+
+Tensor scale_heads_cuda(const Tensor& x, const Tensor& s) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto y = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+  auto p = scale_heads_params(x, s);
+  p.y = y.data_ptr();
+  kernels::scale_heads(p, detail::current_stream(x));
+  return y;
+}
+
+// Autograd over the two kernels: x (a view, in place) and s (packed fp32) are saved.
+struct ScaleHeadsFunction : public torch::autograd::Function<ScaleHeadsFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& s) {
+    ctx->save_for_backward({x, s});
+    return scale_heads_cuda(x, s);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &s = saved[1];
+    c10::cuda::CUDAGuard guard(x.device());
+    const auto dy = grads[0].to(x.scalar_type()).contiguous();
+    auto dx = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto ds = torch::empty(s.sizes(), s.options());
+    kernels::ScaleHeadsBackwardParams bp{};
+    bp.forward = scale_heads_params(x, s);
+    bp.dy = dy.data_ptr(), bp.dx = dx.data_ptr(), bp.ds = ds.data_ptr<float>();
+    kernels::scale_heads_backward(bp, detail::current_stream(x));
+    return {dx, ds};
+  }
+};
 #endif
 
 }  // namespace
+
+Tensor scale_heads(const Tensor& x, const Tensor& s) {
+  LT2_CHECK(x.dim() == 4 && s.dim() == 3 && s.sizes() == x.sizes().slice(0, 3), "scale_heads: x must be [B, T, H, P] ",
+            "and s [B, T, H], found ", x.sizes(), " and ", s.sizes());
+#ifdef LT2_WITH_CUDA
+  if (decode_options().scale_heads && x.is_cuda() && s.device() == x.device() && s.scalar_type() == torch::kFloat32 &&
+      detail::kernel_dtype_ok(x.scalar_type()) && x.numel() > 0 && x.size(2) * x.size(3) <= INT32_MAX &&
+      scale_heads_token_stride(x) > 0) {
+    const auto packed_s = s.contiguous();
+    if (!torch::GradMode::is_enabled() || !(x.requires_grad() || s.requires_grad()))
+      return scale_heads_cuda(x, packed_s);
+    return ScaleHeadsFunction::apply(x, packed_s);
+  }
+#endif
+  return (x * s.unsqueeze(-1)).to(x.scalar_type());
+}
 
 LogSigmoidGates log_sigmoid_gates(const Tensor& x, double normalizer, torch::ScalarType dt,
                                   std::optional<torch::ScalarType> complement_dtype) {
