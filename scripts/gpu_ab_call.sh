@@ -130,26 +130,21 @@ steps+=("gdnprof 90 build-prebuilt/train_bench --model lt2-gdn-100m --seq-len 20
 # Issue 23's prefill criterion: lt2-gdn-1.3b and lt2-full-gdn-1.3b by the new tree at 4k to 32k, batch 1, bf16.
 steps+=("prefill32 150 build-prebuilt/lt2 bench prefill -m lt2-gdn-1.3b,lt2-full-gdn-1.3b -c 4096,8192,16384,32768
      --out-json \$OUT/prefill.json --out-md \$OUT/prefill.md")
-# The LM head loss's cross-entropy kernel off and on (switch cross_entropy_kernel, same binary, alternating):
-# lt-100m at 2048 x 16 under auto.
-steps+=("ceab 120 for o in 0 1 1 0; do echo lt-100m cross_entropy_kernel=\$o; build-prebuilt/train_bench --model lt-100m
-     --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto --option cross_entropy_kernel=\$o |
-     grep RESULT; done")
-# The chunk gate kernels off and on (switch chunk_gate, same binary, alternating): lt-100m with KDA layers
-# (GATEAB_PATTERNS) at 2048 x 16 under auto.
-steps+=("gateab 150 for m in ${GATEAB_PATTERNS:-kda}; do for o in 0 1 1 0; do echo lt-100m \$m chunk_gate=\$o;
+# A kernel switch off and on in one binary, alternating (0 1 1 0): lt-100m with each of the layer patterns
+# at 2048 x 16 under auto. switch_ab NAME SECONDS SWITCH PATTERN...
+switch_ab() {
+  local name=$1 seconds=$2 switch=$3
+  shift 3
+  echo "$name $seconds for m in $*; do for o in 0 1 1 0; do echo lt-100m \$m $switch=\$o;
      build-prebuilt/train_bench --model lt-100m --pattern \$m --seq-len 2048 --batch-size 16 --steps 4 --warm 2
-     --checkpoint-loops=auto --option chunk_gate=\$o | grep RESULT; done; done")
-# The log-sigmoid gate kernels off and on (switch log_sigmoid_gate, same binary, alternating): lt-100m with
-# HGRN2 and GLA layers at 2048 x 16 under auto.
-steps+=("lsgab 200 for m in hgrn2 gla; do for o in 0 1 1 0; do echo lt-100m \$m log_sigmoid_gate=\$o;
-     build-prebuilt/train_bench --model lt-100m --pattern \$m --seq-len 2048 --batch-size 16 --steps 4 --warm 2
-     --checkpoint-loops=auto --option log_sigmoid_gate=\$o | grep RESULT; done; done")
-# Mamba2's scaled-values kernels off and on (switch scale_heads, same binary, alternating): lt-100m with
-# Mamba2 layers at 2048 x 16 under auto.
-steps+=("scaleab 120 for o in 0 1 1 0; do echo lt-100m mamba2 scale_heads=\$o; build-prebuilt/train_bench
-     --model lt-100m --pattern mamba2 --seq-len 2048 --batch-size 16 --steps 4 --warm 2 --checkpoint-loops=auto
-     --option scale_heads=\$o | grep RESULT; done")
+     --checkpoint-loops=auto --option $switch=\$o | grep RESULT; done; done"
+}
+# The LM head loss's cross-entropy kernel; the chunk gate kernels (KDA, or GATEAB_PATTERNS); the log-sigmoid
+# gate kernels (HGRN2, GLA); Mamba2's scaled-values kernels.
+steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
+  "$(switch_ab gateab 150 chunk_gate ${GATEAB_PATTERNS:-kda})"
+  "$(switch_ab lsgab 200 log_sigmoid_gate hgrn2 gla)"
+  "$(switch_ab scaleab 120 scale_heads mamba2)")
 # Per-operator profiles of lt-100m with Mamba2 and with KDA layers (MIXPROF_PATTERNS) by the new tree at
 # 2048 x 16 under auto: where the mixers furthest below lt-100m spend their steps.
 steps+=("mixprof 150 for m in ${MIXPROF_PATTERNS:-mamba2 kda}; do build-prebuilt/train_bench --model lt-100m --pattern \$m

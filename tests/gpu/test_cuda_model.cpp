@@ -30,24 +30,36 @@ std::vector<std::string> gpu_patterns() {
   return p;
 }
 
+// fp32 on the CPU as cuBLAS and cuDNN compute on the GPU: TF32 off.
+void without_tf32() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
+// A model of cfg in fp32 with ref's parameters.
+LoopedLM copy_of(LoopedLM& ref, const ModelConfig& cfg) {
+  LoopedLM m(cfg);
+  torch::NoGradGuard ng;
+  auto src = ref->named_parameters();
+  for (auto& p : m->named_parameters()) p.value().copy_(src[p.key()]);
+  return m;
+}
+
 }  // namespace
 
 // fp32 on the GPU must be as accurate as fp32 on the CPU: both are compared with the float64
 // reference, and the GPU error may not exceed 4x the CPU's (nor 1e-6, for exact-ish cases).
 TEST(CudaModel, Fp32AsAccurateAsCpuFp32) {
   REQUIRE_CUDA();
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
+  without_tf32();
   for (const auto& pattern : gpu_patterns()) {
     for (auto form : {ModelForm::LT2, ModelForm::Ouro}) {
       auto cfg = tiny_config(pattern, form);
       torch::manual_seed(11);
       LoopedLM ref(cfg);
       ref->to(torch::kFloat64);
-      LoopedLM cpu(cfg);
+      LoopedLM cpu = copy_of(ref, cfg);
       torch::NoGradGuard ng;
-      auto src = ref->named_parameters();
-      for (auto& p : cpu->named_parameters()) p.value().copy_(src[p.key()]);
       auto tok = torch::randint(cfg.vocab_size, {2, 24}, torch::kLong);
       auto want = ref->forward(tok).logits;
       const double cpu_err = rel_err(cpu->forward(tok).logits, want);
@@ -66,8 +78,7 @@ TEST(CudaModel, Fp32AsAccurateAsCpuFp32) {
 // model hands them its tensors as they expect (layouts, strides, views).
 TEST(CudaModel, Fp32GradientsAsAccurateAsCpuFp32) {
   REQUIRE_CUDA();
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
+  without_tf32();
   for (const auto& pattern : gpu_patterns()) {
     for (auto form : {ModelForm::LT2, ModelForm::Ouro}) {
       auto cfg = tiny_config(pattern, form);
@@ -75,13 +86,7 @@ TEST(CudaModel, Fp32GradientsAsAccurateAsCpuFp32) {
       torch::manual_seed(13);
       LoopedLM ref(cfg);
       ref->to(torch::kFloat64);
-      LoopedLM cpu(cfg), gpu_model(cfg);
-      {
-        torch::NoGradGuard ng;
-        auto src = ref->named_parameters();
-        for (auto& p : cpu->named_parameters()) p.value().copy_(src[p.key()]);
-        for (auto& p : gpu_model->named_parameters()) p.value().copy_(src[p.key()]);
-      }
+      LoopedLM cpu = copy_of(ref, cfg), gpu_model = copy_of(ref, cfg);
       gpu_model->to(torch::kCUDA);
       const auto tok = torch::randint(cfg.vocab_size, {2, 70}, torch::kLong);
       const auto w = torch::randn({2, 70, cfg.vocab_size}, torch::kFloat64);

@@ -104,32 +104,43 @@ __global__ void __launch_bounds__(kThreads) delta_rule_gates_backward_kernel(con
 // log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)); sigmoid(-x) = exp(log_sigmoid(-x)).
 __device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
 
-template <typename TX, typename TK>
-__global__ void __launch_bounds__(kThreads) log_sigmoid_gates_kernel(const LogSigmoidGatesParams p) {
-  const int64_t n = p.rows * p.cols;
+// f(i, x) for every value of a [rows, cols] input whose rows are x_row_stride apart, grid-stride: i is
+// the value's index in the packed [rows, cols] outputs, x the input value.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_value(const void* base, int64_t rows, int cols, int64_t x_row_stride,
+                                               F&& f) {
+  const int64_t n = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t r = i / p.cols;
-    const int c = static_cast<int>(i - r * p.cols);
-    const float g = log_sigmoid(to_float(static_cast<const TX*>(p.x)[r * p.x_row_stride + c])) / p.normalizer;
+    const int64_t r = i / cols;
+    const int c = static_cast<int>(i - r * cols);
+    f(i, to_float(static_cast<const T*>(base)[r * x_row_stride + c]));
+  }
+}
+
+template <typename TX, typename TK>
+__global__ void __launch_bounds__(kThreads) log_sigmoid_gates_kernel(const LogSigmoidGatesParams p) {
+  for_each_value<TX>(p.x, p.rows, p.cols, p.x_row_stride, [&](int64_t i, float x) {
+    const float g = log_sigmoid(x) / p.normalizer;
     p.g[i] = g;
     if (p.k) static_cast<TK*>(p.k)[i] = from_float<TK>(-expm1f(g));
-  }
+  });
 }
 
 template <typename TX, typename TK>
 __global__ void __launch_bounds__(kThreads) log_sigmoid_gates_backward_kernel(const LogSigmoidGatesBackwardParams bp) {
   const LogSigmoidGatesParams& p = bp.forward;
-  const int64_t n = p.rows * p.cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t r = i / p.cols;
-    const int c = static_cast<int>(i - r * p.cols);
-    const float x = to_float(static_cast<const TX*>(p.x)[r * p.x_row_stride + c]);
+  for_each_value<TX>(p.x, p.rows, p.cols, p.x_row_stride, [&](int64_t i, float x) {
     float d = bp.dg ? bp.dg[i] : 0.f;
     if (bp.dk) d -= to_float(static_cast<const TK*>(bp.dk)[i]) * expf(log_sigmoid(x) / p.normalizer);
     static_cast<TX*>(bp.dx)[i] = from_float<TX>(d * expf(log_sigmoid(-x)) / p.normalizer);
-  }
+  });
+}
+
+// f(TX{}, TK{}) with TX and TK the CUDA types of x's and k's dtypes.
+template <typename F>
+void dispatch_x_k(const LogSigmoidGatesParams& p, F&& f) {
+  dispatch_dtype(p.x_dtype, [&](auto tx) { dispatch_dtype(p.k_dtype, [&](auto tk) { f(tx, tk); }); });
 }
 
 void check_log_sigmoid_gates(const LogSigmoidGatesParams& p, const char* op) {
@@ -141,15 +152,9 @@ void check_log_sigmoid_gates(const LogSigmoidGatesParams& p, const char* op) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) scale_heads_kernel(const ScaleHeadsParams p) {
-  const int cols = p.heads * p.head_dim;
-  const int64_t n = p.rows * cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t r = i / cols;
-    const int c = static_cast<int>(i - r * cols);
-    const float x = to_float(static_cast<const T*>(p.x)[r * p.x_row_stride + c]);
-    static_cast<T*>(p.y)[i] = from_float<T>(x * p.s[r * p.heads + c / p.head_dim]);
-  }
+  // Value i = (r H + h) P + p of the packed output scales by s[r H + h] = s[i / P].
+  for_each_value<T>(p.x, p.rows, p.heads * p.head_dim, p.x_row_stride,
+                    [&](int64_t i, float x) { static_cast<T*>(p.y)[i] = from_float<T>(x * p.s[i / p.head_dim]); });
 }
 
 template <typename T>
@@ -238,10 +243,8 @@ void log_sigmoid_gates(const LogSigmoidGatesParams& p, void* stream) {
   const int64_t n = p.rows * p.cols;
   if (n == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.x_dtype, [&](auto tx) {
-    dispatch_dtype(p.k_dtype, [&](auto tk) {
-      log_sigmoid_gates_kernel<decltype(tx), decltype(tk)><<<elementwise_blocks(n), kThreads, 0, s>>>(p);
-    });
+  dispatch_x_k(p, [&](auto tx, auto tk) {
+    log_sigmoid_gates_kernel<decltype(tx), decltype(tk)><<<elementwise_blocks(n), kThreads, 0, s>>>(p);
   });
   check_launch(op);
 }
@@ -254,10 +257,8 @@ void log_sigmoid_gates_backward(const LogSigmoidGatesBackwardParams& bp, void* s
   const int64_t n = p.rows * p.cols;
   if (n == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.x_dtype, [&](auto tx) {
-    dispatch_dtype(p.k_dtype, [&](auto tk) {
-      log_sigmoid_gates_backward_kernel<decltype(tx), decltype(tk)><<<elementwise_blocks(n), kThreads, 0, s>>>(bp);
-    });
+  dispatch_x_k(p, [&](auto tx, auto tk) {
+    log_sigmoid_gates_backward_kernel<decltype(tx), decltype(tk)><<<elementwise_blocks(n), kThreads, 0, s>>>(bp);
   });
   check_launch(op);
 }

@@ -68,12 +68,11 @@ struct LogSigmoidGatesFunction : public torch::autograd::Function<LogSigmoidGate
   }
 };
 
-// x [B, T, H, P] as the kernels read it: a token's H P values packed, tokens a uniform stride apart.
-// The stride, or 0 where x is not so laid out.
+// x [B, T, H, P] as the kernels read it: a token's H P values packed, tokens a uniform stride apart
+// (detail::token_stride of x as [B, T, H P]). The stride, or 0 where x is not so laid out.
 int64_t scale_heads_token_stride(const Tensor& x) {
-  const bool packed_token = x.stride(3) == 1 && x.stride(2) == x.size(3) && x.stride(1) >= x.size(2) * x.size(3) &&
-                            (x.size(0) == 1 || x.stride(0) == x.size(1) * x.stride(1));
-  return packed_token ? x.stride(1) : 0;
+  if (x.stride(3) != 1 || x.stride(2) != x.size(3)) return 0;
+  return detail::token_stride(x.view({x.size(0), x.size(1), x.size(2) * x.size(3)}));
 }
 
 kernels::ScaleHeadsParams scale_heads_params(const Tensor& x, const Tensor& s) {
