@@ -182,8 +182,9 @@ steps+=("prepab 150 $unpack_mid for i in 1 2; do for c in 'lt2-gdn-100m gdn 16 2
      'lt2-gdn-1.3b kda 8 4096'; do set -- \$c; for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do
      echo \$b \$1 \$2 \$3 x \$4; \$b/mixer_bench --model \$1 --mixer \$2 --batch \$3 --seq \$4 --iters 5 | grep RESULT;
      done; done; done")
-# Issue 24's per-mixer training table of the new tree at 2048 x 16 under auto (scripts/gpu_train_table.sh).
-steps+=("table 420 T=build-prebuilt/train_bench SHAPES=2048x16 STEPS=4 WARM=2 RUN_S=40 scripts/gpu_train_table.sh")
+# Issue 24's per-mixer training table of the new tree under auto (scripts/gpu_train_table.sh) at TABLE_SHAPES
+# (default 2048x16; TABLE_S the step's limit, default 420).
+steps+=("table ${TABLE_S:-420} T=build-prebuilt/train_bench SHAPES=${TABLE_SHAPES:-2048x16} STEPS=4 WARM=2 RUN_S=40 scripts/gpu_train_table.sh")
 # lt2-gdn-dsa-1.3b prefill (DSA's selection and sparse attention on the kernels) against MID at 8k and 32k.
 steps+=("dsaprefill 150 BASE_TARBALL=$MID_TARBALL MODEL=lt2-gdn-dsa-1.3b CONTEXTS=8192,32768 ARMS='base new new base'
   PROFILE_CONTEXTS=32768 scripts/gpu_prefill_ab.sh")
