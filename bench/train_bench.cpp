@@ -129,6 +129,9 @@ int main(int argc, char** argv) {
       if (p.steps > 0) j["profile"] = p.to_json(profile.rows(30));
     }
     std::printf("RESULT %s\n", j.dump().c_str());
+  } catch (const c10::Error& e) {  // libtorch's message without its stack trace: one line a table row can quote
+    std::fprintf(stderr, "train_bench: %s\n", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_bench: %s\n", e.what());
     return 1;

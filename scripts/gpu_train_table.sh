@@ -107,7 +107,7 @@ for shape in $SHAPES; do
     line=$(timeout "$RUN_S" "$T" --model "$MODEL" --pattern "$pattern" --mixer-options "$options" \
              --seq-len "$seq" --batch-size "$batch" --steps "$STEPS" --warm "$WARM" --device "$DEVICE" \
              --checkpoint-loops="$CHECKPOINT" --out "/tmp/lt2_train_table" 2>&1 |
-           grep -E "^RESULT|train_bench:|rror" | tail -1)
+           grep -E "^RESULT|^train_bench:" | head -1)
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$pattern" "$seq" "$batch" "${line:-no result within $RUN_S s}" |
       tee -a "$lines"
     write_table

@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <exception>
 
+#include <c10/util/Exception.h>
+
 #include "commands.h"
 #include "lt2/util/error.h"
 
@@ -28,6 +30,9 @@ int main(int argc, char** argv) {
   } catch (const lt2::Error& e) {
     std::fprintf(stderr, "lt2: error: %s\n", e.what());
     return 1;
+  } catch (const c10::Error& e) {  // libtorch's (out of memory among them): its message without the stack trace
+    std::fprintf(stderr, "lt2: error from libtorch: %s\n", e.what_without_backtrace());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lt2: internal error: %s\n", e.what());
     return 2;

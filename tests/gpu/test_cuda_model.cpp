@@ -72,10 +72,13 @@ TEST(CudaModel, Fp32AsAccurateAsCpuFp32) {
 }
 
 // The gradients of every parameter on the GPU in fp32 against the CPU float64 reference, with the CPU's
-// fp32 error as the yardstick (as the forward above): each GPU gradient's error may not exceed 4x the CPU's
-// nor invariant 5's fp32 tolerance, whichever is larger. 70 tokens: a whole chunk of the chunked forms
-// (64) and part of the next. The kernels' own tests check each backward alone; this one checks that the
-// model hands them its tensors as they expect (layouts, strides, views).
+// fp32 error as the yardstick: each GPU gradient's error may not exceed 8x the CPU's nor invariant 5's
+// fp32 tolerance, whichever is larger. 8x, not the forward's 4x: the per-channel scores' products run in
+// 3xTF32 (channel_scores.cu), whose rounding per product (~2^-22: the dropped low x low term and the low
+// parts' own TF32 rounding) is 4-8x fp32's 2^-24, and a gradient sums many of them (GLA's output-norm
+// weight measured 4.06x the CPU's on an H100). A layout, stride or view mistake, which this test is for,
+// gives errors of order 1. 70 tokens: a whole chunk of the chunked forms (64) and part of the next. The
+// kernels' own tests check each backward alone at invariant 5's tolerance.
 TEST(CudaModel, Fp32GradientsAsAccurateAsCpuFp32) {
   REQUIRE_CUDA();
   without_tf32();
@@ -104,7 +107,7 @@ TEST(CudaModel, Fp32GradientsAsAccurateAsCpuFp32) {
       ASSERT_EQ(on_gpu.size(), want.size()) << pattern << " form " << to_string(form);
       for (const auto& [name, g] : on_gpu) {
         const double cpu_err = rel_err(on_cpu.at(name), want.at(name));
-        EXPECT_LT(rel_err(g, want.at(name)), std::max(4 * cpu_err, tolerance(torch::kFloat32)))
+        EXPECT_LT(rel_err(g, want.at(name)), std::max(8 * cpu_err, tolerance(torch::kFloat32)))
             << pattern << " form " << to_string(form) << " " << name << ": CPU fp32 error " << cpu_err;
       }
     }
