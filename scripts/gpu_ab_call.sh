@@ -31,7 +31,9 @@
 # the new tree; `table`: the per-mixer training table;
 # `ceab`: lt-100m with the cross-entropy kernel off and on (same binary); `gateab`: the chunk gate kernels
 # off and on; `lsgab`: the log-sigmoid gate kernels off and on (HGRN2, GLA); `scaleab`: Mamba2's scaled
-# values' kernels off and on; `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID
+# values' kernels off and on; `rowsab`: the score kernels on token rows off and on (GLA, KDA, HGRN2, or
+# ROWSAB_PATTERNS); `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
+# `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID
 # against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new alternating;
 # `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench --profile-ops
 # of both models. About 12 minutes with OLD_TARBALL, more than the device's limit a call: the later steps
@@ -144,7 +146,14 @@ switch_ab() {
 steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
   "$(switch_ab gateab 150 chunk_gate ${GATEAB_PATTERNS:-kda})"
   "$(switch_ab lsgab 200 log_sigmoid_gate hgrn2 gla)"
-  "$(switch_ab scaleab 120 scale_heads mamba2)")
+  "$(switch_ab scaleab 120 scale_heads mamba2)"
+  "$(switch_ab rowsab 240 channel_score_rows ${ROWSAB_PATTERNS:-gla kda hgrn2})")
+# The sparse mixers at 8192 x 4 by the new tree: NSA's run with its error message where it fails, and
+# lt-100m/dsa's per-operator profile (where its step goes when the top-k selects a quarter of the keys).
+steps+=("nsa8k 90 build-prebuilt/train_bench --model lt-100m --pattern nsa --seq-len 8192 --batch-size 4 --steps 2
+     --warm 1 --checkpoint-loops=auto 2>&1 | tail -4"
+  "dsaprof8k 150 build-prebuilt/train_bench --model lt-100m --pattern dsa --seq-len 8192 --batch-size 4 --steps 3
+     --warm 1 --checkpoint-loops=auto --profile 1 --profile-ops | grep -v '^RESULT'")
 # Per-operator profiles of lt-100m with Mamba2 and with KDA layers (MIXPROF_PATTERNS) by the new tree at
 # 2048 x 16 under auto: where the mixers furthest below lt-100m spend their steps.
 steps+=("mixprof 150 for m in ${MIXPROF_PATTERNS:-mamba2 kda}; do build-prebuilt/train_bench --model lt-100m --pattern \$m

@@ -4,8 +4,8 @@
 // gated forms build them and strong ones (down to ~-10 a token: the C 64 kernels' reference-row
 // factors underflow), strict and inclusive, at chunk sizes 64 (the mixers', on tensor cores), 48, 16
 // and 5 and head dims 1 to 256 (off the kernels' 32-channel tiles too); the option off keeps the libtorch
-// form on CUDA; GLA's chunked form and its gradients through the kernels against the float64
-// recurrence. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// form on CUDA; the kernels reading token rows (q and k in place, fp32 or bf16); GLA's chunked form
+// and its gradients through the kernels against the float64 recurrence. Skips where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -91,6 +91,61 @@ TEST(ChannelScoresGpu, OptionOffKeepsTheLibtorchForm) {
   DecodeOptionsGuard guard(off);
   const auto libtorch = ops::decayed_scores(a, b, G, true);
   EXPECT_LT(rel_err(kernel, libtorch), tolerance(torch::kFloat32));
+}
+
+// The kernels on token rows (ops::decayed_scores_of_rows: q and k as the chunked forms hold them,
+// [B, T, H, K] fp32 or bf16): scores and the gradients of a, b and G against the float64 chunk-layout
+// form on the bf16-rounded values, lengths on and off the chunk (and one shorter than a chunk), chunk
+// sizes 64 (the tensor-core kernels) and 16, a = b (KDA's strict scores of k with itself: the two
+// gradients sum), and the option off (the chunk-layout copies) within the same tolerance. The scores
+// and dG are fp32 (fp32's tolerance); da and db come in a's dtype (bf16's tolerance for bf16 rows).
+TEST(ChannelScoresGpu, TokenRowsMatchTheChunkLayout) {
+  REQUIRE_FUSED_DECODE();
+  struct RowCase {
+    int64_t B, T, H, K, C;
+  };
+  const std::vector<RowCase> cases{{2, 64 * 2 + 17, 3, 32, 64}, {1, 40, 2, 100, 64}, {2, 128, 2, 64, 64},
+                                   {1, 50, 2, 33, 16}};
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  for (const auto& c : cases)
+    for (auto dt : {torch::kFloat32, torch::kBFloat16})
+      for (bool same : {false, true})
+        for (bool rows_kernel : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << "T " << c.T << " K " << c.K << " C " << c.C << " " << dt
+                                            << (same ? " a = b" : "") << (rows_kernel ? "" : " option off"));
+          torch::manual_seed(c.T * 100 + c.K + same);
+          const auto a = torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64);
+          const auto b = same ? a : torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64);
+          const auto g = torch::log_sigmoid(torch::randn({c.B, c.T, c.H, c.K}, f64)) / 2;
+          const auto G = ops::chunk_cumulative_gate(g, c.B, c.T, c.H, c.C, torch::kFloat64, torch::kCPU);
+          const int64_t N = G.size(2);
+          const auto dS = torch::randn({c.B, c.H, N, c.C, c.C}, f64);
+          // Scores and gradients of a, b and G (b's folded into a's where b is a), in float64.
+          auto run = [&](const torch::TensorOptions& rows_on, const torch::TensorOptions& gate_on, bool rows) {
+            auto ad = a.to(rows_on).detach().requires_grad_(true);
+            auto bd = same ? ad : b.to(rows_on).detach().requires_grad_(true);
+            auto Gd = G.to(gate_on).detach().requires_grad_(true);
+            const auto s = rows ? ops::decayed_scores_of_rows(ad, bd, Gd, true)
+                                : ops::decayed_scores(ops::to_chunks(ad, c.C, torch::kFloat64),
+                                                      ops::to_chunks(bd, c.C, torch::kFloat64), Gd, true);
+            s.backward(dS.to(s.options()));
+            auto cpu64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
+            return std::vector<Tensor>{cpu64(s), cpu64(ad.grad()), same ? Tensor() : cpu64(bd.grad()),
+                                       cpu64(Gd.grad())};
+          };
+          const auto want = run(f64, f64, false);
+          DecodeOptions options;
+          options.channel_score_rows = rows_kernel;
+          DecodeOptionsGuard guard(options);
+          const auto got = run(gpu(dt), gpu(torch::kFloat32), true);
+          const double tol = tolerance(torch::kFloat32), tol_rows = tolerance(dt);
+          EXPECT_LT(rel_err(got[0], want[0]), tol) << "scores";
+          EXPECT_LT(rel_err(got[1], want[1]), tol_rows) << "da";
+          if (!same) {
+            EXPECT_LT(rel_err(got[2], want[2]), tol_rows) << "db";
+          }
+          EXPECT_LT(rel_err(got[3], want[3]), tol) << "dG";
+        }
 }
 
 // GLA's chunked form (per-channel gates) through the kernels: output, final state and every

@@ -409,23 +409,32 @@ void scale_heads_backward(const ScaleHeadsBackwardParams& p, void* stream);
 // e_ijd = exp(G[i][d] - G[j][d]) over the kept pairs:
 //   da[i][d] = sum_j dA[i][j] b[j][d] e_ijd,  db[j][d] = sum_i dA[i][j] a[i][d] e_ijd,
 //   dG = a * da - b * db.
-// All fp32, packed: a, b, G, da, db, dG [count, C, K], A and dA [count, C, C]; C <= 64, any K.
+// G and dG fp32 [count, C, K], A and dA fp32 [count, C, C], packed; C <= 64, any K. a, b, da and db
+// (of `dtype`) either packed [count, C, K] too, or, with `token_rows`, rows of packed token-layout
+// tensors [B, seq, heads, K] (count = B heads N chunks of C, in (b, h, n) order): chunk n's row i is
+// token n C + i, and rows past seq read as zeros and take no gradient. The token rows let the chunked
+// forms hand q and k over as they are, where the chunk layout needs an fp32 copy of each and a
+// copy of each gradient back.
 constexpr int kMaxChannelScoresChunk = 64;
 struct ChannelScoresParams {
-  const float* a;
-  const float* b;
+  const void* a;
+  const void* b;
   const float* g;
   float* scores;  // A, written whole (zeros outside the kept triangle)
   int64_t count;
   int chunk, dim;
   bool inclusive;
+  DType dtype = DType::Float32;  // of a, b, da, db
+  bool token_rows = false;
+  int64_t seq = 0;  // with token_rows: the tokens a sequence, and its heads
+  int heads = 0;
 };
 void channel_scores_forward(const ChannelScoresParams& p, void* stream);
 struct ChannelScoresBackwardParams {
   ChannelScoresParams forward;  // `scores` unused
   const float* d_scores;
-  float* da;
-  float* db;
+  void* da;  // in a's layout and dtype
+  void* db;
   float* dg;
 };
 void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);

@@ -163,23 +163,29 @@ Tensor causal_keep(int64_t C, bool inclusive, const torch::Device& device) {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 #ifdef LT2_WITH_CUDA
-// The kernels' view of packed fp32 a, b, G [count, C, K].
+// The kernels' view of packed fp32 G [count, C, K] and of a and b: packed fp32 [count, C, K] too, or
+// packed token rows [B, T, H, K] of one dtype (fp32 or bf16) with G [B, H, N, C, K].
 kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
   kernels::ChannelScoresParams p{};
-  p.a = a.data_ptr<float>(), p.b = b.data_ptr<float>(), p.g = G.data_ptr<float>();
-  p.count = a.size(0);
-  p.chunk = static_cast<int>(a.size(1)), p.dim = static_cast<int>(a.size(2));
+  p.a = a.data_ptr(), p.b = b.data_ptr(), p.g = G.data_ptr<float>();
+  p.chunk = static_cast<int>(G.size(-2)), p.dim = static_cast<int>(G.size(-1));
+  p.count = G.numel() / (G.size(-2) * G.size(-1));
   p.inclusive = inclusive;
+  p.dtype = detail::kernel_dtype(a.scalar_type());
+  p.token_rows = a.dim() == 4;
+  if (p.token_rows) p.seq = a.size(1), p.heads = static_cast<int>(a.size(2));
   return p;
 }
 
-// Autograd over the per-channel score kernels (kernels/prefill.h has the formulas): a, b and G
-// [count, C, K] packed fp32 are all that is saved; the exponentials are recomputed in the backward.
+// Autograd over the per-channel score kernels (kernels/prefill.h has the formulas): a, b and G as
+// channel_scores_params takes them are all that is saved; the exponentials are recomputed in the
+// backward, and a's and b's gradients come in their layout and dtype. Returns [count, C, C] fp32.
 struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& G,
                         bool inclusive) {
     c10::cuda::CUDAGuard guard(a.device());
-    auto scores = torch::empty({a.size(0), a.size(1), a.size(1)}, a.options());
+    const int64_t C = G.size(-2);
+    auto scores = torch::empty({G.numel() / (C * G.size(-1)), C, C}, G.options());
     auto p = channel_scores_params(a, b, G, inclusive);
     p.scores = scores.data_ptr<float>();
     kernels::channel_scores_forward(p, detail::current_stream(a));
@@ -197,20 +203,25 @@ struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFun
     kernels::ChannelScoresBackwardParams bp{};
     bp.forward = channel_scores_params(a, b, G, ctx->saved_data["inclusive"].toBool());
     bp.d_scores = d_scores.data_ptr<float>();
-    bp.da = da.data_ptr<float>(), bp.db = db.data_ptr<float>(), bp.dg = dG.data_ptr<float>();
+    bp.da = da.data_ptr(), bp.db = db.data_ptr(), bp.dg = dG.data_ptr<float>();
     kernels::channel_scores_backward(bp, detail::current_stream(a));
     return {da, db, dG, Tensor()};
   }
 };
 
-// Whether the kernels take these scores: on, CUDA, fp32, a, b and G of one shape, C within the
-// kernels' bound and the chunk count within a grid.
-bool channel_scores_kernel_applies(const Tensor& a, const Tensor& b, const Tensor& G) {
-  if (!decode_options().channel_scores || !a.is_cuda() || a.scalar_type() != torch::kFloat32 ||
-      b.scalar_type() != torch::kFloat32 || G.scalar_type() != torch::kFloat32 || b.sizes() != a.sizes() ||
-      G.sizes() != a.sizes() || a.size(-2) > kernels::kMaxChannelScoresChunk || a.size(-1) > INT32_MAX)
+// Whether the kernels take the gate G [..., C, K]: on, CUDA, fp32, C within the kernels' bound and the
+// chunk count within a grid.
+bool channel_scores_kernel_takes(const Tensor& G) {
+  if (!decode_options().channel_scores || !G.is_cuda() || G.scalar_type() != torch::kFloat32 ||
+      G.size(-2) > kernels::kMaxChannelScoresChunk || G.size(-1) > INT32_MAX)
     return false;
-  return a.numel() / (a.size(-2) * a.size(-1)) <= INT32_MAX;
+  return G.numel() / (G.size(-2) * G.size(-1)) <= INT32_MAX;
+}
+
+// Whether they take these chunk-layout scores: the gate, and a and b fp32 of its shape.
+bool channel_scores_kernel_applies(const Tensor& a, const Tensor& b, const Tensor& G) {
+  return channel_scores_kernel_takes(G) && a.scalar_type() == torch::kFloat32 && b.scalar_type() == torch::kFloat32 &&
+         a.sizes() == G.sizes() && b.sizes() == G.sizes();
 }
 
 Tensor channel_scores_cuda(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
@@ -270,6 +281,21 @@ Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool in
   auto shape = batch;
   shape.insert(shape.end(), {C, C});
   return blocks.transpose(-3, -2).reshape(shape);             // [..., S, c, S, c] -> [..., C, C]
+}
+
+Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+  const int64_t C = G.size(-2);
+  LT2_CHECK(a.dim() == 4 && b.sizes() == a.sizes() && G.dim() == 5 && G.size(0) == a.size(0) &&
+                G.size(1) == a.size(2) && G.size(2) == (a.size(1) + C - 1) / C && G.size(4) == a.size(3),
+            "decayed_scores_of_rows: a and b [B, T, H, K] and G [B, H, ceil(T / C), C, K], found ", a.sizes(), ", ",
+            b.sizes(), " and ", G.sizes());
+#ifdef LT2_WITH_CUDA
+  const auto dt = a.scalar_type();
+  if (decode_options().channel_score_rows && a.is_cuda() && (dt == torch::kFloat32 || dt == torch::kBFloat16) &&
+      b.scalar_type() == dt && a.is_contiguous() && b.is_contiguous() && channel_scores_kernel_takes(G))
+    return ChannelScoresFunction::apply(a, b, G.contiguous(), inclusive).view({G.size(0), G.size(1), G.size(2), C, C});
+#endif
+  return decayed_scores(to_chunks(a, C, G.scalar_type()), to_chunks(b, C, G.scalar_type()), G, inclusive);
 }
 
 Tensor state_decay(const Tensor& g, torch::ScalarType dt) {

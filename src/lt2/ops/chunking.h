@@ -84,6 +84,12 @@ Tensor chunk_cumulative_gate(const Tensor& g, int64_t B, int64_t T, int64_t H, i
 // the exp, so nothing overflows and no 0 * inf appears in either pass. Per-channel decay in fp32 on
 // CUDA runs one kernel forward and one backward (DecodeOptions::channel_scores).
 Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive);
+// The same scores of token tensors a, b [B, T, H, K] cut into the chunks of a per-channel gate G
+// [B, H, N, C, K] (fp32): decayed_scores(to_chunks(a, C, fp32), to_chunks(b, C, fp32), G, inclusive),
+// [B, H, N, C, C] fp32. On CUDA (DecodeOptions::channel_scores and channel_score_rows on, a and b
+// packed, of one dtype, fp32 or bf16) the kernels read a's and b's rows in place and write their
+// gradients in a's and b's dtype, with no chunk-layout copy either way.
+Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive);
 
 // Per-token log-gate in the layout the step functions use: [B, H, 1, 1] or [B, H, K, 1] (it
 // multiplies a [B, H, K, V] state), from g [B, H] or [B, H, K].

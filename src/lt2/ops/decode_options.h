@@ -86,6 +86,10 @@ struct DecodeOptions {
   // scores, KDA's and its UT transform's) as one CUDA kernel forward and one backward, in fp32, in
   // prefill and training (off: the libtorch sub-chunk form).
   bool channel_scores = true;
+  // Those kernels reading q and k where the chunked forms hold them, token rows [B, T, H, K] in their
+  // dtype, and writing their gradients there (off: fp32 copies of q and k in the chunk layout, and
+  // the gradients copied back).
+  bool channel_score_rows = true;
   // The chunk-local cumulative log-gate of the chunked forms (ops::chunk_cumulative_gate: the token
   // layout into the chunk layout and the sum within each chunk, its backward the reverse sum and the
   // layout back) as one CUDA kernel each way, fp32 (off: libtorch's copy and cumsum, and their

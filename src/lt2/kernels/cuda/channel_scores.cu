@@ -10,7 +10,11 @@
 // [S, S, c, K] fp32 intermediates per chunk (c = 16, S = C / c) and their autograd backward.
 //
 // Design. One block per triple, 256 threads, K in tiles of 32 channels through shared memory
-// (rows padded to 33 floats: the tiles' column reads are conflict-free).
+// (rows padded to 33 floats: the tiles' column reads are conflict-free). a and b come packed in
+// chunks (fp32) or as the token rows the chunked forms hold (fp32 or bf16, a row every H K elements,
+// the tail past the sequence read as zeros): the tiles take either, so the mixers need no fp32
+// chunk-layout copy of q and k, nor a copy of their gradients back (~0.3 GB of copies a call, forward and
+// backward, at lt-100m/gla's 16 x 2048 tokens).
 // C 64 (the mixers' chunk), on tensor cores: the chunk is four blocks of 16 rows, and for a block
 // pair I > J the decay factors through a reference row r between them, exp(G_i - G_j) =
 // exp(G_i - G_r) exp(G_r - G_j) with both exponents <= 0 (G is non-increasing), so the pair's
@@ -41,17 +45,48 @@ struct Tiles {
   float a[kMaxC][kPitch], b[kMaxC][kPitch], g[kMaxC][kPitch];
 };
 
-// Channels [d0, d0 + 32) of the triple's rows into the tiles (zeros past K).
-__device__ __forceinline__ void load_tiles(Tiles& s, const float* a, const float* b, const float* g, int C, int K,
+// Where a triple's rows of a and b (and of da and db) lie: row i at first + i * stride, rows from
+// `valid` on absent (past the sequence's end in the token layout). G's rows are always packed, at
+// gate + i * K.
+struct Rows {
+  int64_t first, stride, gate;
+  int valid;
+};
+__device__ __forceinline__ Rows rows_of(const ChannelScoresParams& p, int64_t triple) {
+  const int64_t C = p.chunk, K = p.dim, gate = triple * C * K;
+  if (!p.token_rows) return {gate, K, gate, p.chunk};
+  const int64_t chunks = (p.seq + C - 1) / C, n = triple % chunks, h = (triple / chunks) % p.heads,
+                b = triple / (chunks * p.heads);
+  return {((b * p.seq + n * C) * p.heads + h) * K, p.heads * K, gate, static_cast<int>(min(C, p.seq - n * C))};
+}
+
+// Channels [d0, d0 + 32) of the triple's rows into the tiles (zeros past K and on absent rows).
+template <typename T>
+__device__ __forceinline__ void load_tiles(Tiles& s, const ChannelScoresParams& p, const Rows& r, int C, int K,
                                            int d0) {
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
   for (int e = threadIdx.x; e < C * kTile; e += kThreads) {
     const int row = e / kTile, d = d0 + e % kTile;
-    const bool in = d < K;
-    const int64_t at = static_cast<int64_t>(row) * K + d;
-    s.a[row][e % kTile] = in ? a[at] : 0.f;
-    s.b[row][e % kTile] = in ? b[at] : 0.f;
-    s.g[row][e % kTile] = in ? g[at] : 0.f;
+    const bool in = d < K, present = in && row < r.valid;
+    const int64_t at = r.first + row * r.stride + d;
+    s.a[row][e % kTile] = present ? to_float(a[at]) : 0.f;
+    s.b[row][e % kTile] = present ? to_float(b[at]) : 0.f;
+    s.g[row][e % kTile] = in ? p.g[r.gate + static_cast<int64_t>(row) * K + d] : 0.f;
   }
+}
+
+// A triple's da, db and dG of row `row`, channel d. An absent row has no da or db, and its dG (zero:
+// its a and b read as zeros) is written all the same, as the chunk gate's backward sums every row.
+template <typename T>
+__device__ __forceinline__ void store_gradients(const ChannelScoresBackwardParams& bp, const Rows& r, int row, int d,
+                                                float da, float db, float dg) {
+  if (row < r.valid) {
+    const int64_t at = r.first + row * r.stride + d;
+    static_cast<T*>(bp.da)[at] = from_float<T>(da);
+    static_cast<T*>(bp.db)[at] = from_float<T>(db);
+  }
+  bp.dg[r.gate + static_cast<int64_t>(row) * bp.forward.dim + d] = dg;
 }
 
 __device__ __forceinline__ bool kept(int i, int j, bool inclusive) { return inclusive ? j <= i : j < i; }
@@ -84,12 +119,13 @@ __device__ __forceinline__ void scale_left_rows(BlockedShared& s) {
   }
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kernel(const ChannelScoresParams p) {
   constexpr int C = kMaxC;
   extern __shared__ __align__(16) unsigned char blocked_smem[];
   BlockedShared& s = *reinterpret_cast<BlockedShared*>(blocked_smem);
   const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * K;
+  const Rows rows = rows_of(p, blockIdx.x);
   // The off-diagonal block pairs (I, J), I > J, two n-tiles each: warp w takes units w and w + 8;
   // pair p = I (I - 1) / 2 + J.
   auto pair_rows = [](int pair) { return pair < 1 ? 1 : pair < 3 ? 2 : 3; };
@@ -99,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
   float diag[4] = {};
   for (int d0 = 0; d0 < K; d0 += kTile) {
     __syncthreads();
-    load_tiles(s.raw, p.a + base, p.b + base, p.g + base, C, K, d0);
+    load_tiles<T>(s.raw, p, rows, C, K, d0);
     __syncthreads();
     for (int e = tid; e < 48 * kTile; e += kThreads) {  // Ã_I, I = 1..3
       const int r = e / kTile, d = e % kTile, i = kBlk + r;
@@ -145,13 +181,14 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
   }
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kernel(const ChannelScoresBackwardParams bp) {
   constexpr int C = kMaxC;
   const ChannelScoresParams& p = bp.forward;
   extern __shared__ __align__(16) unsigned char blocked_smem[];
   BlockedShared& s = *reinterpret_cast<BlockedShared*>(blocked_smem);
   const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * K;
+  const Rows rows = rows_of(p, blockIdx.x);
   const float* dS = bp.d_scores + static_cast<int64_t>(blockIdx.x) * C * C;
   for (int e = tid; e < C * C; e += kThreads) s.dA[e / C][e % C] = dS[e];  // only kept entries are read
   for (int e = tid; e < kBlk * kTile; e += kThreads) {  // rows with no off-diagonal share
@@ -165,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kern
   const int d_own = tid % 32, D = tid / 32;
   for (int d0 = 0; d0 < K; d0 += kTile) {
     __syncthreads();
-    load_tiles(s.raw, p.a + base, p.b + base, p.g + base, C, K, d0);
+    load_tiles<T>(s.raw, p, rows, C, K, d0);
     __syncthreads();
     for (int e = tid; e < kScaledRows * kTile; e += kThreads) {  // Ã'_J, J = 0..2
       const int r = e / kTile, d = e % kTile, J = r < 48 ? 0 : r < 80 ? 1 : 2, i = kBlk * (J + 1) + r - below_rows_at(J);
@@ -222,19 +259,18 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kern
       for (int l = 0; l < kBlk; ++l) {
         const int row = kBlk * D + l;
         const float da_row = da[l] + s.da_off[row][d_own], db_row = db[l] + s.db_off[row][d_own];
-        const int64_t at = base + static_cast<int64_t>(row) * K + d0 + d_own;
-        bp.da[at] = da_row;
-        bp.db[at] = db_row;
-        bp.dg[at] = s.raw.a[row][d_own] * da_row - s.raw.b[row][d_own] * db_row;
+        store_gradients<T>(bp, rows, row, d0 + d_own, da_row, db_row,
+                           s.raw.a[row][d_own] * da_row - s.raw.b[row][d_own] * db_row);
       }
     }
   }
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads) channel_scores_forward_kernel(const ChannelScoresParams p) {
   __shared__ Tiles s;
   const int C = p.chunk, K = p.dim;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * K;
+  const Rows rows = rows_of(p, blockIdx.x);
   const int i = threadIdx.x / 4, j0 = threadIdx.x % 4;
   constexpr int kCols = kMaxC / 4;
   float acc[kCols];
@@ -242,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_kernel(const 
   for (int r = 0; r < kCols; ++r) acc[r] = 0.f;
   for (int d0 = 0; d0 < K; d0 += kTile) {
     __syncthreads();
-    load_tiles(s, p.a + base, p.b + base, p.g + base, C, K, d0);
+    load_tiles<T>(s, p, rows, C, K, d0);
     __syncthreads();
     if (i >= C) continue;
 #pragma unroll 4
@@ -264,12 +300,13 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_kernel(const 
   }
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads) channel_scores_backward_kernel(const ChannelScoresBackwardParams bp) {
   const ChannelScoresParams& p = bp.forward;
   __shared__ Tiles s;
   __shared__ float dA[kMaxC][kMaxC + 1];
   const int C = p.chunk, K = p.dim;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * C * K;
+  const Rows rows = rows_of(p, blockIdx.x);
   const float* dS = bp.d_scores + static_cast<int64_t>(blockIdx.x) * C * C;
   for (int e = threadIdx.x; e < C * C; e += kThreads) {
     const int i = e / C, j = e % C;
@@ -279,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_kernel(const
   constexpr int kRowStep = kThreads / kTile;
   for (int d0 = 0; d0 < K; d0 += kTile) {
     __syncthreads();
-    load_tiles(s, p.a + base, p.b + base, p.g + base, C, K, d0);
+    load_tiles<T>(s, p, rows, C, K, d0);
     __syncthreads();
     if (d0 + d >= K) continue;
     for (int m = row0; m < C; m += kRowStep) {
@@ -287,10 +324,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_kernel(const
       float da = 0.f, db = 0.f;
       for (int j = 0; j <= m; ++j) da = fmaf(dA[m][j] * s.b[j][d], __expf(gm - s.g[j][d]), da);  // row m
       for (int i = m; i < C; ++i) db = fmaf(dA[i][m] * s.a[i][d], __expf(s.g[i][d] - gm), db);    // column m
-      const int64_t at = base + static_cast<int64_t>(m) * K + d0 + d;
-      bp.da[at] = da;
-      bp.db[at] = db;
-      bp.dg[at] = am * da - bm * db;
+      store_gradients<T>(bp, rows, m, d0 + d, da, db, am * da - bm * db);
     }
   }
 }
@@ -342,11 +376,27 @@ void launch_chunk_gate(const ChunkGateParams& p, void* stream, const char* op) {
   check_launch(op);
 }
 
+// Calls f(T{}) with T the rows' CUDA type: fp32 or bf16 (the two the mixers hand over; fewer
+// instantiations of the tensor-core kernels to build).
+template <typename F>
+void dispatch_rows(DType dtype, F&& f) {
+  if (dtype == DType::BFloat16)
+    f(__nv_bfloat16{});
+  else
+    f(float{});
+}
+
 void check_params(const ChannelScoresParams& p, const char* op) {
   LT2_CHECK(p.a && p.b && p.g, op, ": a, b and g must be given");
   LT2_CHECK(p.chunk >= 1 && p.chunk <= kMaxC && p.dim >= 1 && p.count >= 0 && p.count <= INT32_MAX, op,
             ": chunk must be in [1, ", kMaxC, "], dim >= 1 and count in [0, 2^31), found chunk ", p.chunk,
             ", dim ", p.dim, ", count ", p.count);
+  LT2_CHECK(p.dtype != DType::Float16, op, ": a and b are fp32 or bf16");
+  LT2_CHECK(p.token_rows || p.dtype == DType::Float32, op, ": packed chunk rows are fp32");
+  LT2_CHECK(!p.token_rows || (p.seq >= 1 && p.heads >= 1 && p.count % p.heads == 0 &&
+                              p.count / p.heads % ((p.seq + p.chunk - 1) / p.chunk) == 0),
+            op, ": token rows need seq and heads >= 1 and count = batch x heads x chunks, found seq ", p.seq,
+            ", heads ", p.heads, ", count ", p.count);
 }
 
 }  // namespace
@@ -356,12 +406,15 @@ void channel_scores_forward(const ChannelScoresParams& p, void* stream) {
   LT2_CHECK(p.scores, "channel_scores_forward: scores must be given");
   if (p.count == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p.chunk == kMaxC) {
-    reserve_shared<channel_scores_forward_blocked_kernel>(kForwardSharedBytes, "channel_scores_forward");
-    channel_scores_forward_blocked_kernel<<<static_cast<unsigned>(p.count), kThreads, kForwardSharedBytes, s>>>(p);
-  } else {
-    channel_scores_forward_kernel<<<static_cast<unsigned>(p.count), kThreads, 0, s>>>(p);
-  }
+  dispatch_rows(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    if (p.chunk == kMaxC) {
+      reserve_shared<channel_scores_forward_blocked_kernel<T>>(kForwardSharedBytes, "channel_scores_forward");
+      channel_scores_forward_blocked_kernel<T><<<static_cast<unsigned>(p.count), kThreads, kForwardSharedBytes, s>>>(p);
+    } else {
+      channel_scores_forward_kernel<T><<<static_cast<unsigned>(p.count), kThreads, 0, s>>>(p);
+    }
+  });
   check_launch("channel_scores_forward");
 }
 
@@ -370,13 +423,16 @@ void channel_scores_backward(const ChannelScoresBackwardParams& bp, void* stream
   LT2_CHECK(bp.d_scores && bp.da && bp.db && bp.dg, "channel_scores_backward: d_scores, da, db and dg must be given");
   if (bp.forward.count == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  if (bp.forward.chunk == kMaxC) {
-    reserve_shared<channel_scores_backward_blocked_kernel>(kBackwardSharedBytes, "channel_scores_backward");
-    channel_scores_backward_blocked_kernel<<<static_cast<unsigned>(bp.forward.count), kThreads, kBackwardSharedBytes,
-                                             s>>>(bp);
-  } else {
-    channel_scores_backward_kernel<<<static_cast<unsigned>(bp.forward.count), kThreads, 0, s>>>(bp);
-  }
+  dispatch_rows(bp.forward.dtype, [&](auto t) {
+    using T = decltype(t);
+    if (bp.forward.chunk == kMaxC) {
+      reserve_shared<channel_scores_backward_blocked_kernel<T>>(kBackwardSharedBytes, "channel_scores_backward");
+      channel_scores_backward_blocked_kernel<T>
+          <<<static_cast<unsigned>(bp.forward.count), kThreads, kBackwardSharedBytes, s>>>(bp);
+    } else {
+      channel_scores_backward_kernel<T><<<static_cast<unsigned>(bp.forward.count), kThreads, 0, s>>>(bp);
+    }
+  });
   check_launch("channel_scores_backward");
 }
 

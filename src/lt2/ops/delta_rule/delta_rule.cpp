@@ -588,21 +588,26 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   // The kernels read token rows: packed documents each from a chunk boundary.
   auto rows = [&](const Tensor& t) { return docs && t.defined() ? docs->to_padded_rows(t) : t; };
   auto fp32 = [](const Tensor& t) { return t.defined() ? t.to(torch::kFloat32).contiguous() : torch::empty({0}); };
+  const auto q_rows = aligned_packed(rows(q)), k_rows = aligned_packed(rows(k).to(dtype));
   // One decay per key channel: G in the chunk layout and the scores whose decay sits inside the sum
-  // over the channels, by decayed_scores (its own kernels and backward).
+  // over the channels, by decayed_scores (its own kernels and backward; whole documents read the
+  // token rows the preparation reads, packed documents their chunk layout).
   Tensor head_gate = g, G, scores_qk, scores_kk;
   if (g.defined() && g.dim() == 4) {
     const auto f32 = torch::kFloat32;
-    auto in_chunks = [&](const Tensor& t) { return docs ? docs->to_chunks(t, f32) : to_chunks(t, C, f32); };
     head_gate = Tensor();
-    G = docs ? docs->cumulative_gate(g, q.size(2), f32)
-             : chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
-    const auto Kc = in_chunks(k);
-    scores_qk = decayed_scores(in_chunks(q), Kc, G, /*inclusive=*/true);
-    if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
+    if (docs) {
+      G = docs->cumulative_gate(g, q.size(2), f32);
+      const auto Kc = docs->to_chunks(k, f32);
+      scores_qk = decayed_scores(docs->to_chunks(q, f32), Kc, G, /*inclusive=*/true);
+      if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
+    } else {
+      G = chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
+      scores_qk = decayed_scores_of_rows(q_rows, k_rows, G, /*inclusive=*/true);
+      if (beta.defined()) scores_kk = decayed_scores_of_rows(k_rows, k_rows, G, /*inclusive=*/false);
+    }
   }
-  auto out = PrepareChunksFunction::apply(aligned_packed(rows(q)), aligned_packed(rows(k).to(dtype)),
-                                          aligned_packed(rows(v).to(dtype)), fp32(rows(beta)), fp32(rows(head_gate)),
+  auto out = PrepareChunksFunction::apply(q_rows, k_rows, aligned_packed(rows(v).to(dtype)), fp32(rows(beta)), fp32(rows(head_gate)),
                                           fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C);
   return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], out[5]};
 #else
