@@ -278,7 +278,7 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
                                           block_rows(B * L * 4, T));
     if (o.defined()) return output(o, x, h);
     std::vector<Tensor> parts;
-    const int64_t index_rows = block_rows(index_row_bytes(B, L), T);
+    const int64_t index_rows = block_rows(index_row_bytes(B, L, indexer_kernels_serve(iq, index_k, topk)), T);
     for (int64_t r0 = 0; r0 < T; r0 += index_rows) {
       const int64_t n = std::min(index_rows, T - r0);
       auto support = indexer_select(iq.narrow(1, r0, n), iw.narrow(1, r0, n), index_k.narrow(1, 0, seen(r0, n)),
@@ -289,7 +289,15 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   }
   if (causal) return output(window_attention(h.q, k, v, 0, scale()), x, h);
   std::vector<Tensor> parts;
-  const int64_t attention_rows = block_rows(attention_row_bytes(B, L), T);
+  // A fused SDPA kernel (the GQA form's head dims on CUDA: cuDNN's or the memory-efficient one) holds
+  // no [H, n, L] scores, only the mask: blocks of kFusedAttentionRows, which score every key up to
+  // their last row's (1024 / 2L of the square more than the causal triangle) in few launches and
+  // few partial gradients of k and v to add. The math path (the latent form's 576-dim heads, the
+  // CPU) by the byte budget.
+  constexpr int64_t kFusedAttentionRows = 1024;
+  const int64_t attention_rows = !latent && h.q.is_cuda()
+                                     ? std::min(kFusedAttentionRows, std::max<int64_t>(T, 1))
+                                     : block_rows(attention_row_bytes(B, L), T);
   for (int64_t r0 = 0; r0 < T; r0 += attention_rows) {
     const int64_t n = std::min(attention_rows, T - r0);
     const int64_t keys = seen(r0, n);
@@ -299,9 +307,11 @@ Tensor DSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
   return output(parts.size() == 1 ? parts[0] : torch::cat(parts, 1), x, h);  // [B, T, H, D_v] -> [B, T, d]
 }
 
-int64_t DSAImpl::index_row_bytes(int64_t batch, int64_t keys) const {
-  // fp32-sized: the logits and their ReLU (H_I each), the scores, the visibility and top-k masks.
-  return batch * std::max<int64_t>(keys, 1) * (2 * index_heads + 4) * 4;
+int64_t DSAImpl::index_row_bytes(int64_t batch, int64_t keys, bool kernels) const {
+  // fp32-sized: the logits and their ReLU (H_I each), the scores, the visibility and top-k masks;
+  // where the kernels score, the scores and the boolean masks (the selection, its padding and the
+  // visibility: ~4 bytes).
+  return batch * std::max<int64_t>(keys, 1) * (kernels ? 2 : 2 * index_heads + 4) * 4;
 }
 
 int64_t DSAImpl::attention_row_bytes(int64_t batch, int64_t keys) const {
@@ -316,7 +326,8 @@ int64_t DSAImpl::block_rows(int64_t row_bytes, int64_t rows) const {
 int64_t DSAImpl::workspace_bytes(int64_t batch, int64_t rows, int64_t keys) const {
   // The larger of the two blocks, and every row's top-k mask (a bool per score).
   auto block = [&](int64_t row_bytes) { return block_rows(row_bytes, rows) * row_bytes; };
-  return std::max(block(index_row_bytes(batch, keys)), block(attention_row_bytes(batch, keys))) + batch * rows * keys;
+  return std::max(block(index_row_bytes(batch, keys, false)), block(attention_row_bytes(batch, keys))) +
+         batch * rows * keys;
 }
 
 std::optional<DecodeDescriptor> DSAImpl::decode_descriptor(MixerState& state, int64_t batch) {

@@ -131,9 +131,10 @@ class DSAImpl : public MixerImpl {
   Tensor latent_decode(const std::vector<Tensor>& parts, const Positions& pos, DSAState& s, bool fold_q,
                        bool fold_o);
   Tensor output(const Tensor& o, const Tensor& x, const Heads& h);  // o: [B, T, H, D_v] -> [B, T, d]
-  // Bytes of one query row's dense index logits and of its attention scores over `keys` keys,
-  // and the rows of an inference block (of `rows`) at row_bytes each.
-  int64_t index_row_bytes(int64_t batch, int64_t keys) const;
+  // Bytes of one query row's index scores (with the dense logits unless the kernels score: `kernels`)
+  // and of its attention scores over `keys` keys, and the rows of an inference block (of `rows`) at
+  // row_bytes each.
+  int64_t index_row_bytes(int64_t batch, int64_t keys, bool kernels) const;
   int64_t attention_row_bytes(int64_t batch, int64_t keys) const;
   int64_t block_rows(int64_t row_bytes, int64_t rows) const;
   // caps().prefill_workspace: one block of query rows (query_block_bytes) of dense index logits

@@ -178,7 +178,7 @@ Tensor NSAImpl::combine(const Tensor& gates, const Tensor& o_cmp, const Tensor& 
 }
 
 Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
-  const int64_t T = x.size(1), start = pos.start, L = start + T, G = n_heads / n_kv_heads;
+  const int64_t T = x.size(1), start = pos.start, L = start + T;
   LT2_CHECK(!pos.seq_pos.defined(), "nsa: per-sequence positions are a decode step (step with a state)");
   LT2_CHECK(state || start == 0, "nsa: a call at position ", start,
             " needs the state holding the tokens before it");
@@ -224,7 +224,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     vc = vn.transpose(1, 2);
   }
   auto lopts = torch::TensorOptions().dtype(torch::kLong).device(x.device());
-  auto q_pos = torch::arange(start, L, lopts), k_pos = torch::arange(L, lopts);
+  auto q_pos = torch::arange(start, L, lopts);
 
   // Compression branch: block i is visible once complete.
   auto [o_cmp, p_cmp] = masked_attention_probs(q, kc, vc, compressed_visible(q_pos, NC));  // [B, T, H, D], [B, H, T, NC]
@@ -236,8 +236,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
     torch::NoGradGuard no_grad;
     blocks = nsa_select_blocks(block_importance(p_cmp, NS), q_pos, select_block, select_count, local_blocks);
   }
-  auto slc_mask = blocks.index_select(-1, torch::div(k_pos, select_block, "floor")) & window_mask(q_pos, k_pos, 0);  // [B, H_kv, T, L]
-  auto o_slc = masked_attention(q, ks[kv_set(kSlc)], vs[kv_set(kSlc)], slc_mask.repeat_interleave(G, 1));
+  auto o_slc = selected_block_attention(q, ks[kv_set(kSlc)], vs[kv_set(kSlc)], blocks, select_block);
 
   // Sliding-window branch (the queries are the last T of the L keys' positions).
   auto o_win = window_attention(q, ks[kv_set(kWin)], vs[kv_set(kWin)], window);

@@ -227,11 +227,7 @@ Tensor indexer_kl_loss(const Tensor& attn_probs, const Tensor& index_scores, con
   return kl_rows(kl_target(attn_probs, support, dt), support_log_softmax(index_scores.to(dt), support)).mean();
 }
 
-namespace {
-
-// Whether indexer_select takes the decode kernels for these inputs (DecodeOptions::dsa_index_kernels):
-// CUDA on sm_90 (topk_select's clusters), no gradient, shapes dsa_index_topk takes, at most 65535 rows.
-bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) {
+bool indexer_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) {
 #ifdef LT2_WITH_CUDA
   if (!decode_options().dsa_index_kernels || !iq.is_cuda() || iq.size(1) > 65535) return false;
   if (torch::GradMode::is_enabled() && (iq.requires_grad() || index_k.requires_grad())) return false;
@@ -244,8 +240,6 @@ bool index_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk) 
   return false;
 #endif
 }
-
-}  // namespace
 
 namespace {
 
@@ -283,7 +277,7 @@ IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor
   const int64_t B = iq.size(0), n = iq.size(1), L = index_k.size(1);
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(iq.device());
   auto visible = window_mask(torch::arange(query_start, query_start + n, opts), torch::arange(L, opts), 0);  // [n, L]
-  if (index_kernels_serve(iq, index_k, topk)) {
+  if (indexer_kernels_serve(iq, index_k, topk)) {
     auto [scores, idx] = kernel_selection(iq, iw, index_k.to(iq.scalar_type()), row_lengths(query_start, n, L, iq.device()),
                                           topk);
     if (!idx.defined()) return {scores, visible.expand({B, n, L})};
@@ -298,7 +292,7 @@ Tensor indexer_topk_attention(const Tensor& iq, const Tensor& iw, const Tensor& 
                               const Tensor& k, const Tensor& v, int64_t query_start, int64_t topk, double scale,
                               int64_t block_rows) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), L = k.size(2), H_kv = k.size(1);
-  if (!decode_options().dsa_sparse_prefill || topk <= 0 || topk >= L || !index_kernels_serve(iq, index_k, topk))
+  if (!decode_options().dsa_sparse_prefill || topk <= 0 || topk >= L || !indexer_kernels_serve(iq, index_k, topk))
     return {};
   if (torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
   // Every row of a sequence reads that sequence's cache: a zero row stride, as for the index keys.
@@ -350,7 +344,7 @@ struct IndexerLossFunction : public torch::autograd::Function<IndexerLossFunctio
     const int64_t B = iq.size(0), T = iq.size(1), L = index_k.size(1);
     const auto keys = index_k.to(compute);
     iq = iq.to(compute), iw = iw.to(compute);
-    const bool kernels = index_kernels_serve(iq, keys, topk);
+    const bool kernels = indexer_kernels_serve(iq, keys, topk);
     // The main attention's queries scaled and heads-major, its keys transposed, once for every
     // block: a block's scores then read narrows of them without copying (scaled_scores).
     const auto q_rows = (q * attention_scale(scale, q.size(3))).contiguous();
@@ -531,6 +525,122 @@ Tensor nsa_select_block_indices(const Tensor& importance, const Tensor& q_pos, i
                                 int64_t n_select, int64_t n_local) {
   auto [scores, visible] = nsa_selection_scores(importance, q_pos, block, n_local);
   return topk_indices(scores, visible, n_select);
+}
+
+namespace {
+
+// The visibility of keys [0, keys) from query rows [r0, r0 + n) of T at the last T of L positions:
+// causal, and in a selected block. [B, H_kv, n, keys] bool.
+Tensor selected_keys(const Tensor& selected, int64_t block, int64_t L, int64_t T, int64_t r0, int64_t n, int64_t keys) {
+  const auto lopts = torch::TensorOptions().dtype(torch::kLong).device(selected.device());
+  const auto q_pos = torch::arange(L - T + r0, L - T + r0 + n, lopts), k_pos = torch::arange(keys, lopts);
+  return selected.narrow(2, r0, n).index_select(-1, torch::div(k_pos, block, "floor")) &
+         window_mask(q_pos, k_pos, 0);
+}
+
+#ifdef LT2_WITH_CUDA
+// A row block's additive mask for the memory-efficient kernel: [B, H, n, keys] in `dt`, 0 where
+// `visible` [B, H_kv, n, keys] holds and -inf elsewhere, each kv head's rows for its G query heads;
+// rows padded to 16 elements, as the kernel reads the mask in aligned rows.
+Tensor additive_mask(const Tensor& visible, int64_t G, torch::ScalarType dt) {
+  const int64_t B = visible.size(0), H_kv = visible.size(1), n = visible.size(2), keys = visible.size(3);
+  const auto opts = visible.options().dtype(dt);
+  auto bias = torch::empty({B, H_kv * G, n, (keys + 15) / 16 * 16}, opts).narrow(-1, 0, keys);
+  auto per_group = bias.view({B, H_kv, G, n, keys});
+  at::where_out(per_group, visible.unsqueeze(2), torch::zeros({}, opts),
+                torch::full({}, -std::numeric_limits<double>::infinity(), opts));
+  return bias;
+}
+
+// selected_block_attention on libtorch's memory-efficient kernels, rows in blocks of `rows`: q [B, H,
+// T, D], k and v repeated to the H query heads. Saves q, k, v, the output, each block's log-sum-exp
+// and `selected`; the backward makes each block's mask again.
+struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& selected, int64_t block, double scale, int64_t rows) {
+    c10::cuda::CUDAGuard guard(q.device());
+    const int64_t T = q.size(2), L = k.size(2), G = q.size(1) / selected.size(1);
+    // [B, T, H, D_v] storage, as SDPA's kernels write theirs: the caller's [B, T, H, D_v] is a view.
+    auto out = torch::empty({q.size(0), T, q.size(1), v.size(3)}, q.options()).transpose(1, 2);
+    std::vector<Tensor> saved{q, k, v, out, selected};
+    for (int64_t r0 = 0; r0 < T; r0 += rows) {
+      const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
+      const auto bias = additive_mask(selected_keys(selected, block, L, T, r0, n, keys), G, q.scalar_type());
+      auto [o, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
+          q.narrow(2, r0, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys), bias, /*compute_log_sumexp=*/true,
+          /*dropout_p=*/0.0, /*is_causal=*/false, scale);
+      out.narrow(2, r0, n).copy_(o);
+      saved.insert(saved.end(), {lse, seed, offset});
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["rows"] = rows;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &selected = saved[4];
+    const int64_t block = ctx->saved_data["block"].toInt(), rows = ctx->saved_data["rows"].toInt();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    c10::cuda::CUDAGuard guard(q.device());
+    const int64_t T = q.size(2), L = k.size(2), G = q.size(1) / selected.size(1);
+    const auto dout = grads[0].transpose(1, 2).contiguous().transpose(1, 2);  // the output's layout
+    auto dq = torch::empty_like(q);
+    auto dk = torch::zeros(k.sizes(), k.options().dtype(torch::kFloat32));
+    auto dv = torch::zeros(v.sizes(), v.options().dtype(torch::kFloat32));
+    for (int64_t r0 = 0, b = 0; r0 < T; r0 += rows, ++b) {
+      const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
+      const auto bias = additive_mask(selected_keys(selected, block, L, T, r0, n, keys), G, q.scalar_type());
+      const Tensor &lse = saved[5 + 3 * b], &seed = saved[6 + 3 * b], &offset = saved[7 + 3 * b];
+      auto [dq_r, dk_r, dv_r, unused] = at::_scaled_dot_product_efficient_attention_backward(
+          dout.narrow(2, r0, n), q.narrow(2, r0, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys), bias,
+          out.narrow(2, r0, n), lse, seed, offset, /*dropout_p=*/0.0, {true, true, true, false}, /*is_causal=*/false,
+          scale);
+      dq.narrow(2, r0, n).copy_(dq_r);
+      dk.narrow(2, 0, keys).add_(dk_r);
+      dv.narrow(2, 0, keys).add_(dv_r);
+    }
+    return {dq, dk.to(k.scalar_type()), dv.to(v.scalar_type()), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+#endif
+
+}  // namespace
+
+bool selected_block_kernels_serve(const Tensor& q, const Tensor& k, const Tensor& v) {
+#ifdef LT2_WITH_CUDA
+  const auto dt = q.scalar_type();
+  return q.is_cuda() && (dt == torch::kBFloat16 || dt == torch::kHalf) &&
+         k.scalar_type() == dt && v.scalar_type() == dt && q.size(3) == k.size(3) && q.size(3) % 8 == 0 &&
+         v.size(3) % 8 == 0 && q.size(2) <= k.size(2);
+#else
+  (void)q, (void)k, (void)v;
+  return false;
+#endif
+}
+
+Tensor selected_block_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& selected,
+                                int64_t block, double scale, int64_t block_bytes) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), H_kv = k.size(1), L = k.size(2);
+  LT2_CHECK(block > 0 && H % H_kv == 0 && T <= L && selected.dim() == 4 && selected.size(0) == B &&
+                selected.size(1) == H_kv && selected.size(2) == T && selected.size(3) == (L + block - 1) / block,
+            "selected_block_attention: q [B, H, T, D], k and v [B, H_kv, L, D] (H_kv | H, T <= L) and selected [B, "
+            "H_kv, T, ceil(L / block)], found ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", selected.sizes(),
+            " (block ", block, ")");
+  const int64_t G = H / H_kv;
+#ifdef LT2_WITH_CUDA
+  if (selected_block_kernels_serve(q, k, v)) {
+    const int64_t row_bytes = B * H * ((L + 15) / 16 * 16) * q.element_size();
+    const int64_t rows = std::clamp<int64_t>(block_bytes / row_bytes, 1, std::max<int64_t>(T, 1));
+    auto heads = [&](const Tensor& x) { return G == 1 ? x : x.repeat_interleave(G, 1); };
+    if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    return SelectedBlockFunction::apply(q, heads(k), heads(v), selected, block, scale, rows).transpose(1, 2);
+  }
+#endif
+  return masked_attention(q, k, v, selected_keys(selected, block, L, T, 0, T, L).repeat_interleave(G, 1), scale);
 }
 
 }  // namespace lt2

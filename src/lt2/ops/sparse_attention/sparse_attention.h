@@ -89,6 +89,10 @@ struct IndexerSelection {
 };
 IndexerSelection indexer_select(const Tensor& iq, const Tensor& iw, const Tensor& index_k, int64_t query_start,
                                 int64_t topk);
+// Whether indexer_select takes the decode kernels for these inputs (DecodeOptions::dsa_index_kernels):
+// CUDA on sm_90 (topk_select's clusters), no gradient, shapes dsa_index_topk takes, at most 65535 rows.
+// They write the [B, n, L] fp32 scores and no [B, n, H_I, L] logits.
+bool indexer_kernels_serve(const Tensor& iq, const Tensor& index_k, int64_t topk);
 
 // DSA's attention where no gradient is taken (prefill) on the decode kernels, in blocks of
 // `block_rows` query rows: per sequence, the rows' index scores and top-k slots (as indexer_select
@@ -161,6 +165,21 @@ Tensor nsa_overlap_matrix(int64_t n_cmp, int64_t n_slc, int64_t l, int64_t d, in
 // `n_select` in all (ties: lower block first). Returns the selected-block mask [B, H_kv, T, NS].
 Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
                          int64_t n_select, int64_t n_local);
+// NSA's selection branch: softmax attention of q [B, H, T, D] at the last T of L positions over k, v
+// [B, H_kv, L, D] (GQA as masked_attention), query t seeing key j when j is causally visible from it
+// and selected[b, h / G, t, j / block] (bool [B, H_kv, T, ceil(L / block)], nsa_select_blocks'
+// mask); `scale` as masked_attention. Equals masked_attention with that mask expanded to the keys.
+// On CUDA in bf16 or fp16 (training under autocast; fp32 keeps the masked form's accuracy) the query rows go
+// in blocks whose [B, H, n, keys] additive mask takes about `block_bytes`, each through libtorch's
+// memory-efficient attention, and no mask is kept for the backward: it is made again from `selected`
+// block by block (the [B, H, T, L] mask of the masked form is 6 GB in bf16 at 4 x 8192 tokens and 12
+// heads, a layer application). Elsewhere masked_attention. Returns [B, T, H, D_v].
+Tensor selected_block_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& selected,
+                                int64_t block, double scale = 0, int64_t block_bytes = int64_t{512} << 20);
+// Whether selected_block_attention takes the memory-efficient kernels for these inputs: CUDA, q, k and
+// v of one dtype (bf16 or fp16), q's and k's head dims equal, head dims multiples of 8, T <= L.
+bool selected_block_kernels_serve(const Tensor& q, const Tensor& k, const Tensor& v);
+
 // The same selection as block indices [B, H_kv, T, min(n_select, NS)]: the selected blocks (the
 // mask's true entries) first, then, where fewer than n_select blocks are visible, invisible ones
 // (all past the query's block).
