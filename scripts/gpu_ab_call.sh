@@ -32,8 +32,9 @@
 # `ceab`: lt-100m with the cross-entropy kernel off and on (same binary); `gateab`: the chunk gate kernels
 # off and on; `lsgab`: the log-sigmoid gate kernels off and on (HGRN2, GLA); `scaleab`: Mamba2's scaled
 # values' kernels off and on; `rowsab`: the score kernels on token rows off and on (GLA, KDA, HGRN2, or
-# ROWSAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers at both shapes, MID against the new tree;
-# `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
+# ROWSAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers (or SPARSEAB_PATTERNS) at both shapes, MID
+# against the new tree; `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
+# `nsaprof`: lt-100m/nsa's profile at 2048 x 16;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID
 # against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new alternating;
 # `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench --profile-ops
@@ -151,7 +152,7 @@ steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
   "$(switch_ab rowsab 240 channel_score_rows ${ROWSAB_PATTERNS:-gla kda hgrn2})")
 # lt-100m with DSA (indexer stage off) and NSA layers at 2048 x 16 and 8192 x 4, MID against the new tree
 # (one run each; a run that fails prints its message): the sparse mixers' training blocks and masks.
-steps+=("sparseab 300 $unpack_mid for m in dsa nsa; do for shape in '2048 16' '8192 4'; do set -- \$shape;
+steps+=("sparseab 300 $unpack_mid for m in ${SPARSEAB_PATTERNS:-dsa nsa}; do for shape in '2048 16' '8192 4'; do set -- \$shape;
      for b in /tmp/train_ab_base/build-prebuilt build-prebuilt; do echo \$b \$m \$1 x \$2; \$b/train_bench --model lt-100m
      --pattern \$m --seq-len \$1 --batch-size \$2 --steps 4 --warm 2 --checkpoint-loops=auto 2>&1 |
      grep -E '^RESULT|^train_bench:'; done; done; done")
@@ -160,6 +161,8 @@ steps+=("sparseab 300 $unpack_mid for m in dsa nsa; do for shape in '2048 16' '8
 steps+=("nsa8k 90 build-prebuilt/train_bench --model lt-100m --pattern nsa --seq-len 8192 --batch-size 4 --steps 2
      --warm 1 --checkpoint-loops=auto 2>&1 | tail -4"
   "dsaprof8k 150 build-prebuilt/train_bench --model lt-100m --pattern dsa --seq-len 8192 --batch-size 4 --steps 3
+     --warm 1 --checkpoint-loops=auto --profile 1 --profile-ops | grep -v '^RESULT'"
+  "nsaprof 120 build-prebuilt/train_bench --model lt-100m --pattern nsa --seq-len 2048 --batch-size 16 --steps 3
      --warm 1 --checkpoint-loops=auto --profile 1 --profile-ops | grep -v '^RESULT'")
 # Per-operator profiles of lt-100m with Mamba2 and with KDA layers (MIXPROF_PATTERNS) by the new tree at
 # 2048 x 16 under auto: where the mixers furthest below lt-100m spend their steps.

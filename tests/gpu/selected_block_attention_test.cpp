@@ -1,5 +1,6 @@
-// GPU (CTest label `gpu`): NSA's selection branch through libtorch's memory-efficient attention in
-// row blocks whose masks are made again in the backward (ops::selected_block_attention). Output, dq,
+// GPU (CTest label `gpu`): NSA's selection branch through libtorch's fused attention (cuDNN's where SDPA
+// takes it, and with cuDNN's attention turned off the memory-efficient kernel) in row blocks whose masks
+// are made again in the backward (ops::selected_block_attention). Output, dq,
 // dk and dv against the float64 reference (masked attention over the selected blocks' keys on the
 // CPU, through autograd) on random inputs and random selections (each row's own block always
 // selected, as NSA selects it) in bf16 and fp16: one row block and many (blocks of 1 and of 37 rows),
@@ -30,6 +31,15 @@ struct Case {
   }
 };
 
+// cuDNN's SDPA kernels on or off for a scope (selected_block_attention follows libtorch's choice).
+struct CudnnAttention {
+  explicit CudnnAttention(bool on) : was(at::globalContext().userEnabledCuDNNSDP()) {
+    at::globalContext().setSDPUseCuDNN(on);
+  }
+  ~CudnnAttention() { at::globalContext().setSDPUseCuDNN(was); }
+  bool was;
+};
+
 }  // namespace
 
 TEST(SelectedBlockAttentionGpu, MatchesTheFloat64Reference) {
@@ -47,25 +57,27 @@ TEST(SelectedBlockAttentionGpu, MatchesTheFloat64Reference) {
     const auto own = torch::div(torch::arange(c.L - c.T, c.L), c.block, "floor");  // each row's own block
     const auto selected = (torch::rand({c.B, c.H_kv, c.T, NS}) < 0.4) |
                           (torch::arange(NS).view({1, 1, 1, NS}) == own.view({1, 1, c.T, 1}));
-    for (auto dt : {torch::kBFloat16, torch::kHalf}) {
-      SCOPED_TRACE(name(dt));
-      auto round = [dt](const Tensor& t) { return t.to(dt).to(torch::kFloat64); };
-      // Output and gradients on `on`, rows in blocks of `bytes` bytes of mask.
-      auto run = [&](const torch::TensorOptions& on, int64_t bytes) {
-        auto qd = round(q).to(on).detach().requires_grad_(true), kd = round(k).to(on).detach().requires_grad_(true);
-        auto vd = round(v).to(on).detach().requires_grad_(true);
-        auto o = selected_block_attention(qd, kd, vd, selected.to(on.device()), c.block, 0, bytes);
-        o.backward(round(dout).to(on));
-        auto cpu64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
-        return std::vector<Tensor>{cpu64(o), cpu64(qd.grad()), cpu64(kd.grad()), cpu64(vd.grad())};
-      };
-      const auto on = gpu(dt);
-      ASSERT_TRUE(selected_block_kernels_serve(q.to(on), k.to(on), v.to(on)));
-      const int64_t row_bytes = c.B * c.H * ((c.L + 15) / 16 * 16) * torch::elementSize(dt);
-      const auto want = run(f64, int64_t{1} << 40);
-      const auto got = run(on, c.rows > 0 ? c.rows * row_bytes : int64_t{1} << 40);
-      const char* names[] = {"o", "dq", "dk", "dv"};
-      for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(dt)) << names[i];
-    }
+    for (auto dt : {torch::kBFloat16, torch::kHalf})
+      for (bool cudnn : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << name(dt) << (cudnn ? "" : " cuDNN attention off"));
+        CudnnAttention choice(cudnn);
+        auto round = [dt](const Tensor& t) { return t.to(dt).to(torch::kFloat64); };
+        // Output and gradients on `on`, rows in blocks of `bytes` bytes of mask.
+        auto run = [&](const torch::TensorOptions& on, int64_t bytes) {
+          auto qd = round(q).to(on).detach().requires_grad_(true);
+          auto kd = round(k).to(on).detach().requires_grad_(true), vd = round(v).to(on).detach().requires_grad_(true);
+          auto o = selected_block_attention(qd, kd, vd, selected.to(on.device()), c.block, 0, bytes);
+          o.backward(round(dout).to(on));
+          auto cpu64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
+          return std::vector<Tensor>{cpu64(o), cpu64(qd.grad()), cpu64(kd.grad()), cpu64(vd.grad())};
+        };
+        const auto on = gpu(dt);
+        ASSERT_TRUE(selected_block_kernels_serve(q.to(on), k.to(on), v.to(on)));
+        const int64_t row_bytes = c.B * c.H * ((c.L + 15) / 16 * 16) * torch::elementSize(dt);
+        const auto want = run(f64, int64_t{1} << 40);
+        const auto got = run(on, c.rows > 0 ? c.rows * row_bytes : int64_t{1} << 40);
+        const char* names[] = {"o", "dq", "dk", "dv"};
+        for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(dt)) << names[i];
+      }
   }
 }

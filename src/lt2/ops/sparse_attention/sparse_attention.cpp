@@ -16,6 +16,7 @@
 #include "lt2/util/error.h"
 
 #ifdef LT2_WITH_CUDA
+#include <ATen/SDPBackend.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
@@ -547,14 +548,16 @@ Tensor additive_mask(const Tensor& visible, int64_t G, torch::ScalarType dt) {
   const auto opts = visible.options().dtype(dt);
   auto bias = torch::empty({B, H_kv * G, n, (keys + 15) / 16 * 16}, opts).narrow(-1, 0, keys);
   auto per_group = bias.view({B, H_kv, G, n, keys});
-  at::where_out(per_group, visible.unsqueeze(2), torch::zeros({}, opts),
+  at::where_out(per_group, visible.unsqueeze(2).expand({B, H_kv, G, n, keys}), torch::zeros({}, opts),
                 torch::full({}, -std::numeric_limits<double>::infinity(), opts));
   return bias;
 }
 
-// selected_block_attention on libtorch's memory-efficient kernels, rows in blocks of `rows`: q [B, H,
-// T, D], k and v repeated to the H query heads. Saves q, k, v, the output, each block's log-sum-exp
-// and `selected`; the backward makes each block's mask again.
+// selected_block_attention on libtorch's fused kernels with an additive mask, rows in blocks of `rows`:
+// q [B, H, T, D], k and v repeated to the H query heads. Each block goes to cuDNN's attention where
+// libtorch's SDPA would take it for the first block's inputs (on Hopper), else to the memory-efficient
+// kernel. Saves q, k, v, the output, each block's log-sum-exp and `selected`; the backward makes each
+// block's mask again.
 struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& selected, int64_t block, double scale, int64_t rows) {
@@ -563,12 +566,24 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     // [B, T, H, D_v] storage, as SDPA's kernels write theirs: the caller's [B, T, H, D_v] is a view.
     auto out = torch::empty({q.size(0), T, q.size(1), v.size(3)}, q.options()).transpose(1, 2);
     std::vector<Tensor> saved{q, k, v, out, selected};
+    bool cudnn = false;
     for (int64_t r0 = 0; r0 < T; r0 += rows) {
       const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
       const auto bias = additive_mask(selected_keys(selected, block, L, T, r0, n, keys), G, q.scalar_type());
-      auto [o, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
-          q.narrow(2, r0, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys), bias, /*compute_log_sumexp=*/true,
-          /*dropout_p=*/0.0, /*is_causal=*/false, scale);
+      const auto qr = q.narrow(2, r0, n), kr = k.narrow(2, 0, keys), vr = v.narrow(2, 0, keys);
+      if (r0 == 0)
+        cudnn = at::_fused_sdp_choice(qr, kr, vr, bias, 0.0, false, scale) ==
+                static_cast<int64_t>(at::SDPBackend::cudnn_attention);
+      Tensor o, lse, seed, offset;
+      if (cudnn) {
+        auto r = at::_scaled_dot_product_cudnn_attention(qr, kr, vr, bias, /*compute_log_sumexp=*/true,
+                                                         /*dropout_p=*/0.0, /*is_causal=*/false,
+                                                         /*return_debug_mask=*/false, scale);
+        o = std::get<0>(r), lse = std::get<1>(r), seed = std::get<6>(r), offset = std::get<7>(r);
+      } else {
+        std::tie(o, lse, seed, offset) = at::_scaled_dot_product_efficient_attention(
+            qr, kr, vr, bias, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/false, scale);
+      }
       out.narrow(2, r0, n).copy_(o);
       saved.insert(saved.end(), {lse, seed, offset});
     }
@@ -576,6 +591,7 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     ctx->saved_data["block"] = block;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["rows"] = rows;
+    ctx->saved_data["cudnn"] = cudnn;
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -584,6 +600,7 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &selected = saved[4];
     const int64_t block = ctx->saved_data["block"].toInt(), rows = ctx->saved_data["rows"].toInt();
     const double scale = ctx->saved_data["scale"].toDouble();
+    const bool cudnn = ctx->saved_data["cudnn"].toBool();
     c10::cuda::CUDAGuard guard(q.device());
     const int64_t T = q.size(2), L = k.size(2), G = q.size(1) / selected.size(1);
     const auto dout = grads[0].transpose(1, 2).contiguous().transpose(1, 2);  // the output's layout
@@ -594,10 +611,17 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
       const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
       const auto bias = additive_mask(selected_keys(selected, block, L, T, r0, n, keys), G, q.scalar_type());
       const Tensor &lse = saved[5 + 3 * b], &seed = saved[6 + 3 * b], &offset = saved[7 + 3 * b];
-      auto [dq_r, dk_r, dv_r, unused] = at::_scaled_dot_product_efficient_attention_backward(
-          dout.narrow(2, r0, n), q.narrow(2, r0, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys), bias,
-          out.narrow(2, r0, n), lse, seed, offset, /*dropout_p=*/0.0, {true, true, true, false}, /*is_causal=*/false,
-          scale);
+      const auto dout_r = dout.narrow(2, r0, n), qr = q.narrow(2, r0, n), kr = k.narrow(2, 0, keys),
+                 vr = v.narrow(2, 0, keys), out_r = out.narrow(2, r0, n);
+      Tensor dq_r, dk_r, dv_r, unused;
+      if (cudnn)
+        std::tie(dq_r, dk_r, dv_r) = at::_scaled_dot_product_cudnn_attention_backward(
+            dout_r, qr, kr, vr, out_r, lse, seed, offset, bias, Tensor(), Tensor(), n, keys, /*dropout_p=*/0.0,
+            /*is_causal=*/false, scale);
+      else
+        std::tie(dq_r, dk_r, dv_r, unused) = at::_scaled_dot_product_efficient_attention_backward(
+            dout_r, qr, kr, vr, bias, out_r, lse, seed, offset, /*dropout_p=*/0.0, {true, true, true, false},
+            /*is_causal=*/false, scale);
       dq.narrow(2, r0, n).copy_(dq_r);
       dk.narrow(2, 0, keys).add_(dk_r);
       dv.narrow(2, 0, keys).add_(dv_r);

@@ -170,8 +170,9 @@ Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t 
 // and selected[b, h / G, t, j / block] (bool [B, H_kv, T, ceil(L / block)], nsa_select_blocks'
 // mask); `scale` as masked_attention. Equals masked_attention with that mask expanded to the keys.
 // On CUDA in bf16 or fp16 (training under autocast; fp32 keeps the masked form's accuracy) the query rows go
-// in blocks whose [B, H, n, keys] additive mask takes about `block_bytes`, each through libtorch's
-// memory-efficient attention, and no mask is kept for the backward: it is made again from `selected`
+// in blocks whose [B, H, n, keys] additive mask takes about `block_bytes`, each through libtorch's fused
+// attention (cuDNN's where its SDPA takes that, else the memory-efficient kernel), and no mask is kept
+// for the backward: it is made again from `selected`
 // block by block (the [B, H, T, L] mask of the masked form is 6 GB in bf16 at 4 x 8192 tokens and 12
 // heads, a layer application). Elsewhere masked_attention. Returns [B, T, H, D_v].
 Tensor selected_block_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& selected,
