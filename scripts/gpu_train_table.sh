@@ -71,7 +71,9 @@ def checkpointed(r):  # the policy's choice, and with `auto` what it measured
     said = "yes" if r["checkpoint_loops"] else "no"
     need = r.get("checkpoint_need")
     if need:
-        said += f" ({need['stored_bytes'] / 1e9:.1f} GB stored, {need['available_bytes'] / 1e9:.0f} free)"
+        stored = need["stored_bytes"]  # null: storing every loop ran out of memory in its measurement
+        stored = "more than free" if stored is None else f"{stored / 1e9:.1f} GB"
+        said += f" ({stored} stored, {need['available_bytes'] / 1e9:.0f} free)"
     return said
 
 

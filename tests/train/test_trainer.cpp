@@ -105,6 +105,15 @@ TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
   EXPECT_NE(partial.summary().find("3 of 4 loops recomputed, the last of them only in its first 1 of 2 layers"),
             std::string::npos)
       << partial.summary();
+  // A storing measurement that ran out of memory: only the last loop stored, the need unknown.
+  const StepMemory out_of_memory{0, -1};
+  const auto unmeasured = choose_checkpointing(4, out_of_memory, out_of_memory, recomputed_one, recomputed_two, 500,
+                                               4000 * 10, 4);
+  EXPECT_FALSE(unmeasured.stored_measured);
+  EXPECT_EQ(unmeasured.stored_loops, 1);
+  EXPECT_EQ(unmeasured.chosen_bytes, unmeasured.recomputed_bytes);
+  EXPECT_NE(unmeasured.summary().find("more than the free memory storing activations"), std::string::npos)
+      << unmeasured.summary();
   EXPECT_EQ(layers(2500).stored_loops, 2);  // 2100 <= 2250 < 2400
   EXPECT_EQ(layers(2500).partial_layers, 0);
   EXPECT_EQ(layers(2700).partial_layers, 1);  // 2400 <= 2430

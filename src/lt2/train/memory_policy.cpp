@@ -47,9 +47,16 @@ CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, St
   CheckpointingChoice c;
   c.n_loops = n_loops;
   c.n_layers = n_layers;
-  c.stored_bytes = extrapolate(rows, stored_one, stored_two) + optimizer_bytes;
   c.recomputed_bytes = extrapolate(rows, recomputed_one, recomputed_two) + optimizer_bytes;
   c.available_bytes = available_bytes;
+  c.stored_measured = stored_one.peak >= 0 && stored_two.peak >= 0;
+  if (!c.stored_measured) {
+    c.stored_bytes = -1;
+    c.stored_loops = 1;
+    c.chosen_bytes = c.recomputed_bytes;
+    return c;
+  }
+  c.stored_bytes = extrapolate(rows, stored_one, stored_two) + optimizer_bytes;
   // The need storing the last a layer applications: linear from the recomputed need (the last loop's
   // n_layers) to the stored (all n_loops n_layers).
   const int64_t least = n_layers, most = n_loops * n_layers;
@@ -76,8 +83,12 @@ std::string CheckpointingChoice::summary() const {
   s << "per-loop checkpointing " << (checkpoint_loops() ? "on" : "off") << " (auto): " << (n_loops - stored_loops)
     << " of " << n_loops << " loops recomputed";
   if (partial_layers > 0) s << ", the last of them only in its first " << (n_layers - partial_layers) << " of " << n_layers << " layers";
-  s << "; a step needs " << human_bytes(stored_bytes) << " storing activations, "
-    << human_bytes(recomputed_bytes) << " recomputing all loops but the last, " << human_bytes(chosen_bytes)
+  s << "; a step needs ";
+  if (stored_measured)
+    s << human_bytes(stored_bytes) << " storing activations, ";
+  else
+    s << "more than the free memory storing activations (its measurement ran out), ";
+  s << human_bytes(recomputed_bytes) << " recomputing all loops but the last, " << human_bytes(chosen_bytes)
     << " as chosen; " << human_bytes(available_bytes) << " free";
   if (chosen_bytes > 0.9 * available_bytes) s << " (it may not fit)";
   return s.str();

@@ -35,6 +35,9 @@ struct CheckpointingChoice {
   int64_t stored_bytes = 0, recomputed_bytes = 0;  // a step's need storing every loop / only the last, optimizer included
   int64_t chosen_bytes = 0;                        // the need with stored_loops stored
   int64_t available_bytes = 0;
+  // Whether the step storing every loop could be measured: false where its measurement on one or two
+  // rows ran out of memory (stored_bytes is then unknown, -1, and only the last loop is stored).
+  bool stored_measured = true;
   std::string summary() const;  // one log line
 };
 // `rows` rows per micro-batch; one/two: the measurements on 1 and 2 rows (two == one when
@@ -42,7 +45,8 @@ struct CheckpointingChoice {
 // optimizer will allocate; `available_bytes` the device's free memory; `n_loops` and `n_layers` the
 // model's loops and layers. Stores the most layer applications whose need is at most 90% of what is
 // available (at least the last loop's): whole loops from the last, then the last layers of the loop
-// before them (every application holds about the same, so the need is linear in them).
+// before them (every application holds about the same, so the need is linear in them). A negative
+// peak in the storing measurements says they ran out of memory: only the last loop is stored.
 CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, StepMemory stored_two,
                                          StepMemory recomputed_one, StepMemory recomputed_two,
                                          int64_t optimizer_bytes, int64_t available_bytes, int64_t n_loops,

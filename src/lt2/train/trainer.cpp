@@ -385,7 +385,7 @@ void Trainer::choose_checkpointing() {
     stored_two = rows > 1 ? measure(false, 2) : stored_one;
   } catch (const c10::OutOfMemoryError&) {
     for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
-    stored_one.peak = stored_two.peak = std::numeric_limits<int64_t>::max() / (2 * rows);
+    stored_one.peak = stored_two.peak = -1;  // choose_checkpointing: not measurable, store only the last loop
   }
   int64_t optimizer_bytes = 0;  // AdamW's two moments, fp32, of every trained parameter
   for (const auto& p : I.params) optimizer_bytes += 2 * p.numel() * static_cast<int64_t>(sizeof(float));

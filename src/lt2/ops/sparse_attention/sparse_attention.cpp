@@ -540,17 +540,28 @@ Tensor selected_keys(const Tensor& selected, int64_t block, int64_t L, int64_t T
 }
 
 #ifdef LT2_WITH_CUDA
-// A row block's additive mask for the memory-efficient kernel: [B, H, n, keys] in `dt`, 0 where
-// `visible` [B, H_kv, n, keys] holds and -inf elsewhere, each kv head's rows for its G query heads;
-// rows padded to 16 elements, as the kernel reads the mask in aligned rows.
-Tensor additive_mask(const Tensor& visible, int64_t G, torch::ScalarType dt) {
-  const int64_t B = visible.size(0), H_kv = visible.size(1), n = visible.size(2), keys = visible.size(3);
-  const auto opts = visible.options().dtype(dt);
-  auto bias = torch::empty({B, H_kv * G, n, (keys + 15) / 16 * 16}, opts).narrow(-1, 0, keys);
-  auto per_group = bias.view({B, H_kv, G, n, keys});
-  at::where_out(per_group, visible.unsqueeze(2).expand({B, H_kv, G, n, keys}), torch::zeros({}, opts),
-                torch::full({}, -std::numeric_limits<double>::infinity(), opts));
-  return bias;
+// A row block's additive mask for the fused kernels, made in one pass from the selection: [B, H, n, keys] in
+// `dt`, 0 where query row r0 + i (of T, at the last T of L positions) sees key j (causally visible, and
+// its block selected for the row's kv head) and -inf elsewhere, each kv head's rows for its G query
+// heads. Written as [B, H_kv, G, n, blocks, block]: the selection broadcast over a block's keys and the
+// causal part, a [n, blocks x block] bias, broadcast over batch and heads (no [B, H, n, keys] boolean
+// and no gather of the blocks out to the keys). Rows padded to 16 elements: the kernels read the mask
+// in aligned rows.
+Tensor additive_mask(const Tensor& selected, int64_t block, int64_t G, int64_t L, int64_t T, int64_t r0, int64_t n,
+                     int64_t keys, torch::ScalarType dt) {
+  const int64_t B = selected.size(0), H_kv = selected.size(1), blocks = (keys + block - 1) / block;
+  const auto opts = selected.options().dtype(dt);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  const auto lopts = torch::TensorOptions().dtype(torch::kLong).device(selected.device());
+  const auto k_pos = torch::arange(blocks * block, lopts), q_pos = torch::arange(L - T + r0, L - T + r0 + n, lopts);
+  const auto causal = torch::where(window_mask(q_pos, k_pos, 0), torch::zeros({}, opts), torch::full({}, neg_inf, opts));
+  auto bias = torch::empty({B, H_kv * G, n, (blocks * block + 15) / 16 * 16}, opts).narrow(-1, 0, blocks * block);
+  const std::vector<int64_t> shape{B, H_kv, G, n, blocks, block};
+  auto per_block = bias.view(shape);
+  at::where_out(per_block,
+                selected.narrow(2, r0, n).narrow(3, 0, blocks).unsqueeze(2).unsqueeze(-1).expand(shape),
+                causal.view({1, 1, 1, n, blocks, block}).expand(shape), torch::full({}, neg_inf, opts));
+  return bias.narrow(-1, 0, keys);
 }
 
 // selected_block_attention on libtorch's fused kernels with an additive mask, rows in blocks of `rows`:
@@ -569,7 +580,7 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     bool cudnn = false;
     for (int64_t r0 = 0; r0 < T; r0 += rows) {
       const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
-      const auto bias = additive_mask(selected_keys(selected, block, L, T, r0, n, keys), G, q.scalar_type());
+      const auto bias = additive_mask(selected, block, G, L, T, r0, n, keys, q.scalar_type());
       const auto qr = q.narrow(2, r0, n), kr = k.narrow(2, 0, keys), vr = v.narrow(2, 0, keys);
       if (r0 == 0)
         cudnn = at::_fused_sdp_choice(qr, kr, vr, bias, 0.0, false, scale) ==
@@ -609,7 +620,7 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     auto dv = torch::zeros(v.sizes(), v.options().dtype(torch::kFloat32));
     for (int64_t r0 = 0, b = 0; r0 < T; r0 += rows, ++b) {
       const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
-      const auto bias = additive_mask(selected_keys(selected, block, L, T, r0, n, keys), G, q.scalar_type());
+      const auto bias = additive_mask(selected, block, G, L, T, r0, n, keys, q.scalar_type());
       const Tensor &lse = saved[5 + 3 * b], &seed = saved[6 + 3 * b], &offset = saved[7 + 3 * b];
       const auto dout_r = dout.narrow(2, r0, n), qr = q.narrow(2, r0, n), kr = k.narrow(2, 0, keys),
                  vr = v.narrow(2, 0, keys), out_r = out.narrow(2, r0, n);
