@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
                 {"mfu", peak > 0 ? flops * tokens / (median / 1000) / peak : 0.0},
                 {"timed_steps", ms.size()}};
     if (const auto c = trainer.checkpointing_choice())  // what "auto" measured
-      j["checkpoint_need"] = {{"stored_bytes", c->stored_measured ? lt2::json(c->stored_bytes) : lt2::json(nullptr)},
+      j["checkpoint_need"] = {{"stored_bytes", c->stored_measured() ? lt2::json(c->stored_bytes) : lt2::json(nullptr)},
                               {"recomputed_bytes", c->recomputed_bytes},
                               {"chosen_bytes", c->chosen_bytes},
                               {"available_bytes", c->available_bytes}};

@@ -109,7 +109,7 @@ TEST(CheckpointingPolicy, ChoosesFromTheExtrapolatedNeed) {
   const StepMemory out_of_memory{0, -1};
   const auto unmeasured = choose_checkpointing(4, out_of_memory, out_of_memory, recomputed_one, recomputed_two, 500,
                                                4000 * 10, 4);
-  EXPECT_FALSE(unmeasured.stored_measured);
+  EXPECT_FALSE(unmeasured.stored_measured());
   EXPECT_EQ(unmeasured.stored_loops, 1);
   EXPECT_EQ(unmeasured.chosen_bytes, unmeasured.recomputed_bytes);
   EXPECT_NE(unmeasured.summary().find("more than the free memory storing activations"), std::string::npos)

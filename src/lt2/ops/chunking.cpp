@@ -295,7 +295,8 @@ Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G,
       b.scalar_type() == dt && a.is_contiguous() && b.is_contiguous() && channel_scores_kernel_takes(G))
     return ChannelScoresFunction::apply(a, b, G.contiguous(), inclusive).view({G.size(0), G.size(1), G.size(2), C, C});
 #endif
-  return decayed_scores(to_chunks(a, C, G.scalar_type()), to_chunks(b, C, G.scalar_type()), G, inclusive);
+  const auto a_chunks = to_chunks(a, C, G.scalar_type());
+  return decayed_scores(a_chunks, b.is_same(a) ? a_chunks : to_chunks(b, C, G.scalar_type()), G, inclusive);
 }
 
 Tensor state_decay(const Tensor& g, torch::ScalarType dt) {

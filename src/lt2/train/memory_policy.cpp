@@ -49,8 +49,7 @@ CheckpointingChoice choose_checkpointing(int64_t rows, StepMemory stored_one, St
   c.n_layers = n_layers;
   c.recomputed_bytes = extrapolate(rows, recomputed_one, recomputed_two) + optimizer_bytes;
   c.available_bytes = available_bytes;
-  c.stored_measured = stored_one.peak >= 0 && stored_two.peak >= 0;
-  if (!c.stored_measured) {
+  if (stored_one.peak < 0 || stored_two.peak < 0) {
     c.stored_bytes = -1;
     c.stored_loops = 1;
     c.chosen_bytes = c.recomputed_bytes;
@@ -84,7 +83,7 @@ std::string CheckpointingChoice::summary() const {
     << " of " << n_loops << " loops recomputed";
   if (partial_layers > 0) s << ", the last of them only in its first " << (n_layers - partial_layers) << " of " << n_layers << " layers";
   s << "; a step needs ";
-  if (stored_measured)
+  if (stored_measured())
     s << human_bytes(stored_bytes) << " storing activations, ";
   else
     s << "more than the free memory storing activations (its measurement ran out), ";

@@ -36,8 +36,8 @@ struct CheckpointingChoice {
   int64_t chosen_bytes = 0;                        // the need with stored_loops stored
   int64_t available_bytes = 0;
   // Whether the step storing every loop could be measured: false where its measurement on one or two
-  // rows ran out of memory (stored_bytes is then unknown, -1, and only the last loop is stored).
-  bool stored_measured = true;
+  // rows ran out of memory (stored_bytes is then -1, unknown, and only the last loop is stored).
+  bool stored_measured() const { return stored_bytes >= 0; }
   std::string summary() const;  // one log line
 };
 // `rows` rows per micro-batch; one/two: the measurements on 1 and 2 rows (two == one when

@@ -530,23 +530,13 @@ Tensor nsa_select_block_indices(const Tensor& importance, const Tensor& q_pos, i
 
 namespace {
 
-// The visibility of keys [0, keys) from query rows [r0, r0 + n) of T at the last T of L positions:
-// causal, and in a selected block. [B, H_kv, n, keys] bool.
-Tensor selected_keys(const Tensor& selected, int64_t block, int64_t L, int64_t T, int64_t r0, int64_t n, int64_t keys) {
-  const auto lopts = torch::TensorOptions().dtype(torch::kLong).device(selected.device());
-  const auto q_pos = torch::arange(L - T + r0, L - T + r0 + n, lopts), k_pos = torch::arange(keys, lopts);
-  return selected.narrow(2, r0, n).index_select(-1, torch::div(k_pos, block, "floor")) &
-         window_mask(q_pos, k_pos, 0);
-}
-
-#ifdef LT2_WITH_CUDA
-// A row block's additive mask for the fused kernels, made in one pass from the selection: [B, H, n, keys] in
-// `dt`, 0 where query row r0 + i (of T, at the last T of L positions) sees key j (causally visible, and
+// The additive mask of a block of query rows (the fused kernels' row blocks; all T rows for the masked
+// form), made in one pass from the selection: [B, H, n, keys] in `dt`, 0 where query row r0 + i (of T, at the last T of L positions) sees key j (causally visible, and
 // its block selected for the row's kv head) and -inf elsewhere, each kv head's rows for its G query
 // heads. Written as [B, H_kv, G, n, blocks, block]: the selection broadcast over a block's keys and the
 // causal part, a [n, blocks x block] bias, broadcast over batch and heads (no [B, H, n, keys] boolean
-// and no gather of the blocks out to the keys). Rows padded to 16 elements: the kernels read the mask
-// in aligned rows.
+// and no gather of the blocks out to the keys). Rows padded to 16 elements: the fused kernels read the
+// mask in aligned rows.
 Tensor additive_mask(const Tensor& selected, int64_t block, int64_t G, int64_t L, int64_t T, int64_t r0, int64_t n,
                      int64_t keys, torch::ScalarType dt) {
   const int64_t B = selected.size(0), H_kv = selected.size(1), blocks = (keys + block - 1) / block;
@@ -564,6 +554,7 @@ Tensor additive_mask(const Tensor& selected, int64_t block, int64_t G, int64_t L
   return bias.narrow(-1, 0, keys);
 }
 
+#ifdef LT2_WITH_CUDA
 // selected_block_attention on libtorch's fused kernels with an additive mask, rows in blocks of `rows`:
 // q [B, H, T, D], k and v repeated to the H query heads. Each block goes to cuDNN's attention where
 // libtorch's SDPA would take it for the first block's inputs (on Hopper), else to the memory-efficient
@@ -675,7 +666,7 @@ Tensor selected_block_attention(const Tensor& q, const Tensor& k, const Tensor& 
     return SelectedBlockFunction::apply(q, heads(k), heads(v), selected, block, scale, rows).transpose(1, 2);
   }
 #endif
-  return masked_attention(q, k, v, selected_keys(selected, block, L, T, 0, T, L).repeat_interleave(G, 1), scale);
+  return masked_attention(q, k, v, additive_mask(selected, block, G, L, T, 0, T, L, q.scalar_type()), scale);
 }
 
 }  // namespace lt2

@@ -21,7 +21,8 @@ using torch::Tensor;
 Tensor window_mask(const Tensor& q_pos, const Tensor& k_pos, int64_t window);
 
 // Softmax attention of q [B, H, T, D] over k, v [B, H_kv, L, D] (GQA: H_kv divides H, query head
-// h reads key head h / (H / H_kv)) restricted by `mask`, bool broadcastable to [B, H, T, L].
+// h reads key head h / (H / H_kv)) restricted by `mask` broadcastable to [B, H, T, L]: bool (true =
+// attend), or additive in q's dtype (0 to attend, -inf not).
 // Values may have their own width: v [B, H_kv, L, D_v]. Scores are scaled by `scale` (0 = D^-1/2).
 // Every query must see at least one key. Returns [B, T, H, D_v].
 Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
