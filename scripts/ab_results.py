@@ -12,6 +12,7 @@ writes NAME.json (every run's full RESULT) and NAME.md. `--self-test` checks the
 (CTest `ab_results`).
 """
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -112,18 +113,21 @@ def main():
     ap.add_argument("--out", required=True, help="output path without extension: writes .json and .md")
     ap.add_argument("--title", default="A/B runs", help="the Markdown title")
     ap.add_argument("--command", default="", help="the command that ran them, for the record")
+    ap.add_argument("--date", default=datetime.date.today().isoformat(), help="the run's date (default: today)")
     args = ap.parse_args()
 
-    record = {"title": args.title, "command": args.command, "base": args.base_name, "new": args.new_name,
-              "steps": {}}
-    md = [f"# {args.title}", ""]
+    steps = {step: step_runs(os.path.join(args.results, step, "log.txt")) for step in args.steps
+             if os.path.exists(os.path.join(args.results, step, "log.txt"))}
+    devices = sorted({r.get("device", "") for runs in steps.values() for _, r in runs} - {""})
+    record = {"title": args.title, "command": args.command, "date": args.date, "devices": devices,
+              "base": args.base_name, "new": args.new_name, "steps": {}}
+    md = [f"# {args.title}", "", f"{', '.join(devices) or 'device not recorded'}, {args.date}.", ""]
     if args.command:
         md += ["```", args.command, "```", ""]
     for step in args.steps:
-        log = os.path.join(args.results, step, "log.txt")
-        if not os.path.exists(log):
-            sys.exit(f"ab_results: {log} is missing (did the step run?)")
-        runs = step_runs(log)
+        if step not in steps:
+            sys.exit(f"ab_results: {os.path.join(args.results, step, 'log.txt')} is missing (did the step run?)")
+        runs = steps[step]
         cases = cases_of(runs)
         # A step whose cases are all switches (off against on in one binary) names its arms so.
         switch = bool(runs) and all("/" not in label.partition(" ")[0] for label, _ in runs)
