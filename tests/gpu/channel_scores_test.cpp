@@ -5,7 +5,9 @@
 // factors underflow), strict and inclusive, at chunk sizes 64 (the mixers', on tensor cores), 48, 16
 // and 5 and head dims 1 to 256 (off the kernels' 32-channel tiles too); the option off keeps the libtorch
 // form on CUDA; the kernels reading token rows (q and k in place, fp32 or bf16); GLA's chunked form
-// and its gradients through the kernels against the float64 recurrence. Skips where no CUDA GPU (or no CUDA kernels) is present.
+// and its gradients through the kernels against the float64 recurrence; the chunked forms reading q, k
+// and v as column slices of one projection output in place, equal to reading packed copies. Skips
+// where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -15,6 +17,7 @@
 
 #include "common/testing.h"
 #include "lt2/ops/chunking.h"
+#include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/gated_linear/gated_linear.h"
 
 using namespace lt2;
@@ -218,5 +221,54 @@ TEST(ChannelScoresGpu, ChunkCumulativeGateMatchesFloat64WithGradient) {
         const auto got = run(gpu(torch::kFloat32));
         EXPECT_LT(rel_err(got.first, want.first), tolerance(torch::kFloat32)) << "G";
         EXPECT_LT(rel_err(got.second, want.second), tolerance(torch::kFloat32)) << "dg";
+      }
+}
+
+// The chunked forms as the mixers call them in training: q, k and v column slices of one packed
+// projection output [B, T, width] (rows wider than H K), which the preparation and score kernels read
+// in place, against packed copies of the same values: outputs, final states and every gradient equal
+// up to the order of the kernels' shared-memory sums. GLA (additive, per-channel gate: the score
+// kernels too), RetNet-like (additive, per-head gate), GDN-like (delta rule, per-head gate) and
+// KDA-like (delta rule, per-channel gate), fp32 and bf16, a length off the chunk.
+TEST(ChannelScoresGpu, ProjectionSlicesReadInPlace) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const int64_t B = 2, T = 64 * 2 + 17, H = 2, K = 32, V = 48, width = 2 * H * K + H * V + 8;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16})
+    for (bool delta : {false, true})
+      for (bool per_channel : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << dt << (delta ? " delta rule" : " additive")
+                                          << (per_channel ? ", per-channel gate" : ", per-head gate"));
+        torch::manual_seed(11 + 2 * delta + per_channel);
+        const auto P = torch::randn({B, T, width}, gpu(dt)) / 2;
+        const auto g = torch::log_sigmoid(torch::randn(per_channel ? std::vector<int64_t>{B, T, H, K}
+                                                                   : std::vector<int64_t>{B, T, H},
+                                                       gpu(torch::kFloat32))) / 8;
+        const auto beta = torch::sigmoid(torch::randn({B, T, H}, gpu(torch::kFloat32)));
+        const auto d_o = torch::randn({B, T, H, V}, gpu(dt)), d_final = torch::randn({B, H, K, V}, gpu(torch::kFloat32));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(K));
+        // Outputs and the gradients of q, k, v (as one [B, T, H K + H K + H V] block) and g.
+        auto run = [&](bool slices) {
+          auto leaf = P.detach().clone().requires_grad_(true), gate = g.detach().clone().requires_grad_(true);
+          auto part = [&](int64_t start, int64_t heads_dim, int64_t D) {
+            auto slice = leaf.narrow(2, start, heads_dim);
+            return (slices ? slice : slice.contiguous()).view({B, T, H, D});
+          };
+          const auto q = part(0, H * K, K), k = part(H * K, H * K, K), v = part(2 * H * K, H * V, V);
+          if (slices) {
+            EXPECT_TRUE(ops::token_rows_in_place(q) && !q.is_contiguous());
+            EXPECT_TRUE(ops::token_rows_in_place(v) && !v.is_contiguous());
+          }
+          const auto r = delta ? ops::delta_rule_chunked(q, k, v, beta, gate, scale, Tensor(), 64)
+                               : ops::gated_linear_chunked(q, k, v, gate, scale, Tensor(), 64);
+          torch::autograd::backward({r.o, r.final_state}, {d_o, d_final});
+          auto f64 = [](const Tensor& t) { return t.detach().cpu().to(torch::kFloat64); };
+          return std::vector<Tensor>{f64(r.o), f64(r.final_state), f64(leaf.grad().narrow(2, 0, 2 * H * K + H * V)),
+                                     f64(gate.grad())};
+        };
+        const auto want = run(false), got = run(true);
+        const char* names[] = {"o", "final state", "dq, dk, dv", "dg"};
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_LT(rel_err(got[i], want[i]), tolerance(torch::kFloat32)) << names[i];
       }
 }

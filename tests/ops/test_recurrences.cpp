@@ -11,6 +11,7 @@
 
 #include "common/expect_error.h"
 #include "common/gate_kind.h"
+#include "lt2/ops/chunking.h"
 #include "lt2/ops/decode_options.h"
 #include "lt2/ops/delta_rule/delta_rule.h"
 #include "lt2/ops/gated_linear/gated_linear.h"
@@ -208,6 +209,22 @@ TEST_P(Recurrence, LongFp32SequenceStaysFinite) {
   if (in.g.defined()) in64.g = in.g.to(torch::kFloat64);
   auto ref = chunked(f, in64, Tensor(), 64);  // float64 chunked == float64 recurrence (above)
   EXPECT_LT(rel_err(out.o, ref.o), f.gate == Gate::None ? 1e-3 : 1e-4);
+}
+
+// Which token tensors [B, T, H, D] the row-reading CUDA kernels take in place: packed ones and column
+// slices of a wider [B, T, width] tensor (tokens evenly spaced, each token's H D elements packed), not
+// head-transposed or token-strided views.
+TEST(ChunkScan, TokenRowsInPlace) {
+  const int64_t B = 2, T = 5, H = 3, D = 4;
+  const auto packed = torch::randn({B, T, H, D});
+  const auto wide = torch::randn({B, T, 2 * H * D + 8});
+  EXPECT_TRUE(lt2::ops::token_rows_in_place(packed));
+  EXPECT_TRUE(lt2::ops::token_rows_in_place(wide.narrow(2, H * D, H * D).view({B, T, H, D})));
+  EXPECT_TRUE(lt2::ops::token_rows_in_place(wide.narrow(2, 0, H * D).view({B, T, H, D})));
+  EXPECT_FALSE(lt2::ops::token_rows_in_place(torch::randn({B, T, D, H}).transpose(2, 3)));   // heads not packed
+  EXPECT_FALSE(lt2::ops::token_rows_in_place(torch::randn({B, T, H, 2 * D}).narrow(3, 0, D)));  // heads apart
+  EXPECT_FALSE(lt2::ops::token_rows_in_place(torch::randn({T, B, H, D}).transpose(0, 1)));   // sequences interleaved
+  EXPECT_FALSE(lt2::ops::token_rows_in_place(torch::randn({B, T, H * D})));                  // not [B, T, H, D]
 }
 
 // The chunk scan without W (the gated linear family: V_n = U_n, the result's v is u itself) and its

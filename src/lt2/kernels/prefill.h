@@ -260,9 +260,9 @@ void row_norm_backward(const RowNormBackwardParams& p, void* stream);
 //   Q_start = scale Q * exp(G),  Kt = (K * exp(G_l - G))^T,  carry = exp(G_l) [K]
 // with * elementwise over [C, K].
 struct DeltaRulePrepareParams {
-  const void* q;       // [B, T, H, K], dtype, packed
-  const void* k;       // [B, T, H, K], dtype, packed
-  const void* v;       // [B, T, H, V], dtype, packed (16-byte aligned when additive)
+  const void* q;       // [B, T, H, K], dtype: each token's H K elements packed, tokens q_row apart
+  const void* k;       // [B, T, H, K], dtype, tokens k_row apart
+  const void* v;       // [B, T, H, V], dtype, tokens v_row apart
   const float* beta;   // [B, T, H] (nullptr when additive)
   const float* g;      // [B, T, H] log-decay per head, or nullptr for none
   const float* channel_gate;  // [B, H, N, C, K] G per key channel (chunk-local, inclusive), or nullptr
@@ -275,6 +275,10 @@ struct DeltaRulePrepareParams {
   float* q_start;      // [B, H, N, C, K]
   float* a_qk;         // [B, H, N, C, C]
   int batch, seq, heads, head_k, head_v, chunk_size;  // N = ceil(seq / chunk_size)
+  // Elements from one token's row of q, k, v to the next's (token t of sequence b at (b T + t) row):
+  // H K and H V where packed, more where they are column slices of one projection's output (read
+  // in place, no copy). Multiples of 16 bytes, as the pointers are: the rows are read in 16-byte loads.
+  int64_t q_row, k_row, v_row;
   float scale;
   DType dtype;  // of q, k and v: Float32 or BFloat16
   // The forward's T [V | K] product (and K K^T, Q K^T from fp32 inputs): one TF32 product each
@@ -305,9 +309,9 @@ struct DeltaRulePrepareBackwardParams {
   const float* dcarry;    // [B, H, N], or [B, H, N, K] with channel_gate
   const float* dq_start;  // [B, H, N, C, K]
   const float* da_qk;     // [B, H, N, C, C]
-  void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v)
-  void* dk;               // [B, T, H, K], the forward's dtype
-  void* dv;               // [B, T, H, V], the forward's dtype
+  void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v), packed
+  void* dk;               // [B, T, H, K], the forward's dtype, packed
+  void* dv;               // [B, T, H, V], the forward's dtype, packed
   float* dk_partial;      // [B, T, H, K] fp32 scratch (dk itself where that is fp32); not read when additive
   float* dbeta;           // [B, T, H] (nullptr when additive)
   float* dg;              // [B, T, H], exactly when forward.g is given
@@ -428,6 +432,9 @@ struct ChannelScoresParams {
   bool token_rows = false;
   int64_t seq = 0;  // with token_rows: the tokens a sequence, and its heads
   int heads = 0;
+  // With token_rows: elements from one token's row of a and b to the next's (heads x dim where
+  // packed, more for column slices of a wider tensor); da and db are packed whatever it is.
+  int64_t row_stride = 0;
 };
 void channel_scores_forward(const ChannelScoresParams& p, void* stream);
 struct ChannelScoresBackwardParams {

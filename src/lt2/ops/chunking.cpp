@@ -164,7 +164,8 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 #ifdef LT2_WITH_CUDA
 // The kernels' view of packed fp32 G [count, C, K] and of a and b: packed fp32 [count, C, K] too, or
-// packed token rows [B, T, H, K] of one dtype (fp32 or bf16) with G [B, H, N, C, K].
+// token rows [B, T, H, K] in place with one row stride (token_rows_in_place), of one dtype (fp32 or
+// bf16), with G [B, H, N, C, K].
 kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
   kernels::ChannelScoresParams p{};
   p.a = a.data_ptr(), p.b = b.data_ptr(), p.g = G.data_ptr<float>();
@@ -173,13 +174,13 @@ kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor
   p.inclusive = inclusive;
   p.dtype = detail::kernel_dtype(a.scalar_type());
   p.token_rows = a.dim() == 4;
-  if (p.token_rows) p.seq = a.size(1), p.heads = static_cast<int>(a.size(2));
+  if (p.token_rows) p.seq = a.size(1), p.heads = static_cast<int>(a.size(2)), p.row_stride = a.stride(1);
   return p;
 }
 
 // Autograd over the per-channel score kernels (kernels/prefill.h has the formulas): a, b and G as
 // channel_scores_params takes them are all that is saved; the exponentials are recomputed in the
-// backward, and a's and b's gradients come in their layout and dtype. Returns [count, C, C] fp32.
+// backward, and a's and b's gradients come packed in their shape and dtype. Returns [count, C, C] fp32.
 struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& G,
                         bool inclusive) {
@@ -199,7 +200,8 @@ struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFun
     const Tensor &a = saved[0], &b = saved[1], &G = saved[2];
     c10::cuda::CUDAGuard guard(a.device());
     const auto d_scores = grads[0].to(torch::kFloat32).contiguous();
-    auto da = torch::empty_like(a), db = torch::empty_like(b), dG = torch::empty_like(G);
+    auto da = torch::empty(a.sizes(), a.options()), db = torch::empty(b.sizes(), b.options());
+    auto dG = torch::empty_like(G);
     kernels::ChannelScoresBackwardParams bp{};
     bp.forward = channel_scores_params(a, b, G, ctx->saved_data["inclusive"].toBool());
     bp.d_scores = d_scores.data_ptr<float>();
@@ -292,11 +294,17 @@ Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G,
 #ifdef LT2_WITH_CUDA
   const auto dt = a.scalar_type();
   if (decode_options().channel_score_rows && a.is_cuda() && (dt == torch::kFloat32 || dt == torch::kBFloat16) &&
-      b.scalar_type() == dt && a.is_contiguous() && b.is_contiguous() && channel_scores_kernel_takes(G))
+      b.scalar_type() == dt && token_rows_in_place(a) && token_rows_in_place(b) && a.stride(1) == b.stride(1) &&
+      channel_scores_kernel_takes(G))
     return ChannelScoresFunction::apply(a, b, G.contiguous(), inclusive).view({G.size(0), G.size(1), G.size(2), C, C});
 #endif
   const auto a_chunks = to_chunks(a, C, G.scalar_type());
   return decayed_scores(a_chunks, b.is_same(a) ? a_chunks : to_chunks(b, C, G.scalar_type()), G, inclusive);
+}
+
+bool token_rows_in_place(const Tensor& t) {
+  return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) >= t.size(2) * t.size(3) &&
+         (t.size(0) == 1 || t.stride(0) == t.size(1) * t.stride(1));
 }
 
 Tensor state_decay(const Tensor& g, torch::ScalarType dt) {

@@ -87,9 +87,15 @@ Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool in
 // The same scores of token tensors a, b [B, T, H, K] cut into the chunks of a per-channel gate G
 // [B, H, N, C, K] (fp32): decayed_scores(to_chunks(a, C, fp32), to_chunks(b, C, fp32), G, inclusive),
 // [B, H, N, C, C] fp32. On CUDA (DecodeOptions::channel_scores and channel_score_rows on, a and b
-// packed, of one dtype, fp32 or bf16) the kernels read a's and b's rows in place and write their
-// gradients in a's and b's dtype, with no chunk-layout copy either way.
+// token rows in place with one row stride, of one dtype, fp32 or bf16) the kernels read a's and b's
+// rows in place and write their gradients packed in a's and b's dtype, with no chunk-layout copy
+// either way.
 Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive);
+
+// Whether the CUDA kernels that read token rows take t [B, T, H, D] in place: each token's H D
+// elements packed, the tokens evenly t.stride(1) elements apart (a packed tensor, or a column slice
+// of a projection's [B, T, width] output).
+bool token_rows_in_place(const Tensor& t);
 
 // Per-token log-gate in the layout the step functions use: [B, H, 1, 1] or [B, H, K, 1] (it
 // multiplies a [B, H, K, V] state), from g [B, H] or [B, H, K].

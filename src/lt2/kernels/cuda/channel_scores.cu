@@ -11,8 +11,9 @@
 //
 // Design. One block per triple, 256 threads, K in tiles of 32 channels through shared memory
 // (rows padded to 33 floats: the tiles' column reads are conflict-free). a and b come packed in
-// chunks (fp32) or as the token rows the chunked forms hold (fp32 or bf16, a row every H K elements,
-// the tail past the sequence read as zeros): the tiles take either, so the mixers need no fp32
+// chunks (fp32) or as the token rows the chunked forms hold (fp32 or bf16, rows row_stride elements
+// apart: H K, or wider where q and k are column slices of a projection's output; the tail past the
+// sequence read as zeros): the tiles take either, so the mixers need no fp32
 // chunk-layout copy of q and k, nor a copy of their gradients back (~0.3 GB of copies a call, forward and
 // backward, at lt-100m/gla's 16 x 2048 tokens).
 // C 64 (the mixers' chunk), on tensor cores: the chunk is four blocks of 16 rows, and for a block
@@ -45,19 +46,21 @@ struct Tiles {
   float a[kMaxC][kPitch], b[kMaxC][kPitch], g[kMaxC][kPitch];
 };
 
-// Where a triple's rows of a and b (and of da and db) lie: row i at first + i * stride, rows from
+// Where a triple's rows lie: of a and b, row i at first + i * stride; of da and db, at grad_first +
+// i * grad_stride (the same but for token rows read from column slices of wider rows); rows from
 // `valid` on absent (past the sequence's end in the token layout). G's rows are always packed, at
 // gate + i * K.
 struct Rows {
-  int64_t first, stride, gate;
+  int64_t first, stride, grad_first, grad_stride, gate;
   int valid;
 };
 __device__ __forceinline__ Rows rows_of(const ChannelScoresParams& p, int64_t triple) {
   const int64_t C = p.chunk, K = p.dim, gate = triple * C * K;
-  if (!p.token_rows) return {gate, K, gate, p.chunk};
+  if (!p.token_rows) return {gate, K, gate, K, gate, p.chunk};
   const int64_t chunks = (p.seq + C - 1) / C, n = triple % chunks, h = (triple / chunks) % p.heads,
-                b = triple / (chunks * p.heads);
-  return {((b * p.seq + n * C) * p.heads + h) * K, p.heads * K, gate, static_cast<int>(min(C, p.seq - n * C))};
+                b = triple / (chunks * p.heads), token = b * p.seq + n * C;
+  return {token * p.row_stride + h * K, p.row_stride, (token * p.heads + h) * K, p.heads * K, gate,
+          static_cast<int>(min(C, p.seq - n * C))};
 }
 
 // Channels [d0, d0 + 32) of the triple's rows into the tiles (zeros past K and on absent rows).
@@ -82,7 +85,7 @@ template <typename T>
 __device__ __forceinline__ void store_gradients(const ChannelScoresBackwardParams& bp, const Rows& r, int row, int d,
                                                 float da, float db, float dg) {
   if (row < r.valid) {
-    const int64_t at = r.first + row * r.stride + d;
+    const int64_t at = r.grad_first + row * r.grad_stride + d;
     static_cast<T*>(bp.da)[at] = from_float<T>(da);
     static_cast<T*>(bp.db)[at] = from_float<T>(db);
   }
@@ -394,9 +397,10 @@ void check_params(const ChannelScoresParams& p, const char* op) {
   LT2_CHECK(p.dtype != DType::Float16, op, ": a and b are fp32 or bf16");
   LT2_CHECK(p.token_rows || p.dtype == DType::Float32, op, ": packed chunk rows are fp32");
   LT2_CHECK(!p.token_rows || (p.seq >= 1 && p.heads >= 1 && p.count % p.heads == 0 &&
-                              p.count / p.heads % ((p.seq + p.chunk - 1) / p.chunk) == 0),
-            op, ": token rows need seq and heads >= 1 and count = batch x heads x chunks, found seq ", p.seq,
-            ", heads ", p.heads, ", count ", p.count);
+                              p.count / p.heads % ((p.seq + p.chunk - 1) / p.chunk) == 0 &&
+                              p.row_stride >= int64_t{p.heads} * p.dim),
+            op, ": token rows need seq and heads >= 1, count = batch x heads x chunks and row_stride >= heads x "
+            "dim, found seq ", p.seq, ", heads ", p.heads, ", count ", p.count, ", row_stride ", p.row_stride);
 }
 
 }  // namespace

@@ -719,9 +719,9 @@ __device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0
 #pragma unroll
   for (int l = 0; l < kLoads; ++l) {
     const int e = threadIdx.x + l * kPrepThreads, i = e / per_row, d = E * (e - i * per_row);
-    const int64_t at = ((static_cast<int64_t>(b) * T + t0 + i) * H + h) * K + d;
-    rq[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(q + at)) : make_uint4(0, 0, 0, 0);
-    rk[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(k + at)) : make_uint4(0, 0, 0, 0);
+    const int64_t token = static_cast<int64_t>(b) * T + t0 + i, col = int64_t{h} * K + d;
+    rq[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(q + token * p.q_row + col)) : make_uint4(0, 0, 0, 0);
+    rk[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(k + token * p.k_row + col)) : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
   for (int l = 0; l < kLoads; ++l) {
@@ -789,9 +789,9 @@ __device__ __forceinline__ void fetch_values(const DeltaRulePrepareParams& p, in
 #pragma unroll
   for (int m = 0; m < kPanelLoads; ++m) {
     const int e = threadIdx.x + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
-    x[m] = c0 < p.head_v && i < rows ? to_float(v[((static_cast<int64_t>(b) * p.seq + t0 + i) * p.heads + h) *
-                                                      p.head_v + col])
-                                     : 0.f;
+    x[m] = c0 < p.head_v && i < rows
+               ? to_float(v[(static_cast<int64_t>(b) * p.seq + t0 + i) * p.v_row + int64_t{h} * p.head_v + col])
+               : 0.f;
   }
 }
 // The panel at c0 into sP (rows `pitch` floats apart): the fetched values times value_scale[i], or
@@ -983,7 +983,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
     const int per_row = V / E;
     for (int e = tid; e < C * per_row; e += kPrepThreads) {
       const int i = e / per_row, d = E * (e - i * per_row);
-      const int64_t at = ((static_cast<int64_t>(b) * T + t0 + i) * H + h) * V + d;
+      const int64_t at = (static_cast<int64_t>(b) * T + t0 + i) * p.v_row + int64_t{h} * V + d;
       float f[E] = {};
       if (i < rows) unpack16<In>(__ldg(reinterpret_cast<const uint4*>(v + at)), f);
 #pragma unroll
@@ -1394,8 +1394,15 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
   LT2_CHECK(p.batch >= 0 && p.heads >= 0 && p.seq >= 0 && p.batch <= 65535 && p.heads <= 65535, op, ": batch ",
             p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
   LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
-  LT2_CHECK(aligned16(p.q) && aligned16(p.k) && (!p.additive || aligned16(p.v)), op,
-            ": q and k (and v in the additive mode) must be 16-byte aligned (they are read in 16-byte loads)");
+  const int64_t bytes = p.dtype == DType::BFloat16 ? 2 : 4;
+  LT2_CHECK(p.q_row >= int64_t{p.heads} * p.head_k && p.k_row >= int64_t{p.heads} * p.head_k &&
+                p.v_row >= int64_t{p.heads} * p.head_v,
+            op, ": q_row and k_row must be >= heads x head_k and v_row >= heads x head_v, found ", p.q_row, ", ",
+            p.k_row, " and ", p.v_row);
+  LT2_CHECK(aligned16(p.q) && aligned16(p.k) && p.q_row * bytes % 16 == 0 && p.k_row * bytes % 16 == 0 &&
+                (!p.additive || (aligned16(p.v) && p.v_row * bytes % 16 == 0)),
+            op, ": q's and k's rows (and v's in the additive mode) must start 16-byte aligned (they are read in "
+            "16-byte loads)");
 }
 
 // A per-channel gate comes with its scores (scores_kk unless additive) and without g; the score

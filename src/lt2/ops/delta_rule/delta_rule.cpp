@@ -34,6 +34,16 @@ Tensor aligned_packed(const Tensor& t) {
   auto c = t.contiguous();
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
+
+// Token rows [B, T, H, D] for the preparation kernels' 16-byte loads: t itself where they read it in
+// place (token_rows_in_place: packed, or a column slice of a projection's output) from a 16-byte
+// aligned start with rows a multiple of 16 bytes apart, else a packed, aligned copy.
+Tensor aligned_token_rows(const Tensor& t) {
+  if (!t.defined()) return t;
+  const bool in_place = token_rows_in_place(t) && t.stride(1) * t.element_size() % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  return in_place ? t : aligned_packed(t);
+}
 #endif
 
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
@@ -413,8 +423,8 @@ ChunkPrep prepare_chunks(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, co
 }
 
 #ifdef LT2_WITH_CUDA
-// The kernels' parameters for q, k, v, beta, g (already packed: q, k, v of one dtype, beta and g
-// fp32) and a chunk size C; beta undefined: the additive (gated linear) preparation. A per-channel
+// The kernels' parameters for q, k, v, beta, g (q, k, v token rows of one dtype as aligned_token_rows
+// gives them, beta and g packed fp32) and a chunk size C; beta undefined: the additive (gated linear) preparation. A per-channel
 // gate comes as `channels`: G and the scores (packed fp32, chunk layout), g then undefined.
 struct ChannelGate {
   Tensor G, scores_qk, scores_kk;  // [B, H, N, C, K], [B, H, N, C, C] twice (scores_kk undefined when additive)
@@ -431,6 +441,7 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
   p.channel_gate = ptr(channels.G), p.scores_qk = ptr(channels.scores_qk), p.scores_kk = ptr(channels.scores_kk);
   p.batch = static_cast<int>(q.size(0)), p.seq = static_cast<int>(q.size(1)), p.heads = static_cast<int>(q.size(2));
   p.head_k = static_cast<int>(q.size(3)), p.head_v = static_cast<int>(v.size(3)), p.chunk_size = static_cast<int>(C);
+  p.q_row = q.stride(1), p.k_row = k.stride(1), p.v_row = v.stride(1);
   p.scale = static_cast<float>(scale);
   p.dtype = detail::kernel_dtype(q.scalar_type());
   p.tf32 = tf32_products();
@@ -588,7 +599,7 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   // The kernels read token rows: packed documents each from a chunk boundary.
   auto rows = [&](const Tensor& t) { return docs && t.defined() ? docs->to_padded_rows(t) : t; };
   auto fp32 = [](const Tensor& t) { return t.defined() ? t.to(torch::kFloat32).contiguous() : torch::empty({0}); };
-  const auto q_rows = aligned_packed(rows(q)), k_rows = aligned_packed(rows(k).to(dtype));
+  const auto q_rows = aligned_token_rows(rows(q)), k_rows = aligned_token_rows(rows(k).to(dtype));
   // One decay per key channel: G in the chunk layout and the scores whose decay sits inside the sum
   // over the channels, by decayed_scores (its own kernels and backward; whole documents read the
   // token rows the preparation reads, packed documents their chunk layout).
@@ -607,8 +618,8 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
       if (beta.defined()) scores_kk = decayed_scores_of_rows(k_rows, k_rows, G, /*inclusive=*/false);
     }
   }
-  auto out = PrepareChunksFunction::apply(q_rows, k_rows, aligned_packed(rows(v).to(dtype)), fp32(rows(beta)), fp32(rows(head_gate)),
-                                          fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C);
+  auto out = PrepareChunksFunction::apply(q_rows, k_rows, aligned_token_rows(rows(v).to(dtype)), fp32(rows(beta)),
+                                          fp32(rows(head_gate)), fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C);
   return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], out[5]};
 #else
   detail::no_cuda("delta_rule_prepare");
