@@ -34,7 +34,7 @@
 # values' kernels off and on; `rowsab`: the score kernels on token rows off and on (GLA, KDA, HGRN2, or
 # ROWSAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers (or SPARSEAB_PATTERNS) at both shapes, MID
 # against the new tree; `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
-# `nsaprof`: lt-100m/nsa's profile at 2048 x 16;
+# `nsaprof`: lt-100m/nsa's profile at 2048 x 16; `prodab`: the scan backward's products kernel off and on;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID
 # against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new alternating;
 # `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench --profile-ops
@@ -150,6 +150,11 @@ steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
   "$(switch_ab lsgab 200 log_sigmoid_gate hgrn2 gla)"
   "$(switch_ab scaleab 120 scale_heads mamba2)"
   "$(switch_ab rowsab 240 channel_score_rows ${ROWSAB_PATTERNS:-gla kda hgrn2})")
+# The chunk scan's backward products in one kernel, off and on in one binary: lt2-gdn-100m, and lt-100m with
+# KDA layers (PRODAB_MODELS: train_bench's model arguments, quoted each).
+steps+=("prodab 240 for c in ${PRODAB_MODELS:-"'lt2-gdn-100m' 'lt-100m --pattern kda'"}; do for o in 0 1 1 0;
+     do echo \$c scan_backward_products=\$o; build-prebuilt/train_bench --model \$c --seq-len 2048 --batch-size 16
+     --steps 4 --warm 2 --checkpoint-loops=auto --option scan_backward_products=\$o | grep RESULT; done; done")
 # lt-100m with DSA (indexer stage off) and NSA layers at 2048 x 16 and 8192 x 4, MID against the new tree
 # (one run each; a run that fails prints its message): the sparse mixers' training blocks and masks.
 steps+=("sparseab 300 $unpack_mid for m in ${SPARSEAB_PATTERNS:-dsa nsa}; do for shape in '2048 16' '8192 4'; do set -- \$shape;

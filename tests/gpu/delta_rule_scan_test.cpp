@@ -4,7 +4,8 @@
 // recurrence and the fp32 chunked CPU path, output and final state (relative RMS error < 1e-5), at
 // several head dims, chunk sizes, batches, lengths off the chunk, with and without an initial
 // state, no gate / per-head / per-channel gates; its gradients (the reverse scan) == the float64
-// recurrence's for every input; the binding directly against a float64 loop for every value block,
+// recurrence's for every input, and the backward's fused products against the float64 loop and the
+// products they replace; the binding directly against a float64 loop for every value block,
 // forward and reverse with an addend, strided and misaligned inputs; the libtorch loop kept where
 // the kernel does not serve; clear errors on bad input. Skips where no CUDA GPU (or no CUDA
 // kernels) is present.
@@ -644,6 +645,61 @@ TEST(DeltaRuleScan, RowDotsMatchReference) {
     EXPECT_EQ(got.sizes(), want.sizes());
     EXPECT_LT(rel_err(got.cpu().to(f64), want), 1e-5);
   }
+}
+
+// The scan's backward products (kernels/prefill.h scan_backward_products: dKt, dW and the carry's
+// gradient in one kernel) under autograd == the float64 loop's gradients of w, u, kt, carry and the
+// initial state, with and without W, per-head and per-channel carry, K 16 to 128, C 16 to 64, V off
+// the kernel's 32-column tiles; and == the batched products and row dots it replaces (switch off).
+TEST(DeltaRuleScan, ScanBackwardProductsMatchReference) {
+  REQUIRE_FUSED_DECODE();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  struct Dims {
+    int64_t B, H, N, C, K, V;
+  };
+  for (const Dims d : {Dims{2, 3, 5, 64, 96, 200}, Dims{1, 2, 4, 16, 16, 8}, Dims{1, 2, 3, 64, 128, 48},
+                       Dims{2, 1, 6, 32, 32, 64}})
+    for (bool with_w : {true, false})
+      for (bool per_channel : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "B" << d.B << " H" << d.H << " N" << d.N << " C" << d.C << " K" << d.K
+                                          << " V" << d.V << (with_w ? " with W" : " no W")
+                                          << (per_channel ? " per-channel carry" : " per-head carry"));
+        torch::manual_seed(d.K + d.V + with_w + 2 * per_channel);
+        const auto o = torch::TensorOptions().dtype(f64);
+        const auto w = 0.2 * torch::randn({d.B, d.H, d.N, d.C, d.K}, o), u = torch::randn({d.B, d.H, d.N, d.C, d.V}, o);
+        const auto kt = 0.2 * torch::randn({d.B, d.H, d.N, d.K, d.C}, o);
+        const auto carry = 0.5 + 0.5 * torch::rand({d.B, d.H, d.N, per_channel ? d.K : 1, 1}, o);
+        const auto s0 = torch::randn({d.B, d.H, d.K, d.V}, o);
+        const auto d_states = torch::randn({d.B, d.H, d.N, d.K, d.V}, o), d_v = torch::randn({d.B, d.H, d.N, d.C, d.V}, o);
+        const auto d_final = torch::randn({d.B, d.H, d.K, d.V}, o);
+        auto run = [&](const torch::TensorOptions& on) {
+          std::vector<Tensor> leaves;
+          for (const Tensor* t : {&w, &u, &kt, &carry, &s0}) leaves.push_back(t->to(on).detach().requires_grad_(true));
+          const auto r = ops::chunk_state_scan_differentiable(with_w ? leaves[0] : Tensor(), leaves[1], leaves[2],
+                                                              leaves[3], leaves[4]);
+          ((r.states.to(f64) * d_states.to(on.device())).sum() + (r.v.to(f64) * d_v.to(on.device())).sum() +
+           (r.final_state.to(f64) * d_final.to(on.device())).sum())
+              .backward();
+          std::vector<Tensor> grads;
+          for (auto& l : leaves) grads.push_back(l.grad().defined() ? l.grad().cpu().to(f64) : Tensor());
+          return grads;
+        };
+        const auto want = run(o);
+        const auto got = run(gpu(f32));
+        DecodeOptions off;
+        off.scan_backward_products = false;
+        std::vector<Tensor> replaced;
+        {
+          DecodeOptionsGuard guard(off);
+          replaced = run(gpu(f32));
+        }
+        const char* names[] = {"dw", "du", "dkt", "dcarry", "d initial state"};
+        for (size_t i = with_w ? 0 : 1; i < want.size(); ++i) {
+          ASSERT_TRUE(got[i].defined() && replaced[i].defined()) << names[i];
+          EXPECT_LT(rel_err(got[i], want[i]), 1e-5) << names[i];
+          EXPECT_LT(rel_err(got[i], replaced[i]), 1e-5) << names[i] << " against the products it replaces";
+        }
+      }
 }
 
 TEST(DeltaRuleScan, BindingTakesStridedAndMisalignedInputs) {

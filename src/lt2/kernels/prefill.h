@@ -114,6 +114,43 @@ struct RowDotsParams {
 };
 void row_dots(const RowDotsParams& p, void* stream);
 
+// The chunk scan's backward products (ops' ChunkStateScanFunction), for each of `count` chunks (the
+// (sequence, head, chunk) triples in order) from the adjoint scan's G [K, V] (the gradient of the state
+// leaving the chunk), the forward scan's S [K, V] (the state entering it), the chunk's values X [C, V]
+// (V_new, or U without W) and the adjoint's dU [C, V]:
+//   dKt = G X^T [K, C],  dW = -dU S^T [C, K] (only with W),  dcarry[k] = sum_v G[k][v] S[k][v]
+// (dcarry summed over k too where the carry is one per head), reading each input once where two
+// batched products and row_dots read G and S twice each. fp32, packed, 16-byte aligned; the dims as
+// scan_backward_products_supported says. The products run as mma.sync m16n8k8 in 3xTF32 (fp32's
+// accuracy) or, with tf32, one TF32 product each (as cuBLAS's fp32 products under TF32).
+struct ScanBackwardProductsParams {
+  const float* g_next;  // [count, K, V]
+  const float* states;  // [count, K, V]
+  const float* values;  // [count, C, V]
+  const float* du;      // [count, C, V], read only with dw
+  float* dkt;           // [count, K, C]
+  float* dw;            // [count, C, K], or nullptr: no W (the gated linear family)
+  float* dcarry;        // [count, K], or [count] with per_head_carry
+  int64_t count;
+  int head_k, head_v, chunk_size;
+  bool per_head_carry;
+  bool tf32;
+};
+void scan_backward_products(const ScanBackwardProductsParams& p, void* stream);
+// Whether it serves these dims: K and C multiples of 16 with K <= 128 and C <= 64, V a multiple of 8.
+bool scan_backward_products_supported(int head_k, int head_v, int chunk_size);
+
+// -x^T of each of `count` [rows, cols] fp32 matrices (packed; out [count, cols, rows], packed): the
+// adjoint scan's inputs -Kt^T and -W^T, through 32 x 32 shared-memory tiles so that both the reads and
+// the writes are coalesced (an elementwise pass over the transposed view strides one of them).
+struct NegatedTransposeParams {
+  const float* x;
+  float* out;
+  int64_t count;
+  int rows, cols;
+};
+void negated_transpose(const NegatedTransposeParams& p, void* stream);
+
 // The UT transform's inverse of the chunked delta rule, for a batch of `count` C x C matrices:
 //   T = (I + StrictTril(L))^{-1}             (unit lower triangular; L's diagonal and upper part unread)
 // by forward substitution, one block per matrix and one thread per column of T (a column depends

@@ -90,6 +90,11 @@ struct DecodeOptions {
   // dtype, and writing their gradients there (off: fp32 copies of q and k in the chunk layout, and
   // the gradients copied back).
   bool channel_score_rows = true;
+  // The chunk scan's backward on CUDA kernels around the adjoint scan: its products (dKt = G_{n+1}
+  // V_n^T, dW = -dU_n S_n^T and the decay's gradient sum_v G_{n+1} S_n) as one kernel reading each
+  // operand once, and its inputs -Kt^T and -W^T by a tiled transpose (off: two batched GEMMs and a
+  // row-dot kernel, which read G_{n+1} and S_n twice each; libtorch's negation of the transposed views).
+  bool scan_backward_products = true;
   // The chunk-local cumulative log-gate of the chunked forms (ops::chunk_cumulative_gate: the token
   // layout into the chunk layout and the sum within each chunk, its backward the reverse sum and the
   // layout back) as one CUDA kernel each way, fp32 (off: libtorch's copy and cumsum, and their

@@ -618,6 +618,180 @@ void row_dots(const RowDotsParams& p, void* stream) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// scan_backward_products. Floor: each input read once. At lt2-gdn-100m's training shape (16 x 2048
+// tokens, 6 heads, K 96, V 192, C 64: 3,072 chunks) G and S are 226 MB each, X and dU 151 MB each, dKt
+// and dW 75 MB each: 0.90 GB a call, ~0.3 ms at ~3 TB/s, where the two batched products and row_dots
+// moved 1.36 GB (0.45 ms measured at 42a4424). The products are 2 x 1.18 M multiply-adds a chunk
+// (7.2 G a call): on tensor cores they hide under the loads, in SIMT fp32 they would not.
+//
+// Design. One block per chunk, 8 warps; V in tiles of 32 columns through shared memory, two stages
+// by cp.async (tile i + 1 lands while the warps multiply tile i). A stage stacks the tile's rows of
+// G (K), S (K), X (C) and dU (C, with W) 36 floats apart (4 mod 32: the fragments' 8 rows x 4 columns
+// fall in distinct banks, as A and as B operand). dKt: warp w owns columns 8w .. 8w + 7 of C and every
+// 16-row tile of K; dW: warp w owns rows 16 (w % 4) .. + 15 of C and half of K's 8-column tiles; the
+// accumulators stay in registers across the tiles (at most 2 x 32 floats a thread). dcarry: thread t
+// sums row t / 2's half t % 2 of each tile. At K 96, C 64: 92 KiB of shared memory, two blocks an SM.
+
+namespace {
+
+constexpr int kProdThreads = 256;
+constexpr int kProdTile = 32;                // V columns a tile
+constexpr int kProdPitch = kProdTile + 4;    // shared row pitch (floats)
+constexpr int kProdMaxK = 128, kProdMaxC = 64;
+
+// Rows of one stage: G, S, X, then dU (with W).
+__host__ __device__ constexpr int prod_stage_rows(int K, int C, bool with_w) { return 2 * K + (with_w ? 2 : 1) * C; }
+
+template <bool kTf32>
+__global__ void __launch_bounds__(kProdThreads) scan_backward_products_kernel(const ScanBackwardProductsParams p) {
+  extern __shared__ __align__(16) float smem[];
+  const int K = p.head_k, V = p.head_v, C = p.chunk_size, warp = threadIdx.x / 32;
+  const bool with_w = p.dw != nullptr;
+  const int rows = prod_stage_rows(K, C, with_w), stage_size = rows * kProdPitch;
+  const int64_t chunk = blockIdx.x;
+  const float* G = p.g_next + chunk * K * V;
+  const float* S = p.states + chunk * K * V;
+  const float* X = p.values + chunk * C * V;
+  const float* dU = with_w ? p.du + chunk * C * V : nullptr;
+  // Tile columns v0 .. v0 + 31 (fewer at V's end: V is a multiple of 8) of every stacked row into `stage`.
+  auto issue = [&](int v0, float* stage) {
+    const int pieces = min(kProdTile, V - v0) / 4;
+    for (int e = threadIdx.x; e < rows * pieces; e += kProdThreads) {
+      const int r = e / pieces, c = 4 * (e - r * pieces);
+      const float* src = r < K ? G + r * V : r < 2 * K ? S + (r - K) * V : r < 2 * K + C ? X + (r - 2 * K) * V
+                                                                                          : dU + (r - 2 * K - C) * V;
+      cp_async16(stage + r * kProdPitch + c, src + v0 + c);
+    }
+    cp_async_commit();
+  };
+  float kt_acc[kProdMaxK / 16][1][4] = {};  // dKt: rows 16 m .. of K, columns 8 warp .. of C
+  float w_acc[kProdMaxK / 16][4] = {};      // dW: rows 16 (warp % 4) .. of C, columns 8 (half + j) .. of K
+  float dot = 0.f;
+  const int tiles = (V + kProdTile - 1) / kProdTile, half = (warp / 4) * (K / 16), dot_row = threadIdx.x / 2,
+            dot_col = (threadIdx.x % 2) * (kProdTile / 2);
+  issue(0, smem);
+  for (int i = 0; i < tiles; ++i) {
+    const float* stage = smem + (i % 2) * stage_size;
+    if (i + 1 < tiles) {
+      issue((i + 1) * kProdTile, smem + ((i + 1) % 2) * stage_size);  // its stage was read before the last barrier
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int cols = min(kProdTile, V - i * kProdTile);
+    const float *sG = stage, *sS = stage + K * kProdPitch, *sX = stage + 2 * K * kProdPitch,
+                *sU = sX + C * kProdPitch;
+    if (8 * warp < C) {
+#pragma unroll
+      for (int m = 0; m < kProdMaxK / 16; ++m) {
+        if (16 * m >= K) break;
+        warp_product<1, kTf32>(kt_acc[m], sG, kProdPitch, 1, sX, 1, kProdPitch, 16 * m, warp, 1, 0, cols);
+      }
+    }
+    if (with_w && 16 * (warp % 4) < C)
+      warp_product<kProdMaxK / 16, kTf32>(w_acc, sU, kProdPitch, 1, sS, 1, kProdPitch, 16 * (warp % 4), half, K / 16,
+                                          0, cols);
+    if (dot_row < K)
+      for (int c = dot_col; c < min(dot_col + kProdTile / 2, cols); ++c)
+        dot = fmaf(sG[dot_row * kProdPitch + c], sS[dot_row * kProdPitch + c], dot);
+    __syncthreads();  // the stage is read before the next iteration's copies overwrite it
+  }
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  if (8 * warp < C) {  // fragment: acc0, 1 = [g][2t, 2t + 1], acc2, 3 = [g + 8][..]
+    float* out = p.dkt + chunk * K * C + 8 * warp + 2 * t;
+#pragma unroll
+    for (int m = 0; m < kProdMaxK / 16; ++m) {
+      if (16 * m >= K) break;
+      *reinterpret_cast<float2*>(out + (16 * m + g) * C) = make_float2(kt_acc[m][0][0], kt_acc[m][0][1]);
+      *reinterpret_cast<float2*>(out + (16 * m + g + 8) * C) = make_float2(kt_acc[m][0][2], kt_acc[m][0][3]);
+    }
+  }
+  if (with_w && 16 * (warp % 4) < C) {
+    float* out = p.dw + chunk * C * K + (16 * (warp % 4) + g) * K + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kProdMaxK / 16; ++j) {
+      if (j >= K / 16) break;
+      const int col = 8 * (half + j);
+      *reinterpret_cast<float2*>(out + col) = make_float2(-w_acc[j][0], -w_acc[j][1]);
+      *reinterpret_cast<float2*>(out + 8 * K + col) = make_float2(-w_acc[j][2], -w_acc[j][3]);
+    }
+  }
+  if (p.per_head_carry) {
+    __shared__ float scratch[32];
+    const float total = block_sum(dot, scratch);
+    if (threadIdx.x == 0) p.dcarry[chunk] = total;
+  } else {
+    dot += __shfl_xor_sync(0xffffffffu, dot, 1);  // the row's two halves
+    if (threadIdx.x % 2 == 0 && dot_row < K) p.dcarry[chunk * K + dot_row] = dot;
+  }
+}
+
+// negated_transpose: a block per 32 x 32 tile of a matrix (blocks of z walk the matrices), 32 x 8
+// threads; the tile's rows read as 32-float runs, written back as columns' 32-float runs, the
+// shared rows padded to 33 floats (the column reads in distinct banks). Floor: one read and one
+// write of each matrix, 151 MB a call at lt2-gdn-100m's training shape (~0.05 ms).
+constexpr int kTransposeTile = 32, kTransposeRowsStep = 8;
+
+__global__ void __launch_bounds__(kTransposeTile * kTransposeRowsStep)
+    negated_transpose_kernel(const NegatedTransposeParams p) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  const int r0 = blockIdx.y * kTransposeTile, c0 = blockIdx.x * kTransposeTile, tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t size = int64_t{p.rows} * p.cols;
+  for (int64_t m = blockIdx.z; m < p.count; m += gridDim.z) {
+    const float* x = p.x + m * size;
+    for (int i = ty; i < kTransposeTile; i += kTransposeRowsStep)
+      if (r0 + i < p.rows && c0 + tx < p.cols) tile[i][tx] = x[int64_t{r0 + i} * p.cols + c0 + tx];
+    __syncthreads();
+    float* out = p.out + m * size;
+    for (int i = ty; i < kTransposeTile; i += kTransposeRowsStep)
+      if (c0 + i < p.cols && r0 + tx < p.rows) out[int64_t{c0 + i} * p.rows + r0 + tx] = -tile[tx][i];
+    __syncthreads();  // the tile is read before the next matrix overwrites it
+  }
+}
+
+}  // namespace
+
+void negated_transpose(const NegatedTransposeParams& p, void* stream) {
+  LT2_CHECK(p.count >= 0 && p.rows >= 0 && p.cols >= 0, "negated_transpose: count, rows and cols must be >= 0");
+  if (p.count == 0 || p.rows == 0 || p.cols == 0) return;
+  LT2_CHECK(p.x && p.out, "negated_transpose: x and out must be given");
+  const dim3 grid(ceil_div(p.cols, kTransposeTile), ceil_div(p.rows, kTransposeTile),
+                  static_cast<unsigned>(std::min<int64_t>(p.count, 65535)));
+  negated_transpose_kernel<<<grid, dim3(kTransposeTile, kTransposeRowsStep), 0, static_cast<cudaStream_t>(stream)>>>(p);
+  check_launch("negated_transpose");
+}
+
+bool scan_backward_products_supported(int head_k, int head_v, int chunk_size) {
+  return head_k >= 16 && head_k <= kProdMaxK && head_k % 16 == 0 && chunk_size >= 16 && chunk_size <= kProdMaxC &&
+         chunk_size % 16 == 0 && head_v >= 8 && head_v % 8 == 0;
+}
+
+void scan_backward_products(const ScanBackwardProductsParams& p, void* stream) {
+  const char* op = "scan_backward_products";
+  LT2_CHECK(scan_backward_products_supported(p.head_k, p.head_v, p.chunk_size), op, ": needs K and C multiples of 16 ",
+            "with K <= ", kProdMaxK, " and C <= ", kProdMaxC, ", V a multiple of 8; found K ", p.head_k, ", V ",
+            p.head_v, ", C ", p.chunk_size);
+  LT2_CHECK(p.count >= 0 && p.count <= INT32_MAX, op, ": ", p.count, " chunks (at most 2^31 - 1)");
+  if (p.count == 0) return;
+  LT2_CHECK(p.g_next && p.states && p.values && p.dkt && p.dcarry && (!p.dw || p.du), op,
+            ": g_next, states, values, dkt and dcarry must be given, and du with dw");
+  LT2_CHECK(aligned16(p.g_next) && aligned16(p.states) && aligned16(p.values) && (!p.dw || aligned16(p.du)) &&
+                aligned16(p.dkt) && (!p.dw || aligned16(p.dw)),
+            op, ": the matrices must be 16-byte aligned");
+  const size_t smem = 2 * sizeof(float) * kProdPitch * prod_stage_rows(p.head_k, p.chunk_size, p.dw != nullptr);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto launch = [&](auto tf32) {
+    constexpr auto kernel = scan_backward_products_kernel<decltype(tf32)::value>;
+    reserve_shared<kernel>(smem, op);
+    kernel<<<static_cast<unsigned>(p.count), kProdThreads, smem, s>>>(p);
+  };
+  if (p.tf32) launch(std::true_type{});
+  else launch(std::false_type{});
+  check_launch(op);
+}
+
+// ---------------------------------------------------------------------------------------------
 // unit_lower_inverse. Floor: C^3 / 6 multiply-adds a matrix (44k at C 64), 2 C^2 floats of traffic
 // (32 KiB); at the 8 x 4096 x 16-head training shape (8,192 matrices) 0.27 GB, ~0.1 ms. Column c
 // of T solves T[i][c] = [i == c] - sum_{j < i} L[i][j] T[j][c] top-down: thread c walks the rows,

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -162,11 +163,24 @@ std::pair<Tensor, Tensor> document_resets(const Tensor& doc_starts, int64_t N, c
 }
 
 // -x^T over the last two dims, packed: one pass (negating the transposed view, then packing it for
-// the kernel, would be two).
+// the kernel, would be two); on CUDA in fp32 by the tiled kernel (kernels/prefill.h, switch
+// DecodeOptions::scan_backward_products), whose reads and writes are both coalesced.
 Tensor negated_transpose(const Tensor& x) {
   auto sizes = x.sizes().vec();
   std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
   auto out = torch::empty(sizes, x.options());
+#ifdef LT2_WITH_CUDA
+  const int64_t rows = x.size(-2), cols = x.size(-1);
+  if (decode_options().scan_backward_products && x.is_cuda() && x.scalar_type() == torch::kFloat32 &&
+      rows <= INT32_MAX && cols <= INT32_MAX && out.numel() > 0) {
+    const auto packed = x.contiguous();
+    c10::cuda::CUDAGuard guard(x.device());
+    kernels::negated_transpose({packed.data_ptr<float>(), out.data_ptr<float>(), x.numel() / (rows * cols),
+                                static_cast<int>(rows), static_cast<int>(cols)},
+                               detail::current_stream(x));
+    return out;
+  }
+#endif
   at::neg_out(out, x.transpose(-1, -2));
   return out;
 }
@@ -178,6 +192,45 @@ Tensor batched_product(const Tensor& a, const Tensor& b, double alpha) {
   const auto a3 = a.reshape({-1, a.size(-2), a.size(-1)}), b3 = b.reshape({-1, b.size(-2), b.size(-1)});
   auto out = torch::empty({a3.size(0), a3.size(1), b3.size(2)}, a.options());
   return at::baddbmm_out(out, out, a3, b3, /*beta=*/0, alpha).view(sizes);
+}
+
+// The scan backward's products from G_{n+1} (g_next), S_n (states), the forward's values (v) and the
+// adjoint's dU (du; read with W): dKt = G_{n+1} v^T, dW = -dU S_n^T (with W) and the carry's gradient
+// sum_v G_{n+1} S_n (summed over k too for a per-head carry), by one kernel reading each operand once
+// (kernels/prefill.h: scan_backward_products) where DecodeOptions::scan_backward_products is on and it
+// serves the dims; nullopt otherwise (the caller's batched products and row dots).
+struct ScanProducts {
+  Tensor dkt, dw, dcarry;
+};
+std::optional<ScanProducts> scan_products_by_kernel(const Tensor& g_next, const Tensor& states, const Tensor& v,
+                                                    const Tensor& du, bool with_w, bool per_head_carry) {
+#ifdef LT2_WITH_CUDA
+  const int64_t B = g_next.size(0), H = g_next.size(1), N = g_next.size(2), K = g_next.size(3), V = g_next.size(4),
+                C = v.size(3);
+  if (!decode_options().scan_backward_products || !g_next.is_cuda() || K > INT32_MAX || V > INT32_MAX ||
+      C > INT32_MAX ||
+      !kernels::scan_backward_products_supported(static_cast<int>(K), static_cast<int>(V), static_cast<int>(C)))
+    return std::nullopt;
+  const auto g = aligned_packed(g_next), s = aligned_packed(states), x = aligned_packed(v);
+  const auto d = with_w ? aligned_packed(du) : Tensor();
+  const auto f32 = g.options();
+  ScanProducts out{torch::empty({B, H, N, K, C}, f32), with_w ? torch::empty({B, H, N, C, K}, f32) : Tensor(),
+                   torch::empty({B, H, N, per_head_carry ? 1 : K, 1}, f32)};
+  c10::cuda::CUDAGuard guard(g.device());
+  kernels::ScanBackwardProductsParams p{};
+  p.g_next = g.data_ptr<float>(), p.states = s.data_ptr<float>(), p.values = x.data_ptr<float>();
+  p.du = with_w ? d.data_ptr<float>() : nullptr;
+  p.dkt = out.dkt.data_ptr<float>(), p.dw = with_w ? out.dw.data_ptr<float>() : nullptr;
+  p.dcarry = out.dcarry.data_ptr<float>();
+  p.count = B * H * N;
+  p.head_k = static_cast<int>(K), p.head_v = static_cast<int>(V), p.chunk_size = static_cast<int>(C);
+  p.per_head_carry = per_head_carry;
+  p.tf32 = tf32_products();
+  kernels::scan_backward_products(p, detail::current_stream(g));
+  return out;
+#else
+  return std::nullopt;
+#endif
 }
 
 // Autograd for the forward scan; the formulas are in delta_rule.h (chunk_state_scan_differentiable).
@@ -216,8 +269,13 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
     const auto adjoint = chunk_state_scan({negated_transpose(kt), d_v, w.defined() ? negated_transpose(w) : Tensor(),
                                            carry, d_final, d_states, /*reverse=*/true, adjoint_resets, Tensor()});
     const Tensor& g_next = adjoint.states;  // G_{n+1}: the gradient of the state leaving chunk n
-    auto d_carry = last_dim_dots(g_next, states);  // [B, H, N, K, 1]
-    if (carry.size(3) == 1) d_carry = d_carry.sum(-2, /*keepdim=*/true);
+    auto products = scan_products_by_kernel(g_next, states, v, adjoint.v, w.defined(), carry.size(3) == 1);
+    if (!products) {
+      products = ScanProducts{torch::matmul(g_next, v.transpose(-1, -2)),
+                              w.defined() ? batched_product(adjoint.v, states.transpose(-1, -2), -1.0) : Tensor(),
+                              last_dim_dots(g_next, states)};  // [B, H, N, K, 1]
+      if (carry.size(3) == 1) products->dcarry = products->dcarry.sum(-2, /*keepdim=*/true);
+    }
     Tensor d_doc_states;
     if (ctx->saved_data["has_doc_states"].toBool()) {
       // G_n at each document's first chunk n: the gradient of the state it restarted from.
@@ -228,10 +286,10 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
       if (d_states.defined()) g = g + at(d_states);
       d_doc_states = g.squeeze(0).transpose(0, 1);  // [D, H, K, V]
     }
-    return {w.defined() ? batched_product(adjoint.v, states.transpose(-1, -2), -1.0) : Tensor(),  // dW
-            adjoint.v,                                           // dU
-            torch::matmul(g_next, v.transpose(-1, -2)),          // dKt
-            d_carry,
+    return {products->dw,
+            adjoint.v,  // dU
+            products->dkt,
+            products->dcarry,
             ctx->saved_data["has_initial_state"].toBool() ? adjoint.final_state : Tensor(),
             Tensor(),
             d_doc_states};
