@@ -35,6 +35,7 @@
 # ROWSAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers (or SPARSEAB_PATTERNS) at both shapes, MID
 # against the new tree; `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
 # `nsaprof`: lt-100m/nsa's profile at 2048 x 16; `prodab`: the scan backward's products kernel off and on;
+# `prodprof`: lt2-gdn-100m's profile with it off and on;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID
 # against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new alternating;
 # `prefill`: the lt2-gdn-1.3b prefill A/B at 8k and 32k with a profile; `profile`: train_bench --profile-ops
@@ -155,6 +156,11 @@ steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
 steps+=("prodab 240 for c in ${PRODAB_MODELS:-"'lt2-gdn-100m' 'lt-100m --pattern kda'"}; do for o in 0 1 1 0;
      do echo \$c scan_backward_products=\$o; build-prebuilt/train_bench --model \$c --seq-len 2048 --batch-size 16
      --steps 4 --warm 2 --checkpoint-loops=auto --option scan_backward_products=\$o | grep RESULT; done; done")
+# lt2-gdn-100m's per-operator profile with the scan backward's kernels off and on: each kernel's time against
+# the batched products, row dots and negations it replaces.
+steps+=("prodprof 120 for o in 0 1; do echo lt2-gdn-100m scan_backward_products=\$o; build-prebuilt/train_bench
+     --model lt2-gdn-100m --seq-len 2048 --batch-size 16 --steps 3 --warm 1 --checkpoint-loops=auto --profile 1
+     --profile-ops --option scan_backward_products=\$o | grep -v '^RESULT'; done")
 # lt-100m with DSA (indexer stage off) and NSA layers at 2048 x 16 and 8192 x 4, MID against the new tree
 # (one run each; a run that fails prints its message): the sparse mixers' training blocks and masks.
 steps+=("sparseab 300 $unpack_mid for m in ${SPARSEAB_PATTERNS:-dsa nsa}; do for shape in '2048 16' '8192 4'; do set -- \$shape;
