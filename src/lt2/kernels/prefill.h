@@ -469,8 +469,8 @@ struct ChannelScoresParams {
   bool token_rows = false;
   int64_t seq = 0;  // with token_rows: the tokens a sequence, and its heads
   int heads = 0;
-  // With token_rows: elements from one token's row of a and b to the next's (heads x dim where
-  // packed, more for column slices of a wider tensor); da and db are packed whatever it is.
+  // With token_rows: elements from one token's row of a and b (and of da and db, written in the same
+  // layout) to the next's: heads x dim where packed, more for column slices of a wider tensor.
   int64_t row_stride = 0;
 };
 void channel_scores_forward(const ChannelScoresParams& p, void* stream);

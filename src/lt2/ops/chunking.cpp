@@ -178,9 +178,19 @@ kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor
   return p;
 }
 
+// A gradient buffer the kernels write as they read t: packed where t is, else, for token rows [B, T, H, K]
+// read in place from a wider row, the first H K columns of a [B, T, t.stride(1)] buffer.
+Tensor gradient_like(const Tensor& t) {
+  if (t.dim() != 4 || t.stride(1) == t.size(2) * t.size(3)) return torch::empty(t.sizes(), t.options());
+  return torch::empty({t.size(0), t.size(1), t.stride(1)}, t.options())
+      .narrow(2, 0, t.size(2) * t.size(3))
+      .view(t.sizes());
+}
+
 // Autograd over the per-channel score kernels (kernels/prefill.h has the formulas): a, b and G as
 // channel_scores_params takes them are all that is saved; the exponentials are recomputed in the
-// backward, and a's and b's gradients come packed in their shape and dtype. Returns [count, C, C] fp32.
+// backward, and a's and b's gradients come in their layout and dtype (token rows as wide apart as theirs:
+// column slices of a buffer as wide as their rows). Returns [count, C, C] fp32.
 struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& G,
                         bool inclusive) {
@@ -200,8 +210,7 @@ struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFun
     const Tensor &a = saved[0], &b = saved[1], &G = saved[2];
     c10::cuda::CUDAGuard guard(a.device());
     const auto d_scores = grads[0].to(torch::kFloat32).contiguous();
-    auto da = torch::empty(a.sizes(), a.options()), db = torch::empty(b.sizes(), b.options());
-    auto dG = torch::empty_like(G);
+    auto da = gradient_like(a), db = gradient_like(b), dG = torch::empty_like(G);
     kernels::ChannelScoresBackwardParams bp{};
     bp.forward = channel_scores_params(a, b, G, ctx->saved_data["inclusive"].toBool());
     bp.d_scores = d_scores.data_ptr<float>();

@@ -46,21 +46,19 @@ struct Tiles {
   float a[kMaxC][kPitch], b[kMaxC][kPitch], g[kMaxC][kPitch];
 };
 
-// Where a triple's rows lie: of a and b, row i at first + i * stride; of da and db, at grad_first +
-// i * grad_stride (the same but for token rows read from column slices of wider rows); rows from
+// Where a triple's rows of a and b (and of da and db) lie: row i at first + i * stride, rows from
 // `valid` on absent (past the sequence's end in the token layout). G's rows are always packed, at
 // gate + i * K.
 struct Rows {
-  int64_t first, stride, grad_first, grad_stride, gate;
+  int64_t first, stride, gate;
   int valid;
 };
 __device__ __forceinline__ Rows rows_of(const ChannelScoresParams& p, int64_t triple) {
   const int64_t C = p.chunk, K = p.dim, gate = triple * C * K;
-  if (!p.token_rows) return {gate, K, gate, K, gate, p.chunk};
+  if (!p.token_rows) return {gate, K, gate, p.chunk};
   const int64_t chunks = (p.seq + C - 1) / C, n = triple % chunks, h = (triple / chunks) % p.heads,
-                b = triple / (chunks * p.heads), token = b * p.seq + n * C;
-  return {token * p.row_stride + h * K, p.row_stride, (token * p.heads + h) * K, p.heads * K, gate,
-          static_cast<int>(min(C, p.seq - n * C))};
+                b = triple / (chunks * p.heads);
+  return {(b * p.seq + n * C) * p.row_stride + h * K, p.row_stride, gate, static_cast<int>(min(C, p.seq - n * C))};
 }
 
 // Channels [d0, d0 + 32) of the triple's rows into the tiles (zeros past K and on absent rows).
@@ -85,7 +83,7 @@ template <typename T>
 __device__ __forceinline__ void store_gradients(const ChannelScoresBackwardParams& bp, const Rows& r, int row, int d,
                                                 float da, float db, float dg) {
   if (row < r.valid) {
-    const int64_t at = r.grad_first + row * r.grad_stride + d;
+    const int64_t at = r.first + row * r.stride + d;
     static_cast<T*>(bp.da)[at] = from_float<T>(da);
     static_cast<T*>(bp.db)[at] = from_float<T>(db);
   }

@@ -887,15 +887,17 @@ __device__ void load_chunk(const DeltaRulePrepareParams& p, int b, int h, int t0
   constexpr int E = 16 / sizeof(In);                                 // elements a load
   constexpr int kLoads = kPrepChunk * kPrepMaxK / E / kPrepThreads;  // loads a thread and tensor, at most
   const int K = p.head_k, H = p.heads, T = p.seq, per_row = K / E;
-  const In* q = static_cast<const In*>(p.q);
-  const In* k = static_cast<const In*>(p.k);
+  // The chunk's first row of each, then rows q_row (k_row) apart: 32-bit offsets within the chunk.
+  const int64_t token0 = static_cast<int64_t>(b) * T + t0;
+  const In* q = static_cast<const In*>(p.q) + token0 * p.q_row + int64_t{h} * K;
+  const In* k = static_cast<const In*>(p.k) + token0 * p.k_row + int64_t{h} * K;
+  const int q_row = static_cast<int>(p.q_row), k_row = static_cast<int>(p.k_row);
   uint4 rq[kLoads], rk[kLoads];
 #pragma unroll
   for (int l = 0; l < kLoads; ++l) {
     const int e = threadIdx.x + l * kPrepThreads, i = e / per_row, d = E * (e - i * per_row);
-    const int64_t token = static_cast<int64_t>(b) * T + t0 + i, col = int64_t{h} * K + d;
-    rq[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(q + token * p.q_row + col)) : make_uint4(0, 0, 0, 0);
-    rk[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(k + token * p.k_row + col)) : make_uint4(0, 0, 0, 0);
+    rq[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(q + i * q_row + d)) : make_uint4(0, 0, 0, 0);
+    rk[l] = i < rows ? __ldg(reinterpret_cast<const uint4*>(k + i * k_row + d)) : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
   for (int l = 0; l < kLoads; ++l) {
@@ -959,13 +961,12 @@ constexpr int kPanelLoads = kPrepChunk * kPrepPanel / kPrepThreads;
 template <typename In>
 __device__ __forceinline__ void fetch_values(const DeltaRulePrepareParams& p, int b, int h, int t0, int rows, int c0,
                                              float (&x)[kPanelLoads]) {
-  const In* v = static_cast<const In*>(p.v);
+  const In* v = static_cast<const In*>(p.v) + (static_cast<int64_t>(b) * p.seq + t0) * p.v_row + int64_t{h} * p.head_v;
+  const int v_row = static_cast<int>(p.v_row);
 #pragma unroll
   for (int m = 0; m < kPanelLoads; ++m) {
     const int e = threadIdx.x + m * kPrepThreads, i = e / kPrepPanel, col = c0 + e % kPrepPanel;
-    x[m] = c0 < p.head_v && i < rows
-               ? to_float(v[(static_cast<int64_t>(b) * p.seq + t0 + i) * p.v_row + int64_t{h} * p.head_v + col])
-               : 0.f;
+    x[m] = c0 < p.head_v && i < rows ? to_float(v[i * v_row + col]) : 0.f;
   }
 }
 // The panel at c0 into sP (rows `pitch` floats apart): the fetched values times value_scale[i], or
@@ -1152,14 +1153,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   }
   if (!delta) {  // U = V: the value rows in fp32 (16-byte pieces), zeros past the sequence
     constexpr int E = 16 / sizeof(In);
-    const In* v = static_cast<const In*>(p.v);
+    const In* v = static_cast<const In*>(p.v) + (static_cast<int64_t>(b) * T + t0) * p.v_row + int64_t{h} * V;
+    const int v_row = static_cast<int>(p.v_row);
     float* U = p.u + chunk * C * V;
     const int per_row = V / E;
     for (int e = tid; e < C * per_row; e += kPrepThreads) {
       const int i = e / per_row, d = E * (e - i * per_row);
-      const int64_t at = (static_cast<int64_t>(b) * T + t0 + i) * p.v_row + int64_t{h} * V + d;
       float f[E] = {};
-      if (i < rows) unpack16<In>(__ldg(reinterpret_cast<const uint4*>(v + at)), f);
+      if (i < rows) unpack16<In>(__ldg(reinterpret_cast<const uint4*>(v + i * v_row + d)), f);
 #pragma unroll
       for (int x = 0; x < E; x += 4)
         *reinterpret_cast<float4*>(U + i * V + d + x) = make_float4(f[x], f[x + 1], f[x + 2], f[x + 3]);
@@ -1569,10 +1570,12 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
             p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
   LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
   const int64_t bytes = p.dtype == DType::BFloat16 ? 2 : 4;
+  constexpr int64_t kMaxRow = INT32_MAX / kPrepChunk;  // a chunk's row offsets are 32-bit
   LT2_CHECK(p.q_row >= int64_t{p.heads} * p.head_k && p.k_row >= int64_t{p.heads} * p.head_k &&
-                p.v_row >= int64_t{p.heads} * p.head_v,
-            op, ": q_row and k_row must be >= heads x head_k and v_row >= heads x head_v, found ", p.q_row, ", ",
-            p.k_row, " and ", p.v_row);
+                p.v_row >= int64_t{p.heads} * p.head_v && p.q_row <= kMaxRow && p.k_row <= kMaxRow &&
+                p.v_row <= kMaxRow,
+            op, ": q_row and k_row must be in [heads x head_k, ", kMaxRow, "] and v_row in [heads x head_v, ",
+            kMaxRow, "], found ", p.q_row, ", ", p.k_row, " and ", p.v_row);
   LT2_CHECK(aligned16(p.q) && aligned16(p.k) && p.q_row * bytes % 16 == 0 && p.k_row * bytes % 16 == 0 &&
                 (!p.additive || (aligned16(p.v) && p.v_row * bytes % 16 == 0)),
             op, ": q's and k's rows (and v's in the additive mode) must start 16-byte aligned (they are read in "
