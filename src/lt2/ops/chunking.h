@@ -88,7 +88,7 @@ Tensor decayed_scores(const Tensor& a, const Tensor& b, const Tensor& G, bool in
 // [B, H, N, C, K] (fp32): decayed_scores(to_chunks(a, C, fp32), to_chunks(b, C, fp32), G, inclusive),
 // [B, H, N, C, C] fp32. On CUDA (DecodeOptions::channel_scores and channel_score_rows on, a and b
 // token rows in place with one row stride, of one dtype, fp32 or bf16) the kernels read a's and b's
-// rows in place and write their gradients packed in a's and b's dtype, with no chunk-layout copy
+// rows in place and write their gradients in a's and b's layout and dtype, with no chunk-layout copy
 // either way.
 Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive);
 
