@@ -480,6 +480,9 @@ struct ChannelScoresBackwardParams {
   void* da;  // in a's layout and dtype
   void* db;
   float* dg;
+  // Add da, db and dg to what the buffers hold instead of writing them (a caller whose q and k take other
+  // gradients too: one sum in the kernel, not a pass of its own). da may be db where a is b.
+  bool accumulate = false;
 };
 void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);
 

@@ -191,34 +191,57 @@ Tensor gradient_like(const Tensor& t) {
 // channel_scores_params takes them are all that is saved; the exponentials are recomputed in the
 // backward, and a's and b's gradients come in their layout and dtype (token rows as wide apart as theirs:
 // column slices of a buffer as wide as their rows). Returns [count, C, C] fp32.
+// The scores [count, C, C] fp32 by the forward kernel.
+Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+  c10::cuda::CUDAGuard guard(a.device());
+  const int64_t C = G.size(-2);
+  auto scores = torch::empty({G.numel() / (C * G.size(-1)), C, C}, G.options());
+  auto p = channel_scores_params(a, b, G, inclusive);
+  p.scores = scores.data_ptr<float>();
+  kernels::channel_scores_forward(p, detail::current_stream(a));
+  return scores;
+}
+
+// The backward kernel from d_scores into da, db (a's and b's layout and dtype) and dG, written or added.
+void channel_scores_backward_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive,
+                                       const Tensor& d_scores, const Tensor& da, const Tensor& db, const Tensor& dG,
+                                       bool accumulate) {
+  c10::cuda::CUDAGuard guard(a.device());
+  const auto ds = d_scores.to(torch::kFloat32).contiguous();
+  kernels::ChannelScoresBackwardParams bp{};
+  bp.forward = channel_scores_params(a, b, G, inclusive);
+  bp.d_scores = ds.data_ptr<float>();
+  bp.da = da.data_ptr(), bp.db = db.data_ptr(), bp.dg = dG.data_ptr<float>();
+  bp.accumulate = accumulate;
+  kernels::channel_scores_backward(bp, detail::current_stream(a));
+}
+
 struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& G,
                         bool inclusive) {
-    c10::cuda::CUDAGuard guard(a.device());
-    const int64_t C = G.size(-2);
-    auto scores = torch::empty({G.numel() / (C * G.size(-1)), C, C}, G.options());
-    auto p = channel_scores_params(a, b, G, inclusive);
-    p.scores = scores.data_ptr<float>();
-    kernels::channel_scores_forward(p, detail::current_stream(a));
     ctx->save_for_backward({a, b, G});
     ctx->saved_data["inclusive"] = inclusive;
-    return scores;
+    return channel_scores_by_kernel(a, b, G, inclusive);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &a = saved[0], &b = saved[1], &G = saved[2];
-    c10::cuda::CUDAGuard guard(a.device());
-    const auto d_scores = grads[0].to(torch::kFloat32).contiguous();
     auto da = gradient_like(a), db = gradient_like(b), dG = torch::empty_like(G);
-    kernels::ChannelScoresBackwardParams bp{};
-    bp.forward = channel_scores_params(a, b, G, ctx->saved_data["inclusive"].toBool());
-    bp.d_scores = d_scores.data_ptr<float>();
-    bp.da = da.data_ptr(), bp.db = db.data_ptr(), bp.dg = dG.data_ptr<float>();
-    kernels::channel_scores_backward(bp, detail::current_stream(a));
+    channel_scores_backward_by_kernel(a, b, G, ctx->saved_data["inclusive"].toBool(), grads[0], da, db, dG,
+                                      /*accumulate=*/false);
     return {da, db, dG, Tensor()};
   }
 };
+
+// Whether the kernels can read a and b as token rows under G: CUDA, one dtype (fp32 or bf16), rows in
+// place with one stride, G fp32 on their device (the switches aside).
+bool score_rows_readable(const Tensor& a, const Tensor& b, const Tensor& G) {
+  const auto dt = a.scalar_type();
+  return a.is_cuda() && (dt == torch::kFloat32 || dt == torch::kBFloat16) && b.scalar_type() == dt &&
+         token_rows_in_place(a) && token_rows_in_place(b) && a.stride(1) == b.stride(1) &&
+         G.scalar_type() == torch::kFloat32 && G.device() == a.device();
+}
 
 // Whether the kernels take the gate G [..., C, K]: on, CUDA, fp32, C within the kernels' bound and the
 // chunk count within a grid.
@@ -301,14 +324,42 @@ Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G,
             "decayed_scores_of_rows: a and b [B, T, H, K] and G [B, H, ceil(T / C), C, K], found ", a.sizes(), ", ",
             b.sizes(), " and ", G.sizes());
 #ifdef LT2_WITH_CUDA
-  const auto dt = a.scalar_type();
-  if (decode_options().channel_score_rows && a.is_cuda() && (dt == torch::kFloat32 || dt == torch::kBFloat16) &&
-      b.scalar_type() == dt && token_rows_in_place(a) && token_rows_in_place(b) && a.stride(1) == b.stride(1) &&
-      channel_scores_kernel_takes(G))
+  if (score_rows_kernel_serves(a, b, G))
     return ChannelScoresFunction::apply(a, b, G.contiguous(), inclusive).view({G.size(0), G.size(1), G.size(2), C, C});
 #endif
   const auto a_chunks = to_chunks(a, C, G.scalar_type());
   return decayed_scores(a_chunks, b.is_same(a) ? a_chunks : to_chunks(b, C, G.scalar_type()), G, inclusive);
+}
+
+bool score_rows_kernel_serves(const Tensor& a, const Tensor& b, const Tensor& G) {
+#ifdef LT2_WITH_CUDA
+  return decode_options().channel_score_rows && channel_scores_kernel_takes(G) && score_rows_readable(a, b, G);
+#else
+  return false;
+#endif
+}
+
+Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+#ifdef LT2_WITH_CUDA
+  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous(), "score_rows_by_kernel: a and b token rows the "
+            "kernels read in place, G packed fp32 on their device, found ", a.sizes(), ", ", b.sizes(), ", ", G.sizes());
+  const int64_t C = G.size(-2);
+  return channel_scores_by_kernel(a, b, G, inclusive).view({G.size(0), G.size(1), G.size(2), C, C});
+#else
+  detail::no_cuda("score_rows_by_kernel");
+#endif
+}
+
+void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, const Tensor& d_scores,
+                             const Tensor& da, const Tensor& db, const Tensor& dG) {
+#ifdef LT2_WITH_CUDA
+  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous() && dG.sizes() == G.sizes() && dG.is_contiguous() &&
+                da.strides() == a.strides() && db.strides() == b.strides(),
+            "add_score_rows_backward: da, db and dG must have a's, b's and G's layouts");
+  channel_scores_backward_by_kernel(a, b, G, inclusive, d_scores, da, db, dG, /*accumulate=*/true);
+#else
+  detail::no_cuda("add_score_rows_backward");
+#endif
 }
 
 bool token_rows_in_place(const Tensor& t) {

@@ -77,17 +77,24 @@ __device__ __forceinline__ void load_tiles(Tiles& s, const ChannelScoresParams& 
   }
 }
 
-// A triple's da, db and dG of row `row`, channel d. An absent row has no da or db, and its dG (zero:
-// its a and b read as zeros) is written all the same, as the chunk gate's backward sums every row.
+// A triple's da, db and dG of row `row`, channel d, written or (bp.accumulate) added: one thread owns a
+// (row, channel), so the additions need no atomics, and where da is db the two land one after the other.
+// An absent row has no da or db, and its dG (zero: its a and b read as zeros) is stored all the same, as
+// the chunk gate's backward sums every row.
 template <typename T>
 __device__ __forceinline__ void store_gradients(const ChannelScoresBackwardParams& bp, const Rows& r, int row, int d,
                                                 float da, float db, float dg) {
+  float* g = bp.dg + r.gate + static_cast<int64_t>(row) * bp.forward.dim + d;
   if (row < r.valid) {
     const int64_t at = r.first + row * r.stride + d;
-    static_cast<T*>(bp.da)[at] = from_float<T>(da);
-    static_cast<T*>(bp.db)[at] = from_float<T>(db);
+    T* a = static_cast<T*>(bp.da) + at;
+    if (bp.accumulate) da += to_float(*a);
+    *a = from_float<T>(da);
+    T* b = static_cast<T*>(bp.db) + at;
+    if (bp.accumulate) db += to_float(*b);
+    *b = from_float<T>(db);
   }
-  bp.dg[r.gate + static_cast<int64_t>(row) * bp.forward.dim + d] = dg;
+  *g = bp.accumulate ? *g + dg : dg;
 }
 
 __device__ __forceinline__ bool kept(int i, int j, bool inclusive) { return inclusive ? j <= i : j < i; }

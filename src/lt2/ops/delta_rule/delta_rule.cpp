@@ -508,15 +508,22 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
 
 // The preparation kernel and, under autograd, its backward kernel (kernels/prefill.h). Inputs as
 // prepare_params takes them (beta, g and the ChannelGate's tensors empty for none); outputs w (empty
-// when additive), u, kt, carry, q_start, a_qk.
+// when additive), u, kt, carry, q_start, a_qk. With scores_inside (a per-channel gate G, q and k packed
+// token rows the score kernels read: score_rows_kernel_serves) the scores come from the score kernels
+// here rather than as inputs, and the backward adds their gradients where it wrote q's, k's and G's: one
+// gradient each, not two (three for k) for autograd to sum in passes of their own.
 struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& beta,
                                                 const Tensor& g, const Tensor& G, const Tensor& scores_qk,
-                                                const Tensor& scores_kk, double scale, int64_t C) {
+                                                const Tensor& scores_kk, double scale, int64_t C, bool scores_inside) {
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
     const auto f32 = q.options().dtype(torch::kFloat32);
-    const ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_qk), empty_as_absent(scores_kk)};
+    ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_qk), empty_as_absent(scores_kk)};
+    if (scores_inside) {
+      channels.scores_qk = score_rows_by_kernel(q, k, G, /*inclusive=*/true);
+      if (beta.numel() > 0) channels.scores_kk = score_rows_by_kernel(k, k, G, /*inclusive=*/false);
+    }
     auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), channels, scale, C);
     const int64_t carry_dim = channels.G.defined() ? K : 1;
     std::vector<Tensor> out{p.additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
@@ -528,8 +535,9 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
     p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>(), p.a_qk = out[5].data_ptr<float>();
     kernels::delta_rule_prepare(p, detail::current_stream(q));
-    ctx->save_for_backward({q, k, v, beta, g, G, scores_qk, scores_kk});
+    ctx->save_for_backward({q, k, v, beta, g, G, absent_as_empty(channels.scores_qk), absent_as_empty(channels.scores_kk)});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["scores_inside"] = scores_inside;
     ctx->saved_data["chunk"] = C;
     return out;
   }
@@ -575,8 +583,13 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
       bp.d_scores_kk = additive ? nullptr : d_scores_kk.data_ptr<float>();
     }
     kernels::delta_rule_prepare_backward(bp, detail::current_stream(q));
-    return {dq, dk, dv, dbeta,
-            g.defined() ? dg : Tensor(), d_gate, d_scores_qk, d_scores_kk, Tensor(), Tensor()};
+    if (ctx->saved_data["scores_inside"].toBool()) {  // the scores' gradients added where the kernel wrote q's and k's
+      add_score_rows_backward(q, k, channels.G, /*inclusive=*/true, d_scores_qk, dq, dk, d_gate);
+      if (!additive) add_score_rows_backward(k, k, channels.G, /*inclusive=*/false, d_scores_kk, dk, dk, d_gate);
+      d_scores_qk = d_scores_kk = Tensor();
+    }
+    return {dq, dk, dv, dbeta, g.defined() ? dg : Tensor(), d_gate, d_scores_qk, d_scores_kk, Tensor(), Tensor(),
+            Tensor()};
   }
 };
 
@@ -660,8 +673,10 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   const auto q_rows = aligned_token_rows(rows(q)), k_rows = aligned_token_rows(rows(k).to(dtype));
   // One decay per key channel: G in the chunk layout and the scores whose decay sits inside the sum
   // over the channels, by decayed_scores (its own kernels and backward; whole documents read the
-  // token rows the preparation reads, packed documents their chunk layout).
+  // token rows the preparation reads, packed documents their chunk layout), or, where q and k are
+  // packed rows the score kernels read, by those kernels inside the preparation's autograd node.
   Tensor head_gate = g, G, scores_qk, scores_kk;
+  bool scores_inside = false;
   if (g.defined() && g.dim() == 4) {
     const auto f32 = torch::kFloat32;
     head_gate = Tensor();
@@ -672,12 +687,17 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
       if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
     } else {
       G = chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
-      scores_qk = decayed_scores_of_rows(q_rows, k_rows, G, /*inclusive=*/true);
-      if (beta.defined()) scores_kk = decayed_scores_of_rows(k_rows, k_rows, G, /*inclusive=*/false);
+      scores_inside = q_rows.is_contiguous() && k_rows.is_contiguous() && G.is_contiguous() &&
+                      score_rows_kernel_serves(q_rows, k_rows, G);
+      if (!scores_inside) {
+        scores_qk = decayed_scores_of_rows(q_rows, k_rows, G, /*inclusive=*/true);
+        if (beta.defined()) scores_kk = decayed_scores_of_rows(k_rows, k_rows, G, /*inclusive=*/false);
+      }
     }
   }
   auto out = PrepareChunksFunction::apply(q_rows, k_rows, aligned_token_rows(rows(v).to(dtype)), fp32(rows(beta)),
-                                          fp32(rows(head_gate)), fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C);
+                                          fp32(rows(head_gate)), fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C,
+                                          scores_inside);
   return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], out[5]};
 #else
   detail::no_cuda("delta_rule_prepare");
