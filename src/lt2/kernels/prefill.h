@@ -451,11 +451,12 @@ void scale_heads_backward(const ScaleHeadsBackwardParams& p, void* stream);
 //   da[i][d] = sum_j dA[i][j] b[j][d] e_ijd,  db[j][d] = sum_i dA[i][j] a[i][d] e_ijd,
 //   dG = a * da - b * db.
 // G and dG fp32 [count, C, K], A and dA fp32 [count, C, C], packed; C <= 64, any K. a, b, da and db
-// (of `dtype`) either packed [count, C, K] too, or, with `token_rows`, rows of packed token-layout
-// tensors [B, seq, heads, K] (count = B heads N chunks of C, in (b, h, n) order): chunk n's row i is
-// token n C + i, and rows past seq read as zeros and take no gradient. The token rows let the chunked
-// forms hand q and k over as they are, where the chunk layout needs an fp32 copy of each and a
-// copy of each gradient back.
+// (of `dtype`) either packed [count, C, K] too, or, with `token_rows`, token-layout tensors
+// [B, seq, heads, K], each token's heads x K packed and the tokens row_stride apart (count = B heads N
+// chunks of C, in (b, h, n) order): chunk n's row i is token n C + i, and rows past seq read as zeros
+// and take no gradient. The token rows let the chunked forms hand q and k over as they are (column
+// slices of a projection's output too), where the chunk layout needs an fp32 copy of each and a copy
+// of each gradient back.
 constexpr int kMaxChannelScoresChunk = 64;
 struct ChannelScoresParams {
   const void* a;
