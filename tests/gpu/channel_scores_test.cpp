@@ -247,7 +247,8 @@ TEST(ChannelScoresGpu, ProjectionSlicesReadInPlace) {
                                                                    : std::vector<int64_t>{B, T, H},
                                                        gpu(torch::kFloat32))) / 8;
         const auto beta = torch::sigmoid(torch::randn({B, T, H}, gpu(torch::kFloat32)));
-        const auto d_o = torch::randn({B, T, H, V}, gpu(dt)), d_final = torch::randn({B, H, K, V}, gpu(torch::kFloat32));
+        const auto d_o = torch::randn({B, T, H, V}, gpu(dt));
+        const auto d_final = torch::randn({B, H, K, V}, gpu(torch::kFloat32));
         const double scale = 1.0 / std::sqrt(static_cast<double>(K));
         // Outputs and the gradients of q, k, v (as one [B, T, H K + H K + H V] block) and g.
         auto run = [&](bool slices) {

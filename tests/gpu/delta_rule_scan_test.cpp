@@ -670,7 +670,8 @@ TEST(DeltaRuleScan, ScanBackwardProductsMatchReference) {
         const auto kt = 0.2 * torch::randn({d.B, d.H, d.N, d.K, d.C}, o);
         const auto carry = 0.5 + 0.5 * torch::rand({d.B, d.H, d.N, per_channel ? d.K : 1, 1}, o);
         const auto s0 = torch::randn({d.B, d.H, d.K, d.V}, o);
-        const auto d_states = torch::randn({d.B, d.H, d.N, d.K, d.V}, o), d_v = torch::randn({d.B, d.H, d.N, d.C, d.V}, o);
+        const auto d_states = torch::randn({d.B, d.H, d.N, d.K, d.V}, o);
+        const auto d_v = torch::randn({d.B, d.H, d.N, d.C, d.V}, o);
         const auto d_final = torch::randn({d.B, d.H, d.K, d.V}, o);
         auto run = [&](const torch::TensorOptions& on) {
           std::vector<Tensor> leaves;

@@ -187,10 +187,6 @@ Tensor gradient_like(const Tensor& t) {
       .view(t.sizes());
 }
 
-// Autograd over the per-channel score kernels (kernels/prefill.h has the formulas): a, b and G as
-// channel_scores_params takes them are all that is saved; the exponentials are recomputed in the
-// backward, and a's and b's gradients come in their layout and dtype (token rows as wide apart as theirs:
-// column slices of a buffer as wide as their rows). Returns [count, C, C] fp32.
 // The scores [count, C, C] fp32 by the forward kernel.
 Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
   c10::cuda::CUDAGuard guard(a.device());
@@ -216,6 +212,10 @@ void channel_scores_backward_by_kernel(const Tensor& a, const Tensor& b, const T
   kernels::channel_scores_backward(bp, detail::current_stream(a));
 }
 
+// Autograd over the per-channel score kernels (kernels/prefill.h has the formulas): a, b and G as
+// channel_scores_params takes them are all that is saved; the exponentials are recomputed in the
+// backward, and a's and b's gradients come in their layout and dtype (token rows as wide apart as theirs:
+// column slices of a buffer as wide as their rows). Returns [count, C, C] fp32.
 struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& a, const Tensor& b, const Tensor& G,
                         bool inclusive) {
@@ -341,8 +341,9 @@ bool score_rows_kernel_serves(const Tensor& a, const Tensor& b, const Tensor& G)
 
 Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
 #ifdef LT2_WITH_CUDA
-  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous(), "score_rows_by_kernel: a and b token rows the "
-            "kernels read in place, G packed fp32 on their device, found ", a.sizes(), ", ", b.sizes(), ", ", G.sizes());
+  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous(),
+            "score_rows_by_kernel: a and b token rows the kernels read in place, G packed fp32 on their device, "
+            "found ", a.sizes(), ", ", b.sizes(), ", ", G.sizes());
   const int64_t C = G.size(-2);
   return channel_scores_by_kernel(a, b, G, inclusive).view({G.size(0), G.size(1), G.size(2), C, C});
 #else

@@ -727,6 +727,7 @@ __global__ void __launch_bounds__(kProdThreads) scan_backward_products_kernel(co
   }
 }
 
+// ---------------------------------------------------------------------------------------------
 // negated_transpose: a block per 32 x 32 tile of a matrix (blocks of z walk the matrices), 32 x 8
 // threads; the tile's rows read as 32-float runs, written back as columns' 32-float runs, the
 // shared rows padded to 33 floats (the column reads in distinct banks). Floor: one read and one

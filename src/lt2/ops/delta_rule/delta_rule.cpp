@@ -482,8 +482,9 @@ ChunkPrep prepare_chunks(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, co
 
 #ifdef LT2_WITH_CUDA
 // The kernels' parameters for q, k, v, beta, g (q, k, v token rows of one dtype as aligned_token_rows
-// gives them, beta and g packed fp32) and a chunk size C; beta undefined: the additive (gated linear) preparation. A per-channel
-// gate comes as `channels`: G and the scores (packed fp32, chunk layout), g then undefined.
+// gives them, beta and g packed fp32) and a chunk size C; beta undefined: the additive (gated linear)
+// preparation. A per-channel gate comes as `channels`: G and the scores (packed fp32, chunk layout), g
+// then undefined.
 struct ChannelGate {
   Tensor G, scores_qk, scores_kk;  // [B, H, N, C, K], [B, H, N, C, C] twice (scores_kk undefined when additive)
 };
@@ -535,7 +536,8 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
     p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>(), p.a_qk = out[5].data_ptr<float>();
     kernels::delta_rule_prepare(p, detail::current_stream(q));
-    ctx->save_for_backward({q, k, v, beta, g, G, absent_as_empty(channels.scores_qk), absent_as_empty(channels.scores_kk)});
+    ctx->save_for_backward(
+        {q, k, v, beta, g, G, absent_as_empty(channels.scores_qk), absent_as_empty(channels.scores_kk)});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scores_inside"] = scores_inside;
     ctx->saved_data["chunk"] = C;
