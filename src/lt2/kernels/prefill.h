@@ -327,8 +327,9 @@ struct DeltaRulePrepareParams {
 void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 
 // Its backward: from the gradients of the six outputs (chunk layout as above, fp32, packed) and the
-// forward's inputs, the gradients of q, k and v in their dtype and of beta and g in fp32 (L, T and
-// the products are recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
+// forward's inputs, the gradients of q, k and v in their dtype and row layout (a slice's gradient a
+// slice of a buffer as wide, which its consumers can add into in place) and of beta and g in fp32 (L,
+// T and the products are recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
 // exp(G) K], dUW = [dU | dW] and decay_ij = exp(G_i - G_j):
 //   dR = T^T dUW,  dL = -StrictTril(T^T (dUW R^T) T^T),  dS = beta_i dL decay,  P = scale dA_qk decay (j <= i)
 //   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
@@ -346,10 +347,11 @@ struct DeltaRulePrepareBackwardParams {
   const float* dcarry;    // [B, H, N], or [B, H, N, K] with channel_gate
   const float* dq_start;  // [B, H, N, C, K]
   const float* da_qk;     // [B, H, N, C, C]
-  void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v), packed
-  void* dk;               // [B, T, H, K], the forward's dtype, packed
-  void* dv;               // [B, T, H, V], the forward's dtype, packed
-  float* dk_partial;      // [B, T, H, K] fp32 scratch (dk itself where that is fp32); not read when additive
+  void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v), rows forward.q_row apart
+  void* dk;               // [B, T, H, K], the forward's dtype, rows forward.k_row apart
+  void* dv;               // [B, T, H, V], the forward's dtype, rows forward.v_row apart
+  float* dk_partial;      // [B, T, H, K] fp32 scratch in dk's layout (dk itself where that is fp32); not read
+                          // when additive
   float* dbeta;           // [B, T, H] (nullptr when additive)
   float* dg;              // [B, T, H], exactly when forward.g is given
   float* d_channel_gate;  // [B, H, N, C, K], exactly with channel_gate

@@ -178,14 +178,6 @@ kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor
   return p;
 }
 
-// A gradient buffer the kernels write as they read t: packed where t is, else, for token rows [B, T, H, K]
-// read in place from a wider row, the first H K columns of a [B, T, t.stride(1)] buffer.
-Tensor gradient_like(const Tensor& t) {
-  if (t.dim() != 4 || t.stride(1) == t.size(2) * t.size(3)) return torch::empty(t.sizes(), t.options());
-  return torch::empty({t.size(0), t.size(1), t.stride(1)}, t.options())
-      .narrow(2, 0, t.size(2) * t.size(3))
-      .view(t.sizes());
-}
 
 // The scores [count, C, C] fp32 by the forward kernel.
 Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
@@ -227,7 +219,8 @@ struct ChannelScoresFunction : public torch::autograd::Function<ChannelScoresFun
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &a = saved[0], &b = saved[1], &G = saved[2];
-    auto da = gradient_like(a), db = gradient_like(b), dG = torch::empty_like(G);
+    auto da = gradient_like(a, a.scalar_type()), db = gradient_like(b, b.scalar_type());
+    auto dG = torch::empty_like(G);
     channel_scores_backward_by_kernel(a, b, G, ctx->saved_data["inclusive"].toBool(), grads[0], da, db, dG,
                                       /*accumulate=*/false);
     return {da, db, dG, Tensor()};
@@ -361,6 +354,12 @@ void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, 
 #else
   detail::no_cuda("add_score_rows_backward");
 #endif
+}
+
+Tensor gradient_like(const Tensor& t, torch::ScalarType dtype) {
+  const auto options = t.options().dtype(dtype);
+  if (t.dim() != 4 || t.stride(1) == t.size(2) * t.size(3)) return torch::empty(t.sizes(), options);
+  return torch::empty({t.size(0), t.size(1), t.stride(1)}, options).narrow(2, 0, t.size(2) * t.size(3)).view(t.sizes());
 }
 
 bool token_rows_in_place(const Tensor& t) {

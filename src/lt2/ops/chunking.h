@@ -107,6 +107,11 @@ void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, 
 // of a projection's [B, T, width] output).
 bool token_rows_in_place(const Tensor& t);
 
+// A gradient buffer of `dtype` in t's token-row layout, as the kernels that read t in place write it:
+// packed where t is, else (t a column slice of a wider row) the first H D columns of a
+// [B, T, t.stride(1)] buffer.
+Tensor gradient_like(const Tensor& t, torch::ScalarType dtype);
+
 // Per-token log-gate in the layout the step functions use: [B, H, 1, 1] or [B, H, K, 1] (it
 // multiplies a [B, H, K, V] state), from g [B, H] or [B, H, K].
 Tensor state_decay(const Tensor& g, torch::ScalarType dt);

@@ -1266,7 +1266,11 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   // One decay per key channel: G [C, K] and its gradient's elementwise terms, both in global memory.
   const float* gate = kChannel ? p.channel_gate + chunk * C * K : nullptr;
   float* d_gate = kChannel ? bp.d_channel_gate + chunk * C * K : nullptr;
-  auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
+  // Row i of the chunk in a token-row tensor whose rows are `row` apart and whose heads are `width`
+  // wide: q's, k's and v's gradients are written in their inputs' layouts (dk_partial in k's).
+  auto at = [&](int i, int64_t row, int width) {
+    return (static_cast<int64_t>(b) * T + t0 + i) * row + static_cast<int64_t>(h) * width;
+  };
   auto decay = [&](int i, int j) { return __expf(sG[i] - sG[j]); };
 
   // Warp w owns rows m0 .. m0 + 15 of every product; of a [C, C] product the columns of n-tiles
@@ -1289,7 +1293,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     const float* du = bp.du + chunk * C * V;
     for (int e = tid; e < C * V / 4; e += kPrepThreads) {
       const int i = (4 * e) / V, c = 4 * e - i * V;
-      if (i < rows) store_quad<In>(bp.dv, token(i) * V + c, *reinterpret_cast<const float4*>(du + 4 * e));
+      if (i < rows) store_quad<In>(bp.dv, at(i, p.v_row, V) + c, *reinterpret_cast<const float4*>(du + 4 * e));
     }
   } else {
     // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere; per channel: the given scores_kk);
@@ -1349,7 +1353,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
         const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
         const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
         if (value_panel) {
-          if (i < rows) store_pair<In>(bp.dv, token(i) * V + col, sB[i] * d0, sB[i] * d1);
+          if (i < rows) store_pair<In>(bp.dv, at(i, p.v_row, V) + col, sB[i] * d0, sB[i] * d1);
           row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
         } else {
           const int d = col - V;
@@ -1359,7 +1363,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
             *reinterpret_cast<float2*>(d_gate + i * K + d) = make_float2(sB[i] * d0 * x0, sB[i] * d1 * x1);
           }
           if (i < rows)
-            *reinterpret_cast<float2*>(bp.dk_partial + token(i) * K + d) =
+            *reinterpret_cast<float2*>(bp.dk_partial + at(i, p.k_row, K) + d) =
                 make_float2(key_scale.x * d0, key_scale.y * d1);
           row_w[r] = fmaf(d0, x0, fmaf(d1, x1, row_w[r]));
         }
@@ -1489,7 +1493,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
           row_q[r] = fmaf(dqs.x, sQ[i * P + c], fmaf(dqs.y, sQ[i * P + c + 1], row_q[r]));
         }
         if (i < rows)
-          store_pair<In>(bp.dq, token(i) * K + c, acc[j][2 * r] + e.x * dqs.x, acc[j][2 * r + 1] + e.y * dqs.y);
+          store_pair<In>(bp.dq, at(i, p.q_row, K) + c, acc[j][2 * r] + e.x * dqs.x, acc[j][2 * r + 1] + e.y * dqs.y);
       });
     }
     {
@@ -1517,8 +1521,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
         }
         if (i < rows) {
           const float2 partial =  // phase 3's
-              delta ? *reinterpret_cast<const float2*>(bp.dk_partial + token(i) * K + c) : make_float2(0.f, 0.f);
-          store_pair<In>(bp.dk, token(i) * K + c, partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
+              delta ? *reinterpret_cast<const float2*>(bp.dk_partial + at(i, p.k_row, K) + c) : make_float2(0.f, 0.f);
+          store_pair<In>(bp.dk, at(i, p.k_row, K) + c, partial.x + acc[j][2 * r] + dkt0, partial.y + acc[j][2 * r + 1] + dkt1);
         }
       });
     }
@@ -1549,11 +1553,11 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
 
   // 6: dbeta, and dg_i = sum_{s >= i} dG_s (G is g's inclusive cumulative sum over the chunk).
   if (tid < C && tid < rows) {
-    if (bp.dbeta) bp.dbeta[token(tid)] = sDB[tid];
+    if (bp.dbeta) bp.dbeta[at(tid, H, 1)] = sDB[tid];
     if (bp.dg) {
       float sum = 0.f;
       for (int s = tid; s < C; ++s) sum += sDG[s];
-      bp.dg[token(tid)] = sum;
+      bp.dg[at(tid, H, 1)] = sum;
     }
   }
 }

@@ -509,8 +509,8 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
 
 // The preparation kernel and, under autograd, its backward kernel (kernels/prefill.h). Inputs as
 // prepare_params takes them (beta, g and the ChannelGate's tensors empty for none); outputs w (empty
-// when additive), u, kt, carry, q_start, a_qk. With scores_inside (a per-channel gate G, q and k packed
-// token rows the score kernels read: score_rows_kernel_serves) the scores come from the score kernels
+// when additive), u, kt, carry, q_start, a_qk. With scores_inside (a per-channel gate G, q and k token
+// rows the score kernels read: score_rows_kernel_serves) the scores come from the score kernels
 // here rather than as inputs, and the backward adds their gradients where it wrote q's, k's and G's: one
 // gradient each, not two (three for k) for autograd to sum in passes of their own.
 struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFunction> {
@@ -568,11 +568,12 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     bp.dw = additive ? nullptr : d[0].data_ptr<float>();
     bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
     bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
-    // q, k and v's gradients in their dtype, written once by the kernel (dk's first share goes to an
-    // fp32 scratch, dk itself where that is fp32).
-    auto dq = torch::empty({B, T, H, K}, q.options()), dk = torch::empty({B, T, H, K}, k.options());
-    auto dv = torch::empty({B, T, H, V}, v.options()), dbeta = additive ? Tensor() : torch::empty({B, T, H}, f32);
-    const auto dk_partial = additive || k.scalar_type() == torch::kFloat32 ? dk : torch::empty({B, T, H, K}, f32);
+    // q, k and v's gradients in their dtype and layout, written once by the kernel (dk's first share
+    // goes to an fp32 scratch, dk itself where that is fp32).
+    const auto dtype = q.scalar_type();
+    auto dq = gradient_like(q, dtype), dk = gradient_like(k, dtype), dv = gradient_like(v, dtype);
+    auto dbeta = additive ? Tensor() : torch::empty({B, T, H}, f32);
+    const auto dk_partial = additive || dtype == torch::kFloat32 ? dk : gradient_like(k, torch::kFloat32);
     auto dg = g.defined() ? torch::empty({B, T, H}, f32) : Tensor();
     bp.dq = dq.data_ptr(), bp.dk = dk.data_ptr(), bp.dv = dv.data_ptr();
     bp.dk_partial = additive ? nullptr : dk_partial.data_ptr<float>();
@@ -675,8 +676,8 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   const auto q_rows = aligned_token_rows(rows(q)), k_rows = aligned_token_rows(rows(k).to(dtype));
   // One decay per key channel: G in the chunk layout and the scores whose decay sits inside the sum
   // over the channels, by decayed_scores (its own kernels and backward; whole documents read the
-  // token rows the preparation reads, packed documents their chunk layout), or, where q and k are
-  // packed rows the score kernels read, by those kernels inside the preparation's autograd node.
+  // token rows the preparation reads, packed documents their chunk layout), or, where the score
+  // kernels read q's and k's token rows, by those kernels inside the preparation's autograd node.
   Tensor head_gate = g, G, scores_qk, scores_kk;
   bool scores_inside = false;
   if (g.defined() && g.dim() == 4) {
@@ -689,8 +690,7 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
       if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
     } else {
       G = chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
-      scores_inside = q_rows.is_contiguous() && k_rows.is_contiguous() && G.is_contiguous() &&
-                      score_rows_kernel_serves(q_rows, k_rows, G);
+      scores_inside = G.is_contiguous() && score_rows_kernel_serves(q_rows, k_rows, G);
       if (!scores_inside) {
         scores_qk = decayed_scores_of_rows(q_rows, k_rows, G, /*inclusive=*/true);
         if (beta.defined()) scores_kk = decayed_scores_of_rows(k_rows, k_rows, G, /*inclusive=*/false);
