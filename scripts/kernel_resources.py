@@ -84,8 +84,9 @@ def compile_report(build, source, src_root):
 
 def table(new, base):
     rows = ["| kernel | registers | spill stores | spill loads | static smem |", "|---|---:|---:|---:|---:|"]
+    base = base or {}
     for k in sorted(set(new) | set(base)):
-        n, b = new.get(k), base.get(k) if base else None
+        n, b = new.get(k), base.get(k)
         if n is None:
             rows.append(f"| {k} | (gone) | | | |")
             continue
@@ -114,6 +115,7 @@ def self_test():
     t = table(got, base)
     assert "channel_scores_backward_blocked_kernel<float> ! | 80 -> 170 | 0 -> 68 | 0 -> 48 | 41984 |" in t, t
     assert "| row_dots_kernel | 28 | 0 | 0 | 0 |" in t, t
+    assert "| row_dots_kernel | 28 | 0 | 0 | 0 |" in table(got, None)  # no base: the new figures alone
     print("kernel_resources self-test: ok")
 
 

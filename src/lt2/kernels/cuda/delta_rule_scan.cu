@@ -1266,10 +1266,12 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   // One decay per key channel: G [C, K] and its gradient's elementwise terms, both in global memory.
   const float* gate = kChannel ? p.channel_gate + chunk * C * K : nullptr;
   float* d_gate = kChannel ? bp.d_channel_gate + chunk * C * K : nullptr;
-  // Row i of the chunk in a token-row tensor whose rows are `row` apart and whose heads are `width`
-  // wide: q's, k's and v's gradients are written in their inputs' layouts (dk_partial in k's).
+  auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
+  // Head h's part of row i of the chunk in a token-row tensor whose rows are `row` elements apart (at
+  // most kMaxRow: 32-bit) and whose heads `width` wide. q's, k's and v's gradients are written in their
+  // inputs' layouts (dk_partial in k's).
   auto at = [&](int i, int64_t row, int width) {
-    return (static_cast<int64_t>(b) * T + t0 + i) * row + static_cast<int64_t>(h) * width;
+    return (static_cast<int64_t>(b) * T + t0 + i) * static_cast<int>(row) + h * width;
   };
   auto decay = [&](int i, int j) { return __expf(sG[i] - sG[j]); };
 
@@ -1553,11 +1555,11 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
 
   // 6: dbeta, and dg_i = sum_{s >= i} dG_s (G is g's inclusive cumulative sum over the chunk).
   if (tid < C && tid < rows) {
-    if (bp.dbeta) bp.dbeta[at(tid, H, 1)] = sDB[tid];
+    if (bp.dbeta) bp.dbeta[token(tid)] = sDB[tid];
     if (bp.dg) {
       float sum = 0.f;
       for (int s = tid; s < C; ++s) sum += sDG[s];
-      bp.dg[at(tid, H, 1)] = sum;
+      bp.dg[token(tid)] = sum;
     }
   }
 }
