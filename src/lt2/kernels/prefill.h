@@ -327,9 +327,9 @@ struct DeltaRulePrepareParams {
 void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 
 // Its backward: from the gradients of the six outputs (chunk layout as above, fp32, packed) and the
-// forward's inputs, the gradients of q, k and v in their dtype and row layout (a slice's gradient a
-// slice of a buffer as wide, which its consumers can add into in place) and of beta and g in fp32 (L,
-// T and the products are recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
+// forward's inputs, the gradients of q, k and v in their dtype (q's and k's in their row layout: a
+// slice's gradient a slice of a buffer as wide, which the score kernels add into in place; v's packed)
+// and of beta and g in fp32 (L, T and the products are recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
 // exp(G) K], dUW = [dU | dW] and decay_ij = exp(G_i - G_j):
 //   dR = T^T dUW,  dL = -StrictTril(T^T (dUW R^T) T^T),  dS = beta_i dL decay,  P = scale dA_qk decay (j <= i)
 //   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
@@ -349,7 +349,7 @@ struct DeltaRulePrepareBackwardParams {
   const float* da_qk;     // [B, H, N, C, C]
   void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v), rows forward.q_row apart
   void* dk;               // [B, T, H, K], the forward's dtype, rows forward.k_row apart
-  void* dv;               // [B, T, H, V], the forward's dtype, rows forward.v_row apart
+  void* dv;               // [B, T, H, V], the forward's dtype, packed
   float* dk_partial;      // [B, T, H, K] fp32 scratch in dk's layout (dk itself where that is fp32); not read
                           // when additive
   float* dbeta;           // [B, T, H] (nullptr when additive)
@@ -484,7 +484,8 @@ struct ChannelScoresBackwardParams {
   void* db;
   float* dg;
   // Add da, db and dg to what the buffers hold instead of writing them (a caller whose q and k take other
-  // gradients too: one sum in the kernel, not a pass of its own). da may be db where a is b.
+  // gradients too: one sum in the kernel, not a pass of its own). da may be db where a is b: both shares
+  // land there.
   bool accumulate = false;
 };
 void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);

@@ -32,10 +32,11 @@ class Checkpoint : public torch::autograd::Function<Checkpoint> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     auto holder = c10::static_intrusive_pointer_cast<FnHolder>(ctx->saved_data["fn"].toCapsule());
+    // The forward's switches on autograd's thread, for the recomputation and the backward through it.
+    const DecodeOptionsGuard kernel_options(holder->kernel_options);
     torch::Tensor y;
     {
       AutocastStateScope autocast(holder->autocast);  // the forward's, on autograd's thread
-      DecodeOptionsGuard kernel_options(holder->kernel_options);
       torch::AutoGradMode enable(true);
       RecomputePhaseScope phase(RecomputePhase::Recompute);
       y = holder->fn(x);

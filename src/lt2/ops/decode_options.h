@@ -25,7 +25,7 @@ struct DecodeOptions {
   // The GDN step loads its state before waiting on the projection launched just before it.
   bool gdn_early_state = true;
   // The delta-rule family's recurrence over the chunks as one CUDA kernel (fp32 recurrences), in
-  // prefill and training alike (autograd's own backward threads see the default, on).
+  // prefill and training alike (the backward's adjoint scan as the forward saw it).
   bool delta_rule_scan = true;
   // The value columns of S a block of that kernel owns (8, 16 or 32); 0: the launcher's choice
   // (the widest that fits, narrowed while the grid has fewer blocks than SMs).
@@ -157,7 +157,9 @@ struct DecodeOptions {
   static const std::vector<std::string>& names();
 };
 
-// The options in force on this thread: the innermost DecodeOptionsGuard's, else the defaults.
+// The options in force on this thread: the innermost DecodeOptionsGuard's, else the defaults. Autograd
+// runs a CUDA backward on a thread of its own: an autograd function whose backward reads a switch saves
+// it in its forward and installs it there (ChunkStateScanFunction, the loop checkpoint).
 const DecodeOptions& decode_options();
 
 // True when this build has the CUDA kernels (LT2_CUDA on and nvcc found). Without them every

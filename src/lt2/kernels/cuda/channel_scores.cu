@@ -77,24 +77,43 @@ __device__ __forceinline__ void load_tiles(Tiles& s, const ChannelScoresParams& 
   }
 }
 
-// A triple's da, db and dG of row `row`, channel d, written or (bp.accumulate) added: one thread owns a
-// (row, channel), so the additions need no atomics, and where da is db the two land one after the other.
-// An absent row has no da or db, and its dG (zero: its a and b read as zeros) is stored all the same, as
-// the chunk gate's backward sums every row.
+// What a triple's da, db and dG of row `row`, channel d, hold before the kernel where bp.accumulate adds to
+// them (zeros otherwise; db's zero where db is da, whose two shares land in one store). Loaded apart from
+// the stores so that a thread's loads of several rows go out together: a load after each row's store
+// would wait a memory latency a row (the stores may alias the next row's loads for all the compiler knows).
+struct Prior {
+  float a, b, g;
+};
+template <typename T>
+__device__ __forceinline__ Prior prior_gradients(const ChannelScoresBackwardParams& bp, const Rows& r, int row, int d) {
+  Prior x{0.f, 0.f, 0.f};
+  if (!bp.accumulate) return x;
+  x.g = bp.dg[r.gate + static_cast<int64_t>(row) * bp.forward.dim + d];
+  if (row < r.valid) {
+    const int64_t at = r.first + row * r.stride + d;
+    x.a = to_float(static_cast<const T*>(bp.da)[at]);
+    if (bp.db != bp.da) x.b = to_float(static_cast<const T*>(bp.db)[at]);
+  }
+  return x;
+}
+
+// The triple's da, db and dG of row `row`, channel d, written with what they held added (`prior`): one
+// thread owns a (row, channel), so the additions need no atomics. An absent row has no da or db, and its
+// dG (zero: its a and b read as zeros) is stored all the same, as the chunk gate's backward sums every row.
 template <typename T>
 __device__ __forceinline__ void store_gradients(const ChannelScoresBackwardParams& bp, const Rows& r, int row, int d,
-                                                float da, float db, float dg) {
-  float* g = bp.dg + r.gate + static_cast<int64_t>(row) * bp.forward.dim + d;
+                                                float da, float db, float dg, const Prior& prior) {
+  bp.dg[r.gate + static_cast<int64_t>(row) * bp.forward.dim + d] = prior.g + dg;
   if (row < r.valid) {
     const int64_t at = r.first + row * r.stride + d;
     T* a = static_cast<T*>(bp.da) + at;
-    if (bp.accumulate) da += to_float(*a);
-    *a = from_float<T>(da);
-    T* b = static_cast<T*>(bp.db) + at;
-    if (bp.accumulate) db += to_float(*b);
-    *b = from_float<T>(db);
+    if (bp.db == bp.da) {
+      *a = from_float<T>(prior.a + da + db);
+    } else {
+      *a = from_float<T>(prior.a + da);
+      static_cast<T*>(bp.db)[at] = from_float<T>(prior.b + db);
+    }
   }
-  *g = bp.accumulate ? *g + dg : dg;
 }
 
 __device__ __forceinline__ bool kept(int i, int j, bool inclusive) { return inclusive ? j <= i : j < i; }
@@ -263,12 +282,19 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kern
     }
     __syncthreads();  // the products' shares are in shared memory
     if (tid < 4 * kTile && d0 + d_own < K) {
+      constexpr int kGroup = 8;  // rows whose priors are loaded together
 #pragma unroll
-      for (int l = 0; l < kBlk; ++l) {
-        const int row = kBlk * D + l;
-        const float da_row = da[l] + s.da_off[row][d_own], db_row = db[l] + s.db_off[row][d_own];
-        store_gradients<T>(bp, rows, row, d0 + d_own, da_row, db_row,
-                           s.raw.a[row][d_own] * da_row - s.raw.b[row][d_own] * db_row);
+      for (int l0 = 0; l0 < kBlk; l0 += kGroup) {
+        Prior prior[kGroup];
+#pragma unroll
+        for (int l = 0; l < kGroup; ++l) prior[l] = prior_gradients<T>(bp, rows, kBlk * D + l0 + l, d0 + d_own);
+#pragma unroll
+        for (int l = 0; l < kGroup; ++l) {
+          const int row = kBlk * D + l0 + l;
+          const float da_row = da[l0 + l] + s.da_off[row][d_own], db_row = db[l0 + l] + s.db_off[row][d_own];
+          store_gradients<T>(bp, rows, row, d0 + d_own, da_row, db_row,
+                             s.raw.a[row][d_own] * da_row - s.raw.b[row][d_own] * db_row, prior[l]);
+        }
       }
     }
   }
@@ -332,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_kernel(const
       float da = 0.f, db = 0.f;
       for (int j = 0; j <= m; ++j) da = fmaf(dA[m][j] * s.b[j][d], __expf(gm - s.g[j][d]), da);  // row m
       for (int i = m; i < C; ++i) db = fmaf(dA[i][m] * s.a[i][d], __expf(s.g[i][d] - gm), db);    // column m
-      store_gradients<T>(bp, rows, m, d0 + d, da, db, am * da - bm * db);
+      store_gradients<T>(bp, rows, m, d0 + d, da, db, am * da - bm * db, prior_gradients<T>(bp, rows, m, d0 + d));
     }
   }
 }

@@ -1268,8 +1268,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   float* d_gate = kChannel ? bp.d_channel_gate + chunk * C * K : nullptr;
   auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
   // Head h's part of row i of the chunk in a token-row tensor whose rows are `row` elements apart (at
-  // most kMaxRow: 32-bit) and whose heads `width` wide. q's, k's and v's gradients are written in their
-  // inputs' layouts (dk_partial in k's).
+  // most kMaxRow: 32-bit) and whose heads `width` wide. q's and k's gradients are written in their
+  // inputs' layouts (dk_partial in k's), v's packed.
   auto at = [&](int i, int64_t row, int width) {
     return (static_cast<int64_t>(b) * T + t0 + i) * static_cast<int>(row) + h * width;
   };
@@ -1295,7 +1295,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     const float* du = bp.du + chunk * C * V;
     for (int e = tid; e < C * V / 4; e += kPrepThreads) {
       const int i = (4 * e) / V, c = 4 * e - i * V;
-      if (i < rows) store_quad<In>(bp.dv, at(i, p.v_row, V) + c, *reinterpret_cast<const float4*>(du + 4 * e));
+      if (i < rows) store_quad<In>(bp.dv, token(i) * V + c, *reinterpret_cast<const float4*>(du + 4 * e));
     }
   } else {
     // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere; per channel: the given scores_kk);
@@ -1355,7 +1355,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
         const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
         const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
         if (value_panel) {
-          if (i < rows) store_pair<In>(bp.dv, at(i, p.v_row, V) + col, sB[i] * d0, sB[i] * d1);
+          if (i < rows) store_pair<In>(bp.dv, token(i) * V + col, sB[i] * d0, sB[i] * d1);
           row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
         } else {
           const int d = col - V;

@@ -249,6 +249,12 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
     if (doc_starts.defined()) std::tie(resets, adjoint_resets) = document_resets(doc_starts, u.size(2), u.device());
     auto r = chunk_state_scan({w, u, kt, carry, initial_state, Tensor(), false, resets, doc_states});
     ctx->save_for_backward({absent_as_empty(w), kt, carry, r.states, r.v});
+    // The switches the backward reads, as in force here: decode_options() is the calling thread's, and
+    // autograd runs a CUDA backward on a thread of its own (where it would read the defaults).
+    const DecodeOptions& options = decode_options();
+    ctx->saved_data["delta_rule_scan"] = options.delta_rule_scan;
+    ctx->saved_data["scan_value_block"] = options.scan_value_block;
+    ctx->saved_data["scan_backward_products"] = options.scan_backward_products;
     ctx->saved_data["has_initial_state"] = initial_state.defined() && !doc_starts.defined();
     ctx->saved_data["has_doc_states"] = doc_states.defined();
     if (doc_starts.defined()) {
@@ -260,6 +266,11 @@ struct ChunkStateScanFunction : public torch::autograd::Function<ChunkStateScanF
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    DecodeOptions options;  // the forward's switches on this thread (the rest are not read here)
+    options.delta_rule_scan = ctx->saved_data["delta_rule_scan"].toBool();
+    options.scan_value_block = ctx->saved_data["scan_value_block"].toInt();
+    options.scan_backward_products = ctx->saved_data["scan_backward_products"].toBool();
+    const DecodeOptionsGuard forward_options(options);
     const auto saved = ctx->get_saved_variables();
     const Tensor w = empty_as_absent(saved[0]), &kt = saved[1], &carry = saved[2], &states = saved[3], &v = saved[4];
     const Tensor d_states = grads[0], d_final = grads[2];
@@ -568,10 +579,12 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     bp.dw = additive ? nullptr : d[0].data_ptr<float>();
     bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
     bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
-    // q, k and v's gradients in their dtype and layout, written once by the kernel (dk's first share
-    // goes to an fp32 scratch, dk itself where that is fp32).
+    // q's and k's gradients in their dtype and layout (the score kernels add into them), v's packed (a
+    // slice's gradient that no kernel adds into stays packed: the split's concatenation backward copies
+    // packed inputs by its vectorized kernel), each written once by the kernel (dk's first share goes to
+    // an fp32 scratch, dk itself where that is fp32).
     const auto dtype = q.scalar_type();
-    auto dq = gradient_like(q, dtype), dk = gradient_like(k, dtype), dv = gradient_like(v, dtype);
+    auto dq = gradient_like(q, dtype), dk = gradient_like(k, dtype), dv = torch::empty({B, T, H, V}, v.options());
     auto dbeta = additive ? Tensor() : torch::empty({B, T, H}, f32);
     const auto dk_partial = additive || dtype == torch::kFloat32 ? dk : gradient_like(k, torch::kFloat32);
     auto dg = g.defined() ? torch::empty({B, T, H}, f32) : Tensor();
