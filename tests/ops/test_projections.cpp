@@ -143,3 +143,52 @@ TEST(LinearSplit, EqualsTheLayersOutputSplitWithGradients) {
   }
   EXPECT_THROW(split_columns(torch::zeros({2, 14}), widths), Error);
 }
+
+// The split's backward (columns_gradient): where a block's gradient is its columns of a buffer shaped like
+// the split tensor, that buffer is the gradient (the other blocks copied in, an absent gradient and the
+// padding zeros); else one new tensor; through autograd, a hook handing block 0's gradient over as such a
+// view gives the same gradient as the plain one.
+TEST(SplitColumns, GradientTakesTheBufferItsBlocksShare) {
+  torch::manual_seed(7);
+  const std::vector<int64_t> widths{4, 6, 2}, sizes{2, 3, 14};  // 2 padding columns
+  const auto buffer = torch::randn(sizes, torch::kFloat64);
+  const auto q_part = buffer.narrow(-1, 0, 4).clone(), v_grad = torch::randn({2, 3, 6}, torch::kFloat64);
+  auto expected = torch::cat({q_part, v_grad, torch::zeros({2, 3, 4}, torch::kFloat64)}, -1);
+  const auto shared = columns_gradient({buffer.narrow(-1, 0, 4), v_grad, Tensor()}, sizes, widths);
+  EXPECT_EQ(shared.data_ptr(), buffer.data_ptr());
+  EXPECT_TRUE(torch::equal(shared, expected));
+  // The same gradients apart: a new tensor with the same values.
+  const auto apart = columns_gradient({q_part, v_grad, Tensor()}, sizes, widths);
+  EXPECT_NE(apart.data_ptr(), buffer.data_ptr());
+  EXPECT_TRUE(torch::equal(apart, expected));
+  // A block's columns of a buffer at the wrong columns are copied, not taken.
+  const auto other = torch::randn(sizes, torch::kFloat64);
+  const auto moved = columns_gradient({Tensor(), other.narrow(-1, 0, 6), Tensor()}, sizes, widths);
+  EXPECT_NE(moved.data_ptr(), other.data_ptr());
+  EXPECT_TRUE(torch::equal(moved.narrow(-1, 4, 6), other.narrow(-1, 0, 6)));
+  EXPECT_TRUE(torch::equal(moved.narrow(-1, 0, 4), torch::zeros({2, 3, 4}, torch::kFloat64)));
+  EXPECT_FALSE(columns_gradient({Tensor(), Tensor(), Tensor()}, sizes, widths).defined());
+  EXPECT_THROW(columns_gradient({v_grad}, sizes, widths), Error);
+
+  const auto y = torch::randn(sizes, torch::kFloat64).requires_grad_();
+  std::vector<Tensor> upstream;
+  for (const int64_t w : widths) upstream.push_back(torch::randn({2, 3, w}, torch::kFloat64));
+  auto backward = [&](bool as_view) {
+    const auto blocks = split_columns(y * 1.0, widths);
+    if (as_view)
+      blocks[0].register_hook([&](const Tensor& g) {
+        auto whole = torch::full(sizes, 7.0, torch::kFloat64);  // the other columns overwritten
+        whole.narrow(-1, 0, 4).copy_(g);
+        return whole.narrow(-1, 0, 4);
+      });
+    Tensor loss = torch::zeros({}, torch::kFloat64);
+    for (size_t i = 0; i < blocks.size(); ++i) loss = loss + (blocks[i] * upstream[i]).sum();
+    y.mutable_grad().reset();
+    loss.backward();
+    return y.grad().clone();
+  };
+  const auto plain = backward(false);
+  const auto padding = torch::zeros({2, 3, 2}, torch::kFloat64);
+  EXPECT_TRUE(torch::equal(plain, torch::cat({upstream[0], upstream[1], upstream[2], padding}, -1)));
+  EXPECT_TRUE(torch::equal(backward(true), plain));
+}

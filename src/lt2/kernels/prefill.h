@@ -328,8 +328,9 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 
 // Its backward: from the gradients of the six outputs (chunk layout as above, fp32, packed) and the
 // forward's inputs, the gradients of q, k and v in their dtype (q's and k's in their row layout: a
-// slice's gradient a slice of a buffer as wide, which the score kernels add into in place; v's packed)
-// and of beta and g in fp32 (L, T and the products are recomputed, nothing of the forward is read). With G_l, L, T, A_qk as above, R = [beta V | beta
+// slice's gradient a slice of a buffer as wide, which the score kernels add into in place; v's rows
+// dv_row apart) and of beta and g in fp32 (L, T and the products are recomputed, nothing of the forward
+// is read). With G_l, L, T, A_qk as above, R = [beta V | beta
 // exp(G) K], dUW = [dU | dW] and decay_ij = exp(G_i - G_j):
 //   dR = T^T dUW,  dL = -StrictTril(T^T (dUW R^T) T^T),  dS = beta_i dL decay,  P = scale dA_qk decay (j <= i)
 //   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
@@ -349,7 +350,7 @@ struct DeltaRulePrepareBackwardParams {
   const float* da_qk;     // [B, H, N, C, C]
   void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v), rows forward.q_row apart
   void* dk;               // [B, T, H, K], the forward's dtype, rows forward.k_row apart
-  void* dv;               // [B, T, H, V], the forward's dtype, packed
+  void* dv;               // [B, T, H, V], the forward's dtype, rows dv_row apart
   float* dk_partial;      // [B, T, H, K] fp32 scratch in dk's layout (dk itself where that is fp32); not read
                           // when additive
   float* dbeta;           // [B, T, H] (nullptr when additive)
@@ -357,6 +358,10 @@ struct DeltaRulePrepareBackwardParams {
   float* d_channel_gate;  // [B, H, N, C, K], exactly with channel_gate
   float* d_scores_qk;     // [B, H, N, C, C], exactly with channel_gate
   float* d_scores_kk;     // [B, H, N, C, C], with channel_gate unless additive
+  // Elements from one token's row of dv to the next's: H V packed, more where dv is a column slice of a
+  // wider buffer (v's gradient beside q's and k's in one buffer as wide as their projection's output). A
+  // multiple of 4, at most kMaxRow.
+  int64_t dv_row;
 };
 void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& p, void* stream);
 

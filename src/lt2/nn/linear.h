@@ -38,9 +38,15 @@ Tensor pack_linears(const std::vector<torch::nn::Linear>& layers);
 // columns of y beyond the layers' outputs (cat_weights' padding rows) are dropped.
 std::vector<Tensor> unpack_outputs(const Tensor& y, const std::vector<torch::nn::Linear>& layers);
 // y's last dim split into blocks of `widths` (views), the columns beyond their sum dropped: one split, so
-// under autograd the blocks' gradients are one concatenation, where a narrow each would build a
-// zero-filled gradient of y's whole size per block.
+// under autograd the blocks' gradients make one gradient of y (columns_gradient), where a narrow each
+// would build a zero-filled gradient of y's whole size per block.
 std::vector<Tensor> split_columns(const Tensor& y, std::vector<int64_t> widths);
+// The gradient of y [..., width] from its blocks' (`widths` from column 0; an undefined gradient and the
+// columns past the blocks are zeros). Where a block's gradient is its columns of a packed buffer shaped
+// like y (a kernel that wrote several blocks' gradients into one buffer as wide as y), that buffer is the
+// gradient, the other blocks copied into it; else one concatenation.
+Tensor columns_gradient(const std::vector<Tensor>& grads, const std::vector<int64_t>& sizes,
+                        const std::vector<int64_t>& widths);
 // Whether a packed weight may be used now: defined, and no gradient being recorded (the packed
 // tensor is not a parameter).
 inline bool use_packed(const Tensor& packed) { return packed.defined() && !torch::GradMode::is_enabled(); }

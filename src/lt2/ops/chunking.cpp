@@ -362,6 +362,33 @@ Tensor gradient_like(const Tensor& t, torch::ScalarType dtype) {
   return torch::empty({t.size(0), t.size(1), t.stride(1)}, options).narrow(2, 0, t.size(2) * t.size(3)).view(t.sizes());
 }
 
+std::vector<Tensor> shared_gradients(const std::vector<Tensor>& ts, torch::ScalarType dtype) {
+  std::vector<Tensor> out(ts.size());
+  auto slice = [](const Tensor& t) { return t.dim() == 4 && t.stride(1) > t.size(2) * t.size(3); };
+  std::vector<bool> seen(ts.size(), false);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = ts[i];
+    if (seen[i] || !slice(t)) continue;
+    // t and the later slices that are other columns of its rows, each at its column of one [B, T, row]
+    // buffer (t's columns counted from a row's start: its storage offset modulo the row).
+    const int64_t row = t.stride(1), shift = t.storage_offset() % row - t.storage_offset();
+    std::vector<std::pair<size_t, int64_t>> columns;  // (index, first column)
+    for (size_t j = i; j < ts.size(); ++j) {
+      const Tensor& u = ts[j];
+      if (seen[j] || !slice(u) || u.strides() != t.strides() || u.sizes().slice(0, 2) != t.sizes().slice(0, 2) ||
+          !u.storage().is_alias_of(t.storage()))
+        continue;
+      const int64_t column = shift + u.storage_offset();
+      if (column >= 0 && column + u.size(2) * u.size(3) <= row) columns.emplace_back(j, column), seen[j] = true;
+    }
+    if (columns.size() < 2) continue;  // a slice alone
+    const auto buffer = torch::empty({t.size(0), t.size(1), row}, t.options().dtype(dtype));
+    for (const auto& [j, column] : columns)
+      out[j] = buffer.narrow(2, column, ts[j].size(2) * ts[j].size(3)).view(ts[j].sizes());
+  }
+  return out;
+}
+
 bool token_rows_in_place(const Tensor& t) {
   return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) >= t.size(2) * t.size(3) &&
          (t.size(0) == 1 || t.stride(0) == t.size(1) * t.stride(1));

@@ -111,6 +111,11 @@ bool token_rows_in_place(const Tensor& t);
 // packed where t is, else (t a column slice of a wider row) the first H D columns of a
 // [B, T, t.stride(1)] buffer.
 Tensor gradient_like(const Tensor& t, torch::ScalarType dtype);
+// Gradient buffers of `dtype` for those of ts [B, T, H, D] that are column slices of the same rows (one
+// storage, one row stride), several of them: one buffer [B, T, row] each such group, each slice's gradient
+// at its own columns (undefined for the others). The projection split's backward (columns_gradient) then
+// takes that buffer as the projection output's gradient, copying only the other columns into it.
+std::vector<Tensor> shared_gradients(const std::vector<Tensor>& ts, torch::ScalarType dtype);
 
 // Per-token log-gate in the layout the step functions use: [B, H, 1, 1] or [B, H, K, 1] (it
 // multiplies a [B, H, K, V] state), from g [B, H] or [B, H, K].

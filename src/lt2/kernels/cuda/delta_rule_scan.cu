@@ -1269,7 +1269,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   auto token = [&](int i) { return (static_cast<int64_t>(b) * T + t0 + i) * H + h; };
   // Head h's part of row i of the chunk in a token-row tensor whose rows are `row` elements apart (at
   // most kMaxRow: 32-bit) and whose heads `width` wide. q's and k's gradients are written in their
-  // inputs' layouts (dk_partial in k's), v's packed.
+  // inputs' layouts (dk_partial in k's), v's dv_row apart.
   auto at = [&](int i, int64_t row, int width) {
     return (static_cast<int64_t>(b) * T + t0 + i) * static_cast<int>(row) + h * width;
   };
@@ -1295,7 +1295,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     const float* du = bp.du + chunk * C * V;
     for (int e = tid; e < C * V / 4; e += kPrepThreads) {
       const int i = (4 * e) / V, c = 4 * e - i * V;
-      if (i < rows) store_quad<In>(bp.dv, token(i) * V + c, *reinterpret_cast<const float4*>(du + 4 * e));
+      if (i < rows) store_quad<In>(bp.dv, at(i, bp.dv_row, V) + c, *reinterpret_cast<const float4*>(du + 4 * e));
     }
   } else {
     // 1: kke = (K K^T) * decay below the diagonal (zeros elsewhere; per channel: the given scores_kk);
@@ -1355,7 +1355,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
         const float x0 = sRP[i * kPanelPitch + c], x1 = sRP[i * kPanelPitch + c + 1];
         const float d0 = dr[0][2 * r], d1 = dr[0][2 * r + 1];
         if (value_panel) {
-          if (i < rows) store_pair<In>(bp.dv, token(i) * V + col, sB[i] * d0, sB[i] * d1);
+          if (i < rows) store_pair<In>(bp.dv, at(i, bp.dv_row, V) + col, sB[i] * d0, sB[i] * d1);
           row_db[r] = fmaf(d0, x0, fmaf(d1, x1, row_db[r]));
         } else {
           const int d = col - V;
@@ -1569,6 +1569,8 @@ bool prepare_dims_in_bounds(int K, int V, int C) {
          V % kPrepPanel == 0;
 }
 
+constexpr int64_t kMaxRow = INT32_MAX / kPrepChunk;  // a chunk's row offsets are 32-bit
+
 void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
   LT2_CHECK(prepare_dims_in_bounds(p.head_k, p.head_v, p.chunk_size), op, ": needs C ", kPrepChunk,
             ", K and V multiples of ", kPrepPanel, " with K <= ", kPrepMaxK, ", found K ", p.head_k, ", V ",
@@ -1577,7 +1579,6 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
             p.batch, " and heads ", p.heads, " must be in [0, 65535], seq ", p.seq, " >= 0");
   LT2_CHECK(p.dtype == DType::Float32 || p.dtype == DType::BFloat16, op, ": q, k and v must be fp32 or bf16");
   const int64_t bytes = p.dtype == DType::BFloat16 ? 2 : 4;
-  constexpr int64_t kMaxRow = INT32_MAX / kPrepChunk;  // a chunk's row offsets are 32-bit
   LT2_CHECK(p.q_row >= int64_t{p.heads} * p.head_k && p.k_row >= int64_t{p.heads} * p.head_k &&
                 p.v_row >= int64_t{p.heads} * p.head_v && p.q_row <= kMaxRow && p.k_row <= kMaxRow &&
                 p.v_row <= kMaxRow,
@@ -1810,6 +1811,9 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
             "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is; beta, dw and dbeta "
             "not in the additive mode)");
   check_channel_gate(p, "delta_rule_prepare_backward");
+  LT2_CHECK(bp.dv_row >= int64_t{p.heads} * p.head_v && bp.dv_row <= kMaxRow && bp.dv_row % 4 == 0,
+            "delta_rule_prepare_backward: dv_row must be a multiple of 4 in [heads x head_v, ", kMaxRow, "], found ",
+            bp.dv_row);
   LT2_CHECK((bp.d_channel_gate != nullptr) == (p.channel_gate != nullptr) &&
                 (bp.d_scores_qk != nullptr) == (p.channel_gate != nullptr) &&
                 (bp.d_scores_kk != nullptr) == (p.channel_gate && !p.additive),

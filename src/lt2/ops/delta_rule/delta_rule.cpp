@@ -551,6 +551,7 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
         {q, k, v, beta, g, G, absent_as_empty(channels.scores_qk), absent_as_empty(channels.scores_kk)});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scores_inside"] = scores_inside;
+    ctx->saved_data["shared_slice_gradients"] = decode_options().shared_slice_gradients;
     ctx->saved_data["chunk"] = C;
     return out;
   }
@@ -579,16 +580,21 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     bp.dw = additive ? nullptr : d[0].data_ptr<float>();
     bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
     bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
-    // q's and k's gradients in their dtype and layout (the score kernels add into them), v's packed (a
-    // slice's gradient that no kernel adds into stays packed: the split's concatenation backward copies
-    // packed inputs by its vectorized kernel), each written once by the kernel (dk's first share goes to
-    // an fp32 scratch, dk itself where that is fp32).
+    // q's and k's gradients in their dtype and layout (the score kernels add into them), in one buffer with
+    // v's where they are slices of the same rows (shared_slice_gradients), else v's packed (a slice's
+    // gradient alone in a wide buffer would send the split's concatenation backward to its unvectorized
+    // kernel); each written once by the kernel (dk's first share goes to an fp32 scratch, dk itself where
+    // that is fp32).
     const auto dtype = q.scalar_type();
-    auto dq = gradient_like(q, dtype), dk = gradient_like(k, dtype), dv = torch::empty({B, T, H, V}, v.options());
+    const auto shared = ctx->saved_data["shared_slice_gradients"].toBool() ? shared_gradients({q, k, v}, dtype)
+                                                                            : std::vector<Tensor>(3);
+    const auto dq = shared[0].defined() ? shared[0] : gradient_like(q, dtype);
+    const auto dk = shared[1].defined() ? shared[1] : gradient_like(k, dtype);
+    const auto dv = shared[2].defined() ? shared[2] : torch::empty({B, T, H, V}, v.options());
     auto dbeta = additive ? Tensor() : torch::empty({B, T, H}, f32);
     const auto dk_partial = additive || dtype == torch::kFloat32 ? dk : gradient_like(k, torch::kFloat32);
     auto dg = g.defined() ? torch::empty({B, T, H}, f32) : Tensor();
-    bp.dq = dq.data_ptr(), bp.dk = dk.data_ptr(), bp.dv = dv.data_ptr();
+    bp.dq = dq.data_ptr(), bp.dk = dk.data_ptr(), bp.dv = dv.data_ptr(), bp.dv_row = dv.stride(1);
     bp.dk_partial = additive ? nullptr : dk_partial.data_ptr<float>();
     bp.dbeta = additive ? nullptr : dbeta.data_ptr<float>(), bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
     Tensor d_gate, d_scores_qk, d_scores_kk;
