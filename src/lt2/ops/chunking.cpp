@@ -178,6 +178,7 @@ kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor
   return p;
 }
 
+
 // The scores [count, C, C] fp32 by the forward kernel.
 Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
   c10::cuda::CUDAGuard guard(a.device());
@@ -358,9 +359,7 @@ void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, 
 Tensor gradient_like(const Tensor& t, torch::ScalarType dtype) {
   const auto options = t.options().dtype(dtype);
   if (t.dim() != 4 || t.stride(1) == t.size(2) * t.size(3)) return torch::empty(t.sizes(), options);
-  return torch::empty({t.size(0), t.size(1), t.stride(1)}, options)
-      .narrow(2, 0, t.size(2) * t.size(3))
-      .view(t.sizes());
+  return torch::empty({t.size(0), t.size(1), t.stride(1)}, options).narrow(2, 0, t.size(2) * t.size(3)).view(t.sizes());
 }
 
 std::vector<Tensor> shared_gradients(const std::vector<Tensor>& ts, torch::ScalarType dtype) {
