@@ -178,7 +178,6 @@ kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor
   return p;
 }
 
-
 // The scores [count, C, C] fp32 by the forward kernel.
 Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
   c10::cuda::CUDAGuard guard(a.device());
@@ -356,27 +355,33 @@ void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, 
 #endif
 }
 
+namespace {
+// Whether token rows t [B, T, H, D] are a column slice of wider rows (their tokens more than H D apart).
+bool column_slice(const Tensor& t) { return t.dim() == 4 && t.stride(1) > t.size(2) * t.size(3); }
+}  // namespace
+
 Tensor gradient_like(const Tensor& t, torch::ScalarType dtype) {
   const auto options = t.options().dtype(dtype);
-  if (t.dim() != 4 || t.stride(1) == t.size(2) * t.size(3)) return torch::empty(t.sizes(), options);
-  return torch::empty({t.size(0), t.size(1), t.stride(1)}, options).narrow(2, 0, t.size(2) * t.size(3)).view(t.sizes());
+  if (!column_slice(t)) return torch::empty(t.sizes(), options);
+  return torch::empty({t.size(0), t.size(1), t.stride(1)}, options)
+      .narrow(2, 0, t.size(2) * t.size(3))
+      .view(t.sizes());
 }
 
 std::vector<Tensor> shared_gradients(const std::vector<Tensor>& ts, torch::ScalarType dtype) {
   std::vector<Tensor> out(ts.size());
-  auto slice = [](const Tensor& t) { return t.dim() == 4 && t.stride(1) > t.size(2) * t.size(3); };
   std::vector<bool> seen(ts.size(), false);
   for (size_t i = 0; i < ts.size(); ++i) {
     const Tensor& t = ts[i];
-    if (seen[i] || !slice(t)) continue;
+    if (seen[i] || !column_slice(t)) continue;
     // t and the later slices that are other columns of its rows, each at its column of one [B, T, row]
     // buffer (t's columns counted from a row's start: its storage offset modulo the row).
     const int64_t row = t.stride(1), shift = t.storage_offset() % row - t.storage_offset();
     std::vector<std::pair<size_t, int64_t>> columns;  // (index, first column)
     for (size_t j = i; j < ts.size(); ++j) {
       const Tensor& u = ts[j];
-      if (seen[j] || !slice(u) || u.strides() != t.strides() || u.sizes().slice(0, 2) != t.sizes().slice(0, 2) ||
-          !u.storage().is_alias_of(t.storage()))
+      if (seen[j] || !column_slice(u) || u.strides() != t.strides() ||
+          u.sizes().slice(0, 2) != t.sizes().slice(0, 2) || !u.storage().is_alias_of(t.storage()))
         continue;
       const int64_t column = shift + u.storage_offset();
       if (column >= 0 && column + u.size(2) * u.size(3) <= row) columns.emplace_back(j, column), seen[j] = true;

@@ -97,8 +97,8 @@ struct DecodeOptions {
   bool scan_backward_products = true;
   // The chunk preparation's backward writing the gradients of q, k and v, where several are column slices
   // of one projection's output (GLA's), into one buffer as wide as that output, which the split's backward
-  // then takes as the output's gradient, copying only the other columns in (off: a buffer each, which the
-  // split's backward concatenates with the rest; decided at forward time).
+  // then takes as the output's gradient, copying only the other columns in (off: a buffer each, of which
+  // the split's backward takes one and copies every other block in; decided at forward time).
   bool shared_slice_gradients = true;
   // The chunk-local cumulative log-gate of the chunked forms (ops::chunk_cumulative_gate: the token
   // layout into the chunk layout and the sum within each chunk, its backward the reverse sum and the
