@@ -152,7 +152,9 @@ TEST(ChannelScoresGpu, TokenRowsMatchTheChunkLayout) {
 }
 
 // GLA's chunked form (per-channel gates) through the kernels: output, final state and every
-// gradient against the float64 recurrence, with an initial state and a length off the chunk.
+// gradient against the float64 recurrence, with an initial state and a length off the chunk; the
+// score kernels inside the preparation's node (writing A_qk scaled) and, channel_score_rows off,
+// as a node of their own on the chunk layout (A_qk scaled by the caller).
 TEST(ChannelScoresGpu, GatedLinearChunkedGradientsMatchRecurrence) {
   REQUIRE_FUSED_DECODE();
   at::globalContext().setAllowTF32CuBLAS(false);
@@ -175,9 +177,17 @@ TEST(ChannelScoresGpu, GatedLinearChunkedGradientsMatchRecurrence) {
     for (const auto& t : in) out.push_back(t.grad().cpu().to(torch::kFloat64));
     return out;
   };
-  const auto want = run(f64, false), got = run(gpu(torch::kFloat32), true);
-  const char* names[] = {"o", "final state", "dq", "dk", "dv", "dg", "ds0"};
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(torch::kFloat32)) << names[i];
+  const auto want = run(f64, false);
+  for (bool rows_kernel : {true, false}) {
+    SCOPED_TRACE(rows_kernel ? "scores inside the preparation" : "scores a node of their own");
+    DecodeOptions options;
+    options.channel_score_rows = rows_kernel;
+    DecodeOptionsGuard guard(options);
+    const auto got = run(gpu(torch::kFloat32), true);
+    const char* names[] = {"o", "final state", "dq", "dk", "dv", "dg", "ds0"};
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_LT(rel_err(got[i], want[i]), tolerance(torch::kFloat32)) << names[i];
+  }
 }
 
 // The chunk gate kernels (ops::chunk_cumulative_gate on CUDA in fp32): G and the gradient of g against

@@ -290,12 +290,13 @@ void row_norm_backward(const RowNormBackwardParams& p, void* stream);
 // `additive`: the gated linear family's preparation (ops::gated_linear_chunked, no delta-rule
 // correction): T = I, so U = V (in fp32) and no W; beta is not read.
 // One decay per key channel (KDA, GLA, HGRN2: `channel_gate`, g then nullptr): G is given per chunk,
-// row and channel, and the scores, whose decay sits inside the sum over the channels, are given
-// too (ops::decayed_scores computes them):
+// row and channel, and the scores, whose decay sits inside the sum over the channels, come from
+// ops::decayed_scores:
 //   scores_qk[i][j] = sum_d q_id k_jd exp(G_id - G_jd)  (j <= i),  scores_kk[i][j] = the same of k_i, k_j (j < i)
-//   L = diag(beta) scores_kk,  A_qk = scale scores_qk,  W = T diag(beta) (K * exp(G)),
+//   L = diag(beta) scores_kk,  W = T diag(beta) (K * exp(G)),
 //   Q_start = scale Q * exp(G),  Kt = (K * exp(G_l - G))^T,  carry = exp(G_l) [K]
-// with * elementwise over [C, K].
+// with * elementwise over [C, K]. A_qk = scale scores_qk is not the kernel's: the caller has the score
+// kernels write it scaled (no [C, C] copy each way), so a_qk is nullptr and scores_qk is not read.
 struct DeltaRulePrepareParams {
   const void* q;       // [B, T, H, K], dtype: each token's H K elements packed, tokens q_row apart
   const void* k;       // [B, T, H, K], dtype, tokens k_row apart
@@ -303,14 +304,13 @@ struct DeltaRulePrepareParams {
   const float* beta;   // [B, T, H] (nullptr when additive)
   const float* g;      // [B, T, H] log-decay per head, or nullptr for none
   const float* channel_gate;  // [B, H, N, C, K] G per key channel (chunk-local, inclusive), or nullptr
-  const float* scores_qk;     // [B, H, N, C, C], exactly with channel_gate
   const float* scores_kk;     // [B, H, N, C, C], with channel_gate unless additive
   float* w;            // [B, H, N, C, K] (nullptr when additive)
   float* u;            // [B, H, N, C, V]
   float* kt;           // [B, H, N, K, C]
   float* carry;        // [B, H, N], or [B, H, N, K] with channel_gate
   float* q_start;      // [B, H, N, C, K]
-  float* a_qk;         // [B, H, N, C, C]
+  float* a_qk;         // [B, H, N, C, C] (nullptr with channel_gate)
   int batch, seq, heads, head_k, head_v, chunk_size;  // N = ceil(seq / chunk_size)
   // Elements from one token's row of q, k, v to the next's (token t of sequence b at (b T + t) row):
   // H K and H V where packed, more where they are column slices of one projection's output (read
@@ -336,10 +336,11 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream);
 //   dq = P K + scale exp(G) dQ_start,  dk = (dS + dS^T) K + P^T Q + beta exp(G) dR_W + dKt^T exp(G_l - G),
 //   dv = beta dR_V, dbeta and dG from every term, dg_i = sum over the chunk's rows s >= i of dG_s.
 // Additive (T = I, no W, no beta): dv = dU, dq and dg as above, dk = P^T Q + dKt^T exp(G_l - G).
-// With channel_gate the scores' gradients are outputs instead of the terms they give (the caller
-// takes those through ops::decayed_scores' backward): d_scores_qk = scale dA_qk (j <= i),
-// d_scores_kk = beta_i dL (j < i), and dq, dk, dbeta and d_channel_gate (per element, no cumulative
-// sum) carry the rest: dq = scale exp(G) * dQ_start, dk = beta exp(G) * dR_W + exp(G_l - G) * dKt^T.
+// With channel_gate dA_qk is not read (its gradient, scale dA_qk, is the scores' backward's, the caller's),
+// the gradient of scores_kk is an output instead of the terms it gives (the caller takes those through
+// ops::decayed_scores' backward): d_scores_kk = beta_i dL (j < i), and dq, dk, dbeta and d_channel_gate
+// (per element, no cumulative sum) carry the rest: dq = scale exp(G) * dQ_start,
+// dk = beta exp(G) * dR_W + exp(G_l - G) * dKt^T.
 struct DeltaRulePrepareBackwardParams {
   DeltaRulePrepareParams forward;  // the inputs; its outputs are not read
   const float* dw;        // [B, H, N, C, K] (nullptr when additive)
@@ -347,7 +348,7 @@ struct DeltaRulePrepareBackwardParams {
   const float* dkt;       // [B, H, N, K, C]
   const float* dcarry;    // [B, H, N], or [B, H, N, K] with channel_gate
   const float* dq_start;  // [B, H, N, C, K]
-  const float* da_qk;     // [B, H, N, C, C]
+  const float* da_qk;     // [B, H, N, C, C] (nullptr with channel_gate)
   void* dq;               // [B, T, H, K], the forward's dtype (of q, k and v), rows forward.q_row apart
   void* dk;               // [B, T, H, K], the forward's dtype, rows forward.k_row apart
   void* dv;               // [B, T, H, V], the forward's dtype, rows dv_row apart
@@ -356,7 +357,6 @@ struct DeltaRulePrepareBackwardParams {
   float* dbeta;           // [B, T, H] (nullptr when additive)
   float* dg;              // [B, T, H], exactly when forward.g is given
   float* d_channel_gate;  // [B, H, N, C, K], exactly with channel_gate
-  float* d_scores_qk;     // [B, H, N, C, C], exactly with channel_gate
   float* d_scores_kk;     // [B, H, N, C, C], with channel_gate unless additive
   // Elements from one token's row of dv to the next's: H V packed, more where dv is a column slice of a
   // wider buffer (v's gradient beside q's and k's in one buffer as wide as their projection's output). A
@@ -451,11 +451,11 @@ void scale_heads_backward(const ScaleHeadsBackwardParams& p, void* stream);
 
 // The per-channel decayed scores of the chunked gated forms (ops::decayed_scores with one decay per
 // key channel: GLA, HGRN2, KDA), for `count` independent chunks of C rows and K channels:
-//   A[i][j] = sum_d a[i][d] b[j][d] exp(G[i][d] - G[j][d])   for j <= i (inclusive) or j < i, else 0
-// G is a chunk's cumulative log-decay (non-increasing along the chunk), so every kept exponent is
-// <= 0. The backward from dA (its entries outside the kept triangle ignored), with
-// e_ijd = exp(G[i][d] - G[j][d]) over the kept pairs:
-//   da[i][d] = sum_j dA[i][j] b[j][d] e_ijd,  db[j][d] = sum_i dA[i][j] a[i][d] e_ijd,
+//   A[i][j] = s sum_d a[i][d] b[j][d] exp(G[i][d] - G[j][d])   for j <= i (inclusive) or j < i, else 0
+// with s = `scale` (the chunked forms' A_qk in one pass). G is a chunk's cumulative log-decay
+// (non-increasing along the chunk), so every kept exponent is <= 0. The backward from dA (its entries
+// outside the kept triangle ignored), with e_ijd = exp(G[i][d] - G[j][d]) over the kept pairs:
+//   da[i][d] = s sum_j dA[i][j] b[j][d] e_ijd,  db[j][d] = s sum_i dA[i][j] a[i][d] e_ijd,
 //   dG = a * da - b * db.
 // G and dG fp32 [count, C, K], A and dA fp32 [count, C, C], packed; C <= 64, any K. a, b, da and db
 // (of `dtype`) either packed [count, C, K] too, or, with `token_rows`, token-layout tensors
@@ -473,6 +473,7 @@ struct ChannelScoresParams {
   int64_t count;
   int chunk, dim;
   bool inclusive;
+  float scale = 1.f;
   DType dtype = DType::Float32;  // of a, b, da, db
   bool token_rows = false;
   int64_t seq = 0;  // with token_rows: the tokens a sequence, and its heads

@@ -165,13 +165,15 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 #ifdef LT2_WITH_CUDA
 // The kernels' view of packed fp32 G [count, C, K] and of a and b: packed fp32 [count, C, K] too, or
 // token rows [B, T, H, K] in place with one row stride (token_rows_in_place), of one dtype (fp32 or
-// bf16), with G [B, H, N, C, K].
-kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+// bf16), with G [B, H, N, C, K]; the scores scaled by `scale`.
+kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive,
+                                                   double scale) {
   kernels::ChannelScoresParams p{};
   p.a = a.data_ptr(), p.b = b.data_ptr(), p.g = G.data_ptr<float>();
   p.chunk = static_cast<int>(G.size(-2)), p.dim = static_cast<int>(G.size(-1));
   p.count = G.numel() / (G.size(-2) * G.size(-1));
   p.inclusive = inclusive;
+  p.scale = static_cast<float>(scale);
   p.dtype = detail::kernel_dtype(a.scalar_type());
   p.token_rows = a.dim() == 4;
   if (p.token_rows) p.seq = a.size(1), p.heads = static_cast<int>(a.size(2)), p.row_stride = a.stride(1);
@@ -179,11 +181,11 @@ kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor
 }
 
 // The scores [count, C, C] fp32 by the forward kernel.
-Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale = 1.0) {
   c10::cuda::CUDAGuard guard(a.device());
   const int64_t C = G.size(-2);
   auto scores = torch::empty({G.numel() / (C * G.size(-1)), C, C}, G.options());
-  auto p = channel_scores_params(a, b, G, inclusive);
+  auto p = channel_scores_params(a, b, G, inclusive, scale);
   p.scores = scores.data_ptr<float>();
   kernels::channel_scores_forward(p, detail::current_stream(a));
   return scores;
@@ -192,11 +194,11 @@ Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& 
 // The backward kernel from d_scores into da, db (a's and b's layout and dtype) and dG, written or added.
 void channel_scores_backward_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive,
                                        const Tensor& d_scores, const Tensor& da, const Tensor& db, const Tensor& dG,
-                                       bool accumulate) {
+                                       bool accumulate, double scale = 1.0) {
   c10::cuda::CUDAGuard guard(a.device());
   const auto ds = d_scores.to(torch::kFloat32).contiguous();
   kernels::ChannelScoresBackwardParams bp{};
-  bp.forward = channel_scores_params(a, b, G, inclusive);
+  bp.forward = channel_scores_params(a, b, G, inclusive, scale);
   bp.d_scores = ds.data_ptr<float>();
   bp.da = da.data_ptr(), bp.db = db.data_ptr(), bp.dg = dG.data_ptr<float>();
   bp.accumulate = accumulate;
@@ -331,25 +333,25 @@ bool score_rows_kernel_serves(const Tensor& a, const Tensor& b, const Tensor& G)
 #endif
 }
 
-Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive) {
+Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale) {
 #ifdef LT2_WITH_CUDA
   LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous(),
             "score_rows_by_kernel: a and b token rows the kernels read in place, G packed fp32 on their device, "
             "found ", a.sizes(), ", ", b.sizes(), ", ", G.sizes());
   const int64_t C = G.size(-2);
-  return channel_scores_by_kernel(a, b, G, inclusive).view({G.size(0), G.size(1), G.size(2), C, C});
+  return channel_scores_by_kernel(a, b, G, inclusive, scale).view({G.size(0), G.size(1), G.size(2), C, C});
 #else
   detail::no_cuda("score_rows_by_kernel");
 #endif
 }
 
 void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, const Tensor& d_scores,
-                             const Tensor& da, const Tensor& db, const Tensor& dG) {
+                             const Tensor& da, const Tensor& db, const Tensor& dG, double scale) {
 #ifdef LT2_WITH_CUDA
   LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous() && dG.sizes() == G.sizes() && dG.is_contiguous() &&
                 da.strides() == a.strides() && db.strides() == b.strides(),
             "add_score_rows_backward: da, db and dG must have a's, b's and G's layouts");
-  channel_scores_backward_by_kernel(a, b, G, inclusive, d_scores, da, db, dG, /*accumulate=*/true);
+  channel_scores_backward_by_kernel(a, b, G, inclusive, d_scores, da, db, dG, /*accumulate=*/true, scale);
 #else
   detail::no_cuda("add_score_rows_backward");
 #endif

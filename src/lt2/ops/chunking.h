@@ -97,10 +97,12 @@ Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G,
 // whether the kernels serve these a, b and G (decayed_scores_of_rows's CUDA condition); with G packed,
 // the scores [B, H, N, C, C] fp32, and their backward from d_scores adding a's and b's gradients into da
 // and db (in a's and b's layout and dtype; da may be db where a is b) and G's into dG (G's shape, fp32).
+// `scale` multiplies the scores (d_scores is then the scaled scores' gradient): a chunked form's A_qk in
+// one pass.
 bool score_rows_kernel_serves(const Tensor& a, const Tensor& b, const Tensor& G);
-Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive);
+Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale = 1.0);
 void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, const Tensor& d_scores,
-                             const Tensor& da, const Tensor& db, const Tensor& dG);
+                             const Tensor& da, const Tensor& db, const Tensor& dG, double scale = 1.0);
 
 // Whether the CUDA kernels that read token rows take t [B, T, H, D] in place: each token's H D
 // elements packed, the tokens evenly t.stride(1) elements apart (a packed tensor, or a column slice

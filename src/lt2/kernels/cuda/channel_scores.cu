@@ -197,10 +197,10 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       *reinterpret_cast<float2*>(out + (kBlk * I + g + 8 * r) * C + col) =
-          make_float2(acc[u][0][2 * r], acc[u][0][2 * r + 1]);
+          make_float2(p.scale * acc[u][0][2 * r], p.scale * acc[u][0][2 * r + 1]);
   }
 #pragma unroll
-  for (int m = 0; m < 4; ++m) out[di * C + kBlk * D + tid % 4 + 4 * m] = diag[m];  // zero where not kept
+  for (int m = 0; m < 4; ++m) out[di * C + kBlk * D + tid % 4 + 4 * m] = p.scale * diag[m];  // zero where not kept
   for (int e = tid; e < 6 * kBlk * kBlk; e += kThreads) {  // the blocks above the diagonal
     const int pair = e / (kBlk * kBlk), I = pair < 3 ? 0 : pair < 5 ? 1 : 2, J = pair < 3 ? pair + 1 : pair < 5 ? pair - 1 : 3;
     const int i = kBlk * I + (e / kBlk) % kBlk, j = kBlk * J + e % kBlk;
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kern
   const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const Rows rows = rows_of(p, blockIdx.x);
   const float* dS = bp.d_scores + static_cast<int64_t>(blockIdx.x) * C * C;
-  for (int e = tid; e < C * C; e += kThreads) s.dA[e / C][e % C] = dS[e];  // only kept entries are read
+  for (int e = tid; e < C * C; e += kThreads) s.dA[e / C][e % C] = p.scale * dS[e];  // only kept entries are read
   for (int e = tid; e < kBlk * kTile; e += kThreads) {  // rows with no off-diagonal share
     s.da_off[e / kTile][e % kTile] = 0.f;
     s.db_off[C - kBlk + e / kTile][e % kTile] = 0.f;
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_kernel(const 
 #pragma unroll
   for (int r = 0; r < kCols; ++r) {
     const int j = j0 + 4 * r;
-    if (j < C) out[j] = acc[r];  // zero where not kept
+    if (j < C) out[j] = p.scale * acc[r];  // zero where not kept
   }
 }
 
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_kernel(const
   const float* dS = bp.d_scores + static_cast<int64_t>(blockIdx.x) * C * C;
   for (int e = threadIdx.x; e < C * C; e += kThreads) {
     const int i = e / C, j = e % C;
-    dA[i][j] = kept(i, j, p.inclusive) ? dS[e] : 0.f;
+    dA[i][j] = kept(i, j, p.inclusive) ? p.scale * dS[e] : 0.f;
   }
   const int d = threadIdx.x % kTile, row0 = threadIdx.x / kTile;
   constexpr int kRowStep = kThreads / kTile;

@@ -1053,21 +1053,16 @@ __global__ void __launch_bounds__(kPrepThreads, 2) delta_rule_prepare_kernel(con
   // One decay per key channel: the chunk's G [C, K] (read where used: each element once or twice).
   const float* gate = kChannel ? p.channel_gate + chunk * C * K : nullptr;
 
-  if (kChannel) {  // the given scores: A_qk = scale scores_qk, L = diag(beta) scores_kk
-    const float *s_qk = p.scores_qk + chunk * C * C, *s_kk = delta ? p.scores_kk + chunk * C * C : nullptr;
-    float* A = p.a_qk + chunk * C * C;
-    for (int e = 4 * tid; e < C * C; e += 4 * kPrepThreads) {
-      const int i = e / C, j = e - i * C;
-      const float4 a = *reinterpret_cast<const float4*>(s_qk + e);
-      const float4 l = delta ? *reinterpret_cast<const float4*>(s_kk + e) : make_float4(0.f, 0.f, 0.f, 0.f);
-      const float av[4] = {a.x, a.y, a.z, a.w}, lv[4] = {l.x, l.y, l.z, l.w};
-      float out[4];
+  if (kChannel) {  // L = diag(beta) scores_kk from the given scores (A_qk is the caller's: scale scores_qk)
+    if (delta) {
+      const float* s_kk = p.scores_kk + chunk * C * C;
+      for (int e = 4 * tid; e < C * C; e += 4 * kPrepThreads) {
+        const int i = e / C, j = e - i * C;
+        const float4 l = *reinterpret_cast<const float4*>(s_kk + e);
+        const float lv[4] = {l.x, l.y, l.z, l.w};
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        out[x] = j + x <= i ? p.scale * av[x] : 0.f;
-        if (delta) sL[i * kMatPitch + j + x] = j + x < i ? sB[i] * lv[x] : 0.f;
+        for (int x = 0; x < 4; ++x) sL[i * kMatPitch + j + x] = j + x < i ? sB[i] * lv[x] : 0.f;
       }
-      *reinterpret_cast<float4*>(A + e) = make_float4(out[0], out[1], out[2], out[3]);
     }
   } else {  // A_qk (global) and L (shared) from K K^T and Q K^T: the warp's four n-tiles from column n0.
     const int n0 = 32 * (warp % 2);
@@ -1289,7 +1284,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   constexpr bool kExactInTf32 = !std::is_same_v<In, float>;  // bf16 q and k: one TF32 product is exact
 
   // Additive (the gated linear family: T = I, no W, dv = dU): phases 1 to 4 reduce to dv and the
-  // dA_qk terms; kke and dS stay zero.
+  // dA_qk terms (none per channel); kke and dS stay zero.
   float kke[4][4] = {}, ds[4][4] = {};
   if (!delta) {
     const float* du = bp.du + chunk * C * V;
@@ -1400,26 +1395,25 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     __syncthreads();
     warp_product<4, kTf32>(ds, sX, kMatPitch, 1, sT, 1, kMatPitch, m0, nsq, 4, 0, C);  // X T^T
   }
-  // Per channel the scores' gradients leave as they are (the dG and dq, dk terms they give are
-  // ops::decayed_scores'): the sums below over qk and the products of phase 5 are skipped.
+  // Per channel dA_qk is the caller's (A_qk is its scaled scores) and scores_kk's gradient leaves as it is
+  // (the dG and dq, dk terms they give are ops::decayed_scores'): the sums below over qk and the products
+  // of phase 5 are skipped.
   float pq[4][4] = {}, qk[4][4] = {};
   if (!gate) warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
-  const float* dA = bp.da_qk + chunk * C * C;
-  float* d_qk = gate ? bp.d_scores_qk + chunk * C * C : nullptr;
+  const float* dA = gate ? nullptr : bp.da_qk + chunk * C * C;
   float* d_kk = gate && delta ? bp.d_scores_kk + chunk * C * C : nullptr;
   float row_g[2] = {}, row_b[2] = {}, col_g[4][2] = {};
   for_square_entries([&](int j, int r, int e, int i, int col) {
     const int at = 2 * r + e;
     const float decayed = col <= i ? decay(i, col) : 0.f;
     const float dl = col < i ? -ds[j][at] : 0.f;
-    const float da = col <= i ? dA[i * C + col] : 0.f;
+    const float da = !gate && col <= i ? dA[i * C + col] : 0.f;
     const float w = dl * sB[i] * kke[j][at] + da * p.scale * qk[j][at] * decayed;  // dL L + dA A
     row_b[r] = fmaf(dl, kke[j][at], row_b[r]);
     row_g[r] += w;
     col_g[j][e] -= w;
     ds[j][at] = sB[i] * dl * decayed;
     pq[j][at] = p.scale * da * decayed;
-    if (d_qk) d_qk[i * C + col] = p.scale * da;
     if (d_kk) d_kk[i * C + col] = sB[i] * dl;
   });
 #pragma unroll
@@ -1590,17 +1584,16 @@ void check_prepare(const DeltaRulePrepareParams& p, const char* op) {
             "16-byte loads)");
 }
 
-// A per-channel gate comes with its scores (scores_kk unless additive) and without g; the score
-// blocks are read in 16-byte pieces.
+// A per-channel gate comes with scores_kk (unless additive), without g and without A_qk (the caller's);
+// the score blocks are read in 16-byte pieces.
 void check_channel_gate(const DeltaRulePrepareParams& p, const char* op) {
   if (!p.channel_gate) {
-    LT2_CHECK(!p.scores_qk && !p.scores_kk, op, ": scores_qk and scores_kk are given only with channel_gate");
+    LT2_CHECK(!p.scores_kk, op, ": scores_kk is given only with channel_gate");
     return;
   }
-  LT2_CHECK(!p.g && p.scores_qk && (p.additive || p.scores_kk), op, ": channel_gate takes scores_qk (and scores_kk "
-            "unless additive) and no g");
-  LT2_CHECK(aligned16(p.scores_qk) && (!p.scores_kk || aligned16(p.scores_kk)), op,
-            ": scores_qk and scores_kk must be 16-byte aligned");
+  LT2_CHECK(!p.g && !p.a_qk && p.additive == !p.scores_kk, op,
+            ": channel_gate takes scores_kk exactly unless additive, no g and no a_qk");
+  LT2_CHECK(!p.scores_kk || aligned16(p.scores_kk), op, ": scores_kk must be 16-byte aligned");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1782,8 +1775,10 @@ void delta_rule_prepare(const DeltaRulePrepareParams& p, void* stream) {
   check_prepare(p, "delta_rule_prepare");
   const int chunks = ceil_div(p.seq, kPrepChunk);
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
-  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && p.w)) && p.u && p.kt && p.carry && p.q_start && p.a_qk,
-            "delta_rule_prepare: every pointer but g (and beta and w in the additive mode) must be given");
+  LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && p.w)) && p.u && p.kt && p.carry && p.q_start &&
+                (p.a_qk || p.channel_gate),
+            "delta_rule_prepare: every pointer but g (beta and w in the additive mode, a_qk with channel_gate) must "
+            "be given");
   check_channel_gate(p, "delta_rule_prepare");
   const size_t smem = sizeof(float) * prepare_shared(p.head_k).total;
   const dim3 grid(chunks, p.heads, p.batch);
@@ -1807,18 +1802,18 @@ void delta_rule_prepare_backward(const DeltaRulePrepareBackwardParams& bp, void*
   if (p.batch == 0 || p.heads == 0 || chunks == 0) return;
   LT2_CHECK(p.q && p.k && p.v && (p.additive || (p.beta && bp.dw && bp.dbeta && bp.dk_partial)) && bp.du && bp.dkt &&
                 bp.dcarry &&
-                bp.dq_start && bp.da_qk && bp.dq && bp.dk && bp.dv && (bp.dg != nullptr) == (p.g != nullptr),
+                bp.dq_start && (bp.da_qk != nullptr) == !p.channel_gate && bp.dq && bp.dk && bp.dv &&
+                (bp.dg != nullptr) == (p.g != nullptr),
             "delta_rule_prepare_backward: every pointer must be given (dg exactly when g is; beta, dw and dbeta "
-            "not in the additive mode)");
+            "not in the additive mode; da_qk exactly without channel_gate)");
   check_channel_gate(p, "delta_rule_prepare_backward");
   LT2_CHECK(bp.dv_row >= int64_t{p.heads} * p.head_v && bp.dv_row <= kMaxRow && bp.dv_row % 4 == 0,
             "delta_rule_prepare_backward: dv_row must be a multiple of 4 in [heads x head_v, ", kMaxRow, "], found ",
             bp.dv_row);
   LT2_CHECK((bp.d_channel_gate != nullptr) == (p.channel_gate != nullptr) &&
-                (bp.d_scores_qk != nullptr) == (p.channel_gate != nullptr) &&
                 (bp.d_scores_kk != nullptr) == (p.channel_gate && !p.additive),
-            "delta_rule_prepare_backward: d_channel_gate and d_scores_qk exactly with channel_gate, d_scores_kk with "
-            "it unless additive");
+            "delta_rule_prepare_backward: d_channel_gate exactly with channel_gate, d_scores_kk with it unless "
+            "additive");
   int device = 0;
   cudaGetDevice(&device);
   const size_t smem = sizeof(float) * prepare_backward_shared(p.head_k).total;

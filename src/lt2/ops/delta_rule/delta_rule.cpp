@@ -494,10 +494,10 @@ ChunkPrep prepare_chunks(const Tensor& Q, const Tensor& Kc, const Tensor& Vc, co
 #ifdef LT2_WITH_CUDA
 // The kernels' parameters for q, k, v, beta, g (q, k, v token rows of one dtype as aligned_token_rows
 // gives them, beta and g packed fp32) and a chunk size C; beta undefined: the additive (gated linear)
-// preparation. A per-channel gate comes as `channels`: G and the scores (packed fp32, chunk layout), g
-// then undefined.
+// preparation. A per-channel gate comes as `channels`: G and the keys' scores (packed fp32, chunk
+// layout), g then undefined.
 struct ChannelGate {
-  Tensor G, scores_qk, scores_kk;  // [B, H, N, C, K], [B, H, N, C, C] twice (scores_kk undefined when additive)
+  Tensor G, scores_kk;  // [B, H, N, C, K], [B, H, N, C, C] (scores_kk undefined when additive)
 };
 kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
                                                const Tensor& g, const ChannelGate& channels, double scale,
@@ -508,7 +508,7 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
   p.beta = beta.defined() ? beta.data_ptr<float>() : nullptr;
   p.g = g.defined() ? g.data_ptr<float>() : nullptr;
   auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
-  p.channel_gate = ptr(channels.G), p.scores_qk = ptr(channels.scores_qk), p.scores_kk = ptr(channels.scores_kk);
+  p.channel_gate = ptr(channels.G), p.scores_kk = ptr(channels.scores_kk);
   p.batch = static_cast<int>(q.size(0)), p.seq = static_cast<int>(q.size(1)), p.heads = static_cast<int>(q.size(2));
   p.head_k = static_cast<int>(q.size(3)), p.head_v = static_cast<int>(v.size(3)), p.chunk_size = static_cast<int>(C);
   p.q_row = q.stride(1), p.k_row = k.stride(1), p.v_row = v.stride(1);
@@ -520,35 +520,38 @@ kernels::DeltaRulePrepareParams prepare_params(const Tensor& q, const Tensor& k,
 
 // The preparation kernel and, under autograd, its backward kernel (kernels/prefill.h). Inputs as
 // prepare_params takes them (beta, g and the ChannelGate's tensors empty for none); outputs w (empty
-// when additive), u, kt, carry, q_start, a_qk. With scores_inside (a per-channel gate G, q and k token
-// rows the score kernels read: score_rows_kernel_serves) the scores come from the score kernels
-// here rather than as inputs, and the backward adds their gradients where it wrote q's, k's and G's: one
-// gradient each, not two (three for k) for autograd to sum in passes of their own.
+// when additive), u, kt, carry, q_start, a_qk. A per-channel gate's A_qk is not the kernel's: empty here
+// (the caller scales its scores_qk) unless scores_inside (a per-channel gate G, q and k token rows the
+// score kernels read: score_rows_kernel_serves), where the score kernels write A_qk (scaled) and
+// scores_kk here rather than taking them as inputs, and the backward adds their gradients where it wrote
+// q's, k's and G's: one gradient each, not two (three for k) for autograd to sum in passes of their own.
 struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& beta,
-                                                const Tensor& g, const Tensor& G, const Tensor& scores_qk,
-                                                const Tensor& scores_kk, double scale, int64_t C, bool scores_inside) {
+                                                const Tensor& g, const Tensor& G, const Tensor& scores_kk,
+                                                double scale, int64_t C, bool scores_inside) {
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
     const auto f32 = q.options().dtype(torch::kFloat32);
-    ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_qk), empty_as_absent(scores_kk)};
+    ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_kk)};
+    const bool per_channel = channels.G.defined();
+    Tensor a_qk = per_channel ? torch::empty({0}, f32) : torch::empty({B, H, N, C, C}, f32);
     if (scores_inside) {
-      channels.scores_qk = score_rows_by_kernel(q, k, G, /*inclusive=*/true);
+      a_qk = score_rows_by_kernel(q, k, G, /*inclusive=*/true, scale);
       if (beta.numel() > 0) channels.scores_kk = score_rows_by_kernel(k, k, G, /*inclusive=*/false);
     }
     auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), channels, scale, C);
-    const int64_t carry_dim = channels.G.defined() ? K : 1;
+    const int64_t carry_dim = per_channel ? K : 1;
     std::vector<Tensor> out{p.additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
                             torch::empty({B, H, N, C, V}, f32), torch::empty({B, H, N, K, C}, f32),
                             torch::empty({B, H, N, carry_dim, 1}, f32), torch::empty({B, H, N, C, K}, f32),
-                            torch::empty({B, H, N, C, C}, f32)};
+                            a_qk};
     c10::cuda::CUDAGuard guard(q.device());
     p.w = p.additive ? nullptr : out[0].data_ptr<float>();
     p.u = out[1].data_ptr<float>(), p.kt = out[2].data_ptr<float>();
-    p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>(), p.a_qk = out[5].data_ptr<float>();
+    p.carry = out[3].data_ptr<float>(), p.q_start = out[4].data_ptr<float>();
+    p.a_qk = per_channel ? nullptr : a_qk.data_ptr<float>();
     kernels::delta_rule_prepare(p, detail::current_stream(q));
-    ctx->save_for_backward(
-        {q, k, v, beta, g, G, absent_as_empty(channels.scores_qk), absent_as_empty(channels.scores_kk)});
+    ctx->save_for_backward({q, k, v, beta, g, G, absent_as_empty(channels.scores_kk)});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scores_inside"] = scores_inside;
     ctx->saved_data["shared_slice_gradients"] = decode_options().shared_slice_gradients;
@@ -560,7 +563,7 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     const auto saved = ctx->get_saved_variables();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], beta = empty_as_absent(saved[3]),
                  g = empty_as_absent(saved[4]);
-    const ChannelGate channels{empty_as_absent(saved[5]), empty_as_absent(saved[6]), empty_as_absent(saved[7])};
+    const ChannelGate channels{empty_as_absent(saved[5]), empty_as_absent(saved[6])};
     const bool additive = !beta.defined(), per_channel = channels.G.defined();
     const int64_t C = ctx->saved_data["chunk"].toInt();
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3), N = (T + C - 1) / C;
@@ -572,14 +575,15 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
                                                    {B, H, N, C, K},
                                                    {B, H, N, C, C}};
     std::vector<Tensor> d(6);
-    for (size_t i = additive ? 1 : 0; i < 6; ++i)
+    for (size_t i = additive ? 1 : 0; i < (per_channel ? 5 : 6); ++i)  // per channel dA_qk is the scores'
       d[i] = grads[i].defined() ? grads[i].to(torch::kFloat32).contiguous() : torch::zeros(shapes[i], f32);
     c10::cuda::CUDAGuard guard(q.device());
     kernels::DeltaRulePrepareBackwardParams bp{};
     bp.forward = prepare_params(q, k, v, beta, g, channels, ctx->saved_data["scale"].toDouble(), C);
     bp.dw = additive ? nullptr : d[0].data_ptr<float>();
     bp.du = d[1].data_ptr<float>(), bp.dkt = d[2].data_ptr<float>();
-    bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>(), bp.da_qk = d[5].data_ptr<float>();
+    bp.dcarry = d[3].data_ptr<float>(), bp.dq_start = d[4].data_ptr<float>();
+    bp.da_qk = per_channel ? nullptr : d[5].data_ptr<float>();
     // q's and k's gradients in their dtype and layout (the score kernels add into them), in one buffer with
     // v's where they are slices of the same rows (shared_slice_gradients), else v's packed (a slice's
     // gradient alone in a wide buffer would send the split's concatenation backward to its unvectorized
@@ -597,21 +601,22 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     bp.dq = dq.data_ptr(), bp.dk = dk.data_ptr(), bp.dv = dv.data_ptr(), bp.dv_row = dv.stride(1);
     bp.dk_partial = additive ? nullptr : dk_partial.data_ptr<float>();
     bp.dbeta = additive ? nullptr : dbeta.data_ptr<float>(), bp.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
-    Tensor d_gate, d_scores_qk, d_scores_kk;
+    Tensor d_gate, d_scores_kk;
     if (per_channel) {
-      d_gate = torch::empty({B, H, N, C, K}, f32), d_scores_qk = torch::empty({B, H, N, C, C}, f32);
+      d_gate = torch::empty({B, H, N, C, K}, f32);
       if (!additive) d_scores_kk = torch::empty({B, H, N, C, C}, f32);
-      bp.d_channel_gate = d_gate.data_ptr<float>(), bp.d_scores_qk = d_scores_qk.data_ptr<float>();
+      bp.d_channel_gate = d_gate.data_ptr<float>();
       bp.d_scores_kk = additive ? nullptr : d_scores_kk.data_ptr<float>();
     }
     kernels::delta_rule_prepare_backward(bp, detail::current_stream(q));
     if (ctx->saved_data["scores_inside"].toBool()) {  // the scores' gradients added where the kernel wrote q's and k's
-      add_score_rows_backward(q, k, channels.G, /*inclusive=*/true, d_scores_qk, dq, dk, d_gate);
+      if (grads[5].defined())
+        add_score_rows_backward(q, k, channels.G, /*inclusive=*/true, grads[5], dq, dk, d_gate,
+                                ctx->saved_data["scale"].toDouble());
       if (!additive) add_score_rows_backward(k, k, channels.G, /*inclusive=*/false, d_scores_kk, dk, dk, d_gate);
-      d_scores_qk = d_scores_kk = Tensor();
+      d_scores_kk = Tensor();
     }
-    return {dq, dk, dv, dbeta, g.defined() ? dg : Tensor(), d_gate, d_scores_qk, d_scores_kk, Tensor(), Tensor(),
-            Tensor()};
+    return {dq, dk, dv, dbeta, g.defined() ? dg : Tensor(), d_gate, d_scores_kk, Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -695,9 +700,10 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
   const auto q_rows = aligned_token_rows(rows(q)), k_rows = aligned_token_rows(rows(k).to(dtype));
   // One decay per key channel: G in the chunk layout and the scores whose decay sits inside the sum
   // over the channels, by decayed_scores (its own kernels and backward; whole documents read the
-  // token rows the preparation reads, packed documents their chunk layout), or, where the score
-  // kernels read q's and k's token rows, by those kernels inside the preparation's autograd node.
-  Tensor head_gate = g, G, scores_qk, scores_kk;
+  // token rows the preparation reads, packed documents their chunk layout) with A_qk = scale scores_qk
+  // here, or, where the score kernels read q's and k's token rows, by those kernels inside the
+  // preparation's autograd node (A_qk scaled by them).
+  Tensor head_gate = g, G, a_qk, scores_kk;
   bool scores_inside = false;
   if (g.defined() && g.dim() == 4) {
     const auto f32 = torch::kFloat32;
@@ -705,21 +711,20 @@ ChunkPrep prepare_chunks_kernel(const Tensor& q, const Tensor& k, const Tensor& 
     if (docs) {
       G = docs->cumulative_gate(g, q.size(2), f32);
       const auto Kc = docs->to_chunks(k, f32);
-      scores_qk = decayed_scores(docs->to_chunks(q, f32), Kc, G, /*inclusive=*/true);
+      a_qk = decayed_scores(docs->to_chunks(q, f32), Kc, G, /*inclusive=*/true) * scale;
       if (beta.defined()) scores_kk = decayed_scores(Kc, Kc, G, /*inclusive=*/false);
     } else {
       G = chunk_cumulative_gate(g, q.size(0), q.size(1), q.size(2), C, f32, q.device());
       scores_inside = G.is_contiguous() && score_rows_kernel_serves(q_rows, k_rows, G);
       if (!scores_inside) {
-        scores_qk = decayed_scores_of_rows(q_rows, k_rows, G, /*inclusive=*/true);
+        a_qk = decayed_scores_of_rows(q_rows, k_rows, G, /*inclusive=*/true) * scale;
         if (beta.defined()) scores_kk = decayed_scores_of_rows(k_rows, k_rows, G, /*inclusive=*/false);
       }
     }
   }
   auto out = PrepareChunksFunction::apply(q_rows, k_rows, aligned_token_rows(rows(v).to(dtype)), fp32(rows(beta)),
-                                          fp32(rows(head_gate)), fp32(G), fp32(scores_qk), fp32(scores_kk), scale, C,
-                                          scores_inside);
-  return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], out[5]};
+                                          fp32(rows(head_gate)), fp32(G), fp32(scores_kk), scale, C, scores_inside);
+  return {empty_as_absent(out[0]), out[1], out[2], out[3], out[4], a_qk.defined() ? a_qk : out[5]};
 #else
   detail::no_cuda("delta_rule_prepare");
 #endif
