@@ -5,7 +5,8 @@
 // factors underflow), strict and inclusive, at chunk sizes 64 (the mixers', on tensor cores), 48, 16
 // and 5 and head dims 1 to 256 (off the kernels' 32-channel tiles too); the option off keeps the libtorch
 // form on CUDA; the kernels reading token rows (q and k in place, fp32 or bf16); GLA's chunked form
-// and its gradients through the kernels against the float64 recurrence; the chunked forms reading q, k
+// and its gradients through the kernels against the float64 recurrence; KDA's two scores in one pass;
+// the chunked forms reading q, k
 // and v as column slices of one projection output in place, equal to reading packed copies. Skips
 // where no CUDA GPU (or no CUDA kernels) is present.
 #include <gtest/gtest.h>
@@ -149,6 +150,41 @@ TEST(ChannelScoresGpu, TokenRowsMatchTheChunkLayout) {
           }
           EXPECT_LT(rel_err(got[3], want[3]), tol) << "dG";
         }
+}
+
+// KDA's two scores in one pass (ops::score_row_pair_by_kernel: scale * scores(q, k) inclusive and
+// scores(k, k) strict from q's and k's token rows): both against the float64 chunk-layout form on the
+// rows' rounded values, at chunk 64 (the tensor-core kernel) and 16, lengths on and off the chunk, fp32
+// and bf16 rows; and equal to the two passes of score_rows_by_kernel within fp32's tolerance.
+TEST(ChannelScoresGpu, ScoreRowPairMatchesTwoPasses) {
+  REQUIRE_FUSED_DECODE();
+  struct PairCase {
+    int64_t B, T, H, K, C;
+  };
+  const std::vector<PairCase> cases{{2, 64 * 2 + 17, 3, 64, 64}, {1, 40, 2, 100, 64}, {2, 50, 2, 33, 16}};
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const double scale = 0.125;
+  for (const auto& c : cases)
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << "T " << c.T << " K " << c.K << " C " << c.C << " " << dt);
+      torch::manual_seed(c.T + c.K);
+      const auto q = torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64);
+      const auto k = torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64);
+      const auto g = torch::log_sigmoid(torch::randn({c.B, c.T, c.H, c.K}, f64)) / 2;
+      const auto G = ops::chunk_cumulative_gate(g, c.B, c.T, c.H, c.C, torch::kFloat64, torch::kCPU);
+      const auto Kc = ops::to_chunks(k, c.C, torch::kFloat64);
+      const auto want_qk = ops::decayed_scores(ops::to_chunks(q, c.C, torch::kFloat64), Kc, G, true) * scale;
+      const auto want_kk = ops::decayed_scores(Kc, Kc, G, false);
+      torch::NoGradGuard no_grad;
+      const auto qg = q.to(gpu(dt)), kg = k.to(gpu(dt)), Gg = G.to(gpu(torch::kFloat32)).contiguous();
+      const auto [qk, kk] = ops::score_row_pair_by_kernel(qg, kg, Gg, scale);
+      auto cpu64 = [](const Tensor& t) { return t.cpu().to(torch::kFloat64); };
+      const double tol = tolerance(torch::kFloat32);
+      EXPECT_LT(rel_err(cpu64(qk), want_qk), tol) << "scale scores(q, k)";
+      EXPECT_LT(rel_err(cpu64(kk), want_kk), tol) << "scores(k, k)";
+      EXPECT_LT(rel_err(qk, ops::score_rows_by_kernel(qg, kg, Gg, true, scale)), tol) << "against its own pass";
+      EXPECT_LT(rel_err(kk, ops::score_rows_by_kernel(kg, kg, Gg, false)), tol) << "against its own pass";
+    }
 }
 
 // GLA's chunked form (per-channel gates) through the kernels: output, final state and every

@@ -470,6 +470,10 @@ struct ChannelScoresParams {
   const void* b;
   const float* g;
   float* scores;  // A, written whole (zeros outside the kept triangle)
+  // Forward only, or nullptr: b's strict scores with itself too, unscaled (sum_d b_i b_j e_ijd, j < i),
+  // written whole: KDA's scores_kk beside its A_qk in one pass, which reads b and G once and takes each
+  // kept pair's exponential once for both.
+  float* self_scores = nullptr;
   int64_t count;
   int chunk, dim;
   bool inclusive;

@@ -180,13 +180,16 @@ kernels::ChannelScoresParams channel_scores_params(const Tensor& a, const Tensor
   return p;
 }
 
-// The scores [count, C, C] fp32 by the forward kernel.
-Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale = 1.0) {
+// The scores [count, C, C] fp32 by the forward kernel, and with `self_scores` b's strict scores with
+// itself into it (the same shape) in the same pass.
+Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale = 1.0,
+                                const Tensor& self_scores = Tensor()) {
   c10::cuda::CUDAGuard guard(a.device());
   const int64_t C = G.size(-2);
   auto scores = torch::empty({G.numel() / (C * G.size(-1)), C, C}, G.options());
   auto p = channel_scores_params(a, b, G, inclusive, scale);
   p.scores = scores.data_ptr<float>();
+  if (self_scores.defined()) p.self_scores = self_scores.data_ptr<float>();
   kernels::channel_scores_forward(p, detail::current_stream(a));
   return scores;
 }
@@ -342,6 +345,21 @@ Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, b
   return channel_scores_by_kernel(a, b, G, inclusive, scale).view({G.size(0), G.size(1), G.size(2), C, C});
 #else
   detail::no_cuda("score_rows_by_kernel");
+#endif
+}
+
+std::pair<Tensor, Tensor> score_row_pair_by_kernel(const Tensor& q, const Tensor& k, const Tensor& G, double scale) {
+#ifdef LT2_WITH_CUDA
+  LT2_CHECK(score_rows_readable(q, k, G) && G.is_contiguous(),
+            "score_row_pair_by_kernel: q and k token rows the kernels read in place, G packed fp32 on their device, "
+            "found ", q.sizes(), ", ", k.sizes(), ", ", G.sizes());
+  const int64_t C = G.size(-2);
+  const std::vector<int64_t> shape{G.size(0), G.size(1), G.size(2), C, C};
+  auto kk = torch::empty(shape, G.options());
+  auto qk = channel_scores_by_kernel(q, k, G, /*inclusive=*/true, scale, kk).view(shape);
+  return {qk, kk};
+#else
+  detail::no_cuda("score_row_pair_by_kernel");
 #endif
 }
 

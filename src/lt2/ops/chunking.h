@@ -5,6 +5,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include <utility>
 #include <vector>
 
 #include "lt2/nn/linear.h"  // accum_dtype: the dtype the recurrences compute in
@@ -101,6 +102,9 @@ Tensor decayed_scores_of_rows(const Tensor& a, const Tensor& b, const Tensor& G,
 // one pass.
 bool score_rows_kernel_serves(const Tensor& a, const Tensor& b, const Tensor& G);
 Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale = 1.0);
+// The delta rule's two: {scale * scores(q, k, inclusive), scores(k, k, strict)} in one pass of the
+// forward kernel (k and G read once, each kept pair's exponential taken once for both).
+std::pair<Tensor, Tensor> score_row_pair_by_kernel(const Tensor& q, const Tensor& k, const Tensor& G, double scale);
 void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, const Tensor& d_scores,
                              const Tensor& da, const Tensor& db, const Tensor& dG, double scale = 1.0);
 

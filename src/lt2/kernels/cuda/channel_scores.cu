@@ -30,6 +30,9 @@
 // accumulated in registers over the tiles; backward, thread t owns channel d = t % 32 of rows
 // t / 32 + 8 r; for each of its rows it sums da over the row's kept columns and db over the column's
 // kept rows (C terms a row in all, so the work is even), and dG = a da - b db needs nothing else.
+// KDA's two forward scores (q with k inclusive, k with itself strict) share k, G, B̃_I and every
+// diagonal pair's exponential: with self_scores one pass computes both (b's Ã_I beside a's), where
+// two would read k and G twice and take the diagonal's exponentials twice.
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -130,7 +133,7 @@ __device__ __forceinline__ int below_rows_at(int J) { return kBlk * J * (7 - J) 
 
 struct BlockedShared {
   Tiles raw;
-  float a_ref[kScaledRows][kOpPitch];  // forward: Ã_I at rows 16 (I - 1); backward: Ã'_J
+  float a_ref[kScaledRows][kOpPitch];  // forward: Ã_I at rows 16 (I - 1), b's at 48 + 16 (I - 1); backward: Ã'_J
   float b_ref[kScaledRows][kOpPitch];  // B̃_I
   float dA[kMaxC][kDAPitch];           // backward only
   float da_off[kMaxC][kPitch], db_off[kMaxC][kPitch];  // backward: the products' shares of a tile
@@ -146,9 +149,11 @@ __device__ __forceinline__ void scale_left_rows(BlockedShared& s) {
   }
 }
 
-template <typename T>
+// kSelf: with p.self_scores (a variant of its own, so that the single scores keep their registers).
+template <typename T, bool kSelf>
 __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kernel(const ChannelScoresParams p) {
   constexpr int C = kMaxC;
+  constexpr int kSelfRows = 48;  // b's Ã_I (self scores) in a_ref from this row
   extern __shared__ __align__(16) unsigned char blocked_smem[];
   BlockedShared& s = *reinterpret_cast<BlockedShared*>(blocked_smem);
   const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -156,26 +161,32 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
   // The off-diagonal block pairs (I, J), I > J, two n-tiles each: warp w takes units w and w + 8;
   // pair p = I (I - 1) / 2 + J.
   auto pair_rows = [](int pair) { return pair < 1 ? 1 : pair < 3 ? 2 : 3; };
-  float acc[2][1][4] = {};  // warp_product's accumulators, one n-tile a unit
+  float acc[2][1][4] = {}, acc_self[2][1][4] = {};  // warp_product's accumulators, one n-tile a unit
   // The diagonal blocks element by element: thread t, block t / 64, row (t % 64) / 4, columns t % 4 + 4 m.
   const int D = tid / 64, di = kBlk * D + (tid % 64) / 4;
-  float diag[4] = {};
+  float diag[4] = {}, diag_self[4] = {};
   for (int d0 = 0; d0 < K; d0 += kTile) {
     __syncthreads();
     load_tiles<T>(s.raw, p, rows, C, K, d0);
     __syncthreads();
-    for (int e = tid; e < 48 * kTile; e += kThreads) {  // Ã_I, I = 1..3
-      const int r = e / kTile, d = e % kTile, i = kBlk + r;
-      s.a_ref[r][d] = s.raw.a[i][d] * __expf(s.raw.g[i][d] - s.raw.g[kBlk * (i / kBlk)][d]);
+    for (int e = tid; e < (kSelf ? 2 : 1) * kSelfRows * kTile; e += kThreads) {  // Ã_I, I = 1..3 (a's, then b's)
+      const int r = e / kTile, d = e % kTile, i = kBlk + r % kSelfRows;
+      const float x = r < kSelfRows ? s.raw.a[i][d] : s.raw.b[i][d];
+      s.a_ref[r][d] = x * __expf(s.raw.g[i][d] - s.raw.g[kBlk * (i / kBlk)][d]);
     }
     scale_left_rows(s);
 #pragma unroll 4
     for (int d = 0; d < kTile; ++d) {
-      const float ai = s.raw.a[di][d], gi = s.raw.g[di][d];
+      const float ai = s.raw.a[di][d], bi = s.raw.b[di][d], gi = s.raw.g[di][d];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
+      for (int m = 0; m < 4; ++m) {  // one exponential a pair serves both scores
         const int j = kBlk * D + tid % 4 + 4 * m;
-        if (kept(di, j, p.inclusive)) diag[m] = fmaf(ai * s.raw.b[j][d], __expf(gi - s.raw.g[j][d]), diag[m]);
+        const bool keep = kept(di, j, p.inclusive), keep_self = kSelf && j < di;
+        if (keep || keep_self) {
+          const float bj_e = s.raw.b[j][d] * __expf(gi - s.raw.g[j][d]);
+          if (keep) diag[m] = fmaf(ai, bj_e, diag[m]);
+          if (keep_self) diag_self[m] = fmaf(bi, bj_e, diag_self[m]);
+        }
       }
     }
     __syncthreads();
@@ -184,28 +195,36 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
       const int unit = warp + 8 * u;
       if (unit >= 12) break;
       const int I = pair_rows(unit / 2), J = unit / 2 - I * (I - 1) / 2, n0 = kBlk * J + 8 * (unit % 2);
-      warp_product<1, false>(acc[u], &s.a_ref[kBlk * (I - 1)][0], kOpPitch, 1, &s.b_ref[left_rows_at(I) + n0][0], 1,
-                             kOpPitch, 0, 0, 1, 0, kTile);
+      const float* b_op = &s.b_ref[left_rows_at(I) + n0][0];
+      warp_product<1, false>(acc[u], &s.a_ref[kBlk * (I - 1)][0], kOpPitch, 1, b_op, 1, kOpPitch, 0, 0, 1, 0, kTile);
+      if constexpr (kSelf)
+        warp_product<1, false>(acc_self[u], &s.a_ref[kSelfRows + kBlk * (I - 1)][0], kOpPitch, 1, b_op, 1, kOpPitch,
+                               0, 0, 1, 0, kTile);
     }
   }
-  float* out = p.scores + static_cast<int64_t>(blockIdx.x) * C * C;
+  // The scores (times `scale`) and b's self scores: the off-diagonal blocks, the diagonal ones (zero where
+  // not kept), the blocks above the diagonal zeros.
+  auto store = [&](float* out, const float (&off)[2][1][4], const float (&on)[4], float scale) {
 #pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int unit = warp + 8 * u;
-    if (unit >= 12) break;
-    const int I = pair_rows(unit / 2), J = unit / 2 - I * (I - 1) / 2, col = kBlk * J + 8 * (unit % 2) + 2 * t;
+    for (int u = 0; u < 2; ++u) {
+      const int unit = warp + 8 * u;
+      if (unit >= 12) break;
+      const int I = pair_rows(unit / 2), J = unit / 2 - I * (I - 1) / 2, col = kBlk * J + 8 * (unit % 2) + 2 * t;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<float2*>(out + (kBlk * I + g + 8 * r) * C + col) =
-          make_float2(p.scale * acc[u][0][2 * r], p.scale * acc[u][0][2 * r + 1]);
-  }
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(out + (kBlk * I + g + 8 * r) * C + col) =
+            make_float2(scale * off[u][0][2 * r], scale * off[u][0][2 * r + 1]);
+    }
 #pragma unroll
-  for (int m = 0; m < 4; ++m) out[di * C + kBlk * D + tid % 4 + 4 * m] = p.scale * diag[m];  // zero where not kept
-  for (int e = tid; e < 6 * kBlk * kBlk; e += kThreads) {  // the blocks above the diagonal
-    const int pair = e / (kBlk * kBlk), I = pair < 3 ? 0 : pair < 5 ? 1 : 2, J = pair < 3 ? pair + 1 : pair < 5 ? pair - 1 : 3;
-    const int i = kBlk * I + (e / kBlk) % kBlk, j = kBlk * J + e % kBlk;
-    out[i * C + j] = 0.f;
-  }
+    for (int m = 0; m < 4; ++m) out[di * C + kBlk * D + tid % 4 + 4 * m] = scale * on[m];
+    for (int e = tid; e < 6 * kBlk * kBlk; e += kThreads) {
+      const int pair = e / (kBlk * kBlk), I = pair < 3 ? 0 : pair < 5 ? 1 : 2,
+                J = pair < 3 ? pair + 1 : pair < 5 ? pair - 1 : 3;
+      out[(kBlk * I + (e / kBlk) % kBlk) * C + kBlk * J + e % kBlk] = 0.f;
+    }
+  };
+  store(p.scores + static_cast<int64_t>(blockIdx.x) * C * C, acc, diag, p.scale);
+  if constexpr (kSelf) store(p.self_scores + static_cast<int64_t>(blockIdx.x) * C * C, acc_self, diag_self, 1.f);
 }
 
 template <typename T>
@@ -306,10 +325,11 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_kernel(const 
   const int C = p.chunk, K = p.dim;
   const Rows rows = rows_of(p, blockIdx.x);
   const int i = threadIdx.x / 4, j0 = threadIdx.x % 4;
+  const bool self = p.self_scores != nullptr;
   constexpr int kCols = kMaxC / 4;
-  float acc[kCols];
+  float acc[kCols], acc_self[kCols];
 #pragma unroll
-  for (int r = 0; r < kCols; ++r) acc[r] = 0.f;
+  for (int r = 0; r < kCols; ++r) acc[r] = acc_self[r] = 0.f;
   for (int d0 = 0; d0 < K; d0 += kTile) {
     __syncthreads();
     load_tiles<T>(s, p, rows, C, K, d0);
@@ -317,20 +337,27 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_kernel(const 
     if (i >= C) continue;
 #pragma unroll 4
     for (int d = 0; d < kTile; ++d) {
-      const float ai = s.a[i][d], gi = s.g[i][d];
+      const float ai = s.a[i][d], bi = s.b[i][d], gi = s.g[i][d];
 #pragma unroll
       for (int r = 0; r < kCols; ++r) {
         const int j = j0 + 4 * r;
-        if (j < C && kept(i, j, p.inclusive)) acc[r] = fmaf(ai * s.b[j][d], __expf(gi - s.g[j][d]), acc[r]);
+        const bool keep = j < C && kept(i, j, p.inclusive), keep_self = self && j < i;
+        if (keep || keep_self) {
+          const float bj_e = s.b[j][d] * __expf(gi - s.g[j][d]);
+          if (keep) acc[r] = fmaf(ai, bj_e, acc[r]);
+          if (keep_self) acc_self[r] = fmaf(bi, bj_e, acc_self[r]);
+        }
       }
     }
   }
   if (i >= C) return;
-  float* out = p.scores + static_cast<int64_t>(blockIdx.x) * C * C + static_cast<int64_t>(i) * C;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * C * C + static_cast<int64_t>(i) * C;
 #pragma unroll
   for (int r = 0; r < kCols; ++r) {
     const int j = j0 + 4 * r;
-    if (j < C) out[j] = p.scale * acc[r];  // zero where not kept
+    if (j >= C) continue;
+    p.scores[row + j] = p.scale * acc[r];  // zero where not kept
+    if (self) p.self_scores[row + j] = acc_self[r];
   }
 }
 
@@ -443,9 +470,15 @@ void channel_scores_forward(const ChannelScoresParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_rows(p.dtype, [&](auto t) {
     using T = decltype(t);
-    if (p.chunk == kMaxC) {
-      reserve_shared<channel_scores_forward_blocked_kernel<T>>(kForwardSharedBytes, "channel_scores_forward");
-      channel_scores_forward_blocked_kernel<T><<<static_cast<unsigned>(p.count), kThreads, kForwardSharedBytes, s>>>(p);
+    auto blocked = [&](auto self) {
+      constexpr auto kernel = channel_scores_forward_blocked_kernel<T, decltype(self)::value>;
+      reserve_shared<kernel>(kForwardSharedBytes, "channel_scores_forward");
+      kernel<<<static_cast<unsigned>(p.count), kThreads, kForwardSharedBytes, s>>>(p);
+    };
+    if (p.chunk == kMaxC && p.self_scores) {
+      blocked(std::true_type{});
+    } else if (p.chunk == kMaxC) {
+      blocked(std::false_type{});
     } else {
       channel_scores_forward_kernel<T><<<static_cast<unsigned>(p.count), kThreads, 0, s>>>(p);
     }
@@ -455,7 +488,8 @@ void channel_scores_forward(const ChannelScoresParams& p, void* stream) {
 
 void channel_scores_backward(const ChannelScoresBackwardParams& bp, void* stream) {
   check_params(bp.forward, "channel_scores_backward");
-  LT2_CHECK(bp.d_scores && bp.da && bp.db && bp.dg, "channel_scores_backward: d_scores, da, db and dg must be given");
+  LT2_CHECK(bp.d_scores && bp.da && bp.db && bp.dg && !bp.forward.self_scores,
+            "channel_scores_backward: d_scores, da, db and dg must be given, and no self_scores");
   if (bp.forward.count == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_rows(bp.forward.dtype, [&](auto t) {

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lt2/ops/chunking.h"
@@ -535,10 +536,10 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_kk)};
     const bool per_channel = channels.G.defined();
     Tensor a_qk = per_channel ? torch::empty({0}, f32) : torch::empty({B, H, N, C, C}, f32);
-    if (scores_inside) {
+    if (scores_inside && beta.numel() > 0)
+      std::tie(a_qk, channels.scores_kk) = score_row_pair_by_kernel(q, k, G, scale);
+    else if (scores_inside)
       a_qk = score_rows_by_kernel(q, k, G, /*inclusive=*/true, scale);
-      if (beta.numel() > 0) channels.scores_kk = score_rows_by_kernel(k, k, G, /*inclusive=*/false);
-    }
     auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), channels, scale, C);
     const int64_t carry_dim = per_channel ? K : 1;
     std::vector<Tensor> out{p.additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
