@@ -336,13 +336,25 @@ bool score_rows_kernel_serves(const Tensor& a, const Tensor& b, const Tensor& G)
 #endif
 }
 
+#ifdef LT2_WITH_CUDA
+namespace {
+// The scores of a's and b's token rows [B, H, N, C, C] by the forward kernel (`self_scores`, of that shape,
+// takes b's strict scores with itself in the same pass), checked for what the kernels read in place.
+Tensor score_rows_checked(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale,
+                          const Tensor& self_scores, const char* op) {
+  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous(), op,
+            ": a and b token rows the kernels read in place, G packed fp32 on their device, found ", a.sizes(), ", ",
+            b.sizes(), ", ", G.sizes());
+  const int64_t C = G.size(-2);
+  return channel_scores_by_kernel(a, b, G, inclusive, scale, self_scores)
+      .view({G.size(0), G.size(1), G.size(2), C, C});
+}
+}  // namespace
+#endif
+
 Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, double scale) {
 #ifdef LT2_WITH_CUDA
-  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous(),
-            "score_rows_by_kernel: a and b token rows the kernels read in place, G packed fp32 on their device, "
-            "found ", a.sizes(), ", ", b.sizes(), ", ", G.sizes());
-  const int64_t C = G.size(-2);
-  return channel_scores_by_kernel(a, b, G, inclusive, scale).view({G.size(0), G.size(1), G.size(2), C, C});
+  return score_rows_checked(a, b, G, inclusive, scale, Tensor(), "score_rows_by_kernel");
 #else
   detail::no_cuda("score_rows_by_kernel");
 #endif
@@ -350,14 +362,10 @@ Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, b
 
 std::pair<Tensor, Tensor> score_row_pair_by_kernel(const Tensor& q, const Tensor& k, const Tensor& G, double scale) {
 #ifdef LT2_WITH_CUDA
-  LT2_CHECK(score_rows_readable(q, k, G) && G.is_contiguous(),
-            "score_row_pair_by_kernel: q and k token rows the kernels read in place, G packed fp32 on their device, "
-            "found ", q.sizes(), ", ", k.sizes(), ", ", G.sizes());
-  const int64_t C = G.size(-2);
-  const std::vector<int64_t> shape{G.size(0), G.size(1), G.size(2), C, C};
+  auto shape = G.sizes().vec();  // [B, H, N, C, K] -> [B, H, N, C, C]
+  shape.back() = G.size(-2);
   auto kk = torch::empty(shape, G.options());
-  auto qk = channel_scores_by_kernel(q, k, G, /*inclusive=*/true, scale, kk).view(shape);
-  return {qk, kk};
+  return {score_rows_checked(q, k, G, /*inclusive=*/true, scale, kk, "score_row_pair_by_kernel"), kk};
 #else
   detail::no_cuda("score_row_pair_by_kernel");
 #endif

@@ -1400,14 +1400,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
   // of phase 5 are skipped.
   float pq[4][4] = {}, qk[4][4] = {};
   if (!gate) warp_product<4, kTf32 || kExactInTf32>(qk, sQ, P, 1, sK, 1, P, m0, nsq, 4, 0, K);
-  const float* dA = gate ? nullptr : bp.da_qk + chunk * C * C;
+  const float* dA = kChannel ? nullptr : bp.da_qk + chunk * C * C;
   float* d_kk = gate && delta ? bp.d_scores_kk + chunk * C * C : nullptr;
   float row_g[2] = {}, row_b[2] = {}, col_g[4][2] = {};
   for_square_entries([&](int j, int r, int e, int i, int col) {
     const int at = 2 * r + e;
     const float decayed = col <= i ? decay(i, col) : 0.f;
     const float dl = col < i ? -ds[j][at] : 0.f;
-    const float da = !gate && col <= i ? dA[i * C + col] : 0.f;
+    const float da = !kChannel && col <= i ? dA[i * C + col] : 0.f;
     const float w = dl * sB[i] * kke[j][at] + da * p.scale * qk[j][at] * decayed;  // dL L + dA A
     row_b[r] = fmaf(dl, kke[j][at], row_b[r]);
     row_g[r] += w;
