@@ -32,7 +32,8 @@
 # `ceab`: lt-100m with the cross-entropy kernel off and on (same binary); `gateab`: the chunk gate kernels
 # off and on; `lsgab`: the log-sigmoid gate kernels off and on (HGRN2, GLA); `scaleab`: Mamba2's scaled
 # values' kernels off and on; `rowsab`: the score kernels on token rows off and on (GLA, KDA, HGRN2, or
-# ROWSAB_PATTERNS); `sliceab`: the preparation backward's gradients of q, k and v in one buffer with the
+# ROWSAB_PATTERNS); `pairab`: KDA's two scores in one pass each way off and on (or PAIRAB_PATTERNS);
+# `sliceab`: the preparation backward's gradients of q, k and v in one buffer with the
 # projection's width off and on (GLA, or SLICEAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers (or SPARSEAB_PATTERNS) at both shapes, MID
 # against the new tree; `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
 # `nsaprof`: lt-100m/nsa's profile at 2048 x 16; `prodab`: the scan backward's products kernel off and on;
@@ -146,12 +147,14 @@ switch_ab() {
      --checkpoint-loops=auto --option $switch=\$o | grep RESULT; done; done"
 }
 # The LM head loss's cross-entropy kernel; the chunk gate kernels (KDA, or GATEAB_PATTERNS); the log-sigmoid
-# gate kernels (HGRN2, GLA); Mamba2's scaled-values kernels.
+# gate kernels (HGRN2, GLA); Mamba2's scaled-values kernels; the score kernels on token rows; KDA's two
+# scores in one pass each way; GLA's gradients in one shared buffer.
 steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
   "$(switch_ab gateab 150 chunk_gate ${GATEAB_PATTERNS:-kda})"
   "$(switch_ab lsgab 200 log_sigmoid_gate hgrn2 gla)"
   "$(switch_ab scaleab 120 scale_heads mamba2)"
   "$(switch_ab rowsab 240 channel_score_rows ${ROWSAB_PATTERNS:-gla kda hgrn2})"
+  "$(switch_ab pairab 150 channel_score_pairs ${PAIRAB_PATTERNS:-kda})"
   "$(switch_ab sliceab 150 shared_slice_gradients ${SLICEAB_PATTERNS:-gla})")
 # The chunk scan's backward products in one kernel, off and on in one binary: lt2-gdn-100m, and lt-100m with
 # KDA layers (PRODAB_MODELS: train_bench's model arguments, quoted each).

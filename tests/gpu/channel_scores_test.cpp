@@ -5,7 +5,8 @@
 // factors underflow), strict and inclusive, at chunk sizes 64 (the mixers', on tensor cores), 48, 16
 // and 5 and head dims 1 to 256 (off the kernels' 32-channel tiles too); the option off keeps the libtorch
 // form on CUDA; the kernels reading token rows (q and k in place, fp32 or bf16); GLA's chunked form
-// and its gradients through the kernels against the float64 recurrence; KDA's two scores in one pass;
+// and its gradients through the kernels against the float64 recurrence; KDA's two scores in one pass,
+// forward and backward;
 // the chunked forms reading q, k
 // and v as column slices of one projection output in place, equal to reading packed copies. Skips
 // where no CUDA GPU (or no CUDA kernels) is present.
@@ -155,7 +156,10 @@ TEST(ChannelScoresGpu, TokenRowsMatchTheChunkLayout) {
 // KDA's two scores in one pass (ops::score_row_pair_by_kernel: scale * scores(q, k) inclusive and
 // scores(k, k) strict from q's and k's token rows): both against the float64 chunk-layout form on the
 // rows' rounded values, at chunk 64 (the tensor-core kernel) and 16, lengths on and off the chunk, fp32
-// and bf16 rows; and equal to the two passes of score_rows_by_kernel within fp32's tolerance.
+// and bf16 rows; and equal to the two passes of score_rows_by_kernel within fp32's tolerance. Their
+// backward in one pass (ops::add_score_row_pair_backward), adding into random prior gradients: dq, dk and
+// dG against the priors plus float64 autograd's, and against the two accumulating passes
+// (add_score_rows_backward of each score) within the rows' tolerance (dq, dk) and fp32's (dG).
 TEST(ChannelScoresGpu, ScoreRowPairMatchesTwoPasses) {
   REQUIRE_FUSED_DECODE();
   struct PairCase {
@@ -168,22 +172,47 @@ TEST(ChannelScoresGpu, ScoreRowPairMatchesTwoPasses) {
     for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
       SCOPED_TRACE(::testing::Message() << "T " << c.T << " K " << c.K << " C " << c.C << " " << dt);
       torch::manual_seed(c.T + c.K);
-      const auto q = torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64);
-      const auto k = torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64);
+      const auto q = torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64).requires_grad_(true);
+      const auto k = torch::randn({c.B, c.T, c.H, c.K}).to(dt).to(torch::kFloat64).requires_grad_(true);
       const auto g = torch::log_sigmoid(torch::randn({c.B, c.T, c.H, c.K}, f64)) / 2;
-      const auto G = ops::chunk_cumulative_gate(g, c.B, c.T, c.H, c.C, torch::kFloat64, torch::kCPU);
+      const auto G = ops::chunk_cumulative_gate(g, c.B, c.T, c.H, c.C, torch::kFloat64, torch::kCPU)
+                         .detach()
+                         .requires_grad_(true);
       const auto Kc = ops::to_chunks(k, c.C, torch::kFloat64);
       const auto want_qk = ops::decayed_scores(ops::to_chunks(q, c.C, torch::kFloat64), Kc, G, true) * scale;
       const auto want_kk = ops::decayed_scores(Kc, Kc, G, false);
+      const auto d_qk = torch::randn_like(want_qk), d_kk = torch::randn_like(want_kk);
+      ((want_qk * d_qk).sum() + (want_kk * d_kk).sum()).backward();
+      // Prior gradients the backward adds to, rounded to the dtype they are held in.
+      const auto prior_q = torch::randn_like(q).to(dt).to(torch::kFloat64);
+      const auto prior_k = torch::randn_like(k).to(dt).to(torch::kFloat64);
+      const auto prior_G = torch::randn_like(G).to(torch::kFloat32).to(torch::kFloat64);
       torch::NoGradGuard no_grad;
-      const auto qg = q.to(gpu(dt)), kg = k.to(gpu(dt)), Gg = G.to(gpu(torch::kFloat32)).contiguous();
+      const auto qg = q.detach().to(gpu(dt)), kg = k.detach().to(gpu(dt));
+      const auto Gg = G.detach().to(gpu(torch::kFloat32)).contiguous();
       const auto [qk, kk] = ops::score_row_pair_by_kernel(qg, kg, Gg, scale);
       auto cpu64 = [](const Tensor& t) { return t.cpu().to(torch::kFloat64); };
-      const double tol = tolerance(torch::kFloat32);
-      EXPECT_LT(rel_err(cpu64(qk), want_qk), tol) << "scale scores(q, k)";
-      EXPECT_LT(rel_err(cpu64(kk), want_kk), tol) << "scores(k, k)";
+      const double tol = tolerance(torch::kFloat32), tol_rows = tolerance(dt);
+      EXPECT_LT(rel_err(cpu64(qk), want_qk.detach()), tol) << "scale scores(q, k)";
+      EXPECT_LT(rel_err(cpu64(kk), want_kk.detach()), tol) << "scores(k, k)";
       EXPECT_LT(rel_err(qk, ops::score_rows_by_kernel(qg, kg, Gg, true, scale)), tol) << "against its own pass";
       EXPECT_LT(rel_err(kk, ops::score_rows_by_kernel(kg, kg, Gg, false)), tol) << "against its own pass";
+
+      const auto d_qk_g = d_qk.to(gpu(torch::kFloat32)), d_kk_g = d_kk.to(gpu(torch::kFloat32));
+      auto priors = [&] {
+        return std::vector<Tensor>{prior_q.to(gpu(dt)), prior_k.to(gpu(dt)),
+                                   prior_G.to(gpu(torch::kFloat32)).contiguous()};
+      };
+      const auto pair = priors();
+      ops::add_score_row_pair_backward(qg, kg, Gg, d_qk_g, d_kk_g, pair[0], pair[1], pair[2], scale);
+      const auto passes = priors();
+      ops::add_score_rows_backward(qg, kg, Gg, true, d_qk_g, passes[0], passes[1], passes[2], scale);
+      ops::add_score_rows_backward(kg, kg, Gg, false, d_kk_g, passes[1], passes[1], passes[2]);
+      EXPECT_LT(rel_err(cpu64(pair[0]), prior_q + q.grad()), tol_rows) << "dq";
+      EXPECT_LT(rel_err(cpu64(pair[1]), prior_k + k.grad()), tol_rows) << "dk";
+      EXPECT_LT(rel_err(cpu64(pair[2]), prior_G + G.grad()), tol) << "dG";
+      for (int i = 0; i < 3; ++i)
+        EXPECT_LT(rel_err(cpu64(pair[i]), cpu64(passes[i])), i < 2 ? tol_rows : tol) << "against two passes, " << i;
     }
 }
 

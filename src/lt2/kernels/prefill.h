@@ -497,6 +497,9 @@ struct ChannelScoresBackwardParams {
   // gradients too: one sum in the kernel, not a pass of its own). da may be db where a is b: both shares
   // land there.
   bool accumulate = false;
+  // Or nullptr: the gradient of b's strict self scores too (the forward's self_scores, unscaled: KDA's
+  // scores_kk), [count, C, C] fp32, its shares added to db and dg in the same pass (da and db apart).
+  const float* d_self_scores = nullptr;
 };
 void channel_scores_backward(const ChannelScoresBackwardParams& p, void* stream);
 

@@ -194,15 +194,19 @@ Tensor channel_scores_by_kernel(const Tensor& a, const Tensor& b, const Tensor& 
   return scores;
 }
 
-// The backward kernel from d_scores into da, db (a's and b's layout and dtype) and dG, written or added.
+// The backward kernel from d_scores (and with d_self_scores b's self scores' gradient in the same pass)
+// into da, db (a's and b's layout and dtype) and dG, written or added.
 void channel_scores_backward_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive,
                                        const Tensor& d_scores, const Tensor& da, const Tensor& db, const Tensor& dG,
-                                       bool accumulate, double scale = 1.0) {
+                                       bool accumulate, double scale = 1.0,
+                                       const Tensor& d_self_scores = Tensor()) {
   c10::cuda::CUDAGuard guard(a.device());
   const auto ds = d_scores.to(torch::kFloat32).contiguous();
+  const auto d_self = d_self_scores.defined() ? d_self_scores.to(torch::kFloat32).contiguous() : Tensor();
   kernels::ChannelScoresBackwardParams bp{};
   bp.forward = channel_scores_params(a, b, G, inclusive, scale);
   bp.d_scores = ds.data_ptr<float>();
+  bp.d_self_scores = d_self.defined() ? d_self.data_ptr<float>() : nullptr;
   bp.da = da.data_ptr(), bp.db = db.data_ptr(), bp.dg = dG.data_ptr<float>();
   bp.accumulate = accumulate;
   kernels::channel_scores_backward(bp, detail::current_stream(a));
@@ -371,15 +375,36 @@ std::pair<Tensor, Tensor> score_row_pair_by_kernel(const Tensor& q, const Tensor
 #endif
 }
 
+#ifdef LT2_WITH_CUDA
+namespace {
+void check_score_row_gradients(const Tensor& a, const Tensor& b, const Tensor& G, const Tensor& da, const Tensor& db,
+                               const Tensor& dG, const char* op) {
+  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous() && dG.sizes() == G.sizes() && dG.is_contiguous() &&
+                da.strides() == a.strides() && db.strides() == b.strides(),
+            op, ": da, db and dG must have a's, b's and G's layouts");
+}
+}  // namespace
+#endif
+
 void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, const Tensor& d_scores,
                              const Tensor& da, const Tensor& db, const Tensor& dG, double scale) {
 #ifdef LT2_WITH_CUDA
-  LT2_CHECK(score_rows_readable(a, b, G) && G.is_contiguous() && dG.sizes() == G.sizes() && dG.is_contiguous() &&
-                da.strides() == a.strides() && db.strides() == b.strides(),
-            "add_score_rows_backward: da, db and dG must have a's, b's and G's layouts");
+  check_score_row_gradients(a, b, G, da, db, dG, "add_score_rows_backward");
   channel_scores_backward_by_kernel(a, b, G, inclusive, d_scores, da, db, dG, /*accumulate=*/true, scale);
 #else
   detail::no_cuda("add_score_rows_backward");
+#endif
+}
+
+void add_score_row_pair_backward(const Tensor& q, const Tensor& k, const Tensor& G, const Tensor& d_qk,
+                                 const Tensor& d_kk, const Tensor& dq, const Tensor& dk, const Tensor& dG,
+                                 double scale) {
+#ifdef LT2_WITH_CUDA
+  check_score_row_gradients(q, k, G, dq, dk, dG, "add_score_row_pair_backward");
+  LT2_CHECK(dq.data_ptr() != dk.data_ptr(), "add_score_row_pair_backward: dq and dk must be apart");
+  channel_scores_backward_by_kernel(q, k, G, /*inclusive=*/true, d_qk, dq, dk, dG, /*accumulate=*/true, scale, d_kk);
+#else
+  detail::no_cuda("add_score_row_pair_backward");
 #endif
 }
 

@@ -107,6 +107,11 @@ Tensor score_rows_by_kernel(const Tensor& a, const Tensor& b, const Tensor& G, b
 std::pair<Tensor, Tensor> score_row_pair_by_kernel(const Tensor& q, const Tensor& k, const Tensor& G, double scale);
 void add_score_rows_backward(const Tensor& a, const Tensor& b, const Tensor& G, bool inclusive, const Tensor& d_scores,
                              const Tensor& da, const Tensor& db, const Tensor& dG, double scale = 1.0);
+// The pair's backward in one pass of the backward kernel, adding into dq, dk (apart) and dG: d_qk the scaled
+// scores' gradient, d_kk the self scores'.
+void add_score_row_pair_backward(const Tensor& q, const Tensor& k, const Tensor& G, const Tensor& d_qk,
+                                 const Tensor& d_kk, const Tensor& dq, const Tensor& dk, const Tensor& dG,
+                                 double scale);
 
 // Whether the CUDA kernels that read token rows take t [B, T, H, D] in place: each token's H D
 // elements packed, the tokens evenly t.stride(1) elements apart (a packed tensor, or a column slice

@@ -57,8 +57,7 @@ const std::vector<std::string>& DecodeOptions::names() {
       "scan_value_block", "short_conv", "row_norm", "norm_products_dtype", "residual_norm", "gated_product",
       "cross_entropy_kernel", "rope", "delta_rule_prepare", "gated_linear_prepare", "channel_gate_prepare",
       "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores", "channel_score_rows",
-      "scan_backward_products", "shared_slice_gradients", "chunk_gate",
-      "log_sigmoid_gate", "scale_heads", "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels",
+      "channel_score_pairs", "scan_backward_products", "shared_slice_gradients", "chunk_gate", "log_sigmoid_gate", "scale_heads", "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels",
       "dsa_head_probs", "dsa_sparse_prefill", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks",
       "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
@@ -91,6 +90,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "window_flash") window_flash = parse_bool(name, v);
   else if (name == "channel_scores") channel_scores = parse_bool(name, v);
   else if (name == "channel_score_rows") channel_score_rows = parse_bool(name, v);
+  else if (name == "channel_score_pairs") channel_score_pairs = parse_bool(name, v);
   else if (name == "scan_backward_products") scan_backward_products = parse_bool(name, v);
   else if (name == "shared_slice_gradients") shared_slice_gradients = parse_bool(name, v);
   else if (name == "chunk_gate") chunk_gate = parse_bool(name, v);
@@ -134,6 +134,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "window_flash=" + b(window_flash),
           "channel_scores=" + b(channel_scores),
           "channel_score_rows=" + b(channel_score_rows),
+          "channel_score_pairs=" + b(channel_score_pairs),
           "scan_backward_products=" + b(scan_backward_products),
           "shared_slice_gradients=" + b(shared_slice_gradients),
           "chunk_gate=" + b(chunk_gate),

@@ -90,6 +90,10 @@ struct DecodeOptions {
   // dtype, and writing their gradients there (off: fp32 copies of q and k in the chunk layout, and
   // the gradients copied back).
   bool channel_score_rows = true;
+  // KDA's two intra-chunk scores where the preparation runs them (scale * scores(q, k) and scores(k, k)) by
+  // one pass of those kernels forward and one backward, sharing the reads of k and G and the decay
+  // factors (off: a pass each way for each; decided at forward time).
+  bool channel_score_pairs = true;
   // The chunk scan's backward on CUDA kernels around the adjoint scan: its products (dKt = G_{n+1}
   // V_n^T, dW = -dU_n S_n^T and the decay's gradient sum_v G_{n+1} S_n) as one kernel reading each
   // operand once, and its inputs -Kt^T and -W^T by a tiled transpose (off: two batched GEMMs and a

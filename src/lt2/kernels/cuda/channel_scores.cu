@@ -32,7 +32,11 @@
 // kept rows (C terms a row in all, so the work is even), and dG = a da - b db needs nothing else.
 // KDA's two forward scores (q with k inclusive, k with itself strict) share k, G, B̃_I and every
 // diagonal pair's exponential: with self_scores one pass computes both (b's Ã_I beside a's), where
-// two would read k and G twice and take the diagonal's exponentials twice.
+// two would read k and G twice and take the diagonal's exponentials twice. Their backward in one pass
+// likewise (d_self_scores): q, k and G read once, B̃_I scaled once, dk and dG read and written once where two
+// accumulating passes read and wrote them twice; the self scores' diagonal blocks run on the 128 threads the
+// single backward leaves idle there, and the products' shares take the scaled operands' shared memory once
+// the products are done (101 KB a block at 128 registers: two an SM; the single backward 70 KB at 80: three).
 #include "lt2/kernels/prefill.h"
 
 #include "lt2/kernels/cuda/device_utils.cuh"
@@ -131,21 +135,34 @@ constexpr int kScaledRows = 96;          // 16 + 32 + 48 rows of either family o
 __device__ __forceinline__ int left_rows_at(int I) { return kBlk * I * (I - 1) / 2; }      // 0, 16, 48
 __device__ __forceinline__ int below_rows_at(int J) { return kBlk * J * (7 - J) / 2; }     // 0, 48, 80
 
-struct BlockedShared {
+// The forward's shared memory: the raw tiles and the scaled operands (Ã_I of a at rows 16 (I - 1), with
+// self_scores b's at 48 + 16 (I - 1); B̃_I).
+struct ForwardShared {
   Tiles raw;
-  float a_ref[kScaledRows][kOpPitch];  // forward: Ã_I at rows 16 (I - 1), b's at 48 + 16 (I - 1); backward: Ã'_J
-  float b_ref[kScaledRows][kOpPitch];  // B̃_I
-  float dA[kMaxC][kDAPitch];           // backward only
-  float da_off[kMaxC][kPitch], db_off[kMaxC][kPitch];  // backward: the products' shares of a tile
+  float a_ref[kScaledRows][kOpPitch];
+  float b_ref[kScaledRows][kOpPitch];
 };
-constexpr size_t kForwardSharedBytes = offsetof(BlockedShared, dA);
-constexpr size_t kBackwardSharedBytes = sizeof(BlockedShared);
+// The backward's, for kScores score matrices (2: a's scores with b and b's self scores): the raw tiles; the
+// scaled operands Ã'_J (a's, then b's) and B̃_I, whose space the products' shares of a tile take once the
+// products are done (da of each score, then db summed over them); each score's dA.
+template <int kScores>
+struct BackwardShared {
+  Tiles raw;
+  union {
+    struct {
+      float a_ref[kScores * kScaledRows][kOpPitch];
+      float b_ref[kScaledRows][kOpPitch];
+    } op;
+    float off[kScores + 1][kMaxC][kPitch];
+  } u;
+  float dA[kScores][kMaxC][kDAPitch];
+};
 
 // B̃_I for I = 1..3 from the raw tile.
-__device__ __forceinline__ void scale_left_rows(BlockedShared& s) {
+__device__ __forceinline__ void scale_left_rows(const Tiles& raw, float (&b_ref)[kScaledRows][kOpPitch]) {
   for (int e = threadIdx.x; e < kScaledRows * kTile; e += kThreads) {
     const int r = e / kTile, d = e % kTile, I = r < 16 ? 1 : r < 48 ? 2 : 3, j = r - left_rows_at(I);
-    s.b_ref[r][d] = s.raw.b[j][d] * __expf(s.raw.g[kBlk * I][d] - s.raw.g[j][d]);
+    b_ref[r][d] = raw.b[j][d] * __expf(raw.g[kBlk * I][d] - raw.g[j][d]);
   }
 }
 
@@ -155,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
   constexpr int C = kMaxC;
   constexpr int kSelfRows = 48;  // b's Ã_I (self scores) in a_ref from this row
   extern __shared__ __align__(16) unsigned char blocked_smem[];
-  BlockedShared& s = *reinterpret_cast<BlockedShared*>(blocked_smem);
+  ForwardShared& s = *reinterpret_cast<ForwardShared*>(blocked_smem);
   const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const Rows rows = rows_of(p, blockIdx.x);
   // The off-diagonal block pairs (I, J), I > J, two n-tiles each: warp w takes units w and w + 8;
@@ -174,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
       const float x = r < kSelfRows ? s.raw.a[i][d] : s.raw.b[i][d];
       s.a_ref[r][d] = x * __expf(s.raw.g[i][d] - s.raw.g[kBlk * (i / kBlk)][d]);
     }
-    scale_left_rows(s);
+    scale_left_rows(s.raw, s.b_ref);
 #pragma unroll 4
     for (int d = 0; d < kTile; ++d) {
       const float ai = s.raw.a[di][d], bi = s.raw.b[di][d], gi = s.raw.g[di][d];
@@ -227,79 +244,113 @@ __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kerne
   if constexpr (kSelf) store(p.self_scores + static_cast<int64_t>(blockIdx.x) * C * C, acc_self, diag_self, 1.f);
 }
 
-template <typename T>
+// kPair: with bp.d_self_scores, b's self scores' gradient too (a variant of its own, as the forward's).
+// Per tile: the off-diagonal products (warps 0-3 da of blocks I = 1..3, warps 4-7 db of blocks J = 0..2, one
+// n-tile of 8 channels each), kept in registers until every warp is done with the operands, then written
+// where those were; the diagonal blocks (threads 0-127 one channel of a block each, with kPair threads
+// 128-255 the same for the self scores, which adds their shares to the products'); each (row, channel)'s
+// gradients summed and stored by threads 0-127.
+template <typename T, bool kPair>
 __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kernel(const ChannelScoresBackwardParams bp) {
-  constexpr int C = kMaxC;
+  constexpr int C = kMaxC, kScores = kPair ? 2 : 1;
   const ChannelScoresParams& p = bp.forward;
   extern __shared__ __align__(16) unsigned char blocked_smem[];
-  BlockedShared& s = *reinterpret_cast<BlockedShared*>(blocked_smem);
+  auto& s = *reinterpret_cast<BackwardShared<kScores>*>(blocked_smem);
   const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const Rows rows = rows_of(p, blockIdx.x);
-  const float* dS = bp.d_scores + static_cast<int64_t>(blockIdx.x) * C * C;
-  for (int e = tid; e < C * C; e += kThreads) s.dA[e / C][e % C] = p.scale * dS[e];  // only kept entries are read
-  for (int e = tid; e < kBlk * kTile; e += kThreads) {  // rows with no off-diagonal share
-    s.da_off[e / kTile][e % kTile] = 0.f;
-    s.db_off[C - kBlk + e / kTile][e % kTile] = 0.f;
+  const int64_t scores_at = static_cast<int64_t>(blockIdx.x) * C * C;
+  for (int e = tid; e < kScores * C * C; e += kThreads) {  // only kept entries are read
+    const int x = e / (C * C), at = e % (C * C);
+    s.dA[x][at / C][at % C] = x == 0 ? p.scale * bp.d_scores[scores_at + at] : bp.d_self_scores[scores_at + at];
   }
-  // Warps 0-3: da of blocks I = 1..3 at n-tile (8 channels) w; warps 4-7: db of blocks J = 0..2 at n-tile w - 4.
   const bool rows_da = warp < 4;
   const int n0 = 8 * (warp % 4);
-  // The diagonal blocks: thread t < 128 owns channel t % 32 of block t / 32, every pair of it.
-  const int d_own = tid % 32, D = tid / 32;
+  // The diagonal blocks: thread t owns channel t % 32 of block (t / 32) % 4, every pair of it, of a's scores
+  // (t < 128) or b's self scores (t >= 128: strict, b in a's place).
+  const int d_own = tid % 32, D = tid / 32 % 4;
+  const bool self = kPair && tid >= 4 * kTile, diagonal = kPair || tid < 4 * kTile;
   for (int d0 = 0; d0 < K; d0 += kTile) {
     __syncthreads();
     load_tiles<T>(s.raw, p, rows, C, K, d0);
     __syncthreads();
-    for (int e = tid; e < kScaledRows * kTile; e += kThreads) {  // Ã'_J, J = 0..2
-      const int r = e / kTile, d = e % kTile, J = r < 48 ? 0 : r < 80 ? 1 : 2, i = kBlk * (J + 1) + r - below_rows_at(J);
-      s.a_ref[r][d] = s.raw.a[i][d] * __expf(s.raw.g[i][d] - s.raw.g[kBlk * J + kBlk - 1][d]);
+    for (int e = tid; e < kScores * kScaledRows * kTile; e += kThreads) {  // Ã'_J, J = 0..2 (a's, then b's)
+      const int r = e / kTile % kScaledRows, d = e % kTile, J = r < 48 ? 0 : r < 80 ? 1 : 2,
+                i = kBlk * (J + 1) + r - below_rows_at(J);
+      const float x = e < kScaledRows * kTile ? s.raw.a[i][d] : s.raw.b[i][d];
+      s.u.op.a_ref[e / kTile][d] = x * __expf(s.raw.g[i][d] - s.raw.g[kBlk * J + kBlk - 1][d]);
     }
-    scale_left_rows(s);
+    scale_left_rows(s.raw, s.u.op.b_ref);
     __syncthreads();
+    float acc[3][kScores][1][4] = {};  // da: a block's share of each score; db: of their sum
 #pragma unroll
     for (int blk = 0; blk < 3; ++blk) {
-      float acc[1][4] = {};
-      if (rows_da) {  // dA[16 I .., :16 I] B̃_I, then the row factor exp(G_i - G_16I)
-        const int I = blk + 1;
-        warp_product<1, false>(acc, &s.dA[kBlk * I][0], kDAPitch, 1, &s.b_ref[left_rows_at(I)][n0], kOpPitch, 1, 0, 0,
-                               1, 0, kBlk * I);
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = kBlk * I + g + 8 * r, d = n0 + 2 * t + e;
-            s.da_off[i][d] = acc[0][2 * r + e] * __expf(s.raw.g[i][d] - s.raw.g[kBlk * I][d]);
-          }
-      } else {  // dA[16 (J + 1) .., 16 J ..]^T Ã'_J, then the row factor exp(G_16J+15 - G_j)
-        const int J = blk;
-        warp_product<1, false>(acc, &s.dA[kBlk * (J + 1)][kBlk * J], 1, kDAPitch, &s.a_ref[below_rows_at(J)][n0],
-                               kOpPitch, 1, 0, 0, 1, 0, C - kBlk * (J + 1));
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = kBlk * J + g + 8 * r, d = n0 + 2 * t + e;
-            s.db_off[j][d] = acc[0][2 * r + e] * __expf(s.raw.g[kBlk * J + kBlk - 1][d] - s.raw.g[j][d]);
-          }
+      for (int x = 0; x < kScores; ++x) {
+        if (rows_da) {  // dA[16 I .., :16 I] B̃_I, I = blk + 1
+          const int I = blk + 1;
+          warp_product<1, false>(acc[blk][x], &s.dA[x][kBlk * I][0], kDAPitch, 1, &s.u.op.b_ref[left_rows_at(I)][n0],
+                                 kOpPitch, 1, 0, 0, 1, 0, kBlk * I);
+        } else {  // dA[16 (J + 1) .., 16 J ..]^T Ã'_J, J = blk
+          const int J = blk;
+          warp_product<1, false>(acc[blk][0], &s.dA[x][kBlk * (J + 1)][kBlk * J], 1, kDAPitch,
+                                 &s.u.op.a_ref[kScaledRows * x + below_rows_at(J)][n0], kOpPitch, 1, 0, 0, 1, 0,
+                                 C - kBlk * (J + 1));
+        }
       }
     }
+    __syncthreads();  // the operands are done with: the shares take their place, times their row factors
+#pragma unroll
+    for (int blk = 0; blk < 3; ++blk)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int d = n0 + 2 * t + e;
+          if (rows_da) {  // exp(G_i - G_16I)
+            const int I = blk + 1, i = kBlk * I + g + 8 * r;
+            const float f = __expf(s.raw.g[i][d] - s.raw.g[kBlk * I][d]);
+#pragma unroll
+            for (int x = 0; x < kScores; ++x) s.u.off[x][i][d] = acc[blk][x][0][2 * r + e] * f;
+          } else {  // exp(G_16J+15 - G_j)
+            const int J = blk, j = kBlk * J + g + 8 * r;
+            s.u.off[kScores][j][d] = acc[blk][0][0][2 * r + e] * __expf(s.raw.g[kBlk * J + kBlk - 1][d] - s.raw.g[j][d]);
+          }
+        }
+    for (int e = tid; e < kBlk * kTile; e += kThreads) {  // rows with no off-diagonal share
+#pragma unroll
+      for (int x = 0; x < kScores; ++x) s.u.off[x][e / kTile][e % kTile] = 0.f;
+      s.u.off[kScores][C - kBlk + e / kTile][e % kTile] = 0.f;
+    }
     float da[kBlk] = {}, db[kBlk] = {};
-    if (tid < 4 * kTile) {  // one exponential a pair serves both
+    if (diagonal) {  // one exponential a pair serves both
+      const auto& a_rows = self ? s.raw.b : s.raw.a;
+      const auto& dA = s.dA[self ? kScores - 1 : 0];
+      const bool inclusive = !self && p.inclusive;
 #pragma unroll
       for (int il = 0; il < kBlk; ++il) {
         const int i = kBlk * D + il;
-        const float ai = s.raw.a[i][d_own], gi = s.raw.g[i][d_own];
+        const float ai = a_rows[i][d_own], gi = s.raw.g[i][d_own];
 #pragma unroll
         for (int jl = 0; jl <= il; ++jl) {
           const int j = kBlk * D + jl;
-          if (jl == il && !p.inclusive) continue;
-          const float w = s.dA[i][j] * __expf(gi - s.raw.g[j][d_own]);
+          if (jl == il && !inclusive) continue;
+          const float w = dA[i][j] * __expf(gi - s.raw.g[j][d_own]);
           da[il] = fmaf(w, s.raw.b[j][d_own], da[il]);
           db[jl] = fmaf(w, ai, db[jl]);
         }
       }
     }
     __syncthreads();  // the products' shares are in shared memory
+    if constexpr (kPair) {
+      if (self) {
+#pragma unroll
+        for (int l = 0; l < kBlk; ++l) {
+          s.u.off[1][kBlk * D + l][d_own] += da[l];
+          s.u.off[2][kBlk * D + l][d_own] += db[l];
+        }
+      }
+      __syncthreads();
+    }
     if (tid < 4 * kTile && d0 + d_own < K) {
       constexpr int kGroup = 8;  // rows whose priors are loaded together
 #pragma unroll
@@ -310,9 +361,12 @@ __global__ void __launch_bounds__(kThreads) channel_scores_backward_blocked_kern
 #pragma unroll
         for (int l = 0; l < kGroup; ++l) {
           const int row = kBlk * D + l0 + l;
-          const float da_row = da[l0 + l] + s.da_off[row][d_own], db_row = db[l0 + l] + s.db_off[row][d_own];
-          store_gradients<T>(bp, rows, row, d0 + d_own, da_row, db_row,
-                             s.raw.a[row][d_own] * da_row - s.raw.b[row][d_own] * db_row, prior[l]);
+          const float a_row = s.raw.a[row][d_own], b_row = s.raw.b[row][d_own];
+          const float da_row = da[l0 + l] + s.u.off[0][row][d_own], db_row = db[l0 + l] + s.u.off[kScores][row][d_own];
+          // With the self scores b's gradient takes their da too (b is their a), and dG its b * da.
+          const float self_da = kPair ? s.u.off[kScores - 1][row][d_own] : 0.f;
+          store_gradients<T>(bp, rows, row, d0 + d_own, da_row, db_row + self_da,
+                             a_row * da_row - b_row * (db_row - self_da), prior[l]);
         }
       }
     }
@@ -472,8 +526,8 @@ void channel_scores_forward(const ChannelScoresParams& p, void* stream) {
     using T = decltype(t);
     auto blocked = [&](auto self) {
       constexpr auto kernel = channel_scores_forward_blocked_kernel<T, decltype(self)::value>;
-      reserve_shared<kernel>(kForwardSharedBytes, "channel_scores_forward");
-      kernel<<<static_cast<unsigned>(p.count), kThreads, kForwardSharedBytes, s>>>(p);
+      reserve_shared<kernel>(sizeof(ForwardShared), "channel_scores_forward");
+      kernel<<<static_cast<unsigned>(p.count), kThreads, sizeof(ForwardShared), s>>>(p);
     };
     if (p.chunk == kMaxC && p.self_scores) {
       blocked(std::true_type{});
@@ -490,16 +544,33 @@ void channel_scores_backward(const ChannelScoresBackwardParams& bp, void* stream
   check_params(bp.forward, "channel_scores_backward");
   LT2_CHECK(bp.d_scores && bp.da && bp.db && bp.dg && !bp.forward.self_scores,
             "channel_scores_backward: d_scores, da, db and dg must be given, and no self_scores");
+  LT2_CHECK(!bp.d_self_scores || bp.da != bp.db,
+            "channel_scores_backward: with d_self_scores da and db must be apart (a's and b's gradients)");
   if (bp.forward.count == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
+  const auto blocks = static_cast<unsigned>(bp.forward.count);
   dispatch_rows(bp.forward.dtype, [&](auto t) {
     using T = decltype(t);
-    if (bp.forward.chunk == kMaxC) {
-      reserve_shared<channel_scores_backward_blocked_kernel<T>>(kBackwardSharedBytes, "channel_scores_backward");
-      channel_scores_backward_blocked_kernel<T>
-          <<<static_cast<unsigned>(bp.forward.count), kThreads, kBackwardSharedBytes, s>>>(bp);
+    auto blocked = [&](auto pair) {
+      constexpr bool kPair = decltype(pair)::value;
+      constexpr auto kernel = channel_scores_backward_blocked_kernel<T, kPair>;
+      constexpr size_t bytes = sizeof(BackwardShared<kPair ? 2 : 1>);
+      reserve_shared<kernel>(bytes, "channel_scores_backward");
+      kernel<<<blocks, kThreads, bytes, s>>>(bp);
+    };
+    if (bp.forward.chunk == kMaxC && bp.d_self_scores) {
+      blocked(std::true_type{});
+    } else if (bp.forward.chunk == kMaxC) {
+      blocked(std::false_type{});
     } else {
-      channel_scores_backward_kernel<T><<<static_cast<unsigned>(bp.forward.count), kThreads, 0, s>>>(bp);
+      channel_scores_backward_kernel<T><<<blocks, kThreads, 0, s>>>(bp);
+      if (bp.d_self_scores) {  // b's self scores by a pass of their own, added to b's gradients
+        ChannelScoresBackwardParams self = bp;
+        self.forward.a = bp.forward.b, self.forward.inclusive = false, self.forward.scale = 1.f;
+        self.d_scores = bp.d_self_scores, self.d_self_scores = nullptr;
+        self.da = bp.db, self.accumulate = true;
+        channel_scores_backward_kernel<T><<<blocks, kThreads, 0, s>>>(self);
+      }
     }
   });
   check_launch("channel_scores_backward");

@@ -536,10 +536,13 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     ChannelGate channels{empty_as_absent(G), empty_as_absent(scores_kk)};
     const bool per_channel = channels.G.defined();
     Tensor a_qk = per_channel ? torch::empty({0}, f32) : torch::empty({B, H, N, C, C}, f32);
-    if (scores_inside && beta.numel() > 0)
+    const bool score_pairs = scores_inside && beta.numel() > 0 && decode_options().channel_score_pairs;
+    if (score_pairs) {
       std::tie(a_qk, channels.scores_kk) = score_row_pair_by_kernel(q, k, G, scale);
-    else if (scores_inside)
+    } else if (scores_inside) {
       a_qk = score_rows_by_kernel(q, k, G, /*inclusive=*/true, scale);
+      if (beta.numel() > 0) channels.scores_kk = score_rows_by_kernel(k, k, G, /*inclusive=*/false);
+    }
     auto p = prepare_params(q, k, v, empty_as_absent(beta), empty_as_absent(g), channels, scale, C);
     const int64_t carry_dim = per_channel ? K : 1;
     std::vector<Tensor> out{p.additive ? torch::empty({0}, f32) : torch::empty({B, H, N, C, K}, f32),
@@ -555,6 +558,7 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     ctx->save_for_backward({q, k, v, beta, g, G, absent_as_empty(channels.scores_kk)});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scores_inside"] = scores_inside;
+    ctx->saved_data["score_pairs"] = score_pairs;
     ctx->saved_data["shared_slice_gradients"] = decode_options().shared_slice_gradients;
     ctx->saved_data["chunk"] = C;
     return out;
@@ -611,10 +615,13 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
     }
     kernels::delta_rule_prepare_backward(bp, detail::current_stream(q));
     if (ctx->saved_data["scores_inside"].toBool()) {  // the scores' gradients added where the kernel wrote q's and k's
-      if (grads[5].defined())
-        add_score_rows_backward(q, k, channels.G, /*inclusive=*/true, grads[5], dq, dk, d_gate,
-                                ctx->saved_data["scale"].toDouble());
-      if (!additive) add_score_rows_backward(k, k, channels.G, /*inclusive=*/false, d_scores_kk, dk, dk, d_gate);
+      const double scale = ctx->saved_data["scale"].toDouble();
+      if (grads[5].defined() && ctx->saved_data["score_pairs"].toBool()) {
+        add_score_row_pair_backward(q, k, channels.G, grads[5], d_scores_kk, dq, dk, d_gate, scale);
+      } else {
+        if (grads[5].defined()) add_score_rows_backward(q, k, channels.G, /*inclusive=*/true, grads[5], dq, dk, d_gate, scale);
+        if (!additive) add_score_rows_backward(k, k, channels.G, /*inclusive=*/false, d_scores_kk, dk, dk, d_gate);
+      }
       d_scores_kk = Tensor();
     }
     return {dq, dk, dv, dbeta, g.defined() ? dg : Tensor(), d_gate, d_scores_kk, Tensor(), Tensor(), Tensor()};
