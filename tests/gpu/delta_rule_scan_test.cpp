@@ -361,8 +361,8 @@ TEST(DeltaRuleScan, GradientsMatchReference) {
     Gate gate;
   };
   // The 1.3B head at a length off the chunk, DeltaNet and per-channel decay (KDA) at K 64 and 128
-  // (the preparation kernel and its backward), a small head with C 16 and KDA with C 32 (the libtorch
-  // preparation).
+  // (the preparation kernel and its backward; its two scores in one pass each way and, switch off, a pass
+  // each), a small head with C 16 and KDA with C 32 (the libtorch preparation).
   for (const G c : {G{{2, 150, 3, 96, 192, 64}, Gate::Head}, G{{1, 130, 2, 32, 64, 64}, Gate::None},
                     G{{1, 70, 2, 32, 64, 16}, Gate::None}, G{{2, 100, 2, 64, 128, 64}, Gate::Channel},
                     G{{1, 130, 2, 128, 64, 64}, Gate::Channel}, G{{1, 100, 2, 64, 128, 32}, Gate::Channel}})
@@ -390,13 +390,21 @@ TEST(DeltaRuleScan, GradientsMatchReference) {
         for (auto& l : leaves) out.push_back(l.defined() ? l.grad().cpu().to(f64) : Tensor());
         return out;
       };
-      const auto gpu_grads = grads(gpu(f32), true);
       const auto ref = grads(torch::TensorOptions().dtype(f64), false);
       const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "d initial_state"};
-      for (size_t i = 0; i < ref.size(); ++i) {
-        if (!ref[i].defined()) continue;
-        ASSERT_TRUE(gpu_grads[i].defined()) << names[i];
-        EXPECT_LT(rel_err(gpu_grads[i], ref[i]), 1e-5) << names[i];
+      // Per channel also with KDA's two scores a pass each (channel_score_pairs off).
+      for (bool pairs : {true, false}) {
+        if (!pairs && c.gate != Gate::Channel) continue;
+        SCOPED_TRACE(pairs ? "" : "channel_score_pairs off");
+        DecodeOptions options;
+        options.channel_score_pairs = pairs;
+        DecodeOptionsGuard guard(options);
+        const auto gpu_grads = grads(gpu(f32), true);
+        for (size_t i = 0; i < ref.size(); ++i) {
+          if (!ref[i].defined()) continue;
+          ASSERT_TRUE(gpu_grads[i].defined()) << names[i];
+          EXPECT_LT(rel_err(gpu_grads[i], ref[i]), 1e-5) << names[i];
+        }
       }
     }
 }

@@ -201,10 +201,15 @@ void channel_scores_backward_by_kernel(const Tensor& a, const Tensor& b, const T
                                        bool accumulate, double scale = 1.0,
                                        const Tensor& d_self_scores = Tensor()) {
   c10::cuda::CUDAGuard guard(a.device());
-  const auto ds = d_scores.to(torch::kFloat32).contiguous();
-  const auto d_self = d_self_scores.defined() ? d_self_scores.to(torch::kFloat32).contiguous() : Tensor();
   kernels::ChannelScoresBackwardParams bp{};
   bp.forward = channel_scores_params(a, b, G, inclusive, scale);
+  const int64_t scores = bp.forward.count * bp.forward.chunk * bp.forward.chunk;
+  for (const Tensor* d : {&d_scores, &d_self_scores})
+    LT2_CHECK(!d->defined() || (d->numel() == scores && d->device() == a.device()), "channel_scores_backward: ",
+              "the scores' gradients must be [count, C, C] (", scores, " elements) on a's device, found ",
+              d->sizes(), " on ", d->device());
+  const auto ds = d_scores.to(torch::kFloat32).contiguous();
+  const auto d_self = d_self_scores.defined() ? d_self_scores.to(torch::kFloat32).contiguous() : Tensor();
   bp.d_scores = ds.data_ptr<float>();
   bp.d_self_scores = d_self.defined() ? d_self.data_ptr<float>() : nullptr;
   bp.da = da.data_ptr(), bp.db = db.data_ptr(), bp.dg = dG.data_ptr<float>();
