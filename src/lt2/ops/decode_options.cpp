@@ -57,7 +57,8 @@ const std::vector<std::string>& DecodeOptions::names() {
       "scan_value_block", "short_conv", "row_norm", "norm_products_dtype", "residual_norm", "gated_product",
       "cross_entropy_kernel", "rope", "delta_rule_prepare", "gated_linear_prepare", "channel_gate_prepare",
       "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores", "channel_score_rows",
-      "channel_score_pairs", "scan_backward_products", "shared_slice_gradients", "chunk_gate", "log_sigmoid_gate", "scale_heads", "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels",
+      "channel_score_pairs", "scan_backward_products", "shared_slice_gradients", "chunk_gate", "log_sigmoid_gate",
+      "scale_heads", "delta_rule_gates", "gated_prefix_chunks", "dsa_index_kernels",
       "dsa_head_probs", "dsa_sparse_prefill", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks",
       "gemv_chain_slots", "pdl", "pdl_off"};
   return n;

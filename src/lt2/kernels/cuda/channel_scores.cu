@@ -175,7 +175,7 @@ __device__ __forceinline__ void scale_left_rows(const Tiles& raw, float (&b_ref)
 template <typename T, bool kSelf>
 __global__ void __launch_bounds__(kThreads) channel_scores_forward_blocked_kernel(const ChannelScoresParams p) {
   constexpr int C = kMaxC;
-  constexpr int kSelfRows = 48;  // b's Ã_I (self scores) in a_ref from this row
+  constexpr int kSelfRows = kScaledRows / 2;  // b's Ã_I (self scores) in a_ref from this row
   extern __shared__ __align__(16) unsigned char blocked_smem[];
   ForwardShared& s = *reinterpret_cast<ForwardShared*>(blocked_smem);
   const int K = p.dim, tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;

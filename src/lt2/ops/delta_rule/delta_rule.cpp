@@ -619,7 +619,8 @@ struct PrepareChunksFunction : public torch::autograd::Function<PrepareChunksFun
       if (grads[5].defined() && ctx->saved_data["score_pairs"].toBool()) {
         add_score_row_pair_backward(q, k, channels.G, grads[5], d_scores_kk, dq, dk, d_gate, scale);
       } else {
-        if (grads[5].defined()) add_score_rows_backward(q, k, channels.G, /*inclusive=*/true, grads[5], dq, dk, d_gate, scale);
+        if (grads[5].defined())
+          add_score_rows_backward(q, k, channels.G, /*inclusive=*/true, grads[5], dq, dk, d_gate, scale);
         if (!additive) add_score_rows_backward(k, k, channels.G, /*inclusive=*/false, d_scores_kk, dk, dk, d_gate);
       }
       d_scores_kk = Tensor();
