@@ -36,7 +36,8 @@
 # `sliceab`: the preparation backward's gradients of q, k and v in one buffer with the
 # projection's width off and on (GLA, or SLICEAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers (or SPARSEAB_PATTERNS) at both shapes, MID
 # against the new tree; `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
-# `nsaprof`: lt-100m/nsa's profile at 2048 x 16; `prodab`: the scan backward's products kernel off and on;
+# `nsaprof`: lt-100m/nsa's profile at 2048 x 16; `nsaab`: NSA's selection and mask kernels off and on at both
+# shapes (or NSAAB_PATTERNS); `prodab`: the scan backward's products kernel off and on;
 # `prodprof`: lt2-gdn-100m's profile with it off and on;
 # `dsaprefill`: lt2-gdn-dsa-1.3b's prefill A/B; `midab`: the newab A/B of MID
 # against OLD; `layer`: the GDN and full-attention layers at the 1.3B shape, MID and new alternating;
@@ -156,6 +157,12 @@ steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
   "$(switch_ab rowsab 240 channel_score_rows ${ROWSAB_PATTERNS:-gla kda hgrn2})"
   "$(switch_ab pairab 150 channel_score_pairs ${PAIRAB_PATTERNS:-kda})"
   "$(switch_ab sliceab 150 shared_slice_gradients ${SLICEAB_PATTERNS:-gla})")
+# NSA's selection and its masks on their kernels, off and on in one binary: lt-100m with NSA layers (or
+# NSAAB_PATTERNS) at 2048 x 16 and 8192 x 4 under auto.
+steps+=("nsaab 300 for m in ${NSAAB_PATTERNS:-nsa}; do for shape in '2048 16' '8192 4'; do set -- \$shape;
+     for o in 0 1 1 0; do echo lt-100m \$m \$1 x \$2 nsa_selection_kernels=\$o; build-prebuilt/train_bench --model lt-100m
+     --pattern \$m --seq-len \$1 --batch-size \$2 --steps 4 --warm 2 --checkpoint-loops=auto
+     --option nsa_selection_kernels=\$o | grep RESULT; done; done; done")
 # The chunk scan's backward products in one kernel, off and on in one binary: lt2-gdn-100m, and lt-100m with
 # KDA layers (PRODAB_MODELS: train_bench's model arguments, quoted each).
 steps+=("prodab 240 for c in ${PRODAB_MODELS:-"'lt2-gdn-100m' 'lt-100m --pattern kda'"}; do for o in 0 1 1 0;

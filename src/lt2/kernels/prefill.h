@@ -563,4 +563,40 @@ struct CrossEntropyParams {
 bool cross_entropy_supported(int64_t rows, int64_t vocab);
 void cross_entropy_forward(const CrossEntropyParams& p, void* stream);
 
+// NSA's block selection (ops/sparse_attention: nsa_select_blocks) for every query row (b, h, t) of
+// importance [B, H_kv, T, NS] (contiguous, in `dtype`): the query at position pos = positions[b *
+// pos_stride_b + h * pos_stride_h + t * pos_stride_t] sits in block own = floor(pos / block) and sees
+// blocks j <= own; block 0 and blocks j > own - n_local are forced (score +inf), and the row selects its
+// visible blocks among the min(n_select, NS) largest scores, ties to the lower block. selected [B, H_kv,
+// T, NS] contiguous. Exactly the set of the reference's fp32 top-k (its importance widened to fp32).
+constexpr int kNsaSelectMaxBlocks = 256;
+struct NsaSelectParams {
+  const void* importance;
+  DType dtype;
+  const int64_t* positions;
+  int64_t pos_stride_b, pos_stride_h, pos_stride_t;
+  bool* selected;
+  int batch, kv_heads, length, blocks, block, n_select, n_local;
+};
+// Whether nsa_select_blocks takes these sizes: 1 <= NS <= kNsaSelectMaxBlocks, rows in the grid.
+bool nsa_select_blocks_supported(int64_t rows, int64_t blocks);
+void nsa_select_blocks(const NsaSelectParams& p, void* stream);
+
+// The additive mask of NSA's selection branch for query rows row0 .. row0 + rows - 1 (ops/sparse_attention:
+// nsa_selection_bias): bias[b, h, i, c] = 0 where selected[b, h / G, row0 + i, c / block] and c <=
+// first_position + i (the row's query position: causal), else -inf, for columns c < cols (a multiple of
+// block; block a multiple of 8), rows `pitch` elements apart (a multiple of 8, 16-byte aligned base), in
+// `dtype`. selected: [B, kv_heads, selected_rows, selected_blocks] bool, contiguous.
+struct SelectionBiasParams {
+  const bool* selected;
+  int64_t selected_rows, selected_blocks;
+  void* bias;
+  DType dtype;
+  int batch, heads, kv_heads, rows, row0, cols, pitch, block;
+  int64_t first_position;
+};
+// Whether selection_bias takes these sizes: B H rows in an int, block a multiple of 8 dividing cols.
+bool selection_bias_supported(int64_t rows, int64_t cols, int64_t block);
+void selection_bias(const SelectionBiasParams& p, void* stream);
+
 }  // namespace lt2::kernels

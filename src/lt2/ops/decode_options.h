@@ -127,6 +127,10 @@ struct DecodeOptions {
   // scan; -1: 128 on the CPU (the measured crossover), no limit on CUDA (the prefix product's TF32
   // GEMMs measured faster there at 32 and 64 chunks, estimated so to well past 32k tokens).
   int64_t gated_prefix_chunks = -1;
+  // NSA's block selection (the top-n blocks of each query row's importance) and its selection branch's
+  // additive masks as CUDA kernels, in prefill and training (off: libtorch's top-k over int64 keys and a
+  // broadcast `where`; the masks' choice is kept from the forward for the backward).
+  bool nsa_selection_kernels = true;
   // DSA's selection in whole-sequence calls (prefill, and training's top-k and indexer-loss forward)
   // on the decode kernels: the index scores of a sequence's query rows against its index keys in one
   // dsa_index_scores launch (the rows share the keys), then topk_select; CUDA, sm_90, no gradient

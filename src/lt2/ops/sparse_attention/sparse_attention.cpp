@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "lt2/kernels/prefill.h"
 #include "lt2/nn/linear.h"
 #include "lt2/nn/precision.h"
 #include "lt2/ops/decode_options.h"
@@ -514,10 +515,47 @@ std::pair<Tensor, Tensor> nsa_selection_scores(const Tensor& importance, const T
   return {scores, visible.expand_as(scores)};
 }
 
+// nsa_select_blocks on its CUDA kernel (kernels/prefill.h) where DecodeOptions::nsa_selection_kernels is
+// on and it takes the inputs (CUDA, an fp32, bf16 or fp16 importance, at most kNsaSelectMaxBlocks blocks a
+// row, positions broadcastable to [B, H_kv, T]); undefined otherwise.
+Tensor select_blocks_by_kernel(const Tensor& importance, const Tensor& q_pos, int64_t block, int64_t n_select,
+                               int64_t n_local) {
+#ifdef LT2_WITH_CUDA
+  const auto dt = importance.scalar_type();
+  if (!decode_options().nsa_selection_kernels || !importance.is_cuda() || importance.dim() != 4 ||
+      !(dt == torch::kFloat32 || dt == torch::kBFloat16 || dt == torch::kHalf) || q_pos.device() != importance.device())
+    return {};
+  const int64_t B = importance.size(0), H_kv = importance.size(1), T = importance.size(2), NS = importance.size(3);
+  if (!kernels::nsa_select_blocks_supported(B * H_kv * T, NS) || B > INT32_MAX || H_kv > INT32_MAX ||
+      T > INT32_MAX || block > INT32_MAX || q_pos.dim() > 3 || !at::is_expandable_to(q_pos.sizes(), {B, H_kv, T}))
+    return {};
+  c10::cuda::CUDAGuard guard(importance.device());
+  const auto scores = importance.contiguous();
+  const auto positions = q_pos.to(torch::kLong).expand({B, H_kv, T});
+  auto selected = torch::empty({B, H_kv, T, NS}, importance.options().dtype(torch::kBool));
+  kernels::NsaSelectParams p{};
+  p.importance = scores.data_ptr(), p.dtype = ops::detail::kernel_dtype(dt);
+  p.positions = positions.data_ptr<int64_t>();
+  p.pos_stride_b = positions.stride(0), p.pos_stride_h = positions.stride(1), p.pos_stride_t = positions.stride(2);
+  p.selected = selected.data_ptr<bool>();
+  p.batch = static_cast<int>(B), p.kv_heads = static_cast<int>(H_kv), p.length = static_cast<int>(T);
+  p.blocks = static_cast<int>(NS), p.block = static_cast<int>(block);
+  p.n_select = static_cast<int>(std::clamp<int64_t>(n_select, 0, NS));
+  p.n_local = static_cast<int>(std::clamp<int64_t>(n_local, 0, INT32_MAX));
+  kernels::nsa_select_blocks(p, ops::detail::current_stream(importance));
+  return selected;
+#else
+  (void)importance, (void)q_pos, (void)block, (void)n_select, (void)n_local;
+  return {};
+#endif
+}
+
 }  // namespace
 
 Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
                          int64_t n_select, int64_t n_local) {
+  if (auto selected = select_blocks_by_kernel(importance, q_pos, block, n_select, n_local); selected.defined())
+    return selected;
   auto [scores, visible] = nsa_selection_scores(importance, q_pos, block, n_local);
   return topk_mask(scores, visible, n_select);
 }
@@ -530,29 +568,70 @@ Tensor nsa_select_block_indices(const Tensor& importance, const Tensor& q_pos, i
 
 namespace {
 
-// The additive mask of a block of query rows (the fused kernels' row blocks; all T rows for the masked
-// form), made in one pass from the selection: [B, H, n, keys] in `dt`, 0 where query row r0 + i (of T, at the last T of L positions) sees key j (causally visible, and
-// its block selected for the row's kv head) and -inf elsewhere, each kv head's rows for its G query
-// heads. Written as [B, H_kv, G, n, blocks, block]: the selection broadcast over a block's keys and the
-// causal part, a [n, blocks x block] bias, broadcast over batch and heads (no [B, H, n, keys] boolean
-// and no gather of the blocks out to the keys). Rows padded to 16 elements: the fused kernels read the
-// mask in aligned rows.
-Tensor additive_mask(const Tensor& selected, int64_t block, int64_t G, int64_t L, int64_t T, int64_t r0, int64_t n,
-                     int64_t keys, torch::ScalarType dt) {
-  const int64_t B = selected.size(0), H_kv = selected.size(1), blocks = (keys + block - 1) / block;
-  const auto opts = selected.options().dtype(dt);
+// nsa_selection_bias's libtorch form: one broadcast `where` written as [B, H_kv, G, n, blocks, block], the
+// selection broadcast over a block's keys and a [n, blocks x block] causal bias over batch and heads (no
+// [B, H, n, keys] boolean and no gather of the blocks out to the keys).
+void selection_bias_by_where(const Tensor& selected, int64_t G, int64_t L, int64_t T, int64_t r0, int64_t n,
+                             int64_t blocks, int64_t block, const Tensor& bias) {
+  const int64_t B = selected.size(0), H_kv = selected.size(1);
+  const auto opts = bias.options();
   const double neg_inf = -std::numeric_limits<double>::infinity();
   const auto lopts = torch::TensorOptions().dtype(torch::kLong).device(selected.device());
   const auto k_pos = torch::arange(blocks * block, lopts), q_pos = torch::arange(L - T + r0, L - T + r0 + n, lopts);
   const auto causal = torch::where(window_mask(q_pos, k_pos, 0), torch::zeros({}, opts), torch::full({}, neg_inf, opts));
-  auto bias = torch::empty({B, H_kv * G, n, (blocks * block + 15) / 16 * 16}, opts).narrow(-1, 0, blocks * block);
   const std::vector<int64_t> shape{B, H_kv, G, n, blocks, block};
   auto per_block = bias.view(shape);
   at::where_out(per_block,
                 selected.narrow(2, r0, n).narrow(3, 0, blocks).unsqueeze(2).unsqueeze(-1).expand(shape),
                 causal.view({1, 1, 1, n, blocks, block}).expand(shape), torch::full({}, neg_inf, opts));
+}
+
+// nsa_selection_bias on its CUDA kernel (kernels/prefill.h: selection_bias) where it takes the inputs;
+// false otherwise.
+bool selection_bias_by_kernel(const Tensor& selected, int64_t G, int64_t L, int64_t T, int64_t r0, int64_t n,
+                              int64_t blocks, int64_t block, const Tensor& bias) {
+#ifdef LT2_WITH_CUDA
+  const int64_t B = selected.size(0), H_kv = selected.size(1), H = H_kv * G, cols = blocks * block;
+  if (!selected.is_cuda() || !selected.is_contiguous() || !ops::detail::kernel_dtype_ok(bias.scalar_type()) ||
+      !kernels::selection_bias_supported(B * H * n, cols, block) || H > INT32_MAX || T > INT32_MAX ||
+      bias.stride(2) > INT32_MAX || bias.stride(2) % 8 != 0 || reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 != 0)
+    return false;
+  c10::cuda::CUDAGuard guard(selected.device());
+  kernels::SelectionBiasParams p{};
+  p.selected = selected.data_ptr<bool>();
+  p.selected_rows = selected.size(2), p.selected_blocks = selected.size(3);
+  p.bias = bias.data_ptr(), p.dtype = ops::detail::kernel_dtype(bias.scalar_type());
+  p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.kv_heads = static_cast<int>(H_kv);
+  p.rows = static_cast<int>(n), p.row0 = static_cast<int>(r0), p.cols = static_cast<int>(cols);
+  p.pitch = static_cast<int>(bias.stride(2)), p.block = static_cast<int>(block);
+  p.first_position = L - T + r0;
+  kernels::selection_bias(p, ops::detail::current_stream(selected));
+  return true;
+#else
+  (void)selected, (void)G, (void)L, (void)T, (void)r0, (void)n, (void)blocks, (void)block, (void)bias;
+  return false;
+#endif
+}
+
+}  // namespace
+
+Tensor nsa_selection_bias(const Tensor& selected, int64_t block, int64_t G, int64_t L, int64_t T, int64_t r0, int64_t n,
+                          int64_t keys, torch::ScalarType dt, bool kernel) {
+  LT2_CHECK(selected.dim() == 4 && selected.scalar_type() == torch::kBool && block > 0 && G > 0 && T <= L &&
+                r0 >= 0 && n >= 0 && r0 + n <= selected.size(2) && keys >= 0 && keys <= L - T + r0 + n &&
+                (keys + block - 1) / block <= selected.size(3),
+            "nsa_selection_bias: selected [B, H_kv, T, ceil(L / block)] bool with rows r0 .. r0 + n and keys up to the "
+            "last row's position, found selected ", selected.sizes(), " ", selected.scalar_type(), ", block ", block,
+            ", L ", L, ", T ", T, ", rows ", r0, " + ", n, ", keys ", keys);
+  const int64_t B = selected.size(0), H_kv = selected.size(1), blocks = (keys + block - 1) / block;
+  auto bias = torch::empty({B, H_kv * G, n, (blocks * block + 15) / 16 * 16}, selected.options().dtype(dt))
+                  .narrow(-1, 0, blocks * block);
+  if (!kernel || !selection_bias_by_kernel(selected, G, L, T, r0, n, blocks, block, bias))
+    selection_bias_by_where(selected, G, L, T, r0, n, blocks, block, bias);
   return bias.narrow(-1, 0, keys);
 }
+
+namespace {
 
 #ifdef LT2_WITH_CUDA
 // selected_block_attention on libtorch's fused kernels with an additive mask, rows in blocks of `rows`:
@@ -568,10 +647,12 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     // [B, T, H, D_v] storage, as SDPA's kernels write theirs: the caller's [B, T, H, D_v] is a view.
     auto out = torch::empty({q.size(0), T, q.size(1), v.size(3)}, q.options()).transpose(1, 2);
     std::vector<Tensor> saved{q, k, v, out, selected};
+    // The masks' switch as in force here, for the backward (which runs on autograd's thread).
+    const bool kernel_masks = decode_options().nsa_selection_kernels;
     bool cudnn = false;
     for (int64_t r0 = 0; r0 < T; r0 += rows) {
       const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
-      const auto bias = additive_mask(selected, block, G, L, T, r0, n, keys, q.scalar_type());
+      const auto bias = nsa_selection_bias(selected, block, G, L, T, r0, n, keys, q.scalar_type(), kernel_masks);
       const auto qr = q.narrow(2, r0, n), kr = k.narrow(2, 0, keys), vr = v.narrow(2, 0, keys);
       if (r0 == 0)
         cudnn = at::_fused_sdp_choice(qr, kr, vr, bias, 0.0, false, scale) ==
@@ -594,6 +675,7 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["rows"] = rows;
     ctx->saved_data["cudnn"] = cudnn;
+    ctx->saved_data["kernel_masks"] = kernel_masks;
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -602,7 +684,7 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &selected = saved[4];
     const int64_t block = ctx->saved_data["block"].toInt(), rows = ctx->saved_data["rows"].toInt();
     const double scale = ctx->saved_data["scale"].toDouble();
-    const bool cudnn = ctx->saved_data["cudnn"].toBool();
+    const bool cudnn = ctx->saved_data["cudnn"].toBool(), kernel_masks = ctx->saved_data["kernel_masks"].toBool();
     c10::cuda::CUDAGuard guard(q.device());
     const int64_t T = q.size(2), L = k.size(2), G = q.size(1) / selected.size(1);
     const auto dout = grads[0].transpose(1, 2).contiguous().transpose(1, 2);  // the output's layout
@@ -611,7 +693,7 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     auto dv = torch::zeros(v.sizes(), v.options().dtype(torch::kFloat32));
     for (int64_t r0 = 0, b = 0; r0 < T; r0 += rows, ++b) {
       const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
-      const auto bias = additive_mask(selected, block, G, L, T, r0, n, keys, q.scalar_type());
+      const auto bias = nsa_selection_bias(selected, block, G, L, T, r0, n, keys, q.scalar_type(), kernel_masks);
       const Tensor &lse = saved[5 + 3 * b], &seed = saved[6 + 3 * b], &offset = saved[7 + 3 * b];
       const auto dout_r = dout.narrow(2, r0, n), qr = q.narrow(2, r0, n), kr = k.narrow(2, 0, keys),
                  vr = v.narrow(2, 0, keys), out_r = out.narrow(2, r0, n);
@@ -666,7 +748,10 @@ Tensor selected_block_attention(const Tensor& q, const Tensor& k, const Tensor& 
     return SelectedBlockFunction::apply(q, heads(k), heads(v), selected, block, scale, rows).transpose(1, 2);
   }
 #endif
-  return masked_attention(q, k, v, additive_mask(selected, block, G, L, T, 0, T, L, q.scalar_type()), scale);
+  return masked_attention(
+      q, k, v,
+      nsa_selection_bias(selected, block, G, L, T, 0, T, L, q.scalar_type(), decode_options().nsa_selection_kernels),
+      scale);
 }
 
 }  // namespace lt2

@@ -163,9 +163,21 @@ Tensor nsa_overlap_matrix(int64_t n_cmp, int64_t n_slc, int64_t l, int64_t d, in
 // or any shape broadcastable to [B, H_kv, T] (decode: [B, 1, 1], one position per sequence).
 // Blocks starting after the query are invisible; block 0 and the `n_local` blocks ending at the
 // query's own block are always selected; then the highest-importance visible blocks up to
-// `n_select` in all (ties: lower block first). Returns the selected-block mask [B, H_kv, T, NS].
+// `n_select` in all (ties: lower block first). Returns the selected-block mask [B, H_kv, T, NS]. On
+// CUDA one kernel (DecodeOptions::nsa_selection_kernels; an fp32, bf16 or fp16 importance, NS <= 256)
+// selects exactly the set of the libtorch top-k it replaces.
 Tensor nsa_select_blocks(const Tensor& importance, const Tensor& q_pos, int64_t block,
                          int64_t n_select, int64_t n_local);
+// The additive mask of NSA's selection branch for query rows r0 .. r0 + n - 1 of T (at the last T of L
+// positions) over the first `keys` keys: [B, H_kv G, n, keys] in `dt`, 0 where the row sees key j (causally
+// visible, and its block j / block selected for the row's kv head in `selected`, bool [B, H_kv, T,
+// ceil(L / block)]) and -inf elsewhere, each kv head's rows for its G query heads. Rows padded to 16
+// elements (a view of wider rows): the fused attention kernels read the mask in aligned rows. With
+// `kernel`, one CUDA kernel writes it where it takes the inputs (CUDA, contiguous `selected`, block a
+// multiple of 8, a kernel dtype); else one broadcast libtorch `where`. The selection branch's fused
+// path passes DecodeOptions::nsa_selection_kernels as it was at the forward.
+Tensor nsa_selection_bias(const Tensor& selected, int64_t block, int64_t G, int64_t L, int64_t T, int64_t r0, int64_t n,
+                          int64_t keys, torch::ScalarType dt, bool kernel);
 // NSA's selection branch: softmax attention of q [B, H, T, D] at the last T of L positions over k, v
 // [B, H_kv, L, D] (GQA as masked_attention), query t seeing key j when j is causally visible from it
 // and selected[b, h / G, t, j / block] (bool [B, H_kv, T, ceil(L / block)], nsa_select_blocks'
