@@ -33,8 +33,8 @@
 # off and on; `lsgab`: the log-sigmoid gate kernels off and on (HGRN2, GLA); `scaleab`: Mamba2's scaled
 # values' kernels off and on; `rowsab`: the score kernels on token rows off and on (GLA, KDA, HGRN2, or
 # ROWSAB_PATTERNS); `pairab`: KDA's two scores in one pass each way off and on (or PAIRAB_PATTERNS);
-# `sliceab`: the preparation backward's gradients of q, k and v in one buffer with the
-# projection's width off and on (GLA, or SLICEAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers (or SPARSEAB_PATTERNS) at both shapes, MID
+# `gsab`: NSA's branch combination kernels off and on; `sliceab`: the preparation backward's gradients of q,
+# k and v in one buffer with the projection's width off and on (GLA, or SLICEAB_PATTERNS); `sparseab`: lt-100m with DSA and NSA layers (or SPARSEAB_PATTERNS) at both shapes, MID
 # against the new tree; `nsa8k`: lt-100m/nsa at 8192 x 4; `dsaprof8k`: lt-100m/dsa's profile at 8192 x 4;
 # `nsaprof`: lt-100m/nsa's profile at 2048 x 16; `nsaab`: NSA's selection and mask kernels off and on at both
 # shapes (or NSAAB_PATTERNS); `prodab`: the scan backward's products kernel off and on;
@@ -149,20 +149,22 @@ switch_ab() {
 }
 # The LM head loss's cross-entropy kernel; the chunk gate kernels (KDA, or GATEAB_PATTERNS); the log-sigmoid
 # gate kernels (HGRN2, GLA); Mamba2's scaled-values kernels; the score kernels on token rows; KDA's two
-# scores in one pass each way; GLA's gradients in one shared buffer.
+# scores in one pass each way; GLA's gradients in one shared buffer; NSA's gated sum of its branches.
 steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
   "$(switch_ab gateab 150 chunk_gate ${GATEAB_PATTERNS:-kda})"
   "$(switch_ab lsgab 200 log_sigmoid_gate hgrn2 gla)"
   "$(switch_ab scaleab 120 scale_heads mamba2)"
   "$(switch_ab rowsab 240 channel_score_rows ${ROWSAB_PATTERNS:-gla kda hgrn2})"
   "$(switch_ab pairab 150 channel_score_pairs ${PAIRAB_PATTERNS:-kda})"
-  "$(switch_ab sliceab 150 shared_slice_gradients ${SLICEAB_PATTERNS:-gla})")
+  "$(switch_ab sliceab 150 shared_slice_gradients ${SLICEAB_PATTERNS:-gla})"
+  "$(switch_ab gsab 150 gated_sum nsa)")
 # NSA's selection and its masks on their kernels, off and on in one binary: lt-100m with NSA layers (or
 # NSAAB_PATTERNS) at 2048 x 16 and 8192 x 4 under auto.
+# NSAAB_SWITCH names the switch (default nsa_selection_kernels; gated_sum: the branches' combination).
 steps+=("nsaab 300 for m in ${NSAAB_PATTERNS:-nsa}; do for shape in '2048 16' '8192 4'; do set -- \$shape;
-     for o in 0 1 1 0; do echo lt-100m \$m \$1 x \$2 nsa_selection_kernels=\$o; build-prebuilt/train_bench --model lt-100m
-     --pattern \$m --seq-len \$1 --batch-size \$2 --steps 4 --warm 2 --checkpoint-loops=auto
-     --option nsa_selection_kernels=\$o | grep RESULT; done; done; done")
+     for o in 0 1 1 0; do echo lt-100m \$m \$1 x \$2 ${NSAAB_SWITCH:-nsa_selection_kernels}=\$o; build-prebuilt/train_bench
+     --model lt-100m --pattern \$m --seq-len \$1 --batch-size \$2 --steps 4 --warm 2 --checkpoint-loops=auto
+     --option ${NSAAB_SWITCH:-nsa_selection_kernels}=\$o | grep RESULT; done; done; done")
 # The chunk scan's backward products in one kernel, off and on in one binary: lt2-gdn-100m, and lt-100m with
 # KDA layers (PRODAB_MODELS: train_bench's model arguments, quoted each).
 steps+=("prodab 240 for c in ${PRODAB_MODELS:-"'lt2-gdn-100m' 'lt-100m --pattern kda'"}; do for o in 0 1 1 0;

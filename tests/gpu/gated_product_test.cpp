@@ -3,7 +3,10 @@
 // float64 reference (the libtorch math on the CPU, through autograd) on random inputs: fp32 and
 // bf16, hidden sizes that take the 16-byte form and one that does not, a gate read in place from a
 // column slice of a wider tensor; the forward without gradients; the switch `gated_product` off
-// takes the reference. Skips where no CUDA GPU (or kernels).
+// takes the reference. The gated sum of NSA's branches (ops::sigmoid_gated_sum) the same way: logits read
+// in place from a column slice, branches as [B, H, T, D] storage transposed, head dims 64, 128 and 8 (one
+// piece a row) and one off the kernel (48 in bf16: six pieces), the switch `gated_sum` off. Skips where no
+// CUDA GPU (or kernels).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_testing.h"
@@ -92,4 +95,80 @@ TEST(GatedProductGpu, WithoutGradientsAndWithTheSwitchOff) {
     EXPECT_LT(rel_err(ops::sigmoid_gate(y, gate).cpu(), gated.cpu()), tolerance(dt));
     EXPECT_LT(rel_err(ops::silu_gate(y, gate).cpu(), silu_gated.cpu()), tolerance(dt));
   }
+}
+
+TEST(GatedSumGpu, ForwardAndGradientsMatchTheFloat64Reference) {
+  REQUIRE_FUSED_DECODE();
+  torch::manual_seed(24);
+  struct Case {
+    int64_t B, T, H, D, n;
+  };
+  for (const auto& c : {Case{2, 37, 6, 64, 3}, Case{1, 20, 4, 128, 2}, Case{2, 9, 3, 8, 4}, Case{1, 11, 2, 48, 3}}) {
+    SCOPED_TRACE(cat("B", c.B, " T", c.T, " H", c.H, " D", c.D, " branches ", c.n));
+    // The logits: columns 5 .. 5 + H n of rows H n + 7 wide (a projection's slice), as [B, T, H, n].
+    const auto wide = torch::randn({c.B, c.T, c.H * c.n + 7}, torch::kFloat64) * 2;
+    std::vector<Tensor> branches;
+    for (int64_t i = 0; i < c.n; ++i) branches.push_back(torch::randn({c.B, c.H, c.T, c.D}, torch::kFloat64));
+    const auto dout = torch::randn({c.B, c.T, c.H, c.D}, torch::kFloat64);
+    // Output, then the gradients of the wide logits and of each branch, on `device` in `dt`.
+    auto run = [&](torch::Device device, torch::ScalarType dt) {
+      auto w = wide.to(device, dt).detach().requires_grad_(true);
+      std::vector<Tensor> leaves, xs;
+      for (int64_t i = 0; i < c.n; ++i) {
+        leaves.push_back(branches[i].to(device, dt).detach().requires_grad_(true));
+        // The first branch as attention writes [B, H, T, D] and hands over transposed; the rest packed.
+        xs.push_back(i == 0 ? leaves.back().transpose(1, 2) : leaves.back().transpose(1, 2).contiguous());
+      }
+      const auto logits = w.narrow(-1, 5, c.H * c.n).view({c.B, c.T, c.H, c.n});
+      const auto out = ops::sigmoid_gated_sum(logits, xs);
+      out.backward(dout.to(device, dt));
+      std::vector<Tensor> r{out.detach().cpu().to(torch::kFloat64), w.grad().cpu().to(torch::kFloat64)};
+      for (const auto& l : leaves) r.push_back(l.grad().cpu().to(torch::kFloat64));
+      return r;
+    };
+    for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(name(dt));
+      const auto round = [&](const Tensor& t) { return t.to(dt).to(torch::kFloat64); };
+      auto rounded_wide = round(wide);
+      std::vector<Tensor> rounded;
+      for (const auto& b : branches) rounded.push_back(round(b));
+      // The reference on the same rounded inputs, in float64 on the CPU.
+      const auto want = [&] {
+        auto w = rounded_wide.clone().requires_grad_(true);
+        std::vector<Tensor> leaves, xs;
+        for (const auto& b : rounded) {
+          leaves.push_back(b.clone().requires_grad_(true));
+          xs.push_back(leaves.back().transpose(1, 2));
+        }
+        const auto g = torch::sigmoid(w.narrow(-1, 5, c.H * c.n).view({c.B, c.T, c.H, c.n}));
+        Tensor out = g.select(-1, 0).unsqueeze(-1) * xs[0];
+        for (int64_t i = 1; i < c.n; ++i) out = out + g.select(-1, i).unsqueeze(-1) * xs[i];
+        out.backward(round(dout));
+        std::vector<Tensor> r{out.detach(), w.grad()};
+        for (const auto& l : leaves) r.push_back(l.grad());
+        return r;
+      }();
+      const auto got = run(torch::kCUDA, dt);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_LT(rel_err(got[i], want[i]), tolerance(dt)) << "result " << i;
+      // The logits' gradient lands on their columns only.
+      EXPECT_EQ(got[1].narrow(-1, 0, 5).abs().max().item<double>(), 0.0);
+    }
+  }
+}
+
+TEST(GatedSumGpu, WithoutGradientsAndWithTheSwitchOff) {
+  REQUIRE_FUSED_DECODE();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(25);
+  const auto on = gpu(torch::kBFloat16);
+  const auto logits = torch::randn({2, 30, 4, 3}, on);
+  const std::vector<Tensor> xs{torch::randn({2, 30, 4, 64}, on), torch::randn({2, 30, 4, 64}, on),
+                               torch::randn({2, 30, 4, 64}, on)};
+  const auto kernel = ops::sigmoid_gated_sum(logits, xs);
+  DecodeOptions off;
+  off.gated_sum = false;
+  DecodeOptionsGuard guard(off);
+  const auto libtorch = ops::sigmoid_gated_sum(logits, xs);
+  EXPECT_LT(rel_err(kernel.to(torch::kFloat64), libtorch.to(torch::kFloat64)), tolerance(torch::kBFloat16));
 }

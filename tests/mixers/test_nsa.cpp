@@ -113,7 +113,7 @@ torch::Tensor naive_branches(NSAImpl& m, const torch::Tensor& x) {
 }
 
 torch::Tensor combine(NSAImpl& m, const torch::Tensor& branches, const torch::Tensor& x) {
-  auto g = m.project(x, 0).gates;  // [B, T, H, 3]
+  auto g = torch::sigmoid(m.project(x, 0).gate_logits);  // [B, T, H, 3]
   auto o = g.select(-1, 0).unsqueeze(-1) * branches[0] + g.select(-1, 1).unsqueeze(-1) * branches[1] +
            g.select(-1, 2).unsqueeze(-1) * branches[2];
   return m.wo(o.flatten(2));

@@ -226,6 +226,30 @@ struct GatedProductParams {
 void gated_product_forward(const GatedProductParams& p, void* stream);
 void gated_product_backward(const GatedProductParams& p, void* stream);
 
+// The gated sum of NSA's branches (ops::sigmoid_gated_sum) and its backward, for each row (b, t, h) of
+// n branches x_i [B, T, H, D]:
+//   out = sum_i s_i x_i,  s_i = sigmoid(logits[b, t, h, i])              in fp32, rounded once
+//   dx_i = s_i dout,  dlogits[b, t, h, i] = s_i (1 - s_i) sum_d dout x_i   in fp32, each rounded once
+// Memory-bound: the forward reads the branches and writes out; the backward reads dout and the branches
+// and writes their gradients. Rows move in 16-byte pieces: D / (16 / sizeof(dtype)) a power of two up to
+// 32, the branches 16-byte aligned with strides of whole pieces (gated_sum_supported).
+constexpr int kGatedSumMaxBranches = 4;
+struct GatedSumParams {
+  const void* logits;                          // [B, T, H, n] dtype, the n at unit stride
+  int64_t logit_strides[3];                    // of b, t and h
+  const void* x[kGatedSumMaxBranches];         // [B, T, H, D] dtype each, D at unit stride
+  int64_t x_strides[kGatedSumMaxBranches][3];  // of b, t and h
+  void* out;                                   // forward: [B, T, H, D] packed
+  const void* dout;                            // backward: [B, T, H, D] packed
+  void* dx[kGatedSumMaxBranches];              // backward: [B, T, H, D] packed each
+  void* dlogits;                               // backward: [B, T, H, n] packed
+  int batch, length, heads, head_dim, branches;
+  DType dtype;
+};
+bool gated_sum_supported(const GatedSumParams& p);
+void gated_sum_forward(const GatedSumParams& p, void* stream);
+void gated_sum_backward(const GatedSumParams& p, void* stream);
+
 // A normalisation of rows, with an optional weight and an optional activated gate, as the linear
 // mixers use it in training (the gated RMSNorm of their output, the L2 norm of q and k):
 //   r = rsqrt(sum_i x[i]^2 / divisor + eps)    (divisor D: RMSNorm; 1: L2 norm)

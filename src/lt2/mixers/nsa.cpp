@@ -6,6 +6,7 @@
 #include "lt2/mixers/builtin.h"
 #include "lt2/mixers/full_attention.h"
 #include "lt2/ops/attention/rope.h"
+#include "lt2/ops/norms/norms.h"
 #include "lt2/ops/projections/projections.h"
 #include "lt2/ops/sparse_attention/sparse_attention_decode.h"
 #include "lt2/ops/sparse_attention/sparse_attention.h"
@@ -148,7 +149,7 @@ NSAImpl::Projected NSAImpl::project(const Tensor& x, const Positions& pos) {
     out.k.push_back(rotated(p[1 + set], n_kv_heads));
     out.v.push_back(p[1 + sets + set].view({B, T, n_kv_heads, head_dim}));
   }
-  out.gates = torch::sigmoid(p.back()).view({B, T, n_heads, 3});
+  out.gate_logits = p.back().view({B, T, n_heads, 3});
   return out;
 }
 
@@ -171,10 +172,10 @@ Tensor NSAImpl::block_importance(const Tensor& p_cmp, int64_t NS) const {
                                                    p_group.options()));
 }
 
-Tensor NSAImpl::combine(const Tensor& gates, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win) {
-  auto g = gates.unsqueeze(-1);  // [B, T, H, 3, 1]
-  auto o = g.select(3, kCmp) * o_cmp + g.select(3, kSlc) * o_slc + g.select(3, kWin) * o_win;
-  return wo(o.reshape({gates.size(0), gates.size(1), n_heads * head_dim}));
+Tensor NSAImpl::combine(const Tensor& gate_logits, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win) {
+  static_assert(kCmp == 0 && kSlc == 1 && kWin == 2, "the branches in the gates' order");
+  const auto o = ops::sigmoid_gated_sum(gate_logits, {o_cmp, o_slc, o_win});
+  return wo(o.reshape({gate_logits.size(0), gate_logits.size(1), n_heads * head_dim}));
 }
 
 Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state) {
@@ -240,7 +241,7 @@ Tensor NSAImpl::forward(const Tensor& x, const Positions& pos, MixerState* state
 
   // Sliding-window branch (the queries are the last T of the L keys' positions).
   auto o_win = window_attention(q, ks[kv_set(kWin)], vs[kv_set(kWin)], window);
-  return combine(proj.gates, o_cmp, o_slc, o_win);
+  return combine(proj.gate_logits, o_cmp, o_slc, o_win);
 }
 
 Tensor NSAImpl::step(const Tensor& x, const Positions& pos, MixerState& state) {
@@ -310,7 +311,7 @@ Tensor NSAImpl::step_at(const Tensor& x, const Positions& pos, NSAState& s) {
   auto o_win = ops::sparse_attention_decode(q.reshape({B, H, D}), s.k[ws], s.v[ws], win_rows,
                                            (p + 1).clamp_max(w), scale)
                    .view({B, 1, H, D});
-  return combine(proj.gates, o_cmp, o_slc, o_win);
+  return combine(proj.gate_logits, o_cmp, o_slc, o_win);
 }
 
 std::unique_ptr<MixerState> NSAImpl::make_state(int64_t batch, int64_t max_len,

@@ -71,12 +71,12 @@ class NSAImpl : public MixerImpl {
   enum Branch { kCmp = 0, kSlc = 1, kWin = 2 };
   // What x projects to, by one GEMM (x's gradient from one product): the queries [B, T, H, D] and
   // each K/V set's keys [B, T, H_kv, D] with RoPE at positions pos.start..start+T-1 (or
-  // pos.seq_pos[b]), its values, and the branch gates sigmoid(x W_g + b) [B, T, H, 3] in the order
+  // pos.seq_pos[b]), its values, and the branch gates' logits x W_g + b [B, T, H, 3] in the order
   // (cmp, slc, win).
   struct Projected {
     Tensor q;
     std::vector<Tensor> k, v;
-    Tensor gates;
+    Tensor gate_logits;
   };
   Projected project(const Tensor& x, const Positions& pos);
   // The K/V set a branch reads (0 when shared).
@@ -89,8 +89,9 @@ class NSAImpl : public MixerImpl {
   // Selection-block importance from the compressed-attention probabilities p_cmp [B, H, T, NC]:
   // summed over the query heads of each group, mapped to NS selection blocks. [B, H_kv, T, NS].
   Tensor block_importance(const Tensor& p_cmp, int64_t NS) const;
-  // The gated sum of the branch outputs ([B, T, H, D] each) and the output projection: [B, T, d].
-  Tensor combine(const Tensor& gates, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win);
+  // The branch outputs ([B, T, H, D] each) summed with their sigmoid gates, and the output projection:
+  // [B, T, d].
+  Tensor combine(const Tensor& gate_logits, const Tensor& o_cmp, const Tensor& o_slc, const Tensor& o_win);
 
   int64_t n_heads, n_kv_heads, head_dim;
   int64_t compress_block, compress_stride, select_block, select_count, local_blocks, window;

@@ -58,9 +58,9 @@ const std::vector<std::string>& DecodeOptions::names() {
       "cross_entropy_kernel", "rope", "delta_rule_prepare", "gated_linear_prepare", "channel_gate_prepare",
       "delta_rule_output", "delta_rule_output_backward", "window_flash", "channel_scores", "channel_score_rows",
       "channel_score_pairs", "scan_backward_products", "shared_slice_gradients", "chunk_gate", "log_sigmoid_gate",
-      "scale_heads", "delta_rule_gates", "gated_prefix_chunks", "nsa_selection_kernels", "dsa_index_kernels",
-      "dsa_head_probs", "dsa_sparse_prefill", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows", "topk_max_blocks",
-      "gemv_chain_slots", "pdl", "pdl_off"};
+      "scale_heads", "delta_rule_gates", "gated_prefix_chunks", "gated_sum", "nsa_selection_kernels",
+      "dsa_index_kernels", "dsa_head_probs", "dsa_sparse_prefill", "dsa_fold_q_max_rows", "dsa_fold_o_max_rows",
+      "topk_max_blocks", "gemv_chain_slots", "pdl", "pdl_off"};
   return n;
 }
 
@@ -99,6 +99,7 @@ void DecodeOptions::set(const std::string& name, const std::string& v) {
   else if (name == "scale_heads") scale_heads = parse_bool(name, v);
   else if (name == "delta_rule_gates") delta_rule_gates = parse_bool(name, v);
   else if (name == "gated_prefix_chunks") gated_prefix_chunks = parse_int(name, v, -1, 1 << 30);
+  else if (name == "gated_sum") gated_sum = parse_bool(name, v);
   else if (name == "nsa_selection_kernels") nsa_selection_kernels = parse_bool(name, v);
   else if (name == "dsa_index_kernels") dsa_index_kernels = parse_bool(name, v);
   else if (name == "dsa_head_probs") dsa_head_probs = parse_bool(name, v);
@@ -144,6 +145,7 @@ std::vector<std::string> DecodeOptions::describe() const {
           "scale_heads=" + b(scale_heads),
           "delta_rule_gates=" + b(delta_rule_gates),
           cat("gated_prefix_chunks=", gated_prefix_chunks),
+          "gated_sum=" + b(gated_sum),
           "nsa_selection_kernels=" + b(nsa_selection_kernels),
           "dsa_index_kernels=" + b(dsa_index_kernels),
           "dsa_head_probs=" + b(dsa_head_probs),

@@ -127,6 +127,9 @@ struct DecodeOptions {
   // scan; -1: 128 on the CPU (the measured crossover), no limit on CUDA (the prefix product's TF32
   // GEMMs measured faster there at 32 and 64 chunks, estimated so to well past 32k tokens).
   int64_t gated_prefix_chunks = -1;
+  // NSA's combination of its branches, sum_i sigmoid(g_i) o_i (ops::sigmoid_gated_sum), as one CUDA kernel
+  // forward and one backward (prefill and training; off: libtorch's sigmoid, products and sums).
+  bool gated_sum = true;
   // NSA's block selection (the top-n blocks of each query row's importance) and its selection branch's
   // additive masks as CUDA kernels, in prefill and training (off: libtorch's top-k over int64 keys and a
   // broadcast `where`; the masks' choice is kept from the forward for the backward).

@@ -1,5 +1,6 @@
-// Elementwise kernels of a block: the RMSNorm of its decode path (decode.h: rms_norm) and the
-// gated product of SwiGLU and the attention output gate (prefill.h: gated_product_*).
+// Elementwise kernels of a block: the RMSNorm of its decode path (decode.h: rms_norm), the gated
+// product of SwiGLU and the attention output gate (prefill.h: gated_product_*) and the gated sum of
+// NSA's branches (prefill.h: gated_sum_*).
 //
 // rms_norm: at decode a row is a few KiB, so it is launch-bound; its point is replacing the chain
 // of small libtorch kernels (dtype casts, add, norm) with one launch. At prefill it is memory-bound:
@@ -13,6 +14,10 @@
 // Design: a thread takes 16 bytes of T (8 bf16 / fp16 or 4 fp32 columns of one row) where hidden,
 // the row strides and the pointers allow 16-byte accesses, else one element; so a thread divides
 // once for its row and moves its 48 (forward) or 80 (backward) bytes in 16-byte accesses.
+// The gated sum of NSA's branches (three [32768, 12, 64] bf16 tensors at lt-100m/nsa's 16 x 2048, 50 MB
+// each): forward 4 tensors (~0.06 ms), backward 7 (~0.11 ms), where the libtorch form (sigmoid, three
+// products, two sums; backward three products, three products and head sums for the gates) made ~15
+// passes. A thread takes a 16-byte piece of a row of every branch.
 #include "lt2/kernels/cuda/device_utils.cuh"
 #include "lt2/kernels/prefill.h"
 
@@ -156,6 +161,73 @@ __global__ void __launch_bounds__(kGatedThreads) gated_product_kernel(const Gate
   }
 }
 
+// Thread idx takes columns [c, c + kVec) of one row (b, t, h) (prefill.h: GatedSumParams); a row's
+// D / kVec threads are consecutive lanes of one warp (D / kVec divides 32), so the backward sums a
+// gate's dot product over them by shuffles. Threads past the last row take part in the shuffles
+// with zeros and store nothing.
+template <typename T, bool kBackward>
+__global__ void __launch_bounds__(kGatedThreads) gated_sum_kernel(const GatedSumParams p) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int per_row = p.head_dim / kVec;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kGatedThreads + threadIdx.x;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.length * p.heads;
+  const bool live = idx < rows * per_row;
+  if (!kBackward && !live) return;
+  const int64_t row = live ? idx / per_row : 0;
+  const int c = static_cast<int>(idx % per_row) * kVec;
+  const int h = static_cast<int>(row % p.heads);
+  const int64_t bt = row / p.heads;
+  const int64_t t = bt % p.length, b = bt / p.length;
+  const T* logits = static_cast<const T*>(p.logits) + b * p.logit_strides[0] + t * p.logit_strides[1] +
+                    h * p.logit_strides[2];
+  alignas(16) T dout[kVec];
+  float acc[kVec] = {};
+  if constexpr (kBackward) {
+    if (live) {
+      load_piece(dout, static_cast<const T*>(p.dout) + idx * kVec);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dout[j] = from_float<T>(0.f);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGatedSumMaxBranches; ++i) {
+    if (i >= p.branches) break;
+    const float s = sigmoid(to_float(logits[i]));
+    alignas(16) T x[kVec];
+    if (live) {
+      load_piece(x, static_cast<const T*>(p.x[i]) + b * p.x_strides[i][0] + t * p.x_strides[i][1] +
+                        h * p.x_strides[i][2] + c);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) x[j] = from_float<T>(0.f);
+    }
+    if constexpr (!kBackward) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[j] += s * to_float(x[j]);
+    } else {
+      alignas(16) T dx[kVec];
+      float dot = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float g = to_float(dout[j]);
+        dot += g * to_float(x[j]);
+        dx[j] = from_float<T>(s * g);
+      }
+      for (int lanes = per_row / 2; lanes >= 1; lanes /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, lanes);
+      if (!live) continue;
+      store_piece(static_cast<T*>(p.dx[i]) + idx * kVec, dx);
+      if (c == 0) static_cast<T*>(p.dlogits)[row * p.branches + i] = from_float<T>(s * (1.f - s) * dot);
+    }
+  }
+  if constexpr (!kBackward) {
+    alignas(16) T out[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = from_float<T>(acc[j]);
+    store_piece(static_cast<T*>(p.out) + idx * kVec, out);  // packed: row * D + c
+  }
+}
+
 }  // namespace
 
 void rms_norm(const RmsNormParams& p, void* stream) {
@@ -223,6 +295,47 @@ void gated_product_forward(const GatedProductParams& p, void* stream) {
 
 void gated_product_backward(const GatedProductParams& p, void* stream) {
   launch_gated_product<true>(p, stream, "gated_product_backward");
+}
+
+bool gated_sum_supported(const GatedSumParams& p) {
+  const int vec = p.dtype == DType::Float32 ? 4 : 8;
+  const int per_row = p.head_dim / vec;
+  bool ok = p.branches >= 1 && p.branches <= kGatedSumMaxBranches && p.head_dim % vec == 0 && per_row >= 1 &&
+            per_row <= 32 && (per_row & (per_row - 1)) == 0 && p.batch >= 0 && p.length >= 0 && p.heads >= 1 &&
+            static_cast<int64_t>(p.batch) * p.length * p.heads * per_row <= int64_t{kGatedThreads} * INT32_MAX;
+  for (int i = 0; ok && i < p.branches; ++i)
+    ok = aligned16(p.x[i]) && p.x_strides[i][0] % vec == 0 && p.x_strides[i][1] % vec == 0 &&
+         p.x_strides[i][2] % vec == 0;
+  return ok;
+}
+
+namespace {
+
+template <bool kBackward>
+void launch_gated_sum(const GatedSumParams& p, void* stream, const char* op) {
+  LT2_CHECK(gated_sum_supported(p), op, ": ", p.branches, " branches of head dim ", p.head_dim, " (1 to ",
+            kGatedSumMaxBranches, " branches; rows of a power-of-two count of 16-byte pieces, at most 32; 16-byte "
+            "aligned branches and strides)");
+  LT2_CHECK(p.logits && (kBackward ? p.dout && p.dlogits : p.out != nullptr), op, ": an input or output is missing");
+  const int64_t threads =
+      static_cast<int64_t>(p.batch) * p.length * p.heads * (p.head_dim / (p.dtype == DType::Float32 ? 4 : 8));
+  if (threads == 0) return;
+  const auto blocks = static_cast<unsigned>((threads + kGatedThreads - 1) / kGatedThreads);
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    gated_sum_kernel<decltype(t), kBackward><<<blocks, kGatedThreads, 0, s>>>(p);
+  });
+  check_launch(op);
+}
+
+}  // namespace
+
+void gated_sum_forward(const GatedSumParams& p, void* stream) {
+  launch_gated_sum<false>(p, stream, "gated_sum_forward");
+}
+
+void gated_sum_backward(const GatedSumParams& p, void* stream) {
+  launch_gated_sum<true>(p, stream, "gated_sum_backward");
 }
 
 }  // namespace lt2::kernels

@@ -125,7 +125,8 @@ void nsa_select_blocks(const NsaSelectParams& p, void* stream) {
   LT2_CHECK(nsa_select_blocks_supported(rows, p.blocks) && p.block >= 1 && p.n_select >= 0,
             "nsa_select_blocks: ", rows, " rows of ", p.blocks, " blocks of ", p.block, " (at most ",
             kNsaSelectMaxBlocks, " blocks a row), ", p.n_select, " selected");
-  LT2_CHECK(p.importance && p.positions && p.selected, "nsa_select_blocks: importance, positions and selected must be given");
+  LT2_CHECK(p.importance && p.positions && p.selected,
+            "nsa_select_blocks: importance, positions and selected must be given");
   if (rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   const auto grid = static_cast<unsigned>((rows + kSelectWarps - 1) / kSelectWarps);
@@ -146,7 +147,8 @@ void selection_bias(const SelectionBiasParams& p, void* stream) {
                 p.pitch >= p.cols && p.pitch % kBiasColumns == 0,
             "selection_bias: ", rows, " rows of ", p.cols, " columns (pitch ", p.pitch, "), blocks of ", p.block,
             " keys (a multiple of ", kBiasColumns, " dividing the columns), ", p.heads, " heads over ", p.kv_heads);
-  LT2_CHECK(p.selected && p.bias && aligned16(p.bias), "selection_bias: selected and a 16-byte aligned bias must be given");
+  LT2_CHECK(p.selected && p.bias && aligned16(p.bias),
+            "selection_bias: selected and a 16-byte aligned bias must be given");
   if (rows == 0 || p.cols == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div(p.cols / kBiasColumns, kBiasThreads)));

@@ -1,5 +1,6 @@
 #include "lt2/ops/norms/norms.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -133,6 +134,98 @@ Tensor activated_gate(const Tensor& y, const Tensor& gate, GateActivation act) {
 Tensor sigmoid_gate(const Tensor& y, const Tensor& gate) { return activated_gate(y, gate, GateActivation::Sigmoid); }
 
 Tensor silu_gate(const Tensor& y, const Tensor& gate) { return activated_gate(y, gate, GateActivation::Swish); }
+
+namespace {
+
+#ifdef LT2_WITH_CUDA
+// The kernels' view of sigmoid_gated_sum's inputs (logits [B, T, H, n], the n at unit stride; branches
+// [B, T, H, D], D at unit stride); nullopt where they do not take them.
+std::optional<kernels::GatedSumParams> gated_sum_params(const Tensor& logits, at::TensorList branches) {
+  const int64_t n = static_cast<int64_t>(branches.size());
+  if (logits.dim() != 4 || logits.stride(3) != 1 || n > kernels::kGatedSumMaxBranches || logits.size(0) > INT32_MAX ||
+      logits.size(1) > INT32_MAX || logits.size(2) > INT32_MAX || branches.front().size(3) > INT32_MAX)
+    return std::nullopt;
+  kernels::GatedSumParams p{};
+  p.logits = logits.data_ptr();
+  for (int d = 0; d < 3; ++d) p.logit_strides[d] = logits.stride(d);
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& x = branches[i];
+    if (x.dim() != 4 || x.stride(3) != 1) return std::nullopt;
+    p.x[i] = x.data_ptr();
+    for (int d = 0; d < 3; ++d) p.x_strides[i][d] = x.stride(d);
+  }
+  p.batch = static_cast<int>(logits.size(0)), p.length = static_cast<int>(logits.size(1));
+  p.heads = static_cast<int>(logits.size(2)), p.head_dim = static_cast<int>(branches.front().size(3));
+  p.branches = static_cast<int>(n);
+  p.dtype = kernel_dtype(logits.scalar_type());
+  if (!kernels::gated_sum_supported(p)) return std::nullopt;
+  return p;
+}
+
+Tensor gated_sum_forward_cuda(kernels::GatedSumParams p, const Tensor& like) {
+  c10::cuda::CUDAGuard guard(like.device());
+  auto out = torch::empty({p.batch, p.length, p.heads, p.head_dim}, like.options());
+  p.out = out.data_ptr();
+  kernels::gated_sum_forward(p, current_stream(like));
+  return out;
+}
+
+// Autograd over the kernels; the logits and the branches are saved.
+struct GatedSumFunction : public torch::autograd::Function<GatedSumFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& logits, at::TensorList branches) {
+    std::vector<Tensor> saved{logits};
+    saved.insert(saved.end(), branches.begin(), branches.end());
+    ctx->save_for_backward(saved);
+    return gated_sum_forward_cuda(*gated_sum_params(logits, branches), logits);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& logits = saved[0];
+    const std::vector<Tensor> branches(saved.begin() + 1, saved.end());
+    c10::cuda::CUDAGuard guard(logits.device());
+    auto p = *gated_sum_params(logits, branches);
+    const auto dout = grads[0].to(logits.scalar_type()).contiguous();
+    auto dlogits = torch::empty(logits.sizes(), logits.options());
+    torch::autograd::variable_list out{dlogits};
+    for (size_t i = 0; i < branches.size(); ++i) {
+      out.push_back(torch::empty(dout.sizes(), dout.options()));
+      p.dx[i] = out.back().data_ptr();
+    }
+    p.dout = dout.data_ptr(), p.dlogits = dlogits.data_ptr();
+    kernels::gated_sum_backward(p, current_stream(logits));
+    return out;
+  }
+};
+#endif
+
+}  // namespace
+
+Tensor sigmoid_gated_sum(const Tensor& logits, const std::vector<Tensor>& branches) {
+  LT2_CHECK(logits.dim() >= 1 && logits.size(-1) == static_cast<int64_t>(branches.size()) && !branches.empty(),
+            "sigmoid_gated_sum: logits [..., n] for n branches, found ", logits.sizes(), " for ", branches.size());
+#ifdef LT2_WITH_CUDA
+  std::vector<Tensor> all{logits};
+  all.insert(all.end(), branches.begin(), branches.end());
+  bool same_shape = true;
+  for (const auto& x : branches) same_shape = same_shape && x.sizes() == branches.front().sizes();
+  if (decode_options().gated_sum && gated_product_applies(all) && same_shape &&
+      logits.sizes().slice(0, logits.dim() - 1) == branches.front().sizes().slice(0, branches.front().dim() - 1)) {
+    if (auto p = gated_sum_params(logits, branches)) {
+      const bool grad = torch::GradMode::is_enabled() &&
+                        std::any_of(all.begin(), all.end(), [](const Tensor& t) { return t.requires_grad(); });
+      return grad ? GatedSumFunction::apply(logits, branches) : gated_sum_forward_cuda(*p, logits);
+    }
+  }
+#endif
+  const auto g = torch::sigmoid(logits).unsqueeze(-1);
+  Tensor out;
+  for (size_t i = 0; i < branches.size(); ++i) {
+    auto term = g.select(-2, static_cast<int64_t>(i)) * branches[i];
+    out = out.defined() ? out + term : term;
+  }
+  return out;
+}
 
 namespace {
 

@@ -46,6 +46,12 @@ Tensor silu_mul(const Tensor& gate_up);
 Tensor sigmoid_gate(const Tensor& y, const Tensor& gate);
 // y * silu(gate) (Mamba2's gate before its norm), y and gate [..., n] of one dtype.
 Tensor silu_gate(const Tensor& y, const Tensor& gate);
+// sum_i sigmoid(logits[..., i]) * branches[i] (NSA's combination of its branches), logits [B, T, H, n]
+// and n branches [B, T, H, D]: one CUDA kernel forward and one backward (kernels/prefill.h: gated_sum_*,
+// fp32 inside, rounded once) where DecodeOptions::gated_sum is on and they apply as for the gated products
+// (the branches read in place with any token and head strides, D in whole 16-byte pieces, at most 4
+// branches), the libtorch ops otherwise (any sizes, logits [..., n] broadcast over the branches' last dim).
+Tensor sigmoid_gated_sum(const Tensor& logits, const std::vector<Tensor>& branches);
 
 // The linear mixers' norms, differentiable, in training and prefill alike. Both compute in fp32
 // (fp64 for fp64 input) and return x's dtype; on CUDA each is one fused kernel forward and one
