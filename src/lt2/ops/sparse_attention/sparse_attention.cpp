@@ -688,11 +688,13 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
     c10::cuda::CUDAGuard guard(q.device());
     const int64_t T = q.size(2), L = k.size(2), G = q.size(1) / selected.size(1);
     const auto dout = grads[0].transpose(1, 2).contiguous().transpose(1, 2);  // the output's layout
+    // The row blocks from the last, whose keys are all L: its dk and dv start the fp32 sums (no zeros to
+    // add to), or are the gradients where it is the only block; the earlier blocks add to their keys.
     auto dq = torch::empty_like(q);
-    auto dk = torch::zeros(k.sizes(), k.options().dtype(torch::kFloat32));
-    auto dv = torch::zeros(v.sizes(), v.options().dtype(torch::kFloat32));
-    for (int64_t r0 = 0, b = 0; r0 < T; r0 += rows, ++b) {
-      const int64_t n = std::min(rows, T - r0), keys = L - T + r0 + n;
+    const int64_t blocks = (T + rows - 1) / rows;
+    Tensor dk, dv;
+    for (int64_t b = blocks - 1; b >= 0; --b) {
+      const int64_t r0 = b * rows, n = std::min(rows, T - r0), keys = L - T + r0 + n;
       const auto bias = nsa_selection_bias(selected, block, G, L, T, r0, n, keys, q.scalar_type(), kernel_masks);
       const Tensor &lse = saved[5 + 3 * b], &seed = saved[6 + 3 * b], &offset = saved[7 + 3 * b];
       const auto dout_r = dout.narrow(2, r0, n), qr = q.narrow(2, r0, n), kr = k.narrow(2, 0, keys),
@@ -707,9 +709,15 @@ struct SelectedBlockFunction : public torch::autograd::Function<SelectedBlockFun
             dout_r, qr, kr, vr, bias, out_r, lse, seed, offset, /*dropout_p=*/0.0, {true, true, true, false},
             /*is_causal=*/false, scale);
       dq.narrow(2, r0, n).copy_(dq_r);
-      dk.narrow(2, 0, keys).add_(dk_r);
-      dv.narrow(2, 0, keys).add_(dv_r);
+      if (!dk.defined()) {
+        dk = blocks == 1 ? dk_r : dk_r.to(torch::kFloat32);
+        dv = blocks == 1 ? dv_r : dv_r.to(torch::kFloat32);
+      } else {
+        dk.narrow(2, 0, keys).add_(dk_r);
+        dv.narrow(2, 0, keys).add_(dv_r);
+      }
     }
+    if (!dk.defined()) dk = torch::zeros_like(k), dv = torch::zeros_like(v);  // no query rows
     return {dq, dk.to(k.scalar_type()), dv.to(v.scalar_type()), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
