@@ -170,30 +170,37 @@ Tensor gated_sum_forward_cuda(kernels::GatedSumParams p, const Tensor& like) {
   return out;
 }
 
-// Autograd over the kernels; the logits and the branches are saved.
+// Autograd over the kernels; the logits and the branches are saved. The branches come as four tensors,
+// absent ones empty (Function::apply counts a tensor list as one input).
 struct GatedSumFunction : public torch::autograd::Function<GatedSumFunction> {
-  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& logits, at::TensorList branches) {
-    std::vector<Tensor> saved{logits};
-    saved.insert(saved.end(), branches.begin(), branches.end());
-    ctx->save_for_backward(saved);
-    return gated_sum_forward_cuda(*gated_sum_params(logits, branches), logits);
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& logits, const Tensor& x0,
+                        const Tensor& x1, const Tensor& x2, const Tensor& x3) {
+    ctx->save_for_backward({logits, x0, x1, x2, x3});
+    return gated_sum_forward_cuda(*gated_sum_params(logits, present({x0, x1, x2, x3})), logits);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor& logits = saved[0];
-    const std::vector<Tensor> branches(saved.begin() + 1, saved.end());
+    const auto branches = present({saved[1], saved[2], saved[3], saved[4]});
     c10::cuda::CUDAGuard guard(logits.device());
     auto p = *gated_sum_params(logits, branches);
     const auto dout = grads[0].to(logits.scalar_type()).contiguous();
     auto dlogits = torch::empty(logits.sizes(), logits.options());
-    torch::autograd::variable_list out{dlogits};
+    torch::autograd::variable_list out{dlogits, Tensor(), Tensor(), Tensor(), Tensor()};
     for (size_t i = 0; i < branches.size(); ++i) {
-      out.push_back(torch::empty(dout.sizes(), dout.options()));
-      p.dx[i] = out.back().data_ptr();
+      out[1 + i] = torch::empty(dout.sizes(), dout.options());
+      p.dx[i] = out[1 + i].data_ptr();
     }
     p.dout = dout.data_ptr(), p.dlogits = dlogits.data_ptr();
     kernels::gated_sum_backward(p, current_stream(logits));
+    return out;
+  }
+  // The branches given: the leading non-empty ones.
+  static std::vector<Tensor> present(const std::vector<Tensor>& slots) {
+    std::vector<Tensor> out;
+    for (const auto& t : slots)
+      if (t.numel() > 0) out.push_back(t);
     return out;
   }
 };
@@ -214,7 +221,10 @@ Tensor sigmoid_gated_sum(const Tensor& logits, const std::vector<Tensor>& branch
     if (auto p = gated_sum_params(logits, branches)) {
       const bool grad = torch::GradMode::is_enabled() &&
                         std::any_of(all.begin(), all.end(), [](const Tensor& t) { return t.requires_grad(); });
-      return grad ? GatedSumFunction::apply(logits, branches) : gated_sum_forward_cuda(*p, logits);
+      if (!grad) return gated_sum_forward_cuda(*p, logits);
+      std::vector<Tensor> slots(branches);
+      slots.resize(kernels::kGatedSumMaxBranches, torch::empty({0}, logits.options()));
+      return GatedSumFunction::apply(logits, slots[0], slots[1], slots[2], slots[3]);
     }
   }
 #endif
