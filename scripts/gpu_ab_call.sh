@@ -160,8 +160,9 @@ steps+=("$(switch_ab ceab 120 cross_entropy_kernel full)"
   "$(switch_ab gsab 150 gated_sum nsa)")
 # NSA's selection and its masks on their kernels, off and on in one binary: lt-100m with NSA layers (or
 # NSAAB_PATTERNS) at 2048 x 16 and 8192 x 4 under auto.
-# NSAAB_SWITCH names the switch (default nsa_selection_kernels; gated_sum: the branches' combination).
-steps+=("nsaab 300 for m in ${NSAAB_PATTERNS:-nsa}; do for shape in '2048 16' '8192 4'; do set -- \$shape;
+# NSAAB_SWITCH names the switch (default nsa_selection_kernels; gated_sum: the branches' combination),
+# NSAAB_SHAPES the shapes (default "'2048 16' '8192 4'").
+steps+=("nsaab 300 for m in ${NSAAB_PATTERNS:-nsa}; do for shape in ${NSAAB_SHAPES:-"'2048 16' '8192 4'"}; do set -- \$shape;
      for o in 0 1 1 0; do echo lt-100m \$m \$1 x \$2 ${NSAAB_SWITCH:-nsa_selection_kernels}=\$o; build-prebuilt/train_bench
      --model lt-100m --pattern \$m --seq-len \$1 --batch-size \$2 --steps 4 --warm 2 --checkpoint-loops=auto
      --option ${NSAAB_SWITCH:-nsa_selection_kernels}=\$o | grep RESULT; done; done; done")
