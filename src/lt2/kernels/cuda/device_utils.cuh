@@ -258,6 +258,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
+// ops/sparse_attention's topk_indices' order-preserving map of fp32 to uint32 (negative: bits inverted;
+// others: sign bit set), with -0 mapped as +0: the top-k kernels rank by it as the reference does.
+__device__ __forceinline__ uint32_t order_key(float x) {
+  uint32_t bits = __float_as_uint(x);
+  if (bits == 0x80000000u) bits = 0;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
 // torch.nn.functional.softplus with its default threshold 20.
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
 

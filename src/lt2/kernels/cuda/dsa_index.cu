@@ -732,14 +732,6 @@ constexpr int kTopkRoundPerWarp = 256;    // compaction: consecutive entries per
 constexpr int kTopkCachedKeys = 16384;    // a block keeps this many of its slice's keys in shared memory
 static_assert(kTopkThreads >= kTopkBins, "one thread per histogram bin");
 
-// topk_indices' order-preserving map of fp32 to uint32 (negative: bits inverted; others: sign bit
-// set), with -0 mapped as +0.
-__device__ __forceinline__ uint32_t order_key(float x) {
-  uint32_t bits = __float_as_uint(x);
-  if (bits == 0x80000000u) bits = 0;
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
 // hist[bin] += 1 for the active lanes; every lane of the warp calls it. The lanes of one bin add
 // together, one atomic per distinct bin of the warp (runs of equal scores, -inf padding and the
 // top digits of similar scores put many lanes on one bin).

@@ -3,19 +3,20 @@
 //
 // Floor. The selection reads a row's NS importances and writes NS flags: at lt-100m's 2048 x 16 (B 16,
 // 12 kv heads, NS 32) 50 MB read and 12.6 MB written a layer application, ~0.02 ms at ~3 TB/s; the
-// ranking (NS shuffles a row, each compared with a lane's 8 entry slots) ~0.05 ms. The
+// ranking (NS shuffles a row, each compared with a lane's entries: one at NS 32) ~0.05 ms. The
 // libtorch form it replaces builds int64 keys and runs a radix top-k over 393k rows of 32 (~1.5 ms a
 // layer application on an H100). The masks are pure writes: [B, H, n, keys] in the attention's dtype,
 // ~1.07 GB a layer application for three row blocks at that shape, ~0.35 ms at ~3 TB/s, where
 // libtorch's broadcast `where` over six dims took ~1.5 ms.
 //
 // Design.
-// - Selection: a warp a row, a lane holding the row's entries lane, lane + 32, ... (NS <= 256: eight a
-//   lane). Each entry's key is the reference's (ops/sparse_attention: topk_indices): the fp32 value's
-//   bits mapped to an unsigned integer monotone in the value, then the lower index first; forced blocks
-//   (block 0, the n_local ending at the query's) score +inf, invisible ones -inf. An entry is selected
-//   when it is visible and fewer than n entries of its row have a larger key: its rank, counted against
-//   every entry broadcast by shuffles. Exactly the reference's set, ties included.
+// - Selection: a warp a row, a lane holding the row's entries lane, lane + 32, ... (NS <= 256: up to eight
+//   a lane, the instance with the fewest slots that hold the row). Each entry's key is the reference's
+//   (ops/sparse_attention: topk_indices, device_utils.cuh: order_key): the fp32 value's order-preserving
+//   bits, then the lower index first; forced blocks (block 0, the n_local ending at the query's) score +inf,
+//   invisible ones -inf. An entry is selected when it is visible and fewer than n entries of its row have a
+//   larger key: its rank, counted against every entry broadcast by shuffles. Exactly the reference's set,
+//   ties included.
 // - Masks: 8 columns a thread (one 16-byte store in bf16 or fp16, two in fp32); a selection block is a
 //   multiple of 8 keys, so the 8 share one flag. Grid (rows, column groups of 1,024).
 #include "lt2/kernels/prefill.h"
@@ -26,7 +27,6 @@ namespace lt2::kernels {
 namespace {
 
 constexpr int kSelectWarps = 8;
-constexpr int kSelectPerLane = kNsaSelectMaxBlocks / 32;
 constexpr int kBiasThreads = 128;
 constexpr int kBiasColumns = 8;  // a thread's columns
 
@@ -35,15 +35,8 @@ __device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b) {
   return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
 }
 
-// The reference's order key of an fp32 value: its bits as an unsigned integer monotone in the value
-// (negative: inverted; else the sign bit set), -0 counted as +0.
-__device__ __forceinline__ uint32_t ordered_bits(float v) {
-  if (v == 0.f) v = 0.f;
-  const uint32_t bits = __float_as_uint(v);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-template <typename T>
+// kSlots entries a lane: NS <= 32 kSlots.
+template <typename T, int kSlots>
 __global__ void __launch_bounds__(32 * kSelectWarps) nsa_select_blocks_kernel(const NsaSelectParams p) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.kv_heads * p.length;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kSelectWarps + threadIdx.x / 32;
@@ -55,30 +48,30 @@ __global__ void __launch_bounds__(32 * kSelectWarps) nsa_select_blocks_kernel(co
   const int64_t own = floor_div(p.positions[b * p.pos_stride_b + h * p.pos_stride_h + t * p.pos_stride_t], p.block);
   const T* importance = static_cast<const T*>(p.importance) + row * NS;
   // (ordered value, complement of the index): larger means earlier in the reference's top-k order.
-  uint64_t key[kSelectPerLane];
+  uint64_t key[kSlots];
 #pragma unroll
-  for (int i = 0; i < kSelectPerLane; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int j = lane + 32 * i;
     key[i] = 0;
     if (j >= NS) continue;
     float v = -INFINITY;  // invisible
     if (j <= own) v = (j == 0 || j > own - p.n_local) ? INFINITY : to_float(importance[j]);
-    key[i] = (static_cast<uint64_t>(ordered_bits(v)) << 32) | (0xffffffffu - static_cast<uint32_t>(j));
+    key[i] = (static_cast<uint64_t>(order_key(v)) << 32) | (0xffffffffu - static_cast<uint32_t>(j));
   }
-  int rank[kSelectPerLane] = {};
+  int rank[kSlots] = {};
 #pragma unroll
-  for (int i = 0; i < kSelectPerLane; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int sources = min(32, NS - 32 * i);  // the row's entries 32 i .. 32 i + 31 that exist
     for (int src = 0; src < sources; ++src) {
       const uint64_t other = __shfl_sync(0xffffffffu, key[i], src);
 #pragma unroll
-      for (int m = 0; m < kSelectPerLane; ++m) rank[m] += other > key[m];
+      for (int m = 0; m < kSlots; ++m) rank[m] += other > key[m];
     }
   }
   const int n = min(p.n_select, NS);
   bool* selected = p.selected + row * NS;
 #pragma unroll
-  for (int i = 0; i < kSelectPerLane; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int j = lane + 32 * i;
     if (j < NS) selected[j] = j <= own && rank[i] < n;
   }
@@ -131,7 +124,12 @@ void nsa_select_blocks(const NsaSelectParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const auto grid = static_cast<unsigned>((rows + kSelectWarps - 1) / kSelectWarps);
   dispatch_dtype(p.dtype, [&](auto t) {
-    nsa_select_blocks_kernel<decltype(t)><<<grid, 32 * kSelectWarps, 0, s>>>(p);
+    using T = decltype(t);
+    const auto kernel = p.blocks <= 32    ? nsa_select_blocks_kernel<T, 1>
+                        : p.blocks <= 64  ? nsa_select_blocks_kernel<T, 2>
+                        : p.blocks <= 128 ? nsa_select_blocks_kernel<T, 4>
+                                          : nsa_select_blocks_kernel<T, kNsaSelectMaxBlocks / 32>;
+    kernel<<<grid, 32 * kSelectWarps, 0, s>>>(p);
   });
   check_launch("nsa_select_blocks");
 }
